@@ -1,0 +1,242 @@
+//! `brood bench`: brood's paths timed against their floors in the same run
+//! (SPEC 16). A benchmark is not a test: it prints figures and ratios, and
+//! asserts nothing.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use brood_core::AgentName;
+use brood_launch::{cgroup, floor};
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
+use clap::Subcommand;
+use serde_json::json;
+
+#[derive(Subcommand)]
+pub enum Which {
+    /// Spawn through the whole path until `ready`, against a bare posix_spawn with
+    /// the same handshake.
+    Spawn {
+        #[arg(short = 'n', long, default_value_t = 200)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a tree of N live descendants until every process is gone and every
+    /// record says cancelled, against a bare cgroup.kill of N processes.
+    Cascade {
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        n: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or_default()
+}
+
+fn req(
+    name: String,
+    parent: Option<AgentName>,
+    argv: Vec<String>,
+    ready: bool,
+) -> Result<SpawnRequest> {
+    Ok(SpawnRequest {
+        name: Some(AgentName::new(&name)?),
+        parent,
+        argv,
+        protocol: brood_store::Protocol::Brood,
+        task: String::new(),
+        env: Vec::new(),
+        cwd: None,
+        session: brood_core::SessionName::default_session(),
+        await_ready: ready,
+    })
+}
+
+async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, PathBuf)> {
+    let dir = match root {
+        Some(r) => r.clone(),
+        None => std::env::temp_dir().join(format!("brood-bench-{what}-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let mut cfg = Config::new(dir.clone());
+    cfg.grace = Duration::from_secs(3);
+    cfg.bin_dir = crate::bin_dir();
+    Ok((
+        Supervisor::start(cfg).context("starting the supervisor")?,
+        dir,
+    ))
+}
+
+pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
+    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+    let me = Caller::User {
+        uid: crate::unsafe_uid(),
+    };
+    match which {
+        Which::Spawn { n, json: as_json } => {
+            let (sup, dir) = supervisor(&root, "spawn").await?;
+            let init = brood_proto::encode(&brood_proto::ToAgent::Init {
+                config: brood_proto::InitConfig::default(),
+                agent_config: json!({}),
+            });
+            let argv: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
+            let (mut ours, mut bare) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            // Warm both paths (page cache, store file) before timing.
+            for i in 0..n + 5 {
+                let b = floor::spawn_ready(&argv, &init).context("bare spawn")?;
+                let name = format!("b{i}");
+                let t0 = Instant::now();
+                crate::api(
+                    sup.spawn(
+                        me.clone(),
+                        req(
+                            name.clone(),
+                            None,
+                            vec![exe.clone(), "test-agent".into()],
+                            true,
+                        )?,
+                    )
+                    .await,
+                )?;
+                let o = t0.elapsed();
+                crate::api(
+                    sup.wait(me.clone(), vec![AgentName::new(&name)?], None)
+                        .await,
+                )?;
+                if i >= 5 {
+                    ours.push(o);
+                    bare.push(b);
+                }
+            }
+            sup.shutdown().await;
+            let (mo, mb) = (median(&mut ours), median(&mut bare));
+            let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
+            let out = json!({
+                "bench": "spawn", "n": n,
+                "brood_median_us": mo.as_micros(), "brood_p90_us": pct(&ours, 0.9).as_micros(),
+                "floor_median_us": mb.as_micros(), "floor_p90_us": pct(&bare, 0.9).as_micros(),
+                "ratio": (ratio * 100.0).round() / 100.0, "target_ratio": 2.0,
+                "floor": "posix_spawn of the same binary + the same init/ready handshake",
+                "containment": sup.host_info().containment,
+            });
+            print_result(&out, as_json);
+            if root.is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        Which::Cascade {
+            n,
+            rounds,
+            json: as_json,
+        } => {
+            let (sup, dir) = supervisor(&root, "cascade").await?;
+            let det = cgroup::detect(std::path::Path::new("/"))?;
+            let cg = cgroup::Cgroups::open(&det, &format!("benchfloor-{}", std::process::id()))?;
+            let sleeper: Vec<OsString> = vec!["sleep".into(), "1000".into()];
+            let (mut ours, mut bare) = (Vec::new(), Vec::new());
+            let per_child = (n / 10).max(1) - 1;
+            for r in 0..rounds {
+                bare.push(floor::cgroup_kill(&cg, &format!("floor{r}"), &sleeper, n)?);
+                // root -> 10 children -> (n/10 - 1) grandchildren each: n descendants.
+                let root_name = format!("casc{r}");
+                let hang = vec![exe.clone(), "test-agent".into(), "--hang".into()];
+                crate::api(
+                    sup.spawn(
+                        me.clone(),
+                        req(root_name.clone(), None, hang.clone(), true)?,
+                    )
+                    .await,
+                )?;
+                let root_agent = AgentName::new(&root_name)?;
+                let mut count = 0;
+                for c in 0..10 {
+                    let cname = format!("casc{r}-{c}");
+                    crate::api(
+                        sup.spawn(
+                            me.clone(),
+                            req(cname.clone(), Some(root_agent.clone()), hang.clone(), true)?,
+                        )
+                        .await,
+                    )?;
+                    count += 1;
+                    for g in 0..per_child {
+                        crate::api(
+                            sup.spawn(
+                                me.clone(),
+                                req(
+                                    format!("casc{r}-{c}-{g}"),
+                                    Some(AgentName::new(&cname)?),
+                                    hang.clone(),
+                                    true,
+                                )?,
+                            )
+                            .await,
+                        )?;
+                        count += 1;
+                    }
+                }
+                let t0 = Instant::now();
+                crate::api(sup.cancel(me.clone(), root_agent.clone()).await)?;
+                crate::api(sup.wait(me.clone(), vec![root_agent.clone()], None).await)?;
+                let dt = t0.elapsed();
+                let left = sup
+                    .store()
+                    .descendants_post_order(sup.tenant(), &root_agent)?
+                    .iter()
+                    .filter(|a| {
+                        !matches!(
+                            a.status,
+                            brood_core::Status::Ended(brood_core::Terminal::Cancelled(_))
+                        )
+                    })
+                    .count();
+                if left != 0 || count != n {
+                    anyhow::bail!("cascade round {r}: {left} of {count} descendants not cancelled");
+                }
+                ours.push(dt);
+            }
+            let _ = cg.destroy();
+            if let Some(dir) = cg.base().parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+            sup.shutdown().await;
+            let (mo, mb) = (median(&mut ours), median(&mut bare));
+            let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
+            let out = json!({
+                "bench": "cascade", "descendants": n, "rounds": rounds,
+                "brood_median_ms": mo.as_secs_f64() * 1e3, "floor_median_ms": mb.as_secs_f64() * 1e3,
+                "ratio": (ratio * 100.0).round() / 100.0, "target_ratio": 3.0,
+                "floor": "cgroup.kill of N `sleep` processes in one group, until all are reaped and the group removed",
+            });
+            print_result(&out, as_json);
+            if root.is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn print_result(v: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{v}");
+        return;
+    }
+    if let Some(o) = v.as_object() {
+        for (k, val) in o {
+            println!("{k:<18} {val}");
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! `brood demo`: brood's main job in under 30 seconds, offline.
+//!
+//! Part 1: a root agent fans out over a directory: one child per subdirectory,
+//! one grandchild per file, each counting lines for real and reporting back; the
+//! tree is drawn live. Part 2: the same shape, slower, and its root is killed with
+//! SIGKILL mid-work: every descendant ends `cancelled (parent_dead)`, no process is
+//! left, and a grandchild's transcript is still there to read.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use brood_core::AgentName;
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, control};
+use serde_json::Value;
+
+use crate::render;
+
+fn write_data(dir: &Path, files: &[(&str, usize)]) -> Result<()> {
+    for (rel, lines) in files {
+        let p = dir.join(rel);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let body: String = (1..=*lines)
+            .map(|i| format!("line {i} of {rel}\n"))
+            .collect();
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> {
+    Ok(SpawnRequest {
+        name: Some(AgentName::new(name)?),
+        parent: None,
+        argv,
+        protocol: brood_store::Protocol::Brood,
+        task: task.to_owned(),
+        env: Vec::new(),
+        cwd: None,
+        session: brood_core::SessionName::default_session(),
+        await_ready: true,
+    })
+}
+
+fn draw(sup: &Supervisor, name: &AgentName, tty: bool, title: &str) -> Result<()> {
+    let t = sup
+        .view()
+        .tree(Some(name))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = std::io::stdout().lock();
+    if tty {
+        // Redraw in place on a terminal; plain snapshots otherwise.
+        write!(out, "\x1b[H\x1b[2J")?;
+    }
+    writeln!(out, "{title}")?;
+    write!(out, "{}", render::tree(&t["trees"][0]))?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn count_nodes(t: &Value, pred: &dyn Fn(&Value) -> bool) -> usize {
+    let me = usize::from(pred(t));
+    me + t["children"]
+        .as_array()
+        .map(|c| c.iter().map(|k| count_nodes(k, pred)).sum())
+        .unwrap_or(0)
+}
+
+pub async fn run(root: Option<PathBuf>) -> Result<i32> {
+    let t_start = Instant::now();
+    let root = match root {
+        Some(r) => r,
+        None => std::env::temp_dir().join(format!("brood-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&root)?;
+    let data = root.join("demo-data");
+    write_data(
+        &data,
+        &[
+            ("src/main.rs", 120),
+            ("src/lib.rs", 80),
+            ("src/util.rs", 45),
+            ("docs/guide.md", 200),
+            ("docs/faq.md", 35),
+            ("notes.txt", 12),
+        ],
+    )?;
+    let slow = root.join("demo-slow");
+    write_data(
+        &slow,
+        &[
+            ("a/one.txt", 10),
+            ("a/two.txt", 20),
+            ("b/three.txt", 30),
+            ("b/four.txt", 40),
+        ],
+    )?;
+
+    let mut cfg = Config::new(root.clone());
+    cfg.grace = Duration::from_secs(1);
+    cfg.bin_dir = crate::bin_dir();
+    let sock = cfg.socket.clone();
+    let listener = control::bind(&sock).await?;
+    let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+    let me = Caller::User {
+        uid: crate::unsafe_uid(),
+    };
+    let tty = std::io::stdout().is_terminal();
+    let tag = format!("{:x}", std::process::id());
+
+    // Part 1: a tree doing real work, drawn live.
+    let counter = AgentName::new(&format!("count-{tag}"))?;
+    let argv = vec![
+        exe.clone(),
+        "test-agent".into(),
+        "--count-lines".into(),
+        data.to_string_lossy().into_owned(),
+        "--fanout".into(),
+        "--work-ms".into(),
+        "400".into(),
+    ];
+    crate::api(
+        sup.spawn(
+            me.clone(),
+            spawn_req(
+                counter.as_str(),
+                argv,
+                "count the lines of every file under demo-data",
+            )?,
+        )
+        .await,
+    )?;
+    let title = "brood demo, part 1: a root fans out to children (one per directory) and grandchildren (one per file)";
+    loop {
+        draw(&sup, &counter, tty, title)?;
+        let a = sup
+            .view()
+            .agent(&counter)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if a.status.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    crate::api(sup.wait(me.clone(), vec![counter.clone()], None).await)?;
+    draw(&sup, &counter, tty, title)?;
+    let shown = sup
+        .view()
+        .show(&counter)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!(
+        "result of {counter}:\n{}",
+        shown["result"].as_str().unwrap_or("(none)")
+    );
+
+    // Part 2: the same shape, slow; its root is SIGKILLed mid-work.
+    let doomed = AgentName::new(&format!("doomed-{tag}"))?;
+    let argv = vec![
+        exe.clone(),
+        "test-agent".into(),
+        "--count-lines".into(),
+        slow.to_string_lossy().into_owned(),
+        "--fanout".into(),
+        "--work-ms".into(),
+        "60000".into(),
+    ];
+    crate::api(
+        sup.spawn(
+            me.clone(),
+            spawn_req(
+                doomed.as_str(),
+                argv,
+                "count slowly (this tree will be killed)",
+            )?,
+        )
+        .await,
+    )?;
+    let title2 = "brood demo, part 2: a second tree, whose root will be killed with SIGKILL";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = sup
+            .view()
+            .tree(Some(&doomed))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let running = count_nodes(&t["trees"][0], &|a| a["status"] == "running");
+        draw(&sup, &doomed, tty, title2)?;
+        // root + 2 children + 4 grandchildren
+        if running >= 7 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = sup
+        .view()
+        .show(&doomed)
+        .map_err(|e| anyhow::anyhow!("{e}"))?["pid"]
+        .as_i64()
+        .context("the doomed root has no pid")?;
+    println!("kill -9 {pid}   (the root agent {doomed})");
+    // SAFETY: sending SIGKILL to the agent process this demo started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let descendants: Vec<AgentName> = sup
+        .store()
+        .descendants_post_order(sup.tenant(), &doomed)?
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    let mut all = descendants.clone();
+    all.push(doomed.clone());
+    crate::api(
+        sup.wait(me.clone(), all, Some(Duration::from_secs(10)))
+            .await,
+    )?;
+    draw(
+        &sup,
+        &doomed,
+        false,
+        "after the SIGKILL: every descendant cancelled (parent_dead), every process gone",
+    )?;
+    if let Some(gc) = descendants.first() {
+        let a = sup.view().agent(gc).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dir = sup.paths().session_dir(gc, &a.session);
+        println!("the transcript of {gc} is still there ({}):", dir.display());
+        for f in ["messages.jsonl", "events.jsonl", "state"] {
+            let body = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            println!("--- {f}");
+            print!("{body}");
+        }
+        if let Some(p) = &a.parent {
+            let pa = sup.view().agent(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let cdir = sup.paths().channel_dir(p, &pa.session, gc);
+            println!("--- {}/result.md", cdir.display());
+            print!(
+                "{}",
+                std::fs::read_to_string(cdir.join("result.md")).unwrap_or_default()
+            );
+        }
+    }
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    println!(
+        "\ndemo finished in {:.1} s; state kept in {} (try: brood --root {} tree)",
+        t_start.elapsed().as_secs_f64(),
+        root.display(),
+        root.display()
+    );
+    Ok(0)
+}

@@ -1,0 +1,111 @@
+//! `brood doctor`: what this host offers and what brood enforces here.
+
+use std::path::Path;
+
+use anyhow::Result;
+use brood_launch::{cgroup, host};
+use serde_json::{Value, json};
+
+pub fn run(root: &Path, json_out: bool) -> Result<i32> {
+    let mut layers: Vec<(String, bool, String)> = Vec::new();
+    let det = cgroup::detect(Path::new("/"));
+    match &det {
+        Ok(d) => {
+            layers.push((
+                "cgroup".into(),
+                !matches!(d.layout, cgroup::Layout::Unavailable),
+                format!(
+                    "{:?}; v2 at {} (controllers: {}); v1 controllers: {}",
+                    d.layout,
+                    d.v2_mount
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    if d.v2_controllers.is_empty() {
+                        "none".into()
+                    } else {
+                        d.v2_controllers.join(" ")
+                    },
+                    d.v1_mounts.keys().cloned().collect::<Vec<_>>().join(" "),
+                ),
+            ));
+        }
+        Err(e) => layers.push(("cgroup".into(), false, e.to_string())),
+    }
+    let instance = format!("doctor-{}", std::process::id());
+    let kill = det
+        .as_ref()
+        .map_err(|e| e.to_string())
+        .and_then(|d| cgroup::Cgroups::open(d, &instance).map_err(|e| e.to_string()))
+        .map(|c| {
+            let k = c.kill_mechanism().to_owned();
+            let _ = c.destroy();
+            // The probe's own instance directory is of no use to anyone afterwards.
+            if let Some(dir) = c.base().parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+            k
+        });
+    layers.push(match kill {
+        Ok(k) => ("kill".into(), true, format!("{k} on the agent's group (whole subtree, setsid'd processes included)")),
+        Err(e) => ("kill".into(), false, format!("no cgroup can be made here ({e}); process groups plus a subreaper (a setsid'd process can escape)")),
+    });
+    match host::landlock_abi() {
+        Ok(v) => layers.push(("landlock".into(), true, format!("ABI {v}"))),
+        Err(e) => layers.push(("landlock".into(), false, e)),
+    }
+    for (name, flag) in [
+        ("user namespace", libc::CLONE_NEWUSER),
+        ("mount namespace", libc::CLONE_NEWNS),
+        ("pid namespace", libc::CLONE_NEWPID),
+        ("network namespace", libc::CLONE_NEWNET),
+    ] {
+        match host::can_unshare(flag) {
+            Ok(()) => layers.push((name.into(), true, "can be created".into())),
+            Err(e) => layers.push((name.into(), false, e)),
+        }
+    }
+    match host::seccomp() {
+        Ok(s) => layers.push(("seccomp".into(), true, s)),
+        Err(e) => layers.push(("seccomp".into(), false, e)),
+    }
+    let pidns = layers.iter().any(|(n, ok, _)| n == "pid namespace" && *ok);
+    let cg = layers.iter().any(|(n, ok, _)| n == "kill" && *ok);
+    let enforced: Vec<String> = vec![
+        if cg {
+            "containment: each agent in its own cgroup nested under its parent's; a stop kills the whole subtree with one kill".into()
+        } else {
+            "containment: process groups and a subreaper only (weaker: setsid escapes)".into()
+        },
+        if pidns {
+            "supervisor death: agents live in a PID namespace whose init dies with the supervisor, so every process dies with it".into()
+        } else {
+            "supervisor death: PR_SET_PDEATHSIG only (weaker: grandchildren may survive until the next start)".into()
+        },
+        "PR_SET_PDEATHSIG=SIGKILL on every agent, tied to a supervisor thread".into(),
+        "environment built from nothing (BROOD_* identity, HOME PATH LANG TERM, what the caller passes)".into(),
+        "not yet enforced by this version: landlock file and network rules, resource limits, mount namespaces (planned)".into(),
+    ];
+    let out = json!({
+        "root": root.display().to_string(),
+        "layers": layers.iter().map(|(n, ok, d)| json!({"layer": n, "available": ok, "detail": d})).collect::<Vec<Value>>(),
+        "enforced": enforced,
+    });
+    if json_out {
+        println!("{out}");
+    } else {
+        println!("root: {}", root.display());
+        for (n, ok, d) in &layers {
+            println!(
+                "{:<18} {:<13} {d}",
+                n,
+                if *ok { "available" } else { "NOT available" }
+            );
+        }
+        println!("enforced here:");
+        for e in &enforced {
+            println!("  - {e}");
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,567 @@
+//! `brood`: the one binary. The composition root: it parses the command line,
+//! builds a supervisor (in-process for `run` and `demo`, as a daemon for `serve`)
+//! or talks to one over its control socket, and renders the answers for people
+//! (tables, trees) or programs (`--json`).
+//!
+//! Exit codes (docs/cli.md): 0 success; 1 an agent failed or an internal error;
+//! 2 bad usage or a wait that timed out; 3 a creation refused (attenuation,
+//! quota, name); 4 unknown agent; 5 state conflict; 130 cancelled.
+
+mod bench;
+mod demo;
+mod doctor;
+mod render;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use brood_core::Code;
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View, control};
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+#[command(
+    name = "brood",
+    version,
+    about = "A runtime for child agents: owned process trees that die with their parent, recorded durably.",
+    after_help = "Examples:\n  brood demo\n  brood run -- brood test-agent --result hello\n  brood run --protocol exec -- sh -c 'echo hi'\n  brood serve &  brood spawn --name a -- brood test-agent --hang; brood tree; brood cancel a"
+)]
+struct Cli {
+    /// State directory ($BROOD_ROOT; default $XDG_STATE_HOME/brood or ~/.local/state/brood).
+    #[arg(long, global = true, env = "BROOD_ROOT")]
+    root: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a root agent with an in-process supervisor, wait for it, print its result and tree.
+    Run {
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value = "brood")]
+        protocol: String,
+        /// The task (handoff) given to the agent.
+        #[arg(long, default_value = "")]
+        task: String,
+        /// Seconds between SIGTERM and SIGKILL when a subtree is stopped.
+        #[arg(long, default_value_t = 3.0)]
+        grace: f64,
+        #[arg(long)]
+        json: bool,
+        /// Program and arguments.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Run the daemon on $BROOD_ROOT/brood.sock.
+    Serve {
+        #[arg(long, default_value_t = 3.0)]
+        grace: f64,
+    },
+    /// Create an agent (inside an agent, a child of the calling agent).
+    Spawn {
+        #[arg(long)]
+        parent: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value = "brood")]
+        protocol: String,
+        #[arg(long, default_value = "")]
+        task: String,
+        /// Return only once the agent said `ready`.
+        #[arg(long)]
+        ready: bool,
+        #[arg(long)]
+        json: bool,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// List agents (unfinished ones unless -a).
+    Ps {
+        #[arg(short = 'a', long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the tree of agents under NAME (or every tree).
+    Tree {
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one agent: parent, status, reason, pid, cgroup, runs, timestamps.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send input to a running agent.
+    Send { name: String, text: String },
+    /// Wait for agents to finish: exit 0 done, 1 error, 130 cancelled, 2 timed out.
+    Wait {
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[arg(long)]
+        timeout: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel an agent and its whole subtree.
+    Cancel { name: String },
+    /// Release a finished agent (nothing more can be sent to it but resume).
+    Close { name: String },
+    /// Start a new run of a finished agent on the same session.
+    Resume { name: String, text: Option<String> },
+    /// Print events (-f to follow), optionally of one agent.
+    Events {
+        name: Option<String>,
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// What this host offers and what brood enforces here.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A live demo: a tree of agents counting lines, then a tree whose root is SIGKILLed.
+    Demo,
+    /// Benchmarks against their floors (SPEC 16).
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+    /// The protocol-speaking test agent used by tests, the demo and benchmarks.
+    #[command(hide = true, name = "test-agent")]
+    TestAgent {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// A failure with the exit code it maps to.
+#[derive(Debug)]
+struct Exit(i32, String);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Cmd::TestAgent { args } = &cli.cmd {
+        let exe = std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "brood".into());
+        let code = brood_testagent::run(&[exe, "test-agent".into()], args);
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BROOD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("brood: starting the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(real_main(cli)) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            if let Some(x) = e.downcast_ref::<Exit>() {
+                eprintln!("brood: {}", x.1);
+                return ExitCode::from(x.0 as u8);
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::BrokenPipe
+            {
+                return ExitCode::from(0);
+            }
+            eprintln!("brood: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub(crate) fn default_root() -> PathBuf {
+    if let Ok(x) = std::env::var("XDG_STATE_HOME")
+        && !x.is_empty()
+    {
+        return PathBuf::from(x).join("brood");
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/".into());
+    PathBuf::from(home).join(".local/state/brood")
+}
+
+fn root_of(cli_root: &Option<PathBuf>) -> PathBuf {
+    cli_root.clone().unwrap_or_else(default_root)
+}
+
+/// The control socket to talk to: inside an agent, the one it was given.
+fn socket_for(root: &Option<PathBuf>) -> PathBuf {
+    if root.is_none()
+        && let Ok(s) = std::env::var("BROOD_SOCKET")
+        && !s.is_empty()
+    {
+        return PathBuf::from(s);
+    }
+    control::socket_of(&root_of(root))
+}
+
+/// Sends one request to the supervisor and turns an error reply into an `Exit`.
+async fn call(root: &Option<PathBuf>, op: &str, args: Value) -> Result<Value> {
+    let sock = socket_for(root);
+    let reply = control::request(&sock, op, args).await.map_err(|e| {
+        Exit(
+            1,
+            format!(
+                "no brood supervisor answers on {} ({e}); start one with `brood serve` or use `brood run`",
+                sock.display()
+            ),
+        )
+    })?;
+    if reply.get("ok").and_then(Value::as_bool) == Some(true) {
+        return Ok(reply.get("result").cloned().unwrap_or(Value::Null));
+    }
+    let err = &reply["error"];
+    let code = err["code"]
+        .as_str()
+        .and_then(Code::parse)
+        .unwrap_or(Code::Internal);
+    Err(Exit(
+        code.exit_code(),
+        format!("{}: {}", code, err["message"].as_str().unwrap_or("")),
+    )
+    .into())
+}
+
+fn view(root: &Option<PathBuf>) -> Result<View> {
+    let r = root_of(root);
+    View::open(&r).with_context(|| format!("reading the store of {}", r.display()))
+}
+
+fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
+    r.map_err(|e| Exit(e.code.exit_code(), e.to_string()).into())
+}
+
+fn parse_protocol(p: &str) -> Result<brood_store::Protocol> {
+    brood_store::Protocol::parse(p)
+        .ok_or_else(|| Exit(2, format!("--protocol must be brood or exec, not {p:?}")).into())
+}
+
+fn grace(s: f64) -> Result<Duration> {
+    if !(s.is_finite() && s >= 0.0) {
+        bail!(Exit(
+            2,
+            format!("--grace must be a non-negative number of seconds, not {s}")
+        ));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// The directory of this binary, put first on agents' PATH so they can call `brood`.
+pub(crate) fn bin_dir() -> Option<PathBuf> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+}
+
+/// Exit code of `wait` for one agent JSON (SPEC 4).
+pub(crate) fn wait_code(a: &Value) -> i32 {
+    let state = a["state"].as_str().unwrap_or("");
+    let outcome = state.strip_prefix("closed/").unwrap_or(state);
+    brood_core::Terminal::decode(outcome)
+        .map(|t| t.wait_exit_code())
+        .unwrap_or(1)
+}
+
+async fn real_main(cli: Cli) -> Result<i32> {
+    let root = cli.root.clone();
+    match cli.cmd {
+        Cmd::Run {
+            name,
+            protocol,
+            task,
+            grace: g,
+            json,
+            argv,
+        } => {
+            let mut cfg = Config::new(root_of(&root));
+            cfg.grace = grace(g)?;
+            cfg.bin_dir = bin_dir();
+            let protocol = parse_protocol(&protocol)?;
+            let name = match name {
+                Some(n) => Some(api(brood_core::AgentName::new(&n).map_err(|e| {
+                    brood_runtime::ApiError::new(Code::InvalidName, e.to_string())
+                }))?),
+                None => None,
+            };
+            run_root(cfg, name, protocol, task, argv, json).await
+        }
+        Cmd::Serve { grace: g } => {
+            let mut cfg = Config::new(root_of(&root));
+            cfg.grace = grace(g)?;
+            cfg.bin_dir = bin_dir();
+            serve(cfg).await
+        }
+        Cmd::Spawn {
+            parent,
+            name,
+            protocol,
+            task,
+            ready,
+            json,
+            argv,
+        } => {
+            parse_protocol(&protocol)?;
+            let r = call(
+                &root,
+                "spawn",
+                json!({"parent": parent, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready}),
+            )
+            .await?;
+            if json {
+                println!("{r}");
+            } else {
+                println!(
+                    "{}\t{}\t{}",
+                    r["name"].as_str().unwrap_or(""),
+                    r["status"].as_str().unwrap_or(""),
+                    r["run"].as_str().unwrap_or("")
+                );
+            }
+            Ok(if r["status"] == "failed" { 1 } else { 0 })
+        }
+        Cmd::Ps { all, json } => {
+            let v = api(view(&root)?.list(None, all))?;
+            if json {
+                println!("{}", v["agents"]);
+            } else {
+                print!(
+                    "{}",
+                    render::table(v["agents"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Tree { name, json } => {
+            let name = name
+                .map(|n| brood_core::AgentName::new(&n))
+                .transpose()
+                .map_err(|e| Exit(3, e.to_string()))?;
+            let v = api(view(&root)?.tree(name.as_ref()))?;
+            if json {
+                println!("{}", v["trees"]);
+            } else {
+                for t in v["trees"].as_array().into_iter().flatten() {
+                    print!("{}", render::tree(t));
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Show { name, json } => {
+            let name = brood_core::AgentName::new(&name).map_err(|e| Exit(3, e.to_string()))?;
+            let v = api(view(&root)?.show(&name))?;
+            if json {
+                println!("{v}");
+            } else {
+                print!("{}", render::show(&v));
+            }
+            Ok(0)
+        }
+        Cmd::Send { name, text } => {
+            let r = call(&root, "send", json!({"name": name, "text": text})).await?;
+            println!("{}", r["id"].as_str().unwrap_or(""));
+            Ok(0)
+        }
+        Cmd::Wait {
+            names,
+            timeout,
+            json,
+        } => {
+            let r = call(&root, "wait", json!({"names": names, "timeout_s": timeout})).await?;
+            let agents = r["agents"].as_array().cloned().unwrap_or_default();
+            if json {
+                println!("{r}");
+            } else {
+                for a in &agents {
+                    let reason = a["reason"]
+                        .as_str()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default();
+                    println!(
+                        "{}\t{}{}",
+                        a["name"].as_str().unwrap_or(""),
+                        a["status"].as_str().unwrap_or(""),
+                        reason
+                    );
+                }
+            }
+            if r["timed_out"] == true {
+                return Ok(2);
+            }
+            Ok(agents.iter().map(wait_code).max().unwrap_or(0))
+        }
+        Cmd::Cancel { name } => {
+            let r = call(&root, "cancel", json!({"name": name})).await?;
+            println!(
+                "{}\t{}",
+                r["name"].as_str().unwrap_or(""),
+                r["state"].as_str().unwrap_or("")
+            );
+            Ok(0)
+        }
+        Cmd::Close { name } => {
+            let r = call(&root, "close", json!({"name": name})).await?;
+            println!(
+                "{}\t{}",
+                r["name"].as_str().unwrap_or(""),
+                r["status"].as_str().unwrap_or("")
+            );
+            Ok(0)
+        }
+        Cmd::Resume { name, text } => {
+            let r = call(&root, "resume", json!({"name": name, "text": text})).await?;
+            println!(
+                "{}\t{}\t{}",
+                r["name"].as_str().unwrap_or(""),
+                r["status"].as_str().unwrap_or(""),
+                r["run"].as_str().unwrap_or("")
+            );
+            Ok(0)
+        }
+        Cmd::Events { name, follow } => events(&root, name, follow).await,
+        Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
+        Cmd::Demo => demo::run(root).await,
+        Cmd::Bench { which } => bench::run(root, which).await,
+        Cmd::TestAgent { .. } => Ok(0),
+    }
+}
+
+/// Runs a root agent with an in-process supervisor and its control socket.
+async fn run_root(
+    cfg: Config,
+    name: Option<brood_core::AgentName>,
+    protocol: brood_store::Protocol,
+    task: String,
+    argv: Vec<String>,
+    json_out: bool,
+) -> Result<i32> {
+    let sock = cfg.socket.clone();
+    let listener = control::bind(&sock)
+        .await
+        .with_context(|| format!("binding the control socket {}", sock.display()))?;
+    let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let req = SpawnRequest {
+        name,
+        parent: None,
+        argv,
+        protocol,
+        task,
+        env: Vec::new(),
+        cwd: None,
+        session: brood_core::SessionName::default_session(),
+        await_ready: false,
+    };
+    let me = Caller::User { uid: unsafe_uid() };
+    let started = api(sup.spawn(me.clone(), req).await)?;
+    let name = brood_core::AgentName::new(started["name"].as_str().unwrap_or(""))
+        .map_err(|e| Exit(1, e.to_string()))?;
+    // Ctrl-C cancels the tree (and then we report it like any other end).
+    let sup2 = sup.clone();
+    let n2 = name.clone();
+    let me2 = me.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = sup2.cancel(me2, n2).await;
+        }
+    });
+    let r = api(sup.wait(me, vec![name.clone()], None).await)?;
+    let a = r["agents"][0].clone();
+    let tree = api(sup.view().tree(Some(&name)))?;
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    if json_out {
+        println!("{}", json!({"agent": a, "tree": tree["trees"][0]}));
+    } else {
+        if let Some(res) = a["result"].as_str() {
+            print!("{res}");
+            if !res.ends_with('\n') && !res.is_empty() {
+                println!();
+            }
+        }
+        eprint!("{}", render::tree(&tree["trees"][0]));
+    }
+    Ok(wait_code(&a))
+}
+
+async fn serve(cfg: Config) -> Result<i32> {
+    let sock = cfg.socket.clone();
+    let listener = control::bind(&sock)
+        .await
+        .with_context(|| format!("binding the control socket {}", sock.display()))?;
+    let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    eprintln!(
+        "brood: serving {} ({})",
+        sock.display(),
+        sup.host_info().containment
+    );
+    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    Ok(0)
+}
+
+async fn events(root: &Option<PathBuf>, name: Option<String>, follow: bool) -> Result<i32> {
+    let v = view(root)?;
+    let name = name
+        .map(|n| brood_core::AgentName::new(&n))
+        .transpose()
+        .map_err(|e| Exit(3, e.to_string()))?;
+    let mut after = 0;
+    loop {
+        let batch = v
+            .store()
+            .events(v.tenant(), after, name.as_ref(), 1000)
+            .context("reading events")?;
+        for e in &batch {
+            after = e.seq;
+            println!("{}", control::event_json(e));
+        }
+        if !follow {
+            return Ok(0);
+        }
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+pub(crate) fn unsafe_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}

@@ -1,0 +1,183 @@
+//! Helpers shared by the end-to-end tests: a supervisor on a fresh root, the test
+//! agent's argv, and process/cgroup inspection through /proc and cgroupfs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use brood_core::AgentName;
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
+use serde_json::Value;
+
+pub fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_brood")
+}
+
+/// argv of the test agent with these flags.
+pub fn agent(flags: &[&str]) -> Vec<String> {
+    let mut v = vec![exe().to_owned(), "test-agent".to_owned()];
+    v.extend(flags.iter().map(|s| s.to_string()));
+    v
+}
+
+pub fn me() -> Caller {
+    Caller::User { uid: 0 }
+}
+
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub sup: Supervisor,
+}
+
+impl Env {
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Leaves no stray cgroup behind, even when the test failed: kill and remove this
+/// supervisor's groups and its instance directory.
+impl Drop for Env {
+    fn drop(&mut self) {
+        let key = brood_runtime::paths::instance_key(self.dir.path());
+        if let Ok(det) = brood_launch::cgroup::detect(Path::new("/")) {
+            if let Ok(cg) = brood_launch::cgroup::Cgroups::open(&det, &key) {
+                let _ = cg.destroy();
+                if let Some(dir) = cg.base().parent() {
+                    let _ = std::fs::remove_dir(dir);
+                }
+            }
+        }
+    }
+}
+
+pub fn start(grace: Duration) -> Env {
+    start_with(grace, |_| {})
+}
+
+pub fn start_with(grace: Duration, f: impl FnOnce(&mut Config)) -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = Config::new(dir.path().to_path_buf());
+    cfg.grace = grace;
+    cfg.bin_dir = Path::new(exe()).parent().map(Path::to_path_buf);
+    f(&mut cfg);
+    let sup = Supervisor::start(cfg).expect("supervisor starts");
+    Env { dir, sup }
+}
+
+pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
+    SpawnRequest {
+        name: Some(AgentName::new(name).expect("valid name")),
+        parent: None,
+        argv,
+        protocol: brood_store::Protocol::Brood,
+        task: format!("task of {name}"),
+        env: Vec::new(),
+        cwd: None,
+        session: brood_core::SessionName::default_session(),
+        await_ready: true,
+    }
+}
+
+pub fn name(s: &str) -> AgentName {
+    AgentName::new(s).expect("valid name")
+}
+
+pub fn show(env: &Env, n: &str) -> Value {
+    env.sup.view().show(&name(n)).expect("agent exists")
+}
+
+/// Every pid in a cgroup directory and the groups below it.
+pub fn pids_under(dir: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        return out;
+    };
+    out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                out.extend(pids_under(&e.path()));
+            }
+        }
+    }
+    out
+}
+
+/// True while the process exists and is not a zombie (a zombie runs nothing).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Polls `f` until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub async fn eventually_async(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if t0.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn read(p: impl AsRef<Path>) -> String {
+    std::fs::read_to_string(p.as_ref()).unwrap_or_default()
+}
+
+pub fn session_dir(env: &Env, n: &str) -> PathBuf {
+    env.sup
+        .paths()
+        .session_dir(&name(n), &brood_core::SessionName::default_session())
+}
+
+pub fn json_lines(p: impl AsRef<Path>) -> Vec<Value> {
+    read(p)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Every process whose environment says it belongs to agent `n` of this root.
+pub fn processes_of(env: &Env, n: &str) -> Vec<i32> {
+    let want_agent = format!("BROOD_AGENT={n}");
+    let want_root = format!("CTX_ROOT={}", env.sup.paths().ctx().display());
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(env_bytes) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            let vars: Vec<&[u8]> = env_bytes.split(|b| *b == 0).collect();
+            let has = |w: &str| vars.iter().any(|v| *v == w.as_bytes());
+            if has(&want_agent) && has(&want_root) && alive(pid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,88 @@
+//! The floors `brood bench` measures brood against, timed in the same run on the
+//! same machine (SPEC 16). They live here because only this crate starts
+//! processes.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{Cgroups, GroupPath};
+
+/// A bare `posix_spawn` (std's `Command` without `pre_exec` uses it) of `argv`,
+/// writing `init` on its stdin and timing until the first line comes back on its
+/// stdout (the ready handshake). The process is then left to finish and reaped
+/// outside the timing.
+pub fn spawn_ready(argv: &[OsString], init: &[u8]) -> io::Result<Duration> {
+    let (prog, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::other("empty argv"))?;
+    let t0 = Instant::now();
+    #[allow(clippy::disallowed_methods)]
+    let mut child = std::process::Command::new(prog)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| io::Error::other("no stdin"))?;
+    stdin.write_all(init)?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+    let mut rd = BufReader::new(stdout);
+    let mut line = String::new();
+    rd.read_line(&mut line)?;
+    let dt = t0.elapsed();
+    drop(stdin);
+    // Let it finish as it would after ready; drain so it never blocks on a full pipe.
+    let mut rest = Vec::new();
+    let _ = io::Read::read_to_end(&mut rd, &mut rest);
+    child.wait()?;
+    if !line.contains("ready") {
+        return Err(io::Error::other(format!("no ready line, got {line:?}")));
+    }
+    Ok(dt)
+}
+
+/// Starts `n` processes of `argv` in a fresh group, then times `cgroup.kill` until
+/// every one of them is reaped and the group is removed.
+pub fn cgroup_kill(cg: &Cgroups, name: &str, argv: &[OsString], n: usize) -> io::Result<Duration> {
+    let (prog, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::other("empty argv"))?;
+    let rel = GroupPath::new(&[name]).map_err(|e| io::Error::other(e.to_string()))?;
+    let g = cg
+        .create(&rel)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let procs = g.dir.join("cgroup.procs");
+    let mut children = Vec::with_capacity(n);
+    for _ in 0..n {
+        #[allow(clippy::disallowed_methods)]
+        let c = std::process::Command::new(prog)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        std::fs::write(&procs, c.id().to_string())?;
+        children.push(c);
+    }
+    let t0 = Instant::now();
+    cg.kill(&g).map_err(|e| io::Error::other(e.to_string()))?;
+    for c in &mut children {
+        c.wait()?;
+    }
+    while cg
+        .is_populated(&g)
+        .map_err(|e| io::Error::other(e.to_string()))?
+    {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    cg.remove(&g).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(t0.elapsed())
+}

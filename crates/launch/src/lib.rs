@@ -1,0 +1,19 @@
+//! brood-launch: the only place brood starts processes.
+//!
+//! * [`cgroup`]: create, kill, confirm empty and remove the groups that contain each
+//!   agent's whole process tree (cgroup v2, hybrid and v1 behind one interface).
+//! * [`spawn`]: the spawner thread, the PID-namespace keeper, and the fork/exec path
+//!   that puts a child in its group before it runs a single instruction of its own.
+//! * [`env`]: the environment built from nothing.
+//! * [`floor`]: the bare baselines `brood bench` compares against.
+//! * [`host`]: what this host offers (for `brood doctor` and start-up decisions).
+//!
+//! **Invariant:** no other crate calls `Command::new` (enforced by `clippy.toml`).
+
+pub mod cgroup;
+pub mod env;
+pub mod floor;
+pub mod host;
+pub mod spawn;
+
+pub use spawn::{Containment, LaunchError, LaunchSpec, Launched, Spawner};

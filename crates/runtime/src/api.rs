@@ -1,0 +1,236 @@
+//! The verbs every surface shares (SPEC 11): requests, replies and errors as the
+//! supervisor sees them, independent of the wire that carried them.
+//!
+//! The child protocol's `request` ops and the control socket's requests both land
+//! in [`handle`], so an agent and a person get exactly the same behaviour and the
+//! same error codes.
+
+use std::time::Duration;
+
+use brood_core::{AgentName, Code, SessionName};
+use brood_store::Protocol;
+use serde_json::{Value, json};
+
+use crate::supervisor::Supervisor;
+
+/// A refused or failed request: a SPEC code and a message for the requester.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: Code,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: Code, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn to_json(&self) -> Value {
+        json!({"code": self.code.as_str(), "reason": self.code.as_str(), "message": self.message})
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+pub type ApiResult = Result<Value, ApiError>;
+
+/// Who is asking. Decided by the supervisor from peer credentials and the
+/// caller's cgroup, never from what the caller claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A person or program outside every tree (the operator).
+    User { uid: u32 },
+    /// A process inside an agent's cgroup.
+    Agent(AgentName),
+}
+
+/// A creation request.
+#[derive(Debug, Clone)]
+pub struct SpawnRequest {
+    pub name: Option<AgentName>,
+    /// The parent; for an agent caller it must be the caller itself (the default).
+    pub parent: Option<AgentName>,
+    pub argv: Vec<String>,
+    pub protocol: Protocol,
+    pub task: String,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub session: SessionName,
+    /// Reply only once the agent said `ready` (or ended), not as soon as it started.
+    pub await_ready: bool,
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::new(Code::BadRequest, msg)
+}
+
+fn name_arg(args: &Value, key: &str) -> Result<AgentName, ApiError> {
+    let s = args
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("missing string argument {key:?}")))?;
+    AgentName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
+}
+
+fn opt_name_arg(args: &Value, key: &str) -> Result<Option<AgentName>, ApiError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => AgentName::new(s)
+            .map(Some)
+            .map_err(|e| ApiError::new(Code::InvalidName, e.to_string())),
+        Some(_) => Err(bad(format!("argument {key:?} must be a string"))),
+    }
+}
+
+impl SpawnRequest {
+    /// Parses the `spawn` arguments of the protocol and the control socket:
+    /// `{"name"?, "parent"?, "argv": [..], "protocol"?: "brood"|"exec", "task"?,
+    /// "env"?: {..}, "cwd"?, "session"?, "await_ready"?}`.
+    pub fn from_json(args: &Value) -> Result<SpawnRequest, ApiError> {
+        let name = opt_name_arg(args, "name")?;
+        let parent = opt_name_arg(args, "parent")?;
+        let argv: Vec<String> = match args.get("argv") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| bad("argv must be an array of strings"))
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(bad("missing argument \"argv\" (an array of strings)")),
+        };
+        if argv.is_empty() {
+            return Err(bad("argv must name a program"));
+        }
+        let protocol = match args.get("protocol").and_then(Value::as_str) {
+            None => Protocol::Brood,
+            Some(p) => Protocol::parse(p)
+                .ok_or_else(|| bad(format!("protocol must be brood or exec, not {p:?}")))?,
+        };
+        let task = args
+            .get("task")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let mut env = Vec::new();
+        if let Some(e) = args.get("env") {
+            let obj = e.as_object().ok_or_else(|| bad("env must be an object"))?;
+            for (k, v) in obj {
+                let v = v
+                    .as_str()
+                    .ok_or_else(|| bad(format!("env {k:?} must be a string")))?;
+                if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                    return Err(bad(format!("env {k:?} is not a valid variable")));
+                }
+                if brood_launch::env::is_reserved(k) {
+                    return Err(bad(format!(
+                        "env {k:?}: BROOD_* and CTX_* are set by the runtime"
+                    )));
+                }
+                env.push((k.clone(), v.to_owned()));
+            }
+        }
+        let cwd = args.get("cwd").and_then(Value::as_str).map(str::to_owned);
+        let session = match args.get("session").and_then(Value::as_str) {
+            None => SessionName::default_session(),
+            Some(s) => {
+                SessionName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))?
+            }
+        };
+        Ok(SpawnRequest {
+            name,
+            parent,
+            argv,
+            protocol,
+            task,
+            env,
+            cwd,
+            session,
+            await_ready: args
+                .get("await_ready")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        })
+    }
+}
+
+fn names_arg(args: &Value) -> Result<Vec<AgentName>, ApiError> {
+    if let Some(Value::Array(a)) = args.get("names") {
+        a.iter()
+            .map(|v| {
+                let s = v.as_str().ok_or_else(|| bad("names must be strings"))?;
+                AgentName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
+            })
+            .collect()
+    } else {
+        Ok(vec![name_arg(args, "name")?])
+    }
+}
+
+/// Serves one verb. `op` names are the protocol's (`spawn send wait close cancel
+/// resume list`) plus the control socket's read verbs (`show tree events ping`).
+pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -> ApiResult {
+    match op {
+        "spawn" => {
+            sup.spawn(caller.clone(), SpawnRequest::from_json(args)?)
+                .await
+        }
+        "send" => {
+            let name = name_arg(args, "name")?;
+            let text = args
+                .get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("missing string argument \"text\""))?;
+            sup.send(caller.clone(), name, text.to_owned()).await
+        }
+        "wait" => {
+            let names = names_arg(args)?;
+            let timeout = match args.get("timeout_s") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    let s = v
+                        .as_f64()
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| bad("timeout_s must be a non-negative number"))?;
+                    Some(Duration::from_secs_f64(s))
+                }
+            };
+            sup.wait(caller.clone(), names, timeout).await
+        }
+        "cancel" => sup.cancel(caller.clone(), name_arg(args, "name")?).await,
+        "close" => sup.close(caller.clone(), name_arg(args, "name")?).await,
+        "resume" => {
+            let text = args.get("text").and_then(Value::as_str).map(str::to_owned);
+            sup.resume(caller.clone(), name_arg(args, "name")?, text)
+                .await
+        }
+        "list" => {
+            let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
+            let parent = match opt_name_arg(args, "parent")? {
+                Some(p) => Some(p),
+                None => match caller {
+                    Caller::Agent(me) => Some(me.clone()),
+                    Caller::User { .. } => None,
+                },
+            };
+            sup.view().list(parent, all)
+        }
+        "show" => sup.view().show(&name_arg(args, "name")?),
+        "tree" => sup.view().tree(opt_name_arg(args, "name")?.as_ref()),
+        "ping" => Ok(json!({"pong": true})),
+        other if other.starts_with("job.") => Err(ApiError::new(
+            Code::BadRequest,
+            format!("op {other:?}: jobs are not available in this version of brood"),
+        )),
+        other => Err(bad(format!("unknown op {other:?}"))),
+    }
+}

@@ -1,0 +1,184 @@
+//! The control socket (`$BROOD_ROOT/brood.sock`, mode 0600): JSON lines.
+//!
+//! A client writes one request `{"op": <verb>, "args": {...}}` and reads one reply
+//! `{"ok": true, "result": ...}` or `{"ok": false, "error": {"code", "reason",
+//! "message"}}`. `events` with `"follow": true` streams `{"event": ...}` lines until
+//! the client hangs up. Who is calling is decided from the peer's credentials:
+//! the kernel tells us its pid, and its cgroup tells us which agent it belongs to,
+//! whatever the request claims (SPEC 5, last "always" rule).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use brood_core::{AgentName, Code};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::api::{self, ApiError, Caller};
+use crate::supervisor::Supervisor;
+
+/// Largest request line accepted (the protocol's 1 MiB).
+const MAX_REQUEST: usize = 1 << 20;
+
+/// Binds the socket (replacing a stale file nobody answers on) with mode 0600.
+pub async fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!(
+                    "{}: another brood supervisor is serving this root",
+                    path.display()
+                ),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Serves connections until the listener fails.
+pub async fn serve(sup: Supervisor, listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let sup = sup.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(sup, stream).await {
+                        tracing::debug!(error = %e, "control connection ended");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "accept on the control socket failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection(sup: Supervisor, stream: UnixStream) -> std::io::Result<()> {
+    let cred = stream.peer_cred()?;
+    let caller = match cred.pid() {
+        Some(pid) => sup.identify(pid, cred.uid()).await,
+        None => Caller::User { uid: cred.uid() },
+    };
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut line = Vec::new();
+    let n = (&mut rd)
+        .take(MAX_REQUEST as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if n == 0 {
+        return Ok(());
+    }
+    let reply = if line.len() > MAX_REQUEST {
+        Err(ApiError::new(Code::BadRequest, "request longer than 1 MiB"))
+    } else {
+        match serde_json::from_slice::<Value>(&line) {
+            Err(e) => Err(ApiError::new(
+                Code::BadRequest,
+                format!("request is not JSON: {e}"),
+            )),
+            Ok(req) => {
+                let op = req
+                    .get("op")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                let args = req.get("args").cloned().unwrap_or(json!({}));
+                if op == "events" {
+                    return stream_events(&sup, &args, &mut wr).await;
+                }
+                api::handle(&sup, &caller, &op, &args).await
+            }
+        }
+    };
+    let out = match reply {
+        Ok(v) => json!({"ok": true, "result": v}),
+        Err(e) => json!({"ok": false, "error": e.to_json()}),
+    };
+    let mut bytes = out.to_string().into_bytes();
+    bytes.push(b'\n');
+    wr.write_all(&bytes).await
+}
+
+/// `events {"after"?, "name"?, "follow"?}`: the tenant's events in sequence order.
+async fn stream_events(
+    sup: &Supervisor,
+    args: &Value,
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    let mut after = args.get("after").and_then(Value::as_i64).unwrap_or(0);
+    let follow = args.get("follow").and_then(Value::as_bool).unwrap_or(false);
+    let name = match args.get("name").and_then(Value::as_str) {
+        Some(s) => match AgentName::new(s) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                let out = json!({"ok": false, "error": ApiError::new(Code::InvalidName, e.to_string()).to_json()});
+                return wr.write_all(format!("{out}\n").as_bytes()).await;
+            }
+        },
+        None => None,
+    };
+    loop {
+        let batch = sup
+            .store()
+            .events(sup.tenant(), after, name.as_ref(), 1000)
+            .unwrap_or_default();
+        for e in &batch {
+            after = e.seq;
+            let line = json!({"event": event_json(e)});
+            wr.write_all(format!("{line}\n").as_bytes()).await?;
+        }
+        if !follow {
+            let done = json!({"ok": true, "result": {"last": after}});
+            return wr.write_all(format!("{done}\n").as_bytes()).await;
+        }
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// An event as the control plane shows it (SPEC 11: `type event_id timestamp
+/// sequence tenant agent run session` and a `payload`).
+pub fn event_json(e: &brood_store::Event) -> Value {
+    json!({
+        "type": e.kind,
+        "event_id": format!("{}-{}", e.tenant, e.seq),
+        "timestamp": e.ts_ms,
+        "sequence": e.seq,
+        "tenant": e.tenant.as_str(),
+        "agent": e.agent.as_str(),
+        "run": e.run.as_ref().map(|r| r.as_str()),
+        "session": e.session.as_str(),
+        "payload": serde_json::from_str::<Value>(&e.payload).unwrap_or(Value::Null),
+    })
+}
+
+/// A client of the control socket (the CLI's side).
+pub async fn request(socket: &Path, op: &str, args: Value) -> std::io::Result<Value> {
+    let mut s = UnixStream::connect(socket).await?;
+    let req = json!({"op": op, "args": args});
+    s.write_all(format!("{req}\n").as_bytes()).await?;
+    let mut rd = BufReader::new(s);
+    let mut line = String::new();
+    rd.read_line(&mut line).await?;
+    serde_json::from_str(&line).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad reply from {}: {e}", socket.display()),
+        )
+    })
+}
+
+/// The default socket of a root.
+pub fn socket_of(root: &Path) -> PathBuf {
+    root.join("brood.sock")
+}

@@ -1,0 +1,198 @@
+//! One IO task per agent process: stdout (protocol frames or exec output), stderr
+//! (the agent's log), the exit (through its pidfd), and a writer for stdin.
+//!
+//! When the pidfd says the process exited, the task first drains whatever the
+//! process wrote before exiting (a `done` line is usually still in the pipe), then
+//! reaps it and reports `Exited` last, so the dispatcher always sees an agent's
+//! final words before its death. It does not wait for end of file on stdout: a
+//! grandchild that inherited the pipe could hold it open forever.
+
+use std::os::fd::OwnedFd;
+
+use brood_core::{AgentName, RunId};
+use brood_launch::Launched;
+use brood_proto::{Decoded, Frame, Framer, LineError, LineErrorKind};
+use brood_store::Protocol;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+
+use crate::supervisor::{AgentEv, Cmd};
+
+pub(crate) fn start(
+    name: AgentName,
+    run: RunId,
+    protocol: Protocol,
+    p: Launched,
+    stdin_rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Cmd>,
+) {
+    let Launched {
+        pid,
+        pidfd,
+        stdin,
+        stdout,
+        stderr,
+    } = p;
+    match pipe::Sender::from_owned_fd(stdin) {
+        Ok(w) => {
+            tokio::spawn(write_stdin(w, stdin_rx));
+        }
+        Err(e) => tracing::error!(agent = %name, error = %e, "registering stdin failed"),
+    }
+    tokio::spawn(async move {
+        if let Err(e) = read_loop(&name, &run, protocol, pid, pidfd, stdout, stderr, &tx).await {
+            tracing::error!(agent = %name, error = %e, "agent IO failed; reaping");
+            let status = reap_blocking(pid);
+            let _ = tx.send(Cmd::Agent(name, run, AgentEv::Exited { status }));
+        }
+    });
+}
+
+async fn write_stdin(mut w: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    while let Some(buf) = rx.recv().await {
+        if w.write_all(&buf).await.is_err() {
+            // The agent closed its stdin or died; its exit is reported elsewhere.
+            break;
+        }
+    }
+}
+
+struct Reader<'a> {
+    name: &'a AgentName,
+    run: &'a RunId,
+    protocol: Protocol,
+    framer: Framer,
+    frames: Vec<Frame>,
+    broken: bool,
+    tx: &'a mpsc::UnboundedSender<Cmd>,
+}
+
+impl Reader<'_> {
+    fn send(&self, e: AgentEv) {
+        let _ = self
+            .tx
+            .send(Cmd::Agent(self.name.clone(), self.run.clone(), e));
+    }
+
+    fn stdout(&mut self, bytes: &[u8], eof: bool) {
+        if self.protocol == Protocol::Exec {
+            if !bytes.is_empty() {
+                self.send(AgentEv::ExecOut(bytes.to_vec()));
+            }
+            return;
+        }
+        self.framer.push(bytes, &mut self.frames);
+        if eof {
+            self.framer.finish(&mut self.frames);
+        }
+        let frames = std::mem::take(&mut self.frames);
+        for f in frames {
+            if self.broken {
+                // After the first protocol error the run is failing; the rest of the
+                // stream is not interpreted.
+                break;
+            }
+            match f {
+                Frame::Line { no, bytes } => match brood_proto::decode_line(no, &bytes) {
+                    Ok(Some(Decoded::Msg(m))) => self.send(AgentEv::Msg(m)),
+                    Ok(Some(Decoded::Unknown { type_name })) => {
+                        self.send(AgentEv::Unknown(type_name))
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.broken = true;
+                        self.send(AgentEv::Bad(e));
+                    }
+                },
+                Frame::TooLong { no, len_so_far } => {
+                    self.broken = true;
+                    self.send(AgentEv::Bad(LineError {
+                        line: no,
+                        kind: LineErrorKind::TooLong { len: len_so_far },
+                    }));
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_loop(
+    name: &AgentName,
+    run: &RunId,
+    protocol: Protocol,
+    pid: i32,
+    pidfd: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    tx: &mpsc::UnboundedSender<Cmd>,
+) -> std::io::Result<()> {
+    let mut out = pipe::Receiver::from_owned_fd(stdout)?;
+    let mut err = pipe::Receiver::from_owned_fd(stderr)?;
+    // SAFETY: the AsyncFd takes ownership of the pidfd, so the descriptor stays open
+    // for exactly as long as it is registered and is deregistered before it closes.
+    let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE)? };
+    let mut r = Reader {
+        name,
+        run,
+        protocol,
+        framer: Framer::new(),
+        frames: Vec::new(),
+        broken: false,
+        tx,
+    };
+    let mut obuf = vec![0u8; 64 * 1024];
+    let mut ebuf = vec![0u8; 8 * 1024];
+    let (mut out_open, mut err_open) = (true, true);
+    loop {
+        tokio::select! {
+            n = out.read(&mut obuf), if out_open => match n {
+                Ok(0) | Err(_) => { out_open = false; r.stdout(&[], true); }
+                Ok(n) => r.stdout(&obuf[..n], false),
+            },
+            n = err.read(&mut ebuf), if err_open => match n {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => r.send(AgentEv::Stderr(String::from_utf8_lossy(&ebuf[..n]).into_owned())),
+            },
+            g = pidfd.readable() => {
+                let mut g = g?;
+                // Everything written before the exit is in the pipes now.
+                if out_open {
+                    loop {
+                        match out.try_read(&mut obuf) {
+                            Ok(0) => { r.stdout(&[], true); break; }
+                            Ok(n) => r.stdout(&obuf[..n], false),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                if err_open {
+                    while let Ok(n) = err.try_read(&mut ebuf) {
+                        if n == 0 { break; }
+                        r.send(AgentEv::Stderr(String::from_utf8_lossy(&ebuf[..n]).into_owned()));
+                    }
+                }
+                let mut status = 0;
+                // SAFETY: waitpid on our own child, without blocking.
+                let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if got == pid {
+                    r.send(AgentEv::Exited { status });
+                    return Ok(());
+                }
+                if got < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                g.clear_ready();
+            }
+        }
+    }
+}
+
+fn reap_blocking(pid: i32) -> i32 {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child; blocking is acceptable on this error path.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    status
+}

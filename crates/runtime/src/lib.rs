@@ -1,0 +1,24 @@
+//! brood-runtime: the supervisor.
+//!
+//! * [`supervisor`]: the dispatcher loop, admission, lifecycle, fate sharing.
+//! * `io`: one task per agent process (protocol frames, stderr, exit).
+//! * [`api`]: the verbs every surface shares, and their errors.
+//! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
+//! * [`projection`]: the ctx tree on disk, written off the hot path.
+//! * [`view`]: read-only views of the store (ps, tree, show).
+//! * [`paths`]: the layout of `$BROOD_ROOT`.
+//!
+//! **Invariant:** every state change is committed to the store before anyone
+//! (a caller, an agent, a file reader) can observe it.
+
+pub mod api;
+pub mod control;
+mod io;
+pub mod paths;
+pub mod projection;
+pub mod supervisor;
+pub mod view;
+
+pub use api::{ApiError, ApiResult, Caller, SpawnRequest};
+pub use supervisor::{Config, Hooks, HostInfo, StartError, Supervisor};
+pub use view::View;

@@ -1,0 +1,70 @@
+//! Where things live under `$BROOD_ROOT` (SPEC 3): the one place that knows the
+//! layout of the ctx tree, so no other module builds a path by hand.
+
+use std::path::{Path, PathBuf};
+
+use brood_core::{AgentName, SessionName};
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub root: PathBuf,
+    uid: u32,
+}
+
+impl Paths {
+    pub fn new(root: PathBuf, uid: u32) -> Paths {
+        Paths { root, uid }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.root.join("brood.db")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.root.join("brood.sock")
+    }
+    pub fn ctx(&self) -> PathBuf {
+        self.root.join("ctx")
+    }
+    pub fn home(&self) -> PathBuf {
+        self.ctx().join("home").join(self.uid.to_string())
+    }
+    /// `ctx/agent/<name>.d/`
+    pub fn agent_dir(&self, name: &AgentName) -> PathBuf {
+        self.ctx().join("agent").join(format!("{name}.d"))
+    }
+    /// `ctx/home/<uid>/agent/<name>/session/<s>/`
+    pub fn session_dir(&self, name: &AgentName, session: &SessionName) -> PathBuf {
+        self.home()
+            .join("agent")
+            .join(name.as_str())
+            .join("session")
+            .join(session.as_str())
+    }
+    /// The parent's channel to one child: `<parent session>/context/child/<child>/`.
+    pub fn channel_dir(
+        &self,
+        parent: &AgentName,
+        parent_session: &SessionName,
+        child: &AgentName,
+    ) -> PathBuf {
+        self.session_dir(parent, parent_session)
+            .join("context")
+            .join("child")
+            .join(child.as_str())
+    }
+    pub fn policy_file(&self, name: &AgentName) -> PathBuf {
+        self.agent_dir(name).join("policy")
+    }
+}
+
+/// A stable short id of a root directory, used to name the supervisor's cgroups so
+/// two roots on one host never touch each other's groups.
+pub fn instance_key(root: &Path) -> String {
+    // FNV-1a: tiny, stable across releases (std's hasher is not).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in root.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:08x}", (h >> 32) as u32 ^ h as u32)
+}

@@ -1,0 +1,159 @@
+//! The ctx tree on disk, written off the hot path.
+//!
+//! The store is the truth; these files are its projection for programs and people
+//! (SPEC 3). Writes go to one dedicated thread in the order they were issued, so a
+//! spawn or a state change never waits for the filesystem, while a reader still
+//! never sees half a file: every whole-file write is a temp file in the same
+//! directory, then `rename(2)`. Nothing is opened through a symlink (`O_NOFOLLOW`
+//! on the final component, and a symlinked directory on the way is refused).
+//! No fsync: the tree can always be rebuilt from the store.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+enum Op {
+    Write(PathBuf, Vec<u8>),
+    Append(PathBuf, Vec<u8>),
+    Mkdirs(PathBuf),
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Handle to the projection thread.
+#[derive(Clone)]
+pub struct Projection {
+    tx: mpsc::Sender<Op>,
+}
+
+impl Projection {
+    pub fn start() -> io::Result<Projection> {
+        let (tx, rx) = mpsc::channel::<Op>();
+        thread::Builder::new()
+            .name("brood-projection".into())
+            .spawn(move || {
+                let mut n: u64 = 0;
+                while let Ok(op) = rx.recv() {
+                    let r = match op {
+                        Op::Write(p, b) => {
+                            n += 1;
+                            write_atomic(&p, &b, n)
+                        }
+                        Op::Append(p, b) => append(&p, &b),
+                        Op::Mkdirs(p) => fs::create_dir_all(&p),
+                        Op::Flush(done) => {
+                            let _ = done.send(());
+                            Ok(())
+                        }
+                    };
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "ctx projection write failed");
+                    }
+                }
+            })?;
+        Ok(Projection { tx })
+    }
+
+    /// Replaces a whole file (creating its directory).
+    pub fn write(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
+        let _ = self.tx.send(Op::Write(path, bytes.into()));
+    }
+
+    /// Appends to a file (creating it and its directory).
+    pub fn append(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
+        let _ = self.tx.send(Op::Append(path, bytes.into()));
+    }
+
+    pub fn mkdirs(&self, path: PathBuf) {
+        let _ = self.tx.send(Op::Mkdirs(path));
+    }
+
+    /// Resolves once every write issued before it is on disk (visible to readers).
+    pub async fn flush(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.tx.send(Op::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+fn ensure_parent(path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+        if fs::symlink_metadata(dir)?.file_type().is_symlink() {
+            return Err(io::Error::other(format!(
+                "{} is a symlink; refusing to write through it",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Temp file in the same directory, then rename: readers see the old file or the
+/// new one, never a part. `rename` replaces a symlink itself, never its target.
+pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
+    ensure_parent(path)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp.{}.{nonce}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
+    let r = f.write_all(bytes).and_then(|_| fs::rename(&tmp, path));
+    if r.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    ensure_parent(path)?;
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    f.write_all(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_never_follows_a_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("secret");
+        fs::write(&target, "keep").unwrap();
+        let link = d.path().join("status");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_atomic(&link, b"dead\n", 1).unwrap();
+        // The symlink itself was replaced; its target is untouched.
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+        assert!(
+            !fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_to_string(&link).unwrap(), "dead\n");
+        // Appending through a symlink is refused.
+        let log = d.path().join("log");
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(append(&log, b"x").is_err());
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+    }
+}

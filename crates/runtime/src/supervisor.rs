@@ -1,0 +1,1997 @@
+//! The supervisor: one dispatcher loop over a closed [`Cmd`] enum, plus one IO task
+//! per agent process.
+//!
+//! The dispatcher owns all mutable state (the live agents, the waiters, the
+//! cascades in flight) and is the only writer to the store, so every state change
+//! is ordered and written before it is acknowledged: a reply, a protocol message or
+//! a projection file is produced only after the store call that records the change
+//! has returned. Slow work — launching (on the spawner thread), waiting out a grace
+//! period, emptying a cgroup, writing the ctx projection — happens elsewhere and
+//! comes back as a `Cmd`, so the loop never blocks on it.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use brood_core::{
+    AgentName, CancelReason, Code, FailReason, RunId, SessionName, Status, TenantId, Terminal,
+};
+use brood_launch::cgroup::{Cgroups, Group, GroupPath};
+use brood_launch::env::{Base, Identity};
+use brood_launch::{LaunchError, LaunchSpec, Launched, Spawner};
+use brood_proto::{DoneResult, FromAgent, HistoryMessage, InitConfig, LineError, ToAgent};
+use brood_store::{Agent, NewAgent, NewEvent, Protocol, RunEnd, Store, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{ApiError, ApiResult, Caller, SpawnRequest};
+use crate::io;
+use crate::paths::Paths;
+use crate::projection::Projection;
+
+/// Test and benchmark hooks. Production code leaves them empty.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Called on the spawner thread right before an agent's process is forked,
+    /// after its admission was recorded: lets a test cancel in that window.
+    #[allow(clippy::type_complexity)]
+    pub before_launch: Option<Arc<dyn Fn(&AgentName) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("before_launch", &self.before_launch.is_some())
+            .finish()
+    }
+}
+
+/// How a supervisor is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `$BROOD_ROOT`.
+    pub root: PathBuf,
+    /// SIGTERM to SIGKILL (SPEC 6; default 3 s).
+    pub grace: Duration,
+    /// Put agents in a PID namespace whose init dies with the supervisor.
+    pub pid_namespace: bool,
+    /// The control socket agents are told about (`BROOD_SOCKET`).
+    pub socket: PathBuf,
+    /// A directory put first on agents' `PATH` (where the `brood` binary is).
+    pub bin_dir: Option<PathBuf>,
+    pub hooks: Hooks,
+}
+
+impl Config {
+    pub fn new(root: PathBuf) -> Config {
+        let socket = root.join("brood.sock");
+        Config {
+            root,
+            grace: Duration::from_secs(3),
+            pid_namespace: true,
+            socket,
+            bin_dir: None,
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// Errors that stop the supervisor from starting (critical, unlike the per-agent
+/// failures, which are recorded and reported).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("creating {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error("starting the projection thread: {0}")]
+    Projection(#[source] std::io::Error),
+}
+
+/// What the host gives this supervisor, for `brood doctor` and `meta.json`.
+#[derive(Debug, Clone)]
+pub struct HostInfo {
+    pub cgroup: String,
+    pub kill: String,
+    pub containment: String,
+    pub supervisor_id: String,
+}
+
+pub(crate) enum Cmd {
+    Spawn(Caller, SpawnRequest, Reply),
+    Send(Caller, AgentName, String, Reply),
+    Wait(Caller, Vec<AgentName>, Option<Duration>, Reply),
+    Cancel(Caller, AgentName, Reply),
+    Close(Caller, AgentName, Reply),
+    Resume(Caller, AgentName, Option<String>, Reply),
+    Identify(i32, oneshot::Sender<Caller>),
+    Shutdown(oneshot::Sender<()>),
+    Launched(AgentName, RunId, Result<Launched, LaunchError>),
+    Agent(AgentName, RunId, AgentEv),
+    StopDone(u64),
+    WaitTimeout(u64),
+    /// The answer to an agent's protocol `request`, computed off the loop.
+    AgentReply(AgentName, u64, ApiResult),
+}
+
+/// What an agent's IO task reports.
+pub(crate) enum AgentEv {
+    Msg(FromAgent),
+    Unknown(String),
+    Bad(LineError),
+    ExecOut(Vec<u8>),
+    Stderr(String),
+    Exited { status: i32 },
+}
+
+/// Where an answer goes: a caller awaiting a oneshot, or an agent's stdin as a
+/// protocol `reply`.
+pub(crate) enum Reply {
+    Api(oneshot::Sender<ApiResult>),
+    Agent { agent: AgentName, re: u64 },
+}
+
+/// A handle to a running supervisor. Cheap to clone.
+#[derive(Clone)]
+pub struct Supervisor {
+    tx: mpsc::UnboundedSender<Cmd>,
+    store: Arc<dyn Store>,
+    tenant: TenantId,
+    paths: Paths,
+    info: HostInfo,
+    projection: Projection,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn new_run_id() -> RunId {
+    let u = uuid::Uuid::now_v7();
+    // The uuid crate renders lowercase hyphenated; parse to keep the type's proof.
+    RunId::parse(&u.hyphenated().to_string()).unwrap_or_else(|_| {
+        let b = u.as_u128();
+        RunId::v7(now_ms() as u64, (b >> 64) as u16, b as u64)
+    })
+}
+
+/// Our identity as a supervisor: `s<pid>-<starttime>`, unique for the life of the
+/// host, so a later incarnation can tell whether its predecessor still runs.
+pub fn supervisor_id(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime) counted after the ")" that ends the command name.
+    let rest = stat.rsplit_once(')')?.1;
+    let start = rest.split_whitespace().nth(19)?;
+    Some(format!("s{pid}-{start}"))
+}
+
+fn supervisor_alive(id: &str) -> bool {
+    let Some(pid) = id
+        .strip_prefix('s')
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(p, _)| p.parse::<i32>().ok())
+    else {
+        return false;
+    };
+    supervisor_id(pid).as_deref() == Some(id)
+}
+
+impl Supervisor {
+    /// Opens the store, cleans up after a dead predecessor, and starts the
+    /// dispatcher on the current tokio runtime.
+    pub fn start(cfg: Config) -> Result<Supervisor, StartError> {
+        let uid = unsafe_geteuid();
+        let paths = Paths::new(cfg.root.clone(), uid);
+        for d in [paths.root.clone(), paths.ctx()] {
+            std::fs::create_dir_all(&d).map_err(|source| StartError::Dir { path: d, source })?;
+        }
+        let store: Arc<dyn Store> = Arc::new(brood_store::SqliteStore::open(&paths.db())?);
+        let tenant = TenantId::for_uid(uid);
+        let me = supervisor_id(std::process::id() as i32)
+            .unwrap_or_else(|| format!("s{}-0", std::process::id()));
+        let projection = Projection::start().map_err(StartError::Projection)?;
+
+        // Cgroups: detect, reap what an earlier incarnation left, open ours.
+        let instance = crate::paths::instance_key(&paths.root);
+        let (cgroups, cgroup_desc, kill_desc) =
+            match brood_launch::cgroup::detect(std::path::Path::new("/")).and_then(|det| {
+                match Cgroups::reap_leftovers(&det, &instance) {
+                    Ok(l) => tracing::info!(?l, "reaped leftover cgroups"),
+                    Err(e) => tracing::warn!(error = %e, "reaping leftover cgroups failed"),
+                }
+                Cgroups::open(&det, &instance)
+            }) {
+                Ok(c) => {
+                    let d = format!("{:?} at {}", c.layout(), c.base().display());
+                    let k = c.kill_mechanism().to_owned();
+                    (Some(Arc::new(c)), d, k)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no cgroups: falling back to process groups");
+                    (
+                        None,
+                        format!("unavailable ({e}); process groups plus a subreaper"),
+                        "killpg (a setsid'd process can escape)".to_owned(),
+                    )
+                }
+            };
+
+        // Agents of supervisors that are gone: their processes died with them (or
+        // were just reaped with their cgroups); record that truthfully.
+        let dead: Vec<String> = store
+            .supervisors_with_unfinished()?
+            .into_iter()
+            .filter(|s| !supervisor_alive(s))
+            .collect();
+        if !dead.is_empty() {
+            let recovered = store.recover(&dead, now_ms())?;
+            for a in &recovered {
+                project_agent(&projection, &paths, a, None);
+            }
+            tracing::info!(
+                count = recovered.len(),
+                "recovered agents of dead supervisors"
+            );
+        }
+
+        let spawner = Spawner::start(cfg.pid_namespace)?;
+        let info = HostInfo {
+            cgroup: cgroup_desc,
+            kill: kill_desc,
+            containment: spawner.containment().describe(),
+            supervisor_id: me.clone(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
+        let disp = Dispatcher {
+            cfg,
+            tx: tx.clone(),
+            store: store.clone(),
+            tenant: tenant.clone(),
+            paths: paths.clone(),
+            projection: projection.clone(),
+            cgroups,
+            spawner,
+            base,
+            me,
+            live: HashMap::new(),
+            waiters: HashMap::new(),
+            stops: HashMap::new(),
+            next_id: 1,
+        };
+        tokio::spawn(disp.run(rx));
+        Ok(Supervisor {
+            tx,
+            store,
+            tenant,
+            paths,
+            info,
+            projection,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+    pub fn paths(&self) -> &Paths {
+        &self.paths
+    }
+    pub fn host_info(&self) -> &HostInfo {
+        &self.info
+    }
+
+    /// Resolves once every ctx file written so far is visible.
+    pub async fn flush(&self) {
+        self.projection.flush().await;
+    }
+
+    async fn call(&self, mk: impl FnOnce(Reply) -> Cmd) -> ApiResult {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(mk(Reply::Api(tx)))
+            .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?;
+        rx.await
+            .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?
+    }
+
+    pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
+        self.call(|r| Cmd::Spawn(caller, req, r)).await
+    }
+    pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
+        self.call(|r| Cmd::Send(caller, name, text, r)).await
+    }
+    pub async fn wait(
+        &self,
+        caller: Caller,
+        names: Vec<AgentName>,
+        timeout: Option<Duration>,
+    ) -> ApiResult {
+        let r = self.call(|r| Cmd::Wait(caller, names, timeout, r)).await;
+        // Whoever waited may read result.md next: make the files catch up first.
+        self.flush().await;
+        r
+    }
+    pub async fn cancel(&self, caller: Caller, name: AgentName) -> ApiResult {
+        self.call(|r| Cmd::Cancel(caller, name, r)).await
+    }
+    pub async fn close(&self, caller: Caller, name: AgentName) -> ApiResult {
+        self.call(|r| Cmd::Close(caller, name, r)).await
+    }
+    pub async fn resume(&self, caller: Caller, name: AgentName, text: Option<String>) -> ApiResult {
+        self.call(|r| Cmd::Resume(caller, name, text, r)).await
+    }
+
+    /// Who is calling, from a peer's pid (peer credentials): the agent whose cgroup
+    /// holds that process, or a user.
+    pub async fn identify(&self, pid: i32, uid: u32) -> Caller {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Identify(pid, tx)).is_err() {
+            return Caller::User { uid };
+        }
+        match rx.await {
+            Ok(Caller::User { .. }) | Err(_) => Caller::User { uid },
+            Ok(a) => a,
+        }
+    }
+
+    /// Stops every live agent (cancelled, reason `user`) and waits until their
+    /// processes are gone and their groups removed.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+        self.flush().await;
+    }
+
+    /// Read-only views of the store (the same ones the CLI uses without a daemon).
+    pub fn view(&self) -> crate::view::View {
+        crate::view::View::new(self.store.clone(), self.tenant.clone())
+    }
+}
+
+pub(crate) fn agent_json(store: &Arc<dyn Store>, a: &Agent) -> Value {
+    let run = store.run(&a.tenant, &a.run).ok().flatten();
+    json!({
+        "name": a.name.as_str(),
+        "parent": a.parent.as_ref().map(|p| p.as_str()),
+        "customer": a.customer.as_ref().map(|p| p.as_str()),
+        "status": a.status.api_word(),
+        "state": a.status.encode(),
+        "reason": a.status.reason(),
+        "detail": a.detail,
+        "depth": a.depth,
+        "session": a.session.as_str(),
+        "protocol": a.protocol.as_str(),
+        "run": a.run.as_str(),
+        "pid": run.as_ref().and_then(|r| if a.status.is_live() { r.pid } else { None }),
+        "cgroup": run.as_ref().and_then(|r| r.cgroup.clone()),
+        "result": run.as_ref().and_then(|r| r.result.clone()),
+        "exit_code": run.as_ref().and_then(|r| r.exit_code),
+        "created_ms": a.created_ms,
+        "updated_ms": a.updated_ms,
+        "started_ms": run.as_ref().and_then(|r| r.started_ms),
+        "ended_ms": run.as_ref().and_then(|r| r.ended_ms),
+        "tokens_in": run.as_ref().map(|r| r.tokens_in),
+        "tokens_out": run.as_ref().map(|r| r.tokens_out),
+        "cost_usd": run.as_ref().map(|r| r.cost_usd),
+    })
+}
+
+pub(crate) fn run_json(r: &brood_store::Run) -> Value {
+    json!({
+        "id": r.id.as_str(), "seq": r.seq, "pid": r.pid, "cgroup": r.cgroup,
+        "outcome": r.outcome.map(|t| t.encode()), "exit_code": r.exit_code,
+        "started_ms": r.started_ms, "ended_ms": r.ended_ms,
+        "tokens_in": r.tokens_in, "tokens_out": r.tokens_out, "cost_usd": r.cost_usd,
+    })
+}
+
+pub(crate) fn internal(e: StoreError) -> ApiError {
+    tracing::error!(error = %e, "store error");
+    match e {
+        StoreError::Refused { code, message } => ApiError::new(code, message),
+        StoreError::NotFound { name, .. } => {
+            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+        }
+        StoreError::Transition { name, source } => {
+            ApiError::new(Code::Conflict, format!("agent {name}: {source}"))
+        }
+        _ => ApiError::new(Code::Internal, "store error (see the supervisor's log)"),
+    }
+}
+
+pub(crate) fn not_found(name: &AgentName) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Writes an agent's status into its control files, session `state` and its
+/// parent's channel `status`: the one place the ABI mapping reaches the disk.
+pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Option<i32>) {
+    let abi = a.status.abi();
+    let dir = paths.agent_dir(&a.name);
+    proj.write(dir.join("status"), format!("{}\n", abi.process.as_str()));
+    proj.write(
+        dir.join("pid"),
+        match pid {
+            Some(p) if a.status.is_live() => format!("{p}\n"),
+            _ => "\n".to_owned(),
+        },
+    );
+    let sdir = paths.session_dir(&a.name, &a.session);
+    proj.write(sdir.join("state"), format!("{}\n", abi.session.as_str()));
+    proj.write(sdir.join("updated_at"), format!("{}\n", a.updated_ms));
+    if let Some(p) = &a.parent {
+        // The channel lives in the parent's session; the store knows which.
+        let _ = p;
+    }
+}
+
+struct Live {
+    run: RunId,
+    session: SessionName,
+    parent: Option<AgentName>,
+    parent_session: Option<SessionName>,
+    protocol: Protocol,
+    group: Option<Group>,
+    pid: Option<i32>,
+    stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    ready: bool,
+    done: Option<DoneResult>,
+    error: Option<String>,
+    protocol_error: Option<String>,
+    exec_out: Vec<u8>,
+    stderr_tail: String,
+    exit: Option<i32>,
+    /// Set when a stop (cancel or parent death) covers this agent.
+    stopping: Option<u64>,
+    /// Cancelled while its launch was in flight: kill whatever starts.
+    cancelled_before_start: bool,
+    spawn_reply: Option<(Reply, bool)>,
+    /// What a resumed run is told to do (its new input); the original task otherwise.
+    instruction: Option<String>,
+}
+
+/// One stop in flight: the targets in post-order with the outcome each gets, and
+/// the group whose emptiness ends it.
+struct Stop {
+    targets: Vec<(AgentName, Terminal)>,
+}
+
+struct Waiter {
+    names: Vec<AgentName>,
+    reply: Reply,
+}
+
+const EXEC_OUT_MAX: usize = 16 << 20;
+const STDERR_TAIL: usize = 4096;
+
+struct Dispatcher {
+    cfg: Config,
+    tx: mpsc::UnboundedSender<Cmd>,
+    store: Arc<dyn Store>,
+    tenant: TenantId,
+    paths: Paths,
+    projection: Projection,
+    cgroups: Option<Arc<Cgroups>>,
+    spawner: Spawner,
+    base: Base,
+    me: String,
+    live: HashMap<AgentName, Live>,
+    waiters: HashMap<u64, Waiter>,
+    stops: HashMap<u64, Stop>,
+    next_id: u64,
+}
+
+fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
+    let kind = payload
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("event")
+        .to_owned();
+    NewEvent {
+        agent: agent.clone(),
+        run: run.cloned(),
+        session: session.clone(),
+        kind,
+        payload: payload.to_string(),
+    }
+}
+
+impl Dispatcher {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        while let Some(cmd) = rx.recv().await {
+            match cmd {
+                Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, req, reply),
+                Cmd::Send(caller, name, text, reply) => {
+                    let r = self.on_send(&caller, &name, &text);
+                    self.respond(reply, r);
+                }
+                Cmd::Wait(caller, names, timeout, reply) => {
+                    self.on_wait(&caller, names, timeout, reply)
+                }
+                Cmd::Cancel(caller, name, reply) => {
+                    let r = self.on_cancel(&caller, &name);
+                    self.respond(reply, r);
+                }
+                Cmd::Close(caller, name, reply) => {
+                    let r = self.on_close(&caller, &name);
+                    self.respond(reply, r);
+                }
+                Cmd::Resume(caller, name, text, reply) => {
+                    self.on_resume(&caller, &name, text, reply)
+                }
+                Cmd::Identify(pid, reply) => {
+                    let _ = reply.send(self.identify(pid));
+                }
+                Cmd::Launched(name, run, r) => self.on_launched(name, run, r),
+                Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
+                Cmd::StopDone(id) => self.on_stop_done(id),
+                Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+                Cmd::WaitTimeout(id) => {
+                    if let Some(w) = self.waiters.remove(&id) {
+                        let r = self.wait_result(&w.names, true);
+                        self.respond(w.reply, r);
+                    }
+                }
+                Cmd::Shutdown(reply) => {
+                    let roots: Vec<AgentName> = self
+                        .live
+                        .iter()
+                        .filter(|(_, l)| l.stopping.is_none())
+                        .filter(|(_, l)| {
+                            l.parent.as_ref().is_none_or(|p| !self.live.contains_key(p))
+                        })
+                        .map(|(n, _)| n.clone())
+                        .collect();
+                    for r in roots {
+                        self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User), true);
+                    }
+                    shutdown = Some(reply);
+                }
+            }
+            if shutdown.is_some() && self.live.is_empty() && self.stops.is_empty() {
+                if let Some(c) = &self.cgroups {
+                    if let Err(e) = c.destroy() {
+                        tracing::error!(error = %e, "removing the supervisor's cgroups failed");
+                    }
+                    // The instance directory is shared with later incarnations of this
+                    // root; remove it when no other one is using it (rmdir refuses then).
+                    if let Some(dir) = c.base().parent() {
+                        let _ = std::fs::remove_dir(dir);
+                    }
+                }
+                if let Some(s) = shutdown.take() {
+                    let _ = s.send(());
+                }
+            }
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn respond(&self, reply: Reply, r: ApiResult) {
+        match reply {
+            Reply::Api(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Agent { agent, re } => {
+                let msg = match r {
+                    Ok(v) => brood_proto::Reply::ok(re, v),
+                    Err(e) => brood_proto::Reply::err(
+                        re,
+                        brood_proto::ErrorBody {
+                            code: e.code.as_str().to_owned(),
+                            reason: e.code.as_str().to_owned(),
+                            message: e.message,
+                        },
+                    ),
+                };
+                self.to_agent(&agent, &ToAgent::Reply(msg));
+            }
+        }
+    }
+
+    fn to_agent(&self, name: &AgentName, msg: &ToAgent) {
+        if let Some(l) = self.live.get(name)
+            && l.protocol == Protocol::Brood
+            && let Some(tx) = &l.stdin
+        {
+            let _ = tx.send(brood_proto::encode(msg));
+        }
+    }
+
+    fn agent(&self, name: &AgentName) -> Result<Agent, ApiError> {
+        self.store
+            .agent(&self.tenant, name)
+            .map_err(internal)?
+            .ok_or_else(|| not_found(name))
+    }
+
+    /// An agent may act on its own descendants only; a user on anything.
+    fn authorize(&self, caller: &Caller, target: &Agent) -> Result<(), ApiError> {
+        let Caller::Agent(me) = caller else {
+            return Ok(());
+        };
+        let mut cur = target.parent.clone();
+        let mut hops = 0;
+        while let Some(p) = cur {
+            if &p == me {
+                return Ok(());
+            }
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+            cur = self
+                .store
+                .agent(&self.tenant, &p)
+                .map_err(internal)?
+                .and_then(|a| a.parent);
+        }
+        Err(ApiError::new(
+            Code::Forbidden,
+            format!(
+                "agent {me} may act only on its own descendants, not on {}",
+                target.name
+            ),
+        ))
+    }
+
+    fn identify(&self, pid: i32) -> Caller {
+        let uid = 0;
+        let Some(cg) = &self.cgroups else {
+            return Caller::User { uid };
+        };
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return Caller::User { uid };
+        };
+        let Some(path) = cg.path_of_process_line(&text) else {
+            return Caller::User { uid };
+        };
+        // The deepest live agent whose group contains the caller's cgroup.
+        let mut best: Option<(&AgentName, usize)> = None;
+        for (name, l) in &self.live {
+            if let Some(g) = &l.group
+                && (path == g.dir || path.starts_with(&g.dir))
+            {
+                let depth = g.dir.components().count();
+                if best.is_none_or(|(_, d)| depth > d) {
+                    best = Some((name, depth));
+                }
+            }
+        }
+        match best {
+            Some((n, _)) => Caller::Agent(n.clone()),
+            None => Caller::User { uid },
+        }
+    }
+
+    fn on_spawn(&mut self, caller: Caller, req: SpawnRequest, reply: Reply) {
+        match self.admit(&caller, req) {
+            Ok(Some((name, await_ready))) => {
+                if let Some(l) = self.live.get_mut(&name) {
+                    l.spawn_reply = Some((reply, await_ready));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => self.respond(reply, Err(e)),
+        }
+    }
+
+    /// Admission (SPEC 5/9 order, the parts this version has): name, parent, then
+    /// the store's transaction; then the group and the launch.
+    fn admit(
+        &mut self,
+        caller: &Caller,
+        req: SpawnRequest,
+    ) -> Result<Option<(AgentName, bool)>, ApiError> {
+        let parent = match (caller, &req.parent) {
+            (Caller::Agent(me), None) => Some(me.clone()),
+            (Caller::Agent(me), Some(p)) if p == me => Some(me.clone()),
+            (Caller::Agent(me), Some(p)) => {
+                return Err(ApiError::new(
+                    Code::ParentMismatch,
+                    format!(
+                        "agent {me} asked to create a child of {p}; an agent creates only its own children"
+                    ),
+                ));
+            }
+            (Caller::User { .. }, p) => p.clone(),
+        };
+        let name = match req.name.clone() {
+            Some(n) => n,
+            None => AgentName::generate("agent", rand_u32()),
+        };
+        let parent_live = match &parent {
+            Some(p) => {
+                let l = self.live.get(p).ok_or_else(|| {
+                    ApiError::new(
+                        Code::ParentMismatch,
+                        format!("parent {p} has no live process here"),
+                    )
+                })?;
+                if l.stopping.is_some() {
+                    return Err(ApiError::new(
+                        Code::ParentMismatch,
+                        format!("parent {p} is stopping; it can admit no new child"),
+                    ));
+                }
+                Some((l.group.clone(), l.session.clone()))
+            }
+            None => None,
+        };
+        let run = new_run_id();
+        let spec = json!({"argv": req.argv, "task": req.task, "env": req.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(), "cwd": req.cwd});
+        let now = now_ms();
+        let mut events = vec![ev(
+            &name,
+            Some(&run),
+            &req.session,
+            json!({"type": "agent.spawn", "agent": name.as_str(), "parent": parent.as_ref().map(|p| p.as_str()), "run": run.as_str()}),
+        )];
+        if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
+            events.push(ev(
+                p,
+                None,
+                psess,
+                json!({"type": "agent.child.spawn", "parent": p.as_str(), "child": name.as_str()}),
+            ));
+        }
+        let agent = self
+            .store
+            .admit(
+                &NewAgent {
+                    tenant: self.tenant.clone(),
+                    name: name.clone(),
+                    parent: parent.clone(),
+                    customer: None,
+                    session: req.session.clone(),
+                    protocol: req.protocol,
+                    spec: spec.to_string(),
+                    handoff: req.task.clone(),
+                    supervisor: self.me.clone(),
+                    run: run.clone(),
+                    now_ms: now,
+                },
+                &events,
+            )
+            .map_err(internal)?;
+        self.project_events(&events);
+        // The session and the parent's channel exist from admission on.
+        let sdir = self.paths.session_dir(&name, &req.session);
+        self.projection.mkdirs(sdir.join("context"));
+        self.projection
+            .write(sdir.join("created_at"), format!("{now}\n"));
+        self.projection
+            .append(sdir.join("messages.jsonl"), Vec::new());
+        let adir = self.paths.agent_dir(&name);
+        self.projection.write(
+            adir.join("parent"),
+            match &parent {
+                Some(p) => format!(
+                    "agent:{p} run:{}\n",
+                    self.live.get(p).map(|l| l.run.as_str()).unwrap_or("")
+                ),
+                None => "\n".to_owned(),
+            },
+        );
+        self.projection.write(adir.join("life"), "owned\n");
+        if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
+            let cdir = self.paths.channel_dir(p, psess, &name);
+            self.projection
+                .write(cdir.join("agent"), format!("{name}\n"));
+            self.projection
+                .write(cdir.join("session"), format!("{}\n", req.session));
+            self.projection
+                .write(cdir.join("handoff.md"), req.task.clone());
+        }
+        project_agent(&self.projection, &self.paths, &agent, None);
+        self.project_channel(&agent, None);
+
+        let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
+        self.live.insert(
+            name.clone(),
+            Live {
+                run: run.clone(),
+                session: req.session.clone(),
+                parent: parent.clone(),
+                parent_session: parent_live.map(|(_, s)| s),
+                protocol: req.protocol,
+                group: None,
+                pid: None,
+                stdin: None,
+                ready: false,
+                done: None,
+                error: None,
+                protocol_error: None,
+                exec_out: Vec::new(),
+                stderr_tail: String::new(),
+                exit: None,
+                stopping: None,
+                cancelled_before_start: false,
+                spawn_reply: None,
+                instruction: None,
+            },
+        );
+        self.launch(
+            &name,
+            &run,
+            &req.argv,
+            &req.env,
+            req.cwd.as_deref(),
+            group_parent,
+        );
+        Ok(Some((name, req.await_ready)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        argv: &[String],
+        env: &[(String, String)],
+        cwd: Option<&str>,
+        group_parent: Option<Group>,
+    ) {
+        let (group, procs) = match &self.cgroups {
+            Some(cg) => {
+                let rel = match &group_parent {
+                    Some(g) => g.rel.child(name.as_str()),
+                    None => GroupPath::new(&[self.tenant.as_str(), name.as_str()]),
+                };
+                let made = rel.map_err(|e| e.to_string()).and_then(|rel| {
+                    if group_parent.is_none() {
+                        // The tenant's directory is shared by its roots; make it once.
+                        if let Ok(t) = GroupPath::new(&[self.tenant.as_str()]) {
+                            let _ = cg.create(&t);
+                        }
+                    }
+                    let g = cg.create(&rel).map_err(|e| e.to_string())?;
+                    let f = cg.procs_file(&g).map_err(|e| e.to_string())?;
+                    Ok((g, f))
+                });
+                match made {
+                    Ok((g, f)) => (Some(g), Some(f)),
+                    Err(e) => {
+                        let _ = self.tx.send(Cmd::Launched(
+                            name.clone(),
+                            run.clone(),
+                            Err(LaunchError::Spawn {
+                                program: argv.first().cloned().unwrap_or_default().into(),
+                                source: std::io::Error::other(format!("creating its cgroup: {e}")),
+                            }),
+                        ));
+                        return;
+                    }
+                }
+            }
+            None => (None, None),
+        };
+        let l = self.live.get_mut(name);
+        let Some(l) = l else { return };
+        l.group = group;
+        let a = self.store.agent(&self.tenant, name).ok().flatten();
+        let id = Identity {
+            agent: name.to_string(),
+            run: run.to_string(),
+            parent: l.parent.as_ref().map(|p| p.to_string()),
+            customer: a
+                .as_ref()
+                .and_then(|a| a.customer.as_ref().map(|c| c.to_string())),
+            session: l.session.to_string(),
+            tenant: self.tenant.to_string(),
+            socket: self.cfg.socket.to_string_lossy().into_owned(),
+            policy: self.paths.policy_file(name).to_string_lossy().into_owned(),
+            ctx_root: self.paths.ctx().to_string_lossy().into_owned(),
+            ctx_home: self.paths.home().to_string_lossy().into_owned(),
+        };
+        let spec = LaunchSpec {
+            argv: argv.iter().map(Into::into).collect(),
+            env: brood_launch::env::build(&id, &self.base, env),
+            cwd: cwd.map(PathBuf::from),
+            cgroup_procs: procs,
+        };
+        let tx = self.tx.clone();
+        let (n2, r2) = (name.clone(), run.clone());
+        if let Some(hook) = self.cfg.hooks.before_launch.clone() {
+            let n3 = name.clone();
+            let spawner = self.spawner.clone();
+            // Run the hook on its own thread so the dispatcher stays free meanwhile.
+            std::thread::spawn(move || {
+                hook(&n3);
+                spawner.launch(spec, move |r| {
+                    let _ = tx.send(Cmd::Launched(n2, r2, r));
+                });
+            });
+        } else {
+            self.spawner.launch(spec, move |r| {
+                let _ = tx.send(Cmd::Launched(n2, r2, r));
+            });
+        }
+    }
+
+    fn on_launched(&mut self, name: AgentName, run: RunId, r: Result<Launched, LaunchError>) {
+        let Some(l) = self.live.get_mut(&name) else {
+            // Nobody wants it any more: make sure nothing survives.
+            if let Ok(p) = r {
+                reap_orphan_launch(p, None, self.cgroups.clone());
+            }
+            return;
+        };
+        if l.run != run {
+            return;
+        }
+        let launched = match r {
+            Ok(p) => p,
+            Err(e) => {
+                let detail = e.to_string();
+                let group = l.group.take();
+                let cancelled = l.cancelled_before_start;
+                self.remove_group(group);
+                if cancelled {
+                    self.live.remove(&name);
+                    return;
+                }
+                self.finish(
+                    &name,
+                    Terminal::Failed(FailReason::ExitCode),
+                    None,
+                    None,
+                    Some(detail),
+                );
+                return;
+            }
+        };
+        let cgroup_path = l
+            .group
+            .as_ref()
+            .map(|g| g.dir.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let session = l.session.clone();
+        let start_events = [ev(
+            &name,
+            Some(&run),
+            &session,
+            json!({"type": "agent.start", "agent": name.as_str(), "run": run.as_str(), "pid": launched.pid}),
+        )];
+        let start = self.store.start_run(
+            &self.tenant,
+            &name,
+            &run,
+            launched.pid,
+            &cgroup_path,
+            now_ms(),
+            &start_events,
+        );
+        let agent = match start {
+            Ok(a) => a,
+            Err(e) => {
+                // Cancelled between admission and start: the record already says so;
+                // kill what just started, leaving no orphan and no group.
+                tracing::info!(agent = %name, error = %e, "start refused; killing the new process");
+                let (group, reply) = match self.live.remove(&name) {
+                    Some(mut l) => (l.group.take(), l.spawn_reply.take()),
+                    None => (None, None),
+                };
+                reap_orphan_launch(launched, group, self.cgroups.clone());
+                if let Some((reply, _)) = reply {
+                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
+                }
+                return;
+            }
+        };
+        let pid = launched.pid;
+        let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let (protocol, instruction) = match self.live.get_mut(&name) {
+            Some(l) => {
+                l.pid = Some(pid);
+                l.stdin = Some(stdin_tx.clone());
+                (l.protocol, l.instruction.clone())
+            }
+            None => return,
+        };
+        io::start(
+            name.clone(),
+            run.clone(),
+            protocol,
+            launched,
+            stdin_rx,
+            self.tx.clone(),
+        );
+        self.project_events(&start_events);
+        project_agent(&self.projection, &self.paths, &agent, Some(pid));
+        self.project_channel(&agent, None);
+        // First words to the agent: init (protocol) or the handoff on stdin (exec).
+        let handoff = instruction.unwrap_or_else(|| task_of(&agent));
+        match protocol {
+            Protocol::Brood => {
+                let history = self
+                    .store
+                    .messages(&self.tenant, &name, &agent.session)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|m| HistoryMessage {
+                        role: m.role,
+                        content: m.content,
+                    })
+                    .collect();
+                let init = ToAgent::Init {
+                    config: InitConfig {
+                        id: run.to_string(),
+                        name: name.to_string(),
+                        run: run.to_string(),
+                        parent_session_id: agent.parent.as_ref().map(|p| p.to_string()),
+                        session_id: agent.session.to_string(),
+                        instruction: handoff,
+                        customer: agent
+                            .customer
+                            .as_ref()
+                            .or(agent.parent.as_ref())
+                            .map(|c| c.to_string()),
+                        handoff: brood_proto::Handoff {
+                            dir: self
+                                .channel_dir_of(&agent)
+                                .map(|d| d.to_string_lossy().into_owned())
+                                .unwrap_or_default(),
+                            refs: Vec::new(),
+                            output: None,
+                        },
+                        history,
+                        ..InitConfig::default()
+                    },
+                    agent_config: Value::Object(Default::default()),
+                };
+                let _ = stdin_tx.send(brood_proto::encode(&init));
+            }
+            Protocol::Exec => {
+                let _ = stdin_tx.send(handoff.into_bytes());
+                if let Some(l) = self.live.get_mut(&name) {
+                    // Dropping the only sender closes the agent's stdin after the handoff.
+                    l.stdin = None;
+                }
+            }
+        }
+        if let Some(l) = self.live.get_mut(&name)
+            && let Some((reply, await_ready)) = l.spawn_reply.take()
+        {
+            if await_ready && protocol == Protocol::Brood {
+                l.spawn_reply = Some((reply, true));
+            } else {
+                self.respond(reply, Ok(agent_json(&self.store, &agent)));
+            }
+        }
+    }
+
+    fn channel_dir_of(&self, a: &Agent) -> Option<PathBuf> {
+        let p = a.parent.as_ref()?;
+        let psess = self
+            .store
+            .agent(&self.tenant, p)
+            .ok()
+            .flatten()
+            .map(|pa| pa.session)?;
+        Some(self.paths.channel_dir(p, &psess, &a.name))
+    }
+
+    /// Channel `status` (and `result.md` once terminal) in the parent's session.
+    fn project_channel(&self, a: &Agent, result: Option<&str>) {
+        let Some(dir) = self.channel_dir_of(a) else {
+            return;
+        };
+        self.projection.write(
+            dir.join("status"),
+            format!("{}\n", a.status.abi().channel.as_str()),
+        );
+        if a.status.is_finished()
+            && let Some(r) = result
+        {
+            // SPEC 4: result.md never holds a NUL byte.
+            self.projection
+                .write(dir.join("result.md"), r.replace('\0', ""));
+        }
+    }
+
+    fn project_events(&self, events: &[NewEvent]) {
+        for e in events {
+            let dir = self.paths.session_dir(&e.agent, &e.session);
+            let mut line = e.payload.clone().into_bytes();
+            line.push(b'\n');
+            self.projection.append(dir.join("events.jsonl"), line);
+        }
+    }
+
+    fn on_agent(&mut self, name: AgentName, run: RunId, e: AgentEv) {
+        let Some(l) = self.live.get_mut(&name) else {
+            return;
+        };
+        if l.run != run {
+            return;
+        }
+        match e {
+            AgentEv::Msg(m) => self.on_msg(&name, &run, m),
+            AgentEv::Unknown(t) => {
+                tracing::info!(agent = %name, r#type = %t, "unknown protocol message type ignored");
+                let session = l.session.clone();
+                self.append_events(&[ev(&name, Some(&run), &session, json!({"type": "agent.protocol.unknown", "agent": name.as_str(), "message_type": t}))]);
+            }
+            AgentEv::Bad(err) => {
+                if l.protocol_error.is_some() || l.stopping.is_some() {
+                    return;
+                }
+                l.protocol_error = Some(err.to_string());
+                let session = l.session.clone();
+                tracing::warn!(agent = %name, error = %err, "protocol error");
+                self.append_events(&[ev(&name, Some(&run), &session, json!({"type": "agent.protocol.error", "agent": name.as_str(), "line": err.line, "error": err.to_string()}))]);
+                self.stop_subtree(&name, Terminal::Failed(FailReason::ProtocolError), true);
+            }
+            AgentEv::ExecOut(b) => {
+                let room = EXEC_OUT_MAX.saturating_sub(l.exec_out.len());
+                l.exec_out.extend_from_slice(&b[..b.len().min(room)]);
+            }
+            AgentEv::Stderr(s) => {
+                l.stderr_tail.push_str(&s);
+                if l.stderr_tail.len() > STDERR_TAIL {
+                    let mut cut = l.stderr_tail.len() - STDERR_TAIL;
+                    while !l.stderr_tail.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    l.stderr_tail.drain(..cut);
+                }
+                let line =
+                    json!({"ts": now_ms(), "run": run.as_str(), "stream": "stderr", "text": s});
+                self.projection
+                    .append(self.paths.agent_dir(&name).join("log"), format!("{line}\n"));
+            }
+            AgentEv::Exited { status } => {
+                l.exit = Some(status);
+                l.stdin = None;
+                let pid = l.pid;
+                if l.stopping.is_some() {
+                    // The stop in flight records the outcome, in post-order.
+                    return;
+                }
+                let (outcome, result, detail) = outcome_of(l, status);
+                let code = exit_code(status);
+                let _ = pid;
+                self.finish(&name, outcome, code, result, detail);
+            }
+        }
+    }
+
+    fn on_msg(&mut self, name: &AgentName, run: &RunId, m: FromAgent) {
+        let Some(l) = self.live.get_mut(name) else {
+            return;
+        };
+        let session = l.session.clone();
+        match m {
+            FromAgent::Ready => {
+                l.ready = true;
+                if let Some((reply, true)) = l.spawn_reply.take() {
+                    let r = self.agent(name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
+                }
+            }
+            FromAgent::Chunk { .. } | FromAgent::Pong | FromAgent::Unknown => {}
+            FromAgent::Message { role, content } => {
+                match self.store.append_message(
+                    &self.tenant,
+                    name,
+                    &session,
+                    run,
+                    &role,
+                    &content,
+                    now_ms(),
+                ) {
+                    Ok(m) => {
+                        let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": role, "content": content});
+                        let dir = self.paths.session_dir(name, &session);
+                        self.projection
+                            .append(dir.join("messages.jsonl"), format!("{line}\n"));
+                        self.projection.write(dir.join("latest.md"), content);
+                    }
+                    Err(e) => {
+                        tracing::error!(agent = %name, error = %e, "recording a message failed")
+                    }
+                }
+            }
+            FromAgent::Usage {
+                tokens_in,
+                tokens_out,
+                cost_usd,
+            } => {
+                if let Err(e) =
+                    self.store
+                        .record_usage(&self.tenant, run, tokens_in, tokens_out, cost_usd)
+                {
+                    tracing::error!(agent = %name, error = %e, "recording usage failed");
+                }
+            }
+            FromAgent::Status { status, reason } => {
+                let to = match status.as_str() {
+                    "blocked" => Status::Blocked,
+                    "running" => Status::Running,
+                    _ => return,
+                };
+                match self.store.set_status(&self.tenant, name, to, reason.as_deref(), now_ms(), &[ev(name, Some(run), &session, json!({"type": "agent.status", "agent": name.as_str(), "status": status, "reason": reason}))]) {
+                    Ok(a) => project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid)),
+                    Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
+                }
+            }
+            FromAgent::Request { id, op, args } => {
+                let sup = self.handle();
+                let agent = name.clone();
+                tokio::spawn(async move {
+                    let caller = Caller::Agent(agent.clone());
+                    let r = crate::api::handle(&sup, &caller, &op, &args).await;
+                    let _ = sup.tx.send(Cmd::AgentReply(agent, id, r));
+                });
+            }
+            FromAgent::Done { result } => {
+                if l.done.is_none() && l.error.is_none() {
+                    l.done = Some(result);
+                }
+            }
+            FromAgent::Error { error } => {
+                if l.done.is_none() && l.error.is_none() {
+                    l.error = Some(error);
+                }
+            }
+        }
+    }
+
+    fn handle(&self) -> Supervisor {
+        Supervisor {
+            tx: self.tx.clone(),
+            store: self.store.clone(),
+            tenant: self.tenant.clone(),
+            paths: self.paths.clone(),
+            info: HostInfo {
+                cgroup: String::new(),
+                kill: String::new(),
+                containment: String::new(),
+                supervisor_id: self.me.clone(),
+            },
+            projection: self.projection.clone(),
+        }
+    }
+
+    fn append_events(&self, events: &[NewEvent]) {
+        match self.store.append_events(&self.tenant, events, now_ms()) {
+            Ok(_) => self.project_events(events),
+            Err(e) => tracing::error!(error = %e, "appending events failed"),
+        }
+    }
+
+    /// A run is over and no stop covers it: record the outcome, tell the parent and
+    /// the waiters, then clean up its group (and stop its descendants, if any).
+    fn finish(
+        &mut self,
+        name: &AgentName,
+        outcome: Terminal,
+        exit_code: Option<i32>,
+        result: Option<String>,
+        detail: Option<String>,
+    ) {
+        let Some(l) = self.live.get(name) else { return };
+        let run = l.run.clone();
+        let session = l.session.clone();
+        let mut events = vec![ev(
+            name,
+            Some(&run),
+            &session,
+            json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()}),
+        )];
+        if let (Some(p), Some(ps)) = (&l.parent, &l.parent_session) {
+            events.push(ev(p, None, ps, json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+        }
+        let end = RunEnd {
+            outcome,
+            exit_code,
+            result: result.clone(),
+            detail,
+            now_ms: now_ms(),
+        };
+        let agent = match self.store.end_run(&self.tenant, name, &run, &end, &events) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(agent = %name, error = %e, "recording the end of a run failed");
+                return;
+            }
+        };
+        self.project_events(&events);
+        self.after_end(&agent, result.as_deref());
+        let group = self.live.get_mut(name).and_then(|l| l.group.take());
+        self.live.remove(name);
+        // Owned children die with their parent (SPEC 6), or at least its leftovers do.
+        let unfinished = self
+            .store
+            .descendants_post_order(&self.tenant, name)
+            .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
+            .unwrap_or(false);
+        if unfinished {
+            self.stop_descendants(name, &session, group);
+        } else {
+            self.remove_group(group);
+        }
+    }
+
+    /// Projection, parent notification, waiters: what follows any recorded end.
+    fn after_end(&mut self, agent: &Agent, result: Option<&str>) {
+        project_agent(&self.projection, &self.paths, agent, None);
+        self.project_channel(agent, result);
+        if let Some(p) = &agent.parent {
+            let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result});
+            self.to_agent(
+                p,
+                &ToAgent::Child {
+                    child: agent.name.to_string(),
+                    event,
+                },
+            );
+        }
+        if let Some(l) = self.live.get_mut(&agent.name)
+            && let Some((reply, _)) = l.spawn_reply.take()
+        {
+            self.respond(reply, Ok(agent_json(&self.store, agent)));
+        }
+        let done: Vec<u64> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.names.contains(&agent.name))
+            .filter(|(_, w)| {
+                w.names.iter().all(|n| {
+                    n == &agent.name
+                        || self
+                            .store
+                            .agent(&self.tenant, n)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|a| a.status.is_finished())
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            if let Some(w) = self.waiters.remove(&id) {
+                let r = self.wait_result(&w.names, false);
+                self.respond(w.reply, r);
+            }
+        }
+    }
+
+    fn remove_group(&self, group: Option<Group>) {
+        let (Some(g), Some(cg)) = (group, self.cgroups.clone()) else {
+            return;
+        };
+        let grace = self.cfg.grace;
+        tokio::spawn(async move {
+            if let Err(e) = empty_group(&cg, &g, grace, false).await {
+                tracing::error!(group = %g.dir.display(), error = %e, "removing a cgroup failed");
+            }
+        });
+    }
+
+    /// Parent death (SPEC 6 steps 1-5) for the descendants of an agent whose run
+    /// already ended (its own record is written: that is the recorded intent).
+    fn stop_descendants(
+        &mut self,
+        parent: &AgentName,
+        _session: &SessionName,
+        group: Option<Group>,
+    ) {
+        let plan = match self.store.descendants_post_order(&self.tenant, parent) {
+            Ok(p) => p,
+            Err(e) => {
+                // A planning error changes nothing (step 2); the orphan sweeper
+                // of a later version retries.
+                tracing::error!(agent = %parent, error = %e, "planning a cascade failed");
+                return;
+            }
+        };
+        let targets: Vec<(AgentName, Terminal)> = plan
+            .into_iter()
+            .filter(|a| !a.status.is_finished())
+            .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
+            .collect();
+        self.begin_stop(targets, group);
+    }
+
+    /// Stops an agent and its whole subtree: the agent with `outcome`, every
+    /// descendant with `parent_dead`.
+    fn stop_subtree(&mut self, name: &AgentName, outcome: Terminal, _include_self: bool) {
+        let plan = match self.store.descendants_post_order(&self.tenant, name) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(agent = %name, error = %e, "planning a stop failed");
+                return;
+            }
+        };
+        let mut targets: Vec<(AgentName, Terminal)> = plan
+            .into_iter()
+            .filter(|a| !a.status.is_finished())
+            .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
+            .collect();
+        targets.push((name.clone(), outcome));
+        let group = self.live.get(name).and_then(|l| l.group.clone());
+        self.begin_stop(targets, group);
+    }
+
+    /// Records the intent for every target, signals the whole subtree at once, and
+    /// hands the waiting and killing to a task that reports `StopDone`.
+    fn begin_stop(&mut self, targets: Vec<(AgentName, Terminal)>, group: Option<Group>) {
+        let id = self.id();
+        let now = now_ms();
+        // The intent first (one transaction per outcome; in practice one or two).
+        let mut by_outcome: Vec<(Terminal, Vec<AgentName>)> = Vec::new();
+        for (n, t) in &targets {
+            match by_outcome.iter_mut().find(|(o, _)| o == t) {
+                Some((_, v)) => v.push(n.clone()),
+                None => by_outcome.push((*t, vec![n.clone()])),
+            }
+        }
+        // The top of the stop (last in post-order) is recorded first.
+        by_outcome.reverse();
+        for (t, names) in &by_outcome {
+            match self.store.mark_stopping(&self.tenant, names, *t, now) {
+                Ok(agents) => {
+                    for a in agents {
+                        let pid = self.live.get(&a.name).and_then(|l| l.pid);
+                        project_agent(&self.projection, &self.paths, &a, pid);
+                        self.project_channel(&a, None);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "recording a stop failed"),
+            }
+        }
+        let mut pgids = Vec::new();
+        for (n, t) in &targets {
+            if let Some(l) = self.live.get_mut(n) {
+                l.stopping = Some(id);
+                if l.pid.is_none() {
+                    l.cancelled_before_start = true;
+                }
+                if let Some(p) = l.pid {
+                    pgids.push(p);
+                }
+            }
+            let reason = t.reason().unwrap_or("stopped").to_owned();
+            self.to_agent(n, &ToAgent::Cancel { reason });
+        }
+        self.stops.insert(id, Stop { targets });
+        let cg = self.cgroups.clone();
+        let tx = self.tx.clone();
+        let grace = self.cfg.grace;
+        tokio::spawn(async move {
+            match (cg, group) {
+                (Some(cg), Some(g)) => {
+                    if let Err(e) = empty_group(&cg, &g, grace, true).await {
+                        tracing::error!(group = %g.dir.display(), error = %e, "emptying a cgroup failed");
+                    }
+                }
+                _ => {
+                    // Without cgroups: process groups only (weaker; see doctor).
+                    for p in &pgids {
+                        // SAFETY: signalling a process group we created.
+                        unsafe { libc::killpg(*p, libc::SIGTERM) };
+                    }
+                    tokio::time::sleep(grace).await;
+                    for p in &pgids {
+                        // SAFETY: as above.
+                        unsafe { libc::killpg(*p, libc::SIGKILL) };
+                    }
+                }
+            }
+            let _ = tx.send(Cmd::StopDone(id));
+        });
+    }
+
+    /// Every process of a stop is gone: write the records and the event pairs in
+    /// post-order (SPEC 6 steps 4 and 5).
+    fn on_stop_done(&mut self, id: u64) {
+        let Some(stop) = self.stops.remove(&id) else {
+            return;
+        };
+        for (name, outcome) in stop.targets {
+            let Ok(Some(a)) = self.store.agent(&self.tenant, &name) else {
+                continue;
+            };
+            let parent_session = a
+                .parent
+                .as_ref()
+                .and_then(|p| self.store.agent(&self.tenant, p).ok().flatten())
+                .map(|p| (p.name, p.session));
+            let mut events = Vec::new();
+            if let (Some((p, ps)), Some(reason)) = (&parent_session, outcome.reason()) {
+                if outcome == Terminal::Cancelled(CancelReason::ParentDead)
+                    || matches!(outcome, Terminal::Cancelled(_))
+                {
+                    events.push(ev(p, None, ps, json!({"type": "agent.child.cancel", "parent": p.as_str(), "child": name.as_str(), "reason": reason})));
+                } else {
+                    events.push(ev(p, None, ps, json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": reason})));
+                }
+            }
+            events.push(ev(&name, Some(&a.run), &a.session, json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+            let result = match outcome {
+                Terminal::Cancelled(CancelReason::ParentDead) => Some(format!(
+                    "cancelled: parent {} stopped (parent_dead)\n",
+                    a.parent.as_ref().map(|p| p.as_str()).unwrap_or("?")
+                )),
+                Terminal::Cancelled(r) => Some(format!("cancelled ({})\n", r.as_str())),
+                Terminal::Failed(FailReason::ProtocolError) => self
+                    .live
+                    .get(&name)
+                    .and_then(|l| l.protocol_error.clone())
+                    .map(|e| format!("failed: protocol error: {e}\n")),
+                _ => None,
+            };
+            let detail = self.live.get(&name).and_then(|l| l.protocol_error.clone());
+            let exit = self
+                .live
+                .get(&name)
+                .and_then(|l| l.exit)
+                .and_then(exit_code);
+            let recorded = if a.status.is_finished() {
+                // Queued when the stop came: its record ended with the intent.
+                self.store
+                    .append_events(&self.tenant, &events, now_ms())
+                    .map(|_| a)
+            } else {
+                self.store.end_run(
+                    &self.tenant,
+                    &name,
+                    &a.run,
+                    &RunEnd {
+                        outcome,
+                        exit_code: exit,
+                        result: result.clone(),
+                        detail,
+                        now_ms: now_ms(),
+                    },
+                    &events,
+                )
+            };
+            match recorded {
+                Ok(a) => {
+                    self.project_events(&events);
+                    self.after_end(&a, result.as_deref());
+                }
+                Err(e) => {
+                    tracing::error!(agent = %name, error = %e, "recording a stopped agent failed")
+                }
+            }
+            if let Some(l) = self.live.get(&name)
+                && l.pid.is_none()
+                && l.cancelled_before_start
+            {
+                // Its launch is still in flight: keep the entry so the launch result
+                // finds it and kills what started.
+                continue;
+            }
+            self.live.remove(&name);
+        }
+    }
+
+    fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        let Some(l) = self.live.get(name) else {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} is {}; it takes no input (resume it instead)",
+                    a.status.api_word()
+                ),
+            ));
+        };
+        if l.protocol != Protocol::Brood || l.stopping.is_some() || l.stdin.is_none() {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} cannot take input now ({}, protocol {})",
+                    a.status.api_word(),
+                    l.protocol.as_str()
+                ),
+            ));
+        }
+        let from = match caller {
+            Caller::Agent(me) => me.to_string(),
+            Caller::User { uid } => format!("user:{uid}"),
+        };
+        let run = l.run.clone();
+        let session = l.session.clone();
+        let m = self
+            .store
+            .append_message(&self.tenant, name, &session, &run, "user", text, now_ms())
+            .map_err(internal)?;
+        let id = format!("in-{}", m.seq);
+        let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": "user", "content": text, "from": from});
+        let dir = self.paths.session_dir(name, &session);
+        self.projection
+            .append(dir.join("messages.jsonl"), format!("{line}\n"));
+        self.append_events(&[ev(
+            name,
+            Some(&run),
+            &session,
+            json!({"type": "agent.input", "agent": name.as_str(), "id": id, "from": from}),
+        )]);
+        self.to_agent(
+            name,
+            &ToAgent::Input {
+                id: id.clone(),
+                from,
+                text: text.to_owned(),
+            },
+        );
+        Ok(json!({"id": id}))
+    }
+
+    fn on_wait(
+        &mut self,
+        caller: &Caller,
+        names: Vec<AgentName>,
+        timeout: Option<Duration>,
+        reply: Reply,
+    ) {
+        for n in &names {
+            match self.agent(n).and_then(|a| self.authorize(caller, &a)) {
+                Ok(()) => {}
+                Err(e) => return self.respond(reply, Err(e)),
+            }
+        }
+        let all_done = names.iter().all(|n| {
+            self.store
+                .agent(&self.tenant, n)
+                .ok()
+                .flatten()
+                .is_some_and(|a| a.status.is_finished())
+                && !self.live.contains_key(n)
+        });
+        if all_done {
+            let r = self.wait_result(&names, false);
+            return self.respond(reply, r);
+        }
+        let id = self.id();
+        self.waiters.insert(id, Waiter { names, reply });
+        if let Some(t) = timeout {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(t).await;
+                let _ = tx.send(Cmd::WaitTimeout(id));
+            });
+        }
+    }
+
+    fn wait_result(&self, names: &[AgentName], timed_out: bool) -> ApiResult {
+        let mut rows = Vec::new();
+        for n in names {
+            let a = self.agent(n)?;
+            rows.push(agent_json(&self.store, &a));
+        }
+        Ok(json!({"agents": rows, "timed_out": timed_out}))
+    }
+
+    fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        if a.status.is_finished() {
+            return Ok(agent_json(&self.store, &a));
+        }
+        if self.live.get(name).is_some_and(|l| l.stopping.is_some()) {
+            return Ok(agent_json(&self.store, &a));
+        }
+        self.stop_subtree(name, Terminal::Cancelled(CancelReason::User), true);
+        let a = self.agent(name)?;
+        Ok(agent_json(&self.store, &a))
+    }
+
+    fn on_close(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        let Status::Ended(t) = a.status else {
+            if matches!(a.status, Status::Closed(_)) {
+                return Ok(agent_json(&self.store, &a));
+            }
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} is {}; only a finished agent can be closed (cancel it first)",
+                    a.status.api_word()
+                ),
+            ));
+        };
+        let ev1 = ev(
+            name,
+            Some(&a.run),
+            &a.session,
+            json!({"type": "agent.close", "agent": name.as_str()}),
+        );
+        let a = self
+            .store
+            .set_status(
+                &self.tenant,
+                name,
+                Status::Closed(t),
+                None,
+                now_ms(),
+                std::slice::from_ref(&ev1),
+            )
+            .map_err(internal)?;
+        self.project_events(&[ev1]);
+        project_agent(&self.projection, &self.paths, &a, None);
+        Ok(agent_json(&self.store, &a))
+    }
+
+    fn on_resume(&mut self, caller: &Caller, name: &AgentName, text: Option<String>, reply: Reply) {
+        let r = (|| -> Result<(), ApiError> {
+            let a = self.agent(name)?;
+            self.authorize(caller, &a)?;
+            if !a.status.is_finished() {
+                return Err(ApiError::new(
+                    Code::Conflict,
+                    format!(
+                        "agent {name} is {}; only a finished agent can be resumed",
+                        a.status.api_word()
+                    ),
+                ));
+            }
+            let parent_live = match &a.parent {
+                Some(p) => {
+                    let l = self.live.get(p).filter(|l| l.stopping.is_none()).ok_or_else(|| {
+                        ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
+                    })?;
+                    Some((l.group.clone(), l.session.clone()))
+                }
+                None => None,
+            };
+            let run = new_run_id();
+            let events = [ev(
+                name,
+                Some(&run),
+                &a.session,
+                json!({"type": "agent.resume", "agent": name.as_str(), "run": run.as_str()}),
+            )];
+            let a = self
+                .store
+                .resume(&self.tenant, name, &run, &self.me, now_ms(), &events)
+                .map_err(internal)?;
+            self.project_events(&events);
+            if let Some(t) = &text {
+                let m = self
+                    .store
+                    .append_message(&self.tenant, name, &a.session, &run, "user", t, now_ms())
+                    .map_err(internal)?;
+                let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": "user", "content": t});
+                self.projection.append(
+                    self.paths
+                        .session_dir(name, &a.session)
+                        .join("messages.jsonl"),
+                    format!("{line}\n"),
+                );
+            }
+            project_agent(&self.projection, &self.paths, &a, None);
+            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+            let argv: Vec<String> = spec["argv"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let env: Vec<(String, String)> = spec["env"]
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let cwd = spec["cwd"].as_str().map(str::to_owned);
+            self.live.insert(
+                name.clone(),
+                Live {
+                    run: run.clone(),
+                    session: a.session.clone(),
+                    parent: a.parent.clone(),
+                    parent_session: parent_live.as_ref().map(|(_, s)| s.clone()),
+                    protocol: a.protocol,
+                    group: None,
+                    pid: None,
+                    stdin: None,
+                    ready: false,
+                    done: None,
+                    error: None,
+                    protocol_error: None,
+                    exec_out: Vec::new(),
+                    stderr_tail: String::new(),
+                    exit: None,
+                    stopping: None,
+                    cancelled_before_start: false,
+                    spawn_reply: None,
+                    instruction: text.clone(),
+                },
+            );
+            let group_parent = parent_live.and_then(|(g, _)| g);
+            self.launch(name, &run, &argv, &env, cwd.as_deref(), group_parent);
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                if let Some(l) = self.live.get_mut(name) {
+                    l.spawn_reply = Some((reply, false));
+                }
+            }
+            Err(e) => self.respond(reply, Err(e)),
+        }
+    }
+}
+
+/// The task an agent was created with (kept in its launch spec, so roots have one too).
+fn task_of(a: &Agent) -> String {
+    serde_json::from_str::<Value>(&a.spec)
+        .ok()
+        .and_then(|v| v.get("task").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn rand_u32() -> u32 {
+    let u = uuid::Uuid::now_v7().as_u128();
+    (u as u32) ^ ((u >> 32) as u32)
+}
+
+fn exit_code(status: i32) -> Option<i32> {
+    if libc::WIFEXITED(status) {
+        Some(libc::WEXITSTATUS(status))
+    } else {
+        None
+    }
+}
+
+/// SPEC 7's rules for how a run ended, from what the agent said and how it exited.
+fn outcome_of(l: &Live, status: i32) -> (Terminal, Option<String>, Option<String>) {
+    let signalled = libc::WIFSIGNALED(status);
+    let sig_detail = || format!("killed by signal {}", libc::WTERMSIG(status));
+    match l.protocol {
+        Protocol::Exec => {
+            let out = String::from_utf8_lossy(&l.exec_out).into_owned();
+            if signalled {
+                (
+                    Terminal::Failed(FailReason::Crashed),
+                    Some(out),
+                    Some(sig_detail()),
+                )
+            } else if exit_code(status) == Some(0) {
+                (Terminal::Completed, Some(out), None)
+            } else {
+                (
+                    Terminal::Failed(FailReason::ExitCode),
+                    Some(out),
+                    Some(format!("exit code {}", exit_code(status).unwrap_or(-1))),
+                )
+            }
+        }
+        Protocol::Brood => {
+            if let Some(e) = &l.protocol_error {
+                return (
+                    Terminal::Failed(FailReason::ProtocolError),
+                    None,
+                    Some(e.clone()),
+                );
+            }
+            if let Some(d) = &l.done {
+                return if d.success {
+                    (Terminal::Completed, Some(d.response.clone()), None)
+                } else {
+                    (
+                        Terminal::Failed(FailReason::ExitCode),
+                        Some(d.response.clone()),
+                        Some("the agent reported success: false".into()),
+                    )
+                };
+            }
+            if let Some(e) = &l.error {
+                return (
+                    Terminal::Failed(FailReason::ExitCode),
+                    Some(e.clone()),
+                    Some(format!("the agent reported an error: {e}")),
+                );
+            }
+            if signalled {
+                return (
+                    Terminal::Failed(FailReason::Crashed),
+                    None,
+                    Some(format!(
+                        "{}; stderr tail: {}",
+                        sig_detail(),
+                        l.stderr_tail.trim_end()
+                    )),
+                );
+            }
+            (
+                Terminal::Failed(FailReason::ExitedWithoutResult),
+                None,
+                Some(format!(
+                    "exited with code {} without done or error; stderr tail: {}",
+                    exit_code(status).unwrap_or(-1),
+                    l.stderr_tail.trim_end()
+                )),
+            )
+        }
+    }
+}
+
+/// Kills what a refused launch started and removes its group.
+fn reap_orphan_launch(p: Launched, group: Option<Group>, cg: Option<Arc<Cgroups>>) {
+    std::thread::spawn(move || {
+        if let (Some(g), Some(cg)) = (&group, &cg) {
+            if let Err(e) = cg.kill_and_remove(g, Duration::from_secs(5)) {
+                tracing::error!(group = %g.dir.display(), error = %e, "removing a refused agent's cgroup failed");
+            }
+        } else {
+            // SAFETY: the process group we created for it.
+            unsafe { libc::killpg(p.pid, libc::SIGKILL) };
+        }
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(p.pid, std::ptr::null_mut(), 0) };
+        drop::<(OwnedFd, OwnedFd, OwnedFd, OwnedFd)>((p.pidfd, p.stdin, p.stdout, p.stderr));
+    });
+}
+
+/// SIGTERM (when `term`) to every process of the group's subtree, up to `grace`
+/// for them to go, then `cgroup.kill`, confirm empty, remove.
+async fn empty_group(cg: &Cgroups, g: &Group, grace: Duration, term: bool) -> Result<(), String> {
+    if term {
+        cg.signal(g, libc::SIGTERM).map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut step = Duration::from_millis(1);
+        while cg.is_populated(g).map_err(|e| e.to_string())? {
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(step).await;
+            step = (step * 2).min(Duration::from_millis(20));
+        }
+    }
+    if cg.is_populated(g).map_err(|e| e.to_string())? {
+        cg.kill(g).map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut step = Duration::from_micros(200);
+        while cg.is_populated(g).map_err(|e| e.to_string())? {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "{} still populated 5 s after cgroup.kill",
+                    g.dir.display()
+                ));
+            }
+            tokio::time::sleep(step).await;
+            step = (step * 2).min(Duration::from_millis(10));
+        }
+    }
+    cg.remove(g).map_err(|e| e.to_string())
+}

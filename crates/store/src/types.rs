@@ -1,0 +1,348 @@
+//! Records and the store trait.
+
+use brood_core::{
+    AgentName, Code, IllegalTransition, RunId, SessionName, Status, TenantId, Terminal,
+};
+
+/// Errors of the store. `Refused` carries a SPEC 5 code and is meant for the
+/// requester; the others are the runtime's problem.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{code}: {message}")]
+    Refused { code: Code, message: String },
+    #[error("agent {tenant}/{name} not found")]
+    NotFound { tenant: String, name: String },
+    #[error("agent {name}: {source}")]
+    Transition {
+        name: String,
+        #[source]
+        source: IllegalTransition,
+    },
+    #[error("store {path}: {source}")]
+    Sqlite {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("store {path}: migration {version} failed: {source}")]
+    Migration {
+        path: String,
+        version: i64,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("store: corrupt value in {what}: {value:?}")]
+    Corrupt { what: &'static str, value: String },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// How an agent's program speaks to the supervisor (SPEC 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// JSON lines on stdin/stdout.
+    Brood,
+    /// A plain program: handoff on stdin, stdout becomes the result, exit 0 is done.
+    Exec,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Brood => "brood",
+            Protocol::Exec => "exec",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Protocol> {
+        match s {
+            "brood" => Some(Protocol::Brood),
+            "exec" => Some(Protocol::Exec),
+            _ => None,
+        }
+    }
+}
+
+/// What a creation asks for. `spec` is the launch description as JSON text
+/// (argv, env, cwd, ...), stored verbatim so resume can start the program again.
+#[derive(Debug, Clone)]
+pub struct NewAgent {
+    pub tenant: TenantId,
+    pub name: AgentName,
+    pub parent: Option<AgentName>,
+    /// Who receives the result; the parent when `None`.
+    pub customer: Option<AgentName>,
+    pub session: SessionName,
+    pub protocol: Protocol,
+    /// JSON object: `{"argv":[..],"env":{..},"cwd":..}` and later fields.
+    pub spec: String,
+    /// The task as the parent wrote it (becomes the channel's `handoff.md`).
+    pub handoff: String,
+    /// The supervisor instance that will host the process.
+    pub supervisor: String,
+    pub run: RunId,
+    /// Milliseconds since the Unix epoch (the caller owns the clock).
+    pub now_ms: i64,
+}
+
+/// One agent as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agent {
+    pub tenant: TenantId,
+    pub name: AgentName,
+    pub parent: Option<AgentName>,
+    pub customer: Option<AgentName>,
+    pub root: AgentName,
+    pub depth: u32,
+    pub session: SessionName,
+    pub protocol: Protocol,
+    pub spec: String,
+    pub status: Status,
+    /// Free text next to the status: why it is blocked, why a run failed.
+    pub detail: Option<String>,
+    /// The newest run.
+    pub run: RunId,
+    pub supervisor: String,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+/// One run (one life of the agent's process).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub id: RunId,
+    pub tenant: TenantId,
+    pub agent: AgentName,
+    /// 1 for the first run, 2 after the first resume, ...
+    pub seq: u32,
+    pub pid: Option<i32>,
+    pub cgroup: Option<String>,
+    pub outcome: Option<Terminal>,
+    pub exit_code: Option<i32>,
+    pub result: Option<String>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub created_ms: i64,
+}
+
+/// The parent's channel to one child (SPEC 4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Channel {
+    pub tenant: TenantId,
+    pub parent: AgentName,
+    pub parent_session: SessionName,
+    pub child: AgentName,
+    pub child_session: SessionName,
+    pub handoff: String,
+    pub result: Option<String>,
+    /// Derived from the child's status through `Status::abi().channel`.
+    pub status: Status,
+}
+
+/// One event. `seq` is monotonic per tenant, assigned by the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub tenant: TenantId,
+    pub seq: i64,
+    pub ts_ms: i64,
+    /// The agent whose `events.jsonl` this event belongs in.
+    pub agent: AgentName,
+    pub run: Option<RunId>,
+    pub session: SessionName,
+    /// `agent.spawn`, `agent.start`, `agent.stop`, `agent.child.cancel`, ...
+    pub kind: String,
+    /// The JSON object written as the line of `events.jsonl`.
+    pub payload: String,
+}
+
+/// An event to append, without its sequence number.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub agent: AgentName,
+    pub run: Option<RunId>,
+    pub session: SessionName,
+    pub kind: String,
+    pub payload: String,
+}
+
+/// One whole transcript message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub tenant: TenantId,
+    pub agent: AgentName,
+    pub session: SessionName,
+    /// Position in the session, from 1.
+    pub seq: i64,
+    pub run: RunId,
+    pub role: String,
+    pub content: String,
+    pub ts_ms: i64,
+}
+
+/// How a run ended, as the supervisor saw it.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    pub outcome: Terminal,
+    pub exit_code: Option<i32>,
+    pub result: Option<String>,
+    pub detail: Option<String>,
+    pub now_ms: i64,
+}
+
+/// The store's contract. Every mutating method runs in one transaction and either
+/// does all of what it says or nothing; events it names are appended in the same
+/// transaction, so the event log never disagrees with the records.
+pub trait Store: Send + Sync {
+    /// Admission of a new agent (a root when `parent` is `None`): in one
+    /// `BEGIN IMMEDIATE` transaction, refuse with `NameTaken` if the name exists in
+    /// the tenant, with `ParentMismatch` if the parent is missing, not live, or
+    /// stopping; else insert the agent (`queued`), its first run, the parent-child
+    /// edge, the parent's channel (`pending`, with the handoff) and the events
+    /// `agent.spawn` (in the child's log) and `agent.child.spawn` (in the parent's).
+    fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent>;
+
+    /// The process started: `queued` → `running`, the run gets its pid and cgroup.
+    /// Refused with `StoreError::Transition` when the agent is no longer queued
+    /// (cancelled meanwhile): the caller must then kill what it started.
+    // Kept flat so the supervisor's calls read like the SPEC's verbs; an
+    // argument struct (like `RunEnd`) would be the next step if more are added.
+    #[allow(clippy::too_many_arguments)]
+    fn start_run(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        pid: i32,
+        cgroup: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Any other status change, checked by `Status::transition`; `detail` replaces
+    /// the agent's detail text. When `to` ends the run, use `end_run` instead.
+    fn set_status(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        to: Status,
+        detail: Option<&str>,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Records the intent to stop a whole subtree in one transaction: every named
+    /// agent that is live or queued moves to `Stopping(outcome)` (queued ones go
+    /// straight to `Ended(outcome)`); finished ones are left alone. Returns the
+    /// agents as they are after the change, in the order given.
+    fn mark_stopping(
+        &self,
+        tenant: &TenantId,
+        names: &[AgentName],
+        outcome: Terminal,
+        now_ms: i64,
+    ) -> Result<Vec<Agent>>;
+
+    /// The run ended: the agent moves to `Ended(end.outcome)` (from running,
+    /// blocked, queued, or from `Stopping` with the same outcome — a stopping agent
+    /// keeps the outcome recorded with the intent, whatever `end` says), the run
+    /// records exit code, result, end time; the parent's channel takes the result.
+    fn end_run(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        end: &RunEnd,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Cumulative usage of a run (SPEC 7 `usage`): replaces the run's counters.
+    fn record_usage(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        tokens_in: u64,
+        tokens_out: u64,
+        cost_usd: f64,
+    ) -> Result<()>;
+
+    /// Appends a whole message to the agent's session transcript; returns it with
+    /// its position.
+    // Kept flat so the supervisor's calls read like the SPEC's verbs; an
+    // argument struct (like `RunEnd`) would be the next step if more are added.
+    #[allow(clippy::too_many_arguments)]
+    fn append_message(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        session: &SessionName,
+        run: &RunId,
+        role: &str,
+        content: &str,
+        now_ms: i64,
+    ) -> Result<Message>;
+
+    /// Resume: a finished (ended or closed) agent gets a new run on the same
+    /// session and goes back to `queued`. Refused with `Conflict` otherwise.
+    fn resume(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        supervisor: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Appends events outside any other change; returns them with their sequence.
+    fn append_events(
+        &self,
+        tenant: &TenantId,
+        events: &[NewEvent],
+        now_ms: i64,
+    ) -> Result<Vec<Event>>;
+
+    fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>>;
+    fn run(&self, tenant: &TenantId, run: &RunId) -> Result<Option<Run>>;
+    fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>>;
+    /// All agents of the tenant (`all`), or only unfinished ones; by creation order.
+    fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>>;
+    /// Direct children, in creation order (indexed; no scan).
+    fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>>;
+    /// Every descendant, deepest first (post-order: each agent after all of its own
+    /// descendants), found with an indexed recursive query and guarded against
+    /// cycles, so it is the parent-death plan.
+    fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>>;
+    fn channel(
+        &self,
+        tenant: &TenantId,
+        parent: &AgentName,
+        child: &AgentName,
+    ) -> Result<Option<Channel>>;
+    fn messages(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        session: &SessionName,
+    ) -> Result<Vec<Message>>;
+    /// Events with `seq > after`, optionally of one agent, at most `limit`.
+    fn events(
+        &self,
+        tenant: &TenantId,
+        after: i64,
+        agent: Option<&AgentName>,
+        limit: u32,
+    ) -> Result<Vec<Event>>;
+    /// Agents not finished whose hosting supervisor is one of `supervisors`.
+    fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>>;
+    /// Start-up recovery (SPEC 6 "Supervisor death"): every unfinished agent hosted
+    /// by one of the `dead` supervisors ends in one transaction: a `Stopping(t)`
+    /// agent ends with `t` (its recorded intent is carried out), every other one
+    /// with `Cancelled(RuntimeRestart)`; each gets an `agent.stop` event. Returns
+    /// the agents as they are afterwards.
+    fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
+    /// Distinct supervisor ids that host unfinished agents.
+    fn supervisors_with_unfinished(&self) -> Result<Vec<String>>;
+    fn tenants(&self) -> Result<Vec<TenantId>>;
+}

@@ -1,0 +1,351 @@
+//! The test agent's command line: parsing its flags into a [`Flags`] value, and
+//! refusing bad ones with a message that names the flag.
+//!
+//! Parsing is all-or-nothing and happens before the agent reads a byte of
+//! stdin, so a test with a typo fails at once with exit code 2 instead of
+//! misbehaving in a way that looks like a runtime bug.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+/// What the agent was asked to do; see the crate docs for each flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flags {
+    pub result: Option<String>,
+    pub messages: Vec<String>,
+    pub usage: Option<Usage>,
+    pub inputs: usize,
+    pub history: bool,
+    /// The `args` of every spawn request, in command-line order, with
+    /// `--spawn-n` already expanded.
+    pub spawns: Vec<Map<String, Value>>,
+    pub tolerate_refusal: bool,
+    pub wait: bool,
+    pub count_lines: Option<PathBuf>,
+    pub fanout: bool,
+    pub work_ms: u64,
+    pub sleep_ms: u64,
+    pub hang: bool,
+    pub ignore_sigterm: bool,
+    pub grandchildren: u32,
+    pub setsid_grandchild: bool,
+    pub report_pids: Option<PathBuf>,
+    pub flood: u64,
+    pub malformed: Option<Malformed>,
+    pub no_result: bool,
+    pub crash: bool,
+    pub error: Option<String>,
+    pub exit: i32,
+    pub stderr: Option<String>,
+    pub ignore_cancel: bool,
+    pub help: bool,
+}
+
+/// `--usage TIN,TOUT,COST`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Usage {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+}
+
+/// The kinds of bad line `--malformed` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    NotJson,
+    Long,
+    Utf8,
+    Unknown,
+}
+
+/// A flag the parser refused, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagError(pub String);
+
+impl fmt::Display for FlagError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FlagError {}
+
+/// The usage text printed by `--help`.
+pub const USAGE: &str = "\
+usage: brood test-agent [FLAGS]
+A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
+  --stderr TEXT  --ignore-sigterm  --malformed notjson|long|utf8|unknown
+  --grandchildren N  --setsid-grandchild  --report-pids FILE  --flood BYTES
+  --message TEXT (repeatable)  --usage TIN,TOUT,COST
+  --spawn JSON (repeatable)  --spawn-n N:JSON  --tolerate-refusal  --wait
+  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --history
+  --sleep-ms N  --hang  --ignore-cancel
+  --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
+";
+
+/// Parses the test agent's flags. `--flag VALUE` and `--flag=VALUE` are both
+/// accepted; a flag that is not repeatable may be given once.
+pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
+    let mut f = Flags {
+        result: None,
+        messages: Vec::new(),
+        usage: None,
+        inputs: 0,
+        history: false,
+        spawns: Vec::new(),
+        tolerate_refusal: false,
+        wait: false,
+        count_lines: None,
+        fanout: false,
+        work_ms: 0,
+        sleep_ms: 0,
+        hang: false,
+        ignore_sigterm: false,
+        grandchildren: 0,
+        setsid_grandchild: false,
+        report_pids: None,
+        flood: 0,
+        malformed: None,
+        no_result: false,
+        crash: false,
+        error: None,
+        exit: 0,
+        stderr: None,
+        ignore_cancel: false,
+        help: false,
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let repeatable = matches!(name, "--message" | "--spawn" | "--spawn-n");
+        if !repeatable && seen.contains(&name) {
+            return Err(FlagError(format!("{name} is given more than once")));
+        }
+        let mut value = || -> Result<String, FlagError> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => it
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| FlagError(format!("{name} needs a value"))),
+            }
+        };
+        match name {
+            "--result" => f.result = Some(value()?),
+            "--message" => f.messages.push(value()?),
+            "--usage" => f.usage = Some(parse_usage(name, &value()?)?),
+            "--inputs" => f.inputs = number(name, &value()?)?,
+            "--spawn" => f.spawns.push(json_object(name, &value()?)?),
+            "--spawn-n" => {
+                let v = value()?;
+                f.spawns.extend(parse_spawn_n(name, &v)?);
+            }
+            "--count-lines" => f.count_lines = Some(PathBuf::from(value()?)),
+            "--work-ms" => f.work_ms = number(name, &value()?)?,
+            "--sleep-ms" => f.sleep_ms = number(name, &value()?)?,
+            "--grandchildren" => f.grandchildren = number(name, &value()?)?,
+            "--report-pids" => f.report_pids = Some(PathBuf::from(value()?)),
+            "--flood" => f.flood = number(name, &value()?)?,
+            "--malformed" => {
+                let v = value()?;
+                f.malformed = Some(match v.as_str() {
+                    "notjson" => Malformed::NotJson,
+                    "long" => Malformed::Long,
+                    "utf8" => Malformed::Utf8,
+                    "unknown" => Malformed::Unknown,
+                    _ => {
+                        return Err(FlagError(format!(
+                            "{name}: expected notjson, long, utf8 or unknown, got {v:?}"
+                        )));
+                    }
+                })
+            }
+            "--error" => f.error = Some(value()?),
+            "--exit" => {
+                let v = value()?;
+                f.exit = v
+                    .parse::<u8>()
+                    .map(i32::from)
+                    .map_err(|_| FlagError(format!("{name}: expected 0 to 255, got {v:?}")))?;
+            }
+            "--stderr" => f.stderr = Some(value()?),
+            _ if inline.is_some() => {
+                return Err(FlagError(format!("{name} takes no value")));
+            }
+            "--history" => f.history = true,
+            "--tolerate-refusal" => f.tolerate_refusal = true,
+            "--wait" => f.wait = true,
+            "--fanout" => f.fanout = true,
+            "--hang" => f.hang = true,
+            "--ignore-sigterm" => f.ignore_sigterm = true,
+            "--setsid-grandchild" => f.setsid_grandchild = true,
+            "--no-result" => f.no_result = true,
+            "--crash" => f.crash = true,
+            "--ignore-cancel" => f.ignore_cancel = true,
+            "--help" | "-h" => f.help = true,
+            _ => return Err(FlagError(format!("unknown flag {name:?}"))),
+        }
+        seen.push(name);
+    }
+    if f.fanout && f.count_lines.is_none() {
+        return Err(FlagError("--fanout needs --count-lines".into()));
+    }
+    if f.work_ms > 0 && f.count_lines.is_none() {
+        return Err(FlagError("--work-ms needs --count-lines".into()));
+    }
+    if f.wait && f.spawns.is_empty() {
+        return Err(FlagError("--wait needs --spawn or --spawn-n".into()));
+    }
+    Ok(f)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, FlagError> {
+    v.parse()
+        .map_err(|_| FlagError(format!("{flag}: expected a whole number, got {v:?}")))
+}
+
+fn json_object(flag: &str, v: &str) -> Result<Map<String, Value>, FlagError> {
+    match serde_json::from_str::<Value>(v) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(FlagError(format!("{flag}: expected a JSON object, got {v}"))),
+        Err(e) => Err(FlagError(format!("{flag}: not JSON ({e}): {v}"))),
+    }
+}
+
+fn parse_usage(flag: &str, v: &str) -> Result<Usage, FlagError> {
+    let bad = || FlagError(format!("{flag}: expected TOKENS_IN,TOKENS_OUT,COST_USD, got {v:?}"));
+    let mut parts = v.split(',');
+    let (Some(a), Some(b), Some(c), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let cost_usd: f64 = c.trim().parse().map_err(|_| bad())?;
+    if !cost_usd.is_finite() {
+        return Err(bad());
+    }
+    Ok(Usage {
+        tokens_in: a.trim().parse().map_err(|_| bad())?,
+        tokens_out: b.trim().parse().map_err(|_| bad())?,
+        cost_usd,
+    })
+}
+
+/// `N:JSON`: N copies of JSON, the i-th (from 1) named `<name>-<i>` when JSON
+/// has a string `name`.
+fn parse_spawn_n(flag: &str, v: &str) -> Result<Vec<Map<String, Value>>, FlagError> {
+    let (n, json) = v
+        .split_once(':')
+        .ok_or_else(|| FlagError(format!("{flag}: expected N:JSON, got {v:?}")))?;
+    let n: usize = number(flag, n)?;
+    let template = json_object(flag, json)?;
+    let base = template.get("name").and_then(Value::as_str).map(str::to_owned);
+    Ok((1..=n)
+        .map(|i| {
+            let mut args = template.clone();
+            if let Some(base) = &base {
+                args.insert("name".into(), Value::String(format!("{base}-{i}")));
+            }
+            args
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(args: &[&str]) -> Result<Flags, FlagError> {
+        parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    fn err(args: &[&str]) -> String {
+        p(args).unwrap_err().0
+    }
+
+    #[test]
+    fn no_flags_is_a_plain_agent() {
+        let f = p(&[]).unwrap();
+        assert_eq!(f.result, None);
+        assert_eq!(f.exit, 0);
+        assert!(f.spawns.is_empty());
+    }
+
+    #[test]
+    fn values_in_both_spellings_and_repeats() {
+        let f = p(&[
+            "--result", "r", "--message=a", "--message", "b", "--usage", "10,20,0.5",
+            "--inputs", "2", "--history", "--exit", "7", "--malformed", "long",
+            "--count-lines", "/tmp", "--fanout", "--work-ms", "5",
+        ])
+        .unwrap();
+        assert_eq!(f.result.as_deref(), Some("r"));
+        assert_eq!(f.messages, vec!["a", "b"]);
+        assert_eq!(
+            f.usage,
+            Some(Usage {
+                tokens_in: 10,
+                tokens_out: 20,
+                cost_usd: 0.5
+            })
+        );
+        assert_eq!(f.inputs, 2);
+        assert!(f.history && f.fanout);
+        assert_eq!(f.exit, 7);
+        assert_eq!(f.malformed, Some(Malformed::Long));
+        assert_eq!(f.work_ms, 5);
+    }
+
+    #[test]
+    fn spawn_and_spawn_n_keep_order_and_number_names() {
+        let f = p(&[
+            "--spawn",
+            r#"{"name":"a","argv":["x"]}"#,
+            "--spawn-n",
+            r#"2:{"name":"w","argv":["y"]}"#,
+            "--spawn-n",
+            r#"1:{"argv":["z"]}"#,
+            "--wait",
+        ])
+        .unwrap();
+        let names: Vec<Value> = f.spawns.iter().map(|s| s.get("name").cloned().unwrap_or(Value::Null)).collect();
+        assert_eq!(names, vec![json!("a"), json!("w-1"), json!("w-2"), Value::Null]);
+        assert_eq!(f.spawns[1]["argv"], json!(["y"]));
+        assert!(f.wait);
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        assert_eq!(err(&["--bogus"]), "unknown flag \"--bogus\"");
+        assert_eq!(err(&["--result"]), "--result needs a value");
+        assert!(err(&["--inputs", "x"]).starts_with("--inputs: expected a whole number"));
+        assert!(err(&["--spawn", "[1]"]).starts_with("--spawn: expected a JSON object"));
+        assert!(err(&["--spawn", "{"]).starts_with("--spawn: not JSON"));
+        assert!(err(&["--spawn-n", "3"]).starts_with("--spawn-n: expected N:JSON"));
+        assert!(err(&["--spawn-n", "x:{}"]).starts_with("--spawn-n: expected a whole number"));
+        assert!(err(&["--usage", "1,2"]).starts_with("--usage: expected"));
+        assert!(err(&["--usage", "1,2,nan"]).starts_with("--usage: expected"));
+        assert!(err(&["--malformed", "odd"]).starts_with("--malformed: expected notjson"));
+        assert!(err(&["--exit", "300"]).starts_with("--exit: expected 0 to 255"));
+        assert_eq!(err(&["--hang=yes"]), "--hang takes no value");
+        assert_eq!(err(&["--result", "a", "--result", "b"]), "--result is given more than once");
+        assert_eq!(err(&["--fanout"]), "--fanout needs --count-lines");
+        assert_eq!(err(&["--wait"]), "--wait needs --spawn or --spawn-n");
+    }
+
+    #[test]
+    fn bad_flags_exit_2_before_reading_stdin() {
+        let mut out = Vec::new();
+        // The reader would block on a real terminal; an empty input proves the
+        // flags are refused before it matters.
+        let code = crate::run_with(std::io::empty(), &mut out, &[], &["--nope".to_string()]);
+        assert_eq!(code, 2);
+        assert!(out.is_empty());
+    }
+}

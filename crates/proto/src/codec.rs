@@ -34,7 +34,9 @@ pub struct LineError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LineErrorKind {
     /// Longer than [`MAX_LINE`] bytes; `len` is how many bytes were seen.
-    TooLong { len: usize },
+    TooLong {
+        len: usize,
+    },
     NotUtf8,
     /// Not JSON; the parser's explanation.
     NotJson(String),
@@ -356,7 +358,10 @@ mod tests {
     #[test]
     fn reply_wire_shape() {
         let ok = encode(&ToAgent::Reply(Reply::ok(1, json!({"a":1}))));
-        assert_eq!(ok, b"{\"type\":\"reply\",\"re\":1,\"ok\":true,\"result\":{\"a\":1}}\n");
+        assert_eq!(
+            ok,
+            b"{\"type\":\"reply\",\"re\":1,\"ok\":true,\"result\":{\"a\":1}}\n"
+        );
         let err = Reply::err(
             2,
             ErrorBody {
@@ -437,7 +442,10 @@ mod tests {
         let e = decode("this is not json").unwrap_err();
         assert!(matches!(e.kind, LineErrorKind::NotJson(_)));
         let e = decode("hello").unwrap_err();
-        assert_eq!(e.to_string(), "line 3: not JSON: expected value at column 1");
+        assert_eq!(
+            e.to_string(),
+            "line 3: not JSON: expected value at column 1"
+        );
 
         let e = decode_line(2, b"{\"type\":\"chunk\",\"delta\":\"\xff\xfe\"}\n").unwrap_err();
         assert_eq!(e.kind, LineErrorKind::NotUtf8);
@@ -448,12 +456,20 @@ mod tests {
         assert_eq!(e.to_string(), "line 3: not a JSON object");
 
         for bad in [r#"{"x":1}"#, r#"{"type":5}"#, r#"{"type":null}"#] {
-            assert_eq!(decode(bad).unwrap_err().kind, LineErrorKind::MissingType, "{bad}");
+            assert_eq!(
+                decode(bad).unwrap_err().kind,
+                LineErrorKind::MissingType,
+                "{bad}"
+            );
         }
 
         let e = decode(r#"{"type":"request","id":"one","op":"spawn"}"#).unwrap_err();
         assert!(matches!(e.kind, LineErrorKind::BadShape(_)));
-        assert!(e.to_string().starts_with("line 3: malformed \"request\" message: "), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("line 3: malformed \"request\" message: "),
+            "{e}"
+        );
 
         let e = decode(r#"{"type":"chunk"}"#).unwrap_err();
         assert!(e.to_string().contains("missing field `delta`"), "{e}");
@@ -475,7 +491,10 @@ mod tests {
         assert!(matches!(decode_line(1, &at), Ok(Some(Decoded::Msg(_)))));
         let mut with_newline = at.clone();
         with_newline.push(b'\n');
-        assert!(matches!(decode_line(1, &with_newline), Ok(Some(Decoded::Msg(_)))));
+        assert!(matches!(
+            decode_line(1, &with_newline),
+            Ok(Some(Decoded::Msg(_)))
+        ));
 
         at.insert(30, b'a');
         let e = decode_line(7, &at).unwrap_err();

@@ -156,7 +156,10 @@ mod tests {
     #[test]
     fn splits_lines_across_pushes() {
         let mut f = Framer::new();
-        let out = frames(&mut f, &[b"{\"type\":", b"\"ready\"}\n{\"ty", b"pe\":\"pong\"}\n\nab"]);
+        let out = frames(
+            &mut f,
+            &[b"{\"type\":", b"\"ready\"}\n{\"ty", b"pe\":\"pong\"}\n\nab"],
+        );
         assert_eq!(
             out,
             vec![
@@ -209,7 +212,10 @@ mod tests {
     #[test]
     fn limit_counts_bytes_across_pushes() {
         let mut f = Framer::with_limit(4);
-        let out = frames(&mut f, &[b"ab", b"cd", b"\n", b"ab", b"c", b"de", b"fg\nok\n"]);
+        let out = frames(
+            &mut f,
+            &[b"ab", b"cd", b"\n", b"ab", b"c", b"de", b"fg\nok\n"],
+        );
         assert_eq!(
             out,
             vec![

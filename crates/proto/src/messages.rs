@@ -101,7 +101,10 @@ impl Reply {
             Err(self.error.unwrap_or_else(|| ErrorBody {
                 code: "EIO".to_owned(),
                 reason: String::new(),
-                message: format!("reply to request {} said ok:false without an error", self.re),
+                message: format!(
+                    "reply to request {} said ok:false without an error",
+                    self.re
+                ),
             }))
         }
     }

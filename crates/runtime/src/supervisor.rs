@@ -954,7 +954,15 @@ impl Dispatcher {
                 let cancelled = l.cancelled_before_start;
                 self.remove_group(group);
                 if cancelled {
-                    self.live.remove(&name);
+                    // Its record already says cancelled; nothing started.
+                    if let Some((reply, _)) = self
+                        .live
+                        .remove(&name)
+                        .and_then(|mut l| l.spawn_reply.take())
+                    {
+                        let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                        self.respond(reply, r);
+                    }
                     return;
                 }
                 self.finish(

@@ -494,7 +494,6 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     // More distinct statements than the default cache of 16 are in use; a
     // statement evicted and prepared again on every call would waste the cache.
     conn.set_prepared_statement_cache_capacity(64);
-    if let Ok(extra) = std::env::var("BROOD_TMP_PRAGMAS") { conn.execute_batch(&extra)?; }
     Ok(())
 }
 

@@ -629,7 +629,8 @@ fn plant(path: &Path, t: &TenantId, forest: &[Planted]) {
     tx.commit().unwrap();
     // Copy the big transaction out of the WAL now, so the first timed admit does
     // not pay for checkpointing it.
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
 }
 
 #[test]

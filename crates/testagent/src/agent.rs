@@ -39,7 +39,8 @@ const LONG_LINE: usize = 2 << 20;
 
 /// What the reader thread hands the main thread.
 enum Inbound {
-    Msg(ToAgent),
+    /// Boxed: `init` makes `ToAgent` large, and most messages are small.
+    Msg(Box<ToAgent>),
     /// A line that could not be decoded; logged and skipped.
     Bad(String),
     Eof,
@@ -89,14 +90,17 @@ pub fn run<R: Read + Send + 'static, W: Write>(
         eprintln!("test-agent: cannot start the stdin reader thread: {e}");
         return EXIT_IO;
     }
-    let config = match inbox.recv() {
-        Ok(Inbound::Msg(ToAgent::Init { config, .. })) => config,
-        first => {
-            let got = match first {
-                Ok(Inbound::Msg(m)) => format!("a {:?} message", type_of(&m)),
-                Ok(Inbound::Bad(why)) => why,
-                Ok(Inbound::Eof) | Err(_) => "end of file".to_owned(),
-            };
+    let first = match inbox.recv() {
+        Ok(Inbound::Msg(m)) => match *m {
+            ToAgent::Init { config, .. } => Ok(config),
+            other => Err(format!("a {:?} message", type_of(&other))),
+        },
+        Ok(Inbound::Bad(why)) => Err(why),
+        Ok(Inbound::Eof) | Err(_) => Err("end of file".to_owned()),
+    };
+    let config = match first {
+        Ok(config) => config,
+        Err(got) => {
             eprintln!(
                 "test-agent: stdin does not speak the brood child protocol: expected init first, got {got}"
             );
@@ -158,7 +162,7 @@ fn read_stdin<R: Read>(mut input: R, tx: &Sender<Inbound>) {
             let item = match frame {
                 Frame::Line { bytes, .. } if bytes.iter().all(u8::is_ascii_whitespace) => continue,
                 Frame::Line { no, bytes } => match decode_to_agent(&bytes) {
-                    Ok(m) => Inbound::Msg(m),
+                    Ok(m) => Inbound::Msg(Box::new(m)),
                     Err(e) => Inbound::Bad(format!("stdin line {no}: {e}")),
                 },
                 Frame::TooLong { no, .. } => {
@@ -315,8 +319,9 @@ impl<W: Write> Agent<'_, W> {
         let flags = self.flags;
         let mut pids = vec![std::process::id() as libc::pid_t];
         for i in 1..=flags.grandchildren {
-            let pid = procs::fork_idler()
-                .map_err(|e| format!("cannot fork grandchild {i} of {}: {e}", flags.grandchildren))?;
+            let pid = procs::fork_idler().map_err(|e| {
+                format!("cannot fork grandchild {i} of {}: {e}", flags.grandchildren)
+            })?;
             pids.push(pid);
         }
         if flags.setsid_grandchild {
@@ -359,7 +364,9 @@ impl<W: Write> Agent<'_, W> {
                     .map(str::to_owned)
                     .or(fallback);
                 if name.is_none() {
-                    eprintln!("test-agent: spawn reply names no child, it will not be waited for: {result}");
+                    eprintln!(
+                        "test-agent: spawn reply names no child, it will not be waited for: {result}"
+                    );
                 }
                 Ok(name)
             }
@@ -421,7 +428,8 @@ impl<W: Write> Agent<'_, W> {
             if self.flags.work_ms > 0 {
                 argv.extend(["--work-ms".to_owned(), self.flags.work_ms.to_string()]);
             }
-            let args = json!({"name": name, "argv": argv, "task": format!("count lines in {path}")});
+            let args =
+                json!({"name": name, "argv": argv, "task": format!("count lines in {path}")});
             if let Some(got) = self.spawn(args, Some(name))? {
                 names.push(got);
             }
@@ -462,7 +470,10 @@ impl<W: Write> Agent<'_, W> {
                 if reply.re == id {
                     return Ok(reply);
                 }
-                eprintln!("test-agent: ignoring a reply to request {} not awaited", reply.re);
+                eprintln!(
+                    "test-agent: ignoring a reply to request {} not awaited",
+                    reply.re
+                );
             }
         }
     }
@@ -481,8 +492,11 @@ impl<W: Write> Agent<'_, W> {
         loop {
             match self.inbox.try_recv() {
                 Ok(Inbound::Msg(m)) => {
-                    if let Some(r) = self.handle(m)? {
-                        eprintln!("test-agent: ignoring a reply to request {} not awaited", r.re);
+                    if let Some(r) = self.handle(*m)? {
+                        eprintln!(
+                            "test-agent: ignoring a reply to request {} not awaited",
+                            r.re
+                        );
                     }
                 }
                 Ok(Inbound::Bad(why)) => eprintln!("test-agent: ignoring a bad line: {why}"),
@@ -532,11 +546,14 @@ impl<W: Write> Agent<'_, W> {
             };
             match got {
                 Ok(Inbound::Msg(m)) => {
-                    let reply = self.handle(m)?;
+                    let reply = self.handle(*m)?;
                     if let Some(r) = &reply
                         && awaiting.is_none()
                     {
-                        eprintln!("test-agent: ignoring a reply to request {} not awaited", r.re);
+                        eprintln!(
+                            "test-agent: ignoring a reply to request {} not awaited",
+                            r.re
+                        );
                         return Ok(None);
                     }
                     return Ok(reply);

@@ -94,7 +94,8 @@ mod tests {
     use super::*;
 
     fn tree() -> PathBuf {
-        let root = std::env::temp_dir().join(format!("brood-testagent-count-{}", std::process::id()));
+        let root =
+            std::env::temp_dir().join(format!("brood-testagent-count-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(root.join("sub")).unwrap();
         fs::write(root.join("b.txt"), "1\n2\n3").unwrap();
@@ -128,10 +129,18 @@ mod tests {
                 format!("2\t{r}/sub/d"),
             ]
         );
-        let names: Vec<_> = entries(&root).unwrap().into_iter().map(|e| (e.name, e.is_dir)).collect();
+        let names: Vec<_> = entries(&root)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.is_dir))
+            .collect();
         assert_eq!(
             names,
-            vec![("a.txt".into(), false), ("b.txt".into(), false), ("sub".into(), true)]
+            vec![
+                ("a.txt".into(), false),
+                ("b.txt".into(), false),
+                ("sub".into(), true)
+            ]
         );
         fs::remove_dir_all(&root).unwrap();
     }

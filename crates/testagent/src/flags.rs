@@ -213,15 +213,22 @@ fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, FlagError> {
 fn json_object(flag: &str, v: &str) -> Result<Map<String, Value>, FlagError> {
     match serde_json::from_str::<Value>(v) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(FlagError(format!("{flag}: expected a JSON object, got {v}"))),
+        Ok(_) => Err(FlagError(format!(
+            "{flag}: expected a JSON object, got {v}"
+        ))),
         Err(e) => Err(FlagError(format!("{flag}: not JSON ({e}): {v}"))),
     }
 }
 
 fn parse_usage(flag: &str, v: &str) -> Result<Usage, FlagError> {
-    let bad = || FlagError(format!("{flag}: expected TOKENS_IN,TOKENS_OUT,COST_USD, got {v:?}"));
+    let bad = || {
+        FlagError(format!(
+            "{flag}: expected TOKENS_IN,TOKENS_OUT,COST_USD, got {v:?}"
+        ))
+    };
     let mut parts = v.split(',');
-    let (Some(a), Some(b), Some(c), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(a), Some(b), Some(c), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(bad());
     };
@@ -244,7 +251,10 @@ fn parse_spawn_n(flag: &str, v: &str) -> Result<Vec<Map<String, Value>>, FlagErr
         .ok_or_else(|| FlagError(format!("{flag}: expected N:JSON, got {v:?}")))?;
     let n: usize = number(flag, n)?;
     let template = json_object(flag, json)?;
-    let base = template.get("name").and_then(Value::as_str).map(str::to_owned);
+    let base = template
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     Ok((1..=n)
         .map(|i| {
             let mut args = template.clone();
@@ -280,9 +290,25 @@ mod tests {
     #[test]
     fn values_in_both_spellings_and_repeats() {
         let f = p(&[
-            "--result", "r", "--message=a", "--message", "b", "--usage", "10,20,0.5",
-            "--inputs", "2", "--history", "--exit", "7", "--malformed", "long",
-            "--count-lines", "/tmp", "--fanout", "--work-ms", "5",
+            "--result",
+            "r",
+            "--message=a",
+            "--message",
+            "b",
+            "--usage",
+            "10,20,0.5",
+            "--inputs",
+            "2",
+            "--history",
+            "--exit",
+            "7",
+            "--malformed",
+            "long",
+            "--count-lines",
+            "/tmp",
+            "--fanout",
+            "--work-ms",
+            "5",
         ])
         .unwrap();
         assert_eq!(f.result.as_deref(), Some("r"));
@@ -314,8 +340,15 @@ mod tests {
             "--wait",
         ])
         .unwrap();
-        let names: Vec<Value> = f.spawns.iter().map(|s| s.get("name").cloned().unwrap_or(Value::Null)).collect();
-        assert_eq!(names, vec![json!("a"), json!("w-1"), json!("w-2"), Value::Null]);
+        let names: Vec<Value> = f
+            .spawns
+            .iter()
+            .map(|s| s.get("name").cloned().unwrap_or(Value::Null))
+            .collect();
+        assert_eq!(
+            names,
+            vec![json!("a"), json!("w-1"), json!("w-2"), Value::Null]
+        );
         assert_eq!(f.spawns[1]["argv"], json!(["y"]));
         assert!(f.wait);
     }
@@ -334,7 +367,10 @@ mod tests {
         assert!(err(&["--malformed", "odd"]).starts_with("--malformed: expected notjson"));
         assert!(err(&["--exit", "300"]).starts_with("--exit: expected 0 to 255"));
         assert_eq!(err(&["--hang=yes"]), "--hang takes no value");
-        assert_eq!(err(&["--result", "a", "--result", "b"]), "--result is given more than once");
+        assert_eq!(
+            err(&["--result", "a", "--result", "b"]),
+            "--result is given more than once"
+        );
         assert_eq!(err(&["--fanout"]), "--fanout needs --count-lines");
         assert_eq!(err(&["--wait"]), "--wait needs --spawn or --spawn-n");
     }

@@ -134,7 +134,12 @@ pub fn wait_line(agent: &Value) -> String {
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     };
-    format!("{}: {}: {}", field("name"), field("status"), field("result"))
+    format!(
+        "{}: {}: {}",
+        field("name"),
+        field("status"),
+        field("result")
+    )
 }
 
 /// The line count at the start of a count result (`N\tPATH` or
@@ -208,7 +213,11 @@ mod tests {
         for entry in ["..", ".", ".hidden", "a.d", "ü", &"z".repeat(300), "-"] {
             let n = child_name("root", entry, &[]);
             assert!(n.len() <= MAX_CHILD_NAME && n.starts_with("count-"), "{n}");
-            assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c)), "{n}");
+            assert!(
+                n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c)),
+                "{n}"
+            );
             assert!(!n.ends_with(".d") && !n.ends_with(".sock"), "{n}");
         }
     }
@@ -263,7 +272,10 @@ mod tests {
             wait_line(&json!({"name":"b","status":"failed","result":null})),
             "b: failed: "
         );
-        assert_eq!(wait_line(&json!({"name":"c","status":"x","result":{"k":1}})), "c: x: {\"k\":1}");
+        assert_eq!(
+            wait_line(&json!({"name":"c","status":"x","result":{"k":1}})),
+            "c: x: {\"k\":1}"
+        );
     }
 
     #[test]

@@ -40,7 +40,12 @@ fn decode_all(out: &[u8]) -> Vec<FromAgent> {
 /// Runs the agent on `input` (already complete, so stdin ends after it).
 fn run_raw(self_argv: &[&str], args: &[&str], input: Vec<u8>) -> (i32, Vec<u8>) {
     let mut out = Vec::new();
-    let code = brood_testagent::run_with(Cursor::new(input), &mut out, &strings(self_argv), &strings(args));
+    let code = brood_testagent::run_with(
+        Cursor::new(input),
+        &mut out,
+        &strings(self_argv),
+        &strings(args),
+    );
     (code, out)
 }
 
@@ -87,7 +92,16 @@ fn ready_after_init_then_done_ok() {
 #[test]
 fn result_messages_and_usage() {
     let (code, out) = run_fed(
-        &["--result", "answer", "--message", "m1", "--message", "m2", "--usage", "10,20,0.25"],
+        &[
+            "--result",
+            "answer",
+            "--message",
+            "m1",
+            "--message",
+            "m2",
+            "--usage",
+            "10,20,0.25",
+        ],
         &[init("a", vec![])],
     );
     assert_eq!(code, 0);
@@ -226,7 +240,13 @@ fn spawn_and_wait_interactively() {
             stdin_r,
             stdout_w,
             &strings(&["brood", "test-agent"]),
-            &strings(&["--spawn", r#"{"argv":["x"],"task":"t"}"#, "--wait", "--result", "parent"]),
+            &strings(&[
+                "--spawn",
+                r#"{"argv":["x"],"task":"t"}"#,
+                "--wait",
+                "--result",
+                "parent",
+            ]),
         )
     });
     let mut lines = BufReader::new(stdout_r).lines();
@@ -247,7 +267,11 @@ fn spawn_and_wait_interactively() {
     assert_eq!(op, "spawn");
     assert_eq!(args, json!({"argv":["x"],"task":"t"}));
     send(ToAgent::Ping);
-    assert_eq!(next(), FromAgent::Pong, "pings are answered while a reply is awaited");
+    assert_eq!(
+        next(),
+        FromAgent::Pong,
+        "pings are answered while a reply is awaited"
+    );
     send(reply(id, json!({"name":"child-1"})));
     let FromAgent::Request { id, op, args } = next() else {
         panic!("expected a wait request")
@@ -276,7 +300,10 @@ fn refused_spawn_fails_unless_tolerated() {
         },
     ));
     let spawn = r#"{"name":"a","argv":["x"]}"#;
-    let (code, out) = run_fed(&["--spawn", spawn, "--exit", "3"], &[init("p", vec![]), refusal.clone()]);
+    let (code, out) = run_fed(
+        &["--spawn", spawn, "--exit", "3"],
+        &[init("p", vec![]), refusal.clone()],
+    );
     assert_eq!(code, 3);
     assert_eq!(
         last(&out),
@@ -284,7 +311,10 @@ fn refused_spawn_fails_unless_tolerated() {
             error: "spawn refused: QuotaFanout (quota): fanout 8 reached".into()
         }
     );
-    let (code, out) = run_fed(&["--spawn", spawn, "--tolerate-refusal"], &[init("p", vec![]), refusal]);
+    let (code, out) = run_fed(
+        &["--spawn", spawn, "--tolerate-refusal"],
+        &[init("p", vec![]), refusal],
+    );
     assert_eq!(code, 0);
     assert_eq!(last(&out), done("ok"));
 }
@@ -294,7 +324,10 @@ fn cancel_ends_a_hanging_agent_unless_ignored() {
     let cancel = ToAgent::Cancel {
         reason: "user".into(),
     };
-    let (code, out) = run_fed(&["--hang", "--exit", "9"], &[init("a", vec![]), cancel.clone()]);
+    let (code, out) = run_fed(
+        &["--hang", "--exit", "9"],
+        &[init("a", vec![]), cancel.clone()],
+    );
     assert_eq!(code, 0);
     assert_eq!(
         last(&out),
@@ -345,7 +378,12 @@ fn blank_lines_before_init_are_skipped() {
 fn error_exit_and_no_result() {
     let (code, out) = run_fed(&["--error", "boom", "--exit", "5"], &[init("a", vec![])]);
     assert_eq!(code, 5);
-    assert_eq!(last(&out), FromAgent::Error { error: "boom".into() });
+    assert_eq!(
+        last(&out),
+        FromAgent::Error {
+            error: "boom".into()
+        }
+    );
     let (code, out) = run_fed(&["--no-result"], &[init("a", vec![])]);
     assert_eq!(code, 0);
     assert_eq!(out, vec![FromAgent::Ready]);
@@ -356,7 +394,10 @@ fn malformed_lines_are_written_raw_and_the_agent_goes_on() {
     let input = encode(&init("a", vec![]));
     let cases: [(&str, Vec<u8>); 4] = [
         ("notjson", b"this is not json\n".to_vec()),
-        ("utf8", b"{\"type\":\"chunk\",\"delta\":\"\xff\xfe\"}\n".to_vec()),
+        (
+            "utf8",
+            b"{\"type\":\"chunk\",\"delta\":\"\xff\xfe\"}\n".to_vec(),
+        ),
         ("unknown", b"{\"type\":\"whatever\",\"x\":1}\n".to_vec()),
         ("long", {
             let mut l = vec![b'a'; 2 << 20];
@@ -369,9 +410,16 @@ fn malformed_lines_are_written_raw_and_the_agent_goes_on() {
         assert_eq!(code, 0, "{kind}");
         let ready = b"{\"type\":\"ready\"}\n";
         assert!(out.starts_with(ready), "{kind}");
-        assert_eq!(&out[ready.len()..ready.len() + bad.len()], bad.as_slice(), "{kind}");
+        assert_eq!(
+            &out[ready.len()..ready.len() + bad.len()],
+            bad.as_slice(),
+            "{kind}"
+        );
         let rest = decode_all(&out[ready.len() + bad.len()..]);
-        assert!(matches!(rest.as_slice(), [FromAgent::Done { .. }]), "{kind}");
+        assert!(
+            matches!(rest.as_slice(), [FromAgent::Done { .. }]),
+            "{kind}"
+        );
     }
 }
 
@@ -392,9 +440,15 @@ fn flood_sends_exactly_the_bytes_asked_for() {
 #[test]
 fn report_pids_without_grandchildren_writes_own_pid() {
     let file = temp_path("pids-own");
-    let (code, _) = run_fed(&["--report-pids", file.to_str().unwrap()], &[init("a", vec![])]);
+    let (code, _) = run_fed(
+        &["--report-pids", file.to_str().unwrap()],
+        &[init("a", vec![])],
+    );
     assert_eq!(code, 0);
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{}\n", std::process::id()));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("{}\n", std::process::id())
+    );
     std::fs::remove_file(&file).unwrap();
 }
 
@@ -402,7 +456,13 @@ fn report_pids_without_grandchildren_writes_own_pid() {
 fn grandchildren_and_a_setsid_daemon_are_forked_and_reported() {
     let file = temp_path("pids-forks");
     let (code, _) = run_fed(
-        &["--grandchildren", "2", "--setsid-grandchild", "--report-pids", file.to_str().unwrap()],
+        &[
+            "--grandchildren",
+            "2",
+            "--setsid-grandchild",
+            "--report-pids",
+            file.to_str().unwrap(),
+        ],
         &[init("a", vec![])],
     );
     assert_eq!(code, 0);
@@ -412,6 +472,9 @@ fn grandchildren_and_a_setsid_daemon_are_forked_and_reported() {
         .map(|l| l.parse().unwrap())
         .collect();
     std::fs::remove_file(&file).unwrap();
+    // Kill the forked processes however the assertions below turn out: they
+    // hold this test binary's stdout open and would keep cargo's pipe alive.
+    let _guard = KillOnDrop(pids.get(1..).unwrap_or_default().to_vec());
     assert_eq!(pids.len(), 4);
     assert_eq!(pids[0], std::process::id() as libc::pid_t);
     // SAFETY (all libc calls below): plain syscalls on pids this test created.
@@ -420,13 +483,34 @@ fn grandchildren_and_a_setsid_daemon_are_forked_and_reported() {
         assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "pid {pid} is alive");
     }
     assert_eq!(unsafe { libc::getsid(pids[1]) }, own_sid);
-    assert_eq!(unsafe { libc::getsid(pids[3]) }, pids[3], "the daemon leads its own session... or not");
-    for &pid in &pids[1..] {
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    for &pid in &pids[1..3] {
-        let mut status = 0;
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(unsafe { libc::getsid(pids[2]) }, own_sid);
+    let daemon_sid = unsafe { libc::getsid(pids[3]) };
+    assert!(
+        daemon_sid > 0 && daemon_sid != own_sid,
+        "the daemon left the session"
+    );
+    assert_ne!(
+        daemon_sid, pids[3],
+        "the daemon is not its session's leader"
+    );
+    assert_ne!(unsafe { libc::getpgid(pids[3]) }, unsafe {
+        libc::getpgid(0)
+    });
+}
+
+/// SIGKILLs the given pids and reaps those that are this process's children.
+struct KillOnDrop(Vec<libc::pid_t>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: signalling and reaping pids this test forked.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                let mut status = 0;
+                libc::waitpid(pid, &mut status, 0);
+            }
+        }
     }
 }
 
@@ -438,9 +522,13 @@ fn count_lines_in_process_and_by_fan_out() {
     std::fs::write(root.join("sub dir/x"), "1\n2\n3").unwrap();
     let r = root.to_str().unwrap();
 
-    let (code, out) = run_fed(&["--count-lines", r, "--work-ms", "1"], &[init("a", vec![])]);
+    let (code, out) = run_fed(
+        &["--count-lines", r, "--work-ms", "1"],
+        &[init("a", vec![])],
+    );
     assert_eq!(code, 0);
-    let expected = format!("5 lines in {r}\n2\t{r}/a.txt\n3 lines in {r}/sub dir\n3\t{r}/sub dir/x");
+    let expected =
+        format!("5 lines in {r}\n2\t{r}/a.txt\n3 lines in {r}/sub dir\n3\t{r}/sub dir/x");
     assert_eq!(last(&out), done(&expected));
 
     let (code, out) = run_fed(
@@ -503,7 +591,11 @@ fn count_lines_in_process_and_by_fan_out() {
 fn help_prints_usage() {
     let (code, out) = run_raw(&[], &["--help"], vec![]);
     assert_eq!(code, 0);
-    assert!(String::from_utf8(out).unwrap().starts_with("usage: brood test-agent"));
+    assert!(
+        String::from_utf8(out)
+            .unwrap()
+            .starts_with("usage: brood test-agent")
+    );
 }
 
 fn temp_path(what: &str) -> PathBuf {

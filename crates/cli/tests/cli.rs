@@ -1,0 +1,251 @@
+//! The command line end to end: `brood run`, `brood serve` and every verb against
+//! it, `brood spawn` from inside an agent (caller identified by its cgroup), exit
+//! codes, `doctor`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn brood(root: &Path, args: &[&str]) -> Output {
+    #[allow(clippy::disallowed_methods)]
+    Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("BROOD_SOCKET")
+        .output()
+        .expect("brood runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling the daemon this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn brood_run_prints_the_result_and_exits_like_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["run", "--name", "hello", "--"];
+    let a = agent(&["--result", "hello world"]);
+    args.extend(a.iter().map(String::as_str));
+    let o = brood(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello world\n");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("hello  completed"),
+        "{}",
+        text(&o)
+    );
+
+    let o = brood(
+        dir.path(),
+        &["run", "--protocol", "exec", "--", "sh", "-c", "echo hi"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+
+    let mut args = vec!["run", "--"];
+    let a = agent(&["--error", "nope"]);
+    args.extend(a.iter().map(String::as_str));
+    let o = brood(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    let o = brood(dir.path(), &["run", "--name", "../x", "--", "true"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("InvalidName"),
+        "{}",
+        text(&o)
+    );
+
+    let o = brood(dir.path(), &["ps", "-a", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert!(names.contains(&"hello"));
+    assert!(!names.contains(&"../x"));
+}
+
+#[test]
+fn the_daemon_carries_every_verb() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    #[allow(clippy::disallowed_methods)]
+    let d = Daemon(
+        Command::new(exe())
+            .arg("--root")
+            .arg(root)
+            .args(["serve", "--grace", "0.5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(eventually(Duration::from_secs(10), || root
+        .join("brood.sock")
+        .exists()));
+    let b = |args: &[&str]| brood(root, args);
+
+    let mut args = vec!["spawn", "--name", "a", "--ready", "--"];
+    let hang = agent(&["--message", "hi", "--hang"]);
+    args.extend(hang.iter().map(String::as_str));
+    let o = b(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("a\trunning"),
+        "{}",
+        text(&o)
+    );
+
+    // An exec agent that calls `brood spawn` from inside: its parent is decided
+    // by its cgroup, and it cannot name another parent.
+    let inner = agent(&["--result", "from-inside"]).join(" ");
+    let script = format!(
+        "brood spawn --name inner -- {inner} >/dev/null && brood wait inner >/dev/null; \
+         brood spawn --parent a --name evil -- {inner}; echo \"evil exit $?\""
+    );
+    let o = b(&[
+        "spawn",
+        "--name",
+        "b",
+        "--protocol",
+        "exec",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["wait", "b", "--timeout", "20"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["show", "b", "--json"]);
+    let bj: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        bj["result"].as_str().unwrap_or("").contains("evil exit 3"),
+        "{bj}"
+    );
+    let o = b(&["show", "inner", "--json"]);
+    let ij: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        ij["parent"], "b",
+        "inner's parent comes from its caller's cgroup: {ij}"
+    );
+    assert_eq!(ij["status"], "completed");
+    let o = b(&["show", "evil"]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "evil was never created: {}",
+        text(&o)
+    );
+
+    let o = b(&["wait", "a", "--timeout", "0.2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = b(&["send", "a", "hello there"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["send", "nobody", "x"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = b(&["ps"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("a "),
+        "{}",
+        text(&o)
+    );
+    let o = b(&["cancel", "a"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["wait", "a"]);
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    let o = b(&["close", "a"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["show", "a"]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("closed") && s.contains("cgroup"), "{s}");
+    let o = b(&["resume", "a", "back again"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["cancel", "a"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = b(&["tree", "--json"]);
+    let t: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        t.as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "b" && t["children"][0]["name"] == "inner"),
+        "{t}"
+    );
+    let o = b(&["events", "a"]);
+    let ev: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(ev.iter().any(|e| e["type"] == "agent.input"), "{ev:?}");
+    let seqs: Vec<i64> = ev.iter().map(|e| e["sequence"].as_i64().unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "sequence is monotonic: {seqs:?}"
+    );
+    drop(d);
+    assert!(
+        !root.join("brood.sock").exists(),
+        "the daemon removed its socket"
+    );
+}
+
+#[test]
+fn doctor_names_every_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = brood(dir.path(), &["doctor", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let layers: Vec<&str> = v["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["layer"].as_str())
+        .collect();
+    for l in [
+        "cgroup",
+        "kill",
+        "landlock",
+        "user namespace",
+        "mount namespace",
+        "pid namespace",
+        "network namespace",
+        "seccomp",
+    ] {
+        assert!(layers.contains(&l), "{l} missing: {v}");
+    }
+    let kill = v["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "kill")
+        .unwrap();
+    assert_eq!(
+        kill["available"], true,
+        "this host kills with cgroup.kill: {kill}"
+    );
+}

@@ -1,0 +1,227 @@
+//! Names, resume, send, close and wait through the supervisor's API.
+
+mod common;
+
+use std::time::Duration;
+
+use brood_core::Code;
+use brood_runtime::api;
+use common::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_names_are_refused_and_nothing_is_created() {
+    let env = start(Duration::from_millis(500));
+    let long = "a".repeat(65);
+    for bad in ["../x", "a/b", "x.sock", long.as_str(), ""] {
+        let args = json!({"name": bad, "argv": agent(&["--result", "x"])});
+        let e = api::handle(&env.sup, &me(), "spawn", &args)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::InvalidName, "{bad:?}: {e}");
+        assert!(
+            e.message.contains(&bad.escape_debug().to_string()) || bad.is_empty(),
+            "{bad:?}: {e}"
+        );
+    }
+    assert!(
+        env.sup
+            .store()
+            .agents(env.sup.tenant(), true)
+            .unwrap()
+            .is_empty()
+    );
+    let agents_dir = env.sup.paths().ctx().join("agent");
+    assert!(
+        std::fs::read_dir(&agents_dir)
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    );
+    // And the same name twice is NameTaken.
+    env.sup
+        .spawn(me(), req("twice", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let e = env
+        .sup
+        .spawn(me(), req("twice", agent(&["--hang"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::NameTaken, "{e}");
+    env.sup.cancel(me(), name("twice")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_starts_a_new_run_that_sees_its_history() {
+    let env = start(Duration::from_millis(500));
+    env.sup
+        .spawn(
+            me(),
+            req(
+                "mem",
+                agent(&[
+                    "--message",
+                    "I remember this",
+                    "--history",
+                    "--result",
+                    "first",
+                ]),
+            ),
+        )
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["status"], "completed");
+    let run1 = w["agents"][0]["run"].as_str().unwrap().to_owned();
+
+    let r = env
+        .sup
+        .resume(me(), name("mem"), Some("second question".into()))
+        .await
+        .unwrap();
+    assert_ne!(r["run"].as_str().unwrap(), run1, "a new run");
+    let w = env
+        .sup
+        .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let a = &w["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    let res = a["result"].as_str().unwrap();
+    assert!(
+        res.contains("assistant: I remember this"),
+        "the new run sees the old message: {res}"
+    );
+    assert!(
+        res.contains("user: second question"),
+        "and the new input: {res}"
+    );
+    let shown = show(&env, "mem");
+    assert_eq!(shown["runs"].as_array().unwrap().len(), 2);
+    // Both runs' messages are in the one session transcript.
+    let msgs = json_lines(session_dir(&env, "mem").join("messages.jsonl"));
+    assert!(
+        msgs.iter()
+            .filter(|m| m["content"] == "I remember this")
+            .count()
+            >= 2,
+        "{msgs:?}"
+    );
+    // Resuming a running agent is a conflict.
+    env.sup
+        .spawn(me(), req("busy", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let e = env.sup.resume(me(), name("busy"), None).await.unwrap_err();
+    assert_eq!(e.code, Code::Conflict);
+    env.sup.cancel(me(), name("busy")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_close_and_wait_timeout() {
+    let env = start(Duration::from_millis(500));
+    env.sup
+        .spawn(
+            me(),
+            req("ear", agent(&["--inputs", "2", "--result", "heard"])),
+        )
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("ear")], Some(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert_eq!(w["timed_out"], true);
+    env.sup.send(me(), name("ear"), "one".into()).await.unwrap();
+    env.sup.send(me(), name("ear"), "two".into()).await.unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("ear")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["result"], "heard\none\ntwo", "{w}");
+    let e = env
+        .sup
+        .send(me(), name("ear"), "three".into())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Conflict, "{e}");
+    let c = env.sup.close(me(), name("ear")).await.unwrap();
+    assert_eq!(c["status"], "closed");
+    assert_eq!(c["state"], "closed/completed");
+    // A closed agent can still be resumed.
+    let r = env
+        .sup
+        .resume(me(), name("ear"), Some("again".into()))
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    env.sup.cancel(me(), name("ear")).await.unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("ear")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["state"], "cancelled:user");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_is_built_from_nothing() {
+    let env = start(Duration::from_millis(500));
+    let mut r = req("envy", vec!["sh".into(), "-c".into(), "env | sort".into()]);
+    r.protocol = brood_store::Protocol::Exec;
+    r.await_ready = false;
+    r.env = vec![("EXTRA".into(), "yes".into())];
+    // SAFETY: the test sets a variable the agent must not inherit.
+    unsafe { std::env::set_var("BROOD_TEST_SECRET", "leak") };
+    env.sup.spawn(me(), r).await.unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("envy")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let out = w["agents"][0]["result"].as_str().unwrap().to_owned();
+    let names: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    for must in [
+        "BROOD_AGENT",
+        "BROOD_RUN",
+        "BROOD_PARENT",
+        "BROOD_CUSTOMER",
+        "BROOD_SESSION",
+        "BROOD_TENANT",
+        "BROOD_SOCKET",
+        "BROOD_POLICY",
+        "CTX_ROOT",
+        "CTX_HOME",
+        "CTX_AGENT",
+        "HOME",
+        "PATH",
+        "LANG",
+        "TERM",
+        "EXTRA",
+    ] {
+        assert!(names.contains(&must), "{must} missing from {out}");
+    }
+    assert!(out.contains("BROOD_AGENT=envy\n"));
+    assert!(
+        !out.contains("BROOD_TEST_SECRET"),
+        "the supervisor's environment leaked: {out}"
+    );
+    // Refused: a caller may not set the identity.
+    let e = api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &json!({"name": "forger", "argv": ["true"], "env": {"BROOD_AGENT": "root"}}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::BadRequest, "{e}");
+}

@@ -1,0 +1,187 @@
+//! Bad input on the child protocol (SPEC 7): a line that is not JSON, a 2 MiB line,
+//! invalid UTF-8, end of file without `done` fail that run with the reason the spec
+//! gives (with the line number where there is one), while the supervisor and the
+//! sibling agents go on; an unknown message type is logged and ignored.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn child(name: &str, flags: &[&str]) -> String {
+    json!({"name": name, "argv": agent(flags), "task": format!("be {name}")}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_lines_fail_only_their_own_run() {
+    let env = start(Duration::from_millis(500));
+    let specs = [
+        child("notjson", &["--malformed", "notjson", "--hang"]),
+        child("long", &["--malformed", "long", "--hang"]),
+        child("utf8", &["--malformed", "utf8", "--hang"]),
+        child(
+            "noresult",
+            &["--no-result", "--stderr", "about to leave without a word"],
+        ),
+        child("unknown", &["--malformed", "unknown", "--result", "fine"]),
+        child(
+            "sibling",
+            &["--sleep-ms", "300", "--result", "sibling done"],
+        ),
+    ];
+    let mut flags: Vec<&str> = Vec::new();
+    for s in &specs {
+        flags.extend(["--spawn", s.as_str()]);
+    }
+    flags.extend(["--wait", "--result", "parent done"]);
+    env.sup
+        .spawn(me(), req("parent", agent(&flags)))
+        .await
+        .expect("spawn parent");
+    let r = env
+        .sup
+        .wait(me(), vec![name("parent")], Some(Duration::from_secs(30)))
+        .await
+        .expect("wait");
+    assert_eq!(r["timed_out"], false);
+
+    let expect = |n: &str, status: &str, reason: Option<&str>| {
+        let a = show(&env, n);
+        assert_eq!(a["status"], status, "{n}: {a}");
+        assert_eq!(a["reason"].as_str(), reason, "{n}: {a}");
+        a
+    };
+    for (n, line_kind) in [
+        ("notjson", "not JSON"),
+        ("long", "longer than"),
+        ("utf8", "UTF-8"),
+    ] {
+        let a = expect(n, "failed", Some("protocol_error"));
+        let detail = a["detail"].as_str().unwrap_or("");
+        // Line 1 is `ready`; the bad line is line 2.
+        assert!(
+            detail.contains("line 2"),
+            "{n}: detail {detail:?} names no line number"
+        );
+        assert!(detail.contains(line_kind), "{n}: detail {detail:?}");
+        let ev = json_lines(session_dir(&env, n).join("events.jsonl"));
+        assert!(
+            ev.iter()
+                .any(|e| e["type"] == "agent.protocol.error" && e["line"] == 2),
+            "{n}: no protocol error event with its line: {ev:?}"
+        );
+    }
+    let a = expect("noresult", "failed", Some("exited_without_result"));
+    assert!(
+        a["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("about to leave without a word"),
+        "the stderr tail is kept: {a}"
+    );
+    expect("unknown", "completed", None);
+    let ev = json_lines(session_dir(&env, "unknown").join("events.jsonl"));
+    assert!(
+        ev.iter()
+            .any(|e| e["type"] == "agent.protocol.unknown" && e["message_type"] == "whatever")
+    );
+    let s = expect("sibling", "completed", None);
+    assert_eq!(s["result"], "sibling done");
+    let p = expect("parent", "completed", None);
+    let res = p["result"].as_str().unwrap_or("");
+    assert!(res.contains("notjson: failed"), "{res}");
+    assert!(res.contains("sibling: completed"), "{res}");
+    // The supervisor goes on: a new agent still runs.
+    let r = env
+        .sup
+        .spawn(me(), req("after", agent(&["--result", "still here"])))
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "running");
+    let w = env
+        .sup
+        .wait(me(), vec![name("after")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["result"], "still here");
+    // The failed children left no process behind.
+    for n in ["notjson", "long", "utf8", "noresult"] {
+        assert!(processes_of(&env, n).is_empty(), "{n} left a process");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_output_is_drained_and_the_run_completes() {
+    let env = start(Duration::from_millis(500));
+    env.sup
+        .spawn(
+            me(),
+            req(
+                "flood",
+                agent(&["--flood", "8388608", "--result", "flooded"]),
+            ),
+        )
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("flood")], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    assert_eq!(w["agents"][0]["result"], "flooded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_and_exit_code_and_error_and_exec_outcomes() {
+    let env = start(Duration::from_millis(500));
+    let mut exec = req(
+        "exec-ok",
+        vec![
+            "sh".into(),
+            "-c".into(),
+            "read line; echo \"got: $line\"".into(),
+        ],
+    );
+    exec.protocol = brood_store::Protocol::Exec;
+    exec.task = "the handoff\n".into();
+    exec.await_ready = false;
+    let mut exec_bad = req("exec-bad", vec!["sh".into(), "-c".into(), "exit 3".into()]);
+    exec_bad.protocol = brood_store::Protocol::Exec;
+    exec_bad.await_ready = false;
+    for r in [
+        req("crash", agent(&["--crash"])),
+        req("errs", agent(&["--error", "it went wrong"])),
+        exec,
+        exec_bad,
+    ] {
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    let w = env
+        .sup
+        .wait(
+            me(),
+            ["crash", "errs", "exec-ok", "exec-bad"].map(name).to_vec(),
+            Some(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let by = |n: &str| -> Value {
+        w["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by("crash")["state"], "failed:crashed");
+    assert_eq!(by("errs")["state"], "failed:exit_code");
+    assert_eq!(by("errs")["result"], "it went wrong");
+    assert_eq!(by("exec-ok")["state"], "completed");
+    assert_eq!(by("exec-ok")["result"], "got: the handoff\n");
+    assert_eq!(by("exec-bad")["state"], "failed:exit_code");
+    assert_eq!(by("exec-bad")["exit_code"], 3);
+}

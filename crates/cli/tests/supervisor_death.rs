@@ -1,0 +1,97 @@
+//! Supervisor death (SPEC 6): `brood run` is SIGKILLed while a three-level tree
+//! runs, with grandchild processes (one of them setsid()'d). Every process of the
+//! tree must be gone within a second, with no restart; a restarted supervisor then
+//! holds nothing `running` without a process and has removed the old groups.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use brood_core::{CancelReason, Status, Terminal};
+use common::*;
+use serde_json::json;
+
+fn instance_dir(root: &Path) -> PathBuf {
+    let det = brood_launch::cgroup::detect(Path::new("/")).expect("cgroups on this host");
+    let v2 = det.v2_mount.expect("a cgroup v2 mount on this host");
+    let own = det.own_v2.unwrap_or_default();
+    v2.join(own.trim_start_matches('/')).join(format!(
+        "brood-{}",
+        brood_runtime::paths::instance_key(root)
+    ))
+}
+
+#[test]
+fn supervisor_sigkill_takes_the_whole_tree_and_restart_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // top -> mid -> leaf; leaf forks two grandchildren, one of them setsid()'d.
+    let leaf = json!({"name": "leaf", "argv": agent(&["--grandchildren", "1", "--setsid-grandchild", "--hang"]), "await_ready": true});
+    let mid = json!({"name": "mid", "argv": agent(&["--spawn", &leaf.to_string(), "--hang"]), "await_ready": true});
+    #[allow(clippy::disallowed_methods)]
+    let mut run = Command::new(exe())
+        .args([
+            "--root",
+            root.to_str().unwrap(),
+            "run",
+            "--name",
+            "top",
+            "--",
+        ])
+        .args(agent(&["--spawn", &mid.to_string(), "--hang"]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let inst = instance_dir(root);
+    // top, mid, leaf, leaf's grandchild, leaf's setsid'd grandchild.
+    let appeared = eventually(Duration::from_secs(15), || pids_under(&inst).len() >= 5);
+    std::thread::sleep(Duration::from_millis(100));
+    let pids = pids_under(&inst);
+    assert!(appeared, "the tree never reached 5 processes: {pids:?}");
+
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    let gone = eventually(Duration::from_secs(1), || pids.iter().all(|p| !alive(*p)));
+    let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    assert!(
+        gone,
+        "processes {left:?} outlived the supervisor by more than a second"
+    );
+
+    // Restart: leftovers reaped, nothing running without a process.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cfg = brood_runtime::Config::new(root.to_path_buf());
+        cfg.socket = root.join("restart.sock");
+        let sup = brood_runtime::Supervisor::start(cfg).expect("restart");
+        for n in ["top", "mid", "leaf"] {
+            let a = sup.view().agent(&name(n)).unwrap();
+            assert_eq!(
+                a.status,
+                Status::Ended(Terminal::Cancelled(CancelReason::RuntimeRestart)),
+                "{n} after restart"
+            );
+        }
+        let live = sup.store().agents(sup.tenant(), false).unwrap();
+        assert!(live.is_empty(), "unfinished agents after restart: {live:?}");
+        // The dead incarnation's groups are gone; only the new one's base remains.
+        let dirs: Vec<String> = std::fs::read_dir(&inst)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let me = brood_runtime::supervisor::supervisor_id(std::process::id() as i32).unwrap();
+        assert!(
+            dirs.iter().filter(|d| d.starts_with('s')).all(|d| *d == me),
+            "leftover groups of the dead supervisor: {dirs:?} (me: {me})"
+        );
+        sup.shutdown().await;
+    });
+    let _ = std::fs::remove_dir(&inst);
+}

@@ -144,7 +144,8 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
             let (sup, dir) = supervisor(&root, "cascade").await?;
             let det = cgroup::detect(std::path::Path::new("/"))?;
             let cg = cgroup::Cgroups::open(&det, &format!("benchfloor-{}", std::process::id()))?;
-            let sleeper: Vec<OsString> = vec!["sleep".into(), "1000".into()];
+            // The floor kills the same program the tree runs: idle test agents.
+            let sleeper: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
             let (mut ours, mut bare) = (Vec::new(), Vec::new());
             let per_child = (n / 10).max(1) - 1;
             for r in 0..rounds {
@@ -218,7 +219,7 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
                 "bench": "cascade", "descendants": n, "rounds": rounds,
                 "brood_median_ms": mo.as_secs_f64() * 1e3, "floor_median_ms": mb.as_secs_f64() * 1e3,
                 "ratio": (ratio * 100.0).round() / 100.0, "target_ratio": 3.0,
-                "floor": "cgroup.kill of N `sleep` processes in one group, until all are reaped and the group removed",
+                "floor": "cgroup.kill of N idle test-agent processes (the same binary) in one group, until all are reaped and the group removed",
             });
             print_result(&out, as_json);
             if root.is_none() {

@@ -123,7 +123,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
         data.to_string_lossy().into_owned(),
         "--fanout".into(),
         "--work-ms".into(),
-        "400".into(),
+        "1500".into(),
     ];
     crate::api(
         sup.spawn(
@@ -149,6 +149,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     crate::api(sup.wait(me.clone(), vec![counter.clone()], None).await)?;
+    sup.flush().await;
     draw(&sup, &counter, tty, title)?;
     let shown = sup
         .view()

@@ -1,6 +1,9 @@
 //! A cancel that lands between admission and process start leaves no orphan: the
 //! process that starts anyway is killed, its group removed, its record `cancelled`.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -75,7 +78,7 @@ async fn cancel_between_admission_and_start_leaves_no_orphan() {
         .unwrap()
         .join(det.own_v2.unwrap_or_default().trim_start_matches('/'));
     let groups_left = eventually_async(Duration::from_secs(5), || {
-        walk_named(&v2.join(format!("brood-{base}")), "racer").is_empty()
+        walk_named(&v2.join(format!("brood-{base}")), "r1.racer").is_empty()
     })
     .await;
     assert!(groups_left, "racer's cgroup was left behind");

@@ -2,6 +2,9 @@
 //! it, `brood spawn` from inside an agent (caller identified by its cgroup), exit
 //! codes, `doctor`.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::path::Path;

@@ -6,6 +6,9 @@
 //! `cancelled (parent_dead)`, both `events.jsonl` files hold the event pair, and
 //! the child's transcript is intact.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::path::PathBuf;

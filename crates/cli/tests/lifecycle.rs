@@ -1,5 +1,8 @@
 //! Names, resume, send, close and wait through the supervisor's API.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -103,6 +106,7 @@ async fn resume_starts_a_new_run_that_sees_its_history() {
     let shown = show(&env, "mem");
     assert_eq!(shown["runs"].as_array().unwrap().len(), 2);
     // Both runs' messages are in the one session transcript.
+    env.sup.flush().await;
     let msgs = json_lines(session_dir(&env, "mem").join("messages.jsonl"));
     assert!(
         msgs.iter()

@@ -3,6 +3,9 @@
 //! gives (with the line number where there is one), while the supervisor and the
 //! sibling agents go on; an unknown message type is logged and ignored.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -47,6 +50,7 @@ async fn bad_lines_fail_only_their_own_run() {
         .expect("wait");
     assert_eq!(r["timed_out"], false);
 
+    env.sup.flush().await;
     let expect = |n: &str, status: &str, reason: Option<&str>| {
         let a = show(&env, n);
         assert_eq!(a["status"], status, "{n}: {a}");

@@ -3,6 +3,9 @@
 //! tree must be gone within a second, with no restart; a restarted supervisor then
 //! holds nothing `running` without a process and has removed the old groups.
 
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -496,8 +496,10 @@ mod tests {
             for next in steps {
                 if let Ok(n) = s.transition(next) {
                     if n == Status::Queued { prop_assert!(s.is_finished()); }
-                    if let (Some(a), Some(b)) = (s.outcome(), n.outcome()) {
-                        if n != Status::Queued { prop_assert_eq!(a, b); }
+                    if let (Some(a), Some(b)) = (s.outcome(), n.outcome())
+                        && n != Status::Queued
+                    {
+                        prop_assert_eq!(a, b);
                     }
                     s = n;
                 }

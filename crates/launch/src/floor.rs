@@ -49,8 +49,8 @@ pub fn spawn_ready(argv: &[OsString], init: &[u8]) -> io::Result<Duration> {
     Ok(dt)
 }
 
-/// Starts `n` processes of `argv` in a fresh group, then times `cgroup.kill` until
-/// every one of them is reaped and the group is removed.
+/// Starts `n` processes of `argv` in a fresh group (their stdin held open), then
+/// times `cgroup.kill` until every one of them is reaped and the group is removed.
 pub fn cgroup_kill(cg: &Cgroups, name: &str, argv: &[OsString], n: usize) -> io::Result<Duration> {
     let (prog, args) = argv
         .split_first()
@@ -63,9 +63,11 @@ pub fn cgroup_kill(cg: &Cgroups, name: &str, argv: &[OsString], n: usize) -> io:
     let mut children = Vec::with_capacity(n);
     for _ in 0..n {
         #[allow(clippy::disallowed_methods)]
+        // stdin stays open (held in `children`), so a program that reads it first
+        // (the test agent waiting for its init) stays alive until killed.
         let c = std::process::Command::new(prog)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;

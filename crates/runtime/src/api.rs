@@ -204,7 +204,10 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                     Some(Duration::from_secs_f64(s))
                 }
             };
-            sup.wait(caller.clone(), names, timeout).await
+            let r = sup.wait(caller.clone(), names, timeout).await;
+            // Whoever waited may read result.md next: let the files catch up first.
+            sup.flush().await;
+            r
         }
         "cancel" => sup.cancel(caller.clone(), name_arg(args, "name")?).await,
         "close" => sup.close(caller.clone(), name_arg(args, "name")?).await,

@@ -8,6 +8,7 @@
 //! on the final component, and a symlinked directory on the way is refused).
 //! No fsync: the tree can always be rebuilt from the store.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -34,23 +35,19 @@ impl Projection {
         thread::Builder::new()
             .name("brood-projection".into())
             .spawn(move || {
-                let mut n: u64 = 0;
-                while let Ok(op) = rx.recv() {
-                    let r = match op {
-                        Op::Write(p, b) => {
-                            n += 1;
-                            write_atomic(&p, &b, n)
+                let mut w = Writer::default();
+                while let Ok(first) = rx.recv() {
+                    // Take everything already queued and write it as one batch: a
+                    // file rewritten several times in the batch is written once
+                    // (its last content), which is what a reader would see anyway.
+                    let mut batch = vec![first];
+                    while batch.len() < 8192 {
+                        match rx.try_recv() {
+                            Ok(op) => batch.push(op),
+                            Err(_) => break,
                         }
-                        Op::Append(p, b) => append(&p, &b),
-                        Op::Mkdirs(p) => fs::create_dir_all(&p),
-                        Op::Flush(done) => {
-                            let _ = done.send(());
-                            Ok(())
-                        }
-                    };
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "ctx projection write failed");
                     }
+                    w.apply(batch);
                 }
             })?;
         Ok(Projection { tx })
@@ -79,6 +76,95 @@ impl Projection {
     }
 }
 
+/// The projection thread's state: directories known to exist (so the hot case
+/// skips `mkdir -p` and the symlink check) and a nonce for temp file names.
+#[derive(Default)]
+struct Writer {
+    dirs: HashSet<PathBuf>,
+    nonce: u64,
+}
+
+impl Writer {
+    fn apply(&mut self, batch: Vec<Op>) {
+        let mut writes: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+        let mut write_at: HashMap<PathBuf, usize> = HashMap::new();
+        let mut appends: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+        let mut append_at: HashMap<PathBuf, usize> = HashMap::new();
+        let mut flushes = Vec::new();
+        for op in batch {
+            match op {
+                Op::Mkdirs(p) => {
+                    if let Err(e) = self.mkdirs(&p) {
+                        tracing::warn!(error = %e, "ctx projection mkdir failed");
+                    }
+                }
+                Op::Write(p, b) => match write_at.get(&p) {
+                    Some(&i) => writes[i].1 = b,
+                    None => {
+                        write_at.insert(p.clone(), writes.len());
+                        writes.push((p, b));
+                    }
+                },
+                Op::Append(p, b) => match append_at.get(&p) {
+                    Some(&i) => appends[i].1.extend_from_slice(&b),
+                    None => {
+                        append_at.insert(p.clone(), appends.len());
+                        appends.push((p, b));
+                    }
+                },
+                Op::Flush(done) => flushes.push(done),
+            }
+        }
+        for (p, b) in writes {
+            self.nonce += 1;
+            let n = self.nonce;
+            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n)) {
+                tracing::warn!(error = %e, "ctx projection write failed");
+            }
+        }
+        for (p, b) in appends {
+            if let Err(e) = self.with_dir(&p, |p| append_in(p, &b)) {
+                tracing::warn!(error = %e, "ctx projection append failed");
+            }
+        }
+        for f in flushes {
+            let _ = f.send(());
+        }
+    }
+
+    fn mkdirs(&mut self, dir: &Path) -> io::Result<()> {
+        if self.dirs.contains(dir) {
+            return Ok(());
+        }
+        fs::create_dir_all(dir)?;
+        if fs::symlink_metadata(dir)?.file_type().is_symlink() {
+            return Err(io::Error::other(format!(
+                "{} is a symlink; refusing to write through it",
+                dir.display()
+            )));
+        }
+        self.dirs.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// Runs `f` with the file's directory in place; if the directory vanished
+    /// since it was cached (someone removed the tree), makes it again and retries.
+    fn with_dir(&mut self, path: &Path, f: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
+        let Some(dir) = path.parent() else {
+            return f(path);
+        };
+        self.mkdirs(dir)?;
+        match f(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.dirs.remove(dir);
+                self.mkdirs(dir)?;
+                f(path)
+            }
+            r => r,
+        }
+    }
+}
+
 fn ensure_parent(path: &Path) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
@@ -96,6 +182,11 @@ fn ensure_parent(path: &Path) -> io::Result<()> {
 /// new one, never a part. `rename` replaces a symlink itself, never its target.
 pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
     ensure_parent(path)?;
+    write_atomic_in(path, bytes, nonce)
+}
+
+/// [`write_atomic`] for a path whose directory is known to exist.
+fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
@@ -117,8 +208,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
     r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
+#[cfg(test)]
 fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
     ensure_parent(path)?;
+    append_in(path, bytes)
+}
+
+fn append_in(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut f = OpenOptions::new()
         .append(true)
         .create(true)

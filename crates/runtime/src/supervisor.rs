@@ -22,7 +22,7 @@ use brood_launch::cgroup::{Cgroups, Group, GroupPath};
 use brood_launch::env::{Base, Identity};
 use brood_launch::{LaunchError, LaunchSpec, Launched, Spawner};
 use brood_proto::{DoneResult, FromAgent, HistoryMessage, InitConfig, LineError, ToAgent};
-use brood_store::{Agent, NewAgent, NewEvent, Protocol, RunEnd, Store, StoreError};
+use brood_store::{Agent, EndItem, NewAgent, NewEvent, Protocol, RunEnd, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
@@ -252,6 +252,22 @@ impl Supervisor {
             containment: spawner.containment().describe(),
             supervisor_id: me.clone(),
         };
+        // What every agent's meta.json says about its containment (SPEC 6: a
+        // weaker containment is marked on each agent).
+        let weaker = cgroups.is_none()
+            || !matches!(
+                spawner.containment(),
+                brood_launch::Containment::PidNamespace { .. }
+            );
+        let meta = json!({
+            "containment": {
+                "cgroup": info.cgroup,
+                "kill": info.kill,
+                "supervisor_death": info.containment,
+                "weaker": weaker,
+            },
+            "supervisor": me,
+        });
         let (tx, rx) = mpsc::unbounded_channel();
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
         let disp = Dispatcher {
@@ -265,6 +281,7 @@ impl Supervisor {
             spawner,
             base,
             me,
+            meta,
             live: HashMap::new(),
             waiters: HashMap::new(),
             stops: HashMap::new(),
@@ -314,16 +331,16 @@ impl Supervisor {
     pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
         self.call(|r| Cmd::Send(caller, name, text, r)).await
     }
+    /// Resolves when every named agent's run is over (records final), or at the
+    /// timeout. The ctx files catch up asynchronously: call [`Supervisor::flush`]
+    /// before reading them (the wire verbs do).
     pub async fn wait(
         &self,
         caller: Caller,
         names: Vec<AgentName>,
         timeout: Option<Duration>,
     ) -> ApiResult {
-        let r = self.call(|r| Cmd::Wait(caller, names, timeout, r)).await;
-        // Whoever waited may read result.md next: make the files catch up first.
-        self.flush().await;
-        r
+        self.call(|r| Cmd::Wait(caller, names, timeout, r)).await
     }
     pub async fn cancel(&self, caller: Caller, name: AgentName) -> ApiResult {
         self.call(|r| Cmd::Cancel(caller, name, r)).await
@@ -496,6 +513,8 @@ struct Dispatcher {
     spawner: Spawner,
     base: Base,
     me: String,
+    /// The containment part of every agent's `meta.json`.
+    meta: Value,
     live: HashMap<AgentName, Live>,
     waiters: HashMap<u64, Waiter>,
     stops: HashMap<u64, Stop>,
@@ -800,6 +819,11 @@ impl Dispatcher {
             },
         );
         self.projection.write(adir.join("life"), "owned\n");
+        let mut meta = self.meta.clone();
+        meta["protocol"] = json!(req.protocol.as_str());
+        meta["created_ms"] = json!(now);
+        self.projection
+            .write(adir.join("meta.json"), format!("{meta}\n"));
         if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
             let cdir = self.paths.channel_dir(p, psess, &name);
             self.projection
@@ -858,11 +882,21 @@ impl Dispatcher {
         cwd: Option<&str>,
         group_parent: Option<Group>,
     ) {
+        // One group per run (`r<seq>.<name>`): a finished run's group may still be
+        // being emptied and removed in the background when a resume starts the
+        // next one, and the two must never share a directory. The `r<seq>.` prefix
+        // also keeps agent names like `memory.x` clear of the kernel's file names.
+        let seq = self
+            .store
+            .runs(&self.tenant, name)
+            .map(|r| r.len().max(1))
+            .unwrap_or(1);
+        let component = format!("r{seq}.{name}");
         let (group, procs) = match &self.cgroups {
             Some(cg) => {
                 let rel = match &group_parent {
-                    Some(g) => g.rel.child(name.as_str()),
-                    None => GroupPath::new(&[self.tenant.as_str(), name.as_str()]),
+                    Some(g) => g.rel.child(&component),
+                    None => GroupPath::new(&[self.tenant.as_str(), &component]),
                 };
                 let made = rel.map_err(|e| e.to_string()).and_then(|rel| {
                     if group_parent.is_none() {
@@ -1495,6 +1529,7 @@ impl Dispatcher {
         let cg = self.cgroups.clone();
         let tx = self.tx.clone();
         let grace = self.cfg.grace;
+        let t_sig = std::time::Instant::now();
         tokio::spawn(async move {
             match (cg, group) {
                 (Some(cg), Some(g)) => {
@@ -1515,6 +1550,10 @@ impl Dispatcher {
                     }
                 }
             }
+            tracing::debug!(
+                elapsed_us = t_sig.elapsed().as_micros() as u64,
+                "stop: group emptied"
+            );
             let _ = tx.send(Cmd::StopDone(id));
         });
     }
@@ -1525,75 +1564,87 @@ impl Dispatcher {
         let Some(stop) = self.stops.remove(&id) else {
             return;
         };
-        for (name, outcome) in stop.targets {
-            let Ok(Some(a)) = self.store.agent(&self.tenant, &name) else {
+        let t0 = std::time::Instant::now();
+        let now = now_ms();
+        let mut items = Vec::with_capacity(stop.targets.len());
+        let mut results = Vec::with_capacity(stop.targets.len());
+        for (name, outcome) in &stop.targets {
+            let Ok(Some(a)) = self.store.agent(&self.tenant, name) else {
                 continue;
             };
-            let parent_session = a
-                .parent
-                .as_ref()
-                .and_then(|p| self.store.agent(&self.tenant, p).ok().flatten())
-                .map(|p| (p.name, p.session));
+            let live = self.live.get(name);
+            let parent_session = match (&a.parent, live.and_then(|l| l.parent_session.clone())) {
+                (Some(p), Some(ps)) => Some((p.clone(), ps)),
+                (Some(p), None) => self
+                    .store
+                    .agent(&self.tenant, p)
+                    .ok()
+                    .flatten()
+                    .map(|pa| (pa.name, pa.session)),
+                (None, _) => None,
+            };
             let mut events = Vec::new();
             if let (Some((p, ps)), Some(reason)) = (&parent_session, outcome.reason()) {
-                if outcome == Terminal::Cancelled(CancelReason::ParentDead)
-                    || matches!(outcome, Terminal::Cancelled(_))
-                {
-                    events.push(ev(p, None, ps, json!({"type": "agent.child.cancel", "parent": p.as_str(), "child": name.as_str(), "reason": reason})));
+                let payload = if matches!(outcome, Terminal::Cancelled(_)) {
+                    json!({"type": "agent.child.cancel", "parent": p.as_str(), "child": name.as_str(), "reason": reason})
                 } else {
-                    events.push(ev(p, None, ps, json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": reason})));
-                }
+                    json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": reason})
+                };
+                events.push(ev(p, None, ps, payload));
             }
-            events.push(ev(&name, Some(&a.run), &a.session, json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+            events.push(ev(name, Some(&a.run), &a.session, json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+            let protocol_error = live.and_then(|l| l.protocol_error.clone());
             let result = match outcome {
                 Terminal::Cancelled(CancelReason::ParentDead) => Some(format!(
                     "cancelled: parent {} stopped (parent_dead)\n",
                     a.parent.as_ref().map(|p| p.as_str()).unwrap_or("?")
                 )),
                 Terminal::Cancelled(r) => Some(format!("cancelled ({})\n", r.as_str())),
-                Terminal::Failed(FailReason::ProtocolError) => self
-                    .live
-                    .get(&name)
-                    .and_then(|l| l.protocol_error.clone())
+                Terminal::Failed(FailReason::ProtocolError) => protocol_error
+                    .as_ref()
                     .map(|e| format!("failed: protocol error: {e}\n")),
                 _ => None,
             };
-            let detail = self.live.get(&name).and_then(|l| l.protocol_error.clone());
-            let exit = self
-                .live
-                .get(&name)
-                .and_then(|l| l.exit)
-                .and_then(exit_code);
-            let recorded = if a.status.is_finished() {
-                // Queued when the stop came: its record ended with the intent.
-                self.store
-                    .append_events(&self.tenant, &events, now_ms())
-                    .map(|_| a)
-            } else {
-                self.store.end_run(
-                    &self.tenant,
-                    &name,
-                    &a.run,
-                    &RunEnd {
-                        outcome,
-                        exit_code: exit,
-                        result: result.clone(),
-                        detail,
-                        now_ms: now_ms(),
-                    },
-                    &events,
-                )
-            };
-            match recorded {
-                Ok(a) => {
-                    self.project_events(&events);
-                    self.after_end(&a, result.as_deref());
-                }
-                Err(e) => {
-                    tracing::error!(agent = %name, error = %e, "recording a stopped agent failed")
-                }
+            // Queued when the stop came: its record already ended with the intent.
+            let end = (!a.status.is_finished()).then(|| RunEnd {
+                outcome: *outcome,
+                exit_code: live.and_then(|l| l.exit).and_then(exit_code),
+                result: result.clone(),
+                detail: protocol_error,
+                now_ms: now,
+            });
+            items.push(EndItem {
+                name: name.clone(),
+                run: a.run.clone(),
+                end,
+                events,
+                now_ms: now,
+            });
+            results.push(result);
+        }
+        // One transaction for the whole stop, written in post-order.
+        let recorded: Vec<Option<Agent>> = match self.store.end_runs(&self.tenant, &items) {
+            Ok(agents) => agents.into_iter().map(Some).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "recording a stop in one transaction failed; one by one");
+                items
+                    .iter()
+                    .map(|it| {
+                        self.store
+                            .end_runs(&self.tenant, std::slice::from_ref(it))
+                            .map_err(|e| tracing::error!(agent = %it.name, error = %e, "recording a stopped agent failed"))
+                            .ok()
+                            .and_then(|mut v| v.pop())
+                    })
+                    .collect()
             }
-            if let Some(l) = self.live.get(&name)
+        };
+        for ((it, result), agent) in items.iter().zip(&results).zip(recorded) {
+            if let Some(a) = agent {
+                self.project_events(&it.events);
+                self.after_end(&a, result.as_deref());
+            }
+            if let Some(l) = self.live.get(&it.name)
                 && l.pid.is_none()
                 && l.cancelled_before_start
             {
@@ -1601,8 +1652,13 @@ impl Dispatcher {
                 // finds it and kills what started.
                 continue;
             }
-            self.live.remove(&name);
+            self.live.remove(&it.name);
         }
+        tracing::debug!(
+            targets = items.len(),
+            elapsed_us = t0.elapsed().as_micros() as u64,
+            "stop recorded"
+        );
     }
 
     fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
@@ -1705,6 +1761,16 @@ impl Dispatcher {
     }
 
     fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        let t0 = std::time::Instant::now();
+        let r = self.on_cancel_inner(caller, name);
+        tracing::debug!(
+            elapsed_us = t0.elapsed().as_micros() as u64,
+            "cancel handled"
+        );
+        r
+    }
+
+    fn on_cancel_inner(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
         let a = self.agent(name)?;
         self.authorize(caller, &a)?;
         if a.status.is_finished() {

@@ -28,8 +28,8 @@ use brood_core::{AgentName, CancelReason, Code, RunId, SessionName, Status, Tena
 use rusqlite::{Connection, OpenFlags, Row, Transaction, TransactionBehavior};
 
 use crate::types::{
-    Agent, Channel, Event, Message, NewAgent, NewEvent, Protocol, Result, Run, RunEnd, Store,
-    StoreError,
+    Agent, Channel, EndItem, Event, Message, NewAgent, NewEvent, Protocol, Result, Run, RunEnd,
+    Store, StoreError,
 };
 
 /// The embedded migrations, in the order they apply. A version is never reused or
@@ -1257,6 +1257,24 @@ impl Store for SqliteStore {
         events: &[NewEvent],
     ) -> Result<Agent> {
         self.write(|tx| end_run_tx(tx, tenant, name, run, end, events))
+    }
+
+    fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>> {
+        self.write(|tx| {
+            let mut out = Vec::with_capacity(items.len());
+            for it in items {
+                match &it.end {
+                    Some(end) => {
+                        out.push(end_run_tx(tx, tenant, &it.name, &it.run, end, &it.events)?)
+                    }
+                    None => {
+                        append_events_tx(tx, tenant, &it.events, it.now_ms)?;
+                        out.push(must_agent(tx, tenant, &it.name)?);
+                    }
+                }
+            }
+            Ok(out)
+        })
     }
 
     fn record_usage(

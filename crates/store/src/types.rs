@@ -191,6 +191,17 @@ pub struct RunEnd {
     pub now_ms: i64,
 }
 
+/// One item of [`Store::end_runs`].
+#[derive(Debug, Clone)]
+pub struct EndItem {
+    pub name: AgentName,
+    pub run: RunId,
+    pub end: Option<RunEnd>,
+    pub events: Vec<NewEvent>,
+    /// When the events happened (milliseconds since the Unix epoch).
+    pub now_ms: i64,
+}
+
 /// The store's contract. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
@@ -256,6 +267,12 @@ pub trait Store: Send + Sync {
         end: &RunEnd,
         events: &[NewEvent],
     ) -> Result<Agent>;
+
+    /// Many ends in one transaction (the records of a stop, written in the order
+    /// given: post-order). An item with `end: None` only appends its events (its
+    /// run had already ended, e.g. a queued agent ended by `mark_stopping`).
+    /// All or nothing.
+    fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>>;
 
     /// Cumulative usage of a run (SPEC 7 `usage`): replaces the run's counters.
     fn record_usage(

@@ -399,6 +399,11 @@ impl<W: Write> Agent<'_, W> {
     fn count(&mut self, path: &Path) -> Result<String, Stop> {
         let meta =
             std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        // A line in the transcript, so a stopped counter still leaves its story.
+        self.send(&FromAgent::Message {
+            role: "assistant".into(),
+            content: format!("counting the lines of {}", path.display()),
+        })?;
         if meta.is_dir() && self.flags.fanout {
             return self.fan_out(path);
         }

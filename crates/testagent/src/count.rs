@@ -10,8 +10,6 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use crate::text::count_lines;
-
 /// A directory entry worth counting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -56,9 +54,9 @@ pub fn count_file(path: &Path) -> Result<u64, String> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(fail(e)),
         };
-        // Count only newlines per piece; the partial last line is added once
-        // at the end.
-        lines += count_lines(&buf[..n]) - u64::from(buf[n - 1] != b'\n');
+        // Only newlines per piece; a last line without one is added once, at
+        // the end.
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
         last = Some(buf[n - 1]);
     }
     Ok(lines + u64::from(last.is_some_and(|b| b != b'\n')))
@@ -143,6 +141,19 @@ mod tests {
             ]
         );
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_last_line_without_newline_counts() {
+        let f = std::env::temp_dir().join(format!("brood-testagent-lines-{}", std::process::id()));
+        for (text, lines) in [("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("\n\n", 2)] {
+            fs::write(&f, text).unwrap();
+            assert_eq!(count_file(&f).unwrap(), lines, "{text:?}");
+        }
+        let big = "x\n".repeat(100_000) + "tail";
+        fs::write(&f, big).unwrap();
+        assert_eq!(count_file(&f).unwrap(), 100_001, "across read pieces");
+        fs::remove_file(&f).unwrap();
     }
 
     #[test]

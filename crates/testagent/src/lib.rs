@@ -43,7 +43,7 @@
 //! | `--spawn-n N:JSON` | N spawns of JSON, named `<name>-<i>` (i from 1) if JSON has a name (repeatable) |
 //! | `--tolerate-refusal` | a refused spawn is logged instead of failing the agent |
 //! | `--wait` | request `wait` for all spawned names; append `name: status: result` per child |
-//! | `--count-lines PATH` | result `N\tPATH` for a file; `N lines in PATH` plus each entry's lines for a directory |
+//! | `--count-lines PATH` | send the message `counting the lines of PATH`, then count: result `N\tPATH` for a file; `N lines in PATH` plus each entry's lines for a directory |
 //! | `--fanout` | count a directory with one child per entry (`brood test-agent --count-lines ENTRY`) |
 //! | `--work-ms N` | sleep N ms per file counted (passed on to fan-out children) |
 //! | `--sleep-ms N` | sleep N ms (still answering) before finishing |

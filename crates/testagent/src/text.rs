@@ -151,15 +151,6 @@ pub fn leading_count(result: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Lines of a file's bytes: newlines, plus one for a last line without one.
-pub fn count_lines(bytes: &[u8]) -> u64 {
-    let newlines = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
-    match bytes.last() {
-        Some(b'\n') | None => newlines,
-        Some(_) => newlines + 1,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,10 +274,5 @@ mod tests {
         assert_eq!(leading_count("12\t/a"), Some(12));
         assert_eq!(leading_count("7 lines in /d\n3\t/d/x"), Some(7));
         assert_eq!(leading_count("oops"), None);
-        assert_eq!(count_lines(b""), 0);
-        assert_eq!(count_lines(b"a"), 1);
-        assert_eq!(count_lines(b"a\n"), 1);
-        assert_eq!(count_lines(b"a\nb"), 2);
-        assert_eq!(count_lines(b"\n\n"), 2);
     }
 }

@@ -557,6 +557,13 @@ fn count_lines_in_process_and_by_fan_out() {
     assert_eq!(code, 0);
     assert_eq!(
         out[1],
+        FromAgent::Message {
+            role: "assistant".into(),
+            content: format!("counting the lines of {r}")
+        }
+    );
+    assert_eq!(
+        out[2],
         FromAgent::Request {
             id: 1,
             op: "spawn".into(),
@@ -566,7 +573,7 @@ fn count_lines_in_process_and_by_fan_out() {
         }
     );
     assert_eq!(
-        out[2],
+        out[3],
         FromAgent::Request {
             id: 2,
             op: "spawn".into(),
@@ -576,7 +583,7 @@ fn count_lines_in_process_and_by_fan_out() {
         }
     );
     assert_eq!(
-        out[3],
+        out[4],
         FromAgent::Request {
             id: 3,
             op: "wait".into(),

@@ -1,6 +1,6 @@
 //! Helpers shared by the end-to-end tests: a supervisor on a fresh root, the test
 //! agent's argv, and process/cgroup inspection through /proc and cgroupfs.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,12 +40,12 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         let key = brood_runtime::paths::instance_key(self.dir.path());
-        if let Ok(det) = brood_launch::cgroup::detect(Path::new("/")) {
-            if let Ok(cg) = brood_launch::cgroup::Cgroups::open(&det, &key) {
-                let _ = cg.destroy();
-                if let Some(dir) = cg.base().parent() {
-                    let _ = std::fs::remove_dir(dir);
-                }
+        if let Ok(det) = brood_launch::cgroup::detect(Path::new("/"))
+            && let Ok(cg) = brood_launch::cgroup::Cgroups::open(&det, &key)
+        {
+            let _ = cg.destroy();
+            if let Some(dir) = cg.base().parent() {
+                let _ = std::fs::remove_dir(dir);
             }
         }
     }
@@ -173,7 +173,7 @@ pub fn processes_of(env: &Env, n: &str) -> Vec<i32> {
                 continue;
             };
             let vars: Vec<&[u8]> = env_bytes.split(|b| *b == 0).collect();
-            let has = |w: &str| vars.iter().any(|v| *v == w.as_bytes());
+            let has = |w: &str| vars.contains(&w.as_bytes());
             if has(&want_agent) && has(&want_root) && alive(pid) {
                 out.push(pid);
             }

@@ -464,6 +464,8 @@ async fn run_root(
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
+    std::fs::create_dir_all(&cfg.root)
+        .with_context(|| format!("creating the root {}", cfg.root.display()))?;
     let listener = control::bind(&sock)
         .await
         .with_context(|| format!("binding the control socket {}", sock.display()))?;
@@ -515,6 +517,8 @@ async fn run_root(
 
 async fn serve(cfg: Config) -> Result<i32> {
     let sock = cfg.socket.clone();
+    std::fs::create_dir_all(&cfg.root)
+        .with_context(|| format!("creating the root {}", cfg.root.display()))?;
     let listener = control::bind(&sock)
         .await
         .with_context(|| format!("binding the control socket {}", sock.display()))?;

@@ -216,3 +216,51 @@ matrix! {
     cancelled_x_grandchildren: Cancelled, Grandchildren;
     cancelled_x_setsid_grandchild: Cancelled, SetsidGrandchild;
 }
+
+/// Without cgroups (a host that has none, or forbids creating them) brood falls
+/// back to process groups plus a subreaper, says so, and still stops an owned
+/// child whose parent died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cgroups_process_groups_still_take_the_child() {
+    let env = start_with(GRACE, |cfg| cfg.cgroups = false);
+    assert!(
+        env.sup.host_info().cgroup.contains("process groups"),
+        "the fallback is announced: {:?}",
+        env.sup.host_info()
+    );
+    let spawn = json!({"name": "c", "argv": agent(&["--hang"]), "await_ready": true}).to_string();
+    env.sup
+        .spawn(me(), req("p", agent(&["--spawn", &spawn, "--hang"])))
+        .await
+        .expect("spawn p");
+    assert!(
+        eventually_async(Duration::from_secs(10), || !processes_of(&env, "c")
+            .is_empty())
+        .await,
+        "the child never started"
+    );
+    let cpids = processes_of(&env, "c");
+    let ppid = show(&env, "p")["pid"].as_i64().expect("p has a pid") as i32;
+    // SAFETY: killing the parent agent this test started.
+    unsafe { libc::kill(ppid, libc::SIGKILL) };
+    let gone = eventually_async(GRACE + Duration::from_secs(1), || {
+        cpids.iter().all(|p| !alive(*p))
+    })
+    .await;
+    assert!(
+        gone,
+        "the child outlived its parent without cgroups: {cpids:?}"
+    );
+    let r = env
+        .sup
+        .wait(me(), vec![name("c")], Some(Duration::from_secs(5)))
+        .await
+        .expect("wait");
+    assert_eq!(r["agents"][0]["state"], "cancelled:parent_dead", "{r}");
+    env.sup.flush().await;
+    let meta: serde_json::Value = serde_json::from_str(&read(
+        env.sup.paths().agent_dir(&name("c")).join("meta.json"),
+    ))
+    .expect("meta.json");
+    assert_eq!(meta["containment"]["weaker"], true, "{meta}");
+}

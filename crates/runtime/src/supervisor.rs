@@ -57,6 +57,9 @@ pub struct Config {
     pub grace: Duration,
     /// Put agents in a PID namespace whose init dies with the supervisor.
     pub pid_namespace: bool,
+    /// Contain agents in cgroups. Off only to exercise the fallback (process groups
+    /// plus a subreaper), which is also what a host without usable cgroups gets.
+    pub cgroups: bool,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -71,6 +74,7 @@ impl Config {
             root,
             grace: Duration::from_secs(3),
             pid_namespace: true,
+            cgroups: true,
             socket,
             bin_dir: None,
             hooks: Hooks::default(),
@@ -206,6 +210,11 @@ impl Supervisor {
         let instance = crate::paths::instance_key(&paths.root);
         let (cgroups, cgroup_desc, kill_desc) =
             match brood_launch::cgroup::detect(std::path::Path::new("/")).and_then(|det| {
+                if !cfg.cgroups {
+                    return Err(brood_launch::cgroup::CgroupError::NoCgroupFs(
+                        "disabled by configuration".into(),
+                    ));
+                }
                 match Cgroups::reap_leftovers(&det, &instance) {
                     Ok(l) => tracing::info!(?l, "reaped leftover cgroups"),
                     Err(e) => tracing::warn!(error = %e, "reaping leftover cgroups failed"),
@@ -2040,6 +2049,10 @@ fn reap_orphan_launch(p: Launched, group: Option<Group>, cg: Option<Arc<Cgroups>
 /// SIGTERM (when `term`) to every process of the group's subtree, up to `grace`
 /// for them to go, then `cgroup.kill`, confirm empty, remove.
 async fn empty_group(cg: &Cgroups, g: &Group, grace: Duration, term: bool) -> Result<(), String> {
+    if !g.dir.exists() {
+        // Already removed (with its parent's group, or by the supervisor's shutdown).
+        return Ok(());
+    }
     if term {
         cg.signal(g, libc::SIGTERM).map_err(|e| e.to_string())?;
         let deadline = tokio::time::Instant::now() + grace;

@@ -218,6 +218,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
         sup.wait(me.clone(), all, Some(Duration::from_secs(10)))
             .await,
     )?;
+    sup.flush().await;
     draw(
         &sup,
         &doomed,
@@ -240,6 +241,14 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
             print!(
                 "{}",
                 std::fs::read_to_string(cdir.join("result.md")).unwrap_or_default()
+            );
+            println!("--- the parent's events.jsonl ({p})");
+            print!(
+                "{}",
+                std::fs::read_to_string(
+                    sup.paths().session_dir(p, &pa.session).join("events.jsonl")
+                )
+                .unwrap_or_default()
             );
         }
     }

@@ -1394,8 +1394,19 @@ impl Dispatcher {
 
     /// Projection, parent notification, waiters: what follows any recorded end.
     fn after_end(&mut self, agent: &Agent, result: Option<&str>) {
+        self.project_end(agent, result);
+        self.notify_end(agent, result);
+    }
+
+    fn project_end(&self, agent: &Agent, result: Option<&str>) {
         project_agent(&self.projection, &self.paths, agent, None);
         self.project_channel(agent, result);
+    }
+
+    /// Tells the parent, a pending spawn reply and the waiters. Called only after
+    /// the projection writes of the change are queued, so whoever is told and then
+    /// flushes sees the files.
+    fn notify_end(&mut self, agent: &Agent, result: Option<&str>) {
         if let Some(p) = &agent.parent {
             let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result});
             self.to_agent(
@@ -1648,10 +1659,17 @@ impl Dispatcher {
                     .collect()
             }
         };
-        for ((it, result), agent) in items.iter().zip(&results).zip(recorded) {
+        // All files first, then the notifications: a waiter told about the first
+        // record must find every file of the stop once it flushes.
+        for ((it, result), agent) in items.iter().zip(&results).zip(&recorded) {
             if let Some(a) = agent {
                 self.project_events(&it.events);
-                self.after_end(&a, result.as_deref());
+                self.project_end(a, result.as_deref());
+            }
+        }
+        for ((it, result), agent) in items.iter().zip(&results).zip(recorded) {
+            if let Some(a) = agent {
+                self.notify_end(&a, result.as_deref());
             }
             if let Some(l) = self.live.get(&it.name)
                 && l.pid.is_none()

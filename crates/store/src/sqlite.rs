@@ -368,9 +368,21 @@ impl SqliteStore {
         .map_err(sql)?;
         configure(&conn).map_err(sql)?;
         // WAL is a property of the file (it sticks); setting it again is a no-op.
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(sql)?;
+        // Switching a fresh file to WAL needs an exclusive lock, and SQLite answers
+        // SQLITE_BUSY at once there instead of calling the busy handler, so when
+        // several stores open a new file together, retry for the busy timeout.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mode: String = loop {
+            match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                r => break r.map_err(sql)?,
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(sql(sqlite_message(format!(
                 "could not switch to WAL journal mode (SQLite kept {mode:?})"

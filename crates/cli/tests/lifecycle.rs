@@ -229,3 +229,51 @@ async fn the_environment_is_built_from_nothing() {
     .unwrap_err();
     assert_eq!(e.code, Code::BadRequest, "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_child_leaves_only_an_event_in_its_parents_log() {
+    let env = start(Duration::from_millis(500));
+    let bad = json!({"name": "../escape", "argv": agent(&["--result", "x"])}).to_string();
+    let taken = json!({"name": "twin", "argv": agent(&["--result", "x"])}).to_string();
+    env.sup
+        .spawn(
+            me(),
+            req(
+                "mother",
+                agent(&[
+                    "--spawn",
+                    &taken,
+                    "--spawn",
+                    &taken,
+                    "--spawn",
+                    &bad,
+                    "--tolerate-refusal",
+                    "--result",
+                    "done",
+                ]),
+            ),
+        )
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("mother")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    env.sup.flush().await;
+    let ev = json_lines(session_dir(&env, "mother").join("events.jsonl"));
+    let refused: Vec<&serde_json::Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "agent.child.refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{ev:?}");
+    assert_eq!(refused[0]["code"], "NameTaken");
+    assert_eq!(refused[1]["code"], "InvalidName");
+    assert_eq!(refused[1]["child"], "../escape");
+    // Nothing of the refused children exists: one twin, no escape.
+    let all = env.sup.store().agents(env.sup.tenant(), true).unwrap();
+    let names: Vec<&str> = all.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["mother", "twin"]);
+    assert!(!env.sup.paths().ctx().join("escape.d").exists());
+}

@@ -180,10 +180,21 @@ fn names_arg(args: &Value) -> Result<Vec<AgentName>, ApiError> {
 /// resume list`) plus the control socket's read verbs (`show tree events ping`).
 pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -> ApiResult {
     match op {
-        "spawn" => {
-            sup.spawn(caller.clone(), SpawnRequest::from_json(args)?)
-                .await
-        }
+        "spawn" => match SpawnRequest::from_json(args) {
+            Ok(req) => sup.spawn(caller.clone(), req).await,
+            Err(e) => {
+                let parent = match caller {
+                    Caller::Agent(me) => Some(me.clone()),
+                    Caller::User { .. } => args
+                        .get("parent")
+                        .and_then(Value::as_str)
+                        .and_then(|p| AgentName::new(p).ok()),
+                };
+                let requested = args.get("name").and_then(Value::as_str).map(str::to_owned);
+                sup.refused(parent, requested, e.clone());
+                Err(e)
+            }
+        },
         "send" => {
             let name = name_arg(args, "name")?;
             let text = args

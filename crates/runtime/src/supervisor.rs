@@ -117,6 +117,8 @@ pub(crate) enum Cmd {
     Close(Caller, AgentName, Reply),
     Resume(Caller, AgentName, Option<String>, Reply),
     Identify(i32, oneshot::Sender<Caller>),
+    /// A creation refused before it reached the dispatcher (a malformed request).
+    Refused(Option<AgentName>, Option<String>, ApiError),
     Shutdown(oneshot::Sender<()>),
     Launched(AgentName, RunId, Result<Launched, LaunchError>),
     Agent(AgentName, RunId, AgentEv),
@@ -361,6 +363,16 @@ impl Supervisor {
         self.call(|r| Cmd::Resume(caller, name, text, r)).await
     }
 
+    /// Notes a creation refused while its request was read (see `note_refusal`).
+    pub(crate) fn refused(
+        &self,
+        parent: Option<AgentName>,
+        requested: Option<String>,
+        e: ApiError,
+    ) {
+        let _ = self.tx.send(Cmd::Refused(parent, requested, e));
+    }
+
     /// Who is calling, from a peer's pid (peer credentials): the agent whose cgroup
     /// holds that process, or a user.
     pub async fn identify(&self, pid: i32, uid: u32) -> Caller {
@@ -569,6 +581,9 @@ impl Dispatcher {
                 Cmd::Resume(caller, name, text, reply) => {
                     self.on_resume(&caller, &name, text, reply)
                 }
+                Cmd::Refused(parent, requested, e) => {
+                    self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
+                }
                 Cmd::Identify(pid, reply) => {
                     let _ = reply.send(self.identify(pid));
                 }
@@ -719,6 +734,11 @@ impl Dispatcher {
     }
 
     fn on_spawn(&mut self, caller: Caller, req: SpawnRequest, reply: Reply) {
+        let parent = match &caller {
+            Caller::Agent(me) => Some(me.clone()),
+            Caller::User { .. } => req.parent.clone(),
+        };
+        let requested = req.name.as_ref().map(|n| n.to_string());
         match self.admit(&caller, req) {
             Ok(Some((name, await_ready))) => {
                 if let Some(l) = self.live.get_mut(&name) {
@@ -726,8 +746,29 @@ impl Dispatcher {
                 }
             }
             Ok(None) => {}
-            Err(e) => self.respond(reply, Err(e)),
+            Err(e) => {
+                self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
+                self.respond(reply, Err(e));
+            }
         }
+    }
+
+    /// A refused creation leaves nothing behind but this: an event in the would-be
+    /// parent's `events.jsonl` (SPEC 5), when that parent exists.
+    fn note_refusal(&self, parent: Option<&AgentName>, requested: Option<&str>, e: &ApiError) {
+        let Some(p) = parent else {
+            tracing::info!(code = %e.code, message = %e.message, "root creation refused");
+            return;
+        };
+        let Ok(Some(pa)) = self.store.agent(&self.tenant, p) else {
+            return;
+        };
+        self.append_events(&[ev(
+            p,
+            Some(&pa.run),
+            &pa.session,
+            json!({"type": "agent.child.refused", "parent": p.as_str(), "child": requested, "code": e.code.as_str(), "message": e.message}),
+        )]);
     }
 
     /// Admission (SPEC 5/9 order, the parts this version has): name, parent, then

@@ -2,6 +2,7 @@
 //!
 //! * [`supervisor`]: the dispatcher loop, admission, lifecycle, fate sharing.
 //! * `io`: one task per agent process (protocol frames, stderr, exit).
+//! * [`lower`]: a policy's file rules lowered into landlock grants.
 //! * [`api`]: the verbs every surface shares, and their errors.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
@@ -14,6 +15,7 @@
 pub mod api;
 pub mod control;
 mod io;
+pub mod lower;
 pub mod paths;
 pub mod projection;
 pub mod supervisor;

@@ -478,10 +478,6 @@ pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Op
     let sdir = paths.session_dir(&a.name, &a.session);
     proj.write(sdir.join("state"), format!("{}\n", abi.session.as_str()));
     proj.write(sdir.join("updated_at"), format!("{}\n", a.updated_ms));
-    if let Some(p) = &a.parent {
-        // The channel lives in the parent's session; the store knows which.
-        let _ = p;
-    }
 }
 
 struct Live {
@@ -608,7 +604,7 @@ impl Dispatcher {
                         .map(|(n, _)| n.clone())
                         .collect();
                     for r in roots {
-                        self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User), true);
+                        self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User));
                     }
                     shutdown = Some(reply);
                 }
@@ -1240,7 +1236,7 @@ impl Dispatcher {
                 let session = l.session.clone();
                 tracing::warn!(agent = %name, error = %err, "protocol error");
                 self.append_events(&[ev(&name, Some(&run), &session, json!({"type": "agent.protocol.error", "agent": name.as_str(), "line": err.line, "error": err.to_string()}))]);
-                self.stop_subtree(&name, Terminal::Failed(FailReason::ProtocolError), true);
+                self.stop_subtree(&name, Terminal::Failed(FailReason::ProtocolError));
             }
             AgentEv::ExecOut(b) => {
                 let room = EXEC_OUT_MAX.saturating_sub(l.exec_out.len());
@@ -1427,7 +1423,7 @@ impl Dispatcher {
             .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
             .unwrap_or(false);
         if unfinished {
-            self.stop_descendants(name, &session, group);
+            self.stop_descendants(name, group);
         } else {
             self.remove_group(group);
         }
@@ -1502,12 +1498,7 @@ impl Dispatcher {
 
     /// Parent death (SPEC 6 steps 1-5) for the descendants of an agent whose run
     /// already ended (its own record is written: that is the recorded intent).
-    fn stop_descendants(
-        &mut self,
-        parent: &AgentName,
-        _session: &SessionName,
-        group: Option<Group>,
-    ) {
+    fn stop_descendants(&mut self, parent: &AgentName, group: Option<Group>) {
         let plan = match self.store.descendants_post_order(&self.tenant, parent) {
             Ok(p) => p,
             Err(e) => {
@@ -1527,7 +1518,7 @@ impl Dispatcher {
 
     /// Stops an agent and its whole subtree: the agent with `outcome`, every
     /// descendant with `parent_dead`.
-    fn stop_subtree(&mut self, name: &AgentName, outcome: Terminal, _include_self: bool) {
+    fn stop_subtree(&mut self, name: &AgentName, outcome: Terminal) {
         let plan = match self.store.descendants_post_order(&self.tenant, name) {
             Ok(p) => p,
             Err(e) => {
@@ -1847,7 +1838,7 @@ impl Dispatcher {
         if self.live.get(name).is_some_and(|l| l.stopping.is_some()) {
             return Ok(agent_json(&self.store, &a));
         }
-        self.stop_subtree(name, Terminal::Cancelled(CancelReason::User), true);
+        self.stop_subtree(name, Terminal::Cancelled(CancelReason::User));
         let a = self.agent(name)?;
         Ok(agent_json(&self.store, &a))
     }

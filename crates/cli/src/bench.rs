@@ -61,6 +61,8 @@ fn req(
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: ready,
+        policy: None,
+        life: None,
     })
 }
 

@@ -42,6 +42,8 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: true,
+        policy: None,
+        life: None,
     })
 }
 

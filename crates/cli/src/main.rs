@@ -481,6 +481,8 @@ async fn run_root(
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: false,
+        policy: None,
+        life: None,
     };
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;

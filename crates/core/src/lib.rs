@@ -2,16 +2,24 @@
 //!
 //! Validated names and ids (SPEC 1), the agent status machine with its reasons and
 //! its one transition function (SPEC 6), the mapping of a status onto the ctx ABI's
-//! words, and the refusal codes every surface reports (SPEC 5). Nothing here does
-//! IO, reads a clock or knows about serde: time and randomness come in as
-//! arguments, so every rule can be tested exhaustively.
+//! words, the refusal codes every surface reports (SPEC 5), and the capability
+//! policy with its attenuation check (SPEC 5: `policy`, `attenuation`). Nothing
+//! here does IO, reads a clock or knows about serde: time and randomness come in
+//! as arguments, so every rule can be tested exhaustively.
 
+pub mod attenuation;
 pub mod code;
 pub mod name;
+pub mod policy;
 pub mod status;
 
+pub use attenuation::{ParentView, Refusal};
 pub use code::Code;
 pub use name::{AgentName, NameError, RunId, SessionName, TenantId};
+pub use policy::{
+    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, Policy, PolicyError, PolicyRequest,
+    Resources, Rule, RuleClass,
+};
 pub use status::{
     AbiView, CancelReason, ChannelStatus, FailReason, IllegalTransition, ProcessStatus,
     SessionState, Status, Terminal,

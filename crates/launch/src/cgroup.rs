@@ -9,8 +9,7 @@
 //!   `/sys/fs/cgroup/unified` next to v1 controllers): groups live in v2 and are
 //!   killed with `cgroup.kill`, which takes the whole subtree including processes
 //!   forked during the kill (Documentation/admin-guide/cgroup-v2.rst, "Core
-//!   Interface Files"). On Hybrid the limits (a later issue) will go to v1
-//!   controllers, in the directories [`Cgroups::v1_mirror`] already names.
+//!   Interface Files").
 //! * **V1** only: groups live in the freezer hierarchy (or pids when there is no
 //!   freezer) and are killed by freezing, SIGKILLing every process and thawing,
 //!   until empty (Documentation/admin-guide/cgroup-v1/freezer-subsystem.rst).
@@ -20,7 +19,28 @@
 //! subtree, and on this host processes start in a v1 cgroup of their own), with one
 //! directory per supervisor incarnation, so the next start can tell which groups an
 //! earlier, dead incarnation left behind and kill them ([`Cgroups::reap_leftovers`],
-//! SPEC 6 "Supervisor death"). No controller is enabled in any `subtree_control`.
+//! SPEC 6 "Supervisor death").
+//!
+//! **Limits** ([`Cgroups::set_limits`], SPEC 5 `resources`) go, per controller,
+//! wherever this host has that controller:
+//!
+//! * in v2 (`memory.max`, `pids.max`, `cpu.weight`) when our own v2 group offers
+//!   it. The controller is then enabled in the `cgroup.subtree_control` of every
+//!   group from our own down to the agent's parent. cgroup v2 forbids processes in
+//!   a group that hands controllers to its children ("No Internal Process
+//!   Constraint", cgroup-v2.rst), so on such a host the supervisor first moves
+//!   itself (and its direct children, such as the PID-namespace keeper) into the
+//!   leaf `<own>/brood-<instance>.supervisor`, and each agent's own processes live
+//!   in the leaf [`PROCESS_LEAF`] of its group ([`Cgroups::procs_file`]), so an
+//!   agent's group can later hand controllers to its child agents' groups.
+//! * in v1 otherwise (this host: cgroup2 has only `hugetlb`), in a *mirror*: the
+//!   same relative path under our own cgroup of the `memory`, `pids` and `cpu`
+//!   hierarchies ([`Cgroups::v1_mirror`]). The child joins those groups too, by
+//!   writing `0` into the `cgroup.procs` files [`LimitHandles`] holds. Mirrors are
+//!   removed with the group, deepest first, after the v2 group is empty.
+//!
+//! Only the controllers that can limit are enabled or mirrored; nothing else is
+//! touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -119,6 +139,29 @@ pub enum CgroupError {
     },
     #[error("{}: {what}", path.display())]
     Malformed { path: PathBuf, what: String },
+    #[error("the {controller} controller is not available on this host: {why}")]
+    Unsupported {
+        controller: &'static str,
+        why: String,
+    },
+    #[error("{what} = {value} is out of range ({range})")]
+    BadLimit {
+        what: &'static str,
+        value: u64,
+        range: &'static str,
+    },
+    #[error(
+        "cannot enable {controllers} in {}: it holds processes {pids:?}, and cgroup v2 \
+         lets no group that hands controllers to child groups hold processes \
+         (cgroup-v2.rst \"No Internal Process Constraint\"); run brood in a cgroup of \
+         its own (systemd Delegate=yes)",
+        path.display()
+    )]
+    InternalProcess {
+        path: PathBuf,
+        controllers: String,
+        pids: Vec<i32>,
+    },
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
@@ -127,6 +170,70 @@ fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// The controllers brood limits, in the order limits are applied and reported.
+const LIMIT_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// On a host whose limits go through cgroup v2, the leaf below each agent's group
+/// that holds the agent's own processes, so the group itself stays free to hand
+/// controllers to its child agents' groups (cgroup-v2.rst "No Internal Process
+/// Constraint"). Group names refuse `@` ([`GroupPath::child`]), so no group can
+/// take this name.
+pub const PROCESS_LEAF: &str = "@self";
+
+/// The resource limits of one agent (SPEC 5 `resources`). `None` leaves a
+/// controller's default (no limit, or the default weight).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of memory the agent's whole tree may use (RAM, and swap too: the
+    /// limit is also written as the memory+swap limit, so no agent swaps).
+    pub memory_max: Option<u64>,
+    /// Processes (and threads) the agent's whole tree may hold at once.
+    pub pids_max: Option<u64>,
+    /// CPU weight, 1..=10000 with 100 the default (cgroup v2 `cpu.weight`
+    /// semantics; converted to v1 `cpu.shares` where only v1 has the controller).
+    pub cpu_weight: Option<u64>,
+}
+
+impl Limits {
+    fn get(&self, controller: &str) -> Option<u64> {
+        match controller {
+            "memory" => self.memory_max,
+            "pids" => self.pids_max,
+            "cpu" => self.cpu_weight,
+            _ => None,
+        }
+    }
+}
+
+/// What the launcher needs from [`Cgroups::set_limits`] in the child.
+#[derive(Debug, Default)]
+pub struct LimitHandles {
+    /// `cgroup.procs` of the agent's v1 limit groups (empty where limits are in v2),
+    /// opened `O_WRONLY | O_CLOEXEC`. Between fork and exec the child writes `0`
+    /// into each, after joining its v2 group, so it is limited before it execs.
+    pub procs_files: Vec<File>,
+}
+
+/// v2 `cpu.weight` (1..=10000, default 100) to v1 `cpu.shares` (2..=262144,
+/// default 1024): the same proportion of the default (kernel
+/// Documentation/scheduler/sched-design-CFS.rst; cgroup-v2.rst "cpu.weight").
+pub fn weight_to_shares(weight: u64) -> u64 {
+    (weight.saturating_mul(1024) / 100).clamp(2, 262_144)
+}
+
+/// Where one limit controller lives for this incarnation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// In the v2 group itself.
+    V2,
+    /// In the v1 grouping hierarchy itself (pure v1 grouping with `pids`).
+    Grouping,
+    /// In a v1 hierarchy next to the grouping one: the base's mirror there.
+    V1(PathBuf),
+    /// Nowhere on this host.
+    Missing,
 }
 
 /// Which cgroup hierarchies this host has.
@@ -171,7 +278,7 @@ struct Mount {
 
 /// Finds the cgroup hierarchies and our place in them, from
 /// `fs_root/proc/self/mountinfo` (proc(5); `mounts` when there is no mountinfo)
-/// and `fs_root/proc/self/cgroup` (cgroups(7), "/proc/[pid]/cgroup").
+/// and `fs_root/proc/self/cgroup` (cgroups(7), `/proc/[pid]/cgroup`).
 /// `fs_root` is `/` in production and a directory of fake files in tests.
 pub fn detect(fs_root: &Path) -> Result<Detected, CgroupError> {
     let proc_self = fs_root.join("proc/self");
@@ -208,7 +315,22 @@ pub fn detect(fs_root: &Path) -> Result<Detected, CgroupError> {
             continue;
         };
         if id == "0" && ctrls.is_empty() {
-            own_v2 = v2.and_then(|m| relative_to(path, &m.root));
+            own_v2 = v2.and_then(|m| relative_to(path, &m.root)).map(|p| {
+                // A supervisor that moved into its leaf to enable v2 limits
+                // (Cgroups::set_limits) still owns the group above it.
+                match p.rsplit_once('/') {
+                    Some((up, leaf))
+                        if leaf.starts_with("brood-") && leaf.ends_with(".supervisor") =>
+                    {
+                        if up.is_empty() {
+                            "/".to_owned()
+                        } else {
+                            up.to_owned()
+                        }
+                    }
+                    _ => p,
+                }
+            });
         } else {
             for c in ctrls.split(',') {
                 let root = v1.get(c).map_or("/", |m| m.root.as_str());
@@ -427,9 +549,13 @@ pub struct Cgroups {
     layout: Layout,
     kind: Kind,
     base: PathBuf,
-    /// Extension point for limits: per v1 controller, the directory that mirrors
-    /// `base` in that hierarchy. Computed, never created yet.
+    /// Per v1 controller, the directory that mirrors `base` in that hierarchy.
+    /// [`Cgroups::set_limits`] creates it (for the limit controllers) on first use.
     v1_mirror: BTreeMap<String, PathBuf>,
+    /// Where each of [`LIMIT_CONTROLLERS`] is, in that order.
+    places: [(&'static str, Place); 3],
+    /// The instance name, for the supervisor's own leaf on v2-limit hosts.
+    instance: String,
 }
 
 impl Cgroups {
@@ -455,13 +581,33 @@ impl Cgroups {
                 )));
             }
         }
+        Ok(Cgroups::assemble(det, kind, instance, base))
+    }
+
+    /// The handle for the incarnation at `base`, with its mirrors and the place of
+    /// each limit controller worked out; no IO.
+    fn assemble(det: &Detected, kind: Kind, instance: &str, base: PathBuf) -> Cgroups {
         let v1_mirror = v1_mirror(det, kind, instance, &base);
-        Ok(Cgroups {
+        let places = LIMIT_CONTROLLERS.map(|c| {
+            let place = if kind == Kind::V2 && det.v2_controllers.iter().any(|x| x == c) {
+                Place::V2
+            } else if kind.v1_controller() == Some(c) {
+                Place::Grouping
+            } else if let Some(m) = v1_mirror.get(c) {
+                Place::V1(m.clone())
+            } else {
+                Place::Missing
+            };
+            (c, place)
+        });
+        Cgroups {
             layout: det.layout,
             kind,
             base,
             v1_mirror,
-        })
+            places,
+            instance: instance.to_owned(),
+        }
     }
 
     pub fn layout(&self) -> Layout {
@@ -481,8 +627,9 @@ impl Cgroups {
         }
     }
 
-    /// Per v1 controller, where the limits layer will mirror the base (Hybrid and
-    /// V1 layouts; empty on V2). Nothing is created there yet.
+    /// Per v1 controller, the directory that mirrors the base in that hierarchy
+    /// (Hybrid and V1 layouts; empty on V2). [`Cgroups::set_limits`] creates the
+    /// ones of the limit controllers when it first needs them.
     pub fn v1_mirror(&self) -> &BTreeMap<String, PathBuf> {
         &self.v1_mirror
     }
@@ -512,8 +659,24 @@ impl Cgroups {
     /// writes `0` into it between fork and exec, which moves the writer itself
     /// (cgroup-v2.rst "cgroup.procs"; v1 accepts `0` the same way), so no
     /// instruction of the agent runs outside its group.
+    ///
+    /// Where limits go through v2 the file is that of the group's
+    /// [`PROCESS_LEAF`] (created here), so the group can still hand controllers to
+    /// child groups; the leaf is inside the group, so kill, wait and remove treat
+    /// it as part of it.
     pub fn procs_file(&self, g: &Group) -> Result<File, CgroupError> {
-        let path = g.dir.join("cgroup.procs");
+        let dir = if self.limits_in_v2() {
+            let leaf = g.dir.join(PROCESS_LEAF);
+            match fs::create_dir(&leaf) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("mkdir", &leaf, e)),
+            }
+            leaf
+        } else {
+            g.dir.clone()
+        };
+        let path = dir.join("cgroup.procs");
         OpenOptions::new()
             .write(true)
             // std already opens with O_CLOEXEC; said explicitly because an agent
@@ -661,67 +824,102 @@ impl Cgroups {
         Ok(false)
     }
 
-    /// Removes the group and every group below it, deepest first. A group that is
-    /// already gone is fine; one that still holds processes is [`CgroupError::NotEmpty`].
+    /// Removes the group and every group below it, deepest first, then its v1
+    /// limit mirrors the same way. A group that is already gone is fine; one that
+    /// still holds processes is [`CgroupError::NotEmpty`].
     pub fn remove(&self, g: &Group) -> Result<(), CgroupError> {
-        if !exists(&g.dir)? {
-            return Ok(());
+        if exists(&g.dir)? {
+            remove_tree(&g.dir)?;
         }
-        // subtree() lists every group after its parent, so reversed it is deepest first.
-        for dir in subtree(&g.dir)?.iter().rev() {
-            rmdir_retrying(dir)?;
+        for dir in self.mirror_dirs(&g.rel) {
+            if exists(&dir)? {
+                remove_tree(&dir)?;
+            }
         }
         Ok(())
     }
 
-    /// Kill, wait until empty, remove. A group that does not exist is fine.
+    /// Kill, wait until empty, remove; then the v1 limit mirrors. A group that
+    /// does not exist is fine (its mirrors are still removed: an earlier removal
+    /// may have stopped between the two).
     pub fn kill_and_remove(&self, g: &Group, timeout: Duration) -> Result<(), CgroupError> {
-        if !exists(&g.dir)? {
-            return Ok(());
+        if exists(&g.dir)? {
+            self.kill(g)?;
+            if !self.wait_empty(g, timeout)? {
+                return Err(CgroupError::NotEmpty {
+                    path: g.dir.clone(),
+                    pids: self.pids(g)?,
+                });
+            }
+            remove_tree(&g.dir)?;
         }
-        self.kill(g)?;
-        if !self.wait_empty(g, timeout)? {
-            return Err(CgroupError::NotEmpty {
-                path: g.dir.clone(),
-                pids: self.pids(g)?,
-            });
+        for dir in self.mirror_dirs(&g.rel) {
+            if exists(&dir)? {
+                // Once the v2 group is empty its mirrors are too, unless a process
+                // left its v2 group by itself: it still belongs to this agent.
+                kill_v1_leftovers(&dir, timeout)?;
+                remove_tree(&dir)?;
+            }
         }
-        self.remove(g)
+        Ok(())
     }
 
     /// Start-up hygiene (SPEC 6, "Supervisor death"): under `brood-<instance>/`,
     /// every `s<pid>-<starttime>` group whose process is not alive with that start
     /// time belongs to a dead incarnation: kill its subtree, wait until empty,
-    /// remove it. Directories of another shape are not ours and are left alone.
-    /// Every leftover is tried; the first error is returned after that.
+    /// remove it, and its v1 limit mirrors (also when only a mirror was left).
+    /// Directories of another shape are not ours and are left alone. Every
+    /// leftover is tried; the first error is returned after that.
     pub fn reap_leftovers(det: &Detected, instance: &str) -> Result<Leftovers, CgroupError> {
         let (kind, own) = grouping(det)?;
         let dir = instance_dir(&own, instance)?;
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Leftovers::default()),
-            Err(e) => return Err(io_err("read dir", &dir, e)),
-        };
+        // The instance directories of the limit mirrors, from a probe incarnation.
+        let probe = Cgroups::assemble(det, kind, instance, dir.join("s1-1"));
+        let mut names = BTreeSet::new();
+        for inst in std::iter::once(dir.clone()).chain(
+            probe
+                .mirror_dirs(&GroupPath::default())
+                .iter()
+                .filter_map(|m| m.parent().map(Path::to_path_buf)),
+        ) {
+            let entries = match fs::read_dir(&inst) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("read dir", &inst, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_err("read dir", &inst, e))?;
+                if let Some(name) = entry.file_name().to_str()
+                    && parse_incarnation(name).is_some()
+                {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
         let mut out = Leftovers::default();
         let mut first_err = None;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_err("read dir", &dir, e))?;
-            let name = entry.file_name();
-            let Some((pid, start)) = name.to_str().and_then(parse_incarnation) else {
+        for name in names {
+            let Some((pid, start)) = parse_incarnation(&name) else {
                 continue;
             };
             let result = start_time(pid).and_then(|alive| {
                 if alive == Some(start) {
                     return Ok(());
                 }
-                let dead = Cgroups {
-                    layout: det.layout,
-                    kind,
-                    base: entry.path(),
-                    v1_mirror: BTreeMap::new(),
-                };
+                let dead = Cgroups::assemble(det, kind, instance, dir.join(&name));
                 let all = dead.group(&GroupPath::default());
-                let pids = dead.pids(&all)?;
+                let mut pids = if exists(&all.dir)? {
+                    dead.pids(&all)?
+                } else {
+                    Vec::new()
+                };
+                for m in dead.mirror_dirs(&all.rel) {
+                    if exists(&m)? {
+                        pids.extend(pids_under(&m)?);
+                    }
+                }
+                pids.sort_unstable();
+                pids.dedup();
                 dead.kill_and_remove(&all, EMPTY_TIMEOUT)?;
                 out.groups += 1;
                 out.pids_killed.extend(pids);
@@ -761,11 +959,453 @@ impl Cgroups {
         let me = self.base.file_name()?.to_str()?;
         let marker = format!("/{inst}/{me}");
         let rest = &path[path.find(&marker)? + marker.len()..];
+        // An agent's own processes may sit in its group's leaf (v2 limits).
+        let rest = rest
+            .strip_suffix(PROCESS_LEAF)
+            .and_then(|r| r.strip_suffix('/'))
+            .unwrap_or(rest);
         if rest.is_empty() {
             return Some(self.base.clone());
         }
         // "/brood-x/s1-2a" is another incarnation, not a group below "/brood-x/s1-2".
         rest.strip_prefix('/').map(|rel| self.base.join(rel))
+    }
+}
+
+/// Resource limits (SPEC 5 `resources`); see the module docs for where each goes.
+impl Cgroups {
+    /// Applies `l` to the agent's group `g` (which must exist) and returns the v1
+    /// `cgroup.procs` files the child must also join.
+    ///
+    /// * v2 controllers: enabled in `cgroup.subtree_control` from our own group
+    ///   down to `g`'s parent (moving the supervisor into its leaf first, see the
+    ///   module docs), then `memory.max` (and `memory.swap.max` = 0 where swap is
+    ///   accounted), `pids.max`, `cpu.weight` in `g` (cgroup-v2.rst "Controllers").
+    /// * v1 controllers: the mirror of `g` is created (`mkdir -p`) in every v1
+    ///   limit hierarchy the host has, **whether or not that limit is set**, and
+    ///   returned for the child to join: an agent's v1 place then always mirrors its
+    ///   v2 place, so an ancestor's v1 limit binds every descendant agent as v2
+    ///   limits would (v1 limits are hierarchical too). Written there:
+    ///   `memory.limit_in_bytes` and, where swap is accounted,
+    ///   `memory.memsw.limit_in_bytes` with the same value, so the limit cannot be
+    ///   dodged by swapping (cgroup-v1/memory.rst 2.5, 5.1); `pids.max`
+    ///   (cgroup-v1/pids.rst); `cpu.shares` from [`weight_to_shares`]
+    ///   (scheduler/sched-design-CFS.rst).
+    ///
+    /// So the launcher should call this for **every** agent group, with
+    /// `Limits::default()` when the policy sets none. A limit whose controller
+    /// the host lacks is [`CgroupError::Unsupported`], naming it. On an error,
+    /// what was made so far goes with the group ([`Cgroups::remove`]).
+    pub fn set_limits(&self, g: &Group, l: &Limits) -> Result<LimitHandles, CgroupError> {
+        if let Some(w) = l.cpu_weight
+            && !(1..=10_000).contains(&w)
+        {
+            return Err(CgroupError::BadLimit {
+                what: "cpu_weight",
+                value: w,
+                range: "1..=10000",
+            });
+        }
+        let mut handles = LimitHandles::default();
+        let mut joined: Vec<PathBuf> = Vec::new();
+        let mut in_v2 = Vec::new();
+        for (controller, place) in &self.places {
+            let value = l.get(controller);
+            let dir = match place {
+                Place::Missing => match value {
+                    Some(_) => {
+                        return Err(CgroupError::Unsupported {
+                            controller,
+                            why: self.missing_why(controller),
+                        });
+                    }
+                    None => continue,
+                },
+                Place::V2 => {
+                    if value.is_some() {
+                        in_v2.push(*controller);
+                    }
+                    continue;
+                }
+                Place::Grouping => g.dir.clone(),
+                Place::V1(mirror) => {
+                    let dir = join_rel(mirror, &g.rel);
+                    fs::create_dir_all(&dir).map_err(|e| io_err("mkdir -p", &dir, e))?;
+                    // Co-mounted controllers (cpu,cpuacct) share one directory.
+                    if !joined.contains(&dir) {
+                        handles.procs_files.push(open_procs(&dir)?);
+                        joined.push(dir.clone());
+                    }
+                    dir
+                }
+            };
+            if let Some(v) = value {
+                write_v1_limit(&dir, controller, v)?;
+            }
+        }
+        if !in_v2.is_empty() {
+            self.enable_v2(g, &in_v2)?;
+            for controller in in_v2 {
+                if let Some(v) = l.get(controller) {
+                    write_v2_limit(&g.dir, controller, v)?;
+                }
+            }
+        }
+        Ok(handles)
+    }
+
+    /// For `brood doctor`: each limit controller, where this host has it (v1 or
+    /// v2, and through which file), and whether it is there at all.
+    pub fn limits_supported(&self) -> Vec<(&'static str, bool)> {
+        self.places
+            .iter()
+            .map(|(c, p)| (place_label(c, p), *p != Place::Missing))
+            .collect()
+    }
+
+    /// Whether the kernel OOM-killed a process of the group's tree because of a
+    /// memory limit (v2 `memory.events` `oom_kill`, cgroup-v2.rst; v1
+    /// `memory.oom_control` `oom_kill`, counted since Linux 4.13, or on older
+    /// kernels `memory.failcnt`, which counts hits of the limit, not kills).
+    /// Read before the group is removed; `false` when nothing can be read.
+    pub fn oom_killed(&self, g: &Group) -> bool {
+        let Some((top, v2)) = self.limit_dir(g, "memory") else {
+            return false;
+        };
+        any_in_subtree(&top, |d| {
+            if v2 {
+                return read_counter(&d.join("memory.events"), "oom_kill").is_some_and(|n| n > 0);
+            }
+            match read_counter(&d.join("memory.oom_control"), "oom_kill") {
+                Some(n) => n > 0,
+                None => read_counter(&d.join("memory.failcnt"), "").is_some_and(|n| n > 0),
+            }
+        })
+    }
+
+    /// Whether a fork(2) or clone(2) in the group's tree was refused because a
+    /// `pids.max` was reached (`pids.events` `max`, in v2 (cgroup-v2.rst "PID")
+    /// and in v1 since Linux 4.3 (cgroup-v1/pids.rst)). `false` when nothing can
+    /// be read.
+    pub fn pids_limited(&self, g: &Group) -> bool {
+        let Some((top, _)) = self.limit_dir(g, "pids") else {
+            return false;
+        };
+        any_in_subtree(&top, |d| {
+            read_counter(&d.join("pids.events"), "max").is_some_and(|n| n > 0)
+        })
+    }
+
+    /// Whether some limit controller is in v2 here (so agents' processes live in
+    /// [`PROCESS_LEAF`]).
+    fn limits_in_v2(&self) -> bool {
+        self.places.iter().any(|(_, p)| *p == Place::V2)
+    }
+
+    /// The directory holding `controller`'s files for `g`, and whether it is v2.
+    fn limit_dir(&self, g: &Group, controller: &str) -> Option<(PathBuf, bool)> {
+        match &self.places.iter().find(|(c, _)| *c == controller)?.1 {
+            Place::V2 => Some((g.dir.clone(), true)),
+            Place::Grouping => Some((g.dir.clone(), false)),
+            Place::V1(mirror) => Some((join_rel(mirror, &g.rel), false)),
+            Place::Missing => None,
+        }
+    }
+
+    /// The v1 mirror directories of the group at `rel`, one per hierarchy.
+    fn mirror_dirs(&self, rel: &GroupPath) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for (_, place) in &self.places {
+            if let Place::V1(mirror) = place {
+                let dir = join_rel(mirror, rel);
+                if !out.contains(&dir) {
+                    out.push(dir);
+                }
+            }
+        }
+        out
+    }
+
+    fn missing_why(&self, controller: &str) -> String {
+        match self.kind {
+            Kind::V2 => format!(
+                "our own cgroup v2 group does not offer it (cgroup.controllers of {}) and \
+                 no cgroup v1 {controller} hierarchy is mounted",
+                self.own_v2_dir()
+                    .map_or_else(|| "?".to_owned(), |d| d.display().to_string())
+            ),
+            Kind::V1Freezer | Kind::V1Pids => {
+                format!("no cgroup v1 {controller} hierarchy is mounted (or we are outside it)")
+            }
+        }
+    }
+
+    /// Our own v2 group: the base is `<own>/brood-<instance>/s<pid>-<start>`.
+    fn own_v2_dir(&self) -> Option<&Path> {
+        (self.kind == Kind::V2)
+            .then(|| self.base.parent()?.parent())
+            .flatten()
+    }
+
+    /// Enables `controllers` in the `cgroup.subtree_control` of every group from
+    /// our own down to `g`'s parent, top first (a controller can be enabled only
+    /// where the parent has it enabled). Already-enabled ones cost one read.
+    fn enable_v2(&self, g: &Group, controllers: &[&'static str]) -> Result<(), CgroupError> {
+        let own = self.own_v2_dir().ok_or_else(|| CgroupError::Malformed {
+            path: self.base.clone(),
+            what: "no v2 group of our own above the base".to_owned(),
+        })?;
+        let mut chain: Vec<&Path> = g
+            .dir
+            .ancestors()
+            .skip(1)
+            .take_while(|d| d.starts_with(own))
+            .collect();
+        chain.reverse();
+        let wanted = controllers
+            .iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        for dir in chain {
+            let sc = dir.join("cgroup.subtree_control");
+            let now = fs::read_to_string(&sc).map_err(|e| io_err("read", &sc, e))?;
+            let on: Vec<&str> = now.split_whitespace().collect();
+            if controllers.iter().all(|c| on.contains(c)) {
+                continue;
+            }
+            let mut written = write_file(&sc, &wanted);
+            // EBUSY: processes inside. Only our own group's may be moved (ours);
+            // the root group never answers EBUSY (it is exempt).
+            if dir == own && written.as_ref().is_err_and(is_busy) {
+                self.leave_own_group(own, &wanted)?;
+                written = write_file(&sc, &wanted);
+            }
+            match written {
+                Ok(()) => {}
+                Err(e) if is_busy(&e) => {
+                    return Err(CgroupError::InternalProcess {
+                        path: dir.to_path_buf(),
+                        controllers: wanted,
+                        pids: local_pids(dir).unwrap_or_default(),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Before our own group may hand controllers to its children it must hold no
+    /// process (cgroup-v2.rst "No Internal Process Constraint"; the root group is
+    /// exempt). We move ourselves and our direct children (the PID-namespace
+    /// keeper) into the leaf `<own>/brood-<instance>.supervisor`, which [`detect`]
+    /// sees through. Anyone else in our group is not ours to move: an error.
+    fn leave_own_group(&self, own: &Path, wanted: &str) -> Result<(), CgroupError> {
+        let pids = local_pids(own)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: getpid(2) has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let (ours, others): (Vec<i32>, Vec<i32>) = pids
+            .into_iter()
+            .partition(|p| *p == me || parent_pid(*p) == Some(me));
+        if !others.is_empty() {
+            return Err(CgroupError::InternalProcess {
+                path: own.to_path_buf(),
+                controllers: wanted.to_owned(),
+                pids: others,
+            });
+        }
+        let leaf = own.join(supervisor_leaf(&self.instance));
+        match fs::create_dir(&leaf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("mkdir", &leaf, e)),
+        }
+        let procs = leaf.join("cgroup.procs");
+        for pid in ours {
+            match write_file(&procs, &pid.to_string()) {
+                Ok(()) => {}
+                // A child that exited meanwhile.
+                Err(CgroupError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The leaf of our own v2 group the supervisor moves into (see
+/// [`Cgroups::set_limits`]). The `.` keeps it apart from every `brood-<instance>`
+/// directory (instance names have no dot).
+fn supervisor_leaf(instance: &str) -> String {
+    format!("brood-{instance}.supervisor")
+}
+
+/// EBUSY from a cgroupfs write: for `cgroup.subtree_control`, processes inside.
+fn is_busy(e: &CgroupError) -> bool {
+    matches!(e, CgroupError::Io { source, .. } if source.raw_os_error() == Some(libc::EBUSY))
+}
+
+/// What `brood doctor` prints for a limit controller and its place.
+fn place_label(controller: &str, place: &Place) -> &'static str {
+    match (controller, place) {
+        ("memory", Place::V2) => "memory: cgroup v2 memory.max",
+        ("memory", Place::V1(_) | Place::Grouping) => {
+            "memory: cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes)"
+        }
+        ("memory", Place::Missing) => "memory: no controller on this host",
+        ("pids", Place::V2) => "pids: cgroup v2 pids.max",
+        ("pids", Place::V1(_) | Place::Grouping) => "pids: cgroup v1 pids.max",
+        ("pids", Place::Missing) => "pids: no controller on this host",
+        ("cpu", Place::V2) => "cpu: cgroup v2 cpu.weight",
+        ("cpu", Place::V1(_) | Place::Grouping) => "cpu: cgroup v1 cpu.shares",
+        ("cpu", Place::Missing) => "cpu: no controller on this host",
+        _ => "unknown controller",
+    }
+}
+
+/// One limit into a v1 directory (or the v1 grouping directory).
+fn write_v1_limit(dir: &Path, controller: &str, value: u64) -> Result<(), CgroupError> {
+    match controller {
+        "memory" => {
+            let limit = dir.join("memory.limit_in_bytes");
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            // memsw only exists with swap accounting; when it does, the kernel keeps
+            // memsw >= limit at every step (cgroup-v1/memory.rst 2.5), so lower the
+            // limit first and raise memsw first.
+            if !exists(&memsw)? {
+                return write_file(&limit, &value.to_string());
+            }
+            let now = read_counter(&limit, "").unwrap_or(u64::MAX);
+            if value <= now {
+                write_file(&limit, &value.to_string())?;
+                write_file(&memsw, &value.to_string())
+            } else {
+                write_file(&memsw, &value.to_string())?;
+                write_file(&limit, &value.to_string())
+            }
+        }
+        "pids" => write_file(&dir.join("pids.max"), &value.to_string()),
+        "cpu" => write_file(
+            &dir.join("cpu.shares"),
+            &weight_to_shares(value).to_string(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// One limit into a v2 group.
+fn write_v2_limit(dir: &Path, controller: &str, value: u64) -> Result<(), CgroupError> {
+    match controller {
+        "memory" => {
+            write_file(&dir.join("memory.max"), &value.to_string())?;
+            // As in v1: the limit covers swap too (memory.swap.max exists only
+            // where swap is accounted).
+            let swap = dir.join("memory.swap.max");
+            if exists(&swap)? {
+                write_file(&swap, "0")?;
+            }
+            Ok(())
+        }
+        "pids" => write_file(&dir.join("pids.max"), &value.to_string()),
+        "cpu" => write_file(&dir.join("cpu.weight"), &value.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// `mirror` joined with a group path (empty: the mirror itself).
+fn join_rel(mirror: &Path, rel: &GroupPath) -> PathBuf {
+    if rel.0.is_empty() {
+        mirror.to_path_buf()
+    } else {
+        mirror.join(rel.as_path())
+    }
+}
+
+/// `dir/cgroup.procs`, opened for writing and never inherited (see `procs_file`).
+fn open_procs(dir: &Path) -> Result<File, CgroupError> {
+    let path = dir.join("cgroup.procs");
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| io_err("open", &path, e))
+}
+
+/// The value of `key` in a flat-keyed file (`key value` lines, cgroup-v2.rst
+/// "Interface Files"), or of a single-value file when `key` is empty.
+fn read_counter(path: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    if key.is_empty() {
+        return text.trim().parse().ok();
+    }
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Whether `pred` holds for some group of `top`'s subtree (`false` if unreadable).
+fn any_in_subtree(top: &Path, pred: impl Fn(&Path) -> bool) -> bool {
+    subtree(top).is_ok_and(|dirs| dirs.iter().any(|d| pred(d)))
+}
+
+/// The processes of exactly one group (not of the groups below it).
+fn local_pids(dir: &Path) -> Result<Vec<i32>, CgroupError> {
+    let path = dir.join("cgroup.procs");
+    let text = fs::read_to_string(&path).map_err(|e| io_err("read", &path, e))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|p| *p > 0)
+        .collect())
+}
+
+/// Field 4 (ppid) of `/proc/<pid>/stat` (proc(5)).
+fn parent_pid(pid: i32) -> Option<i32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text[text.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The group `top` and every group below it, deepest first.
+fn remove_tree(top: &Path) -> Result<(), CgroupError> {
+    // subtree() lists every group after its parent, so reversed it is deepest first.
+    for dir in subtree(top)?.iter().rev() {
+        rmdir_retrying(dir)?;
+    }
+    Ok(())
+}
+
+/// SIGKILLs whatever is still in a v1 mirror subtree and waits for it to empty
+/// (v1 has no cgroup.kill; a process listed there is already outside its v2 group,
+/// so nothing else will kill it).
+fn kill_v1_leftovers(top: &Path, timeout: Duration) -> Result<(), CgroupError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pids = pids_under(top)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(CgroupError::NotEmpty {
+                path: top.to_path_buf(),
+                pids,
+            });
+        }
+        for pid in pids {
+            // SAFETY: kill(2) with a pid > 0 (pids_under never yields others); ESRCH
+            // (already gone) is fine.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        sleep(Duration::from_millis(1));
     }
 }
 
@@ -1329,5 +1969,207 @@ cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0
         // SAFETY: getpid(2) has no preconditions.
         let me = unsafe { libc::getpid() };
         assert!(matches!(start_time(me), Ok(Some(_))));
+    }
+
+    /// A fake pure-v2 host whose own group offers `controllers`, with the
+    /// interface files the limits code writes (plain files: nothing enforces
+    /// anything here, the real kernel is in tests/limits_real.rs).
+    fn fake_v2(controllers: &str) -> (tempfile::TempDir, Detected, PathBuf) {
+        let root = fake_root(Some(V2_MOUNTINFO), None, Some(V2_CGROUP));
+        let own = root.path().join("sys/fs/cgroup/system.slice/brood.service");
+        fs::create_dir_all(&own).unwrap();
+        fs::write(own.join("cgroup.controllers"), controllers).unwrap();
+        let d = detect(root.path()).unwrap();
+        (root, d, own)
+    }
+
+    /// Makes `dir` look like a fresh v2 group.
+    fn fake_group(dir: &Path) {
+        fs::create_dir_all(dir).unwrap();
+        for f in [
+            "cgroup.subtree_control",
+            "cgroup.procs",
+            "memory.max",
+            "pids.max",
+            "cpu.weight",
+        ] {
+            fs::write(dir.join(f), "").unwrap();
+        }
+    }
+
+    #[test]
+    fn v2_limits_enable_controllers_top_down_and_write_the_v2_files() {
+        let (_root, d, own) = fake_v2("cpu io memory pids\n");
+        let base = own.join("brood-x/s1-1");
+        let cg = Cgroups::assemble(&d, Kind::V2, "x", base.clone());
+        assert!(cg.v1_mirror().is_empty());
+        assert_eq!(
+            cg.limits_supported(),
+            [
+                ("memory: cgroup v2 memory.max", true),
+                ("pids: cgroup v2 pids.max", true),
+                ("cpu: cgroup v2 cpu.weight", true)
+            ]
+        );
+        for dir in [&own, &own.join("brood-x"), &base, &base.join("t")] {
+            fake_group(dir);
+        }
+        let g = cg.group(&GroupPath::new(&["t", "a"]).unwrap());
+        fake_group(&g.dir);
+        let l = Limits {
+            memory_max: Some(32 << 20),
+            pids_max: Some(8),
+            cpu_weight: Some(250),
+        };
+        let h = cg.set_limits(&g, &l).unwrap();
+        assert!(h.procs_files.is_empty(), "v2 needs no extra group to join");
+        for dir in [&own, &own.join("brood-x"), &base, &base.join("t")] {
+            let sc = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap();
+            assert_eq!(sc, "+memory +pids +cpu", "{}", dir.display());
+        }
+        assert_eq!(
+            fs::read_to_string(g.dir.join("cgroup.subtree_control")).unwrap(),
+            "",
+            "the agent's own group must stay free to hold its leaf"
+        );
+        let read = |f: &str| fs::read_to_string(g.dir.join(f)).unwrap();
+        assert_eq!(read("memory.max"), "33554432");
+        assert_eq!(read("pids.max"), "8");
+        assert_eq!(read("cpu.weight"), "250");
+
+        // Only the pids limit: only pids is asked for (already on: no write).
+        fs::write(own.join("cgroup.subtree_control"), "memory pids cpu\n").unwrap();
+        cg.set_limits(
+            &g,
+            &Limits {
+                pids_max: Some(3),
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(own.join("cgroup.subtree_control")).unwrap(),
+            "memory pids cpu\n"
+        );
+        assert_eq!(read("pids.max"), "3");
+
+        // The agent's processes go to its leaf, which maps back to the group.
+        fake_group(&g.dir.join(PROCESS_LEAF));
+        cg.procs_file(&g).unwrap();
+        let line = "0::/system.slice/brood.service/brood-x/s1-1/t/a/@self\n";
+        assert_eq!(cg.path_of_process_line(line), Some(g.dir.clone()));
+    }
+
+    #[test]
+    fn a_v2_limit_the_host_lacks_is_refused_naming_the_controller() {
+        let (_root, d, own) = fake_v2("memory\n");
+        let cg = Cgroups::assemble(&d, Kind::V2, "x", own.join("brood-x/s1-1"));
+        assert_eq!(
+            cg.limits_supported()[1],
+            ("pids: no controller on this host", false)
+        );
+        let g = cg.group(&GroupPath::new(&["a"]).unwrap());
+        let err = cg
+            .set_limits(
+                &g,
+                &Limits {
+                    pids_max: Some(8),
+                    ..Limits::default()
+                },
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Unsupported {
+                    controller: "pids",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("pids controller"), "{err}");
+        // No limit asked for: nothing to do, whatever the host has.
+        cg.set_limits(&g, &Limits::default()).unwrap();
+    }
+
+    #[test]
+    fn cpu_weight_out_of_range_is_refused_and_converts_to_shares() {
+        let (_root, d, own) = fake_v2("cpu\n");
+        let cg = Cgroups::assemble(&d, Kind::V2, "x", own.join("brood-x/s1-1"));
+        let g = cg.group(&GroupPath::new(&["a"]).unwrap());
+        for w in [0, 10_001] {
+            let err = cg
+                .set_limits(
+                    &g,
+                    &Limits {
+                        cpu_weight: Some(w),
+                        ..Limits::default()
+                    },
+                )
+                .unwrap_err();
+            assert!(err.to_string().contains("cpu_weight"), "{err}");
+        }
+        assert_eq!(weight_to_shares(100), 1024, "the defaults match");
+        assert_eq!(weight_to_shares(1), 10);
+        assert_eq!(weight_to_shares(250), 2560);
+        assert_eq!(weight_to_shares(10_000), 102_400);
+        assert_eq!(weight_to_shares(0), 2, "clamped to the v1 minimum");
+        assert_eq!(
+            weight_to_shares(u64::MAX),
+            262_144,
+            "clamped to the v1 maximum"
+        );
+    }
+
+    #[test]
+    fn the_supervisor_moves_itself_and_its_children_only_and_detect_sees_through_its_leaf() {
+        let (root, d, own) = fake_v2("memory\n");
+        let cg = Cgroups::assemble(&d, Kind::V2, "x", own.join("brood-x/s1-1"));
+        // SAFETY: getpid(2) has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let leaf = own.join("brood-x.supervisor");
+        fake_group(&leaf);
+        fs::write(own.join("cgroup.procs"), format!("{me}\n")).unwrap();
+        cg.leave_own_group(&own, "+memory").unwrap();
+        assert_eq!(
+            fs::read_to_string(leaf.join("cgroup.procs")).unwrap(),
+            me.to_string()
+        );
+
+        // pid 1 is not our child: not ours to move.
+        fs::write(own.join("cgroup.procs"), format!("{me}\n1\n")).unwrap();
+        match cg.leave_own_group(&own, "+memory") {
+            Err(CgroupError::InternalProcess { path, pids, .. }) => {
+                assert_eq!(path, own);
+                assert_eq!(pids, [1]);
+            }
+            other => panic!("{other:?}"),
+        }
+
+        fs::write(
+            root.path().join("proc/self/cgroup"),
+            "0::/system.slice/brood.service/brood-x.supervisor\n",
+        )
+        .unwrap();
+        let again = detect(root.path()).unwrap();
+        assert_eq!(again.own_v2.as_deref(), Some("/system.slice/brood.service"));
+        let top = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let r2 = fake_root(Some(top), None, Some("0::/brood-y.supervisor\n"));
+        assert_eq!(detect(r2.path()).unwrap().own_v2.as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn counters_read_flat_keyed_and_single_value_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("memory.events");
+        fs::write(&f, "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n").unwrap();
+        assert_eq!(read_counter(&f, "oom_kill"), Some(1));
+        assert_eq!(read_counter(&f, "oom"), Some(1));
+        assert_eq!(read_counter(&f, "max"), Some(12));
+        assert_eq!(read_counter(&f, "nope"), None);
+        fs::write(&f, "9223372036854771712\n").unwrap();
+        assert_eq!(read_counter(&f, ""), Some(9_223_372_036_854_771_712));
+        assert_eq!(read_counter(&dir.path().join("missing"), ""), None);
     }
 }

@@ -7,6 +7,8 @@
 //! * [`env`]: the environment built from nothing.
 //! * [`floor`]: the bare baselines `brood bench` compares against.
 //! * [`host`]: what this host offers (for `brood doctor` and start-up decisions).
+//! * [`sandbox`]: kernel enforcement of a policy (landlock, `no_new_privs`,
+//!   capabilities dropped), prepared in the supervisor and applied in the child.
 //!
 //! **Invariant:** no other crate calls `Command::new` (enforced by `clippy.toml`).
 
@@ -14,6 +16,8 @@ pub mod cgroup;
 pub mod env;
 pub mod floor;
 pub mod host;
+pub mod ns;
+pub mod sandbox;
 pub mod spawn;
 
 pub use spawn::{Containment, LaunchError, LaunchSpec, Launched, Spawner};

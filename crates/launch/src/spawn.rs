@@ -17,7 +17,10 @@
 //!
 //! Between `fork` and `exec` the child runs only async-signal-safe raw syscalls
 //! (setpgid, a write of `0` into its cgroup's `cgroup.procs` opened by the parent,
-//! prctl, getppid), so no code of the agent ever runs outside its group.
+//! prctl, getppid), so no code of the agent ever runs outside its group. When the
+//! spec carries a [`crate::sandbox::Prepared`], the child then drops its
+//! capabilities, sets `no_new_privs` and enters the landlock domain prepared by the
+//! parent, so no code of the agent ever runs outside its sandbox either.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -28,6 +31,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread;
+
+use crate::sandbox::{ChildPlan, ChildStep, Prepared};
 
 /// What to start.
 #[derive(Debug)]
@@ -40,7 +45,19 @@ pub struct LaunchSpec {
     /// `cgroup.procs` of the agent's group, opened for writing by the caller.
     /// `None` only when the host has no usable cgroups (weaker containment).
     pub cgroup_procs: Option<File>,
+    /// Kernel enforcement applied in the child before exec (capabilities,
+    /// `no_new_privs`, landlock), built by [`crate::sandbox::prepare`]; `None`
+    /// starts the process with the supervisor's own rights.
+    pub sandbox: Option<Prepared>,
+    /// More `cgroup.procs` files to join before exec: the v1 mirrors that carry the
+    /// limits on a hybrid host (`Cgroups::set_limits`). At most [`MAX_EXTRA_PROCS`].
+    pub extra_procs: Vec<File>,
+    /// A private mount (and network) namespace, for `iso = ns` (`crate::ns`).
+    pub ns: Option<crate::ns::PreparedNs>,
 }
+
+/// How many extra `cgroup.procs` files a launch may join (one per v1 hierarchy).
+pub const MAX_EXTRA_PROCS: usize = 8;
 
 /// A started process. The caller owns the pipes and must reap `pid`
 /// (wait for `pidfd` to become readable, then `waitpid`).
@@ -162,9 +179,14 @@ impl Spawner {
 }
 
 fn spawner_thread(want_ns: bool, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Containment>) {
+    // Held for exactly the life of this thread: the keeper watches it (see keeper_main).
+    let mut _keeper_pipe: Option<OwnedFd> = None;
     let containment = if want_ns {
         match start_keeper() {
-            Ok(pid) => Containment::PidNamespace { keeper_pid: pid },
+            Ok((pid, pipe)) => {
+                _keeper_pipe = Some(pipe);
+                Containment::PidNamespace { keeper_pid: pid }
+            }
             Err(e) => Containment::Pdeathsig { why: e.to_string() },
         }
     } else {
@@ -192,14 +214,15 @@ fn spawner_thread(want_ns: bool, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Co
 }
 
 /// Creates the PID namespace for this thread's future children and forks its init.
-fn start_keeper() -> io::Result<i32> {
+fn start_keeper() -> io::Result<(i32, OwnedFd)> {
     // SAFETY: unshare with a flag that only affects this thread's future children.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // A pipe lets the keeper notice a supervisor that died before the keeper could
-    // arm PR_SET_PDEATHSIG (getppid() is 0 across the namespace border, so it cannot
-    // tell us). The supervisor keeps the write end open for its whole life.
+    // A pipe lets the keeper notice a spawner thread (or supervisor) that ended
+    // before the keeper could arm PR_SET_PDEATHSIG (getppid() is 0 across the
+    // namespace border, so it cannot tell us). The spawner thread holds the write
+    // end for exactly its own life.
     let mut fds = [0; 2];
     // SAFETY: fds has room for two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -215,11 +238,10 @@ fn start_keeper() -> io::Result<i32> {
         // SAFETY: we are the freshly forked keeper; never returns.
         unsafe { keeper_main(rd, wr) }
     }
-    // SAFETY: closing our copy of the read end. The write end `wr` is deliberately
-    // never closed: it must stay open exactly as long as the supervisor process.
+    // SAFETY: closing our copy of the read end; `wr` is a fresh descriptor we own.
     unsafe { libc::close(rd) };
-    let _ = wr;
-    Ok(pid)
+    // SAFETY: see above.
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(wr) }))
 }
 
 /// PID 1 of the agents' namespace: reap every orphan, forever.
@@ -230,6 +252,12 @@ unsafe fn keeper_main(rd: RawFd, wr: RawFd) -> ! {
     // SAFETY (whole body): raw syscalls on values we own, in a single-threaded child.
     unsafe {
         libc::close(wr);
+        // Hold nothing of the supervisor's: every descriptor but the pipe goes
+        // (close_range(2)), so no pipe or socket stays open through the keeper.
+        if rd > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, (rd - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (rd + 1) as u32, u32::MAX, 0u32);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         let mut pfd = libc::pollfd {
             fd: rd,
@@ -279,14 +307,52 @@ fn launch_here(
         .as_ref()
         .map(|f| f.as_raw_fd())
         .unwrap_or(-1);
+    if spec.extra_procs.len() > MAX_EXTRA_PROCS {
+        return Err(LaunchError::Spawn {
+            program: program.clone(),
+            source: io::Error::other(format!(
+                "{} extra cgroup.procs files (at most {MAX_EXTRA_PROCS})",
+                spec.extra_procs.len()
+            )),
+        });
+    }
+    // A fixed array the child can read without allocating.
+    let mut extra = [-1 as RawFd; MAX_EXTRA_PROCS];
+    for (slot, f) in extra.iter_mut().zip(&spec.extra_procs) {
+        *slot = f.as_raw_fd();
+    }
+    let ns = spec.ns.as_ref().map(|n| n.for_child());
+    // With a sandbox, a close-on-exec pipe on which the child names the step that
+    // failed (the spawn error itself only carries an errno).
+    let report = match &spec.sandbox {
+        Some(_) => Some(report_pipe().map_err(|source| LaunchError::Spawn {
+            program: program.clone(),
+            source: io::Error::new(
+                source.kind(),
+                format!("sandbox: creating the report pipe: {source}"),
+            ),
+        })?),
+        None => None,
+    };
+    let plan: Option<ChildPlan> = match (&spec.sandbox, &report) {
+        (Some(sb), Some((_, wr))) => Some(sb.child_plan(wr.as_raw_fd())),
+        _ => None,
+    };
     // SAFETY: the closure makes only async-signal-safe syscalls on values captured
-    // by copy; see the module docs.
+    // by copy; see the module docs. The fds in `plan` stay open in `spec` and
+    // `report` until spawn returns.
     unsafe {
-        cmd.pre_exec(move || child_setup(procs_fd, in_ns, supervisor_pid));
+        cmd.pre_exec(move || child_setup(procs_fd, extra, in_ns, supervisor_pid, ns, plan));
     }
     let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         program: program.clone(),
-        source,
+        source: match report {
+            Some((rd, wr)) => {
+                drop(wr);
+                name_failed_step(&rd, source)
+            }
+            None => source,
+        },
     })?;
     let pid = child.id() as i32;
     // The child is ours and unreaped, so this pid cannot have been recycled yet.
@@ -331,8 +397,43 @@ fn kill_and_reap(pid: i32) {
     }
 }
 
+/// A non-blocking, close-on-exec pipe (pipe2(2)): (read end, write end).
+fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Adds the sandbox step the child reported (if any) to a spawn error.
+fn name_failed_step(rd: &OwnedFd, err: io::Error) -> io::Error {
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte read into a stack buffer from a non-blocking pipe we own.
+    let n = unsafe { libc::read(rd.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+    match (n, ChildStep::from_u8(b[0])) {
+        (1, Some(step)) => io::Error::new(
+            err.kind(),
+            format!(
+                "sandbox layer {} failed before exec: {err}",
+                step.describe()
+            ),
+        ),
+        _ => err,
+    }
+}
+
 /// Runs in the child between fork and exec.
-fn child_setup(procs_fd: RawFd, in_ns: bool, supervisor_pid: i32) -> io::Result<()> {
+fn child_setup(
+    procs_fd: RawFd,
+    extra_procs: [RawFd; MAX_EXTRA_PROCS],
+    in_ns: bool,
+    supervisor_pid: i32,
+    ns: Option<crate::ns::ChildNs>,
+    sandbox: Option<ChildPlan>,
+) -> io::Result<()> {
     // SAFETY: raw syscalls only (async-signal-safe), on descriptors that stay open
     // in the parent until spawn returns.
     unsafe {
@@ -344,6 +445,13 @@ fn child_setup(procs_fd: RawFd, in_ns: bool, supervisor_pid: i32) -> io::Result<
             // cgroup v2 "cgroup.procs": writing 0 moves the writing process.
             let zero = b"0";
             if libc::write(procs_fd, zero.as_ptr().cast(), 1) != 1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // The v1 groups that hold the limits (hybrid hosts), before any code of
+        // the agent runs, so no allocation escapes them.
+        for fd in extra_procs {
+            if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 return Err(io::Error::last_os_error());
             }
         }
@@ -361,6 +469,17 @@ fn child_setup(procs_fd: RawFd, in_ns: bool, supervisor_pid: i32) -> io::Result<
         };
         if !parent_alive {
             libc::_exit(137);
+        }
+        // The private mount/network namespace needs CAP_SYS_ADMIN, so it comes
+        // before the sandbox drops capabilities (crate::ns documents the order).
+        if let Some(ns) = ns {
+            ns.apply()?;
+        }
+        // Last, so the steps above still run with the supervisor's rights; none of
+        // the sandbox's credential changes clears PR_SET_PDEATHSIG (see
+        // ChildPlan::apply).
+        if let Some(plan) = sandbox {
+            plan.apply()?;
         }
     }
     Ok(())

@@ -78,6 +78,7 @@
 mod codec;
 mod framer;
 mod messages;
+pub mod policy;
 
 pub use codec::{
     Decoded, LineError, LineErrorKind, decode_line, decode_to_agent, encode, encode_from_agent,

@@ -66,6 +66,11 @@ pub struct SpawnRequest {
     pub session: SessionName,
     /// Reply only once the agent said `ready` (or ended), not as soon as it started.
     pub await_ready: bool,
+    /// The requested policy (SPEC 5 fields, any subset; the rest is inherited), as
+    /// JSON. Read and checked against the parent's effective policy at admission.
+    pub policy: Option<Value>,
+    /// `owned` (the default) or `temp`; `detached` is refused (SPEC 3).
+    pub life: Option<String>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -159,6 +164,8 @@ impl SpawnRequest {
                 .get("await_ready")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            policy: args.get("policy").filter(|p| !p.is_null()).cloned(),
+            life: args.get("life").and_then(Value::as_str).map(str::to_owned),
         })
     }
 }

@@ -4,6 +4,7 @@
 //! * `io`: one task per agent process (protocol frames, stderr, exit).
 //! * [`lower`]: a policy's file rules lowered into landlock grants.
 //! * [`api`]: the verbs every surface shares, and their errors.
+//! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
 //! * [`view`]: read-only views of the store (ps, tree, show).
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod control;
+pub mod enforce;
 mod io;
 pub mod lower;
 pub mod paths;

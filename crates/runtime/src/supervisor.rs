@@ -15,8 +15,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use brood_core::policy::{Policy, PolicyRequest};
 use brood_core::{
-    AgentName, CancelReason, Code, FailReason, RunId, SessionName, Status, TenantId, Terminal,
+    AgentName, CancelReason, Code, FailReason, ParentView, RunId, SessionName, Status, TenantId,
+    Terminal,
 };
 use brood_launch::cgroup::{Cgroups, Group, GroupPath};
 use brood_launch::env::{Base, Identity};
@@ -60,6 +62,9 @@ pub struct Config {
     /// Contain agents in cgroups. Off only to exercise the fallback (process groups
     /// plus a subreaper), which is also what a host without usable cgroups gets.
     pub cgroups: bool,
+    /// Start agents even when a sandbox layer their policy needs is missing on this
+    /// host (`--allow-weaker-sandbox`); what was not enforced goes in `meta.json`.
+    pub allow_weaker_sandbox: bool,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -75,6 +80,7 @@ impl Config {
             grace: Duration::from_secs(3),
             pid_namespace: true,
             cgroups: true,
+            allow_weaker_sandbox: false,
             socket,
             bin_dir: None,
             hooks: Hooks::default(),
@@ -293,6 +299,10 @@ impl Supervisor {
             base,
             me,
             meta,
+            uid,
+            brood_exe: std::env::current_exe().ok(),
+            gid: unsafe_getegid(),
+            groups: supplementary_groups(),
             live: HashMap::new(),
             waiters: HashMap::new(),
             stops: HashMap::new(),
@@ -457,6 +467,20 @@ pub(crate) fn not_found(name: &AgentName) -> ApiError {
     ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
 }
 
+fn unsafe_getegid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// The supervisor's supplementary groups (getgroups(2)).
+fn supplementary_groups() -> std::collections::BTreeSet<u32> {
+    let mut buf = vec![0 as libc::gid_t; 256];
+    // SAFETY: the buffer holds 256 entries and we pass its length.
+    let n = unsafe { libc::getgroups(buf.len() as libc::c_int, buf.as_mut_ptr()) };
+    buf.truncate(n.max(0) as usize);
+    buf.into_iter().collect()
+}
+
 fn unsafe_geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
@@ -503,6 +527,55 @@ struct Live {
     spawn_reply: Option<(Reply, bool)>,
     /// What a resumed run is told to do (its new input); the original task otherwise.
     instruction: Option<String>,
+    /// The agent's effective policy (SPEC 5), checked at admission.
+    policy: Policy,
+    /// Children created by this run so far, and dollars reserved for them: what
+    /// the attenuation check of its next child needs (SPEC 5 create_limit, budget).
+    creates_used: u32,
+    reserved_usd: f64,
+    /// When this run must end (its start plus `timeout_s`), in Unix seconds.
+    deadline_unix_s: Option<u64>,
+}
+
+impl Live {
+    fn new(
+        run: RunId,
+        session: SessionName,
+        parent: Option<(AgentName, SessionName)>,
+        protocol: Protocol,
+        policy: Policy,
+        instruction: Option<String>,
+    ) -> Live {
+        let (parent, parent_session) = match parent {
+            Some((p, s)) => (Some(p), Some(s)),
+            None => (None, None),
+        };
+        Live {
+            run,
+            session,
+            parent,
+            parent_session,
+            protocol,
+            group: None,
+            pid: None,
+            stdin: None,
+            ready: false,
+            done: None,
+            error: None,
+            protocol_error: None,
+            exec_out: Vec::new(),
+            stderr_tail: String::new(),
+            exit: None,
+            stopping: None,
+            cancelled_before_start: false,
+            spawn_reply: None,
+            instruction,
+            policy,
+            creates_used: 0,
+            reserved_usd: 0.0,
+            deadline_unix_s: None,
+        }
+    }
 }
 
 /// One stop in flight: the targets in post-order with the outcome each gets, and
@@ -532,6 +605,12 @@ struct Dispatcher {
     me: String,
     /// The containment part of every agent's `meta.json`.
     meta: Value,
+    /// The operator's identity: what a root agent holds.
+    uid: u32,
+    /// This binary, executable by every agent (so it can call `brood spawn`).
+    brood_exe: Option<PathBuf>,
+    gid: u32,
+    groups: std::collections::BTreeSet<u32>,
     live: HashMap<AgentName, Live>,
     waiters: HashMap<u64, Waiter>,
     stops: HashMap<u64, Stop>,
@@ -729,13 +808,101 @@ impl Dispatcher {
         }
     }
 
+    /// The runtime refuses its own tools (`create send wait close resume job`) to an
+    /// agent whose policy does not grant them (SPEC 5).
+    fn tool_granted(&self, caller: &Caller, tool: &str) -> Result<(), ApiError> {
+        let Caller::Agent(me) = caller else {
+            return Ok(());
+        };
+        match self.live.get(me).and_then(|l| l.policy.tools.as_ref()) {
+            Some(tools) if !tools.contains(tool) => Err(ApiError::new(
+                Code::Forbidden,
+                format!("agent {me} was not granted the tool {tool:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// What a root holds (SPEC 5 defaults): everything the operator holds.
+    fn operator_policy(&self) -> Policy {
+        Policy::operator(self.uid, self.gid, self.groups.clone())
+    }
+
+    /// The effective policy of a new agent, or the refusal naming the first check
+    /// it fails (SPEC 5's order). A root is checked against the operator, a child
+    /// against its parent's effective policy and live state.
+    fn child_policy(
+        &self,
+        parent: Option<&AgentName>,
+        req: &SpawnRequest,
+    ) -> Result<Policy, ApiError> {
+        let mut preq = match &req.policy {
+            Some(v) => brood_proto::policy::from_value(v)
+                .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?,
+            None => PolicyRequest::default(),
+        };
+        // The spawn request's `env` is the policy's `env` given inline.
+        if !req.env.is_empty() {
+            let mut env = preq.env.take().unwrap_or_default();
+            env.extend(req.env.iter().cloned());
+            preq.env = Some(env);
+        }
+        let now = now_unix_s();
+        match parent.and_then(|p| self.live.get(p)) {
+            Some(l) => {
+                let view = ParentView {
+                    policy: &l.policy,
+                    budget_remaining: l.policy.cost_limit.map(|c| (c - l.reserved_usd).max(0.0)),
+                    creates_used: l.creates_used,
+                    deadline_unix_s: l.deadline_unix_s,
+                    now_unix_s: now,
+                };
+                let child = brood_core::attenuation::derive(&view, &preq);
+                brood_core::attenuation::check(&view, &child)
+                    .map_err(|r| ApiError::new(r.code, r.message))?;
+                Ok(child)
+            }
+            None => {
+                // The operator is the source of a root's environment, mount table,
+                // tool tiers and rules: whatever it gives a root, it holds.
+                let mut op = self.operator_policy();
+                if let Some(env) = &preq.env {
+                    op.env = env.clone();
+                }
+                if let Some(m) = &preq.mounts {
+                    op.mounts = m.clone();
+                }
+                if let Some(p) = &preq.path {
+                    op.path = p.clone();
+                }
+                if let Some(r) = &preq.rules {
+                    op.rules = r.clone();
+                }
+                let view = ParentView {
+                    policy: &op,
+                    budget_remaining: None,
+                    creates_used: 0,
+                    deadline_unix_s: None,
+                    now_unix_s: now,
+                };
+                let root = brood_core::policy::effective(&op, &preq);
+                brood_core::attenuation::check(&view, &root)
+                    .map_err(|r| ApiError::new(r.code, r.message))?;
+                Ok(root)
+            }
+        }
+    }
+
     fn on_spawn(&mut self, caller: Caller, req: SpawnRequest, reply: Reply) {
         let parent = match &caller {
             Caller::Agent(me) => Some(me.clone()),
             Caller::User { .. } => req.parent.clone(),
         };
         let requested = req.name.as_ref().map(|n| n.to_string());
-        match self.admit(&caller, req) {
+        let admitted = self
+            .tool_granted(&caller, "create")
+            .and_then(|()| self.admit(&caller, req));
+        match admitted {
             Ok(Some((name, await_ready))) => {
                 if let Some(l) = self.live.get_mut(&name) {
                     l.spawn_reply = Some((reply, await_ready));
@@ -809,8 +976,31 @@ impl Dispatcher {
             }
             None => None,
         };
+        // SPEC 5's order: name, parent (above), lifecycle, then the policy checks.
+        match req.life.as_deref() {
+            None | Some("owned") | Some("temp") => {}
+            Some("detached") => {
+                return Err(ApiError::new(
+                    Code::UnsupportedLifecycle,
+                    "life \"detached\" needs a tenant grant; none grants it here",
+                ));
+            }
+            Some(other) => {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    format!("life must be owned, temp or detached, not {other:?}"),
+                ));
+            }
+        }
+        let policy = self.child_policy(parent.as_ref(), &req)?;
         let run = new_run_id();
-        let spec = json!({"argv": req.argv, "task": req.task, "env": req.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(), "cwd": req.cwd});
+        let spec = json!({
+            "argv": req.argv,
+            "task": req.task,
+            "cwd": req.cwd,
+            "life": req.life.as_deref().unwrap_or("owned"),
+            "policy": brood_proto::policy::to_json(&policy),
+        });
         let now = now_ms();
         let mut events = vec![ev(
             &name,
@@ -883,38 +1073,23 @@ impl Dispatcher {
         self.project_channel(&agent, None);
 
         let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
+        if let Some(pl) = parent.as_ref().and_then(|p| self.live.get_mut(p)) {
+            pl.creates_used += 1;
+            pl.reserved_usd += policy.cost_limit.unwrap_or(0.0);
+        }
+        let parent_pair = parent.clone().zip(parent_live.map(|(_, s)| s));
         self.live.insert(
             name.clone(),
-            Live {
-                run: run.clone(),
-                session: req.session.clone(),
-                parent: parent.clone(),
-                parent_session: parent_live.map(|(_, s)| s),
-                protocol: req.protocol,
-                group: None,
-                pid: None,
-                stdin: None,
-                ready: false,
-                done: None,
-                error: None,
-                protocol_error: None,
-                exec_out: Vec::new(),
-                stderr_tail: String::new(),
-                exit: None,
-                stopping: None,
-                cancelled_before_start: false,
-                spawn_reply: None,
-                instruction: None,
-            },
+            Live::new(
+                run.clone(),
+                req.session.clone(),
+                parent_pair,
+                req.protocol,
+                policy,
+                None,
+            ),
         );
-        self.launch(
-            &name,
-            &run,
-            &req.argv,
-            &req.env,
-            req.cwd.as_deref(),
-            group_parent,
-        );
+        self.launch(&name, &run, &req.argv, req.cwd.as_deref(), group_parent);
         Ok(Some((name, req.await_ready)))
     }
 
@@ -924,7 +1099,6 @@ impl Dispatcher {
         name: &AgentName,
         run: &RunId,
         argv: &[String],
-        env: &[(String, String)],
         cwd: Option<&str>,
         group_parent: Option<Group>,
     ) {
@@ -972,9 +1146,77 @@ impl Dispatcher {
             }
             None => (None, None),
         };
+        let fail = |tx: &mpsc::UnboundedSender<Cmd>, what: String| {
+            let _ = tx.send(Cmd::Launched(
+                name.clone(),
+                run.clone(),
+                Err(LaunchError::Spawn {
+                    program: argv.first().cloned().unwrap_or_default().into(),
+                    source: std::io::Error::other(what),
+                }),
+            ));
+        };
         let l = self.live.get_mut(name);
         let Some(l) = l else { return };
-        l.group = group;
+        l.group = group.clone();
+        // Kernel enforcement of the policy (SPEC 5): limits on the group, and the
+        // sandbox the child applies before exec. A layer the policy needs but the
+        // host lacks stops the start, naming the layer (unless the operator allowed
+        // a weaker sandbox).
+        let extra_procs = match (&self.cgroups, &group) {
+            (Some(cg), Some(g)) => match cg.set_limits(g, &crate::enforce::limits(&l.policy)) {
+                Ok(h) => h.procs_files,
+                Err(e) => return fail(&self.tx, format!("resources: {e}")),
+            },
+            _ => Vec::new(),
+        };
+        let policy_file = self.paths.policy_file(name);
+        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&l.policy));
+        if let Err(e) = crate::projection::write_atomic(&policy_file, policy_text.as_bytes(), 0) {
+            return fail(&self.tx, format!("writing its policy file: {e}"));
+        }
+        let program = crate::enforce::resolve(
+            argv.first().map(String::as_str).unwrap_or(""),
+            &self.base.path,
+        );
+        let sandbox_spec = crate::enforce::sandbox(
+            &l.policy,
+            &crate::enforce::Context {
+                program: &program,
+                brood: self.brood_exe.as_deref(),
+                policy_file: &policy_file,
+                root: self.uid == 0,
+                allow_weaker: self.cfg.allow_weaker_sandbox,
+            },
+        );
+        let sandbox = match brood_launch::sandbox::prepare(&sandbox_spec) {
+            Ok(p) => p,
+            Err(e) => return fail(&self.tx, format!("sandbox: {e}")),
+        };
+        let enforced = sandbox.enforced();
+        let mut meta = self.meta.clone();
+        meta["sandbox"] = json!({
+            "landlock_abi": enforced.landlock_abi,
+            "files": enforced.fs,
+            "network": enforced.net,
+            "scoped": enforced.scoped,
+            "capabilities_dropped": enforced.caps_dropped,
+            "no_new_privs": enforced.no_new_privs,
+            "weaker": enforced.weaker,
+            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+        });
+        self.projection.write(
+            self.paths.agent_dir(name).join("meta.json"),
+            format!("{meta}\n"),
+        );
+        // The run's clock starts now; its children must end before its deadline.
+        l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
+        let policy_env: Vec<(String, String)> = l
+            .policy
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let a = self.store.agent(&self.tenant, name).ok().flatten();
         let id = Identity {
             agent: name.to_string(),
@@ -992,9 +1234,12 @@ impl Dispatcher {
         };
         let spec = LaunchSpec {
             argv: argv.iter().map(Into::into).collect(),
-            env: brood_launch::env::build(&id, &self.base, env),
+            env: brood_launch::env::build(&id, &self.base, &policy_env),
             cwd: cwd.map(PathBuf::from),
             cgroup_procs: procs,
+            sandbox: Some(sandbox),
+            extra_procs,
+            ns: None,
         };
         let tx = self.tx.clone();
         let (n2, r2) = (name.clone(), run.clone());
@@ -1721,6 +1966,7 @@ impl Dispatcher {
     }
 
     fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
+        self.tool_granted(caller, "send")?;
         let a = self.agent(name)?;
         self.authorize(caller, &a)?;
         let Some(l) = self.live.get(name) else {
@@ -1781,6 +2027,9 @@ impl Dispatcher {
         timeout: Option<Duration>,
         reply: Reply,
     ) {
+        if let Err(e) = self.tool_granted(caller, "wait") {
+            return self.respond(reply, Err(e));
+        }
         for n in &names {
             match self.agent(n).and_then(|a| self.authorize(caller, &a)) {
                 Ok(()) => {}
@@ -1844,6 +2093,7 @@ impl Dispatcher {
     }
 
     fn on_close(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        self.tool_granted(caller, "close")?;
         let a = self.agent(name)?;
         self.authorize(caller, &a)?;
         let Status::Ended(t) = a.status else {
@@ -1881,6 +2131,9 @@ impl Dispatcher {
     }
 
     fn on_resume(&mut self, caller: &Caller, name: &AgentName, text: Option<String>, reply: Reply) {
+        if let Err(e) = self.tool_granted(caller, "resume") {
+            return self.respond(reply, Err(e));
+        }
         let r = (|| -> Result<(), ApiError> {
             let a = self.agent(name)?;
             self.authorize(caller, &a)?;
@@ -1937,41 +2190,25 @@ impl Dispatcher {
                         .collect()
                 })
                 .unwrap_or_default();
-            let env: Vec<(String, String)> = spec["env"]
-                .as_object()
-                .map(|o| {
-                    o.iter()
-                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
-                        .collect()
-                })
-                .unwrap_or_default();
             let cwd = spec["cwd"].as_str().map(str::to_owned);
+            let policy = stored_policy(&spec, &self.operator_policy())?;
+            let parent_pair = a
+                .parent
+                .clone()
+                .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
             self.live.insert(
                 name.clone(),
-                Live {
-                    run: run.clone(),
-                    session: a.session.clone(),
-                    parent: a.parent.clone(),
-                    parent_session: parent_live.as_ref().map(|(_, s)| s.clone()),
-                    protocol: a.protocol,
-                    group: None,
-                    pid: None,
-                    stdin: None,
-                    ready: false,
-                    done: None,
-                    error: None,
-                    protocol_error: None,
-                    exec_out: Vec::new(),
-                    stderr_tail: String::new(),
-                    exit: None,
-                    stopping: None,
-                    cancelled_before_start: false,
-                    spawn_reply: None,
-                    instruction: text.clone(),
-                },
+                Live::new(
+                    run.clone(),
+                    a.session.clone(),
+                    parent_pair,
+                    a.protocol,
+                    policy,
+                    text.clone(),
+                ),
             );
             let group_parent = parent_live.and_then(|(g, _)| g);
-            self.launch(name, &run, &argv, &env, cwd.as_deref(), group_parent);
+            self.launch(name, &run, &argv, cwd.as_deref(), group_parent);
             Ok(())
         })();
         match r {
@@ -1983,6 +2220,20 @@ impl Dispatcher {
             Err(e) => self.respond(reply, Err(e)),
         }
     }
+}
+
+/// The effective policy recorded in an agent's spec at admission.
+fn stored_policy(spec: &Value, operator: &Policy) -> Result<Policy, ApiError> {
+    let v = spec.get("policy").cloned().unwrap_or_else(|| json!({}));
+    let req = brood_proto::policy::from_value(&v).map_err(|e| {
+        tracing::error!(error = %e, "a stored policy does not read back");
+        ApiError::new(Code::Internal, "the agent's stored policy is unreadable")
+    })?;
+    Ok(brood_core::policy::effective(operator, &req))
+}
+
+fn now_unix_s() -> u64 {
+    (now_ms().max(0) / 1000) as u64
 }
 
 /// The task an agent was created with (kept in its launch spec, so roots have one too).

@@ -69,6 +69,10 @@ impl View {
             .map_err(internal)?
             .ok_or_else(|| not_found(name))?;
         let mut v = self.agent_json(&a);
+        // The effective policy and lifecycle recorded at admission (SPEC 5).
+        let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+        v["policy"] = spec.get("policy").cloned().unwrap_or(Value::Null);
+        v["life"] = spec.get("life").cloned().unwrap_or_else(|| json!("owned"));
         let runs = self.store.runs(&self.tenant, name).map_err(internal)?;
         v["runs"] = Value::Array(runs.iter().map(run_json).collect());
         Ok(v)

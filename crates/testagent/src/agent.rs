@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use crate::count;
 use crate::flags::{Flags, Malformed};
+use crate::probe;
 use crate::procs;
 use crate::text::{self, ResultParts};
 
@@ -230,6 +231,11 @@ impl<W: Write> Agent<'_, W> {
             Some(path) => Some(self.count(path)?),
             None => None,
         };
+        let mut probes = Vec::with_capacity(flags.probes.len());
+        for p in &flags.probes {
+            probes.push(probe::run(p));
+            self.drain()?;
+        }
         while self.inputs.len() < flags.inputs {
             self.handle_next(None, None)?;
         }
@@ -247,6 +253,7 @@ impl<W: Write> Agent<'_, W> {
             inputs: (flags.inputs > 0).then_some(self.inputs.as_slice()),
             history: flags.history.then_some(self.config.history.as_slice()),
             children: &children,
+            probes: &probes,
         }))
     }
 
@@ -611,5 +618,66 @@ fn malformed_line(kind: Malformed) -> Vec<u8> {
         }
         Malformed::Utf8 => b"{\"type\":\"chunk\",\"delta\":\"\xff\xfe\"}\n".to_vec(),
         Malformed::Unknown => b"{\"type\":\"whatever\",\"x\":1}\n".to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use brood_proto::{Decoded, InitConfig, ToAgent, decode_line, encode};
+    use serde_json::Value;
+
+    use super::*;
+
+    /// The agent, run in process on one `init`, returns the response of its
+    /// `done`.
+    fn done_response(args: &[&str]) -> String {
+        let init = ToAgent::Init {
+            config: InitConfig {
+                name: "p".into(),
+                ..InitConfig::default()
+            },
+            agent_config: Value::Null,
+        };
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut out = Vec::new();
+        let code = crate::run_with(io::Cursor::new(encode(&init)), &mut out, &[], &args);
+        assert_eq!(code, 0);
+        let last = out
+            .split_inclusive(|&b| b == b'\n')
+            .next_back()
+            .map(|l| decode_line(1, l))
+            .unwrap();
+        match last {
+            Ok(Some(Decoded::Msg(FromAgent::Done { result }))) => result.response,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn probe_lines_follow_the_result_in_command_line_order() {
+        let r = done_response(&[
+            "--result",
+            "r",
+            "--probe-read",
+            "/nonexistent-brood-probe",
+            "--probe-exec",
+            "/bin/true",
+            "--probe-caps",
+            "--memory-hog",
+            "1",
+            "--fork-bomb",
+            "0",
+        ]);
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines.len(), 6, "{r}");
+        assert_eq!(lines[0], "r");
+        assert_eq!(
+            lines[1],
+            "read /nonexistent-brood-probe: error: No such file or directory (os error 2)"
+        );
+        assert_eq!(lines[2], "exec /bin/true: ok");
+        assert!(lines[3].starts_with("caps: CapEff="), "{r}");
+        assert_eq!(lines[4], "memory-hog: touched 1 MiB");
+        assert_eq!(lines[5], "fork-bomb: forked 0");
     }
 }

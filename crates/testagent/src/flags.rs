@@ -41,6 +41,30 @@ pub struct Flags {
     pub stderr: Option<String>,
     pub ignore_cancel: bool,
     pub help: bool,
+    /// The probes, in command-line order; each adds one line to the result.
+    pub probes: Vec<Probe>,
+}
+
+/// One action the agent tries and reports on instead of failing (see
+/// [`crate::probe`]'s lines).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// `--probe-read PATH`: read a file's first block, or list a directory.
+    Read(PathBuf),
+    /// `--probe-write PATH`: create or append.
+    Write(PathBuf),
+    /// `--probe-exec PATH`: execve PATH with no arguments in a child.
+    Exec(PathBuf),
+    /// `--probe-connect PORT`: TCP connect to 127.0.0.1:PORT.
+    Connect(u16),
+    /// `--probe-bind PORT`: TCP bind of 127.0.0.1:PORT.
+    Bind(u16),
+    /// `--fork-bomb N`: fork idling children until N or a failure.
+    ForkBomb(u32),
+    /// `--memory-hog MB`: allocate and touch MB MiB.
+    MemoryHog(u64),
+    /// `--probe-caps`: capabilities and no_new_privs from /proc/self/status.
+    Caps,
 }
 
 /// `--usage TIN,TOUT,COST`.
@@ -83,6 +107,9 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --history
   --sleep-ms N  --hang  --ignore-cancel
   --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
+  --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
+  --probe-connect PORT  --probe-bind PORT (repeatable)  --probe-caps
+  --fork-bomb N  --memory-hog MB
 ";
 
 /// Parses the test agent's flags. `--flag VALUE` and `--flag=VALUE` are both
@@ -115,6 +142,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         stderr: None,
         ignore_cancel: false,
         help: false,
+        probes: Vec::new(),
     };
     let mut seen: Vec<&str> = Vec::new();
     let mut it = args.iter();
@@ -123,7 +151,17 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
             _ => (arg.as_str(), None),
         };
-        let repeatable = matches!(name, "--message" | "--spawn" | "--spawn-n");
+        let repeatable = matches!(
+            name,
+            "--message"
+                | "--spawn"
+                | "--spawn-n"
+                | "--probe-read"
+                | "--probe-write"
+                | "--probe-exec"
+                | "--probe-connect"
+                | "--probe-bind"
+        );
         if !repeatable && seen.contains(&name) {
             return Err(FlagError(format!("{name} is given more than once")));
         }
@@ -175,6 +213,13 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                     .map_err(|_| FlagError(format!("{name}: expected 0 to 255, got {v:?}")))?;
             }
             "--stderr" => f.stderr = Some(value()?),
+            "--probe-read" => f.probes.push(Probe::Read(path(name, value()?)?)),
+            "--probe-write" => f.probes.push(Probe::Write(path(name, value()?)?)),
+            "--probe-exec" => f.probes.push(Probe::Exec(path(name, value()?)?)),
+            "--probe-connect" => f.probes.push(Probe::Connect(number(name, &value()?)?)),
+            "--probe-bind" => f.probes.push(Probe::Bind(number(name, &value()?)?)),
+            "--fork-bomb" => f.probes.push(Probe::ForkBomb(number(name, &value()?)?)),
+            "--memory-hog" => f.probes.push(Probe::MemoryHog(number(name, &value()?)?)),
             _ if inline.is_some() => {
                 return Err(FlagError(format!("{name} takes no value")));
             }
@@ -188,6 +233,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--no-result" => f.no_result = true,
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
+            "--probe-caps" => f.probes.push(Probe::Caps),
             "--help" | "-h" => f.help = true,
             _ => return Err(FlagError(format!("unknown flag {name:?}"))),
         }
@@ -203,6 +249,15 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         return Err(FlagError("--wait needs --spawn or --spawn-n".into()));
     }
     Ok(f)
+}
+
+fn path(flag: &str, v: String) -> Result<PathBuf, FlagError> {
+    if v.is_empty() {
+        return Err(FlagError(format!(
+            "{flag}: expected a path, got an empty string"
+        )));
+    }
+    Ok(PathBuf::from(v))
 }
 
 fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, FlagError> {
@@ -373,6 +428,72 @@ mod tests {
         );
         assert_eq!(err(&["--fanout"]), "--fanout needs --count-lines");
         assert_eq!(err(&["--wait"]), "--wait needs --spawn or --spawn-n");
+    }
+
+    #[test]
+    fn probes_keep_command_line_order() {
+        let f = p(&[
+            "--probe-read",
+            "/etc",
+            "--probe-connect=8080",
+            "--probe-caps",
+            "--probe-read",
+            "/x",
+            "--fork-bomb",
+            "100",
+            "--probe-write",
+            "/tmp/w",
+            "--probe-exec",
+            "/bin/sh",
+            "--memory-hog",
+            "64",
+            "--probe-bind",
+            "0",
+            "--probe-connect",
+            "9",
+        ])
+        .unwrap();
+        assert_eq!(
+            f.probes,
+            vec![
+                Probe::Read("/etc".into()),
+                Probe::Connect(8080),
+                Probe::Caps,
+                Probe::Read("/x".into()),
+                Probe::ForkBomb(100),
+                Probe::Write("/tmp/w".into()),
+                Probe::Exec("/bin/sh".into()),
+                Probe::MemoryHog(64),
+                Probe::Bind(0),
+                Probe::Connect(9),
+            ]
+        );
+        assert!(p(&[]).unwrap().probes.is_empty());
+    }
+
+    #[test]
+    fn bad_probe_flags_are_named() {
+        assert!(
+            err(&["--probe-connect", "70000"])
+                .starts_with("--probe-connect: expected a whole number")
+        );
+        assert!(err(&["--probe-bind", "-1"]).starts_with("--probe-bind: expected a whole number"));
+        assert!(err(&["--fork-bomb", "many"]).starts_with("--fork-bomb: expected a whole number"));
+        assert!(err(&["--memory-hog", "1.5"]).starts_with("--memory-hog: expected a whole number"));
+        assert_eq!(
+            err(&["--probe-read", ""]),
+            "--probe-read: expected a path, got an empty string"
+        );
+        assert_eq!(err(&["--probe-exec"]), "--probe-exec needs a value");
+        assert_eq!(err(&["--probe-caps=1"]), "--probe-caps takes no value");
+        assert_eq!(
+            err(&["--probe-caps", "--probe-caps"]),
+            "--probe-caps is given more than once"
+        );
+        assert_eq!(
+            err(&["--fork-bomb", "1", "--fork-bomb", "2"]),
+            "--fork-bomb is given more than once"
+        );
     }
 
     #[test]

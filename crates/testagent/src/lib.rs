@@ -16,12 +16,13 @@
 //! does what the flags say, in this order: `--malformed`; `--grandchildren`,
 //! `--setsid-grandchild`, `--report-pids`; `--flood`; `--message`s; `--usage`;
 //! `--spawn`/`--spawn-n` (in command-line order); `--wait`; `--count-lines`;
-//! `--inputs`; `--sleep-ms`; `--hang`. Then it finishes: `--crash` aborts,
+//! the probes (in command-line order); `--inputs`; `--sleep-ms`; `--hang`. Then it finishes: `--crash` aborts,
 //! `--no-result` exits without a result, `--error` sends `error`, otherwise it
 //! sends `done` whose response is, one part per line: the `--result` text
 //! (default `ok`, which a count replaces), the count, the inputs' texts (with
 //! `--inputs`), `history: N messages` and `role: content` lines (with
-//! `--history`), and `name: status: result` per waited child (with `--wait`).
+//! `--history`), `name: status: result` per waited child (with `--wait`), and
+//! last one line per probe, in command-line order.
 //! `done` carries the `--usage` numbers and the run's duration.
 //!
 //! Whenever it waits, it answers `ping` with `pong`, collects `input`s, logs
@@ -60,6 +61,16 @@
 //! | `--exit CODE` | exit code after finishing (default 0) |
 //! | `--stderr TEXT` | write TEXT to stderr at start |
 //! | `--ignore-cancel` | keep going after `cancel` |
+//! | `--probe-read PATH` | read a file's first block or list a directory: `read PATH: ok\|denied\|error: <errno text>` (repeatable) |
+//! | `--probe-write PATH` | create or append: `write PATH: …` (repeatable) |
+//! | `--probe-exec PATH` | fork and execve PATH with no arguments (output to /dev/null, killed once started): `exec PATH: …` (repeatable) |
+//! | `--probe-connect PORT` | TCP connect to 127.0.0.1:PORT: `connect PORT: …` (repeatable) |
+//! | `--probe-bind PORT` | TCP bind of 127.0.0.1:PORT: `bind PORT: …` (repeatable) |
+//! | `--probe-caps` | `caps: CapEff=… CapPrm=… CapBnd=… CapAmb=… NoNewPrivs=…` from /proc/self/status |
+//! | `--fork-bomb N` | fork idling children until N or a failure: `fork-bomb: forked N` or `fork-bomb: stopped at K: <errno text>`; the children idle until the supervisor kills the cgroup, the agent finishes |
+//! | `--memory-hog MB` | allocate and touch MB MiB in 1 MiB steps: `memory-hog: touched MB MiB` (or `stopped at K MiB: …`); killed by the OOM killer it reports nothing, the supervisor records why |
+//!
+//! `denied` means the kernel refused with `EACCES` or `EPERM`.
 //!
 //! # Exit codes
 //!
@@ -74,13 +85,14 @@
 mod agent;
 mod count;
 pub mod flags;
+pub mod probe;
 mod procs;
 pub mod text;
 
 use std::io::{Read, Write};
 
 pub use agent::{EXIT_IO, EXIT_NOT_PROTOCOL, EXIT_STDIN_CLOSED};
-pub use flags::{FlagError, Flags};
+pub use flags::{FlagError, Flags, Probe};
 
 /// Exit code for flags the parser refuses.
 pub const EXIT_BAD_FLAGS: i32 = 2;

@@ -99,12 +99,14 @@ pub struct ResultParts<'a> {
     pub history: Option<&'a [HistoryMessage]>,
     /// One line per waited-for child (`--wait`).
     pub children: &'a [String],
+    /// One line per probe (`--probe-*`, `--fork-bomb`, `--memory-hog`), last.
+    pub probes: &'a [String],
 }
 
 /// Joins the parts with newlines: the result text (default "ok", left out when
 /// a count stands in its place), the count, one line per input, the history
-/// block (`history: N messages` then `role: content` lines) and the children's
-/// lines.
+/// block (`history: N messages` then `role: content` lines), the children's
+/// lines, and the probes' lines.
 pub fn compose_result(p: &ResultParts<'_>) -> String {
     let mut lines: Vec<String> = Vec::new();
     match (p.result, p.count) {
@@ -123,6 +125,7 @@ pub fn compose_result(p: &ResultParts<'_>) -> String {
         lines.extend(history.iter().map(|m| format!("{}: {}", m.role, m.content)));
     }
     lines.extend(p.children.iter().cloned());
+    lines.extend(p.probes.iter().cloned());
     lines.join("\n")
 }
 
@@ -234,6 +237,7 @@ mod tests {
             inputs: Some(&inputs),
             history: Some(&history),
             children: &children,
+            probes: &[],
         });
         assert_eq!(
             r,
@@ -251,6 +255,13 @@ mod tests {
             ..ResultParts::default()
         });
         assert_eq!(r, "r\n3\t/f\nhistory: 0 messages");
+        let probes = vec!["read /x: denied".to_string(), "caps: denied".to_string()];
+        let r = compose_result(&ResultParts {
+            children: &children,
+            probes: &probes,
+            ..ResultParts::default()
+        });
+        assert_eq!(r, "ok\nc1: completed: ok\nread /x: denied\ncaps: denied");
     }
 
     #[test]

@@ -76,6 +76,8 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: true,
+        policy: None,
+        life: None,
     }
 }
 

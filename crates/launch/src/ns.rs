@@ -1,0 +1,913 @@
+//! Namespaces for `iso = ns` (SPEC 5 "Enforcement is by the kernel"): a private
+//! mount namespace built from the agent's mount table, then its `root` and `cwd`,
+//! and for `network: none` an empty network namespace.
+//!
+//! Split the way the launcher needs it (LINUX-NOTES "Spawning from Rust"):
+//! [`prepare`] runs in the supervisor and does everything that allocates, reads
+//! the filesystem or can fail with a useful message: it checks the table, turns
+//! every path into a `CString`, works out the mount flags and creates the mount
+//! points inside the new root. [`apply_in_child`] runs between fork and exec and
+//! makes raw syscalls only (signal-safety(7)), in this order:
+//!
+//! 1. `unshare(CLONE_NEWNS [| CLONE_NEWNET])` (unshare(2)): a private copy of the
+//!    mount table, and an empty network stack with only `lo`. It works here
+//!    because the forked child is single-threaded.
+//! 2. `mount(NULL, "/", NULL, MS_REC | MS_PRIVATE)` before anything else
+//!    (mount_namespaces(7) "Shared subtrees"): otherwise the binds below could
+//!    propagate back into the host's table.
+//! 3. With a root: bind the root onto itself (pivot_root(2) needs `new_root` to
+//!    be a mount point) and make that mount read-only, `nosuid`, `nodev`: the agent
+//!    writes only where the table says `rw`. Non-recursive, so nothing mounted
+//!    below the root on the host comes along.
+//! 4. Each table entry, parents before children: `MS_BIND [| MS_REC]` of the
+//!    source onto root+target, then the asked-for restrictions. A `bind` is
+//!    restricted with `MS_REMOUNT | MS_BIND | flags` (mount(2) "Changing the
+//!    mount flags of a bind mount"), keeping the flags the source already has so
+//!    a remount never loosens it. An `rbind` is restricted with
+//!    `mount_setattr(2)` and `AT_RECURSIVE`: a remount would change only the top
+//!    mount and leave every submount writable.
+//! 5. With `proc`: a fresh `proc` (`nosuid,nodev,noexec`) at root+`/proc`. It
+//!    shows the mounting process's PID namespace (proc(5)), which is the agent's
+//!    when the spawner's keeper namespace is in use.
+//! 6. With `empty_network`: `lo` brought up (netdevice(7) `SIOCSIFFLAGS`), so an
+//!    agent can still talk to itself over loopback; nothing else is reachable.
+//! 7. With a root: `chdir(root); pivot_root(".", "."); umount2(".", MNT_DETACH)`
+//!    (the pivot_root(2) idiom that needs no `put_old` directory): the host's
+//!    tree is detached, not merely hidden as by chroot(2).
+//! 8. `chdir(cwd)` (or `/` with a root).
+//!
+//! **Mount points.** The root is a scratch directory brood owns, so [`prepare`]
+//! creates missing mount points inside it (directories, or an empty file for a
+//! file source) and refuses any symlink on the way, which would make a mount land
+//! elsewhere. A target below another entry's target lies inside that entry's
+//! source, which is the user's data: there, and everywhere without a root, the
+//! mount point must already exist; nothing is created.
+//!
+//! A failing step in the child is recorded in a shared page, so the parent can
+//! say which step and which path failed ([`PreparedNs::child_failure`]); the
+//! spawn error itself only carries the errno.
+
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One mount table entry (SPEC 3 `source<TAB>target<TAB>ro|rw<TAB>options`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    /// A host path, absolute.
+    pub source: PathBuf,
+    /// Where it appears, absolute, inside the new root (or in the host's tree,
+    /// privately, without a root).
+    pub target: PathBuf,
+    pub rw: bool,
+    /// Recursive: submounts of `source` come along (and are restricted too).
+    pub rbind: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+/// What `iso = ns` asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NsSpec {
+    pub mounts: Vec<MountSpec>,
+    /// A directory that becomes `/` (pivot_root). Brood's scratch directory: mount
+    /// points are created in it.
+    pub root: Option<PathBuf>,
+    /// The working directory, inside the new root.
+    pub cwd: Option<PathBuf>,
+    /// A new network namespace with only `lo` (brought up).
+    pub empty_network: bool,
+    /// A fresh `/proc` in the new root (meaningful in the agent's own PID
+    /// namespace).
+    pub proc: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NsError {
+    #[error("mount namespace: {what}: {}", path.display())]
+    BadPath { what: &'static str, path: PathBuf },
+    #[error("mount namespace: {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("mount namespace layer, in the child: {step} {}: {source}", path.display())]
+    Child {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> NsError {
+    NsError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn bad(what: &'static str, path: &Path) -> NsError {
+    NsError::BadPath {
+        what,
+        path: path.to_path_buf(),
+    }
+}
+
+/// mount_setattr(2) attributes (linux/mount.h).
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// `struct mount_attr` (linux/mount.h, `MOUNT_ATTR_SIZE_VER0`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// How the child restricts one bind mount after making it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restrict {
+    None,
+    /// `mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | flags)`.
+    Remount(libc::c_ulong),
+    /// `mount_setattr(AT_FDCWD, target, AT_RECURSIVE, {attr_set})`.
+    Recursive(u64),
+}
+
+#[derive(Debug)]
+struct PreparedMount {
+    source: CString,
+    /// root + target, as the child sees it before pivoting.
+    target: CString,
+    bind_flags: libc::c_ulong,
+    restrict: Restrict,
+    /// For messages only.
+    target_shown: PathBuf,
+}
+
+/// The steps of [`apply_in_child`], numbered for the failure page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Step {
+    Unshare = 1,
+    MakePrivate = 2,
+    BindRoot = 3,
+    RestrictRoot = 4,
+    Bind = 5,
+    Restrict = 6,
+    Proc = 7,
+    Loopback = 8,
+    PivotRoot = 9,
+    DetachOldRoot = 10,
+    Chdir = 11,
+}
+
+impl Step {
+    const ALL: [Step; 11] = [
+        Step::Unshare,
+        Step::MakePrivate,
+        Step::BindRoot,
+        Step::RestrictRoot,
+        Step::Bind,
+        Step::Restrict,
+        Step::Proc,
+        Step::Loopback,
+        Step::PivotRoot,
+        Step::DetachOldRoot,
+        Step::Chdir,
+    ];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Step::Unshare => "unshare(CLONE_NEWNS | CLONE_NEWNET?) of",
+            Step::MakePrivate => "mount(MS_REC | MS_PRIVATE) of",
+            Step::BindRoot => "mount(MS_BIND) of the new root onto itself:",
+            Step::RestrictRoot => "mount(MS_REMOUNT | MS_BIND | MS_RDONLY) of the new root",
+            Step::Bind => "bind mount (MS_BIND) onto",
+            Step::Restrict => "restricting (ro/nosuid/nodev/noexec) the mount at",
+            Step::Proc => "mount -t proc at",
+            Step::Loopback => "bringing up lo (SIOCSIFFLAGS) in the new network namespace for",
+            Step::PivotRoot => "pivot_root into",
+            Step::DetachOldRoot => "umount2(MNT_DETACH) of the old root, from",
+            Step::Chdir => "chdir to",
+        }
+    }
+}
+
+/// One shared anonymous page (mmap(2) `MAP_SHARED | MAP_ANONYMOUS`) that a
+/// forked child and its parent both see: the child stores the failing step there,
+/// the parent reads it after the spawn failed. Atomics only: no locks in the child.
+#[derive(Debug)]
+struct FailurePage {
+    word: NonNull<AtomicU64>,
+}
+
+// SAFETY: the page is only ever accessed through the AtomicU64, which is Sync; the
+// mapping lives until Drop.
+unsafe impl Send for FailurePage {}
+// SAFETY: as above.
+unsafe impl Sync for FailurePage {}
+
+impl FailurePage {
+    fn new() -> io::Result<FailurePage> {
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                std::mem::size_of::<AtomicU64>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // The kernel zero-fills the page and aligns it, so it is a valid AtomicU64.
+        NonNull::new(p.cast::<AtomicU64>())
+            .map(|word| FailurePage { word })
+            .ok_or_else(|| io::Error::other("mmap returned NULL"))
+    }
+
+    fn word(&self) -> &AtomicU64 {
+        // SAFETY: the mapping is live and aligned for as long as self (see new).
+        unsafe { self.word.as_ref() }
+    }
+}
+
+impl Drop for FailurePage {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once; no reference outlives self.
+        unsafe { libc::munmap(self.word.as_ptr().cast(), std::mem::size_of::<AtomicU64>()) };
+    }
+}
+
+/// Everything the child needs, ready in the parent. Reusable for many spawns
+/// (one at a time: the failure page holds the last child's outcome).
+#[derive(Debug)]
+pub struct PreparedNs {
+    unshare_flags: libc::c_int,
+    root: Option<CString>,
+    /// Flags the root's own filesystem has (statvfs(3)), kept when the root is
+    /// remounted read-only.
+    root_flags: libc::c_ulong,
+    mounts: Vec<PreparedMount>,
+    proc_target: Option<CString>,
+    cwd: Option<CString>,
+    loopback_up: bool,
+    failure: FailurePage,
+    /// For messages only.
+    root_shown: PathBuf,
+    cwd_shown: PathBuf,
+}
+
+/// A copyable handle to a [`PreparedNs`] for a `pre_exec` closure (which must be
+/// `Send + Sync + 'static`). Valid while the `PreparedNs` lives: keep it alive
+/// until the spawn returns.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildNs(*const PreparedNs);
+
+// SAFETY: the pointer is only dereferenced in the forked child (a copy of the
+// parent's memory), under the precondition of `ChildNs::apply`.
+unsafe impl Send for ChildNs {}
+// SAFETY: as above.
+unsafe impl Sync for ChildNs {}
+
+impl ChildNs {
+    /// [`apply_in_child`] on the `PreparedNs` this handle came from.
+    ///
+    /// # Safety
+    /// As for [`apply_in_child`], and that `PreparedNs` must still be alive in the
+    /// parent when the child was forked (it is, while the spawn call runs).
+    pub unsafe fn apply(self) -> io::Result<()> {
+        // SAFETY: the caller guarantees the PreparedNs is alive.
+        unsafe { apply_in_child(&*self.0) }
+    }
+}
+
+impl PreparedNs {
+    pub fn for_child(&self) -> ChildNs {
+        ChildNs(self)
+    }
+
+    /// After a spawn failed: which step of [`apply_in_child`] failed, on which
+    /// path, with the errno; `None` if the namespace steps all succeeded (the
+    /// failure was elsewhere).
+    pub fn child_failure(&self) -> Option<NsError> {
+        let w = self.failure.word().load(Ordering::Acquire);
+        if w == 0 {
+            return None;
+        }
+        let step_no = (w >> 48) as u8;
+        let index = ((w >> 32) & 0xffff) as usize;
+        let errno = (w & 0xffff_ffff) as i32;
+        let step = Step::ALL.into_iter().find(|s| *s as u8 == step_no)?;
+        let path = match step {
+            Step::Bind | Step::Restrict => self
+                .mounts
+                .get(index)
+                .map(|m| m.target_shown.clone())
+                .unwrap_or_default(),
+            Step::Proc => PathBuf::from("/proc"),
+            Step::Chdir => self.cwd_shown.clone(),
+            _ => self.root_shown.clone(),
+        };
+        Some(NsError::Child {
+            step: step.describe(),
+            path,
+            source: io::Error::from_raw_os_error(errno),
+        })
+    }
+}
+
+/// Absolute, no `.` or `..` component, no control character (SPEC 3), as bytes:
+/// `Path::components` would silently drop a `.`.
+fn check_abs(p: &Path, what: &'static str) -> Result<CString, NsError> {
+    let b = p.as_os_str().as_bytes();
+    let ok = b.first() == Some(&b'/')
+        && !b.iter().any(|c| c.is_ascii_control())
+        && !b.split(|c| *c == b'/').any(|s| s == b"." || s == b"..");
+    if !ok {
+        return Err(bad(what, p));
+    }
+    CString::new(b).map_err(|_| bad(what, p))
+}
+
+fn cstring(p: &Path) -> Result<CString, NsError> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| bad("a path with a NUL byte", p))
+}
+
+/// The `MS_*` flags of the filesystem at `p` that a remount must keep
+/// (statvfs(3) `f_flag`).
+fn fs_flags(p: &Path) -> Result<libc::c_ulong, NsError> {
+    let c = cstring(p)?;
+    // SAFETY: statvfs(3) fills the zeroed struct; c is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io_err("statvfs", p, io::Error::last_os_error()));
+    }
+    let mut f = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+    ] {
+        if st.f_flag & st_flag != 0 {
+            f |= ms_flag;
+        }
+    }
+    Ok(f)
+}
+
+/// Host-side path of `target` (absolute) inside `root`.
+fn under(root: &Path, target: &Path) -> PathBuf {
+    root.join(target.strip_prefix("/").unwrap_or(target))
+}
+
+/// Makes sure the mount point `root`+`target` exists, creating directories (and
+/// the final empty file for a file source) below `root`, and refusing symlinks:
+/// a mount follows them, and one could point out of the root.
+fn make_mount_point(root: &Path, target: &Path, file: bool) -> Result<(), NsError> {
+    let rel = target.strip_prefix("/").unwrap_or(target);
+    let n = rel.components().count();
+    let mut here = root.to_path_buf();
+    for (i, comp) in rel.components().enumerate() {
+        here.push(comp);
+        let last = i + 1 == n;
+        match fs::symlink_metadata(&here) {
+            Ok(md) if md.file_type().is_symlink() => {
+                return Err(bad(
+                    "a symlink on the way to a mount point in the root",
+                    &here,
+                ));
+            }
+            Ok(md) if !last && !md.is_dir() => {
+                return Err(bad("not a directory on the way to a mount point", &here));
+            }
+            Ok(md) if last && md.is_dir() == file => {
+                return Err(bad(
+                    "the mount point and its source are not both directories or both files",
+                    &here,
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if last && file {
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o644)
+                        .open(&here)
+                        .map_err(|e| io_err("create mount point", &here, e))?;
+                } else {
+                    fs::DirBuilder::new()
+                        .mode(0o755)
+                        .create(&here)
+                        .map_err(|e| io_err("mkdir mount point", &here, e))?;
+                }
+            }
+            Err(e) => return Err(io_err("stat", &here, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Checks that an existing mount point `p` has the right type and no symlink in
+/// the part of its path below `from` (nothing is created there).
+fn check_mount_point(from: &Path, p: &Path, file: bool) -> Result<(), NsError> {
+    let mut here = from.to_path_buf();
+    let rel = p.strip_prefix(from).unwrap_or(p);
+    for comp in rel.components() {
+        here.push(comp);
+        let md = fs::symlink_metadata(&here).map_err(|e| io_err("stat mount point", &here, e))?;
+        if md.file_type().is_symlink() {
+            return Err(bad("a symlink on the way to a mount point", &here));
+        }
+    }
+    let md = fs::metadata(p).map_err(|e| io_err("stat mount point", p, e))?;
+    if md.is_dir() == file {
+        return Err(bad(
+            "the mount point and its source are not both directories or both files",
+            p,
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the spec and builds everything [`apply_in_child`] needs (see the
+/// module docs); creates missing mount points inside `root`.
+pub fn prepare(spec: &NsSpec) -> Result<PreparedNs, NsError> {
+    let root = match &spec.root {
+        Some(r) => {
+            let c = check_abs(r, "the root must be an absolute path without . or ..")?;
+            if r == Path::new("/") {
+                return Err(bad("the root must not be / (leave it unset instead)", r));
+            }
+            let md = fs::symlink_metadata(r).map_err(|e| io_err("stat root", r, e))?;
+            if !md.is_dir() {
+                return Err(bad("the root must be a directory (not a symlink)", r));
+            }
+            Some((r.clone(), c))
+        }
+        None => None,
+    };
+
+    // Parents before children, so a child's mount lands inside its parent's;
+    // the sort is stable, so entries at one depth keep the table's order.
+    let mut entries: Vec<&MountSpec> = spec.mounts.iter().collect();
+    entries.sort_by_key(|m| m.target.components().count());
+
+    let mut mounts: Vec<PreparedMount> = Vec::with_capacity(entries.len());
+    let mut placed: Vec<(&Path, &Path)> = Vec::new(); // (target, source)
+    for m in entries {
+        let source = check_abs(&m.source, "a mount source must be absolute without . or ..")?;
+        check_abs(&m.target, "a mount target must be absolute without . or ..")?;
+        if m.target == Path::new("/") {
+            return Err(bad("a mount target must not be / (use root)", &m.target));
+        }
+        let md = fs::metadata(&m.source).map_err(|e| io_err("stat mount source", &m.source, e))?;
+        let file = !md.is_dir();
+        let host_target = match &root {
+            Some((r, _)) => under(r, &m.target),
+            None => m.target.clone(),
+        };
+        // Below an earlier entry's target, the mount point is inside that entry's
+        // source (the deepest such entry wins, as the mounts will stack).
+        let parent = placed
+            .iter()
+            .filter(|(t, _)| m.target.starts_with(t) && m.target != *t)
+            .max_by_key(|(t, _)| t.components().count());
+        match (parent, &root) {
+            (Some((t, s)), _) => {
+                let inside = s.join(m.target.strip_prefix(t).unwrap_or(&m.target));
+                check_mount_point(s, &inside, file)?;
+            }
+            (None, Some((r, _))) => make_mount_point(r, &m.target, file)?,
+            (None, None) => check_mount_point(Path::new("/"), &m.target, file)?,
+        }
+        let bind_flags = libc::MS_BIND | if m.rbind { libc::MS_REC } else { 0 };
+        let wanted = [
+            (!m.rw, libc::MS_RDONLY, MOUNT_ATTR_RDONLY),
+            (m.nosuid, libc::MS_NOSUID, MOUNT_ATTR_NOSUID),
+            (m.nodev, libc::MS_NODEV, MOUNT_ATTR_NODEV),
+            (m.noexec, libc::MS_NOEXEC, MOUNT_ATTR_NOEXEC),
+        ];
+        let ms: libc::c_ulong = wanted.iter().filter(|w| w.0).map(|w| w.1).sum();
+        let attr: u64 = wanted.iter().filter(|w| w.0).map(|w| w.2).sum();
+        let restrict = if attr == 0 {
+            Restrict::None
+        } else if m.rbind {
+            Restrict::Recursive(attr)
+        } else {
+            Restrict::Remount(libc::MS_REMOUNT | libc::MS_BIND | ms | fs_flags(&m.source)?)
+        };
+        mounts.push(PreparedMount {
+            source,
+            target: cstring(&host_target)?,
+            bind_flags,
+            restrict,
+            target_shown: m.target.clone(),
+        });
+        placed.push((&m.target, &m.source));
+    }
+
+    let proc_target = if spec.proc {
+        let at = match &root {
+            Some((r, _)) => {
+                make_mount_point(r, Path::new("/proc"), false)?;
+                under(r, Path::new("/proc"))
+            }
+            None => PathBuf::from("/proc"),
+        };
+        Some(cstring(&at)?)
+    } else {
+        None
+    };
+    let cwd = spec
+        .cwd
+        .as_deref()
+        .map(|c| check_abs(c, "cwd must be absolute without . or .."))
+        .transpose()?;
+    let root_flags = match &root {
+        Some((r, _)) => fs_flags(r)?,
+        None => 0,
+    };
+    let failure = FailurePage::new().map_err(|e| io_err("mmap", Path::new("(failure page)"), e))?;
+    Ok(PreparedNs {
+        unshare_flags: libc::CLONE_NEWNS
+            | if spec.empty_network {
+                libc::CLONE_NEWNET
+            } else {
+                0
+            },
+        root_shown: root
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .unwrap_or_else(|| PathBuf::from("/")),
+        root: root.map(|(_, c)| c),
+        root_flags,
+        mounts,
+        proc_target,
+        cwd_shown: spec.cwd.clone().unwrap_or_default(),
+        cwd,
+        loopback_up: spec.empty_network,
+        failure,
+    })
+}
+
+/// Applies `p` to the calling process: the steps of the module docs, in order.
+/// On failure the step is recorded for [`PreparedNs::child_failure`] and the
+/// errno returned.
+///
+/// Call it after the child joined its cgroups (so the namespaces' kernel memory
+/// is charged to the agent) and before capabilities are dropped and landlock is
+/// entered: both forbid mount(2) and pivot_root(2).
+///
+/// # Safety
+/// Only in a freshly forked, single-threaded child before exec: it changes the
+/// process's root, working directory and namespaces. It makes raw syscalls only
+/// (async-signal-safe, no allocation) on memory `p` prepared in the parent.
+pub unsafe fn apply_in_child(p: &PreparedNs) -> io::Result<()> {
+    let word = p.failure.word();
+    word.store(0, Ordering::Release);
+    let fail = |step: Step, index: usize| -> io::Error {
+        let e = io::Error::last_os_error();
+        let errno = e.raw_os_error().unwrap_or(0) as u32 as u64;
+        let w = ((step as u64) << 48) | (((index as u64) & 0xffff) << 32) | errno;
+        word.store(w, Ordering::Release);
+        e
+    };
+    let null = ptr::null::<libc::c_char>();
+    // SAFETY (whole block): raw syscalls with pointers to C strings and stack
+    // values that live through each call; see the function's contract.
+    unsafe {
+        // unshare(2).
+        if libc::unshare(p.unshare_flags) != 0 {
+            return Err(fail(Step::Unshare, 0));
+        }
+        // mount_namespaces(7): stop propagation both ways before any mount.
+        if libc::mount(
+            null,
+            c"/".as_ptr(),
+            null,
+            libc::MS_REC | libc::MS_PRIVATE,
+            ptr::null(),
+        ) != 0
+        {
+            return Err(fail(Step::MakePrivate, 0));
+        }
+        if let Some(root) = &p.root {
+            // pivot_root(2): new_root must be a mount point.
+            if libc::mount(
+                root.as_ptr(),
+                root.as_ptr(),
+                null,
+                libc::MS_BIND,
+                ptr::null(),
+            ) != 0
+            {
+                return Err(fail(Step::BindRoot, 0));
+            }
+            // mount(2) "Changing the mount flags of a bind mount".
+            let flags = libc::MS_REMOUNT
+                | libc::MS_BIND
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | p.root_flags;
+            if libc::mount(null, root.as_ptr(), null, flags, ptr::null()) != 0 {
+                return Err(fail(Step::RestrictRoot, 0));
+            }
+        }
+        for (i, m) in p.mounts.iter().enumerate() {
+            // mount(2) "Creating a bind mount".
+            if libc::mount(
+                m.source.as_ptr(),
+                m.target.as_ptr(),
+                null,
+                m.bind_flags,
+                ptr::null(),
+            ) != 0
+            {
+                return Err(fail(Step::Bind, i));
+            }
+            let restricted = match m.restrict {
+                Restrict::None => 0,
+                Restrict::Remount(flags) => {
+                    libc::mount(null, m.target.as_ptr(), null, flags, ptr::null())
+                }
+                Restrict::Recursive(attr_set) => {
+                    // mount_setattr(2), Linux 5.12: every mount of the tree.
+                    let attr = MountAttr {
+                        attr_set,
+                        attr_clr: 0,
+                        propagation: 0,
+                        userns_fd: 0,
+                    };
+                    libc::syscall(
+                        libc::SYS_mount_setattr,
+                        libc::AT_FDCWD,
+                        m.target.as_ptr(),
+                        libc::AT_RECURSIVE as libc::c_uint,
+                        &attr as *const MountAttr,
+                        std::mem::size_of::<MountAttr>(),
+                    ) as libc::c_int
+                }
+            };
+            if restricted != 0 {
+                return Err(fail(Step::Restrict, i));
+            }
+        }
+        if let Some(at) = &p.proc_target {
+            // proc(5): a new instance for the caller's PID namespace.
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            if libc::mount(
+                c"proc".as_ptr(),
+                at.as_ptr(),
+                c"proc".as_ptr(),
+                flags,
+                ptr::null(),
+            ) != 0
+            {
+                return Err(fail(Step::Proc, 0));
+            }
+        }
+        if p.loopback_up && loopback_up() != 0 {
+            return Err(fail(Step::Loopback, 0));
+        }
+        if let Some(root) = &p.root {
+            // pivot_root(2) NOTES: pivot_root(".", ".") stacks the old root on
+            // the new one; detaching "." then drops the old root.
+            if libc::chdir(root.as_ptr()) != 0 {
+                return Err(fail(Step::PivotRoot, 0));
+            }
+            if libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) != 0 {
+                return Err(fail(Step::PivotRoot, 0));
+            }
+            if libc::umount2(c".".as_ptr(), libc::MNT_DETACH) != 0 {
+                return Err(fail(Step::DetachOldRoot, 0));
+            }
+            if libc::chdir(c"/".as_ptr()) != 0 {
+                return Err(fail(Step::Chdir, 0));
+            }
+        }
+        if let Some(cwd) = &p.cwd
+            && libc::chdir(cwd.as_ptr()) != 0
+        {
+            return Err(fail(Step::Chdir, 0));
+        }
+    }
+    Ok(())
+}
+
+/// `ip link set lo up` (netdevice(7) `SIOCGIFFLAGS`/`SIOCSIFFLAGS` on a datagram
+/// socket); 0 or -1 with errno set.
+///
+/// # Safety
+/// Raw syscalls only; for the child.
+unsafe fn loopback_up() -> libc::c_int {
+    // SAFETY (whole body): socket(2), ioctl(2), close(2) on a zeroed stack ifreq.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return -1;
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        let mut r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr);
+        if r == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            r = libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr);
+        }
+        if r != 0 {
+            // Keep the ioctl's errno, not close's.
+            let e = *libc::__errno_location();
+            libc::close(fd);
+            *libc::__errno_location() = e;
+            return -1;
+        }
+        libc::close(fd);
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(source: &Path, target: &str) -> MountSpec {
+        MountSpec {
+            source: source.to_path_buf(),
+            target: PathBuf::from(target),
+            rw: false,
+            rbind: false,
+            nosuid: true,
+            nodev: true,
+            noexec: false,
+        }
+    }
+
+    #[test]
+    fn bad_paths_are_refused_naming_the_field_and_path() {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        for (target, what) in [
+            ("work", "target must be absolute"),
+            ("/a/../etc", "target must be absolute"),
+            ("/a/./b", "target must be absolute"),
+            ("/a\tb", "target must be absolute"),
+            ("/", "must not be /"),
+        ] {
+            let spec = NsSpec {
+                mounts: vec![entry(src.path(), target)],
+                root: Some(root.path().to_path_buf()),
+                ..NsSpec::default()
+            };
+            let e = prepare(&spec).unwrap_err().to_string();
+            assert!(e.contains(what) && e.contains(target), "{target:?}: {e}");
+        }
+        let spec = NsSpec {
+            mounts: vec![entry(Path::new("/nonexistent/brood"), "/x")],
+            root: Some(root.path().to_path_buf()),
+            ..NsSpec::default()
+        };
+        let e = prepare(&spec).unwrap_err().to_string();
+        assert!(e.contains("stat mount source /nonexistent/brood"), "{e}");
+        let spec = NsSpec {
+            cwd: Some(PathBuf::from("rel")),
+            ..NsSpec::default()
+        };
+        assert!(prepare(&spec).unwrap_err().to_string().contains("cwd"));
+        let spec = NsSpec {
+            root: Some(PathBuf::from("/")),
+            ..NsSpec::default()
+        };
+        assert!(prepare(&spec).unwrap_err().to_string().contains("root"));
+    }
+
+    #[test]
+    fn mount_points_are_made_in_the_root_never_through_a_symlink() {
+        let src = tempfile::tempdir().unwrap();
+        let file_src = src.path().join("f");
+        fs::write(&file_src, "x").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let spec = NsSpec {
+            mounts: vec![entry(src.path(), "/a/b"), entry(&file_src, "/etc/f")],
+            root: Some(root.path().to_path_buf()),
+            proc: true,
+            ..NsSpec::default()
+        };
+        let p = prepare(&spec).unwrap();
+        assert!(root.path().join("a/b").is_dir());
+        assert!(root.path().join("etc/f").is_file());
+        assert!(root.path().join("proc").is_dir());
+        assert_eq!(p.mounts.len(), 2);
+        assert!(p.child_failure().is_none());
+
+        std::os::unix::fs::symlink("/etc", root.path().join("evil")).unwrap();
+        let spec = NsSpec {
+            mounts: vec![entry(src.path(), "/evil/x")],
+            root: Some(root.path().to_path_buf()),
+            ..NsSpec::default()
+        };
+        let e = prepare(&spec).unwrap_err().to_string();
+        assert!(e.contains("symlink") && e.contains("evil"), "{e}");
+        assert!(!Path::new("/etc/x").exists());
+    }
+
+    #[test]
+    fn nested_targets_need_their_mount_point_in_the_parent_source() {
+        let outer = tempfile::tempdir().unwrap();
+        let inner = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        // Listed child first: prepare orders parents first.
+        let spec = NsSpec {
+            mounts: vec![entry(inner.path(), "/w/sub"), entry(outer.path(), "/w")],
+            root: Some(root.path().to_path_buf()),
+            ..NsSpec::default()
+        };
+        let e = prepare(&spec).unwrap_err().to_string();
+        assert!(
+            e.contains(&*outer.path().join("sub").to_string_lossy()),
+            "{e}"
+        );
+        assert!(
+            !outer.path().join("sub").exists(),
+            "nothing is made in user data"
+        );
+        fs::create_dir(outer.path().join("sub")).unwrap();
+        let p = prepare(&spec).unwrap();
+        let order: Vec<&Path> = p.mounts.iter().map(|m| m.target_shown.as_path()).collect();
+        assert_eq!(order, [Path::new("/w"), Path::new("/w/sub")]);
+    }
+
+    #[test]
+    fn flags_follow_the_entry() {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let mut rw = entry(src.path(), "/rw");
+        rw.rw = true;
+        rw.nosuid = false;
+        rw.nodev = false;
+        let mut rb = entry(src.path(), "/rb");
+        rb.rbind = true;
+        rb.noexec = true;
+        let spec = NsSpec {
+            mounts: vec![rw, rb, entry(src.path(), "/ro")],
+            root: Some(root.path().to_path_buf()),
+            empty_network: true,
+            ..NsSpec::default()
+        };
+        let p = prepare(&spec).unwrap();
+        assert_eq!(p.unshare_flags, libc::CLONE_NEWNS | libc::CLONE_NEWNET);
+        assert_eq!(p.mounts[0].restrict, Restrict::None);
+        assert_eq!(p.mounts[0].bind_flags, libc::MS_BIND);
+        assert_eq!(p.mounts[1].bind_flags, libc::MS_BIND | libc::MS_REC);
+        assert_eq!(
+            p.mounts[1].restrict,
+            Restrict::Recursive(
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC
+            )
+        );
+        let Restrict::Remount(f) = p.mounts[2].restrict else {
+            panic!("{:?}", p.mounts[2].restrict);
+        };
+        let want =
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+        assert_eq!(f & want, want);
+        assert_eq!(f & libc::MS_NOEXEC, 0);
+    }
+
+    #[test]
+    fn a_recorded_child_failure_names_its_step_and_path() {
+        let p = prepare(&NsSpec {
+            cwd: Some(PathBuf::from("/no/such/dir")),
+            ..NsSpec::default()
+        })
+        .unwrap();
+        let w = ((Step::Chdir as u64) << 48) | libc::ENOENT as u64;
+        p.failure.word().store(w, Ordering::Release);
+        let e = p.child_failure().unwrap().to_string();
+        assert!(e.contains("chdir to /no/such/dir"), "{e}");
+        assert!(e.contains("No such file"), "{e}");
+    }
+}

@@ -1,0 +1,106 @@
+//! From an agent's effective policy to what the kernel enforces (SPEC 5):
+//! the landlock sandbox (files, exec, TCP), `no_new_privs` and the capability
+//! drop, and the cgroup limits. The launcher applies the result between fork and
+//! exec; this module only decides.
+
+use std::path::{Path, PathBuf};
+
+use brood_core::policy::{Mode, Network, Policy};
+use brood_launch::cgroup::Limits;
+use brood_launch::sandbox::{FsAccess, SandboxSpec};
+
+use crate::lower::{self, Access};
+
+/// Tools that let an agent run programs other than its own (SPEC 5: "without
+/// `shell` or `code_exec` the agent may execute only its own program").
+const EXEC_TOOLS: [&str; 2] = ["shell", "code_exec"];
+
+/// What the sandbox of one agent needs beyond its policy.
+pub struct Context<'a> {
+    /// The agent's program, resolved to a path.
+    pub program: &'a Path,
+    /// The `brood` binary, so programs inside a tree can call `brood spawn`.
+    pub brood: Option<&'a Path>,
+    /// The agent's own policy file (`BROOD_POLICY`), readable by it.
+    pub policy_file: &'a Path,
+    /// Started by root: drop every capability.
+    pub root: bool,
+    /// The operator allowed running with layers the host lacks.
+    pub allow_weaker: bool,
+}
+
+pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
+    let rules: Vec<(PathBuf, Access)> = policy
+        .files
+        .iter()
+        .map(|r| {
+            let a = match r.mode {
+                Mode::Hidden => Access::Hidden,
+                Mode::Ro => Access::Ro,
+                Mode::Rw => Access::Rw,
+            };
+            (PathBuf::from(r.path.as_str()), a)
+        })
+        .collect();
+    let mut fs: Vec<(PathBuf, FsAccess)> = lower::grants(&rules)
+        .into_iter()
+        .filter_map(|(p, a)| match a {
+            Access::Hidden => None,
+            Access::Ro => Some((p, FsAccess::Ro)),
+            Access::Rw => Some((p, FsAccess::Rw)),
+        })
+        .collect();
+    fs.push((cx.policy_file.to_path_buf(), FsAccess::Ro));
+    let may_exec_anything = match &policy.tools {
+        None => true,
+        Some(t) => EXEC_TOOLS.iter().any(|x| t.contains(*x)),
+    };
+    let mut exec: Vec<PathBuf> = if may_exec_anything {
+        // Whatever it may read, it may run.
+        fs.iter().map(|(p, _)| p.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    exec.push(cx.program.to_path_buf());
+    if let Some(b) = cx.brood {
+        exec.push(b.to_path_buf());
+    }
+    let (net_connect, net_bind) = match &policy.network {
+        Network::All => (None, None),
+        Network::None => (Some(Vec::new()), Some(Vec::new())),
+        Network::Connect(ports) => (Some(ports.iter().copied().collect()), Some(Vec::new())),
+    };
+    SandboxSpec {
+        fs,
+        exec,
+        base_ro: true,
+        net_connect,
+        net_bind,
+        scoped: true,
+        no_new_privs: true,
+        drop_caps: cx.root,
+        allow_weaker: cx.allow_weaker,
+    }
+}
+
+pub fn limits(policy: &Policy) -> Limits {
+    Limits {
+        memory_max: policy.resources.memory_max,
+        pids_max: policy.resources.pids_max,
+        cpu_weight: policy.resources.cpu_weight,
+    }
+}
+
+/// Finds a program in `path` as execvp would (the agent's own `PATH`).
+pub fn resolve(program: &str, path: &str) -> PathBuf {
+    if program.contains('/') {
+        return PathBuf::from(program);
+    }
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let cand = Path::new(dir).join(program);
+        if cand.is_file() {
+            return cand;
+        }
+    }
+    PathBuf::from(program)
+}

@@ -1504,14 +1504,32 @@ impl Dispatcher {
             AgentEv::Exited { status } => {
                 l.exit = Some(status);
                 l.stdin = None;
-                let pid = l.pid;
                 if l.stopping.is_some() {
                     // The stop in flight records the outcome, in post-order.
                     return;
                 }
-                let (outcome, result, detail) = outcome_of(l, status);
+                let (outcome, result, mut detail) = outcome_of(l, status);
+                // A kill by the kernel for a limit of the policy says which limit
+                // (read before the group is removed).
+                if libc::WIFSIGNALED(status)
+                    && let (Some(cg), Some(g)) = (&self.cgroups, &l.group)
+                {
+                    let why = if cg.oom_killed(g) {
+                        Some(format!(
+                            "killed by the OOM killer: the policy's memory_max ({} bytes) was reached",
+                            l.policy.resources.memory_max.unwrap_or_default()
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(w) = why {
+                        detail = Some(match detail {
+                            Some(d) => format!("{w}; {d}"),
+                            None => w,
+                        });
+                    }
+                }
                 let code = exit_code(status);
-                let _ = pid;
                 self.finish(&name, outcome, code, result, detail);
             }
         }

@@ -1,0 +1,245 @@
+//! Proof from inside the sandbox (issue 3 item 6): the test agent probes what it
+//! can actually do under its policy, with real landlock, real cgroup limits and
+//! real processes, and reports; these tests read the reports.
+
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+async fn run_probe(env: &Env, name_: &str, policy: Value, flags: &[&str]) -> Value {
+    let mut r = req(name_, agent(flags));
+    r.policy = Some(policy);
+    r.await_ready = false;
+    env.sup.spawn(me(), r).await.expect("spawn");
+    let w = env
+        .sup
+        .wait(me(), vec![name(name_)], Some(Duration::from_secs(30)))
+        .await
+        .expect("wait");
+    w["agents"][0].clone()
+}
+
+fn line<'a>(result: &'a str, prefix: &str) -> &'a str {
+    result
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in {result:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_exec_and_symlinks_are_enforced_by_the_kernel() {
+    let env = start(Duration::from_millis(500));
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::create_dir_all(p.join("hidden")).unwrap();
+    std::fs::create_dir_all(p.join("ro")).unwrap();
+    std::fs::create_dir_all(p.join("rw")).unwrap();
+    std::fs::write(p.join("hidden/secret.txt"), "secret").unwrap();
+    std::fs::write(p.join("ro/file.txt"), "readable").unwrap();
+    // A symlink planted in a writable directory, pointing at a hidden file.
+    std::os::unix::fs::symlink(p.join("hidden/secret.txt"), p.join("rw/link")).unwrap();
+    let s = |x: &str| p.join(x).to_string_lossy().into_owned();
+    let policy = json!({
+        "tools": ["file_read"],
+        "files": [
+            {"path": "/", "mode": "ro"},
+            {"path": s("hidden"), "mode": "hidden"},
+            {"path": s("ro"), "mode": "ro"},
+            {"path": s("rw"), "mode": "rw"},
+        ],
+        "network": "none",
+    });
+    let (hidden, rofile, ronew, rwnew, link) = (
+        s("hidden/secret.txt"),
+        s("ro/file.txt"),
+        s("ro/new"),
+        s("rw/new"),
+        s("rw/link"),
+    );
+    let a = run_probe(
+        &env,
+        "prober",
+        policy,
+        &[
+            "--probe-read",
+            &hidden,
+            "--probe-read",
+            &rofile,
+            "--probe-write",
+            &ronew,
+            "--probe-write",
+            &rwnew,
+            "--probe-read",
+            &link,
+            "--probe-exec",
+            "/bin/sh",
+            "--probe-caps",
+            "--result",
+            "probed",
+        ],
+    )
+    .await;
+    assert_eq!(a["status"], "completed", "{a}");
+    let r = a["result"].as_str().unwrap();
+    assert_eq!(
+        line(r, &format!("read {hidden}")),
+        format!("read {hidden}: denied"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("read {rofile}")),
+        format!("read {rofile}: ok"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("write {ronew}")),
+        format!("write {ronew}: denied"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("write {rwnew}")),
+        format!("write {rwnew}: ok"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("read {link}")),
+        format!("read {link}: denied"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, "exec /bin/sh"),
+        "exec /bin/sh: denied",
+        "without shell only its own program runs: {r}"
+    );
+    let caps = line(r, "caps:");
+    assert!(
+        caps.contains("CapEff=0000000000000000") && caps.contains("NoNewPrivs=1"),
+        "{caps}"
+    );
+    assert!(p.join("rw/new").exists() && !p.join("ro/new").exists());
+    env.sup.flush().await;
+    let meta: Value = serde_json::from_str(&read(
+        env.sup.paths().agent_dir(&name("prober")).join("meta.json"),
+    ))
+    .unwrap();
+    assert_eq!(meta["sandbox"]["files"], true, "{meta}");
+    assert_eq!(meta["sandbox"]["capabilities_dropped"], true, "{meta}");
+
+    // With `shell`, other programs run.
+    let a = run_probe(
+        &env,
+        "sheller",
+        json!({"tools": ["shell"], "files": [{"path": "/", "mode": "ro"}]}),
+        &["--probe-exec", "/bin/sh"],
+    )
+    .await;
+    assert_eq!(
+        line(a["result"].as_str().unwrap(), "exec /bin/sh"),
+        "exec /bin/sh: ok",
+        "{a}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_none_and_one_port() {
+    let env = start(Duration::from_millis(500));
+    let l1 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (p1, p2) = (
+        l1.local_addr().unwrap().port().to_string(),
+        l2.local_addr().unwrap().port().to_string(),
+    );
+    let a = run_probe(
+        &env,
+        "offline",
+        json!({"network": "none"}),
+        &["--probe-connect", &p1],
+    )
+    .await;
+    assert_eq!(
+        line(a["result"].as_str().unwrap(), "connect"),
+        format!("connect {p1}: denied"),
+        "{a}"
+    );
+    let port: u16 = p1.parse().unwrap();
+    let a = run_probe(
+        &env,
+        "one-port",
+        json!({"network": {"connect": [port]}}),
+        &["--probe-connect", &p1, "--probe-connect", &p2],
+    )
+    .await;
+    let r = a["result"].as_str().unwrap();
+    assert_eq!(
+        line(r, &format!("connect {p1}")),
+        format!("connect {p1}: ok"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("connect {p2}")),
+        format!("connect {p2}: denied"),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_stop_a_fork_bomb_and_a_memory_hog_while_siblings_go_on() {
+    let env = start(Duration::from_millis(500));
+    let sibling = json!({"name": "sibling", "argv": agent(&["--sleep-ms", "1500", "--result", "still fine"])}).to_string();
+    let bomb = json!({"name": "bomb", "argv": agent(&["--fork-bomb", "200", "--result", "survived"]), "policy": {"resources": {"pids_max": 12}}}).to_string();
+    let hog = json!({"name": "hog", "argv": agent(&["--memory-hog", "512"]), "policy": {"resources": {"memory_max": "64M"}}}).to_string();
+    env.sup
+        .spawn(
+            me(),
+            req(
+                "family",
+                agent(&[
+                    "--spawn",
+                    &sibling,
+                    "--spawn",
+                    &bomb,
+                    "--spawn",
+                    &hog,
+                    "--wait",
+                    "--result",
+                    "family done",
+                ]),
+            ),
+        )
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("family")], Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let b = show(&env, "bomb");
+    let r = b["result"].as_str().unwrap_or("");
+    let stopped = line(r, "fork-bomb:");
+    assert!(
+        stopped.starts_with("fork-bomb: stopped at "),
+        "pids_max stopped the bomb: {stopped}"
+    );
+    let k: usize = stopped["fork-bomb: stopped at ".len()..]
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(k < 12, "at most pids_max processes: {k}");
+    let h = show(&env, "hog");
+    assert_eq!(h["status"], "failed", "{h}");
+    assert!(
+        h["detail"].as_str().unwrap_or("").contains("OOM"),
+        "the reason names the limit: {h}"
+    );
+    assert_eq!(show(&env, "sibling")["result"], "still fine");
+}

@@ -63,6 +63,7 @@ fn req(
         await_ready: ready,
         policy: None,
         life: None,
+        iso: None,
     })
 }
 

@@ -44,6 +44,7 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         await_ready: true,
         policy: None,
         life: None,
+        iso: None,
     })
 }
 

@@ -51,6 +51,16 @@ enum Cmd {
         /// Seconds between SIGTERM and SIGKILL when a subtree is stopped.
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
+        /// The agent's policy (SPEC 5), a JSON or TOML file (by extension).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// `ns`: a private mount namespace built from the policy's mounts.
+        #[arg(long)]
+        iso: Option<String>,
+        /// Start agents even when a sandbox layer their policy needs is missing
+        /// here; what was not enforced is recorded in each agent's meta.json.
+        #[arg(long)]
+        allow_weaker_sandbox: bool,
         #[arg(long)]
         json: bool,
         /// Program and arguments.
@@ -61,6 +71,9 @@ enum Cmd {
     Serve {
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
+        /// See `brood run --allow-weaker-sandbox`.
+        #[arg(long)]
+        allow_weaker_sandbox: bool,
     },
     /// Create an agent (inside an agent, a child of the calling agent).
     Spawn {
@@ -75,6 +88,13 @@ enum Cmd {
         /// Return only once the agent said `ready`.
         #[arg(long)]
         ready: bool,
+        /// The child's policy (SPEC 5), a JSON or TOML file; fields left out are
+        /// inherited from the parent.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// `ns`: a private mount namespace built from the policy's mounts.
+        #[arg(long)]
+        iso: Option<String>,
         #[arg(long)]
         json: bool,
         #[arg(last = true, required = true)]
@@ -299,11 +319,16 @@ async fn real_main(cli: Cli) -> Result<i32> {
             protocol,
             task,
             grace: g,
+            policy,
+            iso,
+            allow_weaker_sandbox,
             json,
             argv,
         } => {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
+            cfg.allow_weaker_sandbox = allow_weaker_sandbox;
+            let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
             let protocol = parse_protocol(&protocol)?;
             let name = match name {
@@ -312,11 +337,15 @@ async fn real_main(cli: Cli) -> Result<i32> {
                 }))?),
                 None => None,
             };
-            run_root(cfg, name, protocol, task, argv, json).await
+            run_root(cfg, name, protocol, task, argv, policy, iso, json).await
         }
-        Cmd::Serve { grace: g } => {
+        Cmd::Serve {
+            grace: g,
+            allow_weaker_sandbox,
+        } => {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
+            cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.bin_dir = bin_dir();
             serve(cfg).await
         }
@@ -326,14 +355,17 @@ async fn real_main(cli: Cli) -> Result<i32> {
             protocol,
             task,
             ready,
+            policy,
+            iso,
             json,
             argv,
         } => {
             parse_protocol(&protocol)?;
+            let policy = policy.as_deref().map(read_policy).transpose()?;
             let r = call(
                 &root,
                 "spawn",
-                json!({"parent": parent, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready}),
+                json!({"parent": parent, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
             )
             .await?;
             if json {
@@ -455,12 +487,15 @@ async fn real_main(cli: Cli) -> Result<i32> {
 }
 
 /// Runs a root agent with an in-process supervisor and its control socket.
+#[allow(clippy::too_many_arguments)]
 async fn run_root(
     cfg: Config,
     name: Option<brood_core::AgentName>,
     protocol: brood_store::Protocol,
     task: String,
     argv: Vec<String>,
+    policy: Option<Value>,
+    iso: Option<String>,
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
@@ -481,8 +516,9 @@ async fn run_root(
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: false,
-        policy: None,
+        policy,
         life: None,
+        iso,
     };
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;
@@ -565,6 +601,25 @@ async fn events(root: &Option<PathBuf>, name: Option<String>, follow: bool) -> R
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Reads a policy file, JSON or TOML by extension, into the JSON the verbs take
+/// (SPEC 5: "JSON; TOML accepted in files"). Its fields are checked at admission.
+fn read_policy(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Exit(
+            2,
+            format!("reading the policy file {}: {e}", path.display()),
+        )
+    })?;
+    let v = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str::<Value>(&text)
+            .map_err(|e| Exit(2, format!("policy file {}: {e}", path.display())))?
+    } else {
+        serde_json::from_str::<Value>(&text)
+            .map_err(|e| Exit(2, format!("policy file {}: {e}", path.display())))?
+    };
+    Ok(v)
 }
 
 pub(crate) fn unsafe_uid() -> u32 {

@@ -243,3 +243,74 @@ async fn limits_stop_a_fork_bomb_and_a_memory_hog_while_siblings_go_on() {
     );
     assert_eq!(show(&env, "sibling")["result"], "still fine");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
+    let env = start(Duration::from_millis(500));
+    let d = tempfile::tempdir().unwrap();
+    let (work, refd) = (d.path().join("work"), d.path().join("ref"));
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&refd).unwrap();
+    let exe_dir = std::path::Path::new(exe())
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let (w, r) = (
+        work.to_string_lossy().into_owned(),
+        refd.to_string_lossy().into_owned(),
+    );
+    let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
+        .iter()
+        .filter(|p| std::path::Path::new(p).exists())
+        .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
+        .collect();
+    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+    mounts.push(format!("{w}\t/work\trw\tbind,nosuid,nodev"));
+    mounts.push(format!("{r}\t/ref\tro\tbind,nosuid,nodev,noexec"));
+    // File rules name host paths: landlock binds them to inodes before the agent
+    // enters its namespace, so they follow the mounts.
+    let policy = json!({
+        "files": [{"path": w, "mode": "rw"}, {"path": r, "mode": "ro"}, {"path": exe_dir, "mode": "ro"}],
+        "mounts": mounts,
+        "network": "none",
+    });
+    let mut q = req(
+        "isolated",
+        agent(&[
+            "--probe-write",
+            "/work/x",
+            "--probe-write",
+            "/ref/y",
+            "--probe-read",
+            "/etc/hostname",
+            "--result",
+            "inside",
+        ]),
+    );
+    q.policy = Some(policy);
+    q.iso = Some("ns".into());
+    q.await_ready = false;
+    env.sup.spawn(me(), q).await.expect("spawn");
+    let wres = env
+        .sup
+        .wait(me(), vec![name("isolated")], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let a = &wres["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    let res = a["result"].as_str().unwrap();
+    assert_eq!(line(res, "write /work/x"), "write /work/x: ok", "{res}");
+    assert!(
+        work.join("x").exists(),
+        "the write landed in the mount's source"
+    );
+    assert_ne!(line(res, "write /ref/y"), "write /ref/y: ok", "{res}");
+    assert!(!refd.join("y").exists());
+    assert_ne!(
+        line(res, "read /etc/hostname"),
+        "read /etc/hostname: ok",
+        "the host's files are not there: {res}"
+    );
+    assert_eq!(show(&env, "isolated")["life"], "owned");
+}

@@ -71,6 +71,9 @@ pub struct SpawnRequest {
     pub policy: Option<Value>,
     /// `owned` (the default) or `temp`; `detached` is refused (SPEC 3).
     pub life: Option<String>,
+    /// `ns`: a private mount namespace built from the policy's mounts (SPEC 3
+    /// `iso`); `none` or absent: the host's.
+    pub iso: Option<String>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -166,6 +169,11 @@ impl SpawnRequest {
                 .unwrap_or(false),
             policy: args.get("policy").filter(|p| !p.is_null()).cloned(),
             life: args.get("life").and_then(Value::as_str).map(str::to_owned),
+            iso: match args.get("iso").and_then(Value::as_str) {
+                None | Some("none") => None,
+                Some("ns") => Some("ns".to_owned()),
+                Some(other) => return Err(bad(format!("iso must be ns or none, not {other:?}"))),
+            },
         })
     }
 }

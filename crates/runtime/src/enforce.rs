@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use brood_core::policy::{Mode, Network, Policy};
 use brood_launch::cgroup::Limits;
+use brood_launch::ns::{MountSpec, NsSpec};
 use brood_launch::sandbox::{FsAccess, SandboxSpec};
 
 use crate::lower::{self, Access};
@@ -80,6 +81,31 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
         no_new_privs: true,
         drop_caps: cx.root,
         allow_weaker: cx.allow_weaker,
+    }
+}
+
+/// The private mount namespace of `iso = ns` (SPEC 5): the policy's mount table
+/// under `root`, an empty network namespace when the policy allows no network,
+/// a fresh `/proc`, and the cwd applied inside.
+pub fn namespace(policy: &Policy, root: PathBuf, cwd: Option<&str>) -> NsSpec {
+    NsSpec {
+        mounts: policy
+            .mounts
+            .iter()
+            .map(|m| MountSpec {
+                source: PathBuf::from(m.source.as_str()),
+                target: PathBuf::from(m.target.as_str()),
+                rw: m.rw,
+                rbind: m.opts.rbind,
+                nosuid: m.opts.nosuid,
+                nodev: m.opts.nodev,
+                noexec: m.opts.noexec,
+            })
+            .collect(),
+        root: Some(root),
+        cwd: Some(PathBuf::from(cwd.unwrap_or("/"))),
+        empty_network: matches!(policy.network, Network::None),
+        proc: true,
     }
 }
 

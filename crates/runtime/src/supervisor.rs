@@ -535,6 +535,8 @@ struct Live {
     reserved_usd: f64,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
+    /// `iso = ns`: the agent runs in a private mount namespace.
+    iso_ns: bool,
 }
 
 impl Live {
@@ -574,6 +576,7 @@ impl Live {
             creates_used: 0,
             reserved_usd: 0.0,
             deadline_unix_s: None,
+            iso_ns: false,
         }
     }
 }
@@ -999,6 +1002,7 @@ impl Dispatcher {
             "task": req.task,
             "cwd": req.cwd,
             "life": req.life.as_deref().unwrap_or("owned"),
+            "iso": req.iso.as_deref().unwrap_or("none"),
             "policy": brood_proto::policy::to_json(&policy),
         });
         let now = now_ms();
@@ -1078,17 +1082,16 @@ impl Dispatcher {
             pl.reserved_usd += policy.cost_limit.unwrap_or(0.0);
         }
         let parent_pair = parent.clone().zip(parent_live.map(|(_, s)| s));
-        self.live.insert(
-            name.clone(),
-            Live::new(
-                run.clone(),
-                req.session.clone(),
-                parent_pair,
-                req.protocol,
-                policy,
-                None,
-            ),
+        let mut live = Live::new(
+            run.clone(),
+            req.session.clone(),
+            parent_pair,
+            req.protocol,
+            policy,
+            None,
         );
+        live.iso_ns = req.iso.as_deref() == Some("ns");
+        self.live.insert(name.clone(), live);
         self.launch(&name, &run, &req.argv, req.cwd.as_deref(), group_parent);
         Ok(Some((name, req.await_ready)))
     }
@@ -1193,6 +1196,24 @@ impl Dispatcher {
             Ok(p) => p,
             Err(e) => return fail(&self.tx, format!("sandbox: {e}")),
         };
+        // iso = ns: a private mount namespace from the policy's mount table, in a
+        // root directory brood owns; the cwd is applied inside it.
+        let ns = if l.iso_ns {
+            let ns_root = self.paths.root.join("ns").join(&component);
+            if let Err(e) = std::fs::create_dir_all(&ns_root) {
+                return fail(
+                    &self.tx,
+                    format!("iso=ns: creating {}: {e}", ns_root.display()),
+                );
+            }
+            let spec = crate::enforce::namespace(&l.policy, ns_root, cwd);
+            match brood_launch::ns::prepare(&spec) {
+                Ok(p) => Some(p),
+                Err(e) => return fail(&self.tx, format!("iso=ns: {e}")),
+            }
+        } else {
+            None
+        };
         let enforced = sandbox.enforced();
         let mut meta = self.meta.clone();
         meta["sandbox"] = json!({
@@ -1235,11 +1256,16 @@ impl Dispatcher {
         let spec = LaunchSpec {
             argv: argv.iter().map(Into::into).collect(),
             env: brood_launch::env::build(&id, &self.base, &policy_env),
-            cwd: cwd.map(PathBuf::from),
+            // Inside a private mount namespace the cwd is applied there instead.
+            cwd: if ns.is_some() {
+                None
+            } else {
+                cwd.map(PathBuf::from)
+            },
             cgroup_procs: procs,
             sandbox: Some(sandbox),
             extra_procs,
-            ns: None,
+            ns,
         };
         let tx = self.tx.clone();
         let (n2, r2) = (name.clone(), run.clone());
@@ -2214,17 +2240,16 @@ impl Dispatcher {
                 .parent
                 .clone()
                 .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
-            self.live.insert(
-                name.clone(),
-                Live::new(
-                    run.clone(),
-                    a.session.clone(),
-                    parent_pair,
-                    a.protocol,
-                    policy,
-                    text.clone(),
-                ),
+            let mut live = Live::new(
+                run.clone(),
+                a.session.clone(),
+                parent_pair,
+                a.protocol,
+                policy,
+                text.clone(),
             );
+            live.iso_ns = spec["iso"] == "ns";
+            self.live.insert(name.clone(), live);
             let group_parent = parent_live.and_then(|(g, _)| g);
             self.launch(name, &run, &argv, cwd.as_deref(), group_parent);
             Ok(())

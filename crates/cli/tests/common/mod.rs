@@ -78,6 +78,7 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         await_ready: true,
         policy: None,
         life: None,
+        iso: None,
     }
 }
 

@@ -212,9 +212,7 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
                 ours.push(dt);
             }
             let _ = cg.destroy();
-            if let Some(dir) = cg.base().parent() {
-                let _ = std::fs::remove_dir(dir);
-            }
+            cg.remove_instance_dirs();
             sup.shutdown().await;
             let (mo, mb) = (median(&mut ours), median(&mut bare));
             let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);

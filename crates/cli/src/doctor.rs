@@ -33,26 +33,46 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         Err(e) => layers.push(("cgroup".into(), false, e.to_string())),
     }
     let instance = format!("doctor-{}", std::process::id());
+    let mut limits: Vec<(&'static str, bool)> = Vec::new();
     let kill = det
         .as_ref()
         .map_err(|e| e.to_string())
         .and_then(|d| cgroup::Cgroups::open(d, &instance).map_err(|e| e.to_string()))
         .map(|c| {
+            limits = c.limits_supported();
             let k = c.kill_mechanism().to_owned();
             let _ = c.destroy();
             // The probe's own instance directory is of no use to anyone afterwards.
-            if let Some(dir) = c.base().parent() {
-                let _ = std::fs::remove_dir(dir);
-            }
+            c.remove_instance_dirs();
             k
         });
     layers.push(match kill {
         Ok(k) => ("kill".into(), true, format!("{k} on the agent's group (whole subtree, setsid'd processes included)")),
         Err(e) => ("kill".into(), false, format!("no cgroup can be made here ({e}); process groups plus a subreaper (a setsid'd process can escape)")),
     });
-    match host::landlock_abi() {
-        Ok(v) => layers.push(("landlock".into(), true, format!("ABI {v}"))),
-        Err(e) => layers.push(("landlock".into(), false, e)),
+    for (what, ok) in &limits {
+        layers.push(("limits".into(), *ok, (*what).to_owned()));
+    }
+    let abi = host::landlock_abi();
+    match &abi {
+        Ok(v) => {
+            layers.push((
+                "landlock".into(),
+                true,
+                format!("ABI {v}: files (read, write, execute)"),
+            ));
+            layers.push((
+                "landlock-net".into(),
+                *v >= 4,
+                "TCP connect and bind by port (ABI 4+)".into(),
+            ));
+            layers.push((
+                "landlock-scope".into(),
+                *v >= 6,
+                "signals and abstract sockets kept inside the sandbox (ABI 6+)".into(),
+            ));
+        }
+        Err(e) => layers.push(("landlock".into(), false, e.clone())),
     }
     for (name, flag) in [
         ("user namespace", libc::CLONE_NEWUSER),
@@ -83,8 +103,21 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
             "supervisor death: PR_SET_PDEATHSIG only (weaker: grandchildren may survive until the next start)".into()
         },
         "PR_SET_PDEATHSIG=SIGKILL on every agent, tied to a supervisor thread".into(),
-        "environment built from nothing (BROOD_* identity, HOME PATH LANG TERM, what the caller passes)".into(),
-        "not yet enforced by this version: landlock file and network rules, resource limits, mount namespaces (planned)".into(),
+        "environment built from nothing (BROOD_* identity, HOME PATH LANG TERM, the policy's env)".into(),
+        "always: no_new_privs, every capability dropped for agents started by root, file descriptors closed before exec".into(),
+        match &abi {
+            Ok(v) if *v >= 4 => "policy files and network: landlock (a layer a policy needs but the host lacks stops the start unless --allow-weaker-sandbox)".into(),
+            Ok(_) => "policy files: landlock; network rules need landlock ABI 4, missing here: a policy limiting the network cannot start without --allow-weaker-sandbox".into(),
+            Err(_) => "landlock missing: a policy limiting files or network cannot start without --allow-weaker-sandbox".into(),
+        },
+        if limits.iter().all(|(_, ok)| *ok) && !limits.is_empty() {
+            "policy resources: memory_max, pids_max and cpu_weight as cgroup limits".into()
+        } else {
+            "policy resources: only the limits listed as available above".into()
+        },
+        "iso = ns: a private mount namespace from the policy's mounts (and an empty network namespace for network none)".into(),
+        "tools: the runtime refuses create send wait close resume job unless granted; without shell or code_exec only the agent's own program may run".into(),
+        "seccomp: not used by this version".into(),
     ];
     let out = json!({
         "root": root.display().to_string(),

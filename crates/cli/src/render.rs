@@ -139,6 +139,12 @@ pub fn show(a: &Value) -> String {
             out.push_str(&format!("  {l}\n"));
         }
     }
+    if let Some(p) = a["policy"].as_object() {
+        out.push_str("policy:\n");
+        for (k, v) in p {
+            out.push_str(&format!("  {k:<13} {}\n", s(v)));
+        }
+    }
     if let Some(runs) = a["runs"].as_array() {
         out.push_str("runs:\n");
         for r in runs {

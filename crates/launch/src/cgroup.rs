@@ -941,6 +941,18 @@ impl Cgroups {
         self.kill_and_remove(&self.group(&GroupPath::default()), EMPTY_TIMEOUT)
     }
 
+    /// After [`Cgroups::destroy`]: removes this instance's `brood-<instance>`
+    /// directories, in v2 and in every v1 mirror, when no other incarnation is
+    /// using them (`rmdir` refuses a non-empty group, which is then left alone).
+    pub fn remove_instance_dirs(&self) {
+        let bases = std::iter::once(&self.base).chain(self.v1_mirror.values());
+        for base in bases {
+            if let Some(dir) = base.parent() {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+    }
+
     /// The directory of the group a process is in, given the text of its
     /// `/proc/<pid>/cgroup`, when that group is this incarnation's base or below
     /// it. Matched on the `brood-<instance>/s<pid>-<starttime>` part of the path,

@@ -103,9 +103,7 @@ impl Drop for Fixture {
         }
         let destroyed = self.cg.destroy();
         let reaped = Cgroups::reap_leftovers(&self.det, &self.instance);
-        if let Some(dir) = self.cg.base().parent() {
-            let _ = fs::remove_dir(dir);
-        }
+        self.cg.remove_instance_dirs();
         if !std::thread::panicking() {
             destroyed.unwrap();
             reaped.unwrap();

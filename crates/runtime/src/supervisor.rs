@@ -698,9 +698,7 @@ impl Dispatcher {
                     }
                     // The instance directory is shared with later incarnations of this
                     // root; remove it when no other one is using it (rmdir refuses then).
-                    if let Some(dir) = c.base().parent() {
-                        let _ = std::fs::remove_dir(dir);
-                    }
+                    c.remove_instance_dirs();
                 }
                 if let Some(s) = shutdown.take() {
                     let _ = s.send(());

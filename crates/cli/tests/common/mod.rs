@@ -44,9 +44,7 @@ impl Drop for Env {
             && let Ok(cg) = brood_launch::cgroup::Cgroups::open(&det, &key)
         {
             let _ = cg.destroy();
-            if let Some(dir) = cg.base().parent() {
-                let _ = std::fs::remove_dir(dir);
-            }
+            cg.remove_instance_dirs();
         }
     }
 }

@@ -20,6 +20,13 @@ pub enum Which {
     Spawn {
         #[arg(short = 'n', long, default_value_t = 200)]
         n: usize,
+        /// none (every agent's baseline: no_new_privs, capabilities dropped, an
+        /// all-access landlock ruleset), landlock (files and network restricted,
+        /// exec limited to the program), limits (memory, pids, cpu), ns (a private
+        /// mount namespace and an empty network namespace), full (all of them), or
+        /// all (each level in turn, with the cost of each layer).
+        #[arg(long, default_value = "none")]
+        sandbox: String,
         #[arg(long)]
         json: bool,
     },
@@ -33,6 +40,85 @@ pub enum Which {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A sandbox level of `bench spawn`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Base,
+    Landlock,
+    Limits,
+    Ns,
+    Full,
+}
+
+impl Level {
+    const ALL: [Level; 5] = [
+        Level::Base,
+        Level::Landlock,
+        Level::Limits,
+        Level::Ns,
+        Level::Full,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Level::Base => "none",
+            Level::Landlock => "landlock",
+            Level::Limits => "limits",
+            Level::Ns => "ns",
+            Level::Full => "full",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Level> {
+        Level::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--sandbox must be none, landlock, limits, ns, full or all, not {s:?}"
+                )
+            })
+    }
+
+    /// The policy (and `iso`) of this level for an agent running `exe`.
+    fn policy(self, exe: &str) -> (Option<serde_json::Value>, Option<String>) {
+        let exe_dir = std::path::Path::new(exe)
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into());
+        let landlock = json!({
+            "tools": ["file_read"],
+            "files": [{"path": "/", "mode": "ro"}, {"path": "/tmp", "mode": "rw"}],
+            "network": "none",
+        });
+        let limits =
+            json!({"resources": {"memory_max": "256M", "pids_max": 64, "cpu_weight": 100}});
+        let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
+            .iter()
+            .filter(|p| std::path::Path::new(p).exists())
+            .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
+            .collect();
+        mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+        let ns = json!({"mounts": mounts, "network": "none"});
+        let merge = |parts: &[&serde_json::Value]| {
+            let mut out = serde_json::Map::new();
+            for p in parts {
+                if let Some(o) = p.as_object() {
+                    out.extend(o.clone());
+                }
+            }
+            serde_json::Value::Object(out)
+        };
+        match self {
+            Level::Base => (None, None),
+            Level::Landlock => (Some(landlock), None),
+            Level::Limits => (Some(limits), None),
+            Level::Ns => (Some(ns), Some("ns".into())),
+            Level::Full => (Some(merge(&[&landlock, &limits, &ns])), Some("ns".into())),
+        }
+    }
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -88,53 +174,110 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
         uid: crate::unsafe_uid(),
     };
     match which {
-        Which::Spawn { n, json: as_json } => {
+        Which::Spawn {
+            n,
+            sandbox,
+            json: as_json,
+        } => {
             let (sup, dir) = supervisor(&root, "spawn").await?;
             let init = brood_proto::encode(&brood_proto::ToAgent::Init {
                 config: brood_proto::InitConfig::default(),
                 agent_config: json!({}),
             });
             let argv: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
-            let (mut ours, mut bare) = (Vec::with_capacity(n), Vec::with_capacity(n));
-            // Warm both paths (page cache, store file) before timing.
-            for i in 0..n + 5 {
-                let b = floor::spawn_ready(&argv, &init).context("bare spawn")?;
-                let name = format!("b{i}");
-                let t0 = Instant::now();
-                crate::api(
-                    sup.spawn(
-                        me.clone(),
-                        req(
-                            name.clone(),
-                            None,
-                            vec![exe.clone(), "test-agent".into()],
-                            true,
-                        )?,
-                    )
-                    .await,
-                )?;
-                let o = t0.elapsed();
-                crate::api(
-                    sup.wait(me.clone(), vec![AgentName::new(&name)?], None)
-                        .await,
-                )?;
-                if i >= 5 {
-                    ours.push(o);
-                    bare.push(b);
+            let levels: Vec<Level> = match sandbox.as_str() {
+                "all" => Level::ALL.to_vec(),
+                s => vec![Level::parse(s)?],
+            };
+            let mut rows = Vec::new();
+            for level in levels {
+                let (policy, iso) = level.policy(&exe);
+                let (mut ours, mut bare) = (Vec::with_capacity(n), Vec::with_capacity(n));
+                // Warm both paths (page cache, store file) before timing; the floor
+                // and brood alternate so drift hits both alike.
+                for i in 0..n + 5 {
+                    let b = floor::spawn_ready(&argv, &init).context("bare spawn")?;
+                    let name = format!("{}{i}", level.name());
+                    let mut r = req(
+                        name.clone(),
+                        None,
+                        vec![exe.clone(), "test-agent".into()],
+                        true,
+                    )?;
+                    r.policy = policy.clone();
+                    r.iso = iso.clone();
+                    let t0 = Instant::now();
+                    let a = crate::api(sup.spawn(me.clone(), r).await)?;
+                    let o = t0.elapsed();
+                    if a["status"] == "failed" {
+                        anyhow::bail!(
+                            "bench spawn ({}): the agent failed to start: {}",
+                            level.name(),
+                            a["detail"]
+                        );
+                    }
+                    crate::api(
+                        sup.wait(me.clone(), vec![AgentName::new(&name)?], None)
+                            .await,
+                    )?;
+                    if i >= 5 {
+                        ours.push(o);
+                        bare.push(b);
+                    }
                 }
+                let (mo, mb) = (median(&mut ours), median(&mut bare));
+                let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
+                rows.push(json!({
+                    "sandbox": level.name(),
+                    "brood_median_us": mo.as_micros(), "brood_p90_us": pct(&ours, 0.9).as_micros(),
+                    "floor_median_us": mb.as_micros(), "floor_p90_us": pct(&bare, 0.9).as_micros(),
+                    "ratio": (ratio * 100.0).round() / 100.0,
+                    "target_ratio": if level == Level::Base { 2.0 } else { 2.5 },
+                }));
             }
             sup.shutdown().await;
-            let (mo, mb) = (median(&mut ours), median(&mut bare));
-            let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
+            // The cost of each layer on its own: its median minus the base level's.
+            if let Some(base) = rows
+                .iter()
+                .find(|r| r["sandbox"] == "none")
+                .and_then(|r| r["brood_median_us"].as_i64())
+            {
+                for r in rows.iter_mut() {
+                    if let Some(m) = r["brood_median_us"].as_i64() {
+                        r["layer_cost_us"] = json!(m - base);
+                    }
+                }
+            }
             let out = json!({
                 "bench": "spawn", "n": n,
-                "brood_median_us": mo.as_micros(), "brood_p90_us": pct(&ours, 0.9).as_micros(),
-                "floor_median_us": mb.as_micros(), "floor_p90_us": pct(&bare, 0.9).as_micros(),
-                "ratio": (ratio * 100.0).round() / 100.0, "target_ratio": 2.0,
                 "floor": "posix_spawn of the same binary + the same init/ready handshake",
                 "containment": sup.host_info().containment,
+                "levels": rows,
             });
-            print_result(&out, as_json);
+            if as_json {
+                println!("{out}");
+            } else {
+                println!(
+                    "spawn, n = {n}; floor: {}",
+                    out["floor"].as_str().unwrap_or("")
+                );
+                println!(
+                    "{:<10} {:>12} {:>12} {:>7} {:>7} {:>14}",
+                    "sandbox", "brood µs", "floor µs", "ratio", "target", "layer cost µs"
+                );
+                for r in out["levels"].as_array().into_iter().flatten() {
+                    let f = |k: &str| r.get(k).map(|v| v.to_string()).unwrap_or_default();
+                    println!(
+                        "{:<10} {:>12} {:>12} {:>7} {:>7} {:>14}",
+                        r["sandbox"].as_str().unwrap_or(""),
+                        f("brood_median_us"),
+                        f("floor_median_us"),
+                        f("ratio"),
+                        f("target_ratio"),
+                        f("layer_cost_us")
+                    );
+                }
+            }
             if root.is_none() {
                 let _ = std::fs::remove_dir_all(&dir);
             }

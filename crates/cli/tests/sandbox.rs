@@ -314,3 +314,38 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
     );
     assert_eq!(show(&env, "isolated")["life"], "owned");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_limit_binds_its_children() {
+    let env = start(Duration::from_millis(500));
+    let kid =
+        json!({"name": "kid", "argv": agent(&["--fork-bomb", "100", "--result", "kid done"])})
+            .to_string();
+    let mut r = req(
+        "limited",
+        agent(&["--spawn", &kid, "--wait", "--result", "parent done"]),
+    );
+    r.policy = Some(json!({"resources": {"pids_max": 10}}));
+    r.await_ready = false;
+    env.sup.spawn(me(), r).await.unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("limited")], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let k = show(&env, "kid");
+    assert_eq!(
+        k["policy"]["resources"]["pids_max"], 10,
+        "the child inherits the limit: {k}"
+    );
+    let stopped = line(k["result"].as_str().unwrap_or(""), "fork-bomb:").to_owned();
+    let n: usize = stopped["fork-bomb: stopped at ".len()..]
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Parent and child share the parent's 10 pids (the child's own limit is 10 too).
+    assert!(n < 10, "{stopped}");
+}

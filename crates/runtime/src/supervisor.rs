@@ -537,6 +537,8 @@ struct Live {
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
     iso_ns: bool,
+    /// It or an ancestor has resource limits: its processes join the limit groups.
+    limited: bool,
 }
 
 impl Live {
@@ -577,6 +579,7 @@ impl Live {
             reserved_usd: 0.0,
             deadline_unix_s: None,
             iso_ns: false,
+            limited: false,
         }
     }
 }
@@ -1157,6 +1160,12 @@ impl Dispatcher {
                 }),
             ));
         };
+        let parent_limited = self
+            .live
+            .get(name)
+            .and_then(|l| l.parent.as_ref())
+            .and_then(|p| self.live.get(p))
+            .is_some_and(|p| p.limited);
         let l = self.live.get_mut(name);
         let Some(l) = l else { return };
         l.group = group.clone();
@@ -1164,8 +1173,16 @@ impl Dispatcher {
         // sandbox the child applies before exec. A layer the policy needs but the
         // host lacks stops the start, naming the layer (unless the operator allowed
         // a weaker sandbox).
-        let extra_procs = match (&self.cgroups, &group) {
-            (Some(cg), Some(g)) => match cg.set_limits(g, &crate::enforce::limits(&l.policy)) {
+        // Limits live in groups of their own on a hybrid host (the v1 mirrors); an
+        // agent joins them when it or an ancestor has a limit, so a parent's limit
+        // binds its whole subtree, and an unlimited tree pays nothing for them.
+        let limits = crate::enforce::limits(&l.policy);
+        l.limited = limits.memory_max.is_some()
+            || limits.pids_max.is_some()
+            || limits.cpu_weight.is_some()
+            || parent_limited;
+        let extra_procs = match (&self.cgroups, &group, l.limited) {
+            (Some(cg), Some(g), true) => match cg.set_limits(g, &limits) {
                 Ok(h) => h.procs_files,
                 Err(e) => return fail(&self.tx, format!("resources: {e}")),
             },

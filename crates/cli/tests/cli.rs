@@ -252,3 +252,52 @@ fn doctor_names_every_layer() {
         "this host kills with cgroup.kill: {kill}"
     );
 }
+
+#[test]
+fn a_policy_file_in_toml_is_read_and_enforced_and_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "tools = [\"file_read\"]\nnetwork = \"none\"\n[[files]]\npath = \"/\"\nmode = \"ro\"\n",
+    )
+    .unwrap();
+    let secret = dir.path().join("new-file");
+    let probe = secret.to_string_lossy().into_owned();
+    let mut args = vec![
+        "run",
+        "--name",
+        "tomled",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--",
+    ];
+    let a = agent(&["--probe-write", &probe, "--result", "ran"]);
+    args.extend(a.iter().map(String::as_str));
+    let o = brood(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("write {probe}: denied")),
+        "{}",
+        text(&o)
+    );
+    assert!(!secret.exists());
+    let o = brood(dir.path(), &["show", "tomled"]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("network") && s.contains("none") && s.contains("allow_weaker_sandbox false"),
+        "{s}"
+    );
+    // A malformed policy file is refused naming the field.
+    std::fs::write(&policy, "tools = \"not a list\"\n").unwrap();
+    let o = brood(
+        dir.path(),
+        &["run", "--policy", policy.to_str().unwrap(), "--", "true"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("tools"),
+        "{}",
+        text(&o)
+    );
+}

@@ -1004,6 +1004,8 @@ impl Dispatcher {
             "cwd": req.cwd,
             "life": req.life.as_deref().unwrap_or("owned"),
             "iso": req.iso.as_deref().unwrap_or("none"),
+            // Recorded with the agent, so `brood show` tells a weaker sandbox.
+            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
             "policy": brood_proto::policy::to_json(&policy),
         });
         let now = now_ms();

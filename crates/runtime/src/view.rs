@@ -73,6 +73,11 @@ impl View {
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
         v["policy"] = spec.get("policy").cloned().unwrap_or(Value::Null);
         v["life"] = spec.get("life").cloned().unwrap_or_else(|| json!("owned"));
+        v["iso"] = spec.get("iso").cloned().unwrap_or_else(|| json!("none"));
+        v["allow_weaker_sandbox"] = spec
+            .get("allow_weaker_sandbox")
+            .cloned()
+            .unwrap_or(json!(false));
         let runs = self.store.runs(&self.tenant, name).map_err(internal)?;
         v["runs"] = Value::Array(runs.iter().map(run_json).collect());
         Ok(v)

@@ -150,6 +150,7 @@ fn req(
         policy: None,
         life: None,
         iso: None,
+        root: None,
     })
 }
 

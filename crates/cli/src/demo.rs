@@ -45,6 +45,7 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         policy: None,
         life: None,
         iso: None,
+        root: None,
     })
 }
 

@@ -519,6 +519,7 @@ async fn run_root(
         policy,
         life: None,
         iso,
+        root: None,
     };
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;

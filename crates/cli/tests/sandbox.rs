@@ -349,3 +349,55 @@ async fn a_parents_limit_binds_its_children() {
     // Parent and child share the parent's 10 pids (the child's own limit is 10 too).
     assert!(n < 10, "{stopped}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_root_becomes_the_agents_slash() {
+    let env = start(Duration::from_millis(500));
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("rootfs");
+    let exe_dir = std::path::Path::new(exe())
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let mut mounts = Vec::new();
+    for p in ["/usr", "/lib", "/lib64", "/bin"] {
+        if std::path::Path::new(p).exists() {
+            std::fs::create_dir_all(root.join(p.trim_start_matches('/'))).unwrap();
+            mounts.push(format!("{p}\t{p}\tro\tbind,nosuid,nodev"));
+        }
+    }
+    std::fs::create_dir_all(root.join(exe_dir.trim_start_matches('/'))).unwrap();
+    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+    std::fs::write(root.join("marker"), "inside the named root").unwrap();
+    let r = root.to_string_lossy().into_owned();
+    let policy = json!({"files": [{"path": r, "mode": "ro"}, {"path": exe_dir, "mode": "ro"}], "mounts": mounts});
+    let mut q = req(
+        "rooted",
+        agent(&["--probe-read", "/marker", "--result", "inside"]),
+    );
+    q.policy = Some(policy.clone());
+    q.iso = Some("ns".into());
+    q.root = Some(r.clone());
+    q.await_ready = false;
+    env.sup.spawn(me(), q).await.expect("spawn");
+    let w = env
+        .sup
+        .wait(me(), vec![name("rooted")], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let a = &w["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    assert_eq!(
+        line(a["result"].as_str().unwrap(), "read /marker"),
+        "read /marker: ok",
+        "{a}"
+    );
+    // A root the policy hides is refused before anything starts.
+    let args = json!({"name": "hidden-root", "argv": agent(&[]), "iso": "ns", "root": r,
+        "policy": {"files": [{"path": "/", "mode": "ro"}, {"path": r, "mode": "hidden"}]}});
+    let e = brood_runtime::api::handle(&env.sup, &me(), "spawn", &args)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, brood_core::Code::FileExpansion, "{e}");
+}

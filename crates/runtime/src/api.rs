@@ -74,6 +74,9 @@ pub struct SpawnRequest {
     /// `ns`: a private mount namespace built from the policy's mounts (SPEC 3
     /// `iso`); `none` or absent: the host's.
     pub iso: Option<String>,
+    /// With `iso = ns`: the directory that becomes the agent's `/` (SPEC 3 `root`);
+    /// brood makes an empty one when none is given.
+    pub root: Option<String>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -173,6 +176,15 @@ impl SpawnRequest {
                 None | Some("none") => None,
                 Some("ns") => Some("ns".to_owned()),
                 Some(other) => return Err(bad(format!("iso must be ns or none, not {other:?}"))),
+            },
+            root: match args.get("root").and_then(Value::as_str) {
+                None => None,
+                Some(r) => Some(
+                    brood_core::policy::AbsPath::new("root", r)
+                        .map_err(|e| bad(e.to_string()))?
+                        .as_str()
+                        .to_owned(),
+                ),
             },
         })
     }

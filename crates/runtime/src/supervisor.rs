@@ -537,6 +537,8 @@ struct Live {
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
     iso_ns: bool,
+    /// With `iso = ns`: the directory that becomes its `/`, if the request named one.
+    ns_root: Option<PathBuf>,
     /// It or an ancestor has resource limits: its processes join the limit groups.
     limited: bool,
 }
@@ -579,6 +581,7 @@ impl Live {
             reserved_usd: 0.0,
             deadline_unix_s: None,
             iso_ns: false,
+            ns_root: None,
             limited: false,
         }
     }
@@ -997,6 +1000,20 @@ impl Dispatcher {
             }
         }
         let policy = self.child_policy(parent.as_ref(), &req)?;
+        if let Some(r) = &req.root {
+            if req.iso.as_deref() != Some("ns") {
+                return Err(ApiError::new(Code::BadRequest, "root is only for iso = ns"));
+            }
+            // The new `/` must be something the agent may read at all.
+            let p = brood_core::policy::AbsPath::new("root", r)
+                .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?;
+            if policy.mode_at(&p) == brood_core::policy::Mode::Hidden {
+                return Err(ApiError::new(
+                    Code::FileExpansion,
+                    format!("root {r} is hidden by the agent's policy"),
+                ));
+            }
+        }
         let run = new_run_id();
         let spec = json!({
             "argv": req.argv,
@@ -1004,6 +1021,7 @@ impl Dispatcher {
             "cwd": req.cwd,
             "life": req.life.as_deref().unwrap_or("owned"),
             "iso": req.iso.as_deref().unwrap_or("none"),
+            "root": req.root,
             // Recorded with the agent, so `brood show` tells a weaker sandbox.
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
             "policy": brood_proto::policy::to_json(&policy),
@@ -1094,6 +1112,7 @@ impl Dispatcher {
             None,
         );
         live.iso_ns = req.iso.as_deref() == Some("ns");
+        live.ns_root = req.root.as_ref().map(PathBuf::from);
         self.live.insert(name.clone(), live);
         self.launch(&name, &run, &req.argv, req.cwd.as_deref(), group_parent);
         Ok(Some((name, req.await_ready)))
@@ -1216,13 +1235,17 @@ impl Dispatcher {
         // iso = ns: a private mount namespace from the policy's mount table, in a
         // root directory brood owns; the cwd is applied inside it.
         let ns = if l.iso_ns {
-            let ns_root = self.paths.root.join("ns").join(&component);
-            if let Err(e) = std::fs::create_dir_all(&ns_root) {
-                return fail(
-                    &self.tx,
-                    format!("iso=ns: creating {}: {e}", ns_root.display()),
-                );
-            }
+            // A named root must exist; brood's own scratch root is made here.
+            let ns_root = match &l.ns_root {
+                Some(r) => r.clone(),
+                None => {
+                    let r = self.paths.root.join("ns").join(&component);
+                    if let Err(e) = std::fs::create_dir_all(&r) {
+                        return fail(&self.tx, format!("iso=ns: creating {}: {e}", r.display()));
+                    }
+                    r
+                }
+            };
             let spec = crate::enforce::namespace(&l.policy, ns_root, cwd);
             match brood_launch::ns::prepare(&spec) {
                 Ok(p) => Some(p),
@@ -2266,6 +2289,7 @@ impl Dispatcher {
                 text.clone(),
             );
             live.iso_ns = spec["iso"] == "ns";
+            live.ns_root = spec["root"].as_str().map(PathBuf::from);
             self.live.insert(name.clone(), live);
             let group_parent = parent_live.and_then(|(g, _)| g);
             self.launch(name, &run, &argv, cwd.as_deref(), group_parent);

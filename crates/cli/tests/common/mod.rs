@@ -77,6 +77,7 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         policy: None,
         life: None,
         iso: None,
+        root: None,
     }
 }
 

@@ -116,7 +116,7 @@ pub struct HostInfo {
 }
 
 pub(crate) enum Cmd {
-    Spawn(Caller, SpawnRequest, Reply),
+    Spawn(Caller, Box<SpawnRequest>, Reply),
     Send(Caller, AgentName, String, Reply),
     Wait(Caller, Vec<AgentName>, Option<Duration>, Reply),
     Cancel(Caller, AgentName, Reply),
@@ -347,7 +347,7 @@ impl Supervisor {
     }
 
     pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
-        self.call(|r| Cmd::Spawn(caller, req, r)).await
+        self.call(|r| Cmd::Spawn(caller, Box::new(req), r)).await
     }
     pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
         self.call(|r| Cmd::Send(caller, name, text, r)).await
@@ -646,7 +646,7 @@ impl Dispatcher {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         while let Some(cmd) = rx.recv().await {
             match cmd {
-                Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, req, reply),
+                Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
                 Cmd::Send(caller, name, text, reply) => {
                     let r = self.on_send(&caller, &name, &text);
                     self.respond(reply, r);

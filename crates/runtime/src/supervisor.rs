@@ -304,6 +304,8 @@ impl Supervisor {
             gid: unsafe_getegid(),
             groups: supplementary_groups(),
             live: HashMap::new(),
+            waiting: std::collections::VecDeque::new(),
+            max_concurrent: 16,
             waiters: HashMap::new(),
             stops: HashMap::new(),
             next_id: 1,
@@ -541,6 +543,17 @@ struct Live {
     ns_root: Option<PathBuf>,
     /// It or an ancestor has resource limits: its processes join the limit groups.
     limited: bool,
+    /// What to start once a concurrency slot is free (SPEC 9: `queued`).
+    pending: Option<Pending>,
+    /// Its launch was handed to the spawner (it holds a concurrency slot).
+    launching: bool,
+}
+
+/// An admitted agent's launch, waiting for a concurrency slot.
+struct Pending {
+    argv: Vec<String>,
+    cwd: Option<String>,
+    group_parent: Option<Group>,
 }
 
 impl Live {
@@ -583,6 +596,8 @@ impl Live {
             iso_ns: false,
             ns_root: None,
             limited: false,
+            pending: None,
+            launching: false,
         }
     }
 }
@@ -621,6 +636,10 @@ struct Dispatcher {
     gid: u32,
     groups: std::collections::BTreeSet<u32>,
     live: HashMap<AgentName, Live>,
+    /// Admitted agents waiting for a concurrency slot, first in first out.
+    waiting: std::collections::VecDeque<AgentName>,
+    /// The tenant's `max_concurrent` (SPEC 9), refreshed at each admission.
+    max_concurrent: u32,
     waiters: HashMap<u64, Waiter>,
     stops: HashMap<u64, Stop>,
     next_id: u64,
@@ -910,11 +929,15 @@ impl Dispatcher {
             .tool_granted(&caller, "create")
             .and_then(|()| self.admit(&caller, req));
         match admitted {
-            Ok(Some((name, await_ready))) => {
-                if let Some(l) = self.live.get_mut(&name) {
-                    l.spawn_reply = Some((reply, await_ready));
+            Ok(Some((name, await_ready))) => match self.live.get_mut(&name) {
+                // Waiting for a slot: say so now rather than hold the caller.
+                Some(l) if l.pending.is_some() => {
+                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
                 }
-            }
+                Some(l) => l.spawn_reply = Some((reply, await_ready)),
+                None => {}
+            },
             Ok(None) => {}
             Err(e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
@@ -1113,9 +1136,40 @@ impl Dispatcher {
         );
         live.iso_ns = req.iso.as_deref() == Some("ns");
         live.ns_root = req.root.as_ref().map(PathBuf::from);
+        live.pending = Some(Pending {
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            group_parent,
+        });
         self.live.insert(name.clone(), live);
-        self.launch(&name, &run, &req.argv, req.cwd.as_deref(), group_parent);
+        self.waiting.push_back(name.clone());
+        self.pump_queue();
         Ok(Some((name, req.await_ready)))
+    }
+
+    /// Agents holding a concurrency slot: those whose process was started.
+    fn slots_used(&self) -> usize {
+        self.live.values().filter(|l| l.launching).count()
+    }
+
+    /// Starts queued agents, first in first out, while concurrency slots are free
+    /// (SPEC 9: a full tenant queues instead of failing). Called after every
+    /// command, so a slot freed anywhere is used at once.
+    fn pump_queue(&mut self) {
+        while self.slots_used() < self.max_concurrent as usize {
+            let Some(name) = self.waiting.pop_front() else {
+                return;
+            };
+            let Some(l) = self.live.get_mut(&name) else {
+                continue;
+            };
+            let Some(p) = l.pending.take() else {
+                continue;
+            };
+            l.launching = true;
+            let run = l.run.clone();
+            self.launch(&name, &run, &p.argv, p.cwd.as_deref(), p.group_parent);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -2035,6 +2089,7 @@ impl Dispatcher {
             if let Some(l) = self.live.get(&it.name)
                 && l.pid.is_none()
                 && l.cancelled_before_start
+                && l.launching
             {
                 // Its launch is still in flight: keep the entry so the launch result
                 // finds it and kills what started.
@@ -2290,9 +2345,15 @@ impl Dispatcher {
             );
             live.iso_ns = spec["iso"] == "ns";
             live.ns_root = spec["root"].as_str().map(PathBuf::from);
-            self.live.insert(name.clone(), live);
             let group_parent = parent_live.and_then(|(g, _)| g);
-            self.launch(name, &run, &argv, cwd.as_deref(), group_parent);
+            live.pending = Some(Pending {
+                argv,
+                cwd,
+                group_parent,
+            });
+            self.live.insert(name.clone(), live);
+            self.waiting.push_back(name.clone());
+            self.pump_queue();
             Ok(())
         })();
         match r {

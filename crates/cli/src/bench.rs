@@ -162,6 +162,12 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
     std::fs::create_dir_all(&dir)?;
     let mut cfg = Config::new(dir.clone());
     cfg.grace = Duration::from_secs(3);
+    // A thousand live agents under one root: the bench's own root gets the
+    // platform ceilings as its defaults.
+    cfg.quotas = brood_core::quota::QuotaConfig::new(
+        brood_core::quota::Quotas::CEILINGS,
+        brood_core::quota::Quotas::CEILINGS,
+    );
     cfg.bin_dir = crate::bin_dir();
     Ok((
         Supervisor::start(cfg).context("starting the supervisor")?,

@@ -33,6 +33,9 @@ struct Cli {
     /// State directory ($BROOD_ROOT; default $XDG_STATE_HOME/brood or ~/.local/state/brood).
     #[arg(long, global = true, env = "BROOD_ROOT")]
     root: Option<PathBuf>,
+    /// Platform configuration (quota defaults and ceilings); default $BROOD_ROOT/config.toml.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -142,6 +145,11 @@ enum Cmd {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Quotas (SPEC 9): `show [TENANT]`, `set TENANT KEY VALUE`.
+    Quota {
+        #[command(subcommand)]
+        what: QuotaCmd,
+    },
     /// What this host offers and what brood enforces here.
     Doctor {
         #[arg(long)]
@@ -159,6 +167,22 @@ enum Cmd {
     TestAgent {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum QuotaCmd {
+    /// The quotas in force for a tenant (default: yours), and where each comes from.
+    Show {
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sets a tenant's own value (clamped to the platform's ceiling when applied).
+    Set {
+        tenant: String,
+        key: String,
+        value: u32,
     },
 }
 
@@ -313,6 +337,7 @@ pub(crate) fn wait_code(a: &Value) -> i32 {
 
 async fn real_main(cli: Cli) -> Result<i32> {
     let root = cli.root.clone();
+    let cli_config = cli.config.clone();
     match cli.cmd {
         Cmd::Run {
             name,
@@ -328,6 +353,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
+            cfg.quotas = load_config(&cli_config, &root)?;
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
             let protocol = parse_protocol(&protocol)?;
@@ -346,6 +372,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
+            cfg.quotas = load_config(&cli_config, &root)?;
             cfg.bin_dir = bin_dir();
             serve(cfg).await
         }
@@ -479,6 +506,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Events { name, follow } => events(&root, name, follow).await,
+        Cmd::Quota { what } => quota(&root, &cli_config, what),
         Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
         Cmd::Demo => demo::run(root).await,
         Cmd::Bench { which } => bench::run(root, which).await,
@@ -600,6 +628,86 @@ async fn events(root: &Option<PathBuf>, name: Option<String>, follow: bool) -> R
         }
         if batch.is_empty() {
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The platform configuration: `--config`, else `$BROOD_ROOT/config.toml`.
+fn load_config(
+    config: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> Result<brood_core::quota::QuotaConfig> {
+    let path = config
+        .clone()
+        .unwrap_or_else(|| root_of(root).join("config.toml"));
+    brood_runtime::config::load(&path).map_err(|e| Exit(2, e.to_string()).into())
+}
+
+fn quota(root: &Option<PathBuf>, config: &Option<PathBuf>, what: QuotaCmd) -> Result<i32> {
+    use brood_store::Store;
+    let cfg = load_config(config, root)?;
+    let db = root_of(root).join("brood.db");
+    let tenant_of = |t: Option<String>| -> Result<brood_core::TenantId> {
+        match t {
+            Some(t) => brood_core::TenantId::new(&t).map_err(|e| Exit(2, e.to_string()).into()),
+            None => Ok(brood_core::TenantId::for_uid(unsafe_uid())),
+        }
+    };
+    match what {
+        QuotaCmd::Show { tenant, json } => {
+            let tenant = tenant_of(tenant)?;
+            let own = if db.exists() {
+                brood_store::SqliteStore::open_read_only(&db)?.tenant_quotas(&tenant)?
+            } else {
+                brood_core::quota::TenantQuotas::default()
+            };
+            let eff = cfg.effective(Some(&own));
+            let rows: Vec<Value> = eff
+                .pairs()
+                .iter()
+                .map(|(k, v)| {
+                    let own_v = own.get(k).ok().flatten();
+                    json!({"key": k, "value": v, "tenant": own_v, "default": cfg.defaults.get(k), "ceiling": cfg.ceilings.get(k)})
+                })
+                .collect();
+            if json {
+                println!("{}", json!({"tenant": tenant.as_str(), "quotas": rows}));
+            } else {
+                println!("tenant {tenant}");
+                println!(
+                    "{:<16} {:>8} {:>8} {:>8} {:>8}",
+                    "KEY", "VALUE", "TENANT", "DEFAULT", "CEILING"
+                );
+                for r in &rows {
+                    let f = |k: &str| match &r[k] {
+                        Value::Null => "-".to_owned(),
+                        v => v.to_string(),
+                    };
+                    println!(
+                        "{:<16} {:>8} {:>8} {:>8} {:>8}",
+                        f("key").trim_matches('"'),
+                        f("value"),
+                        f("tenant"),
+                        f("default"),
+                        f("ceiling")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        QuotaCmd::Set { tenant, key, value } => {
+            let tenant = tenant_of(Some(tenant))?;
+            std::fs::create_dir_all(root_of(root))?;
+            let store = brood_store::SqliteStore::open(&db)?;
+            store
+                .set_tenant_quota(&tenant, &key, value)
+                .map_err(|e| Exit(2, e.to_string()))?;
+            let eff = cfg.effective(Some(&store.tenant_quotas(&tenant)?));
+            println!(
+                "{tenant} {key} = {} (set {value})",
+                eff.get(&key).unwrap_or(value)
+            );
+            Ok(0)
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Validated names and ids (SPEC 1), the agent status machine with its reasons and
 //! its one transition function (SPEC 6), the mapping of a status onto the ctx ABI's
-//! words, the refusal codes every surface reports (SPEC 5), and the capability
-//! policy with its attenuation check (SPEC 5: `policy`, `attenuation`). Nothing
+//! words, the refusal codes every surface reports (SPEC 5), the capability
+//! policy with its attenuation check (SPEC 5: `policy`, `attenuation`), and the
+//! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`). Nothing
 //! here does IO, reads a clock or knows about serde: time and randomness come in
 //! as arguments, so every rule can be tested exhaustively.
 
@@ -11,6 +12,7 @@ pub mod attenuation;
 pub mod code;
 pub mod name;
 pub mod policy;
+pub mod quota;
 pub mod status;
 
 pub use attenuation::{ParentView, Refusal};
@@ -20,6 +22,7 @@ pub use policy::{
     AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, Policy, PolicyError, PolicyRequest,
     Resources, Rule, RuleClass,
 };
+pub use quota::{QuotaConfig, QuotaError, Quotas, TenantQuotas};
 pub use status::{
     AbiView, CancelReason, ChannelStatus, FailReason, IllegalTransition, ProcessStatus,
     SessionState, Status, Terminal,

@@ -552,6 +552,15 @@ fn build_ruleset(spec: &SandboxSpec, layers: &Layers) -> Result<OwnedFd, Sandbox
         let file = match open_path(&g.path) {
             Ok(f) => f,
             Err(e) if g.origin == Origin::Base && e.kind() == io::ErrorKind::NotFound => continue,
+            // A file rule on a path that does not exist (or vanished since the
+            // policy was lowered) grants nothing; an exec-only path (the program)
+            // must exist.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && spec.fs.iter().any(|(p, _)| *p == g.path) =>
+            {
+                continue;
+            }
             Err(source) => {
                 return Err(SandboxError::Path {
                     path: g.path,

@@ -3,6 +3,7 @@
 //! * [`supervisor`]: the dispatcher loop, admission, lifecycle, fate sharing.
 //! * `io`: one task per agent process (protocol frames, stderr, exit).
 //! * [`lower`]: a policy's file rules lowered into landlock grants.
+//! * [`config`]: the platform configuration file (quotas).
 //! * [`api`]: the verbs every surface shares, and their errors.
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
@@ -14,6 +15,7 @@
 //! (a caller, an agent, a file reader) can observe it.
 
 pub mod api;
+pub mod config;
 pub mod control;
 pub mod enforce;
 mod io;

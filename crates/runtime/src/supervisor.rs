@@ -65,6 +65,8 @@ pub struct Config {
     /// Start agents even when a sandbox layer their policy needs is missing on this
     /// host (`--allow-weaker-sandbox`); what was not enforced goes in `meta.json`.
     pub allow_weaker_sandbox: bool,
+    /// Quota defaults and ceilings (SPEC 9), from `config.toml`.
+    pub quotas: brood_core::quota::QuotaConfig,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -81,6 +83,7 @@ impl Config {
             pid_namespace: true,
             cgroups: true,
             allow_weaker_sandbox: false,
+            quotas: brood_core::quota::QuotaConfig::default(),
             socket,
             bin_dir: None,
             hooks: Hooks::default(),
@@ -285,6 +288,7 @@ impl Supervisor {
             },
             "supervisor": me,
         });
+        let cfg_quotas = cfg.quotas;
         let (tx, rx) = mpsc::unbounded_channel();
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
         let disp = Dispatcher {
@@ -305,7 +309,9 @@ impl Supervisor {
             groups: supplementary_groups(),
             live: HashMap::new(),
             waiting: std::collections::VecDeque::new(),
-            max_concurrent: 16,
+            max_concurrent: cfg_quotas
+                .effective(store.tenant_quotas(&tenant).ok().as_ref())
+                .max_concurrent,
             waiters: HashMap::new(),
             stops: HashMap::new(),
             next_id: 1,
@@ -716,6 +722,13 @@ impl Dispatcher {
                     shutdown = Some(reply);
                 }
             }
+            // A slot freed by whatever this command did goes to the next in line
+            // (not while shutting down: nothing new starts then).
+            if shutdown.is_none() {
+                self.pump_queue();
+            } else {
+                self.waiting.clear();
+            }
             if shutdown.is_some() && self.live.is_empty() && self.stops.is_empty() {
                 if let Some(c) = &self.cgroups {
                     if let Err(e) = c.destroy() {
@@ -847,6 +860,12 @@ impl Dispatcher {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// The quotas that apply to this supervisor's tenant now.
+    fn tenant_quotas(&self) -> Result<brood_core::quota::Quotas, ApiError> {
+        let own = self.store.tenant_quotas(&self.tenant).map_err(internal)?;
+        Ok(self.cfg.quotas.effective(Some(&own)))
     }
 
     /// What a root holds (SPEC 5 defaults): everything the operator holds.
@@ -1064,9 +1083,13 @@ impl Dispatcher {
                 json!({"type": "agent.child.spawn", "parent": p.as_str(), "child": name.as_str()}),
             ));
         }
+        // Quotas are checked inside the store's admission transaction, so they hold
+        // under any concurrency (SPEC 9); the tenant's overrides are read each time.
+        let quotas = self.tenant_quotas()?;
+        self.max_concurrent = quotas.max_concurrent;
         let agent = self
             .store
-            .admit(
+            .admit_with_quotas(
                 &NewAgent {
                     tenant: self.tenant.clone(),
                     name: name.clone(),
@@ -1080,6 +1103,7 @@ impl Dispatcher {
                     run: run.clone(),
                     now_ms: now,
                 },
+                &quotas,
                 &events,
             )
             .map_err(internal)?;
@@ -2275,6 +2299,18 @@ impl Dispatcher {
         }
         let r = (|| -> Result<(), ApiError> {
             let a = self.agent(name)?;
+            // SPEC 9: a resume that would make the requester its own ancestor.
+            if let Caller::Agent(me) = caller
+                && self
+                    .store
+                    .is_ancestor_or_self(&self.tenant, name, me)
+                    .map_err(internal)?
+            {
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    format!("agent {me} cannot resume {name}: it is {me} or one of its ancestors"),
+                ));
+            }
             self.authorize(caller, &a)?;
             if !a.status.is_finished() {
                 return Err(ApiError::new(

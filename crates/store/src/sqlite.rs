@@ -24,7 +24,10 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use brood_core::{AgentName, CancelReason, Code, RunId, SessionName, Status, TenantId, Terminal};
+use brood_core::{
+    AgentName, CancelReason, Code, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas,
+    Terminal,
+};
 use rusqlite::{Connection, OpenFlags, Row, Transaction, TransactionBehavior};
 
 use crate::types::{
@@ -34,13 +37,21 @@ use crate::types::{
 
 /// The embedded migrations, in the order they apply. A version is never reused or
 /// edited once released: a change is a new file.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("schema/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("schema/0001_init.sql")),
+    (2, include_str!("schema/0002_quotas.sql")),
+];
+
+/// How many migrations this build embeds (and so the schema version of a store
+/// it has opened).
+pub const MIGRATION_COUNT: usize = MIGRATIONS.len();
 
 /// How long a writer waits for another writer's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The recursion guard of the descendants walk. Depth quotas stop far below this
-/// (SPEC 9 ceiling: 32); reaching it means the edges are corrupt.
+/// The recursion guard of the descendants and ancestors walks. Depth quotas stop
+/// far below this (SPEC 9 ceiling: 32); reaching it means the edges (or the
+/// agents' parents) are corrupt.
 const MAX_WALK_DEPTH: i64 = 10_000;
 
 /// How a [`SqliteStore`] opens its file.
@@ -197,6 +208,38 @@ const Q_DESCENDANTS: &str = concat!(
     " ORDER BY plan.level DESC, agents.created_ms DESC, plan.name DESC"
 );
 
+// The fanout quota's count: a parent's unfinished children. The WHERE repeats
+// `unfinished!` so the partial index of 0002_quotas.sql applies, and the index is
+// named because without table statistics the planner may prefer
+// `agents_by_parent`, which reaches every child ever created.
+const Q_FANOUT: &str = concat!(
+    "SELECT COUNT(*) FROM agents INDEXED BY agents_unfinished_by_parent",
+    " WHERE tenant = ?1 AND parent = ?2 AND ",
+    unfinished!()
+);
+// The tree-size quota's count: every agent ever created under a root, the root
+// included; read from the (tenant, root) index alone.
+const Q_TREE_SIZE: &str = "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND root = ?2";
+// The cycle check: walk up from ?3 through the parents (the primary key at each
+// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
+// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
+// highest level reached (the guard: a parent chain that loops climbs to it).
+// `CROSS JOIN` keeps the walk's queue outside, as in `Q_DESCENDANTS`.
+const Q_ANCESTOR_OR_SELF: &str = concat!(
+    "WITH RECURSIVE up(name, parent, level) AS (",
+    " SELECT name, parent, 0 FROM agents WHERE tenant = ?1 AND name = ?3",
+    " UNION ALL",
+    " SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents",
+    "  WHERE agents.tenant = ?1 AND agents.name = up.parent",
+    "   AND up.name <> ?2 AND up.level < ?4",
+    ")",
+    " SELECT COUNT(*), COALESCE(MAX(name = ?2), 0), COALESCE(MAX(level), 0) FROM up"
+);
+// A tenant's overrides: at most one row per key, found by the primary key. Not in
+// `PLANNED`: its search is on `tenant` alone by design (the key is the rest of the
+// primary key), which the plan test would take for reading all of a tenant's rows.
+const Q_TENANT_QUOTAS: &str = "SELECT key, value FROM tenant_quotas WHERE tenant = ?1";
+
 const Q_RUN: &str = concat!(
     "SELECT ",
     run_cols!(),
@@ -259,6 +302,8 @@ const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost
      WHERE id = ?2 AND tenant = ?1";
 const U_CHANNEL_RESULT: &str =
     "UPDATE channels SET result = ?4 WHERE tenant = ?1 AND parent = ?2 AND child = ?3";
+const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key, value) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value";
 const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
      updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
 
@@ -268,6 +313,9 @@ const PLANNED: &[(&str, &str)] = &[
     ("agent_exists", Q_AGENT_EXISTS),
     ("children", Q_CHILDREN),
     ("descendants", Q_DESCENDANTS),
+    ("fanout", Q_FANOUT),
+    ("tree_size", Q_TREE_SIZE),
+    ("ancestor_or_self", Q_ANCESTOR_OR_SELF),
     ("agents_all", Q_AGENTS_ALL),
     ("agents_unfinished", Q_AGENTS_UNFINISHED),
     ("unfinished_of", Q_UNFINISHED_OF),
@@ -907,7 +955,15 @@ fn to_sql_count(n: u64) -> i64 {
 
 // ---- the transactions -----------------------------------------------------------
 
-fn admit_tx(tx: &Transaction<'_>, new: &NewAgent, events: &[NewEvent]) -> Tx<Agent> {
+/// Admission, with the quota checks when `quotas` is given (`admit_with_quotas`)
+/// and without them (`admit`): one body, so the two can never disagree on
+/// anything but the quotas.
+fn admit_tx(
+    tx: &Transaction<'_>,
+    new: &NewAgent,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Tx<Agent> {
     let t = &new.tenant;
     check_json_object(|| format!("spec of agent {}", new.name), &new.spec, false)?;
     // The refusals in a fixed order, so a request wrong in several ways always
@@ -948,6 +1004,9 @@ fn admit_tx(tx: &Transaction<'_>, new: &NewAgent, events: &[NewEvent]) -> Tx<Age
             Code::ParentMismatch,
             format!("customer {c} does not exist in tenant {t}"),
         ));
+    }
+    if let Some(q) = quotas {
+        check_quotas(tx, new, parent.as_ref(), q)?;
     }
 
     tx.prepare_cached(I_TENANT)?
@@ -996,6 +1055,73 @@ fn admit_tx(tx: &Transaction<'_>, new: &NewAgent, events: &[NewEvent]) -> Tx<Age
     }
     append_events_tx(tx, t, events, new.now_ms)?;
     must_agent(tx, t, &new.name)
+}
+
+/// The quota checks of SPEC 9, in the order documented on
+/// `Store::admit_with_quotas`: depth, fanout, tree size. Reads only; the caller's
+/// `BEGIN IMMEDIATE` holds the write lock, so no other admission can change a
+/// count between this check and the insert that follows it.
+fn check_quotas(
+    tx: &Transaction<'_>,
+    new: &NewAgent,
+    parent: Option<&Agent>,
+    q: &Quotas,
+) -> Tx<()> {
+    let t = &new.tenant;
+    let name = &new.name;
+    let Some(p) = parent else {
+        // A root starts its own tree: depth 0 and no siblings, so only the tree
+        // size applies, and its tree would hold just the root.
+        if q.max_tree_size == 0 {
+            return Err(refused(
+                Code::QuotaTreeSize,
+                format!(
+                    "tree size quota: root {name} would start a tree of 1 agent \
+                     in tenant {t}, and max_tree_size is 0"
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    let depth = u64::from(p.depth) + 1;
+    if depth > u64::from(q.max_depth) {
+        return Err(refused(
+            Code::QuotaDepth,
+            format!(
+                "depth quota: {name} would be at depth {depth} under {} (depth {}) \
+                 in tenant {t}, and max_depth is {}",
+                p.name, p.depth, q.max_depth
+            ),
+        ));
+    }
+    let fanout: i64 = tx
+        .prepare_cached(Q_FANOUT)?
+        .query_row((t.as_str(), p.name.as_str()), |r| r.get(0))?;
+    if fanout >= i64::from(q.max_fanout) {
+        return Err(refused(
+            Code::QuotaFanout,
+            format!(
+                "fanout quota: parent {} in tenant {t} already has {fanout} unfinished \
+                 children, and max_fanout is {}",
+                p.name, q.max_fanout
+            ),
+        ));
+    }
+    let size: i64 = tx
+        .prepare_cached(Q_TREE_SIZE)?
+        .query_row((t.as_str(), p.root.as_str()), |r| r.get(0))?;
+    if size >= i64::from(q.max_tree_size) {
+        return Err(refused(
+            Code::QuotaTreeSize,
+            format!(
+                "tree size quota: the tree of root {} in tenant {t} already holds {size} \
+                 agents (every one ever created under it, finished or not, the root \
+                 included), and max_tree_size is {}",
+                p.root, q.max_tree_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn mark_stopping_tx(
@@ -1171,7 +1297,87 @@ fn recover_tx(tx: &Transaction<'_>, dead: &[String], now_ms: i64) -> Tx<Vec<Agen
 
 impl Store for SqliteStore {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.write(|tx| admit_tx(tx, new, events))
+        self.write(|tx| admit_tx(tx, new, None, events))
+    }
+
+    fn admit_with_quotas(
+        &self,
+        new: &NewAgent,
+        quotas: &Quotas,
+        events: &[NewEvent],
+    ) -> Result<Agent> {
+        self.write(|tx| admit_tx(tx, new, Some(quotas), events))
+    }
+
+    fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
+        self.read(|conn| {
+            let rows = collect(conn, Q_TENANT_QUOTAS, [tenant.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })?;
+            let mut out = TenantQuotas::default();
+            for (key, value) in rows {
+                let shown = || format!("tenant {tenant}: {key} = {value}");
+                let v =
+                    u32::try_from(value).map_err(|_| corrupt("tenant_quotas.value", shown()))?;
+                out.set(&key, v)
+                    .map_err(|_| corrupt("tenant_quotas.key", shown()))?;
+            }
+            Ok(out)
+        })
+    }
+
+    fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()> {
+        // The key is checked before the transaction, with the one list of keys
+        // (brood-core's), so the refusal names it instead of quoting SQLite's CHECK.
+        if let Err(e) = TenantQuotas::default().set(key, value) {
+            return Err(StoreError::Refused {
+                code: Code::BadRequest,
+                message: format!("cannot set a quota of tenant {tenant}: {e}"),
+            });
+        }
+        self.write(|tx| {
+            tx.prepare_cached(I_TENANT_QUOTA)?
+                .execute((tenant.as_str(), key, i64::from(value)))?;
+            Ok(())
+        })
+    }
+
+    fn is_ancestor_or_self(
+        &self,
+        tenant: &TenantId,
+        candidate: &AgentName,
+        agent: &AgentName,
+    ) -> Result<bool> {
+        self.read(|conn| {
+            let (met, found, level): (i64, bool, i64) =
+                conn.prepare_cached(Q_ANCESTOR_OR_SELF)?.query_row(
+                    (
+                        tenant.as_str(),
+                        candidate.as_str(),
+                        agent.as_str(),
+                        MAX_WALK_DEPTH,
+                    ),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?;
+            if met == 0 {
+                return Err(not_found(tenant, agent));
+            }
+            if found {
+                return Ok(true);
+            }
+            // A real chain of parents ends at a root long before the guard; only
+            // a loop climbs that far. Answering `false` would let a cycle through.
+            if level >= MAX_WALK_DEPTH {
+                return Err(corrupt(
+                    "agents.parent",
+                    format!(
+                        "the parents above {tenant}/{agent} loop \
+                         (the walk up reached level {level})"
+                    ),
+                ));
+            }
+            Ok(false)
+        })
     }
 
     fn start_run(

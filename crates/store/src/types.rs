@@ -1,7 +1,8 @@
 //! Records and the store trait.
 
 use brood_core::{
-    AgentName, Code, IllegalTransition, RunId, SessionName, Status, TenantId, Terminal,
+    AgentName, Code, IllegalTransition, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas,
+    Terminal,
 };
 
 /// Errors of the store. `Refused` carries a SPEC 5 code and is meant for the
@@ -213,6 +214,60 @@ pub trait Store: Send + Sync {
     /// edge, the parent's channel (`pending`, with the handoff) and the events
     /// `agent.spawn` (in the child's log) and `agent.child.spawn` (in the parent's).
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent>;
+
+    /// Admission with quotas (SPEC 9): exactly [`Store::admit`], plus the quota
+    /// checks inside the same `BEGIN IMMEDIATE` transaction, after `admit`'s own
+    /// refusals and before anything is written, so concurrent admissions (threads,
+    /// or supervisors sharing the file) are counted one after another and the
+    /// limits hold exactly. `quotas` are the tenant's effective limits
+    /// (`QuotaConfig::effective`); `max_concurrent` is not checked here (a
+    /// creation past it waits `queued` for a slot, it is not refused).
+    ///
+    /// The order of the refusals, each with the code given and a message naming
+    /// the limit and the count it met:
+    /// 1. `admit`'s own, in its order: `BadRequest` (spec not a JSON object),
+    ///    `ParentMismatch` (parent), `NameTaken`, `ParentMismatch` (customer);
+    /// 2. `QuotaDepth`: the parent's depth + 1 > `max_depth`;
+    /// 3. `QuotaFanout`: the parent already has `max_fanout` or more unfinished
+    ///    (queued, running, blocked, stopping) children;
+    /// 4. `QuotaTreeSize`: the tree already holds `max_tree_size` or more agents,
+    ///    counting every agent ever created under its root, finished or not, and
+    ///    the root itself.
+    ///
+    /// A root skips depth and fanout; its tree would hold 1 agent, so it is
+    /// refused only when `max_tree_size` is 0. The counts read indexes only, no
+    /// table rows: the partial index of unfinished agents on (tenant, parent,
+    /// status), and the (tenant, root) index.
+    fn admit_with_quotas(
+        &self,
+        new: &NewAgent,
+        quotas: &Quotas,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// The tenant's quota overrides; every field `None` when it has none (also
+    /// for a tenant the store has never seen). Values are as they were set, not
+    /// clamped: clamping to the platform's ceilings is `QuotaConfig::effective`.
+    fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas>;
+
+    /// Sets one quota override of the tenant, durably (replacing an earlier value
+    /// of the same key). `key` is one of `Quotas::KEYS`; any other is refused with
+    /// `BadRequest` naming it, and nothing is written. The tenant need not have
+    /// agents yet.
+    fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()>;
+
+    /// The cycle check of SPEC 9 for resume and customer: true when `candidate`
+    /// is `agent` itself or one of its ancestors (the walk up the parents, through
+    /// the primary key, guarded in depth). An unknown `agent` is `NotFound` (a
+    /// misspelt name must not read as "no cycle"); an unknown `candidate` is
+    /// simply not an ancestor. A parent chain that loops (corruption) is
+    /// `Corrupt`.
+    fn is_ancestor_or_self(
+        &self,
+        tenant: &TenantId,
+        candidate: &AgentName,
+        agent: &AgentName,
+    ) -> Result<bool>;
 
     /// The process started: `queued` → `running`, the run gets its pid and cgroup.
     /// Refused with `StoreError::Transition` when the agent is no longer queued

@@ -1,0 +1,188 @@
+//! Quotas, queueing and cycles (SPEC 9, issue 4 items 1-3): race-free admission
+//! inside the store's transaction, each quota refused at exactly its bound, a full
+//! tenant queueing first in first out, and a resume that would loop refused.
+
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use brood_core::Code;
+use brood_runtime::{Caller, api};
+use common::*;
+use serde_json::json;
+
+fn set_quota(env: &Env, key: &str, v: u32) {
+    env.sup
+        .store()
+        .set_tenant_quota(env.sup.tenant(), key, v)
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_creations_at_once_admit_exactly_the_fanout() {
+    let env = start(Duration::from_millis(300));
+    set_quota(&env, "max_tree_size", 1000);
+    env.sup
+        .spawn(me(), req("p", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let mut calls = Vec::new();
+    for i in 0..100 {
+        let sup = env.sup.clone();
+        calls.push(tokio::spawn(async move {
+            let args = json!({"parent": "p", "name": format!("c{i}"), "argv": agent(&["--hang"])});
+            api::handle(&sup, &me(), "spawn", &args).await
+        }));
+    }
+    let (mut ok, mut fanout) = (0, 0);
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) if e.code == Code::QuotaFanout => fanout += 1,
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
+    }
+    assert_eq!((ok, fanout), (8, 92));
+    let kids = env
+        .sup
+        .store()
+        .children(env.sup.tenant(), &name("p"))
+        .unwrap();
+    assert_eq!(kids.len(), 8, "exactly 8 records");
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn depth_and_tree_size_are_refused_at_exactly_the_bound() {
+    let env = start(Duration::from_millis(300));
+    // Depth: the default max_depth is 3.
+    env.sup
+        .spawn(me(), req("d0", agent(&["--hang"])))
+        .await
+        .unwrap();
+    for (child, parent) in [("d1", "d0"), ("d2", "d1"), ("d3", "d2")] {
+        let args = json!({"parent": parent, "name": child, "argv": agent(&["--hang"]), "await_ready": true});
+        api::handle(&env.sup, &me(), "spawn", &args)
+            .await
+            .unwrap_or_else(|e| panic!("{child}: {e}"));
+    }
+    let args = json!({"parent": "d3", "name": "d4", "argv": agent(&["--hang"])});
+    let e = api::handle(&env.sup, &me(), "spawn", &args)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::QuotaDepth, "{e}");
+    env.sup.cancel(me(), name("d0")).await.unwrap();
+
+    // Tree size counts every agent ever created under the root, finished or not.
+    set_quota(&env, "max_tree_size", 4);
+    env.sup
+        .spawn(me(), req("t0", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let a = json!({"parent": "t0", "name": "t1", "argv": agent(&["--result", "done"])});
+    api::handle(&env.sup, &me(), "spawn", &a).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("t1")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    for n in ["t2", "t3"] {
+        api::handle(
+            &env.sup,
+            &me(),
+            "spawn",
+            &json!({"parent": "t0", "name": n, "argv": agent(&["--hang"])}),
+        )
+        .await
+        .unwrap();
+    }
+    let e = api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &json!({"parent": "t0", "name": "t4", "argv": agent(&["--hang"])}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::QuotaTreeSize, "{e}");
+    assert!(
+        env.sup.view().agent(&name("t4")).is_err(),
+        "nothing written for t4"
+    );
+    env.sup.cancel(me(), name("t0")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_tenant_queues_and_starts_when_a_slot_frees() {
+    let env = start(Duration::from_millis(300));
+    set_quota(&env, "max_concurrent", 2);
+    for n in ["q1", "q2"] {
+        let r = env
+            .sup
+            .spawn(me(), req(n, agent(&["--hang"])))
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "running", "{r}");
+    }
+    let r3 = env
+        .sup
+        .spawn(me(), req("q3", agent(&["--hang"])))
+        .await
+        .unwrap();
+    assert_eq!(r3["status"], "queued", "no slot: {r3}");
+    let r4 = env
+        .sup
+        .spawn(me(), req("q4", agent(&["--hang"])))
+        .await
+        .unwrap();
+    assert_eq!(r4["status"], "queued");
+    assert!(
+        processes_of(&env, "q3").is_empty(),
+        "a queued agent has no process"
+    );
+    // Cancelling a queued agent leaves nothing behind.
+    env.sup.cancel(me(), name("q4")).await.unwrap();
+    // A slot frees: the first in line starts.
+    env.sup.cancel(me(), name("q1")).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("q1")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let started = eventually_async(Duration::from_secs(10), || {
+        show(&env, "q3")["status"] == "running"
+    })
+    .await;
+    assert!(started, "q3 never started: {}", show(&env, "q3"));
+    assert_eq!(show(&env, "q4")["state"], "cancelled:user");
+    assert!(processes_of(&env, "q4").is_empty());
+    for n in ["q2", "q3"] {
+        env.sup.cancel(me(), name(n)).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_would_make_the_requester_its_own_ancestor_is_a_cycle() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(me(), req("top", agent(&["--hang"])))
+        .await
+        .unwrap();
+    api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &json!({"parent": "top", "name": "low", "argv": agent(&["--hang"]), "await_ready": true}),
+    )
+    .await
+    .unwrap();
+    let as_low = Caller::Agent(name("low"));
+    for target in ["top", "low"] {
+        let e = api::handle(&env.sup, &as_low, "resume", &json!({"name": target}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::Cycle, "{target}: {e}");
+    }
+    env.sup.cancel(me(), name("top")).await.unwrap();
+}

@@ -111,6 +111,23 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     let listener = control::bind(&sock).await?;
     let sup = Supervisor::start(cfg).context("starting the supervisor")?;
     let server = tokio::spawn(control::serve(sup.clone(), listener));
+    // Whatever happens, the supervisor is shut down: nothing of the demo outlives it.
+    let shown = show_trees(&sup, &data, &slow).await;
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    shown?;
+    println!(
+        "\ndemo finished in {:.1} s; state kept in {} (try: brood --root {} tree)",
+        t_start.elapsed().as_secs_f64(),
+        root.display(),
+        root.display()
+    );
+    Ok(0)
+}
+
+/// The two parts of the demo, on a running supervisor.
+async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
     let me = Caller::User {
         uid: crate::unsafe_uid(),
@@ -142,7 +159,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     )?;
     let title = "brood demo, part 1: a root fans out to children (one per directory) and grandchildren (one per file)";
     loop {
-        draw(&sup, &counter, tty, title)?;
+        draw(sup, &counter, tty, title)?;
         let a = sup
             .view()
             .agent(&counter)
@@ -154,7 +171,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     }
     crate::api(sup.wait(me.clone(), vec![counter.clone()], None).await)?;
     sup.flush().await;
-    draw(&sup, &counter, tty, title)?;
+    draw(sup, &counter, tty, title)?;
     let shown = sup
         .view()
         .show(&counter)
@@ -194,7 +211,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
             .tree(Some(&doomed))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let running = count_nodes(&t["trees"][0], &|a| a["status"] == "running");
-        draw(&sup, &doomed, tty, title2)?;
+        draw(sup, &doomed, tty, title2)?;
         // root + 2 children + 4 grandchildren
         if running >= 7 || Instant::now() > deadline {
             break;
@@ -224,7 +241,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     )?;
     sup.flush().await;
     draw(
-        &sup,
+        sup,
         &doomed,
         false,
         "after the SIGKILL: every descendant cancelled (parent_dead), every process gone",
@@ -256,14 +273,5 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
             );
         }
     }
-    sup.shutdown().await;
-    server.abort();
-    let _ = std::fs::remove_file(&sock);
-    println!(
-        "\ndemo finished in {:.1} s; state kept in {} (try: brood --root {} tree)",
-        t_start.elapsed().as_secs_f64(),
-        root.display(),
-        root.display()
-    );
-    Ok(0)
+    Ok(())
 }

@@ -549,6 +549,30 @@ async fn run_root(
         iso,
         root: None,
     };
+    // Whatever happens to the run, the supervisor is shut down: no process, group
+    // or socket of this run outlives it.
+    let outcome = supervise_root(&sup, req).await;
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    let (a, tree) = outcome?;
+    if json_out {
+        println!("{}", json!({"agent": a, "tree": tree["trees"][0]}));
+    } else {
+        if let Some(res) = a["result"].as_str() {
+            print!("{res}");
+            if !res.ends_with('\n') && !res.is_empty() {
+                println!();
+            }
+        }
+        eprint!("{}", render::tree(&tree["trees"][0]));
+    }
+    Ok(wait_code(&a))
+}
+
+/// Starts the root, waits for it (Ctrl-C cancels it), and returns its record and
+/// its tree.
+async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, Value)> {
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;
     let name = brood_core::AgentName::new(started["name"].as_str().unwrap_or(""))
@@ -565,21 +589,7 @@ async fn run_root(
     let r = api(sup.wait(me, vec![name.clone()], None).await)?;
     let a = r["agents"][0].clone();
     let tree = api(sup.view().tree(Some(&name)))?;
-    sup.shutdown().await;
-    server.abort();
-    let _ = std::fs::remove_file(&sock);
-    if json_out {
-        println!("{}", json!({"agent": a, "tree": tree["trees"][0]}));
-    } else {
-        if let Some(res) = a["result"].as_str() {
-            print!("{res}");
-            if !res.ends_with('\n') && !res.is_empty() {
-                println!();
-            }
-        }
-        eprint!("{}", render::tree(&tree["trees"][0]));
-    }
-    Ok(wait_code(&a))
+    Ok((a, tree))
 }
 
 async fn serve(cfg: Config) -> Result<i32> {

@@ -2544,7 +2544,7 @@ async fn empty_group(cg: &Cgroups, g: &Group, grace: Duration, term: bool) -> Re
                 break;
             }
             tokio::time::sleep(step).await;
-            step = (step * 2).min(Duration::from_millis(20));
+            step = (step * 2).min(Duration::from_millis(2));
         }
     }
     if cg.is_populated(g).map_err(|e| e.to_string())? {
@@ -2559,7 +2559,7 @@ async fn empty_group(cg: &Cgroups, g: &Group, grace: Duration, term: bool) -> Re
                 ));
             }
             tokio::time::sleep(step).await;
-            step = (step * 2).min(Duration::from_millis(10));
+            step = (step * 2).min(Duration::from_millis(2));
         }
     }
     cg.remove(g).map_err(|e| e.to_string())

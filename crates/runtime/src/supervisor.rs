@@ -1567,12 +1567,22 @@ impl Dispatcher {
 
     fn channel_dir_of(&self, a: &Agent) -> Option<PathBuf> {
         let p = a.parent.as_ref()?;
-        let psess = self
-            .store
-            .agent(&self.tenant, p)
-            .ok()
-            .flatten()
-            .map(|pa| pa.session)?;
+        // The parent's session is known while either side is live; the store is
+        // asked only otherwise (this runs for every agent of a large stop).
+        let known = self
+            .live
+            .get(&a.name)
+            .and_then(|l| l.parent_session.clone())
+            .or_else(|| self.live.get(p).map(|pl| pl.session.clone()));
+        let psess = match known {
+            Some(s) => s,
+            None => self
+                .store
+                .agent(&self.tenant, p)
+                .ok()
+                .flatten()
+                .map(|pa| pa.session)?,
+        };
         Some(self.paths.channel_dir(p, &psess, &a.name))
     }
 

@@ -187,62 +187,69 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
             json: as_json,
         } => {
             let (sup, dir) = supervisor(&root, "spawn").await?;
-            let init = brood_proto::encode(&brood_proto::ToAgent::Init {
-                config: brood_proto::InitConfig::default(),
-                agent_config: json!({}),
-            });
-            let argv: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
-            let levels: Vec<Level> = match sandbox.as_str() {
-                "all" => Level::ALL.to_vec(),
-                s => vec![Level::parse(s)?],
-            };
-            let mut rows = Vec::new();
-            for level in levels {
-                let (policy, iso) = level.policy(&exe);
-                let (mut ours, mut bare) = (Vec::with_capacity(n), Vec::with_capacity(n));
-                // Warm both paths (page cache, store file) before timing; the floor
-                // and brood alternate so drift hits both alike.
-                for i in 0..n + 5 {
-                    let b = floor::spawn_ready(&argv, &init).context("bare spawn")?;
-                    let name = format!("{}{i}", level.name());
-                    let mut r = req(
-                        name.clone(),
-                        None,
-                        vec![exe.clone(), "test-agent".into()],
-                        true,
-                    )?;
-                    r.policy = policy.clone();
-                    r.iso = iso.clone();
-                    let t0 = Instant::now();
-                    let a = crate::api(sup.spawn(me.clone(), r).await)?;
-                    let o = t0.elapsed();
-                    if a["status"] == "failed" {
-                        anyhow::bail!(
-                            "bench spawn ({}): the agent failed to start: {}",
-                            level.name(),
-                            a["detail"]
-                        );
+            // Whatever happens, the supervisor is shut down: no group or process of
+            // the benchmark outlives it.
+            let measured: Result<Vec<serde_json::Value>> = async {
+                let init = brood_proto::encode(&brood_proto::ToAgent::Init {
+                    config: brood_proto::InitConfig::default(),
+                    agent_config: json!({}),
+                });
+                let argv: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
+                let levels: Vec<Level> = match sandbox.as_str() {
+                    "all" => Level::ALL.to_vec(),
+                    s => vec![Level::parse(s)?],
+                };
+                let mut rows = Vec::new();
+                for level in levels {
+                    let (policy, iso) = level.policy(&exe);
+                    let (mut ours, mut bare) = (Vec::with_capacity(n), Vec::with_capacity(n));
+                    // Warm both paths (page cache, store file) before timing; the floor
+                    // and brood alternate so drift hits both alike.
+                    for i in 0..n + 5 {
+                        let b = floor::spawn_ready(&argv, &init).context("bare spawn")?;
+                        let name = format!("{}{i}", level.name());
+                        let mut r = req(
+                            name.clone(),
+                            None,
+                            vec![exe.clone(), "test-agent".into()],
+                            true,
+                        )?;
+                        r.policy = policy.clone();
+                        r.iso = iso.clone();
+                        let t0 = Instant::now();
+                        let a = crate::api(sup.spawn(me.clone(), r).await)?;
+                        let o = t0.elapsed();
+                        if a["status"] == "failed" {
+                            anyhow::bail!(
+                                "bench spawn ({}): the agent failed to start: {}",
+                                level.name(),
+                                a["detail"]
+                            );
+                        }
+                        crate::api(
+                            sup.wait(me.clone(), vec![AgentName::new(&name)?], None)
+                                .await,
+                        )?;
+                        if i >= 5 {
+                            ours.push(o);
+                            bare.push(b);
+                        }
                     }
-                    crate::api(
-                        sup.wait(me.clone(), vec![AgentName::new(&name)?], None)
-                            .await,
-                    )?;
-                    if i >= 5 {
-                        ours.push(o);
-                        bare.push(b);
-                    }
+                    let (mo, mb) = (median(&mut ours), median(&mut bare));
+                    let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
+                    rows.push(json!({
+                        "sandbox": level.name(),
+                        "brood_median_us": mo.as_micros(), "brood_p90_us": pct(&ours, 0.9).as_micros(),
+                        "floor_median_us": mb.as_micros(), "floor_p90_us": pct(&bare, 0.9).as_micros(),
+                        "ratio": (ratio * 100.0).round() / 100.0,
+                        "target_ratio": if level == Level::Base { 2.0 } else { 2.5 },
+                    }));
                 }
-                let (mo, mb) = (median(&mut ours), median(&mut bare));
-                let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
-                rows.push(json!({
-                    "sandbox": level.name(),
-                    "brood_median_us": mo.as_micros(), "brood_p90_us": pct(&ours, 0.9).as_micros(),
-                    "floor_median_us": mb.as_micros(), "floor_p90_us": pct(&bare, 0.9).as_micros(),
-                    "ratio": (ratio * 100.0).round() / 100.0,
-                    "target_ratio": if level == Level::Base { 2.0 } else { 2.5 },
-                }));
+                Ok(rows)
             }
+            .await;
             sup.shutdown().await;
+            let mut rows = measured?;
             // The cost of each layer on its own: its median minus the base level's.
             if let Some(base) = rows
                 .iter()
@@ -295,75 +302,89 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
             json: as_json,
         } => {
             let (sup, dir) = supervisor(&root, "cascade").await?;
-            let det = cgroup::detect(std::path::Path::new("/"))?;
-            let cg = cgroup::Cgroups::open(&det, &format!("benchfloor-{}", std::process::id()))?;
-            // The floor kills the same program the tree runs: idle test agents.
-            let sleeper: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
-            let (mut ours, mut bare) = (Vec::new(), Vec::new());
-            let per_child = (n / 10).max(1) - 1;
-            for r in 0..rounds {
-                bare.push(floor::cgroup_kill(&cg, &format!("floor{r}"), &sleeper, n)?);
-                // root -> 10 children -> (n/10 - 1) grandchildren each: n descendants.
-                let root_name = format!("casc{r}");
-                let hang = vec![exe.clone(), "test-agent".into(), "--hang".into()];
-                crate::api(
-                    sup.spawn(
-                        me.clone(),
-                        req(root_name.clone(), None, hang.clone(), true)?,
-                    )
-                    .await,
-                )?;
-                let root_agent = AgentName::new(&root_name)?;
-                let mut count = 0;
-                for c in 0..10 {
-                    let cname = format!("casc{r}-{c}");
+            let det = cgroup::detect(std::path::Path::new("/"));
+            let cg = det.and_then(|det| {
+                cgroup::Cgroups::open(&det, &format!("benchfloor-{}", std::process::id()))
+            });
+            let measured: Result<(Vec<Duration>, Vec<Duration>)> = async {
+                let cg = cg
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("the floor's cgroups: {e}"))?;
+                // The floor kills the same program the tree runs: idle test agents.
+                let sleeper: Vec<OsString> = vec![exe.clone().into(), "test-agent".into()];
+                let (mut ours, mut bare) = (Vec::new(), Vec::new());
+                let per_child = (n / 10).max(1) - 1;
+                for r in 0..rounds {
+                    bare.push(floor::cgroup_kill(cg, &format!("floor{r}"), &sleeper, n)?);
+                    // root -> 10 children -> (n/10 - 1) grandchildren each: n descendants.
+                    let root_name = format!("casc{r}");
+                    let hang = vec![exe.clone(), "test-agent".into(), "--hang".into()];
                     crate::api(
                         sup.spawn(
                             me.clone(),
-                            req(cname.clone(), Some(root_agent.clone()), hang.clone(), true)?,
+                            req(root_name.clone(), None, hang.clone(), true)?,
                         )
                         .await,
                     )?;
-                    count += 1;
-                    for g in 0..per_child {
+                    let root_agent = AgentName::new(&root_name)?;
+                    let mut count = 0;
+                    for c in 0..10 {
+                        let cname = format!("casc{r}-{c}");
                         crate::api(
                             sup.spawn(
                                 me.clone(),
-                                req(
-                                    format!("casc{r}-{c}-{g}"),
-                                    Some(AgentName::new(&cname)?),
-                                    hang.clone(),
-                                    true,
-                                )?,
+                                req(cname.clone(), Some(root_agent.clone()), hang.clone(), true)?,
                             )
                             .await,
                         )?;
                         count += 1;
+                        for g in 0..per_child {
+                            crate::api(
+                                sup.spawn(
+                                    me.clone(),
+                                    req(
+                                        format!("casc{r}-{c}-{g}"),
+                                        Some(AgentName::new(&cname)?),
+                                        hang.clone(),
+                                        true,
+                                    )?,
+                                )
+                                .await,
+                            )?;
+                            count += 1;
+                        }
                     }
+                    let t0 = Instant::now();
+                    crate::api(sup.cancel(me.clone(), root_agent.clone()).await)?;
+                    crate::api(sup.wait(me.clone(), vec![root_agent.clone()], None).await)?;
+                    let dt = t0.elapsed();
+                    let left = sup
+                        .store()
+                        .descendants_post_order(sup.tenant(), &root_agent)?
+                        .iter()
+                        .filter(|a| {
+                            !matches!(
+                                a.status,
+                                brood_core::Status::Ended(brood_core::Terminal::Cancelled(_))
+                            )
+                        })
+                        .count();
+                    if left != 0 || count != n {
+                        anyhow::bail!(
+                            "cascade round {r}: {left} of {count} descendants not cancelled"
+                        );
+                    }
+                    ours.push(dt);
                 }
-                let t0 = Instant::now();
-                crate::api(sup.cancel(me.clone(), root_agent.clone()).await)?;
-                crate::api(sup.wait(me.clone(), vec![root_agent.clone()], None).await)?;
-                let dt = t0.elapsed();
-                let left = sup
-                    .store()
-                    .descendants_post_order(sup.tenant(), &root_agent)?
-                    .iter()
-                    .filter(|a| {
-                        !matches!(
-                            a.status,
-                            brood_core::Status::Ended(brood_core::Terminal::Cancelled(_))
-                        )
-                    })
-                    .count();
-                if left != 0 || count != n {
-                    anyhow::bail!("cascade round {r}: {left} of {count} descendants not cancelled");
-                }
-                ours.push(dt);
+                Ok((ours, bare))
             }
-            let _ = cg.destroy();
-            cg.remove_instance_dirs();
+            .await;
+            if let Ok(cg) = &cg {
+                let _ = cg.destroy();
+                cg.remove_instance_dirs();
+            }
             sup.shutdown().await;
+            let (mut ours, mut bare) = measured?;
             let (mo, mb) = (median(&mut ours), median(&mut bare));
             let ratio = mo.as_secs_f64() / mb.as_secs_f64().max(1e-9);
             let out = json!({

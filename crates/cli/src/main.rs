@@ -527,12 +527,7 @@ async fn run_root(
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
-    std::fs::create_dir_all(&cfg.root)
-        .with_context(|| format!("creating the root {}", cfg.root.display()))?;
-    let listener = control::bind(&sock)
-        .await
-        .with_context(|| format!("binding the control socket {}", sock.display()))?;
-    let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    let (sup, listener) = host(cfg).await?;
     let server = tokio::spawn(control::serve(sup.clone(), listener));
     let req = SpawnRequest {
         name,
@@ -592,14 +587,21 @@ async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, V
     Ok((a, tree))
 }
 
-async fn serve(cfg: Config) -> Result<i32> {
-    let sock = cfg.socket.clone();
+/// A supervisor for `cfg` with its control socket bound (the socket first, so a
+/// root another supervisor already serves is refused before anything starts).
+async fn host(cfg: Config) -> Result<(Supervisor, tokio::net::UnixListener)> {
     std::fs::create_dir_all(&cfg.root)
         .with_context(|| format!("creating the root {}", cfg.root.display()))?;
-    let listener = control::bind(&sock)
+    let listener = control::bind(&cfg.socket)
         .await
-        .with_context(|| format!("binding the control socket {}", sock.display()))?;
+        .with_context(|| format!("binding the control socket {}", cfg.socket.display()))?;
     let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    Ok((sup, listener))
+}
+
+async fn serve(cfg: Config) -> Result<i32> {
+    let sock = cfg.socket.clone();
+    let (sup, listener) = host(cfg).await?;
     eprintln!(
         "brood: serving {} ({})",
         sock.display(),

@@ -303,6 +303,7 @@ impl Supervisor {
             base,
             me,
             meta,
+            info: info.clone(),
             uid,
             brood_exe: std::env::current_exe().ok(),
             gid: unsafe_getegid(),
@@ -635,6 +636,8 @@ struct Dispatcher {
     me: String,
     /// The containment part of every agent's `meta.json`.
     meta: Value,
+    /// What the host gives this supervisor (handed to the handles it makes).
+    info: HostInfo,
     /// The operator's identity: what a root agent holds.
     uid: u32,
     /// This binary, executable by every agent (so it can call `brood spawn`).
@@ -1180,7 +1183,9 @@ impl Dispatcher {
     /// (SPEC 9: a full tenant queues instead of failing). Called after every
     /// command, so a slot freed anywhere is used at once.
     fn pump_queue(&mut self) {
-        while self.slots_used() < self.max_concurrent as usize {
+        // This runs after every command; counting slots is only worth it when
+        // someone is waiting for one.
+        while !self.waiting.is_empty() && self.slots_used() < self.max_concurrent as usize {
             let Some(name) = self.waiting.pop_front() else {
                 return;
             };
@@ -1776,12 +1781,7 @@ impl Dispatcher {
             store: self.store.clone(),
             tenant: self.tenant.clone(),
             paths: self.paths.clone(),
-            info: HostInfo {
-                cgroup: String::new(),
-                kill: String::new(),
-                containment: String::new(),
-                supervisor_id: self.me.clone(),
-            },
+            info: self.info.clone(),
             projection: self.projection.clone(),
         }
     }
@@ -2242,16 +2242,6 @@ impl Dispatcher {
     }
 
     fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
-        let t0 = std::time::Instant::now();
-        let r = self.on_cancel_inner(caller, name);
-        tracing::debug!(
-            elapsed_us = t0.elapsed().as_micros() as u64,
-            "cancel handled"
-        );
-        r
-    }
-
-    fn on_cancel_inner(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
         let a = self.agent(name)?;
         self.authorize(caller, &a)?;
         if a.status.is_finished() {

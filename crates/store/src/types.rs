@@ -203,6 +203,39 @@ pub struct EndItem {
     pub now_ms: i64,
 }
 
+/// Spend: tokens and dollars (SPEC 7 `usage`, SPEC 9 budgets).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+}
+
+impl Usage {
+    pub fn add(&mut self, o: &Usage) {
+        self.tokens_in = self.tokens_in.saturating_add(o.tokens_in);
+        self.tokens_out = self.tokens_out.saturating_add(o.tokens_out);
+        self.cost_usd += o.cost_usd;
+    }
+}
+
+/// An agent's spend: its own (every run of it) and its subtree's (its own plus
+/// every descendant's, finished or not), which is what its budget is held to.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spend {
+    pub own: Usage,
+    pub subtree: Usage,
+}
+
+/// Proof of holding a lease: a sweeper's writes carry it, and the store refuses
+/// them (`Conflict`) once the lease's row names another holder or epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub lease: String,
+    pub holder: String,
+    pub epoch: u64,
+}
+
 /// The store's contract. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
@@ -417,4 +450,50 @@ pub trait Store: Send + Sync {
     /// Distinct supervisor ids that host unfinished agents.
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>>;
     fn tenants(&self) -> Result<Vec<TenantId>>;
+
+    /// An agent's spend, own and subtree (indexed walk over its edges). An
+    /// unknown agent is `NotFound`.
+    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend>;
+
+    /// Takes the lease `name` for `holder` (the caller holds the operating-system
+    /// lock that makes it exclusive) and returns the new epoch: one more than any
+    /// epoch the lease had before, so an earlier holder's fence no longer matches.
+    fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence>;
+
+    /// Who holds the lease `name` now, if anyone ever took it.
+    fn lease(&self, name: &str) -> Result<Option<Fence>>;
+
+    /// The timeouts sweeper's read (every tenant): unfinished, not yet stopping
+    /// agents whose current run's deadline is at or before `now_ms`, at most
+    /// `limit`, most overdue first.
+    fn overdue(&self, now_ms: i64, limit: u32) -> Result<Vec<Agent>>;
+
+    /// The orphans sweeper's read (every tenant): unfinished, not yet stopping
+    /// agents whose parent is finished or missing, at most `limit`.
+    fn orphans(&self, limit: u32) -> Result<Vec<Agent>>;
+
+    /// A sweeper's stop: [`Store::mark_stopping`] of `names`, plus `events`,
+    /// refused with `Conflict` (and nothing written) unless `fence` still holds.
+    fn sweep_stop(
+        &self,
+        fence: &Fence,
+        tenant: &TenantId,
+        names: &[AgentName],
+        outcome: Terminal,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Vec<Agent>>;
+
+    /// A sweeper's end of a run whose process is gone: the agent ends with
+    /// `end` (its current run) whatever its live status, plus `events`; refused
+    /// with `Conflict` unless `fence` still holds. Its unfinished descendants are
+    /// the caller's next `sweep_stop`.
+    fn sweep_end(
+        &self,
+        fence: &Fence,
+        tenant: &TenantId,
+        name: &AgentName,
+        end: &RunEnd,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
 }

@@ -78,6 +78,10 @@ conformance_tests!(
     event_sequences_are_gapless_under_concurrency,
     children_in_creation_order,
     agents_lists_all_or_unfinished,
+    spend_rolls_up_the_subtree,
+    lease_epochs_fence_old_holders,
+    overdue_runs_are_found_by_deadline,
+    orphans_have_a_finished_or_missing_parent,
     descendants_are_in_post_order,
 );
 

@@ -91,15 +91,36 @@ fn node(a: &Value, prefix: &str, last: Option<bool>, out: &mut String) {
         })
         .unwrap_or_default();
     out.push_str(&format!(
-        "{branch}{}  {}{pid}{result}\n",
+        "{branch}{}  {}{pid}{}{result}\n",
         s(&a["name"]),
-        status_word(a)
+        status_word(a),
+        spend_text(&a["spend"])
     ));
     let kids = a["children"].as_array().cloned().unwrap_or_default();
     let n = kids.len();
     for (i, k) in kids.iter().enumerate() {
         node(k, &next, Some(i + 1 == n), out);
     }
+}
+
+/// `  $own / $subtree (tokens in/out)` when anything was spent; nothing otherwise.
+fn spend_text(sp: &Value) -> String {
+    let own = &sp["own"];
+    let sub = &sp["subtree"];
+    let cost = |u: &Value| u["cost_usd"].as_f64().unwrap_or(0.0);
+    let tok = |u: &Value, k: &str| u[k].as_u64().unwrap_or(0);
+    if cost(sub) == 0.0 && tok(sub, "tokens_in") == 0 && tok(sub, "tokens_out") == 0 {
+        return String::new();
+    }
+    format!(
+        "  spent ${:.4} own, ${:.4} tree ({}/{} tokens own, {}/{} tree)",
+        cost(own),
+        cost(sub),
+        tok(own, "tokens_in"),
+        tok(own, "tokens_out"),
+        tok(sub, "tokens_in"),
+        tok(sub, "tokens_out")
+    )
 }
 
 /// `show`: one field per line.
@@ -135,6 +156,18 @@ pub fn show(a: &Value) -> String {
             s(&a[k])
         };
         out.push_str(&format!("{k:<11} {v}\n"));
+    }
+    if a["spend"].is_object() {
+        for (k, part) in [("spent_own", "own"), ("spent_tree", "subtree")] {
+            let u = &a["spend"][part];
+            out.push_str(&format!(
+                "{k:<11} ${:.4} ({} tokens in, {} out)\n",
+                u["cost_usd"].as_f64().unwrap_or(0.0),
+                u["tokens_in"].as_u64().unwrap_or(0),
+                u["tokens_out"].as_u64().unwrap_or(0)
+            ));
+        }
+        out.push_str(&format!("{:<11} {}\n", "cost_limit", s(&a["cost_limit"])));
     }
     if let Some(r) = a["result"].as_str() {
         out.push_str("result:\n");

@@ -538,10 +538,17 @@ struct Live {
     instruction: Option<String>,
     /// The agent's effective policy (SPEC 5), checked at admission.
     policy: Policy,
-    /// Children created by this run so far, and dollars reserved for them: what
-    /// the attenuation check of its next child needs (SPEC 5 create_limit, budget).
+    /// Children created by this run so far: what the attenuation check of its
+    /// next child needs (SPEC 5 create_limit).
     creates_used: u32,
-    reserved_usd: f64,
+    /// Dollars this run has reported (SPEC 7 `usage`, cumulative).
+    run_usd: f64,
+    /// Dollars spent by the agent (every run) and its whole subtree, finished
+    /// descendants included: what its `cost_limit` is held to (SPEC 9). Kept up to
+    /// date as usage arrives, so a budget is checked without a store read.
+    subtree_usd: f64,
+    /// Why its budget stopped it, for the record's detail.
+    budget_note: Option<String>,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
@@ -598,7 +605,9 @@ impl Live {
             instruction,
             policy,
             creates_used: 0,
-            reserved_usd: 0.0,
+            run_usd: 0.0,
+            subtree_usd: 0.0,
+            budget_note: None,
             deadline_unix_s: None,
             iso_ns: false,
             ns_root: None,
@@ -871,6 +880,71 @@ impl Dispatcher {
         Ok(self.cfg.quotas.effective(Some(&own)))
     }
 
+    /// What is left of a live agent's budget for a new child (SPEC 9): its limit,
+    /// less what its subtree has spent, less what its live children with limits
+    /// of their own have reserved and not yet spent. A child's unspent reservation
+    /// returns when it ends, simply because it is no longer live here; what it did
+    /// spend stays in `subtree_usd`. `None` when the agent has no limit.
+    fn budget_remaining(&self, name: &AgentName, l: &Live) -> Option<f64> {
+        let limit = l.policy.cost_limit?;
+        let held: f64 = self
+            .live
+            .values()
+            .filter(|c| c.parent.as_ref() == Some(name))
+            .filter_map(|c| c.policy.cost_limit.map(|cl| (cl - c.subtree_usd).max(0.0)))
+            .sum();
+        Some((limit - l.subtree_usd - held).max(0.0))
+    }
+
+    /// New spend of `delta` dollars by `name`: it rolls up through every live
+    /// ancestor, and the highest agent whose subtree reached its `cost_limit`
+    /// is stopped with `budget_exceeded`, its subtree with it (SPEC 9). Returns
+    /// whom it stopped.
+    fn add_spend(&mut self, name: &AgentName, delta: f64) -> Option<AgentName> {
+        if delta <= 0.0 || !delta.is_finite() {
+            return None;
+        }
+        let mut over: Option<AgentName> = None;
+        let mut cur = Some(name.clone());
+        let mut hops = 0;
+        while let Some(n) = cur {
+            let Some(l) = self.live.get_mut(&n) else {
+                break;
+            };
+            l.subtree_usd += delta;
+            if let Some(limit) = l.policy.cost_limit
+                && l.subtree_usd >= limit
+                && l.stopping.is_none()
+            {
+                over = Some(n.clone());
+            }
+            cur = l.parent.clone();
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+        }
+        let top = over?;
+        let spent = self
+            .live
+            .get(&top)
+            .map(|l| l.subtree_usd)
+            .unwrap_or_default();
+        let limit = self
+            .live
+            .get(&top)
+            .and_then(|l| l.policy.cost_limit)
+            .unwrap_or_default();
+        tracing::info!(agent = %top, spent, limit, "budget exceeded; stopping the subtree");
+        if let Some(l) = self.live.get_mut(&top) {
+            l.budget_note = Some(format!(
+                "budget exceeded: the subtree spent ${spent:.4} of its cost_limit ${limit:.4}"
+            ));
+        }
+        self.stop_subtree(&top, Terminal::Failed(FailReason::BudgetExceeded));
+        Some(top)
+    }
+
     /// What a root holds (SPEC 5 defaults): everything the operator holds.
     fn operator_policy(&self) -> Policy {
         Policy::operator(self.uid, self.gid, self.groups.clone())
@@ -896,11 +970,11 @@ impl Dispatcher {
             preq.env = Some(env);
         }
         let now = now_unix_s();
-        match parent.and_then(|p| self.live.get(p)) {
-            Some(l) => {
+        match parent.and_then(|p| self.live.get(p).map(|l| (p, l))) {
+            Some((p, l)) => {
                 let view = ParentView {
                     policy: &l.policy,
-                    budget_remaining: l.policy.cost_limit.map(|c| (c - l.reserved_usd).max(0.0)),
+                    budget_remaining: self.budget_remaining(p, l),
                     creates_used: l.creates_used,
                     deadline_unix_s: l.deadline_unix_s,
                     now_unix_s: now,
@@ -1150,7 +1224,6 @@ impl Dispatcher {
         let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
         if let Some(pl) = parent.as_ref().and_then(|p| self.live.get_mut(p)) {
             pl.creates_used += 1;
-            pl.reserved_usd += policy.cost_limit.unwrap_or(0.0);
         }
         let parent_pair = parent.clone().zip(parent_live.map(|(_, s)| s));
         let mut live = Live::new(
@@ -1734,14 +1807,7 @@ impl Dispatcher {
                 tokens_in,
                 tokens_out,
                 cost_usd,
-            } => {
-                if let Err(e) =
-                    self.store
-                        .record_usage(&self.tenant, run, tokens_in, tokens_out, cost_usd)
-                {
-                    tracing::error!(agent = %name, error = %e, "recording usage failed");
-                }
-            }
+            } => self.on_usage(name, run, tokens_in, tokens_out, cost_usd),
             FromAgent::Status { status, reason } => {
                 let to = match status.as_str() {
                     "blocked" => Status::Blocked,
@@ -1764,7 +1830,12 @@ impl Dispatcher {
             }
             FromAgent::Done { result } => {
                 if l.done.is_none() && l.error.is_none() {
+                    // The final figures count like a last `usage` (SPEC 7).
+                    let (ti, to, c) = (result.tokens_in, result.tokens_out, result.cost_usd);
                     l.done = Some(result);
+                    if ti > 0 || to > 0 || c > 0.0 {
+                        self.on_usage(name, run, ti, to, c);
+                    }
                 }
             }
             FromAgent::Error { error } => {
@@ -1773,6 +1844,36 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// A run's cumulative usage (SPEC 7): recorded, then rolled up the tree and
+    /// checked against every budget above it. Spend only grows: a report lower
+    /// than an earlier one keeps the earlier dollars.
+    fn on_usage(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        tokens_in: u64,
+        tokens_out: u64,
+        cost_usd: f64,
+    ) {
+        let Some(l) = self.live.get_mut(name) else {
+            return;
+        };
+        let cost = if cost_usd.is_finite() {
+            cost_usd.max(l.run_usd)
+        } else {
+            l.run_usd
+        };
+        let delta = cost - l.run_usd;
+        l.run_usd = cost;
+        if let Err(e) = self
+            .store
+            .record_usage(&self.tenant, run, tokens_in, tokens_out, cost)
+        {
+            tracing::error!(agent = %name, error = %e, "recording usage failed");
+        }
+        self.add_spend(name, delta);
     }
 
     fn handle(&self) -> Supervisor {
@@ -2063,6 +2164,7 @@ impl Dispatcher {
             }
             events.push(ev(name, Some(&a.run), &a.session, json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
             let protocol_error = live.and_then(|l| l.protocol_error.clone());
+            let budget_note = live.and_then(|l| l.budget_note.clone());
             let result = match outcome {
                 Terminal::Cancelled(CancelReason::ParentDead) => Some(format!(
                     "cancelled: parent {} stopped (parent_dead)\n",
@@ -2072,6 +2174,9 @@ impl Dispatcher {
                 Terminal::Failed(FailReason::ProtocolError) => protocol_error
                     .as_ref()
                     .map(|e| format!("failed: protocol error: {e}\n")),
+                Terminal::Failed(FailReason::BudgetExceeded) => {
+                    budget_note.as_ref().map(|n| format!("failed: {n}\n"))
+                }
                 _ => None,
             };
             // Queued when the stop came: its record already ended with the intent.
@@ -2079,7 +2184,7 @@ impl Dispatcher {
                 outcome: *outcome,
                 exit_code: live.and_then(|l| l.exit).and_then(exit_code),
                 result: result.clone(),
-                detail: protocol_error,
+                detail: protocol_error.or(budget_note),
                 now_ms: now,
             });
             items.push(EndItem {
@@ -2381,6 +2486,12 @@ impl Dispatcher {
             );
             live.iso_ns = spec["iso"] == "ns";
             live.ns_root = spec["root"].as_str().map(PathBuf::from);
+            // Its budget covers what it and its subtree spent in earlier runs too.
+            live.subtree_usd = self
+                .store
+                .spend(&self.tenant, name)
+                .map(|s| s.subtree.cost_usd)
+                .map_err(internal)?;
             let group_parent = parent_live.and_then(|(g, _)| g);
             live.pending = Some(Pending {
                 argv,

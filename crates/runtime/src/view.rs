@@ -78,6 +78,11 @@ impl View {
             .get("allow_weaker_sandbox")
             .cloned()
             .unwrap_or(json!(false));
+        v["spend"] = self.spend_json(name)?;
+        v["cost_limit"] = v["policy"]
+            .get("cost_limit")
+            .cloned()
+            .unwrap_or(Value::Null);
         let runs = self.store.runs(&self.tenant, name).map_err(internal)?;
         v["runs"] = Value::Array(runs.iter().map(run_json).collect());
         Ok(v)
@@ -107,8 +112,17 @@ impl View {
         Ok(json!({"trees": out}))
     }
 
+    /// Own and subtree spend (SPEC 9), tokens and dollars: the per-child
+    /// breakdown `tree` and `show` print.
+    fn spend_json(&self, name: &AgentName) -> ApiResult {
+        let s = self.store.spend(&self.tenant, name).map_err(internal)?;
+        let u = |u: &brood_store::Usage| json!({"tokens_in": u.tokens_in, "tokens_out": u.tokens_out, "cost_usd": u.cost_usd});
+        Ok(json!({"own": u(&s.own), "subtree": u(&s.subtree)}))
+    }
+
     fn subtree_json(&self, a: &Agent, depth: usize) -> ApiResult {
         let mut v = self.agent_json(a);
+        v["spend"] = self.spend_json(&a.name)?;
         let mut kids = Vec::new();
         if depth < 64 {
             for c in self

@@ -36,6 +36,10 @@ struct Cli {
     /// Platform configuration (quota defaults and ceilings); default $BROOD_ROOT/config.toml.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// The store's SQLite file (default $BROOD_ROOT/brood.db). Supervisors with
+    /// roots of their own may share one store; one of them runs the sweepers.
+    #[arg(long, global = true, env = "BROOD_STORE")]
+    store: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -74,6 +78,11 @@ enum Cmd {
     Serve {
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
+        /// The sweepers' tick in seconds (SPEC 9: timeouts every tick, orphans
+        /// every 5, reconcile every 30). Only the supervisor holding the sweeper
+        /// lease of its store sweeps.
+        #[arg(long, default_value_t = 1.0)]
+        sweep_every: f64,
         /// See `brood run --allow-weaker-sandbox`.
         #[arg(long)]
         allow_weaker_sandbox: bool,
@@ -296,9 +305,16 @@ async fn call(root: &Option<PathBuf>, op: &str, args: Value) -> Result<Value> {
 }
 
 fn view(root: &Option<PathBuf>) -> Result<View> {
-    let r = root_of(root);
-    View::open(&r).with_context(|| format!("reading the store of {}", r.display()))
+    let db = STORE
+        .get()
+        .cloned()
+        .flatten()
+        .unwrap_or_else(|| root_of(root).join("brood.db"));
+    View::open(&db).with_context(|| format!("reading the store {}", db.display()))
 }
+
+/// `--store`, set once at start (read by every verb that opens the store).
+static STORE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
 
 fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
     r.map_err(|e| Exit(e.code.exit_code(), e.to_string()).into())
@@ -337,6 +353,7 @@ pub(crate) fn wait_code(a: &Value) -> i32 {
 
 async fn real_main(cli: Cli) -> Result<i32> {
     let root = cli.root.clone();
+    let _ = STORE.set(cli.store.clone());
     let cli_config = cli.config.clone();
     match cli.cmd {
         Cmd::Run {
@@ -354,6 +371,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
+            cfg.store = cli.store.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
             let protocol = parse_protocol(&protocol)?;
@@ -367,12 +385,23 @@ async fn real_main(cli: Cli) -> Result<i32> {
         }
         Cmd::Serve {
             grace: g,
+            sweep_every,
             allow_weaker_sandbox,
         } => {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
+            if !(sweep_every.is_finite() && sweep_every > 0.0) {
+                bail!(Exit(
+                    2,
+                    format!(
+                        "--sweep-every must be a positive number of seconds, not {sweep_every}"
+                    )
+                ));
+            }
+            cfg.sweep_every = Some(Duration::from_secs_f64(sweep_every));
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
+            cfg.store = cli.store.clone();
             cfg.bin_dir = bin_dir();
             serve(cfg).await
         }

@@ -77,6 +77,11 @@ async fn connection(sup: Supervisor, stream: UnixStream) -> std::io::Result<()> 
     if n == 0 {
         return Ok(());
     }
+    // Plain HTTP on the same socket, for Prometheus (SPEC 9 `/metrics`):
+    // `curl --unix-socket brood.sock http://brood/metrics`.
+    if line.starts_with(b"GET ") {
+        return http_get(&sup, &line, &mut rd, &mut wr).await;
+    }
     let reply = if line.len() > MAX_REQUEST {
         Err(ApiError::new(Code::BadRequest, "request longer than 1 MiB"))
     } else {
@@ -106,6 +111,48 @@ async fn connection(sup: Supervisor, stream: UnixStream) -> std::io::Result<()> 
     let mut bytes = out.to_string().into_bytes();
     bytes.push(b'\n');
     wr.write_all(&bytes).await
+}
+
+/// One HTTP/1.x GET: `/metrics` (Prometheus text), anything else 404. The
+/// headers are read (up to 64 KiB) and ignored; the connection closes after
+/// the reply.
+async fn http_get(
+    sup: &Supervisor,
+    request_line: &[u8],
+    rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    let mut seen = 0usize;
+    loop {
+        let mut h = Vec::new();
+        let n = (&mut *rd).take(64 << 10).read_until(b'\n', &mut h).await?;
+        seen += n;
+        if n == 0 || h == b"\r\n" || h == b"\n" || seen > 64 << 10 {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(request_line);
+    let path = text.split_whitespace().nth(1).unwrap_or("");
+    let (status, ctype, body) = if path == "/metrics" || path.starts_with("/metrics?") {
+        (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            sup.metrics_text(),
+        )
+    } else {
+        (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            format!("no such path {path:?}; try /metrics\n"),
+        )
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    wr.write_all(head.as_bytes()).await?;
+    wr.write_all(body.as_bytes()).await?;
+    wr.shutdown().await
 }
 
 /// `events {"after"?, "name"?, "follow"?}`: the tenant's events in sequence order.

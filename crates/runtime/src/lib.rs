@@ -8,6 +8,7 @@
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
+//! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
 //!
@@ -20,11 +21,12 @@ pub mod control;
 pub mod enforce;
 mod io;
 pub mod lower;
+pub mod metrics;
 pub mod paths;
 pub mod projection;
 pub mod supervisor;
 pub mod view;
 
 pub use api::{ApiError, ApiResult, Caller, SpawnRequest};
-pub use supervisor::{Config, Hooks, HostInfo, StartError, Supervisor};
+pub use supervisor::{Config, Hooks, HostInfo, StartError, Supervisor, Sweeper};
 pub use view::View;

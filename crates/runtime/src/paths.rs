@@ -9,15 +9,35 @@ use brood_core::{AgentName, SessionName};
 pub struct Paths {
     pub root: PathBuf,
     uid: u32,
+    /// The store's file: `$BROOD_ROOT/brood.db` unless `--store` names another
+    /// (several supervisors with roots of their own sharing one store).
+    db: PathBuf,
 }
 
 impl Paths {
     pub fn new(root: PathBuf, uid: u32) -> Paths {
-        Paths { root, uid }
+        let db = root.join("brood.db");
+        Paths { root, uid, db }
+    }
+
+    /// The same layout with the store elsewhere.
+    pub fn with_db(mut self, db: Option<PathBuf>) -> Paths {
+        if let Some(d) = db {
+            self.db = d;
+        }
+        self
     }
 
     pub fn db(&self) -> PathBuf {
-        self.root.join("brood.db")
+        self.db.clone()
+    }
+
+    /// The lock whose holder runs the sweepers (SPEC 9): next to the store, so
+    /// every supervisor sharing the store contends for the same one.
+    pub fn sweeper_lock(&self) -> PathBuf {
+        let mut name = self.db.file_name().unwrap_or_default().to_os_string();
+        name.push(".sweeper.lock");
+        self.db.with_file_name(name)
     }
     pub fn socket(&self) -> PathBuf {
         self.root.join("brood.sock")

@@ -33,6 +33,9 @@ use crate::io;
 use crate::paths::Paths;
 use crate::projection::Projection;
 
+mod sweep;
+pub use sweep::Sweeper;
+
 /// Test and benchmark hooks. Production code leaves them empty.
 #[derive(Clone, Default)]
 pub struct Hooks {
@@ -71,6 +74,11 @@ pub struct Config {
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
     pub bin_dir: Option<PathBuf>,
+    /// The store's file when it is not `$BROOD_ROOT/brood.db` (`--store`).
+    pub store: Option<PathBuf>,
+    /// The sweepers' tick (SPEC 9: 1 s; orphans every 5 ticks, reconcile every 30).
+    /// `None` runs no sweeper at all (benchmarks that time one path alone).
+    pub sweep_every: Option<Duration>,
     pub hooks: Hooks,
 }
 
@@ -86,6 +94,8 @@ impl Config {
             quotas: brood_core::quota::QuotaConfig::default(),
             socket,
             bin_dir: None,
+            store: None,
+            sweep_every: Some(Duration::from_secs(1)),
             hooks: Hooks::default(),
         }
     }
@@ -135,6 +145,8 @@ pub(crate) enum Cmd {
     WaitTimeout(u64),
     /// The answer to an agent's protocol `request`, computed off the loop.
     AgentReply(AgentName, u64, ApiResult),
+    /// The sweepers' clock (SPEC 9).
+    Tick,
 }
 
 /// What an agent's IO task reports.
@@ -163,6 +175,8 @@ pub struct Supervisor {
     paths: Paths,
     info: HostInfo,
     projection: Projection,
+    metrics: Arc<crate::metrics::Metrics>,
+    me: String,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -207,7 +221,7 @@ impl Supervisor {
     /// dispatcher on the current tokio runtime.
     pub fn start(cfg: Config) -> Result<Supervisor, StartError> {
         let uid = unsafe_geteuid();
-        let paths = Paths::new(cfg.root.clone(), uid);
+        let paths = Paths::new(cfg.root.clone(), uid).with_db(cfg.store.clone());
         for d in [paths.root.clone(), paths.ctx()] {
             std::fs::create_dir_all(&d).map_err(|source| StartError::Dir { path: d, source })?;
         }
@@ -289,7 +303,9 @@ impl Supervisor {
             "supervisor": me,
         });
         let cfg_quotas = cfg.quotas;
+        let metrics = Arc::new(crate::metrics::Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
+        let disp_me = me.clone();
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
         let disp = Dispatcher {
             cfg,
@@ -316,7 +332,12 @@ impl Supervisor {
             waiters: HashMap::new(),
             stops: HashMap::new(),
             next_id: 1,
+            sweep: sweep::SweepState::default(),
+            metrics: metrics.clone(),
         };
+        if let Some(every) = disp.cfg.sweep_every {
+            sweep::start_clock(tx.clone(), every);
+        }
         tokio::spawn(disp.run(rx));
         Ok(Supervisor {
             tx,
@@ -325,6 +346,8 @@ impl Supervisor {
             paths,
             info,
             projection,
+            metrics,
+            me: disp_me,
         })
     }
 
@@ -413,6 +436,29 @@ impl Supervisor {
             let _ = rx.await;
         }
         self.flush().await;
+    }
+
+    /// The metrics as Prometheus text (`GET /metrics` on the control socket),
+    /// with the gauges counted from the store now.
+    pub fn metrics_text(&self) -> String {
+        let mut g = crate::metrics::Gauges::default();
+        if let Ok(mine) = self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+            for a in mine {
+                match a.status {
+                    Status::Queued => g.queued += 1,
+                    Status::Blocked => {
+                        g.blocked += 1;
+                        g.live += 1;
+                    }
+                    _ => g.live += 1,
+                }
+            }
+        }
+        self.metrics.render(g)
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Read-only views of the store (the same ones the CLI uses without a daemon).
@@ -549,6 +595,8 @@ struct Live {
     subtree_usd: f64,
     /// Why its budget stopped it, for the record's detail.
     budget_note: Option<String>,
+    /// When this run was admitted (the invocation duration metric).
+    admitted: std::time::Instant,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
@@ -608,6 +656,7 @@ impl Live {
             run_usd: 0.0,
             subtree_usd: 0.0,
             budget_note: None,
+            admitted: std::time::Instant::now(),
             deadline_unix_s: None,
             iso_ns: false,
             ns_root: None,
@@ -661,6 +710,9 @@ struct Dispatcher {
     waiters: HashMap<u64, Waiter>,
     stops: HashMap<u64, Stop>,
     next_id: u64,
+    /// The sweepers' state: the lease when this supervisor holds it, the ticks.
+    sweep: sweep::SweepState,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
@@ -712,6 +764,11 @@ impl Dispatcher {
                 Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
                 Cmd::StopDone(id) => self.on_stop_done(id),
                 Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+                Cmd::Tick => {
+                    if shutdown.is_none() {
+                        self.on_tick();
+                    }
+                }
                 Cmd::WaitTimeout(id) => {
                     if let Some(w) = self.waiters.remove(&id) {
                         let r = self.wait_result(&w.names, true);
@@ -925,6 +982,13 @@ impl Dispatcher {
             }
         }
         let top = over?;
+        self.stop_for_budget(&top);
+        Some(top)
+    }
+
+    /// Stops `top` with `budget_exceeded` and its subtree with it.
+    fn stop_for_budget(&mut self, top: &AgentName) {
+        let top = top.clone();
         let spent = self
             .live
             .get(&top)
@@ -942,7 +1006,6 @@ impl Dispatcher {
             ));
         }
         self.stop_subtree(&top, Terminal::Failed(FailReason::BudgetExceeded));
-        Some(top)
     }
 
     /// What a root holds (SPEC 5 defaults): everything the operator holds.
@@ -1045,6 +1108,17 @@ impl Dispatcher {
     /// A refused creation leaves nothing behind but this: an event in the would-be
     /// parent's `events.jsonl` (SPEC 5), when that parent exists.
     fn note_refusal(&self, parent: Option<&AgentName>, requested: Option<&str>, e: &ApiError) {
+        let quota = match e.code {
+            Code::QuotaDepth => Some("max_depth"),
+            Code::QuotaFanout => Some("max_fanout"),
+            Code::QuotaTreeSize => Some("max_tree_size"),
+            Code::CreateLimit => Some("create_limit"),
+            Code::BudgetExceeded => Some("budget"),
+            _ => None,
+        };
+        if let Some(q) = quota {
+            self.metrics.quota_denial(q);
+        }
         let Some(p) = parent else {
             tracing::info!(code = %e.code, message = %e.message, "root creation refused");
             return;
@@ -1884,6 +1958,8 @@ impl Dispatcher {
             paths: self.paths.clone(),
             info: self.info.clone(),
             projection: self.projection.clone(),
+            metrics: self.metrics.clone(),
+            me: self.me.clone(),
         }
     }
 
@@ -1962,6 +2038,10 @@ impl Dispatcher {
     /// the projection writes of the change are queued, so whoever is told and then
     /// flushes sees the files.
     fn notify_end(&mut self, agent: &Agent, result: Option<&str>) {
+        if let Status::Ended(t) = agent.status {
+            let took = self.live.get(&agent.name).map(|l| l.admitted.elapsed());
+            self.metrics.invocation(t.word(), took);
+        }
         if let Some(p) = &agent.parent {
             let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result});
             self.to_agent(
@@ -2139,6 +2219,9 @@ impl Dispatcher {
         let mut items = Vec::with_capacity(stop.targets.len());
         let mut results = Vec::with_capacity(stop.targets.len());
         for (name, outcome) in &stop.targets {
+            if *outcome == Terminal::Cancelled(CancelReason::ParentDead) {
+                self.metrics.cascade_termination();
+            }
             let Ok(Some(a)) = self.store.agent(&self.tenant, name) else {
                 continue;
             };

@@ -25,9 +25,10 @@ impl View {
         View { store, tenant }
     }
 
-    /// Opens the store of a root read-only, for the caller's own tenant.
-    pub fn open(root: &Path) -> Result<View, StoreError> {
-        let store = SqliteStore::open_read_only(&root.join("brood.db"))?;
+    /// Opens a store read-only (a root's `brood.db`, or the file `--store`
+    /// names), for the caller's own tenant.
+    pub fn open(db: &Path) -> Result<View, StoreError> {
+        let store = SqliteStore::open_read_only(db)?;
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
         Ok(View::new(Arc::new(store), TenantId::for_uid(uid)))

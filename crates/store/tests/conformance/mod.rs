@@ -1555,7 +1555,7 @@ pub fn lease_epochs_fence_old_holders(store: &dyn Store) {
     let (code, msg) = refusal(store.sweep_stop(
         &first,
         &t,
-        &[x.name.clone()],
+        std::slice::from_ref(&x.name),
         Terminal::Failed(FailReason::TimedOut),
         now(),
         &[event(&x.name, Some(&x.run), "agent.sweep")],
@@ -1588,7 +1588,7 @@ pub fn lease_epochs_fence_old_holders(store: &dyn Store) {
         .sweep_stop(
             &second,
             &t,
-            &[x.name.clone()],
+            std::slice::from_ref(&x.name),
             Terminal::Failed(FailReason::TimedOut),
             now(),
             &[],
@@ -1632,7 +1632,7 @@ pub fn overdue_runs_are_found_by_deadline(store: &dyn Store) {
     store
         .mark_stopping(
             &t,
-            &[slow.name.clone()],
+            std::slice::from_ref(&slow.name),
             Terminal::Failed(FailReason::TimedOut),
             now(),
         )

@@ -1,0 +1,307 @@
+//! Sweepers (SPEC 9, issue 4 items 6-7): runs past their timeout, orphans made
+//! by editing the store by hand, agents whose process is gone, only one of two
+//! supervisors sharing a store sweeping, and the metrics at `/metrics`.
+
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use brood_runtime::{Sweeper, api};
+use common::*;
+use serde_json::{Value, json};
+
+fn fast_sweeps() -> Env {
+    start_with(Duration::from_millis(300), |c| {
+        c.sweep_every = Some(Duration::from_millis(100))
+    })
+}
+
+async fn spawn(env: &Env, args: Value) {
+    let mut args = args;
+    args["await_ready"] = json!(true);
+    api::handle(&env.sup, &me(), "spawn", &args)
+        .await
+        .unwrap_or_else(|e| panic!("spawn {args}: {e}"));
+}
+
+fn state(env: &Env, n: &str) -> (String, String) {
+    let v = show(env, n);
+    (
+        v["status"].as_str().unwrap_or("").to_owned(),
+        v["reason"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+fn sql(db: &Path, stmt: &str) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(Duration::from_secs(5)).unwrap();
+    c.execute_batch(stmt).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_its_timeout_fails_timed_out_with_its_subtree() {
+    let env = fast_sweeps();
+    spawn(
+        &env,
+        json!({"name": "slow", "argv": agent(&["--hang"]), "policy": {"timeout_s": 1}}),
+    )
+    .await;
+    spawn(
+        &env,
+        json!({"name": "kid", "parent": "slow", "argv": agent(&["--hang"])}),
+    )
+    .await;
+    let pids: Vec<i32> = ["slow", "kid"]
+        .iter()
+        .flat_map(|n| processes_of(&env, n))
+        .collect();
+    let r = env
+        .sup
+        .wait(
+            me(),
+            vec![name("slow"), name("kid")],
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["timed_out"], false, "{r}");
+    assert_eq!(state(&env, "slow"), ("failed".into(), "timed_out".into()));
+    assert_eq!(
+        state(&env, "kid"),
+        ("cancelled".into(), "parent_dead".into())
+    );
+    assert!(pids.iter().all(|p| !alive(*p)), "no process left");
+    let started = show(&env, "slow")["started_ms"].as_i64().unwrap();
+    let ended = show(&env, "slow")["ended_ms"].as_i64().unwrap();
+    assert!(
+        ended - started >= 1000,
+        "not before its timeout: {}",
+        ended - started
+    );
+    assert!(env.sup.metrics().sweeper_actions(Sweeper::Timeouts) >= 1);
+    let events = json_lines(session_dir(&env, "slow").join("events.jsonl"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "agent.sweep" && e["sweeper"] == "timeouts"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_and_lost_agents_made_by_hand_are_repaired() {
+    let env = fast_sweeps();
+    let db = env.sup.paths().db();
+    let t = env.sup.tenant().as_str().to_owned();
+    let me_id = env.sup.host_info().supervisor_id.clone();
+    spawn(&env, json!({"name": "p", "argv": agent(&["--hang"])})).await;
+    spawn(
+        &env,
+        json!({"name": "c", "parent": "p", "argv": agent(&["--hang"])}),
+    )
+    .await;
+    let c_pids = processes_of(&env, "c");
+    assert!(!c_pids.is_empty());
+    // 1. An agent running whose parent the store says is finished.
+    sql(
+        &db,
+        "UPDATE agents SET status = 'completed' WHERE name = 'p'",
+    );
+    // 2. An agent the store calls running, hosted here, with no process at all,
+    //    and its child hosted by a supervisor that is long gone.
+    sql(
+        &db,
+        &format!(
+            "INSERT INTO agents (tenant, name, parent, customer, root, depth, session, protocol, spec,
+                 status, detail, run, supervisor, created_ms, updated_ms)
+             VALUES ('{t}', 'ghost', NULL, NULL, 'ghost', 0, 'default', 'brood', '{{}}', 'running',
+                 NULL, '0190a0a0-0000-7000-8000-00000000aa01', '{me_id}', 1, 1),
+                    ('{t}', 'ghostkid', 'ghost', NULL, 'ghost', 1, 'default', 'brood', '{{}}', 'running',
+                 NULL, '0190a0a0-0000-7000-8000-00000000aa02', 's1-1', 1, 1);
+             INSERT INTO edges (tenant, parent, child, created_ms) VALUES ('{t}', 'ghost', 'ghostkid', 1);
+             INSERT INTO runs (id, tenant, agent, seq, pid, created_ms, started_ms)
+             VALUES ('0190a0a0-0000-7000-8000-00000000aa01', '{t}', 'ghost', 1, 999999, 1, 1),
+                    ('0190a0a0-0000-7000-8000-00000000aa02', '{t}', 'ghostkid', 1, 999998, 1, 1);"
+        ),
+    );
+    let repaired = eventually(Duration::from_secs(10), || {
+        state(&env, "c").0 == "cancelled"
+            && state(&env, "ghost").0 == "failed"
+            && ["cancelled", "failed"].contains(&state(&env, "ghostkid").0.as_str())
+    });
+    assert!(
+        repaired,
+        "c {:?}, ghost {:?}, ghostkid {:?}",
+        state(&env, "c"),
+        state(&env, "ghost"),
+        state(&env, "ghostkid")
+    );
+    assert_eq!(state(&env, "c").1, "parent_dead");
+    assert_eq!(state(&env, "ghost").1, "lost");
+    assert!(
+        show(&env, "ghost")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("process is gone")
+    );
+    // Its host is gone too: whichever the sweeper met first, lost itself or
+    // cancelled with its parent, it is finished and says why.
+    let kid = state(&env, "ghostkid");
+    assert!(
+        kid == ("failed".into(), "lost".into())
+            || kid == ("cancelled".into(), "parent_dead".into()),
+        "{kid:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || c_pids.iter().all(|p| !alive(*p))),
+        "the orphan's processes are gone"
+    );
+    assert!(env.sup.metrics().sweeper_actions(Sweeper::Orphans) >= 3);
+    // Idempotent: another pass finds nothing more to do.
+    let before = env.sup.metrics().sweeper_actions(Sweeper::Orphans);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(env.sup.metrics().sweeper_actions(Sweeper::Orphans), before);
+    env.sup.shutdown().await;
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling the daemon this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(root: &Path, store: &Path) -> Daemon {
+    #[allow(clippy::disallowed_methods)]
+    let child = Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(["serve", "--grace", "0.3", "--sweep-every", "0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    assert!(eventually(Duration::from_secs(10), || root
+        .join("brood.sock")
+        .exists()));
+    d
+}
+
+/// `GET /metrics` on a control socket, parsed into `name{labels} -> value`.
+fn metrics(root: &Path) -> std::collections::HashMap<String, f64> {
+    let mut s = std::os::unix::net::UnixStream::connect(root.join("brood.sock")).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: brood\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+fn cli(root: &Path, store: &Path, args: &[&str]) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("BROOD_SOCKET")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn of_two_supervisors_sharing_a_store_only_the_lease_holder_sweeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("shared.db");
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let _a = serve(&ra, &store);
+    let _b = serve(&rb, &store);
+    let epoch = |m: &std::collections::HashMap<String, f64>| m["subagent_sweeper_lease_epoch"];
+    assert!(eventually(Duration::from_secs(5), || {
+        epoch(&metrics(&ra)) + epoch(&metrics(&rb)) > 0.0
+    }));
+    let (ma, mb) = (metrics(&ra), metrics(&rb));
+    assert!(
+        (epoch(&ma) > 0.0) != (epoch(&mb) > 0.0),
+        "exactly one holds the lease: a {} b {}",
+        epoch(&ma),
+        epoch(&mb)
+    );
+    // An orphan on supervisor a, made by hand.
+    let hang = agent(&["--hang"]);
+    let mut args = vec!["spawn", "--name", "p", "--ready", "--"];
+    args.extend(hang.iter().map(String::as_str));
+    assert!(cli(&ra, &store, &args).status.success());
+    let mut args = vec!["spawn", "--parent", "p", "--name", "c", "--ready", "--"];
+    args.extend(hang.iter().map(String::as_str));
+    assert!(cli(&ra, &store, &args).status.success());
+    // The gauges count each supervisor's own agents.
+    assert_eq!(metrics(&ra)["subagent_live_agents"], 2.0);
+    assert_eq!(metrics(&rb)["subagent_live_agents"], 0.0);
+    sql(
+        &store,
+        "UPDATE agents SET status = 'completed' WHERE name = 'p'",
+    );
+    // Recorded by the lease holder, carried out by a, which hosts c.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            metrics(&ra)["subagent_cascade_terminations_total"] == 1.0
+        }),
+        "{}",
+        String::from_utf8_lossy(&cli(&ra, &store, &["show", "c"]).stdout)
+    );
+    let o = cli(&ra, &store, &["show", "c"]);
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("status") && l.contains("cancelled")),
+        "{shown}"
+    );
+    let orphans = |m: &std::collections::HashMap<String, f64>| m["subagent_sweeper_actions_total{sweeper=\"orphans\"}"];
+    let (ma, mb) = (metrics(&ra), metrics(&rb));
+    let (holder, other) = if epoch(&ma) > 0.0 {
+        (&ma, &mb)
+    } else {
+        (&mb, &ma)
+    };
+    assert_eq!(orphans(holder), 1.0, "the holder swept the orphan once");
+    assert_eq!(orphans(other), 0.0, "the other never sweeps");
+    for m in [&ma, &mb] {
+        for k in [
+            "subagent_invocations_total{outcome=\"completed\"}",
+            "subagent_quota_denials_total{quota=\"max_fanout\"}",
+            "subagent_sweeper_cross_tenant_reads_total",
+            "subagent_invoke_duration_seconds_count",
+            "subagent_live_agents",
+            "subagent_queued_agents",
+            "subagent_blocked_agents",
+        ] {
+            assert!(m.contains_key(k), "{k} missing");
+        }
+    }
+}

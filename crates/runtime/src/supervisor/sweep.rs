@@ -1,0 +1,408 @@
+//! The sweepers (SPEC 9): idempotent batch passes, at most [`BATCH`] rows a tick,
+//! run by the one supervisor holding the sweeper lease.
+//!
+//! - timeouts, every tick (1 s): runs past `timeout_s` fail `timed_out`, their
+//!   subtrees are cancelled;
+//! - orphans, every 5 ticks: an unfinished agent whose parent is finished or
+//!   missing is cancelled (`parent_dead`); an agent the store calls alive whose
+//!   process is gone (its host supervisor is dead, or it is ours and we hold no
+//!   process for it) fails `lost` and its subtree is cancelled;
+//! - reconcile, every 30 ticks: budgets recomputed from the store.
+//!
+//! The lease is an exclusive `flock` on a file next to the store, taken by
+//! whichever supervisor gets it first and held for its life; the store numbers
+//! each taking (the epoch), and every sweeper write checks the epoch in its own
+//! transaction, so a holder that lost the lease cannot write.
+//!
+//! A sweeper only *records* a stop (the intent, SPEC 6). Carrying it out — the
+//! signals, the grace, the records of the end — is the job of the supervisor
+//! hosting the processes: every supervisor, lease or not, looks each tick for
+//! its own agents that the store says are stopping and stops them. That is also
+//! how a stop recorded by another supervisor (a cascade across supervisors)
+//! reaches processes it cannot signal itself.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+
+use brood_core::{AgentName, CancelReason, FailReason, Status, Terminal};
+use brood_store::{Agent, Fence, RunEnd, StoreError};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{Cmd, Dispatcher, ev, now_ms, supervisor_alive};
+
+/// At most this many rows per sweeper per tick (SPEC 9).
+const BATCH: u32 = 500;
+/// The lease's name in the store.
+const LEASE: &str = "sweeper";
+const ORPHANS_EVERY: u64 = 5;
+const RECONCILE_EVERY: u64 = 30;
+
+/// Which sweeper acted (the `sweeper` label of the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sweeper {
+    Timeouts,
+    Orphans,
+    Reconcile,
+}
+
+impl Sweeper {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sweeper::Timeouts => "timeouts",
+            Sweeper::Orphans => "orphans",
+            Sweeper::Reconcile => "reconcile",
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct SweepState {
+    /// The lock file (its `flock` is the lease) and the store's fence for it.
+    lease: Option<(std::fs::File, Fence)>,
+    ticks: u64,
+}
+
+/// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
+pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Duration) {
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(every);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        iv.tick().await;
+        loop {
+            iv.tick().await;
+            if tx.send(Cmd::Tick).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+impl Dispatcher {
+    pub(super) fn on_tick(&mut self) {
+        self.sweep.ticks += 1;
+        let ticks = self.sweep.ticks;
+        if let Some(fence) = self.hold_lease() {
+            let r = (|| -> Result<(), StoreError> {
+                self.sweep_timeouts(&fence)?;
+                if ticks.is_multiple_of(ORPHANS_EVERY) {
+                    self.sweep_orphans(&fence)?;
+                }
+                if ticks.is_multiple_of(RECONCILE_EVERY) {
+                    self.reconcile();
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                if matches!(&e, StoreError::Refused { code, .. } if *code == brood_core::Code::Conflict)
+                {
+                    // Fenced off: someone else holds the lease now. Let go of the
+                    // lock (closing the file releases it) and try again later.
+                    tracing::warn!(error = %e, "sweeper lease lost");
+                    self.sweep.lease = None;
+                } else {
+                    tracing::error!(error = %e, "a sweeper pass failed; the next tick retries");
+                }
+            }
+        }
+        self.carry_out_recorded_stops();
+    }
+
+    /// The lease, taking it if it is free: an exclusive, non-blocking `flock`
+    /// on the lock file, then a new epoch from the store.
+    fn hold_lease(&mut self) -> Option<Fence> {
+        if let Some((_, f)) = &self.sweep.lease {
+            return Some(f.clone());
+        }
+        let path = self.paths.sweeper_lock();
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "opening the sweeper lock failed");
+                return None;
+            }
+        };
+        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks the loop.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return None;
+        }
+        match self.store.acquire_lease(LEASE, &self.me, now_ms()) {
+            Ok(fence) => {
+                tracing::info!(epoch = fence.epoch, "this supervisor now runs the sweepers");
+                self.metrics.lease_epoch(fence.epoch);
+                self.sweep.lease = Some((file, fence.clone()));
+                Some(fence)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording the sweeper lease failed");
+                None
+            }
+        }
+    }
+
+    /// Counts a row a sweeper read that belongs to another tenant (SPEC 9
+    /// metric: the sweepers' reads are the only ones that cross tenants).
+    fn note_read(&self, a: &Agent) {
+        if a.tenant != self.tenant {
+            self.metrics.cross_tenant_read();
+        }
+    }
+
+    fn sweep_timeouts(&mut self, fence: &Fence) -> Result<(), StoreError> {
+        for a in self.store.overdue(now_ms(), BATCH)? {
+            self.note_read(&a);
+            let note = "its run passed the policy's timeout_s";
+            self.sweep_subtree(
+                fence,
+                &a,
+                Terminal::Failed(FailReason::TimedOut),
+                Sweeper::Timeouts,
+                note,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn sweep_orphans(&mut self, fence: &Fence) -> Result<(), StoreError> {
+        for a in self.store.orphans(BATCH)? {
+            self.note_read(&a);
+            let note = "its parent is finished or missing";
+            self.sweep_subtree(
+                fence,
+                &a,
+                Terminal::Cancelled(CancelReason::ParentDead),
+                Sweeper::Orphans,
+                note,
+            )?;
+        }
+        // Alive in the store, but no process: a host that is gone, or our own
+        // record that no process of ours answers to.
+        let mut lost = Vec::new();
+        for host in self.store.supervisors_with_unfinished()? {
+            let ours = host == self.me;
+            if !ours && supervisor_alive(&host) {
+                continue;
+            }
+            for a in self.store.unfinished_of(std::slice::from_ref(&host))? {
+                if ours && self.live.contains_key(&a.name) && a.tenant == self.tenant {
+                    continue;
+                }
+                self.note_read(&a);
+                lost.push((a, host.clone()));
+                if lost.len() >= BATCH as usize {
+                    break;
+                }
+            }
+        }
+        for (a, host) in lost {
+            let outcome = match a.status {
+                // Its stop was recorded: carry the recorded outcome out.
+                Status::Stopping(t) => t,
+                _ => Terminal::Failed(FailReason::Lost),
+            };
+            let detail = if host == self.me {
+                format!("its process is gone: supervisor {host} holds none for it")
+            } else {
+                format!("its process is gone with its supervisor {host}")
+            };
+            let events = [ev(
+                &a.name,
+                Some(&a.run),
+                &a.session,
+                json!({"type": "agent.stop", "agent": a.name.as_str(), "status": outcome.word(), "reason": outcome.reason(), "sweeper": "orphans", "detail": detail}),
+            )];
+            let end = RunEnd {
+                outcome,
+                exit_code: None,
+                result: None,
+                detail: Some(detail),
+                now_ms: now_ms(),
+            };
+            let ended = self
+                .store
+                .sweep_end(fence, &a.tenant, &a.name, &end, &events)?;
+            self.metrics.sweeper_action(Sweeper::Orphans);
+            if a.tenant == self.tenant {
+                self.project_events(&events);
+                self.after_end(&ended, None);
+            }
+            self.stop_descendants_recorded(fence, &a)?;
+        }
+        Ok(())
+    }
+
+    /// Records the stop of `a` with `outcome` and of its unfinished descendants
+    /// with `parent_dead`, the top first (SPEC 6: the intent before anything).
+    fn sweep_subtree(
+        &mut self,
+        fence: &Fence,
+        a: &Agent,
+        outcome: Terminal,
+        sweeper: Sweeper,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        let events = [ev(
+            &a.name,
+            Some(&a.run),
+            &a.session,
+            json!({"type": "agent.sweep", "agent": a.name.as_str(), "sweeper": sweeper.as_str(), "status": outcome.word(), "reason": outcome.reason(), "detail": why}),
+        )];
+        let after = self.store.sweep_stop(
+            fence,
+            &a.tenant,
+            std::slice::from_ref(&a.name),
+            outcome,
+            now_ms(),
+            &events,
+        )?;
+        self.metrics.sweeper_action(sweeper);
+        if a.tenant == self.tenant {
+            self.project_events(&events);
+            for b in &after {
+                // A queued agent ends at once: nothing to carry out.
+                if b.status.is_finished() {
+                    self.drop_unstarted(b);
+                }
+            }
+        }
+        self.stop_descendants_recorded(fence, a)
+    }
+
+    fn stop_descendants_recorded(&mut self, fence: &Fence, a: &Agent) -> Result<(), StoreError> {
+        let desc: Vec<AgentName> = self
+            .store
+            .descendants_post_order(&a.tenant, &a.name)?
+            .into_iter()
+            .filter(|d| !d.status.is_finished())
+            .map(|d| d.name)
+            .collect();
+        if desc.is_empty() {
+            return Ok(());
+        }
+        let after = self.store.sweep_stop(
+            fence,
+            &a.tenant,
+            &desc,
+            Terminal::Cancelled(CancelReason::ParentDead),
+            now_ms(),
+            &[],
+        )?;
+        if a.tenant == self.tenant {
+            for b in &after {
+                if b.status.is_finished() {
+                    self.drop_unstarted(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An agent still waiting for a slot whose record a sweeper just ended:
+    /// it will never start; tell whoever waits for it.
+    fn drop_unstarted(&mut self, a: &Agent) {
+        let unstarted = self
+            .live
+            .get(&a.name)
+            .is_some_and(|l| l.pending.is_some() && !l.launching);
+        if unstarted {
+            self.after_end(a, None);
+            self.live.remove(&a.name);
+            self.waiting.retain(|n| n != &a.name);
+        }
+    }
+
+    /// Every supervisor, every tick: stops whose intent is recorded for agents
+    /// it hosts but that it is not carrying out yet (recorded by a sweeper, or
+    /// by another supervisor's cascade), carried out like its own: the whole
+    /// picked subtree signalled at once, the records written in post-order.
+    fn carry_out_recorded_stops(&mut self) {
+        let mine = match self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "reading our unfinished agents failed");
+                return;
+            }
+        };
+        let picked: HashMap<AgentName, Terminal> = mine
+            .into_iter()
+            .filter(|a| a.tenant == self.tenant)
+            .filter_map(|a| match a.status {
+                Status::Stopping(t) => Some((a.name, t)),
+                _ => None,
+            })
+            .filter(|(n, _)| self.live.get(n).is_some_and(|l| l.stopping.is_none()))
+            .collect();
+        if picked.is_empty() {
+            return;
+        }
+        let tops: Vec<AgentName> = picked
+            .keys()
+            .filter(|n| {
+                self.live
+                    .get(*n)
+                    .and_then(|l| l.parent.as_ref())
+                    .is_none_or(|p| !picked.contains_key(p))
+            })
+            .cloned()
+            .collect();
+        for top in tops {
+            let Some(&outcome) = picked.get(&top) else {
+                continue;
+            };
+            let mut targets: Vec<(AgentName, Terminal)> = self
+                .store
+                .descendants_post_order(&self.tenant, &top)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|d| picked.get(&d.name).map(|t| (d.name, *t)))
+                .collect();
+            targets.push((top.clone(), outcome));
+            let group = self.live.get(&top).and_then(|l| l.group.clone());
+            tracing::info!(agent = %top, outcome = %outcome.encode(), targets = targets.len(), "carrying out a recorded stop");
+            self.begin_stop(targets, group);
+        }
+    }
+
+    /// Budgets recomputed from the store (SPEC 9 reconcile): the running totals
+    /// kept from `usage` messages are a fast path; the runs' records are the
+    /// truth. A drift is logged and repaired, and a budget it shows exceeded is
+    /// enforced.
+    fn reconcile(&mut self) {
+        let limited: Vec<AgentName> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.policy.cost_limit.is_some() && l.stopping.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut over = Vec::new();
+        for n in limited {
+            let Ok(spend) = self.store.spend(&self.tenant, &n) else {
+                continue;
+            };
+            let Some(l) = self.live.get_mut(&n) else {
+                continue;
+            };
+            let truth = spend.subtree.cost_usd;
+            if (l.subtree_usd - truth).abs() > 1e-9 {
+                tracing::warn!(agent = %n, kept = l.subtree_usd, truth, "budget total drifted; repaired");
+                l.subtree_usd = truth;
+                self.metrics.sweeper_action(Sweeper::Reconcile);
+            }
+            if l.policy.cost_limit.is_some_and(|c| l.subtree_usd >= c) {
+                over.push(n);
+            }
+        }
+        for n in over {
+            // An ancestor's stop may already cover it.
+            if self.live.get(&n).is_some_and(|l| l.stopping.is_none()) {
+                self.stop_for_budget(&n);
+            }
+        }
+    }
+}

@@ -149,6 +149,7 @@ fn req(
     ready: bool,
 ) -> Result<SpawnRequest> {
     Ok(SpawnRequest {
+        customer: None,
         name: Some(AgentName::new(&name)?),
         parent,
         argv,

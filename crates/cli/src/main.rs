@@ -91,6 +91,9 @@ enum Cmd {
     Spawn {
         #[arg(long)]
         parent: Option<String>,
+        /// Who receives the result when not the parent (SPEC 9 customer).
+        #[arg(long)]
+        customer: Option<String>,
         #[arg(long)]
         name: Option<String>,
         #[arg(long, default_value = "brood")]
@@ -407,6 +410,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
         }
         Cmd::Spawn {
             parent,
+            customer,
             name,
             protocol,
             task,
@@ -421,7 +425,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             let r = call(
                 &root,
                 "spawn",
-                json!({"parent": parent, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
+                json!({"parent": parent, "customer": customer, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
             )
             .await?;
             if json {
@@ -559,6 +563,7 @@ async fn run_root(
     let (sup, listener) = host(cfg).await?;
     let server = tokio::spawn(control::serve(sup.clone(), listener));
     let req = SpawnRequest {
+        customer: None,
         name,
         parent: None,
         argv,

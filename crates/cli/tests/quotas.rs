@@ -186,3 +186,46 @@ async fn a_resume_that_would_make_the_requester_its_own_ancestor_is_a_cycle() {
     }
     env.sup.cancel(me(), name("top")).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
+    let env = start(Duration::from_millis(300));
+    for n in ["p", "x", "y"] {
+        env.sup
+            .spawn(me(), req(n, agent(&["--hang"])))
+            .await
+            .unwrap();
+    }
+    let spawn = |name: &str, customer: &str| json!({"parent": "p", "name": name, "customer": customer, "argv": agent(&["--hang"])});
+    // Its own customer.
+    let e = api::handle(&env.sup, &me(), "spawn", &spawn("a", "a"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Cycle, "{e}");
+    assert!(e.message.contains("own result"), "{e}");
+    assert!(env.sup.view().agent(&name("a")).is_err(), "nothing written");
+    // A customer chain that already loops (made by hand: x -> y -> x).
+    let db = env.sup.paths().db();
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.busy_timeout(Duration::from_secs(5)).unwrap();
+    c.execute_batch(
+        "UPDATE agents SET customer = 'y' WHERE name = 'x';
+         UPDATE agents SET customer = 'x' WHERE name = 'y';",
+    )
+    .unwrap();
+    let e = api::handle(&env.sup, &me(), "spawn", &spawn("b", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Cycle, "{e}");
+    assert!(e.message.contains("x -> y -> x"), "{e}");
+    // A customer elsewhere in the tenant is fine, and recorded.
+    c.execute_batch("UPDATE agents SET customer = NULL WHERE name IN ('x', 'y');")
+        .unwrap();
+    api::handle(&env.sup, &me(), "spawn", &spawn("k", "x"))
+        .await
+        .unwrap();
+    assert_eq!(show(&env, "k")["customer"], "x");
+    for n in ["p", "x", "y"] {
+        env.sup.cancel(me(), name(n)).await.unwrap();
+    }
+}

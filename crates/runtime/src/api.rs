@@ -77,6 +77,10 @@ pub struct SpawnRequest {
     /// With `iso = ns`: the directory that becomes the agent's `/` (SPEC 3 `root`);
     /// brood makes an empty one when none is given.
     pub root: Option<String>,
+    /// Who receives the result (SPEC 9 `customer`): the parent when `None`.
+    /// Must be an unfinished agent of the tenant; a customer chain that would
+    /// loop is refused with `Cycle`.
+    pub customer: Option<AgentName>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -108,6 +112,7 @@ impl SpawnRequest {
     pub fn from_json(args: &Value) -> Result<SpawnRequest, ApiError> {
         let name = opt_name_arg(args, "name")?;
         let parent = opt_name_arg(args, "parent")?;
+        let customer = opt_name_arg(args, "customer")?;
         let argv: Vec<String> = match args.get("argv") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -160,6 +165,7 @@ impl SpawnRequest {
         Ok(SpawnRequest {
             name,
             parent,
+            customer,
             argv,
             protocol,
             task,

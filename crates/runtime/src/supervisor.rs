@@ -1207,6 +1207,9 @@ impl Dispatcher {
                 ));
             }
         }
+        if let Some(c) = &req.customer {
+            self.check_customer(&name, c)?;
+        }
         let run = new_run_id();
         let spec = json!({
             "argv": req.argv,
@@ -1245,7 +1248,7 @@ impl Dispatcher {
                     tenant: self.tenant.clone(),
                     name: name.clone(),
                     parent: parent.clone(),
-                    customer: None,
+                    customer: req.customer.clone(),
                     session: req.session.clone(),
                     protocol: req.protocol,
                     spec: spec.to_string(),
@@ -1319,6 +1322,49 @@ impl Dispatcher {
         self.waiting.push_back(name.clone());
         self.pump_queue();
         Ok(Some((name, req.await_ready)))
+    }
+
+    /// SPEC 9 cycles, for a customer: the new agent `name` naming `customer` must
+    /// not close a loop of "who receives whose result". Walks the customer chain
+    /// from `customer` (each agent's customer, or its parent when it has none);
+    /// meeting `name` again, or any agent twice, is a `Cycle`. A customer that
+    /// does not exist is left to the store's admission, which refuses it.
+    fn check_customer(&self, name: &AgentName, customer: &AgentName) -> Result<(), ApiError> {
+        let mut chain = vec![customer.clone()];
+        let mut cur = Some(customer.clone());
+        while let Some(c) = cur {
+            if &c == name {
+                let path: Vec<&str> = chain.iter().map(AgentName::as_str).collect();
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    format!(
+                        "agent {name} cannot receive its own result: customer chain {name} -> {}",
+                        path.join(" -> ")
+                    ),
+                ));
+            }
+            let Some(a) = self.store.agent(&self.tenant, &c).map_err(internal)? else {
+                return Ok(());
+            };
+            cur = a.customer.or(a.parent);
+            if let Some(n) = &cur {
+                if chain.contains(n) {
+                    let path: Vec<&str> = chain.iter().map(AgentName::as_str).collect();
+                    return Err(ApiError::new(
+                        Code::Cycle,
+                        format!("customer chain loops: {} -> {n}", path.join(" -> ")),
+                    ));
+                }
+                chain.push(n.clone());
+            }
+            if chain.len() > 10_000 {
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    "customer chain longer than 10000",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Agents holding a concurrency slot: those whose process was started.
@@ -2042,7 +2088,15 @@ impl Dispatcher {
             let took = self.live.get(&agent.name).map(|l| l.admitted.elapsed());
             self.metrics.invocation(t.word(), took);
         }
-        if let Some(p) = &agent.parent {
+        // The parent hears of its child's end, and so does the customer when it
+        // is someone else (SPEC 7 `child`; SPEC 9: the customer takes the result).
+        let told = agent.parent.iter().chain(
+            agent
+                .customer
+                .iter()
+                .filter(|c| Some(*c) != agent.parent.as_ref()),
+        );
+        for p in told {
             let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result});
             self.to_agent(
                 p,

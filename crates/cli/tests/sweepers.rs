@@ -305,3 +305,92 @@ fn of_two_supervisors_sharing_a_store_only_the_lease_holder_sweeps() {
         }
     }
 }
+
+/// One control-socket request, the reply's JSON.
+fn request(root: &Path, op: &str, args: Value) -> Value {
+    let mut s = std::os::unix::net::UnixStream::connect(root.join("brood.sock")).unwrap();
+    s.write_all(format!("{}\n", json!({"op": op, "args": args})).as_bytes())
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn a_fanout_bomb_through_two_supervisors_admits_exactly_the_fanout_and_the_cascade_crosses() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("shared.db");
+    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let _a = serve(&ra, &store);
+    let _b = serve(&rb, &store);
+    let r = request(
+        &ra,
+        "spawn",
+        json!({"name": "p", "argv": agent(&["--hang"]), "await_ready": true}),
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    // 100 creations under p at once, half through each supervisor; p runs on a.
+    let replies: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..100)
+            .map(|i| {
+                let root = if i % 2 == 0 { ra.clone() } else { rb.clone() };
+                sc.spawn(move || {
+                    request(
+                        &root,
+                        "spawn",
+                        json!({"parent": "p", "name": format!("c{i}"), "argv": agent(&["--hang"]), "await_ready": true}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok: Vec<&Value> = replies.iter().filter(|r| r["ok"] == true).collect();
+    let fanout = replies
+        .iter()
+        .filter(|r| r["error"]["code"] == "QuotaFanout")
+        .count();
+    let other: Vec<&Value> = replies
+        .iter()
+        .filter(|r| r["ok"] != true && r["error"]["code"] != "QuotaFanout")
+        .collect();
+    assert!(other.is_empty(), "unexpected replies: {other:?}");
+    assert_eq!((ok.len(), fanout), (8, 92));
+    let kids: Vec<String> = ok
+        .iter()
+        .map(|r| r["result"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    let on_b = kids
+        .iter()
+        .filter(|k| k[1..].parse::<u32>().unwrap() % 2 == 1)
+        .count();
+    // The parity of a child's name says which supervisor admitted it.
+    let pids_b: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let env = String::from_utf8_lossy(&env);
+            env.contains(&format!("CTX_ROOT={}", rb.join("ctx").display()))
+        })
+        .collect();
+    // Children admitted through b run on b: one process each.
+    assert_eq!(pids_b.len(), on_b, "b hosts its children: {pids_b:?} for {kids:?}");
+    // p is cancelled on a; the children on b die too (b carries out the stop a
+    // recorded), and every record says cancelled.
+    let r = request(&ra, "cancel", json!({"name": "p"}));
+    assert_eq!(r["ok"], true, "{r}");
+    let mut names = vec!["p".to_owned()];
+    names.extend(kids.iter().cloned());
+    let r = request(&ra, "wait", json!({"names": names, "timeout_s": 10}));
+    assert_eq!(r["result"]["timed_out"], false, "{r}");
+    for a in r["result"]["agents"].as_array().unwrap() {
+        assert_eq!(a["status"], "cancelled", "{a}");
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || pids_b.iter().all(|p| !alive(*p))),
+        "b's children are gone"
+    );
+}

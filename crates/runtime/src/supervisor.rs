@@ -937,6 +937,66 @@ impl Dispatcher {
         Ok(self.cfg.quotas.effective(Some(&own)))
     }
 
+    /// A parent live on another supervisor sharing the store (SPEC 15: an agent
+    /// runs on one supervisor, its children may run on another): it must be
+    /// running or blocked, and its host alive. Anything else is the same
+    /// `ParentMismatch` a parent with no live process here gets.
+    fn remote_parent(&self, p: &AgentName) -> Result<Agent, ApiError> {
+        let a = self.store.agent(&self.tenant, p).map_err(internal)?;
+        match a {
+            Some(a)
+                if matches!(a.status, Status::Running | Status::Blocked)
+                    && a.supervisor != self.me
+                    && supervisor_alive(&a.supervisor) =>
+            {
+                Ok(a)
+            }
+            _ => Err(ApiError::new(
+                Code::ParentMismatch,
+                format!("parent {p} has no live process here or on another live supervisor"),
+            )),
+        }
+    }
+
+    /// A remote parent's effective policy, budget left, creates used and
+    /// deadline, read from the store (what its host keeps in memory).
+    fn remote_parent_view(
+        &self,
+        pa: &Agent,
+    ) -> Result<(Policy, Option<f64>, u32, Option<u64>), ApiError> {
+        let spec: Value = serde_json::from_str(&pa.spec).unwrap_or(Value::Null);
+        let policy = stored_policy(&spec, &self.operator_policy())?;
+        let children = self
+            .store
+            .children(&self.tenant, &pa.name)
+            .map_err(internal)?;
+        let run = self.store.run(&self.tenant, &pa.run).map_err(internal)?;
+        let creates_used = children
+            .iter()
+            .filter(|c| run.as_ref().is_some_and(|r| c.created_ms >= r.created_ms))
+            .count() as u32;
+        let budget = match policy.cost_limit {
+            None => None,
+            Some(limit) => {
+                let spent = self.store.spend(&self.tenant, &pa.name).map_err(internal)?;
+                let mut held = 0.0;
+                for c in children.iter().filter(|c| !c.status.is_finished()) {
+                    let cspec: Value = serde_json::from_str(&c.spec).unwrap_or(Value::Null);
+                    if let Some(cl) = cspec["policy"]["cost_limit"].as_f64() {
+                        let cs = self.store.spend(&self.tenant, &c.name).map_err(internal)?;
+                        held += (cl - cs.subtree.cost_usd).max(0.0);
+                    }
+                }
+                Some((limit - spent.subtree.cost_usd - held).max(0.0))
+            }
+        };
+        let deadline = match (policy.timeout_s, run.and_then(|r| r.started_ms)) {
+            (Some(t), Some(started)) => Some((started.max(0) / 1000) as u64 + t),
+            _ => None,
+        };
+        Ok((policy, budget, creates_used, deadline))
+    }
+
     /// What is left of a live agent's budget for a new child (SPEC 9): its limit,
     /// less what its subtree has spent, less what its live children with limits
     /// of their own have reserved and not yet spent. A child's unspent reservation
@@ -1019,6 +1079,7 @@ impl Dispatcher {
     fn child_policy(
         &self,
         parent: Option<&AgentName>,
+        remote: Option<&Agent>,
         req: &SpawnRequest,
     ) -> Result<Policy, ApiError> {
         let mut preq = match &req.policy {
@@ -1033,6 +1094,22 @@ impl Dispatcher {
             preq.env = Some(env);
         }
         let now = now_unix_s();
+        if let Some(pa) = remote {
+            // A parent hosted by another supervisor: its effective policy and live
+            // state come from the store, where that supervisor recorded them.
+            let (policy, budget_remaining, creates_used, deadline) = self.remote_parent_view(pa)?;
+            let view = ParentView {
+                policy: &policy,
+                budget_remaining,
+                creates_used,
+                deadline_unix_s: deadline,
+                now_unix_s: now,
+            };
+            let child = brood_core::attenuation::derive(&view, &preq);
+            brood_core::attenuation::check(&view, &child)
+                .map_err(|r| ApiError::new(r.code, r.message))?;
+            return Ok(child);
+        }
         match parent.and_then(|p| self.live.get(p).map(|l| (p, l))) {
             Some((p, l)) => {
                 let view = ParentView {
@@ -1158,7 +1235,14 @@ impl Dispatcher {
             Some(n) => n,
             None => AgentName::generate("agent", rand_u32()),
         };
+        let mut remote: Option<Agent> = None;
         let parent_live = match &parent {
+            Some(p) if !self.live.contains_key(p) => {
+                let a = self.remote_parent(p)?;
+                let session = a.session.clone();
+                remote = Some(a);
+                Some((None, session))
+            }
             Some(p) => {
                 let l = self.live.get(p).ok_or_else(|| {
                     ApiError::new(
@@ -1192,7 +1276,7 @@ impl Dispatcher {
                 ));
             }
         }
-        let policy = self.child_policy(parent.as_ref(), &req)?;
+        let policy = self.child_policy(parent.as_ref(), remote.as_ref(), &req)?;
         if let Some(r) = &req.root {
             if req.iso.as_deref() != Some("ns") {
                 return Err(ApiError::new(Code::BadRequest, "root is only for iso = ns"));
@@ -2190,8 +2274,13 @@ impl Dispatcher {
 
     /// Records the intent for every target, signals the whole subtree at once, and
     /// hands the waiting and killing to a task that reports `StopDone`.
-    fn begin_stop(&mut self, targets: Vec<(AgentName, Terminal)>, group: Option<Group>) {
+    fn begin_stop(&mut self, mut targets: Vec<(AgentName, Terminal)>, group: Option<Group>) {
         let id = self.id();
+        // Agents hosted by another supervisor sharing the store get the intent
+        // recorded here, like every target; their host sees it on its next tick
+        // and carries it out (it alone can signal them and knows when they are
+        // gone), so they are not this stop's to finish.
+        let mut remote = std::collections::HashSet::new();
         let now = now_ms();
         // The intent first (one transaction per outcome; in practice one or two).
         let mut by_outcome: Vec<(Terminal, Vec<AgentName>)> = Vec::new();
@@ -2207,6 +2296,10 @@ impl Dispatcher {
             match self.store.mark_stopping(&self.tenant, names, *t, now) {
                 Ok(agents) => {
                     for a in agents {
+                        if a.supervisor != self.me && !self.live.contains_key(&a.name) {
+                            remote.insert(a.name.clone());
+                            continue;
+                        }
                         let pid = self.live.get(&a.name).and_then(|l| l.pid);
                         project_agent(&self.projection, &self.paths, &a, pid);
                         self.project_channel(&a, None);
@@ -2215,6 +2308,7 @@ impl Dispatcher {
                 Err(e) => tracing::error!(error = %e, "recording a stop failed"),
             }
         }
+        targets.retain(|(n, _)| !remote.contains(n));
         let mut pgids = Vec::new();
         for (n, t) in &targets {
             if let Some(l) = self.live.get_mut(n) {

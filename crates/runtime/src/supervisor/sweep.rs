@@ -106,6 +106,34 @@ impl Dispatcher {
             }
         }
         self.carry_out_recorded_stops();
+        self.answer_remote_waits();
+    }
+
+    /// Waiters for agents hosted elsewhere hear of their end from nobody: the
+    /// store tells, once a tick.
+    fn answer_remote_waits(&mut self) {
+        let done: Vec<u64> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| {
+                w.names.iter().all(|n| {
+                    !self.live.contains_key(n)
+                        && self
+                            .store
+                            .agent(&self.tenant, n)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|a| a.status.is_finished())
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            if let Some(w) = self.waiters.remove(&id) {
+                let r = self.wait_result(&w.names, false);
+                self.respond(w.reply, r);
+            }
+        }
     }
 
     /// The lease, taking it if it is free: an exclusive, non-blocking `flock`

@@ -10,6 +10,7 @@
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
+//! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
 //!
 //! **Invariant:** every state change is committed to the store before anyone
 //! (a caller, an agent, a file reader) can observe it.
@@ -22,6 +23,7 @@ mod io;
 pub mod lower;
 pub mod paths;
 pub mod projection;
+pub mod slots;
 pub mod supervisor;
 pub mod view;
 

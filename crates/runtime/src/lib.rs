@@ -11,6 +11,7 @@
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
+//! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
 //!
 //! **Invariant:** every state change is committed to the store before anyone
 //! (a caller, an agent, a file reader) can observe it.
@@ -24,6 +25,7 @@ pub mod lower;
 pub mod metrics;
 pub mod paths;
 pub mod projection;
+pub mod slots;
 pub mod supervisor;
 pub mod view;
 

@@ -40,6 +40,10 @@ struct Cli {
     /// roots of their own may share one store; one of them runs the sweepers.
     #[arg(long, global = true, env = "BROOD_STORE")]
     store: Option<PathBuf>,
+    /// The concurrency-slot counter: embedded when absent, or
+    /// `redis://host[:port][/db]` shared by the supervisors of one store.
+    #[arg(long, global = true, env = "BROOD_SLOTS")]
+    slots: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -375,6 +379,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
             cfg.store = cli.store.clone();
+            cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
             let protocol = parse_protocol(&protocol)?;
@@ -405,6 +410,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
             cfg.store = cli.store.clone();
+            cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
             serve(cfg).await
         }

@@ -377,7 +377,11 @@ fn a_fanout_bomb_through_two_supervisors_admits_exactly_the_fanout_and_the_casca
         })
         .collect();
     // Children admitted through b run on b: one process each.
-    assert_eq!(pids_b.len(), on_b, "b hosts its children: {pids_b:?} for {kids:?}");
+    assert_eq!(
+        pids_b.len(),
+        on_b,
+        "b hosts its children: {pids_b:?} for {kids:?}"
+    );
     // p is cancelled on a; the children on b die too (b carries out the stop a
     // recorded), and every record says cancelled.
     let r = request(&ra, "cancel", json!({"name": "p"}));

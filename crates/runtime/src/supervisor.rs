@@ -76,6 +76,9 @@ pub struct Config {
     pub bin_dir: Option<PathBuf>,
     /// The store's file when it is not `$BROOD_ROOT/brood.db` (`--store`).
     pub store: Option<PathBuf>,
+    /// The concurrency-slot counter (SPEC 9): `None` for the embedded one,
+    /// `redis://host[:port][/db]` for one shared by supervisors (`--slots`).
+    pub slots: Option<String>,
     /// The sweepers' tick (SPEC 9: 1 s; orphans every 5 ticks, reconcile every 30).
     /// `None` runs no sweeper at all (benchmarks that time one path alone).
     pub sweep_every: Option<Duration>,
@@ -95,6 +98,7 @@ impl Config {
             socket,
             bin_dir: None,
             store: None,
+            slots: None,
             sweep_every: Some(Duration::from_secs(1)),
             hooks: Hooks::default(),
         }
@@ -117,6 +121,8 @@ pub enum StartError {
     Launch(#[from] LaunchError),
     #[error("starting the projection thread: {0}")]
     Projection(#[source] std::io::Error),
+    #[error(transparent)]
+    Slots(#[from] crate::slots::SlotError),
 }
 
 /// What the host gives this supervisor, for `brood doctor` and `meta.json`.
@@ -230,6 +236,7 @@ impl Supervisor {
         let me = supervisor_id(std::process::id() as i32)
             .unwrap_or_else(|| format!("s{}-0", std::process::id()));
         let projection = Projection::start().map_err(StartError::Projection)?;
+        let slots = crate::slots::open(cfg.slots.as_deref())?;
 
         // Cgroups: detect, reap what an earlier incarnation left, open ours.
         let instance = crate::paths::instance_key(&paths.root);
@@ -334,6 +341,7 @@ impl Supervisor {
             next_id: 1,
             sweep: sweep::SweepState::default(),
             metrics: metrics.clone(),
+            slots,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -713,6 +721,8 @@ struct Dispatcher {
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
     sweep: sweep::SweepState,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
+    slots: Arc<dyn crate::slots::Slots>,
 }
 
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
@@ -1456,20 +1466,61 @@ impl Dispatcher {
         self.live.values().filter(|l| l.launching).count()
     }
 
+    /// One slot from the counter, or `false` when the tenant's `max_concurrent`
+    /// are all held. A counter that fails (Redis gone) must not stop every
+    /// start, nor let the limit go: this supervisor's own count decides then.
+    fn take_slot(&self) -> bool {
+        match self.slots.acquire(&self.tenant, self.max_concurrent) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
+                self.slots_used() < self.max_concurrent as usize
+            }
+        }
+    }
+
+    fn give_slot(&self) {
+        if let Err(e) = self.slots.release(&self.tenant) {
+            tracing::warn!(error = %e, "releasing a slot failed; the reconciler repairs the count");
+        }
+    }
+
+    /// Removes a live agent, giving back its slot if it held one: the one place
+    /// an agent leaves the live set, so a slot is never held by a process that
+    /// is gone (SPEC 9).
+    fn forget(&mut self, name: &AgentName) -> Option<Live> {
+        let l = self.live.remove(name)?;
+        if l.launching {
+            self.give_slot();
+        }
+        Some(l)
+    }
+
     /// Starts queued agents, first in first out, while concurrency slots are free
     /// (SPEC 9: a full tenant queues instead of failing). Called after every
     /// command, so a slot freed anywhere is used at once.
     fn pump_queue(&mut self) {
-        // This runs after every command; counting slots is only worth it when
+        // This runs after every command; asking for a slot is only worth it when
         // someone is waiting for one.
-        while !self.waiting.is_empty() && self.slots_used() < self.max_concurrent as usize {
-            let Some(name) = self.waiting.pop_front() else {
+        while let Some(name) = self.waiting.front().cloned() {
+            let ready = self
+                .live
+                .get(&name)
+                .is_some_and(|l| l.pending.is_some() && !l.launching);
+            if !ready {
+                self.waiting.pop_front();
+                continue;
+            }
+            if !self.take_slot() {
                 return;
-            };
+            }
+            self.waiting.pop_front();
             let Some(l) = self.live.get_mut(&name) else {
+                self.give_slot();
                 continue;
             };
             let Some(p) = l.pending.take() else {
+                self.give_slot();
                 continue;
             };
             l.launching = true;
@@ -1706,10 +1757,8 @@ impl Dispatcher {
                 self.remove_group(group);
                 if cancelled {
                     // Its record already says cancelled; nothing started.
-                    if let Some((reply, _)) = self
-                        .live
-                        .remove(&name)
-                        .and_then(|mut l| l.spawn_reply.take())
+                    if let Some((reply, _)) =
+                        self.forget(&name).and_then(|mut l| l.spawn_reply.take())
                     {
                         let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
                         self.respond(reply, r);
@@ -1753,7 +1802,7 @@ impl Dispatcher {
                 // Cancelled between admission and start: the record already says so;
                 // kill what just started, leaving no orphan and no group.
                 tracing::info!(agent = %name, error = %e, "start refused; killing the new process");
-                let (group, reply) = match self.live.remove(&name) {
+                let (group, reply) = match self.forget(&name) {
                     Some(mut l) => (l.group.take(), l.spawn_reply.take()),
                     None => (None, None),
                 };
@@ -2139,7 +2188,7 @@ impl Dispatcher {
         self.project_events(&events);
         self.after_end(&agent, result.as_deref());
         let group = self.live.get_mut(name).and_then(|l| l.group.take());
-        self.live.remove(name);
+        self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
         let unfinished = self
             .store
@@ -2465,7 +2514,7 @@ impl Dispatcher {
                 // finds it and kills what started.
                 continue;
             }
-            self.live.remove(&it.name);
+            self.forget(&it.name);
         }
         tracing::debug!(
             targets = items.len(),

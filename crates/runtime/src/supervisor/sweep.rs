@@ -107,6 +107,47 @@ impl Dispatcher {
         }
         self.carry_out_recorded_stops();
         self.answer_remote_waits();
+        if ticks.is_multiple_of(RECONCILE_EVERY) {
+            let holder = self.sweep.lease.is_some();
+            self.reconcile_slots(holder);
+        }
+    }
+
+    /// The slot counter recomputed from the truth (SPEC 9 reconcile): the
+    /// embedded counter from this supervisor's own started agents, every
+    /// supervisor for itself; a shared (Redis) counter from the store's count of
+    /// the tenant's started, unfinished agents, by the lease holder only.
+    fn reconcile_slots(&mut self, holder: bool) {
+        let shared = self.cfg.slots.is_some();
+        let actual = if shared {
+            if !holder {
+                return;
+            }
+            let started = match self.store.agents(&self.tenant, false) {
+                Ok(v) => v.iter().filter(|a| a.status != Status::Queued).count(),
+                Err(e) => {
+                    tracing::error!(error = %e, "counting started agents failed");
+                    return;
+                }
+            };
+            // Ours that hold a slot but whose start is not recorded yet.
+            let launching = self
+                .live
+                .values()
+                .filter(|l| l.launching && l.pid.is_none())
+                .count();
+            started + launching
+        } else {
+            self.slots_used()
+        };
+        match self.slots.repair(&self.tenant, actual as u64) {
+            Ok(0) => {}
+            Ok(drift) => {
+                tracing::warn!(drift, actual, counter = %self.slots.describe(), "slot counter drifted; repaired");
+                self.metrics.sweeper_action(Sweeper::Reconcile);
+            }
+            Err(e) => tracing::warn!(error = %e, "repairing the slot counter failed"),
+        }
     }
 
     /// Waiters for agents hosted elsewhere hear of their end from nobody: the
@@ -340,7 +381,7 @@ impl Dispatcher {
             .is_some_and(|l| l.pending.is_some() && !l.launching);
         if unstarted {
             self.after_end(a, None);
-            self.live.remove(&a.name);
+            self.forget(&a.name);
             self.waiting.retain(|n| n != &a.name);
         }
     }

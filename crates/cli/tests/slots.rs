@@ -1,0 +1,77 @@
+//! Concurrency slots through the supervisor (SPEC 9, issue 4 item 5): a shared
+//! Redis counter holds the tenant's started agents, a full tenant queues, and a
+//! counter knocked out of true by hand is repaired by the reconciler from the
+//! store, after which the queue moves. Runs against a real Redis (see
+//! `crates/runtime/tests/support/redis.rs`).
+
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+#[path = "../../runtime/tests/support/redis.rs"]
+mod redis_support;
+
+use std::time::Duration;
+
+use brood_runtime::Sweeper;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
+    let server = redis_support::server();
+    let url = server.url();
+    let env = start_with(Duration::from_millis(300), |c| {
+        c.slots = Some(url.clone());
+        // Reconcile every 30 ticks: 1.5 s here.
+        c.sweep_every = Some(Duration::from_millis(50));
+    });
+    let key = format!("brood:slots:{}", env.sup.tenant());
+    let get = || redis_support::raw(server.addr, &["GET", &key]);
+    redis_support::raw(server.addr, &["DEL", &key]);
+    env.sup
+        .store()
+        .set_tenant_quota(env.sup.tenant(), "max_concurrent", 3)
+        .unwrap();
+    for n in ["a", "b"] {
+        let mut r = req(n, agent(&["--hang"]));
+        r.await_ready = true;
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    assert_eq!(get(), "2", "two started agents hold two slots");
+    // Knocked out of true: the counter says the tenant is far past full.
+    redis_support::raw(server.addr, &["SET", &key, "50"]);
+    let c = env
+        .sup
+        .spawn(me(), req("c", agent(&["--hang"])))
+        .await
+        .unwrap();
+    assert_eq!(c["status"], "queued", "{c}");
+    // The reconciler counts the store's started agents (2), repairs the
+    // counter, and the queued agent takes the free slot.
+    assert!(
+        eventually(Duration::from_secs(10), || show(&env, "c")["status"]
+            == "running"),
+        "c never started: counter {}",
+        get()
+    );
+    assert_eq!(get(), "3");
+    assert!(env.sup.metrics().sweeper_actions(Sweeper::Reconcile) >= 1);
+    for n in ["a", "b", "c"] {
+        env.sup.cancel(me(), name(n)).await.unwrap();
+    }
+    env.sup
+        .wait(
+            me(),
+            vec![name("a"), name("b"), name("c")],
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    // Every slot given back: a count of 0 leaves no key.
+    assert!(
+        eventually(Duration::from_secs(5), || get() == "$-1"),
+        "counter left at {}",
+        get()
+    );
+    env.sup.shutdown().await;
+}

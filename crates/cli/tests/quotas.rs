@@ -229,3 +229,73 @@ async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
         env.sup.cancel(me(), name(n)).await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
+    let env = start(Duration::from_millis(300));
+    let spawn = |name: &str, parent: Option<&str>, policy: serde_json::Value| json!({"name": name, "parent": parent, "argv": agent(&["--hang"]), "policy": policy, "await_ready": true});
+    // create_limit 3: three children, not a fourth (finished ones still count).
+    api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn("r", None, json!({"create_limit": 3})),
+    )
+    .await
+    .unwrap();
+    for n in ["k1", "k2", "k3"] {
+        api::handle(&env.sup, &me(), "spawn", &spawn(n, Some("r"), json!({})))
+            .await
+            .unwrap_or_else(|e| panic!("{n}: {e}"));
+        if n == "k1" {
+            env.sup.cancel(me(), name("k1")).await.unwrap();
+        }
+    }
+    let e = api::handle(&env.sup, &me(), "spawn", &spawn("k4", Some("r"), json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::CreateLimit, "{e}");
+    assert!(e.message.contains("already created 3 of its 3"), "{e}");
+    env.sup.cancel(me(), name("r")).await.unwrap();
+
+    // depth_limit 2: a child and a grandchild, not a great-grandchild.
+    api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn("d0", None, json!({"depth_limit": 2})),
+    )
+    .await
+    .unwrap();
+    api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn("d1", Some("d0"), json!({})),
+    )
+    .await
+    .unwrap();
+    api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn("d2", Some("d1"), json!({})),
+    )
+    .await
+    .unwrap();
+    let e = api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn("d3", Some("d2"), json!({})),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::DepthLimit, "{e}");
+    assert!(e.message.contains("parent's is 0"), "{e}");
+    assert!(
+        env.sup.view().agent(&name("d3")).is_err(),
+        "nothing written for d3"
+    );
+    env.sup.cancel(me(), name("d0")).await.unwrap();
+}

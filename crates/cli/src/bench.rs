@@ -550,7 +550,7 @@ fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serd
         "concurrent_per_s": many_rate.round(),
         "concurrent_p50_us": pct(&lat, 0.5).as_micros(), "concurrent_p99_us": pct(&lat, 0.99).as_micros(),
         "target_per_s": 5000,
-        "what": "attenuation (derive + check) and admit_with_quotas (depth, fanout, tree size) in one BEGIN IMMEDIATE transaction on SQLite (WAL, synchronous=NORMAL), records only",
+        "what": "attenuation (derive + check) and admit_with_quotas (depth, fanout, tree size), all-or-nothing each, in BEGIN IMMEDIATE transactions group-committed (a savepoint each) on SQLite (WAL, synchronous=NORMAL), records only",
     }))
 }
 

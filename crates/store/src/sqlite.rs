@@ -15,13 +15,20 @@
 //! second writer (another thread's store, another process on the same file) waits
 //! up to the 5 s `busy_timeout` instead of failing with `SQLITE_BUSY` halfway
 //! through. Reads are single statements and see one consistent snapshot each.
+//! Admissions queue in front of the connection, first come first served, and the
+//! thread whose turn it is runs what is queued (up to `GROUP_MAX`) as one group
+//! commit: one such transaction, with a savepoint per admission so that each
+//! still succeeds or fails alone (`admit_grouped`). A thread of the store's own
+//! copies the WAL back into the database, off the requesters' path
+//! (`Checkpointer`).
 //!
 //! Schema. The SQL files under `schema/` are embedded, numbered and applied once
 //! each, in order, every one in its own transaction, and recorded in
 //! `schema_migrations`; opening an up-to-date file changes nothing.
 
+use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brood_core::{
@@ -80,6 +87,143 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     /// For error messages: every error names the file it happened in.
     path: String,
+    /// Admissions waiting for their group commit, in arrival order.
+    admissions: Mutex<Admissions>,
+    /// Copies the WAL back into the database on its own thread; `None` when read
+    /// only.
+    checkpointer: Option<Checkpointer>,
+}
+
+/// After how many commits the checkpointer is woken. A lone admission writes
+/// about 15 WAL frames, so this is about SQLite's default autocheckpoint of 1,000
+/// frames.
+const CHECKPOINT_EVERY: u32 = 64;
+
+/// The writer's own autocheckpoint, which keeps the WAL bounded (~40 MiB). SQLite
+/// starts the WAL over only at a write that finds it entirely copied back, and
+/// under a steady stream of commits the checkpointer's passive rounds always leave
+/// the last few frames behind; so the WAL grows to this size, and then one commit
+/// runs a checkpoint that has only those few frames left to copy and sync, and the
+/// WAL starts over. That is two small fsyncs on the requesters' path every ~600
+/// lone admissions, instead of two large ones every ~65 (SQLite's default, 1,000
+/// frames). It is also the whole checkpointing when the checkpointer falls behind
+/// (a reader holding an old snapshot, a long busy spell).
+const WAL_BACKSTOP_FRAMES: i64 = 10_000;
+
+/// The background checkpointer. With `synchronous=NORMAL` a commit does not wait
+/// for the disk, but SQLite's autocheckpoint runs in the committing thread, and it
+/// fsyncs the WAL and the database: every thousand frames or so, one admission
+/// waited for two fsyncs, milliseconds on a busy disk. Here a thread of its own,
+/// on its own connection, runs the same `PASSIVE` checkpoint (it never blocks a
+/// writer or a reader), so the fsyncs happen off the requesters' path. Durability
+/// is unchanged: what a commit guarantees does not depend on who checkpoints.
+struct Checkpointer {
+    shared: Arc<(Mutex<CheckpointState>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct CheckpointState {
+    commits: u32,
+    stop: bool,
+}
+
+impl Checkpointer {
+    fn start(path: &Path) -> rusqlite::Result<Checkpointer> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let shared = Arc::new((Mutex::new(CheckpointState::default()), Condvar::new()));
+        let theirs = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("brood-store-checkpoint".into())
+            .spawn(move || checkpoint_loop(&conn, &theirs))
+            .map_err(|e| sqlite_message(format!("could not start the checkpoint thread: {e}")))?;
+        Ok(Checkpointer {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Counts `n` commits, and wakes the thread when enough have piled up.
+    fn committed(&self, n: u32) {
+        let (state, wake) = &*self.shared;
+        let mut s = lock_ignoring_poison(state);
+        s.commits = s.commits.saturating_add(n);
+        if s.commits >= CHECKPOINT_EVERY {
+            wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        let (state, wake) = &*self.shared;
+        lock_ignoring_poison(state).stop = true;
+        wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            // A panic of the thread has nothing left to clean up: ignore it.
+            let _ = t.join();
+        }
+    }
+}
+
+fn checkpoint_loop(conn: &Connection, shared: &(Mutex<CheckpointState>, Condvar)) {
+    let (state, wake) = shared;
+    loop {
+        {
+            let mut s = lock_ignoring_poison(state);
+            while s.commits < CHECKPOINT_EVERY && !s.stop {
+                s = wake.wait(s).unwrap_or_else(PoisonError::into_inner);
+            }
+            if s.stop {
+                return;
+            }
+            s.commits = 0;
+        }
+        // A failure (SQLITE_BUSY while another connection checkpoints, an I/O
+        // error) loses nothing: the WAL still holds every commit, and the next
+        // round or the writer's backstop checkpoints it. Nobody to tell here.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+    }
+}
+
+/// The most admissions one group commit takes. Enough for a burst of requesters to
+/// share one commit (the WAL frames of the index pages they all touch are written
+/// once); few enough that the first of them does not wait long for the last.
+const GROUP_MAX: usize = 64;
+
+/// One admission waiting for a group commit. The request is owned because the
+/// thread that runs it (the group's leader) may be another requester's.
+struct Ticket {
+    new: NewAgent,
+    quotas: Option<Quotas>,
+    events: Vec<NewEvent>,
+    state: Mutex<TicketState>,
+    wake: Condvar,
+}
+
+// One per ticket, inside its `Arc`, moved only when answered: boxing the answer
+// would cost an allocation per admission to save nothing.
+#[allow(clippy::large_enum_variant)]
+enum TicketState {
+    Waiting,
+    /// The previous leader handed this ticket's thread the next group.
+    Lead,
+    Done(Result<Agent>),
+}
+
+/// The queue in front of the connection for admissions. It is FIFO, so under many
+/// requesters each waits its turn instead of losing the mutex race again and again
+/// (std's mutex is not fair); and whoever leads takes everything waiting, up to
+/// `GROUP_MAX`, into one transaction, so many requesters share one commit.
+#[derive(Default)]
+struct Admissions {
+    waiting: VecDeque<Arc<Ticket>>,
+    /// A thread is running a group now; new tickets wait for it to hand over.
+    leading: bool,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -447,10 +591,15 @@ impl SqliteStore {
             "NORMAL"
         };
         conn.pragma_update(None, "synchronous", sync).map_err(sql)?;
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_BACKSTOP_FRAMES)
+            .map_err(sql)?;
         migrate(&mut conn, &shown)?;
+        let checkpointer = Checkpointer::start(path).map_err(sql)?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
             path: shown,
+            admissions: Mutex::default(),
+            checkpointer: Some(checkpointer),
         })
     }
 
@@ -496,6 +645,8 @@ impl SqliteStore {
         Ok(SqliteStore {
             conn: Mutex::new(conn),
             path: shown,
+            admissions: Mutex::default(),
+            checkpointer: None,
         })
     }
 
@@ -543,12 +694,236 @@ impl SqliteStore {
             tx.commit()?;
             Ok(out)
         };
-        run(&mut conn).map_err(|f| f.at(&self.path))
+        let out = run(&mut conn).map_err(|f| f.at(&self.path))?;
+        self.committed(1);
+        Ok(out)
+    }
+
+    /// Tells the checkpointer about `n` more commits.
+    fn committed(&self, n: u32) {
+        if let Some(c) = &self.checkpointer {
+            c.committed(n);
+        }
     }
 
     fn read<T>(&self, body: impl FnOnce(&Connection) -> Tx<T>) -> Result<T> {
         let conn = self.lock();
         body(&conn).map_err(|f| f.at(&self.path))
+    }
+
+    /// Admission through the group commit: queue the request, and either lead the
+    /// next group (the queue was idle, or the previous leader handed over) or wait
+    /// for a leader to run it. Each admission stays all-or-nothing on its own: it
+    /// runs in its own savepoint, inside the group's `BEGIN IMMEDIATE` transaction,
+    /// after the admissions queued before it, whose writes it sees (so the quota
+    /// counts stay exact), and it is answered only once the group has committed.
+    fn admit_grouped(
+        &self,
+        new: &NewAgent,
+        quotas: Option<&Quotas>,
+        events: &[NewEvent],
+    ) -> Result<Agent> {
+        let me = Arc::new(Ticket {
+            new: new.clone(),
+            quotas: quotas.copied(),
+            events: events.to_vec(),
+            state: Mutex::new(TicketState::Waiting),
+            wake: Condvar::new(),
+        });
+        let lead = {
+            let mut q = lock_ignoring_poison(&self.admissions);
+            q.waiting.push_back(Arc::clone(&me));
+            !std::mem::replace(&mut q.leading, true)
+        };
+        if !lead {
+            let mut state = lock_ignoring_poison(&me.state);
+            loop {
+                match std::mem::replace(&mut *state, TicketState::Waiting) {
+                    TicketState::Done(answer) => return answer,
+                    TicketState::Lead => break,
+                    TicketState::Waiting => {
+                        state = me.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+            }
+        }
+        // This ticket is the oldest waiting one, so the group taken now holds it.
+        let tickets = {
+            let mut q = lock_ignoring_poison(&self.admissions);
+            let n = q.waiting.len().min(GROUP_MAX);
+            q.waiting.drain(..n).collect()
+        };
+        let mut group = Group {
+            store: self,
+            tickets,
+        };
+        let answers = self.admit_group(&group.tickets);
+        // Counted per admission, not per commit: the frames a commit writes grow
+        // with its group.
+        let admitted = answers.iter().filter(|a| a.is_ok()).count();
+        self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
+        for (t, answer) in group.tickets.iter().zip(answers) {
+            if Arc::ptr_eq(t, &me) {
+                *lock_ignoring_poison(&t.state) = TicketState::Done(answer);
+            } else {
+                answer_ticket(t, answer);
+            }
+        }
+        drop(std::mem::take(&mut group.tickets));
+        drop(group);
+        match std::mem::replace(&mut *lock_ignoring_poison(&me.state), TicketState::Waiting) {
+            TicketState::Done(answer) => answer,
+            // Unreachable: the group held this ticket and every ticket of a group
+            // is answered; say so rather than panic.
+            TicketState::Waiting | TicketState::Lead => Err(StoreError::Sqlite {
+                path: self.path.clone(),
+                source: sqlite_message(format!(
+                    "admission of agent {} led its group commit but got no answer",
+                    new.name
+                )),
+            }),
+        }
+    }
+
+    /// Runs `tickets` in one `BEGIN IMMEDIATE` transaction and commits it: one
+    /// answer per ticket, in order. With several tickets, each runs in its own
+    /// savepoint, so a refused or failing admission rolls back alone; if SQLite
+    /// cannot roll back one savepoint, or the transaction itself fails (begin,
+    /// commit, SQLite abandoning it after an I/O error), nothing of the group is
+    /// committed and every admission that would have been gets that error.
+    fn admit_group(&self, tickets: &[Arc<Ticket>]) -> Vec<Result<Agent>> {
+        let mut conn = self.lock();
+        let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx,
+            Err(e) => {
+                return tickets
+                    .iter()
+                    .map(|_| Err(self.group_failed("begin", &e)))
+                    .collect();
+            }
+        };
+        if let [t] = tickets {
+            // Alone: the transaction is the admission, as in `write`.
+            let answer = admit_tx(&tx, &t.new, t.quotas.as_ref(), &t.events)
+                .and_then(|a| tx.commit().map(|()| a).map_err(Fail::from));
+            return vec![answer.map_err(|f| f.at(&self.path))];
+        }
+        let mut answers: Vec<Tx<Agent>> = Vec::with_capacity(tickets.len());
+        for t in tickets {
+            match admit_in_savepoint(&tx, t) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    // The transaction is dropped, which rolls the whole group back.
+                    drop(tx);
+                    return self.group_lost(answers, tickets.len(), "savepoint", &e);
+                }
+            }
+        }
+        if let Err(e) = tx.commit() {
+            return self.group_lost(answers, tickets.len(), "commit", &e);
+        }
+        answers
+            .into_iter()
+            .map(|a| a.map_err(|f| f.at(&self.path)))
+            .collect()
+    }
+
+    /// The answers of a group that committed nothing: the refusals and failures
+    /// stand (nothing of theirs would have been written anyway), the admissions
+    /// that had succeeded, and those not run yet, fail with `error`.
+    fn group_lost(
+        &self,
+        answers: Vec<Tx<Agent>>,
+        len: usize,
+        step: &str,
+        error: &rusqlite::Error,
+    ) -> Vec<Result<Agent>> {
+        let ran = answers.len();
+        answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(_) => Err(self.group_failed(step, error)),
+                Err(f) => Err(f.at(&self.path)),
+            })
+            .chain((ran..len).map(|_| Err(self.group_failed(step, error))))
+            .collect()
+    }
+
+    /// One requester's copy of the error that failed its whole group, with the
+    /// SQLite code kept so callers can still tell a busy file from a full disk.
+    fn group_failed(&self, step: &str, error: &rusqlite::Error) -> StoreError {
+        let message = format!("group commit of admissions failed at {step}: {error}");
+        let source = match error {
+            rusqlite::Error::SqliteFailure(code, _) => {
+                rusqlite::Error::SqliteFailure(*code, Some(message))
+            }
+            _ => sqlite_message(message),
+        };
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data behind these mutexes is never left half-updated by a panic (each
+    // update is one assignment), so a poisoned lock is as good as a clean one.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn answer_ticket(t: &Ticket, answer: Result<Agent>) {
+    *lock_ignoring_poison(&t.state) = TicketState::Done(answer);
+    t.wake.notify_one();
+}
+
+/// One admission of a group, in its own savepoint. The outer error means the
+/// savepoint itself could not be opened, released or rolled back, so the group's
+/// transaction can no longer be trusted and must be abandoned whole.
+fn admit_in_savepoint(tx: &Transaction<'_>, t: &Ticket) -> rusqlite::Result<Tx<Agent>> {
+    // Cached like the admission's own statements: parsed once per connection.
+    tx.prepare_cached("SAVEPOINT admission")?.execute([])?;
+    let answer = admit_tx(tx, &t.new, t.quotas.as_ref(), &t.events);
+    if answer.is_err() {
+        tx.prepare_cached("ROLLBACK TO admission")?.execute([])?;
+    }
+    // After a rollback the savepoint is still open; releasing it closes it.
+    tx.prepare_cached("RELEASE admission")?.execute([])?;
+    Ok(answer)
+}
+
+/// The group a leader took off the queue. Dropping it, however the leader left
+/// (even by a panic), answers any ticket still unanswered and hands the queue to
+/// the oldest waiting ticket, so no requester waits forever.
+struct Group<'a> {
+    store: &'a SqliteStore,
+    tickets: Vec<Arc<Ticket>>,
+}
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        for t in &self.tickets {
+            let mut state = lock_ignoring_poison(&t.state);
+            if !matches!(*state, TicketState::Done(_)) {
+                *state = TicketState::Done(Err(StoreError::Sqlite {
+                    path: self.store.path.clone(),
+                    source: sqlite_message(format!(
+                        "admission of agent {} was not run: the thread leading its \
+                         group commit panicked",
+                        t.new.name
+                    )),
+                }));
+                t.wake.notify_one();
+            }
+        }
+        let mut q = lock_ignoring_poison(&self.store.admissions);
+        match q.waiting.front() {
+            Some(next) => {
+                *lock_ignoring_poison(&next.state) = TicketState::Lead;
+                next.wake.notify_one();
+            }
+            None => q.leading = false,
+        }
     }
 }
 
@@ -1059,7 +1434,25 @@ fn admit_tx(
         ))?;
     }
     append_events_tx(tx, t, events, new.now_ms)?;
-    must_agent(tx, t, &new.name)
+    // The row just inserted, built from the values it was inserted with: reading
+    // it back cost a query and a decode of every column on each admission.
+    Ok(Agent {
+        tenant: t.clone(),
+        name: new.name.clone(),
+        parent: new.parent.clone(),
+        customer: new.customer.clone(),
+        root,
+        depth: u32::try_from(depth).map_err(|_| corrupt("agents.depth", depth.to_string()))?,
+        session: new.session.clone(),
+        protocol: new.protocol,
+        spec: new.spec.clone(),
+        status: Status::Queued,
+        detail: None,
+        run: new.run.clone(),
+        supervisor: new.supervisor.clone(),
+        created_ms: new.now_ms,
+        updated_ms: new.now_ms,
+    })
 }
 
 /// The quota checks of SPEC 9, in the order documented on
@@ -1388,7 +1781,7 @@ fn usage_row(r: &Row<'_>) -> rusqlite::Result<Usage> {
 
 impl Store for SqliteStore {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.write(|tx| admit_tx(tx, new, None, events))
+        self.admit_grouped(new, None, events)
     }
 
     fn admit_with_quotas(
@@ -1397,7 +1790,7 @@ impl Store for SqliteStore {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write(|tx| admit_tx(tx, new, Some(quotas), events))
+        self.admit_grouped(new, Some(quotas), events)
     }
 
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {

@@ -415,6 +415,77 @@ fn fanout_bomb_on_two_stores_sharing_the_file_admits_exactly_max_fanout() {
     fanout_bomb(&path, &[&one, &two]);
 }
 
+/// Concurrent admissions share group commits, each in its own savepoint: half of
+/// 100 fail late (an event names an agent that does not exist, after the agent,
+/// run, edge and channel rows are written), and each of those must roll back
+/// alone while the others commit. The event log stays gapless, and every
+/// admitted agent is what the file holds.
+#[test]
+fn a_failing_admission_in_a_group_commit_rolls_back_alone() {
+    let (_dir, path, store) = fresh();
+    let t = tenant("group");
+    let q = Quotas::CEILINGS;
+    running_q(&store, &t, "p", None, &q);
+    let before = rows(&path, &t);
+    let barrier = Barrier::new(BOMB);
+    let outcomes = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..BOMB {
+            let (store, t, q, barrier, outcomes) = (&store, &t, &q, &barrier, &outcomes);
+            s.spawn(move || {
+                let new = new_agent(t, &format!("c{i}"), Some("p"), "sup");
+                let mut events = spawn_events(&new);
+                if i % 2 == 1 {
+                    events.push(conformance::event(&name("ghost"), None, "agent.note"));
+                }
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &events);
+                outcomes.lock().unwrap().push((i, r));
+            });
+        }
+    });
+    for (i, r) in outcomes.into_inner().unwrap() {
+        match (i % 2, r) {
+            (0, Ok(a)) => assert_eq!(Some(a), store.agent(&t, &name(&format!("c{i}"))).unwrap()),
+            (1, Err(StoreError::NotFound { name, .. })) => {
+                assert_eq!(name, "ghost");
+                assert_eq!(
+                    store
+                        .agent(&t, &conformance::name(&format!("c{i}")))
+                        .unwrap(),
+                    None
+                );
+            }
+            (_, r) => panic!("creation c{i}: unexpected {r:?}"),
+        }
+    }
+    let half = i64::try_from(BOMB / 2).unwrap();
+    let grew: Vec<(&str, i64)> = rows(&path, &t)
+        .into_iter()
+        .zip(before)
+        .map(|((table, after), (_, was))| (table, after - was))
+        .collect();
+    let want = [
+        ("tenants", 0),
+        ("agents", half),
+        ("edges", half),
+        ("runs", half),
+        ("channels", half),
+        ("events", 2 * half),
+        ("messages", 0),
+        ("tenant_quotas", 0),
+    ];
+    assert_eq!(grew, want);
+    let seqs: Vec<i64> = store
+        .events(&t, 0, None, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.seq)
+        .collect();
+    let gapless: Vec<i64> = (1..=i64::try_from(seqs.len()).unwrap()).collect();
+    assert_eq!(seqs, gapless);
+}
+
 // ---- tenant overrides ---------------------------------------------------------------
 
 #[test]

@@ -1519,6 +1519,59 @@ fn check_quotas(
             ),
         ));
     }
+    check_budget(tx, new, p)
+}
+
+/// The `policy.cost_limit` recorded in a spec, if any.
+fn cost_limit_of(spec: &str) -> Option<f64> {
+    // Most specs name no limit: skip the parse then.
+    if !spec.contains("\"cost_limit\"") {
+        return None;
+    }
+    serde_json::from_str::<serde_json::Value>(spec)
+        .ok()?
+        .get("policy")?
+        .get("cost_limit")?
+        .as_f64()
+}
+
+/// The budget of SPEC 9, inside the admission transaction: a child naming a
+/// `cost_limit` reserves it from what its parent has left — the parent's limit,
+/// less its subtree's spend, less what its unfinished children with limits have
+/// reserved and not spent. The supervisor checks the same from memory first;
+/// this makes it exact when supervisors sharing the store admit children of one
+/// parent at once.
+fn check_budget(tx: &Transaction<'_>, new: &NewAgent, p: &Agent) -> Tx<()> {
+    let (Some(want), Some(limit)) = (cost_limit_of(&new.spec), cost_limit_of(&p.spec)) else {
+        return Ok(());
+    };
+    let t = new.tenant.as_str();
+    let subtree_cost = |name: &str| -> Tx<f64> {
+        Ok(tx
+            .prepare_cached(Q_SUBTREE_USAGE)?
+            .query_row((t, name, MAX_WALK_DEPTH), |r| r.get::<_, f64>(2))?)
+    };
+    let spent = subtree_cost(p.name.as_str())?;
+    let kids = collect(tx, Q_UNFINISHED_CHILDREN_SPECS, (t, p.name.as_str()), |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut held = 0.0;
+    for (kid, spec) in kids {
+        if let Some(cl) = cost_limit_of(&spec) {
+            held += (cl - subtree_cost(&kid)?).max(0.0);
+        }
+    }
+    let left = (limit - spent - held).max(0.0);
+    if want > left + 1e-9 {
+        return Err(refused(
+            Code::BudgetExceeded,
+            format!(
+                "cost_limit: {want} is more than the parent's remaining budget {left} \
+                 ({} has {limit}, its subtree spent {spent}, its live children hold {held})",
+                p.name
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -1711,6 +1764,13 @@ const Q_SUBTREE_USAGE: &str = concat!(
     " SELECT COALESCE(SUM(runs.tokens_in), 0), COALESCE(SUM(runs.tokens_out), 0),",
     "  COALESCE(SUM(runs.cost_usd), 0.0)",
     " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
+);
+// A parent's unfinished children with their specs (the budget check), through
+// the partial index of unfinished agents.
+const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
+    "SELECT name, spec FROM agents INDEXED BY agents_unfinished_by_parent",
+    " WHERE tenant = ?1 AND parent = ?2 AND ",
+    unfinished!()
 );
 const Q_LEASE: &str = "SELECT name, holder, epoch FROM leases WHERE name = ?1";
 const U_LEASE: &str = "INSERT INTO leases (name, holder, epoch, acquired_ms) VALUES (?1, ?2, 1, ?3) \

@@ -832,3 +832,75 @@ fn report(what: &str, build: &str, lat: &mut [Duration], total: Duration) {
         lat[lat.len() - 1],
     );
 }
+
+/// The budget reservation is part of the admission transaction: 10 children of a
+/// parent with `cost_limit` 1.0, each asking 0.3, through two stores on one file
+/// at once, admit exactly 3; spend and an ended child's return are counted.
+#[test]
+fn budget_reservations_hold_across_two_stores_at_once() {
+    let (_dir, path, one) = fresh();
+    let two = SqliteStore::open(&path).unwrap();
+    let t = tenant("budget");
+    let q = Quotas::CEILINGS;
+    let with_limit = |n: &str, parent: Option<&str>, limit: f64| {
+        let mut a = new_agent(&t, n, parent, "sup");
+        a.spec = format!(r#"{{"argv":["x"],"policy":{{"cost_limit":{limit}}}}}"#);
+        a
+    };
+    let p = one
+        .admit_with_quotas(&with_limit("p", None, 1.0), &q, &[])
+        .unwrap();
+    start(&one, &p);
+    let barrier = Barrier::new(10);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..10 {
+            let store: &dyn Store = if i % 2 == 0 { &one } else { &two };
+            let new = with_limit(&format!("c{i}"), Some("p"), 0.3);
+            let (barrier, results, q) = (&barrier, &results, &q);
+            s.spawn(move || {
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &[]);
+                results.lock().unwrap().push(r);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let refused_budget = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Err(StoreError::Refused {
+                    code: Code::BudgetExceeded,
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!((ok, refused_budget), (3, 7), "{results:?}");
+    // 1.0 - 3 * 0.3 = 0.1 left: a child asking 0.1 fits, one asking 0.2 does not.
+    let refuse = |new: brood_store::NewAgent| {
+        let before = rows(&path, &t);
+        let (code, msg) = refusal(one.admit_with_quotas(&new, &q, &[]));
+        assert_eq!(code, Code::BudgetExceeded, "{msg}");
+        assert_eq!(rows(&path, &t), before, "nothing written: {msg}");
+        msg
+    };
+    let msg = refuse(with_limit("big", Some("p"), 0.2));
+    assert!(msg.contains("remaining budget"), "{msg}");
+    // One child spends 0.05 of its 0.3 and ends: 0.25 returns, 0.05 stays spent.
+    let kid = results
+        .iter()
+        .find_map(|r| r.as_ref().ok())
+        .unwrap()
+        .clone();
+    let kid = start(&one, &kid);
+    one.record_usage(&t, &kid.run, 1, 1, 0.05).unwrap();
+    end(&one, &kid, Terminal::Completed, None);
+    // Left: 1.0 - 0.05 spent - 2 * 0.3 held = 0.35.
+    one.admit_with_quotas(&with_limit("fits", Some("p"), 0.35), &q, &[])
+        .unwrap();
+    refuse(with_limit("over", Some("p"), 0.01));
+}

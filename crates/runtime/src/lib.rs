@@ -8,6 +8,7 @@
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
+//! * [`objects`]: the static control files of an agent object, from its record.
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
@@ -23,6 +24,7 @@ pub mod enforce;
 mod io;
 pub mod lower;
 pub mod metrics;
+pub mod objects;
 pub mod paths;
 pub mod projection;
 pub mod slots;

@@ -20,6 +20,7 @@ enum Op {
     Write(PathBuf, Vec<u8>),
     Append(PathBuf, Vec<u8>),
     Mkdirs(PathBuf),
+    RemoveDir(PathBuf),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -67,6 +68,13 @@ impl Projection {
         let _ = self.tx.send(Op::Mkdirs(path));
     }
 
+    /// Removes a directory and everything in it, after the writes queued before
+    /// it (a `temp` agent's object once its run ended). A symlink is removed
+    /// itself, never followed.
+    pub fn remove_dir(&self, path: PathBuf) {
+        let _ = self.tx.send(Op::RemoveDir(path));
+    }
+
     /// Resolves once every write issued before it is on disk (visible to readers).
     pub async fn flush(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -91,6 +99,7 @@ impl Writer {
         let mut appends: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         let mut append_at: HashMap<PathBuf, usize> = HashMap::new();
         let mut flushes = Vec::new();
+        let mut removals = Vec::new();
         for op in batch {
             match op {
                 Op::Mkdirs(p) => {
@@ -112,6 +121,7 @@ impl Writer {
                         appends.push((p, b));
                     }
                 },
+                Op::RemoveDir(p) => removals.push(p),
                 Op::Flush(done) => flushes.push(done),
             }
         }
@@ -125,6 +135,18 @@ impl Writer {
         for (p, b) in appends {
             if let Err(e) = self.with_dir(&p, |p| append_in(p, &b)) {
                 tracing::warn!(error = %e, "ctx projection append failed");
+            }
+        }
+        for p in removals {
+            self.dirs.retain(|d| !d.starts_with(&p));
+            let r = match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => fs::remove_file(&p),
+                Ok(_) => fs::remove_dir_all(&p),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                tracing::warn!(path = %p.display(), error = %e, "ctx projection remove failed");
             }
         }
         for f in flushes {

@@ -1305,10 +1305,27 @@ impl Dispatcher {
             self.check_customer(&name, c)?;
         }
         let run = new_run_id();
+        // The parent's session and run at creation, and who asked: recorded so
+        // the `parent` and `owner` files can always be rebuilt from the store.
+        let (parent_session, parent_run) = match (&parent, &remote) {
+            (Some(_), Some(pa)) => (Some(pa.session.to_string()), Some(pa.run.to_string())),
+            (Some(p), None) => (
+                self.live.get(p).map(|l| l.session.to_string()),
+                self.live.get(p).map(|l| l.run.to_string()),
+            ),
+            (None, _) => (None, None),
+        };
+        let owner = match caller {
+            Caller::Agent(me) => format!("agent:{me}"),
+            Caller::User { uid } => format!("user:{uid}"),
+        };
         let spec = json!({
             "argv": req.argv,
             "task": req.task,
             "cwd": req.cwd,
+            "owner": owner,
+            "parent_session": parent_session,
+            "parent_run": parent_run,
             "life": req.life.as_deref().unwrap_or("owned"),
             "iso": req.iso.as_deref().unwrap_or("none"),
             "root": req.root,
@@ -1363,18 +1380,19 @@ impl Dispatcher {
             .write(sdir.join("created_at"), format!("{now}\n"));
         self.projection
             .append(sdir.join("messages.jsonl"), Vec::new());
-        let adir = self.paths.agent_dir(&name);
+        self.projection
+            .append(sdir.join("events.jsonl"), Vec::new());
         self.projection.write(
-            adir.join("parent"),
-            match &parent {
-                Some(p) => format!(
-                    "agent:{p} run:{}\n",
-                    self.live.get(p).map(|l| l.run.as_str()).unwrap_or("")
-                ),
-                None => "\n".to_owned(),
-            },
+            sdir.join("cwd"),
+            format!("{}\n", req.cwd.as_deref().unwrap_or("")),
         );
-        self.projection.write(adir.join("life"), "owned\n");
+        self.projection
+            .write(sdir.join("meta.json"), crate::objects::session_meta(&agent));
+        let adir = self.paths.agent_dir(&name);
+        for (file, text) in crate::objects::control_files(&agent, &policy, &spec) {
+            self.projection.write(adir.join(file), text);
+        }
+        self.projection.append(adir.join("log"), Vec::new());
         let mut meta = self.meta.clone();
         meta["protocol"] = json!(req.protocol.as_str());
         meta["created_ms"] = json!(now);
@@ -2211,6 +2229,12 @@ impl Dispatcher {
     fn project_end(&self, agent: &Agent, result: Option<&str>) {
         project_agent(&self.projection, &self.paths, agent, None);
         self.project_channel(agent, result);
+        // SPEC 3 `life temp`: the object goes once its run ended (its record,
+        // session and the parent's channel stay). The spec is compact JSON.
+        if agent.status.is_finished() && agent.spec.contains("\"life\":\"temp\"") {
+            self.projection
+                .remove_dir(self.paths.agent_dir(&agent.name));
+        }
     }
 
     /// Tells the parent, a pending spawn reply and the waiters. Called only after
@@ -2752,6 +2776,11 @@ impl Dispatcher {
                 .unwrap_or_default();
             let cwd = spec["cwd"].as_str().map(str::to_owned);
             let policy = stored_policy(&spec, &self.operator_policy())?;
+            // A `temp` agent's object was removed when its last run ended.
+            let adir = self.paths.agent_dir(name);
+            for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
+                self.projection.write(adir.join(file), text);
+            }
             let parent_pair = a
                 .parent
                 .clone()

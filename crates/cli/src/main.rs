@@ -155,6 +155,11 @@ enum Cmd {
     Close { name: String },
     /// Start a new run of a finished agent on the same session.
     Resume { name: String, text: Option<String> },
+    /// Rebuild the whole ctx tree (agent objects, sessions, channels) from the store.
+    Fsck {
+        #[arg(long)]
+        json: bool,
+    },
     /// Print events (-f to follow), optionally of one agent.
     Events {
         name: Option<String>,
@@ -309,6 +314,32 @@ async fn call(root: &Option<PathBuf>, op: &str, args: Value) -> Result<Value> {
         format!("{}: {}", code, err["message"].as_str().unwrap_or("")),
     )
     .into())
+}
+
+/// `brood fsck`: the ctx projection rebuilt from the store, whole.
+fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
+    let v = view(root)?;
+    let uid = unsafe_uid();
+    // SAFETY: getegid cannot fail.
+    let gid = unsafe { libc::getegid() };
+    let paths = brood_runtime::paths::Paths::new(root_of(root), uid);
+    let operator = brood_core::policy::Policy::operator(uid, gid, Default::default());
+    let r = brood_runtime::rebuild::rebuild(v.store().as_ref(), v.tenant(), &paths, &operator)
+        .with_context(|| format!("rebuilding {}", paths.ctx().display()))?;
+    if json {
+        println!(
+            "{}",
+            json!({"agents": r.agents, "files": r.files, "ctx": paths.ctx()})
+        );
+    } else {
+        println!(
+            "rebuilt {} agents ({} files) under {}",
+            r.agents,
+            r.files,
+            paths.ctx().display()
+        );
+    }
+    Ok(0)
 }
 
 fn view(root: &Option<PathBuf>) -> Result<View> {
@@ -547,6 +578,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
         Cmd::Events { name, follow } => events(&root, name, follow).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
         Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
+        Cmd::Fsck { json } => fsck(&root, json),
         Cmd::Demo => demo::run(root).await,
         Cmd::Bench { which } => bench::run(root, which).await,
         Cmd::TestAgent { .. } => Ok(0),

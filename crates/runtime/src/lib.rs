@@ -10,6 +10,7 @@
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
 //! * [`objects`]: the static control files of an agent object, from its record.
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
+//! * [`rebuild`]: the whole ctx projection rebuilt from the store (`brood fsck`).
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
 //! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod objects;
 pub mod paths;
 pub mod projection;
+pub mod rebuild;
 pub mod slots;
 pub mod supervisor;
 pub mod view;

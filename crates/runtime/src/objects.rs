@@ -83,6 +83,55 @@ pub fn control_files(a: &Agent, policy: &Policy, spec: &Value) -> Vec<(&'static 
     ]
 }
 
+/// The agent's `meta.json`: its record's facts, plus what its newest run's
+/// `agent.start` event recorded of its containment and sandbox (what was
+/// enforced), so a rebuild from the store writes the same object.
+pub fn agent_meta(a: &Agent, start: Option<&Value>) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert("supervisor".into(), a.supervisor.clone().into());
+    m.insert("protocol".into(), a.protocol.as_str().into());
+    m.insert("created_ms".into(), a.created_ms.into());
+    if let Some(p) = start {
+        for k in ["containment", "sandbox"] {
+            if let Some(v) = p.get(k) {
+                m.insert(k.into(), v.clone());
+            }
+        }
+    }
+    format!("{}\n", Value::Object(m))
+}
+
+/// The `latest.md` rule: the newest message the agent itself sent (input sent
+/// to it, role `user`, does not count).
+pub fn is_agent_message(role: &str) -> bool {
+    role != "user"
+}
+
+/// One line of a session's `messages.jsonl`: exactly what the store keeps of a
+/// message, so the file can always be rebuilt.
+pub fn message_line(m: &brood_store::Message) -> String {
+    format!(
+        "{}\n",
+        serde_json::json!({"seq": m.seq, "ts": m.ts_ms, "run": m.run.as_str(), "role": m.role, "content": m.content})
+    )
+}
+
+/// The effective policy recorded in an agent's spec at admission (complete, so
+/// the operator's policy fills nothing in practice).
+pub fn policy_of(spec: &Value, operator: &Policy) -> Result<Policy, String> {
+    let v = spec
+        .get("policy")
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    let req = brood_proto::policy::from_value(&v).map_err(|e| e.to_string())?;
+    Ok(brood_core::policy::effective(operator, &req))
+}
+
+/// A channel's `result.md` (SPEC 4: never a NUL byte).
+pub fn result_text(r: &str) -> String {
+    r.replace('\0', "")
+}
+
 /// The session's `meta.json` (SPEC 3): who it belongs to and where it came from.
 pub fn session_meta(a: &Agent) -> String {
     format!(

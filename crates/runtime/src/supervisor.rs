@@ -286,6 +286,14 @@ impl Supervisor {
             );
         }
 
+        // The ctx tree is a projection of the store: rebuild it whole, so whatever
+        // happened to the files while no supervisor ran (a crash mid-write, a
+        // deleted tree, the records recovery just wrote) is made true again.
+        let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
+        match crate::rebuild::rebuild(store.as_ref(), &tenant, &paths, &operator) {
+            Ok(r) => tracing::info!(agents = r.agents, files = r.files, "ctx tree rebuilt"),
+            Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
+        }
         let spawner = Spawner::start(cfg.pid_namespace)?;
         let info = HostInfo {
             cgroup: cgroup_desc,
@@ -552,19 +560,38 @@ fn unsafe_geteuid() -> u32 {
 /// Writes an agent's status into its control files, session `state` and its
 /// parent's channel `status`: the one place the ABI mapping reaches the disk.
 pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Option<i32>) {
+    // A finished temp agent's object is gone (or going): only its session.
+    let object = !(a.status.is_finished() && a.spec.contains("\"life\":\"temp\""));
+    for (path, text) in status_files(paths, a, pid, object) {
+        proj.write(path, text);
+    }
+}
+
+/// The files that follow an agent's status: `status` and `pid` in its object
+/// (when `object`), `state` and `updated_at` in its session.
+pub(crate) fn status_files(
+    paths: &Paths,
+    a: &Agent,
+    pid: Option<i32>,
+    object: bool,
+) -> Vec<(PathBuf, String)> {
     let abi = a.status.abi();
-    let dir = paths.agent_dir(&a.name);
-    proj.write(dir.join("status"), format!("{}\n", abi.process.as_str()));
-    proj.write(
-        dir.join("pid"),
-        match pid {
-            Some(p) if a.status.is_live() => format!("{p}\n"),
-            _ => "\n".to_owned(),
-        },
-    );
+    let mut v = Vec::with_capacity(4);
+    if object {
+        let dir = paths.agent_dir(&a.name);
+        v.push((dir.join("status"), format!("{}\n", abi.process.as_str())));
+        v.push((
+            dir.join("pid"),
+            match pid {
+                Some(p) if a.status.is_live() => format!("{p}\n"),
+                _ => "\n".to_owned(),
+            },
+        ));
+    }
     let sdir = paths.session_dir(&a.name, &a.session);
-    proj.write(sdir.join("state"), format!("{}\n", abi.session.as_str()));
-    proj.write(sdir.join("updated_at"), format!("{}\n", a.updated_ms));
+    v.push((sdir.join("state"), format!("{}\n", abi.session.as_str())));
+    v.push((sdir.join("updated_at"), format!("{}\n", a.updated_ms)));
+    v
 }
 
 struct Live {
@@ -605,6 +632,8 @@ struct Live {
     budget_note: Option<String>,
     /// When this run was admitted (the invocation duration metric).
     admitted: std::time::Instant,
+    /// What its launch enforced (containment, sandbox), for `agent.start`.
+    launch_meta: Value,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
@@ -665,6 +694,7 @@ impl Live {
             subtree_usd: 0.0,
             budget_note: None,
             admitted: std::time::Instant::now(),
+            launch_meta: Value::Null,
             deadline_unix_s: None,
             iso_ns: false,
             ns_root: None,
@@ -1393,11 +1423,10 @@ impl Dispatcher {
             self.projection.write(adir.join(file), text);
         }
         self.projection.append(adir.join("log"), Vec::new());
-        let mut meta = self.meta.clone();
-        meta["protocol"] = json!(req.protocol.as_str());
-        meta["created_ms"] = json!(now);
-        self.projection
-            .write(adir.join("meta.json"), format!("{meta}\n"));
+        self.projection.write(
+            adir.join("meta.json"),
+            crate::objects::agent_meta(&agent, None),
+        );
         if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
             let cdir = self.paths.channel_dir(p, psess, &name);
             self.projection
@@ -1684,8 +1713,11 @@ impl Dispatcher {
             None
         };
         let enforced = sandbox.enforced();
-        let mut meta = self.meta.clone();
-        meta["sandbox"] = json!({
+        // Recorded with the run's `agent.start` event (meta.json is written from
+        // it once the start is recorded, so a rebuild writes the same file).
+        l.launch_meta = json!({
+            "containment": self.meta["containment"].clone(),
+            "sandbox": {
             "landlock_abi": enforced.landlock_abi,
             "files": enforced.fs,
             "network": enforced.net,
@@ -1694,11 +1726,8 @@ impl Dispatcher {
             "no_new_privs": enforced.no_new_privs,
             "weaker": enforced.weaker,
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+            },
         });
-        self.projection.write(
-            self.paths.agent_dir(name).join("meta.json"),
-            format!("{meta}\n"),
-        );
         // The run's clock starts now; its children must end before its deadline.
         l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
         let policy_env: Vec<(String, String)> = l
@@ -1799,12 +1828,13 @@ impl Dispatcher {
             .map(|g| g.dir.to_string_lossy().into_owned())
             .unwrap_or_default();
         let session = l.session.clone();
-        let start_events = [ev(
-            &name,
-            Some(&run),
-            &session,
-            json!({"type": "agent.start", "agent": name.as_str(), "run": run.as_str(), "pid": launched.pid}),
-        )];
+        let mut start_payload = json!({"type": "agent.start", "agent": name.as_str(), "run": run.as_str(), "pid": launched.pid});
+        for k in ["containment", "sandbox"] {
+            if let Some(v) = l.launch_meta.get(k) {
+                start_payload[k] = v.clone();
+            }
+        }
+        let start_events = [ev(&name, Some(&run), &session, start_payload.clone())];
         let start = self.store.start_run(
             &self.tenant,
             &name,
@@ -1851,6 +1881,10 @@ impl Dispatcher {
             self.tx.clone(),
         );
         self.project_events(&start_events);
+        self.projection.write(
+            self.paths.agent_dir(&name).join("meta.json"),
+            crate::objects::agent_meta(&agent, Some(&start_payload)),
+        );
         project_agent(&self.projection, &self.paths, &agent, Some(pid));
         self.project_channel(&agent, None);
         // First words to the agent: init (protocol) or the handoff on stdin (exec).
@@ -1949,7 +1983,7 @@ impl Dispatcher {
         {
             // SPEC 4: result.md never holds a NUL byte.
             self.projection
-                .write(dir.join("result.md"), r.replace('\0', ""));
+                .write(dir.join("result.md"), crate::objects::result_text(r));
         }
     }
 
@@ -2063,11 +2097,12 @@ impl Dispatcher {
                     now_ms(),
                 ) {
                     Ok(m) => {
-                        let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": role, "content": content});
                         let dir = self.paths.session_dir(name, &session);
                         self.projection
-                            .append(dir.join("messages.jsonl"), format!("{line}\n"));
-                        self.projection.write(dir.join("latest.md"), content);
+                            .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
+                        if crate::objects::is_agent_message(&role) {
+                            self.projection.write(dir.join("latest.md"), content);
+                        }
                     }
                     Err(e) => {
                         tracing::error!(agent = %name, error = %e, "recording a message failed")
@@ -2581,10 +2616,9 @@ impl Dispatcher {
             .append_message(&self.tenant, name, &session, &run, "user", text, now_ms())
             .map_err(internal)?;
         let id = format!("in-{}", m.seq);
-        let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": "user", "content": text, "from": from});
         let dir = self.paths.session_dir(name, &session);
         self.projection
-            .append(dir.join("messages.jsonl"), format!("{line}\n"));
+            .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
         self.append_events(&[ev(
             name,
             Some(&run),
@@ -2756,12 +2790,11 @@ impl Dispatcher {
                     .store
                     .append_message(&self.tenant, name, &a.session, &run, "user", t, now_ms())
                     .map_err(internal)?;
-                let line = json!({"seq": m.seq, "ts": m.ts_ms, "run": run.as_str(), "role": "user", "content": t});
                 self.projection.append(
                     self.paths
                         .session_dir(name, &a.session)
                         .join("messages.jsonl"),
-                    format!("{line}\n"),
+                    crate::objects::message_line(&m),
                 );
             }
             project_agent(&self.projection, &self.paths, &a, None);
@@ -2825,12 +2858,10 @@ impl Dispatcher {
 
 /// The effective policy recorded in an agent's spec at admission.
 fn stored_policy(spec: &Value, operator: &Policy) -> Result<Policy, ApiError> {
-    let v = spec.get("policy").cloned().unwrap_or_else(|| json!({}));
-    let req = brood_proto::policy::from_value(&v).map_err(|e| {
+    crate::objects::policy_of(spec, operator).map_err(|e| {
         tracing::error!(error = %e, "a stored policy does not read back");
         ApiError::new(Code::Internal, "the agent's stored policy is unreadable")
-    })?;
-    Ok(brood_core::policy::effective(operator, &req))
+    })
 }
 
 fn now_unix_s() -> u64 {

@@ -1,0 +1,139 @@
+//! `brood fsck` (SPEC 3, issue 5 item 5): a whole tree's ctx files after a
+//! scripted run, deleted, rebuilt from the store by `brood fsck`, and compared
+//! with the original file by file. Only `log` (stderr, which the store does not
+//! keep) is outside the comparison; fsck recreates it empty.
+
+// Test helpers outside #[test] functions may panic like the tests themselves.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use brood_runtime::api;
+use common::*;
+use serde_json::json;
+
+/// Every file under `dir` (relative path → bytes) and every directory, logs
+/// left out.
+fn tree(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            let t = e.file_type().unwrap();
+            assert!(!t.is_symlink(), "a symlink in the ctx tree: {rel}");
+            if t.is_dir() {
+                out.insert(format!("{rel}/"), None);
+                stack.push(p);
+            } else if e.file_name() != "log" {
+                out.insert(rel, Some(std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+async fn spawn(env: &Env, args: serde_json::Value) {
+    api::handle(&env.sup, &me(), "spawn", &args)
+        .await
+        .unwrap_or_else(|e| panic!("spawn {args}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
+    let env = start(Duration::from_millis(300));
+    spawn(&env, json!({"name": "r", "argv": agent(&["--message", "hi from r", "--hang"]), "task": "lead", "await_ready": true})).await;
+    spawn(&env, json!({"name": "c1", "parent": "r", "task": "first", "argv": agent(&["--message", "working", "--usage", "1,2,0.01", "--result", "done c1"])})).await;
+    spawn(&env, json!({"name": "c2", "parent": "r", "task": "second", "argv": agent(&["--error", "bad input"])})).await;
+    spawn(&env, json!({"name": "c3", "parent": "r", "task": "third", "argv": agent(&["--hang"]), "await_ready": true})).await;
+    spawn(
+        &env,
+        json!({"name": "t", "parent": "r", "life": "temp", "argv": agent(&["--result", "temp"])}),
+    )
+    .await;
+    spawn(&env, json!({"name": "x", "parent": "r", "protocol": "exec", "task": "to stdin", "argv": ["cat"]})).await;
+    env.sup
+        .send(me(), name("r"), "hello r".into())
+        .await
+        .unwrap();
+    env.sup.cancel(me(), name("c3")).await.unwrap();
+    let kids = vec![name("c1"), name("c2"), name("c3"), name("t"), name("x")];
+    env.sup
+        .wait(me(), kids.clone(), Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup
+        .resume(me(), name("c1"), Some("again".into()))
+        .await
+        .unwrap();
+    env.sup
+        .wait(me(), vec![name("c1")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup.close(me(), name("c2")).await.unwrap();
+    // r stays running: a live agent's files are rebuilt too (status, pid). Its
+    // own message must be in before the snapshot, or the store would be ahead.
+    assert!(eventually(Duration::from_secs(5), || {
+        env.sup
+            .store()
+            .messages(
+                env.sup.tenant(),
+                &name("r"),
+                &brood_core::SessionName::default_session(),
+            )
+            .unwrap()
+            .iter()
+            .any(|m| m.content == "hi from r")
+    }));
+    env.sup.flush().await;
+    let ctx = env.sup.paths().ctx();
+    let before = tree(&ctx);
+    assert!(before.len() > 60, "a real tree: {} entries", before.len());
+    assert!(
+        before
+            .keys()
+            .any(|k| k.ends_with("context/child/c1/result.md")),
+        "{:?}",
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        !before.keys().any(|k| k.starts_with("agent/t.d")),
+        "t was temp"
+    );
+
+    std::fs::remove_dir_all(&ctx).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let o = Command::new(exe())
+        .arg("--root")
+        .arg(env.root())
+        .arg("fsck")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.starts_with("rebuilt 6 agents"), "{said}");
+    let after = tree(&ctx);
+    let only_before: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
+    let only_after: Vec<&String> = after.keys().filter(|k| !before.contains_key(*k)).collect();
+    assert!(
+        only_before.is_empty() && only_after.is_empty(),
+        "missing after fsck: {only_before:?}; new after fsck: {only_after:?}"
+    );
+    for (k, v) in &before {
+        assert_eq!(
+            v.as_deref().map(String::from_utf8_lossy),
+            after[k].as_deref().map(String::from_utf8_lossy),
+            "{k} differs after fsck"
+        );
+    }
+    // Logs come back empty rather than missing.
+    assert!(env.sup.paths().agent_dir(&name("r")).join("log").exists());
+    env.sup.cancel(me(), name("r")).await.unwrap();
+}

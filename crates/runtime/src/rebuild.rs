@@ -1,0 +1,196 @@
+//! `brood fsck`: the whole ctx projection rebuilt from the store (SPEC 3: the
+//! store is the truth, the tree can always be rebuilt). The supervisor runs the
+//! same at start-up.
+//!
+//! Every file is rendered by the functions the live projection uses
+//! (`objects`, `supervisor::status_files`), and written atomically (temp file,
+//! rename, never through a symlink), so a rebuilt tree equals the one the
+//! supervisor wrote, file for file, with one exception: an agent's `log` (its
+//! stderr, not kept in the store) is left as it is, and created empty if
+//! missing. A finished `temp` agent has no object to rebuild.
+
+use std::path::{Path, PathBuf};
+
+use brood_core::TenantId;
+use brood_core::policy::Policy;
+use brood_store::{Agent, Store, StoreError};
+use serde_json::Value;
+
+use crate::objects;
+use crate::paths::Paths;
+use crate::projection::write_atomic;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("agent {agent}: its stored policy does not read back: {message}")]
+    Policy { agent: String, message: String },
+}
+
+/// What a rebuild wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    pub agents: usize,
+    pub files: usize,
+}
+
+struct Out {
+    nonce: u64,
+    files: usize,
+}
+
+impl Out {
+    fn put(&mut self, path: PathBuf, bytes: impl AsRef<[u8]>) -> Result<(), RebuildError> {
+        self.nonce += 1;
+        self.files += 1;
+        write_atomic(&path, bytes.as_ref(), self.nonce)
+            .map_err(|source| RebuildError::Io { path, source })
+    }
+
+    fn dir(&mut self, path: &Path) -> Result<(), RebuildError> {
+        std::fs::create_dir_all(path).map_err(|source| RebuildError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Creates an empty file if there is none (never truncates, never follows a
+    /// symlink).
+    fn touch(&mut self, path: PathBuf) -> Result<(), RebuildError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(d) = path.parent() {
+            self.dir(d)?;
+        }
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map(|_| ())
+            .map_err(|source| RebuildError::Io { path, source })
+    }
+}
+
+/// Rebuilds every agent object, session and channel of `tenant` under `paths`.
+pub fn rebuild(
+    store: &dyn Store,
+    tenant: &TenantId,
+    paths: &Paths,
+    operator: &Policy,
+) -> Result<Rebuilt, RebuildError> {
+    let mut out = Out { nonce: 0, files: 0 };
+    let agents = store.agents(tenant, true)?;
+    for a in &agents {
+        agent(store, paths, operator, a, &mut out)?;
+    }
+    Ok(Rebuilt {
+        agents: agents.len(),
+        files: out.files,
+    })
+}
+
+fn agent(
+    store: &dyn Store,
+    paths: &Paths,
+    operator: &Policy,
+    a: &Agent,
+    out: &mut Out,
+) -> Result<(), RebuildError> {
+    let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+    let policy = objects::policy_of(&spec, operator).map_err(|message| RebuildError::Policy {
+        agent: a.name.to_string(),
+        message,
+    })?;
+    let events = all_events(store, a)?;
+    let run = store.run(&a.tenant, &a.run)?;
+
+    // The object, unless a finished temp agent's (removed after its run).
+    let temp_gone = a.status.is_finished() && spec["life"] == "temp";
+    if !temp_gone {
+        let dir = paths.agent_dir(&a.name);
+        for (file, text) in objects::control_files(a, &policy, &spec) {
+            out.put(dir.join(file), text)?;
+        }
+        let start = events
+            .iter()
+            .rev()
+            .find(|e| e.kind == "agent.start")
+            .and_then(|e| serde_json::from_str::<Value>(&e.payload).ok());
+        out.put(
+            dir.join("meta.json"),
+            objects::agent_meta(a, start.as_ref()),
+        )?;
+        out.touch(dir.join("log"))?;
+    }
+    let pid = run.as_ref().and_then(|r| r.pid);
+    for (path, text) in crate::supervisor::status_files(paths, a, pid, !temp_gone) {
+        out.put(path, text)?;
+    }
+
+    // The session.
+    let sdir = paths.session_dir(&a.name, &a.session);
+    out.dir(&sdir.join("context"))?;
+    out.put(sdir.join("created_at"), format!("{}\n", a.created_ms))?;
+    out.put(
+        sdir.join("cwd"),
+        format!("{}\n", spec["cwd"].as_str().unwrap_or("")),
+    )?;
+    out.put(sdir.join("meta.json"), objects::session_meta(a))?;
+    let messages = store.messages(&a.tenant, &a.name, &a.session)?;
+    let text: String = messages.iter().map(objects::message_line).collect();
+    out.put(sdir.join("messages.jsonl"), text)?;
+    if let Some(m) = messages
+        .iter()
+        .rev()
+        .find(|m| objects::is_agent_message(&m.role))
+    {
+        out.put(sdir.join("latest.md"), m.content.as_bytes())?;
+    }
+    let text: String = events
+        .iter()
+        .filter(|e| e.session == a.session)
+        .map(|e| format!("{}\n", e.payload))
+        .collect();
+    out.put(sdir.join("events.jsonl"), text)?;
+
+    // The parent's channel to it.
+    if let Some(p) = &a.parent
+        && let Some(ch) = store.channel(&a.tenant, p, &a.name)?
+    {
+        let cdir = paths.channel_dir(p, &ch.parent_session, &a.name);
+        out.put(cdir.join("agent"), format!("{}\n", a.name))?;
+        out.put(cdir.join("session"), format!("{}\n", ch.child_session))?;
+        out.put(cdir.join("handoff.md"), ch.handoff.as_bytes())?;
+        out.put(
+            cdir.join("status"),
+            format!("{}\n", a.status.abi().channel.as_str()),
+        )?;
+        if a.status.is_finished()
+            && let Some(r) = &ch.result
+        {
+            out.put(cdir.join("result.md"), objects::result_text(r))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every event recorded in `a`'s log, in sequence order.
+fn all_events(store: &dyn Store, a: &Agent) -> Result<Vec<brood_store::Event>, StoreError> {
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.events(&a.tenant, after, Some(&a.name), 1000)?;
+        let Some(last) = page.last() else {
+            return Ok(all);
+        };
+        after = last.seq;
+        all.extend(page);
+    }
+}

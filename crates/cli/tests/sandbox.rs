@@ -401,3 +401,58 @@ async fn a_named_root_becomes_the_agents_slash() {
         .unwrap_err();
     assert_eq!(e.code, brood_core::Code::FileExpansion, "{e}");
 }
+
+/// SPEC 3: a program inside a sandbox sees its own object read-only and can
+/// write no control file, even under a policy that may write everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
+    let env = start(Duration::from_millis(500));
+    env.sup
+        .spawn(me(), req("other", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let free = d.path().join("free").to_string_lossy().into_owned();
+    let own = env.sup.paths().agent_dir(&name("selfish"));
+    let other = env.sup.paths().agent_dir(&name("other"));
+    let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    let (own_status, own_new, other_status) = (
+        s(own.join("status")),
+        s(own.join("planted")),
+        s(other.join("status")),
+    );
+    // The operator's policy: `/` read-write.
+    let a = run_probe(
+        &env,
+        "selfish",
+        json!({}),
+        &[
+            "--probe-read",
+            &own_status,
+            "--probe-write",
+            &own_status,
+            "--probe-write",
+            &own_new,
+            "--probe-write",
+            &other_status,
+            "--probe-write",
+            &free,
+            "--result",
+            "probed",
+        ],
+    )
+    .await;
+    assert_eq!(a["status"], "completed", "{a}");
+    let r = a["result"].as_str().unwrap();
+    for (what, want) in [
+        (format!("read {own_status}"), "ok"),
+        (format!("write {own_status}"), "denied"),
+        (format!("write {own_new}"), "denied"),
+        (format!("write {other_status}"), "denied"),
+        (format!("write {free}"), "ok"),
+    ] {
+        assert_eq!(line(r, &what), format!("{what}: {want}"), "{r}");
+    }
+    assert!(!own.join("planted").exists());
+    env.sup.cancel(me(), name("other")).await.unwrap();
+}

@@ -28,21 +28,40 @@ pub struct Context<'a> {
     pub root: bool,
     /// The operator allowed running with layers the host lacks.
     pub allow_weaker: bool,
+    /// `ctx/agent/`: the agent objects, which no agent may write (SPEC 3).
+    pub objects: Option<&'a Path>,
+    /// `ctx/agent/<name>.d/`: its own object, which it may always read.
+    pub own_object: Option<&'a Path>,
 }
 
 pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
-    let rules: Vec<(PathBuf, Access)> = policy
+    let access = |m: Mode| match m {
+        Mode::Hidden => Access::Hidden,
+        Mode::Ro => Access::Ro,
+        Mode::Rw => Access::Rw,
+    };
+    let mut rules: Vec<(PathBuf, Access)> = policy
         .files
         .iter()
-        .map(|r| {
-            let a = match r.mode {
-                Mode::Hidden => Access::Hidden,
-                Mode::Ro => Access::Ro,
-                Mode::Rw => Access::Rw,
-            };
-            (PathBuf::from(r.path.as_str()), a)
-        })
+        .map(|r| (PathBuf::from(r.path.as_str()), access(r.mode)))
         .collect();
+    // SPEC 3: a program inside a sandbox sees its own object read-only and can
+    // write no control file. The agent objects get at most `ro` (what the policy
+    // allows there, never more; the deepest-rule lowering carves them out of a
+    // writable parent), and its own object is readable whatever the policy says.
+    if let Some(objects) = cx.objects {
+        let at = objects
+            .to_str()
+            .and_then(|s| brood_core::policy::AbsPath::new("ctx", s).ok())
+            .map(|p| policy.mode_at(&p))
+            .unwrap_or(Mode::Hidden);
+        let capped = if at == Mode::Rw { Mode::Ro } else { at };
+        rules.retain(|(p, _)| !p.starts_with(objects));
+        rules.push((objects.to_path_buf(), access(capped)));
+    }
+    if let Some(own) = cx.own_object {
+        rules.push((own.to_path_buf(), Access::Ro));
+    }
     let mut fs: Vec<(PathBuf, FsAccess)> = lower::grants(&rules)
         .into_iter()
         .filter_map(|(p, a)| match a {

@@ -1684,6 +1684,8 @@ impl Dispatcher {
                 policy_file: &policy_file,
                 root: self.uid == 0,
                 allow_weaker: self.cfg.allow_weaker_sandbox,
+                objects: Some(&self.paths.ctx().join("agent")),
+                own_object: Some(&self.paths.agent_dir(name)),
             },
         );
         let sandbox = match brood_launch::sandbox::prepare(&sandbox_spec) {

@@ -403,7 +403,8 @@ async fn a_named_root_becomes_the_agents_slash() {
 }
 
 /// SPEC 3: a program inside a sandbox sees its own object read-only and can
-/// write no control file, even under a policy that may write everywhere.
+/// write no control file: a policy asking `rw` on the agent objects gets `ro`,
+/// and one hiding the ctx tree still lets the agent read its own object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
     let env = start(Duration::from_millis(500));
@@ -413,19 +414,24 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
         .unwrap();
     let d = tempfile::tempdir().unwrap();
     let free = d.path().join("free").to_string_lossy().into_owned();
+    let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    let objects = s(env.sup.paths().ctx().join("agent"));
     let own = env.sup.paths().agent_dir(&name("selfish"));
     let other = env.sup.paths().agent_dir(&name("other"));
-    let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
     let (own_status, own_new, other_status) = (
         s(own.join("status")),
         s(own.join("planted")),
         s(other.join("status")),
     );
-    // The operator's policy: `/` read-write.
+    let policy = json!({"files": [
+        {"path": "/", "mode": "ro"},
+        {"path": s(d.path().to_path_buf()), "mode": "rw"},
+        {"path": objects, "mode": "rw"},
+    ]});
     let a = run_probe(
         &env,
         "selfish",
-        json!({}),
+        policy,
         &[
             "--probe-read",
             &own_status,
@@ -454,5 +460,37 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
         assert_eq!(line(r, &what), format!("{what}: {want}"), "{r}");
     }
     assert!(!own.join("planted").exists());
+    // The ctx tree hidden: its own object is still readable, another's not.
+    let hid = env.sup.paths().agent_dir(&name("hider"));
+    let hid_status = s(hid.join("status"));
+    let policy = json!({"files": [
+        {"path": "/", "mode": "ro"},
+        {"path": s(env.sup.paths().ctx()), "mode": "hidden"},
+    ]});
+    let a = run_probe(
+        &env,
+        "hider",
+        policy,
+        &[
+            "--probe-read",
+            &hid_status,
+            "--probe-read",
+            &other_status,
+            "--result",
+            "probed",
+        ],
+    )
+    .await;
+    let r = a["result"].as_str().unwrap();
+    assert_eq!(
+        line(r, &format!("read {hid_status}")),
+        format!("read {hid_status}: ok"),
+        "{r}"
+    );
+    assert_eq!(
+        line(r, &format!("read {other_status}")),
+        format!("read {other_status}: denied"),
+        "{r}"
+    );
     env.sup.cancel(me(), name("other")).await.unwrap();
 }

@@ -46,20 +46,27 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
         .map(|r| (PathBuf::from(r.path.as_str()), access(r.mode)))
         .collect();
     // SPEC 3: a program inside a sandbox sees its own object read-only and can
-    // write no control file. The agent objects get at most `ro` (what the policy
-    // allows there, never more; the deepest-rule lowering carves them out of a
-    // writable parent), and its own object is readable whatever the policy says.
+    // write no control file. Rules the policy gives at or inside the agent
+    // objects are capped at `ro`, and its own object is readable whatever the
+    // policy says. A `rw` inherited from an ancestor (the operator's `/ rw`) is
+    // not carved out here: landlock only adds grants, so carving would deny
+    // creating files anywhere along the path (`/tmp` included) and cost a grant
+    // per sibling on every spawn (measured +1 ms). That case is a known gap
+    // (docs/decisions.md).
     if let Some(objects) = cx.objects {
-        let at = objects
+        for (p, a) in rules.iter_mut() {
+            if p.starts_with(objects) && *a == Access::Rw {
+                *a = Access::Ro;
+            }
+        }
+    }
+    if let Some(own) = cx.own_object
+        && let Some(at) = own
             .to_str()
             .and_then(|s| brood_core::policy::AbsPath::new("ctx", s).ok())
             .map(|p| policy.mode_at(&p))
-            .unwrap_or(Mode::Hidden);
-        let capped = if at == Mode::Rw { Mode::Ro } else { at };
-        rules.retain(|(p, _)| !p.starts_with(objects));
-        rules.push((objects.to_path_buf(), access(capped)));
-    }
-    if let Some(own) = cx.own_object {
+        && at == Mode::Hidden
+    {
         rules.push((own.to_path_buf(), Access::Ro));
     }
     let mut fs: Vec<(PathBuf, FsAccess)> = lower::grants(&rules)

@@ -165,6 +165,9 @@ enum Cmd {
         name: Option<String>,
         #[arg(short = 'f', long)]
         follow: bool,
+        /// `brood` (default) or `agentruntime` (the Agent Runtime draft standard's events).
+        #[arg(long, default_value = "brood")]
+        format: String,
     },
     /// Quotas (SPEC 9): `show [TENANT]`, `set TENANT KEY VALUE`.
     Quota {
@@ -575,7 +578,11 @@ async fn real_main(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Events { name, follow } => events(&root, name, follow).await,
+        Cmd::Events {
+            name,
+            follow,
+            format,
+        } => events(&root, name, follow, &format).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
         Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
         Cmd::Fsck { json } => fsck(&root, json),
@@ -691,7 +698,19 @@ async fn serve(cfg: Config) -> Result<i32> {
     Ok(0)
 }
 
-async fn events(root: &Option<PathBuf>, name: Option<String>, follow: bool) -> Result<i32> {
+async fn events(
+    root: &Option<PathBuf>,
+    name: Option<String>,
+    follow: bool,
+    format: &str,
+) -> Result<i32> {
+    use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
+    let format = EventFormat::parse(format).ok_or_else(|| {
+        Exit(
+            2,
+            format!("--format {format:?}: unknown event format; use brood or agentruntime"),
+        )
+    })?;
     let v = view(root)?;
     let name = name
         .map(|n| brood_core::AgentName::new(&n))
@@ -705,7 +724,15 @@ async fn events(root: &Option<PathBuf>, name: Option<String>, follow: bool) -> R
             .context("reading events")?;
         for e in &batch {
             after = e.seq;
-            println!("{}", control::event_json(e));
+            match format {
+                EventFormat::Brood => println!("{}", control::event_json(e)),
+                // Events the standard has no counterpart for are left out.
+                EventFormat::AgentRuntime => {
+                    if let Some(x) = to_agentruntime(e) {
+                        println!("{x}");
+                    }
+                }
+            }
         }
         if !follow {
             return Ok(0);

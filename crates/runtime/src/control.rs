@@ -3,8 +3,9 @@
 //! A client writes one request `{"op": <verb>, "args": {...}}` and reads one reply
 //! `{"ok": true, "result": ...}` or `{"ok": false, "error": {"code", "reason",
 //! "message"}}`. `events` with `"follow": true` streams `{"event": ...}` lines until
-//! the client hangs up. Who is calling is decided from the peer's credentials:
-//! the kernel tells us its pid, and its cgroup tells us which agent it belongs to,
+//! the client hangs up (`"format": "agentruntime"` for the draft standard's
+//! events). Who is calling is decided from the peer's credentials: the kernel
+//! tells us its pid, and its cgroup tells us which agent it belongs to,
 //! whatever the request claims (SPEC 5, last "always" rule).
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::agentruntime::{EventFormat, to_agentruntime};
 use crate::api::{self, ApiError, Caller};
 use crate::supervisor::Supervisor;
 
@@ -155,7 +157,11 @@ async fn http_get(
     wr.shutdown().await
 }
 
-/// `events {"after"?, "name"?, "follow"?}`: the tenant's events in sequence order.
+/// `events {"after"?, "name"?, "follow"?, "format"?}`: the tenant's events in
+/// sequence order, each line `{"event": ...}`. `format` is `brood` (the default,
+/// [`event_json`]) or `agentruntime` (the draft standard's events,
+/// [`crate::agentruntime::to_agentruntime`]; events without a counterpart are
+/// left out, `last` still counts them so a client resumes at the right place).
 async fn stream_events(
     sup: &Supervisor,
     args: &Value,
@@ -163,6 +169,20 @@ async fn stream_events(
 ) -> std::io::Result<()> {
     let mut after = args.get("after").and_then(Value::as_i64).unwrap_or(0);
     let follow = args.get("follow").and_then(Value::as_bool).unwrap_or(false);
+    let format = match args.get("format") {
+        None | Some(Value::Null) => EventFormat::Brood,
+        Some(f) => match f.as_str().and_then(EventFormat::parse) {
+            Some(f) => f,
+            None => {
+                let e = ApiError::new(
+                    Code::BadRequest,
+                    format!("events: unknown format {f}; use \"brood\" or \"agentruntime\""),
+                );
+                let out = json!({"ok": false, "error": e.to_json()});
+                return wr.write_all(format!("{out}\n").as_bytes()).await;
+            }
+        },
+    };
     let name = match args.get("name").and_then(Value::as_str) {
         Some(s) => match AgentName::new(s) {
             Ok(n) => Some(n),
@@ -180,7 +200,14 @@ async fn stream_events(
             .unwrap_or_default();
         for e in &batch {
             after = e.seq;
-            let line = json!({"event": event_json(e)});
+            let event = match format {
+                EventFormat::Brood => event_json(e),
+                EventFormat::AgentRuntime => match to_agentruntime(e) {
+                    Some(v) => v,
+                    None => continue,
+                },
+            };
+            let line = json!({"event": event});
             wr.write_all(format!("{line}\n").as_bytes()).await?;
         }
         if !follow {

@@ -14,10 +14,12 @@
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
 //! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
+//! * [`agentruntime`]: events in the form of the Agent Runtime draft standard.
 //!
 //! **Invariant:** every state change is committed to the store before anyone
 //! (a caller, an agent, a file reader) can observe it.
 
+pub mod agentruntime;
 pub mod api;
 pub mod config;
 pub mod control;

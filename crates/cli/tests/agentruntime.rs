@@ -19,8 +19,14 @@ use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-/// The schema as the peer standard publishes it, beside the repository.
+/// The schema, vendored from the peer standard (tests/peer/README.md).
 const SCHEMA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/peer/agentruntime-event.schema.json"
+);
+
+/// The schema as published beside the repository, when it is checked out there.
+const PUBLISHED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../../shared/peer/agentruntime-event.schema.json"
 );
@@ -37,11 +43,17 @@ impl Validator {
         let path = Path::new(SCHEMA);
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
             panic!(
-                "the Agent Runtime event schema is missing: looked for {} ({e}); \
-                 the repository must be checked out with ../shared beside it",
+                "the Agent Runtime event schema is missing: looked for {} ({e})",
                 path.display()
             )
         });
+        // The vendored copy must not drift from the published one.
+        if let Ok(published) = std::fs::read_to_string(PUBLISHED) {
+            assert_eq!(
+                text, published,
+                "{SCHEMA} differs from the published {PUBLISHED}: copy it again"
+            );
+        }
         let doc: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
         let url = format!("file://{}", path.display());

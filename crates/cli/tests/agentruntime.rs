@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use brood_runtime::agentruntime::to_agentruntime;
@@ -354,26 +353,6 @@ async fn the_control_socket_streams_standard_events_and_refuses_a_bad_format() {
         assert!(msg.contains(&bad.to_string()), "{msg}");
     }
     server.abort();
-}
-
-fn brood(root: &Path, args: &[&str]) -> Output {
-    #[allow(clippy::disallowed_methods)]
-    Command::new(exe())
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .env_remove("BROOD_SOCKET")
-        .output()
-        .expect("brood runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -7,42 +7,11 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-fn brood(root: &Path, args: &[&str]) -> Output {
-    #[allow(clippy::disallowed_methods)]
-    Command::new(exe())
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .env_remove("BROOD_SOCKET")
-        .output()
-        .expect("brood runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling the daemon this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn brood_run_prints_the_result_and_exits_like_wait() {

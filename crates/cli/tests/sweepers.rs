@@ -9,7 +9,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use brood_runtime::{Sweeper, api};
@@ -85,6 +85,8 @@ async fn a_run_past_its_timeout_fails_timed_out_with_its_subtree() {
         ended - started
     );
     assert!(env.sup.metrics().sweeper_actions(Sweeper::Timeouts) >= 1);
+    // The ctx files catch up on their own thread.
+    env.sup.flush().await;
     let events = json_lines(session_dir(&env, "slow").join("events.jsonl"));
     assert!(
         events
@@ -168,16 +170,6 @@ async fn orphans_and_lost_agents_made_by_hand_are_repaired() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(env.sup.metrics().sweeper_actions(Sweeper::Orphans), before);
     env.sup.shutdown().await;
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling the daemon this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
 }
 
 fn serve(root: &Path, store: &Path) -> Daemon {

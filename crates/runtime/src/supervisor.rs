@@ -2310,19 +2310,26 @@ impl Dispatcher {
             .iter()
             .filter(|(_, w)| w.names.contains(&agent.name))
             .filter(|(_, w)| {
-                w.names.iter().all(|n| {
-                    n == &agent.name
-                        || self
-                            .store
-                            .agent(&self.tenant, n)
-                            .ok()
-                            .flatten()
-                            .is_some_and(|a| a.status.is_finished())
-                })
+                w.names
+                    .iter()
+                    .all(|n| n == &agent.name || self.finished_in_store(n))
             })
             .map(|(id, _)| *id)
             .collect();
-        for id in done {
+        self.answer_waiters(done);
+    }
+
+    fn finished_in_store(&self, n: &AgentName) -> bool {
+        self.store
+            .agent(&self.tenant, n)
+            .ok()
+            .flatten()
+            .is_some_and(|a| a.status.is_finished())
+    }
+
+    /// Answers the waiters `ids` with the agents as they are now.
+    fn answer_waiters(&mut self, ids: Vec<u64>) {
+        for id in ids {
             if let Some(w) = self.waiters.remove(&id) {
                 let r = self.wait_result(&w.names, false);
                 self.respond(w.reply, r);

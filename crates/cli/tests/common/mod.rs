@@ -184,3 +184,36 @@ pub fn processes_of(env: &Env, n: &str) -> Vec<i32> {
     }
     out
 }
+
+/// Runs the `brood` binary on `root` (outside any agent's socket).
+pub fn brood(root: &Path, args: &[&str]) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    std::process::Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("BROOD_SOCKET")
+        .output()
+        .expect("brood runs")
+}
+
+/// A command's exit code and output, for assertion messages.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A `brood serve` the test started: stopped (SIGTERM, then reaped) when dropped.
+pub struct Daemon(pub std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling the daemon this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}

@@ -157,24 +157,13 @@ impl Dispatcher {
             .waiters
             .iter()
             .filter(|(_, w)| {
-                w.names.iter().all(|n| {
-                    !self.live.contains_key(n)
-                        && self
-                            .store
-                            .agent(&self.tenant, n)
-                            .ok()
-                            .flatten()
-                            .is_some_and(|a| a.status.is_finished())
-                })
+                w.names
+                    .iter()
+                    .all(|n| !self.live.contains_key(n) && self.finished_in_store(n))
             })
             .map(|(id, _)| *id)
             .collect();
-        for id in done {
-            if let Some(w) = self.waiters.remove(&id) {
-                let r = self.wait_result(&w.names, false);
-                self.respond(w.reply, r);
-            }
-        }
+        self.answer_waiters(done);
     }
 
     /// The lease, taking it if it is free: an exclusive, non-blocking `flock`

@@ -259,30 +259,16 @@ async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
     env.sup.cancel(me(), name("r")).await.unwrap();
 
     // depth_limit 2: a child and a grandchild, not a great-grandchild.
-    api::handle(
-        &env.sup,
-        &me(),
-        "spawn",
-        &spawn("d0", None, json!({"depth_limit": 2})),
-    )
-    .await
-    .unwrap();
-    api::handle(
-        &env.sup,
-        &me(),
-        "spawn",
-        &spawn("d1", Some("d0"), json!({})),
-    )
-    .await
-    .unwrap();
-    api::handle(
-        &env.sup,
-        &me(),
-        "spawn",
-        &spawn("d2", Some("d1"), json!({})),
-    )
-    .await
-    .unwrap();
+    let chain = [
+        ("d0", None, json!({"depth_limit": 2})),
+        ("d1", Some("d0"), json!({})),
+        ("d2", Some("d1"), json!({})),
+    ];
+    for (n, parent, policy) in chain {
+        api::handle(&env.sup, &me(), "spawn", &spawn(n, parent, policy))
+            .await
+            .unwrap_or_else(|e| panic!("{n}: {e}"));
+    }
     let e = api::handle(
         &env.sup,
         &me(),

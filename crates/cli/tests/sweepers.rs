@@ -223,15 +223,38 @@ fn cli(root: &Path, store: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Two `brood serve` processes with roots of their own sharing one store.
+struct TwoSupervisors {
+    // Dropped first: the daemons stop before their directory goes.
+    _daemons: (Daemon, Daemon),
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    store: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TwoSupervisors {
+    fn start() -> TwoSupervisors {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("shared.db");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let daemons = (serve(&a, &store), serve(&b, &store));
+        TwoSupervisors {
+            _daemons: daemons,
+            a,
+            b,
+            store,
+            _dir: dir,
+        }
+    }
+}
+
 #[test]
 fn of_two_supervisors_sharing_a_store_only_the_lease_holder_sweeps() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("shared.db");
-    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
-    std::fs::create_dir_all(&ra).unwrap();
-    std::fs::create_dir_all(&rb).unwrap();
-    let _a = serve(&ra, &store);
-    let _b = serve(&rb, &store);
+    let two = TwoSupervisors::start();
+    let (ra, rb, store) = (two.a.clone(), two.b.clone(), two.store.clone());
     let epoch = |m: &std::collections::HashMap<String, f64>| m["subagent_sweeper_lease_epoch"];
     assert!(eventually(Duration::from_secs(5), || {
         epoch(&metrics(&ra)) + epoch(&metrics(&rb)) > 0.0
@@ -310,13 +333,8 @@ fn request(root: &Path, op: &str, args: Value) -> Value {
 
 #[test]
 fn a_fanout_bomb_through_two_supervisors_admits_exactly_the_fanout_and_the_cascade_crosses() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("shared.db");
-    let (ra, rb) = (dir.path().join("a"), dir.path().join("b"));
-    std::fs::create_dir_all(&ra).unwrap();
-    std::fs::create_dir_all(&rb).unwrap();
-    let _a = serve(&ra, &store);
-    let _b = serve(&rb, &store);
+    let two = TwoSupervisors::start();
+    let (ra, rb) = (two.a.clone(), two.b.clone());
     let r = request(
         &ra,
         "spawn",

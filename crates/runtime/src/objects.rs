@@ -101,6 +101,13 @@ pub fn agent_meta(a: &Agent, start: Option<&Value>) -> String {
     format!("{}\n", Value::Object(m))
 }
 
+/// SPEC 3 `life temp`: once its run ended the object is gone (its record,
+/// session and the parent's channel stay). The spec is stored as compact JSON,
+/// so a substring test answers without parsing it on every status change.
+pub fn object_removed(a: &Agent) -> bool {
+    a.status.is_finished() && a.spec.contains("\"life\":\"temp\"")
+}
+
 /// The `latest.md` rule: the newest message the agent itself sent (input sent
 /// to it, role `user`, does not count).
 pub fn is_agent_message(role: &str) -> bool {

@@ -112,7 +112,7 @@ fn agent(
     let run = store.run(&a.tenant, &a.run)?;
 
     // The object, unless a finished temp agent's (removed after its run).
-    let temp_gone = a.status.is_finished() && spec["life"] == "temp";
+    let temp_gone = objects::object_removed(a);
     if !temp_gone {
         let dir = paths.agent_dir(&a.name);
         for (file, text) in objects::control_files(a, &policy, &spec) {

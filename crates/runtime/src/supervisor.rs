@@ -561,8 +561,7 @@ fn unsafe_geteuid() -> u32 {
 /// parent's channel `status`: the one place the ABI mapping reaches the disk.
 pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Option<i32>) {
     // A finished temp agent's object is gone (or going): only its session.
-    let object = !(a.status.is_finished() && a.spec.contains("\"life\":\"temp\""));
-    for (path, text) in status_files(paths, a, pid, object) {
+    for (path, text) in status_files(paths, a, pid, !crate::objects::object_removed(a)) {
         proj.write(path, text);
     }
 }
@@ -2266,9 +2265,7 @@ impl Dispatcher {
     fn project_end(&self, agent: &Agent, result: Option<&str>) {
         project_agent(&self.projection, &self.paths, agent, None);
         self.project_channel(agent, result);
-        // SPEC 3 `life temp`: the object goes once its run ended (its record,
-        // session and the parent's channel stay). The spec is compact JSON.
-        if agent.status.is_finished() && agent.spec.contains("\"life\":\"temp\"") {
+        if crate::objects::object_removed(agent) {
             self.projection
                 .remove_dir(self.paths.agent_dir(&agent.name));
         }

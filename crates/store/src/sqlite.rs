@@ -320,6 +320,15 @@ const Q_UNFINISHED_OF: &str = concat!(
     unfinished!(),
     " ORDER BY tenant, created_ms, name"
 );
+// The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
+// agents whose stop is recorded: what a supervisor carries out each tick.
+const Q_STOPPING_OF: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?1 AND ",
+    unfinished!(),
+    " AND status LIKE 'stopping/%' ORDER BY tenant, created_ms, name"
+);
 const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
     "SELECT DISTINCT supervisor FROM agents WHERE ",
     unfinished!(),
@@ -468,6 +477,7 @@ const PLANNED: &[(&str, &str)] = &[
     ("agents_all", Q_AGENTS_ALL),
     ("agents_unfinished", Q_AGENTS_UNFINISHED),
     ("unfinished_of", Q_UNFINISHED_OF),
+    ("stopping_of", Q_STOPPING_OF),
     ("supervisors_with_unfinished", Q_SUPERVISORS_WITH_UNFINISHED),
     ("run", Q_RUN),
     ("runs", Q_RUNS),
@@ -2284,6 +2294,10 @@ impl Store for SqliteStore {
             }
             Ok(out)
         })
+    }
+
+    fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>> {
+        self.read(|conn| collect(conn, Q_STOPPING_OF, [supervisor], |r| agent_at(r, 0)))
     }
 
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {

@@ -441,6 +441,9 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Event>>;
     /// Agents not finished whose hosting supervisor is one of `supervisors`.
     fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>>;
+    /// The agents hosted by `supervisor` whose stop is recorded (`stopping`):
+    /// [`Store::unfinished_of`] narrowed, read by every supervisor each tick.
+    fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>>;
     /// Start-up recovery (SPEC 6 "Supervisor death"): every unfinished agent hosted
     /// by one of the `dead` supervisors ends in one transaction: a `Stopping(t)`
     /// agent ends with `t` (its recorded intent is carried out), every other one

@@ -380,10 +380,10 @@ impl Dispatcher {
     /// by another supervisor's cascade), carried out like its own: the whole
     /// picked subtree signalled at once, the records written in post-order.
     fn carry_out_recorded_stops(&mut self) {
-        let mine = match self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+        let mine = match self.store.stopping_of(&self.me) {
             Ok(v) => v,
             Err(e) => {
-                tracing::error!(error = %e, "reading our unfinished agents failed");
+                tracing::error!(error = %e, "reading our stopping agents failed");
                 return;
             }
         };

@@ -1673,5 +1673,14 @@ pub fn orphans_have_a_finished_or_missing_parent(store: &dyn Store) {
         )
         .unwrap();
     assert!(mine(store).is_empty());
+    // It is what its host reads each tick to carry the stop out.
+    let host = format!("sup-{t}");
+    let stopping: Vec<String> = store
+        .stopping_of(&host)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    assert_eq!(stopping, ["c"]);
     let _ = q;
 }

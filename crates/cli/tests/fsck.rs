@@ -59,12 +59,30 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
     )
     .await;
     spawn(&env, json!({"name": "x", "parent": "r", "protocol": "exec", "task": "to stdin", "argv": ["cat"]})).await;
+    // A child that hands back refs and artifacts (SPEC 4): refs.jsonl and
+    // artifact/ come back from the store and the blob store.
+    let r1 = json!({"path": "artifact/notes/a.md", "summary": "the notes", "kind": "artifact"});
+    let r2 = json!({"path": "src/lib.rs", "summary": "read this first"});
+    spawn(
+        &env,
+        json!({"name": "c4", "parent": "r", "task": "fourth", "argv": agent(&[
+        "--artifact", "notes/a.md=# notes\n", "--artifact", "b.bin=\u{1}\u{2}",
+        "--ref", &r1.to_string(), "--ref", &r2.to_string(), "--result", "done c4"])}),
+    )
+    .await;
     env.sup
         .send(me(), name("r"), "hello r".into())
         .await
         .unwrap();
     env.sup.cancel(me(), name("c3")).await.unwrap();
-    let kids = vec![name("c1"), name("c2"), name("c3"), name("t"), name("x")];
+    let kids = vec![
+        name("c1"),
+        name("c2"),
+        name("c3"),
+        name("t"),
+        name("x"),
+        name("c4"),
+    ];
     env.sup
         .wait(me(), kids.clone(), Some(Duration::from_secs(10)))
         .await
@@ -107,6 +125,14 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
         !before.keys().any(|k| k.starts_with("agent/t.d")),
         "t was temp"
     );
+    for f in ["refs.jsonl", "artifact/notes/a.md", "artifact/b.bin"] {
+        assert!(
+            before
+                .keys()
+                .any(|k| k.ends_with(&format!("context/child/c4/{f}"))),
+            "c4's {f} is missing"
+        );
+    }
 
     std::fs::remove_dir_all(&ctx).unwrap();
     #[allow(clippy::disallowed_methods)]
@@ -118,7 +144,7 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let said = String::from_utf8_lossy(&o.stdout);
-    assert!(said.starts_with("rebuilt 6 agents"), "{said}");
+    assert!(said.starts_with("rebuilt 7 agents"), "{said}");
     let after = tree(&ctx);
     let only_before: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
     let only_after: Vec<&String> = after.keys().filter(|k| !before.contains_key(*k)).collect();

@@ -266,7 +266,7 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
         .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
         .collect();
     mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
-    mounts.push(format!("{w}\t/work\trw\tbind,nosuid,nodev"));
+    mounts.push(format!("{w}\t/wdir\trw\tbind,nosuid,nodev"));
     mounts.push(format!("{r}\t/ref\tro\tbind,nosuid,nodev,noexec"));
     // File rules name host paths: landlock binds them to inodes before the agent
     // enters its namespace, so they follow the mounts.
@@ -279,7 +279,7 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
         "isolated",
         agent(&[
             "--probe-write",
-            "/work/x",
+            "/wdir/x",
             "--probe-write",
             "/ref/y",
             "--probe-read",
@@ -300,7 +300,7 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
     let a = &wres["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     let res = a["result"].as_str().unwrap();
-    assert_eq!(line(res, "write /work/x"), "write /work/x: ok", "{res}");
+    assert_eq!(line(res, "write /wdir/x"), "write /wdir/x: ok", "{res}");
     assert!(
         work.join("x").exists(),
         "the write landed in the mount's source"
@@ -418,6 +418,10 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
     let objects = s(env.sup.paths().ctx().join("agent"));
     let own = env.sup.paths().agent_dir(&name("selfish"));
     let other = env.sup.paths().agent_dir(&name("other"));
+    // Its own `policy` is written by the launch itself, before the agent runs;
+    // the other control files come from the projection thread, which a fast
+    // agent may outrun.
+    let own_policy = s(own.join("policy"));
     let (own_status, own_new, other_status) = (
         s(own.join("status")),
         s(own.join("planted")),
@@ -434,7 +438,7 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
         policy,
         &[
             "--probe-read",
-            &own_status,
+            &own_policy,
             "--probe-write",
             &own_status,
             "--probe-write",
@@ -451,7 +455,7 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
     assert_eq!(a["status"], "completed", "{a}");
     let r = a["result"].as_str().unwrap();
     for (what, want) in [
-        (format!("read {own_status}"), "ok"),
+        (format!("read {own_policy}"), "ok"),
         (format!("write {own_status}"), "denied"),
         (format!("write {own_new}"), "denied"),
         (format!("write {other_status}"), "denied"),
@@ -462,7 +466,10 @@ async fn an_agent_reads_its_own_object_and_writes_no_control_file() {
     assert!(!own.join("planted").exists());
     // The ctx tree hidden: its own object is still readable, another's not.
     let hid = env.sup.paths().agent_dir(&name("hider"));
-    let hid_status = s(hid.join("status"));
+    // `policy` is written by the launch itself, before the agent runs; the
+    // other control files come from the projection thread, which a fast agent
+    // may outrun.
+    let hid_status = s(hid.join("policy"));
     let policy = json!({"files": [
         {"path": "/", "mode": "ro"},
         {"path": s(env.sup.paths().ctx()), "mode": "hidden"},

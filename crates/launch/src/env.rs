@@ -24,6 +24,9 @@ pub struct Identity {
     pub ctx_root: String,
     /// `$BROOD_ROOT/ctx/home/<uid>`.
     pub ctx_home: String,
+    /// The `artifact/` directory of its parent's channel to it, the one place
+    /// of the parent's tree it may write (SPEC 4); `None` for a root.
+    pub artifacts: Option<String>,
 }
 
 /// The base variables an agent gets besides its identity.
@@ -81,6 +84,10 @@ pub fn build(id: &Identity, base: &Base, caller: &[(String, String)]) -> Vec<(Os
         ("CTX_ROOT".into(), id.ctx_root.clone()),
         ("CTX_HOME".into(), id.ctx_home.clone()),
         ("CTX_AGENT".into(), id.agent.clone()),
+        (
+            "BROOD_ARTIFACTS".into(),
+            id.artifacts.clone().unwrap_or_default(),
+        ),
         ("HOME".into(), base.home.clone()),
         ("PATH".into(), base.path.clone()),
         ("LANG".into(), base.lang.clone()),
@@ -115,6 +122,7 @@ mod tests {
             policy: "/p".into(),
             ctx_root: "/c".into(),
             ctx_home: "/c/home/0".into(),
+            artifacts: Some("/c/home/0/agent/p/session/default/context/child/a/artifact".into()),
         }
     }
 

@@ -32,6 +32,9 @@ pub struct Context<'a> {
     pub objects: Option<&'a Path>,
     /// `ctx/agent/<name>.d/`: its own object, which it may always read.
     pub own_object: Option<&'a Path>,
+    /// The `artifact/` directory of its parent's channel to it: writable
+    /// whatever the policy says of the parent's tree (SPEC 4).
+    pub artifacts: Option<&'a Path>,
 }
 
 pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
@@ -68,6 +71,9 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
         && at == Mode::Hidden
     {
         rules.push((own.to_path_buf(), Access::Ro));
+    }
+    if let Some(dir) = cx.artifacts {
+        rules.push((dir.to_path_buf(), Access::Rw));
     }
     let mut fs: Vec<(PathBuf, FsAccess)> = lower::grants(&rules)
         .into_iter()

@@ -21,6 +21,7 @@
 
 pub mod agentruntime;
 pub mod api;
+pub mod channel;
 pub mod config;
 pub mod control;
 pub mod enforce;

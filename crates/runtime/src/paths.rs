@@ -72,6 +72,10 @@ impl Paths {
             .join("child")
             .join(child.as_str())
     }
+    /// The content-addressed blob store of artifacts (SPEC 4).
+    pub fn blobs(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
     pub fn policy_file(&self, name: &AgentName) -> PathBuf {
         self.agent_dir(name).join("policy")
     }

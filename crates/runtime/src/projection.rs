@@ -7,6 +7,16 @@
 //! directory, then `rename(2)`. Nothing is opened through a symlink (`O_NOFOLLOW`
 //! on the final component, and a symlinked directory on the way is refused).
 //! No fsync: the tree can always be rebuilt from the store.
+//!
+//! Ownership: agents started by root run as uid 0 without capabilities, so a
+//! landlock grant they inherit (the operator's `/ rw`) would let them write
+//! anything root owns. The tree is therefore owned by [`CTX_OWNER`] (`nobody`)
+//! when the supervisor is root: files `0644`, directories `0755`, so an agent
+//! can read what its policy lets it read and write nothing, not even its own
+//! object or its parent's channel (SPEC 3, 4), whatever landlock grants. The one
+//! exception is a channel's `artifact/` directory, owned by the child's uid
+//! ([`make_dir`]). A supervisor that is not root cannot give files away and
+//! relies on landlock alone (docs/decisions.md).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
@@ -15,6 +25,17 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
+
+/// The owner of the ctx tree when the supervisor is root: `nobody`, a uid no
+/// agent runs as (an agent's uid is its root's, the operator's).
+pub const CTX_OWNER: u32 = 65534;
+
+/// Who the ctx tree's files are given to: [`CTX_OWNER`] when this process may
+/// give files away (it is root), else nobody else (`None`).
+pub fn ctx_owner() -> Option<u32> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    (unsafe { libc::geteuid() } == 0).then_some(CTX_OWNER)
+}
 
 enum Op {
     Write(PathBuf, Vec<u8>),
@@ -33,10 +54,14 @@ pub struct Projection {
 impl Projection {
     pub fn start() -> io::Result<Projection> {
         let (tx, rx) = mpsc::channel::<Op>();
+        let owner = ctx_owner();
         thread::Builder::new()
             .name("brood-projection".into())
             .spawn(move || {
-                let mut w = Writer::default();
+                let mut w = Writer {
+                    owner,
+                    ..Writer::default()
+                };
                 while let Ok(first) = rx.recv() {
                     // Take everything already queued and write it as one batch: a
                     // file rewritten several times in the batch is written once
@@ -90,6 +115,7 @@ impl Projection {
 struct Writer {
     dirs: HashSet<PathBuf>,
     nonce: u64,
+    owner: Option<u32>,
 }
 
 impl Writer {
@@ -128,12 +154,14 @@ impl Writer {
         for (p, b) in writes {
             self.nonce += 1;
             let n = self.nonce;
-            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n)) {
+            let owner = self.owner;
+            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n, owner)) {
                 tracing::warn!(error = %e, "ctx projection write failed");
             }
         }
         for (p, b) in appends {
-            if let Err(e) = self.with_dir(&p, |p| append_in(p, &b)) {
+            let owner = self.owner;
+            if let Err(e) = self.with_dir(&p, |p| append_in(p, &b, owner)) {
                 tracing::warn!(error = %e, "ctx projection append failed");
             }
         }
@@ -158,13 +186,7 @@ impl Writer {
         if self.dirs.contains(dir) {
             return Ok(());
         }
-        fs::create_dir_all(dir)?;
-        if fs::symlink_metadata(dir)?.file_type().is_symlink() {
-            return Err(io::Error::other(format!(
-                "{} is a symlink; refusing to write through it",
-                dir.display()
-            )));
-        }
+        make_dirs(dir, self.owner)?;
         self.dirs.insert(dir.to_path_buf());
         Ok(())
     }
@@ -187,28 +209,75 @@ impl Writer {
     }
 }
 
-fn ensure_parent(path: &Path) -> io::Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-        if fs::symlink_metadata(dir)?.file_type().is_symlink() {
+/// `mkdir -p` that gives every directory it creates to `owner`, and refuses a
+/// symlink where a directory should be (it would redirect every write below).
+pub(crate) fn make_dirs(dir: &Path, owner: Option<u32>) -> io::Result<()> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => {
             return Err(io::Error::other(format!(
                 "{} is a symlink; refusing to write through it",
                 dir.display()
             )));
         }
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => {
+            return Err(io::Error::other(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(named(e)),
+    }
+    if let Some(up) = dir.parent() {
+        make_dirs(up, owner)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => chown(dir, owner).map_err(named),
+        // Made meanwhile by another writer (the launcher's artifact directory).
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(named(e)),
+    }
+}
+
+fn chown(path: &Path, owner: Option<u32>) -> io::Result<()> {
+    match owner {
+        Some(u) => std::os::unix::fs::lchown(path, Some(u), Some(u)),
+        None => Ok(()),
+    }
+}
+
+/// Makes `dir` (and what is missing above it, given to the tree's owner) and
+/// gives `dir` itself to `uid` when this process may give files away: a
+/// channel's `artifact/`, the one directory of the tree its child may write.
+pub fn make_dir(dir: &Path, uid: u32) -> io::Result<()> {
+    let owner = ctx_owner();
+    make_dirs(dir, owner)?;
+    if owner.is_some() {
+        std::os::unix::fs::lchown(dir, Some(uid), Some(uid))
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     }
     Ok(())
 }
 
+fn ensure_parent(path: &Path, owner: Option<u32>) -> io::Result<()> {
+    match path.parent() {
+        Some(dir) => make_dirs(dir, owner),
+        None => Ok(()),
+    }
+}
+
 /// Temp file in the same directory, then rename: readers see the old file or the
 /// new one, never a part. `rename` replaces a symlink itself, never its target.
-pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
-    ensure_parent(path)?;
-    write_atomic_in(path, bytes, nonce)
+/// The file (and any directory made for it) is given to `owner`.
+pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
+    ensure_parent(path, owner)?;
+    write_atomic_in(path, bytes, nonce, owner)
 }
 
 /// [`write_atomic`] for a path whose directory is known to exist.
-fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
+fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
@@ -223,20 +292,32 @@ fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64) -> io::Result<()> {
         .mode(0o644)
         .open(&tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
-    let r = f.write_all(bytes).and_then(|_| fs::rename(&tmp, path));
+    let r = give(&f, owner)
+        .and_then(|_| f.write_all(bytes))
+        .and_then(|_| fs::rename(&tmp, path));
     if r.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
-#[cfg(test)]
-fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    ensure_parent(path)?;
-    append_in(path, bytes)
+/// Gives an open file to `owner` unless it is already theirs.
+fn give(f: &fs::File, owner: Option<u32>) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(u) = owner else { return Ok(()) };
+    if f.metadata()?.uid() != u {
+        std::os::unix::fs::fchown(f, Some(u), Some(u))?;
+    }
+    Ok(())
 }
 
-fn append_in(path: &Path, bytes: &[u8]) -> io::Result<()> {
+#[cfg(test)]
+fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    ensure_parent(path, None)?;
+    append_in(path, bytes, None)
+}
+
+fn append_in(path: &Path, bytes: &[u8], owner: Option<u32>) -> io::Result<()> {
     let mut f = OpenOptions::new()
         .append(true)
         .create(true)
@@ -244,6 +325,7 @@ fn append_in(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .mode(0o644)
         .open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    give(&f, owner)?;
     f.write_all(bytes)
 }
 
@@ -258,7 +340,7 @@ mod tests {
         fs::write(&target, "keep").unwrap();
         let link = d.path().join("status");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        write_atomic(&link, b"dead\n", 1).unwrap();
+        write_atomic(&link, b"dead\n", 1, None).unwrap();
         // The symlink itself was replaced; its target is untouched.
         assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
         assert!(

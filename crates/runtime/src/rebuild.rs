@@ -44,18 +44,19 @@ pub struct Rebuilt {
 struct Out {
     nonce: u64,
     files: usize,
+    owner: Option<u32>,
 }
 
 impl Out {
     fn put(&mut self, path: PathBuf, bytes: impl AsRef<[u8]>) -> Result<(), RebuildError> {
         self.nonce += 1;
         self.files += 1;
-        write_atomic(&path, bytes.as_ref(), self.nonce)
+        write_atomic(&path, bytes.as_ref(), self.nonce, self.owner)
             .map_err(|source| RebuildError::Io { path, source })
     }
 
     fn dir(&mut self, path: &Path) -> Result<(), RebuildError> {
-        std::fs::create_dir_all(path).map_err(|source| RebuildError::Io {
+        crate::projection::make_dirs(path, self.owner).map_err(|source| RebuildError::Io {
             path: path.to_path_buf(),
             source,
         })
@@ -68,12 +69,16 @@ impl Out {
         if let Some(d) = path.parent() {
             self.dir(d)?;
         }
+        let owner = self.owner;
         std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
-            .map(|_| ())
+            .and_then(|f| match owner {
+                Some(u) => std::os::unix::fs::fchown(&f, Some(u), Some(u)),
+                None => Ok(()),
+            })
             .map_err(|source| RebuildError::Io { path, source })
     }
 }
@@ -85,7 +90,11 @@ pub fn rebuild(
     paths: &Paths,
     operator: &Policy,
 ) -> Result<Rebuilt, RebuildError> {
-    let mut out = Out { nonce: 0, files: 0 };
+    let mut out = Out {
+        nonce: 0,
+        files: 0,
+        owner: crate::projection::ctx_owner(),
+    };
     let agents = store.agents(tenant, true)?;
     for a in &agents {
         agent(store, paths, operator, a, &mut out)?;
@@ -176,6 +185,24 @@ fn agent(
             && let Some(r) = &ch.result
         {
             out.put(cdir.join("result.md"), objects::result_text(r))?;
+        }
+        if let Some(refs) = &ch.refs {
+            out.put(cdir.join("refs.jsonl"), refs)?;
+        }
+        // artifact/: the child's to write while it runs; its files come back
+        // from the blob store they were taken into when the result was recorded.
+        let adir = cdir.join("artifact");
+        crate::projection::make_dir(&adir, policy.uid).map_err(|source| RebuildError::Io {
+            path: adir.clone(),
+            source,
+        })?;
+        for art in &ch.artifacts {
+            let blob = crate::channel::blob_path(&paths.blobs(), &art.sha256);
+            let bytes = std::fs::read(&blob).map_err(|source| RebuildError::Io {
+                path: blob.clone(),
+                source,
+            })?;
+            out.put(adir.join(&art.name), bytes)?;
         }
     }
     Ok(())

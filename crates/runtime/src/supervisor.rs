@@ -136,6 +136,8 @@ pub struct HostInfo {
 
 pub(crate) enum Cmd {
     Spawn(Caller, Box<SpawnRequest>, Reply),
+    /// A run that ended with a result, its refs checked and artifacts taken.
+    Harvested(Box<Harvested>),
     Send(Caller, AgentName, String, Reply),
     Wait(Caller, Vec<AgentName>, Option<Duration>, Reply),
     Cancel(Caller, AgentName, Reply),
@@ -704,6 +706,17 @@ impl Live {
     }
 }
 
+/// A run's end waiting on its harvest (refs checked, artifacts taken).
+pub(crate) struct Harvested {
+    name: AgentName,
+    run: RunId,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<String>,
+    detail: Option<String>,
+    harvest: Result<crate::channel::Harvest, crate::channel::Refused>,
+}
+
 /// One stop in flight: the targets in post-order with the outcome each gets, and
 /// the group whose emptiness ends it.
 struct Stop {
@@ -775,6 +788,7 @@ impl Dispatcher {
         while let Some(cmd) = rx.recv().await {
             match cmd {
                 Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
+                Cmd::Harvested(h) => self.on_harvested(*h),
                 Cmd::Send(caller, name, text, reply) => {
                     let r = self.on_send(&caller, &name, &text);
                     self.respond(reply, r);
@@ -1434,6 +1448,7 @@ impl Dispatcher {
                 .write(cdir.join("session"), format!("{}\n", req.session));
             self.projection
                 .write(cdir.join("handoff.md"), req.task.clone());
+            self.projection.mkdirs(cdir.join("artifact"));
         }
         project_agent(&self.projection, &self.paths, &agent, None);
         self.project_channel(&agent, None);
@@ -1668,13 +1683,29 @@ impl Dispatcher {
         };
         let policy_file = self.paths.policy_file(name);
         let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&l.policy));
-        if let Err(e) = crate::projection::write_atomic(&policy_file, policy_text.as_bytes(), 0) {
+        if let Err(e) = crate::projection::write_atomic(
+            &policy_file,
+            policy_text.as_bytes(),
+            0,
+            crate::projection::ctx_owner(),
+        ) {
             return fail(&self.tx, format!("writing its policy file: {e}"));
         }
         let program = crate::enforce::resolve(
             argv.first().map(String::as_str).unwrap_or(""),
             &self.base.path,
         );
+        // The channel's artifact/ must exist before its landlock rule is made.
+        let artifacts = l
+            .parent
+            .as_ref()
+            .zip(l.parent_session.as_ref())
+            .map(|(p, ps)| self.paths.channel_dir(p, ps, name).join("artifact"));
+        if let Some(dir) = &artifacts
+            && let Err(e) = crate::projection::make_dir(dir, l.policy.uid)
+        {
+            return fail(&self.tx, format!("creating {}: {e}", dir.display()));
+        }
         let sandbox_spec = crate::enforce::sandbox(
             &l.policy,
             &crate::enforce::Context {
@@ -1685,6 +1716,7 @@ impl Dispatcher {
                 allow_weaker: self.cfg.allow_weaker_sandbox,
                 objects: Some(&self.paths.ctx().join("agent")),
                 own_object: Some(&self.paths.agent_dir(name)),
+                artifacts: artifacts.as_deref(),
             },
         );
         let sandbox = match brood_launch::sandbox::prepare(&sandbox_spec) {
@@ -1751,6 +1783,7 @@ impl Dispatcher {
             policy: self.paths.policy_file(name).to_string_lossy().into_owned(),
             ctx_root: self.paths.ctx().to_string_lossy().into_owned(),
             ctx_home: self.paths.home().to_string_lossy().into_owned(),
+            artifacts: artifacts.as_ref().map(|d| d.to_string_lossy().into_owned()),
         };
         let spec = LaunchSpec {
             argv: argv.iter().map(Into::into).collect(),
@@ -1819,6 +1852,7 @@ impl Dispatcher {
                     None,
                     None,
                     Some(detail),
+                    None,
                 );
                 return;
             }
@@ -2068,7 +2102,13 @@ impl Dispatcher {
                     }
                 }
                 let code = exit_code(status);
-                self.finish(&name, outcome, code, result, detail);
+                if result.is_some() {
+                    // What it handed back is checked and kept off the dispatcher
+                    // (hashes, copies); the end is recorded when that comes back.
+                    self.harvest(&name, &run, outcome, code, result, detail);
+                } else {
+                    self.finish(&name, outcome, code, result, detail, None);
+                }
             }
         }
     }
@@ -2183,6 +2223,82 @@ impl Dispatcher {
         self.add_spend(name, delta);
     }
 
+    /// Checks the refs of a run that ended with a result and takes its
+    /// artifacts into the blob store, on a blocking thread; the end is recorded
+    /// in [`Self::on_harvested`].
+    fn harvest(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        outcome: Terminal,
+        exit_code: Option<i32>,
+        result: Option<String>,
+        detail: Option<String>,
+    ) {
+        let Some(l) = self.live.get(name) else { return };
+        let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
+        let channel = l
+            .parent
+            .as_ref()
+            .zip(l.parent_session.as_ref())
+            .map(|(p, ps)| self.paths.channel_dir(p, ps, name));
+        let policy = l.policy.clone();
+        let blobs = self.paths.blobs();
+        let tx = self.tx.clone();
+        let (name, run) = (name.clone(), run.clone());
+        tokio::task::spawn_blocking(move || {
+            let harvest = crate::channel::harvest(&crate::channel::Input {
+                refs: &refs,
+                channel: channel.as_deref(),
+                policy: &policy,
+                blobs: &blobs,
+            });
+            let _ = tx.send(Cmd::Harvested(Box::new(Harvested {
+                name,
+                run,
+                outcome,
+                exit_code,
+                result,
+                detail,
+                harvest,
+            })));
+        });
+    }
+
+    fn on_harvested(&mut self, h: Harvested) {
+        let Some(l) = self.live.get(&h.name) else {
+            return;
+        };
+        // A stop that came meanwhile records this run's end itself.
+        if l.run != h.run || l.stopping.is_some() {
+            return;
+        }
+        match h.harvest {
+            Ok(out) => self.finish(
+                &h.name,
+                h.outcome,
+                h.exit_code,
+                h.result,
+                h.detail,
+                Some(out),
+            ),
+            Err(refused) => {
+                // SPEC 4: a bad line rejects the whole result.
+                let session = l.session.clone();
+                tracing::warn!(agent = %h.name, error = %refused, "result refused");
+                self.append_events(&[ev(&h.name, Some(&h.run), &session, json!({"type": "agent.protocol.error", "agent": h.name.as_str(), "error": format!("result refused: {refused}")}))]);
+                self.finish(
+                    &h.name,
+                    Terminal::Failed(FailReason::ProtocolError),
+                    h.exit_code,
+                    None,
+                    Some(format!("result refused: {refused}")),
+                    None,
+                );
+            }
+        }
+    }
+
     fn handle(&self) -> Supervisor {
         Supervisor {
             tx: self.tx.clone(),
@@ -2212,6 +2328,7 @@ impl Dispatcher {
         exit_code: Option<i32>,
         result: Option<String>,
         detail: Option<String>,
+        harvest: Option<crate::channel::Harvest>,
     ) {
         let Some(l) = self.live.get(name) else { return };
         let run = l.run.clone();
@@ -2231,6 +2348,7 @@ impl Dispatcher {
             result: result.clone(),
             detail,
             now_ms: now_ms(),
+            output: harvest.as_ref().map(|h| h.output.clone()),
         };
         let agent = match self.store.end_run(&self.tenant, name, &run, &end, &events) {
             Ok(a) => a,
@@ -2240,7 +2358,7 @@ impl Dispatcher {
             }
         };
         self.project_events(&events);
-        self.after_end(&agent, result.as_deref());
+        self.after_end(&agent, result.as_deref(), harvest.as_ref());
         let group = self.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
@@ -2257,14 +2375,28 @@ impl Dispatcher {
     }
 
     /// Projection, parent notification, waiters: what follows any recorded end.
-    fn after_end(&mut self, agent: &Agent, result: Option<&str>) {
-        self.project_end(agent, result);
-        self.notify_end(agent, result);
+    fn after_end(
+        &mut self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
+        self.project_end(agent, result, h);
+        self.notify_end(agent, result, h);
     }
 
-    fn project_end(&self, agent: &Agent, result: Option<&str>) {
+    fn project_end(
+        &self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
         project_agent(&self.projection, &self.paths, agent, None);
         self.project_channel(agent, result);
+        if let (Some(h), Some(dir)) = (h, self.channel_dir_of(agent)) {
+            self.projection
+                .write(dir.join("refs.jsonl"), h.output.refs.clone());
+        }
         if crate::objects::object_removed(agent) {
             self.projection
                 .remove_dir(self.paths.agent_dir(&agent.name));
@@ -2274,7 +2406,12 @@ impl Dispatcher {
     /// Tells the parent, a pending spawn reply and the waiters. Called only after
     /// the projection writes of the change are queued, so whoever is told and then
     /// flushes sees the files.
-    fn notify_end(&mut self, agent: &Agent, result: Option<&str>) {
+    fn notify_end(
+        &mut self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
         if let Status::Ended(t) = agent.status {
             let took = self.live.get(&agent.name).map(|l| l.admitted.elapsed());
             self.metrics.invocation(t.word(), took);
@@ -2288,7 +2425,10 @@ impl Dispatcher {
                 .filter(|c| Some(*c) != agent.parent.as_ref()),
         );
         for p in told {
-            let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result});
+            // The context pack (SPEC 4): the result, the refs' summaries and the
+            // artifacts they name; never the child's transcript.
+            let pack = crate::channel::pack(result, h);
+            let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result, "refs": pack["refs"], "artifacts": pack["artifacts"]});
             self.to_agent(
                 p,
                 &ToAgent::Child {
@@ -2531,6 +2671,7 @@ impl Dispatcher {
                 result: result.clone(),
                 detail: protocol_error.or(budget_note),
                 now_ms: now,
+                output: None,
             });
             items.push(EndItem {
                 name: name.clone(),
@@ -2563,12 +2704,12 @@ impl Dispatcher {
         for ((it, result), agent) in items.iter().zip(&results).zip(&recorded) {
             if let Some(a) = agent {
                 self.project_events(&it.events);
-                self.project_end(a, result.as_deref());
+                self.project_end(a, result.as_deref(), None);
             }
         }
         for ((it, result), agent) in items.iter().zip(&results).zip(recorded) {
             if let Some(a) = agent {
-                self.notify_end(&a, result.as_deref());
+                self.notify_end(&a, result.as_deref(), None);
             }
             if let Some(l) = self.live.get(&it.name)
                 && l.pid.is_none()

@@ -38,8 +38,8 @@ use brood_core::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
 use crate::types::{
-    Agent, Channel, EndItem, Event, Fence, Message, NewAgent, NewEvent, Protocol, Result, Run,
-    RunEnd, Spend, Store, StoreError, Usage,
+    Agent, Artifact, Channel, EndItem, Event, Fence, Message, NewAgent, NewEvent, Protocol, Result,
+    Run, RunEnd, Spend, Store, StoreError, Usage,
 };
 
 /// The embedded migrations, in the order they apply. A version is never reused or
@@ -48,6 +48,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("schema/0001_init.sql")),
     (2, include_str!("schema/0002_quotas.sql")),
     (3, include_str!("schema/0003_sweepers.sql")),
+    (4, include_str!("schema/0004_channel_output.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store
@@ -409,7 +410,8 @@ const Q_LAST_RUN_SEQ: &str =
 const Q_RUN_OF_AGENT: &str =
     "SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?3 AND tenant = ?1 AND agent = ?2)";
 const Q_CHANNEL: &str = "SELECT channels.tenant, channels.parent, channels.parent_session, \
-     channels.child, channels.child_session, channels.handoff, channels.result, agents.status \
+     channels.child, channels.child_session, channels.handoff, channels.result, agents.status, \
+     channels.refs, channels.artifacts \
      FROM channels JOIN agents ON agents.tenant = channels.tenant AND agents.name = channels.child \
      WHERE channels.tenant = ?1 AND channels.parent = ?2 AND channels.child = ?3";
 const Q_MESSAGES: &str = "SELECT tenant, agent, session, seq, run, role, content, ts_ms \
@@ -458,8 +460,8 @@ const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result 
      WHERE id = ?2 AND tenant = ?1";
 const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
      WHERE id = ?2 AND tenant = ?1";
-const U_CHANNEL_RESULT: &str =
-    "UPDATE channels SET result = ?4 WHERE tenant = ?1 AND parent = ?2 AND child = ?3";
+const U_CHANNEL_RESULT: &str = "UPDATE channels SET result = ?4, refs = ?5, artifacts = ?6 \
+     WHERE tenant = ?1 AND parent = ?2 AND child = ?3";
 const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key, value) VALUES (?1, ?2, ?3) \
      ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value";
 const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
@@ -1130,6 +1132,32 @@ fn message_from(row: &Row<'_>) -> Tx<Message> {
     })
 }
 
+/// `channels.artifacts`: a JSON array of `{"name","sha256","size"}`.
+fn encode_artifacts(a: &[Artifact]) -> String {
+    serde_json::Value::Array(
+        a.iter()
+            .map(|a| serde_json::json!({"name": a.name, "sha256": a.sha256, "size": a.size}))
+            .collect(),
+    )
+    .to_string()
+}
+
+fn decode_artifacts(text: &str) -> Tx<Vec<Artifact>> {
+    let bad = || corrupt("channels.artifacts", text);
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|_| bad())?;
+    let items = v.as_array().ok_or_else(bad)?;
+    items
+        .iter()
+        .map(|a| {
+            Ok(Artifact {
+                name: a["name"].as_str().ok_or_else(bad)?.to_owned(),
+                sha256: a["sha256"].as_str().ok_or_else(bad)?.to_owned(),
+                size: a["size"].as_u64().ok_or_else(bad)?,
+            })
+        })
+        .collect()
+}
+
 fn channel_from(row: &Row<'_>) -> Tx<Channel> {
     Ok(Channel {
         tenant: parse_name("channels.tenant", row.get(0)?, TenantId::new)?,
@@ -1140,6 +1168,11 @@ fn channel_from(row: &Row<'_>) -> Tx<Channel> {
         handoff: row.get(5)?,
         result: row.get(6)?,
         status: decode_status(row.get(7)?)?,
+        refs: row.get(8)?,
+        artifacts: match row.get::<_, Option<String>>(9)? {
+            None => Vec::new(),
+            Some(text) => decode_artifacts(&text)?,
+        },
     })
 }
 
@@ -1652,11 +1685,14 @@ fn end_run_tx(
         end.now_ms,
     )?;
     if let Some(parent) = &agent.parent {
+        let out = end.output.as_ref();
         tx.prepare_cached(U_CHANNEL_RESULT)?.execute((
             tenant.as_str(),
             parent.as_str(),
             name.as_str(),
             end.result.as_deref(),
+            out.map(|o| o.refs.as_str()),
+            out.map(|o| encode_artifacts(&o.artifacts)),
         ))?;
     }
     append_events_tx(tx, tenant, events, end.now_ms)?;
@@ -1725,6 +1761,8 @@ fn resume_tx(
             tenant.as_str(),
             p.as_str(),
             name.as_str(),
+            None::<&str>,
+            None::<&str>,
             None::<&str>,
         ))?;
     }

@@ -140,6 +140,32 @@ pub struct Channel {
     pub result: Option<String>,
     /// Derived from the child's status through `Status::abi().channel`.
     pub status: Status,
+    /// The channel's `refs.jsonl`, as validated and written (SPEC 4); `None`
+    /// until the current run ended with a result.
+    pub refs: Option<String>,
+    /// The files of the channel's `artifact/`, taken into the blob store when
+    /// the result was recorded.
+    pub artifacts: Vec<Artifact>,
+}
+
+/// One file a child handed back in its `artifact/` directory (SPEC 4), kept in
+/// the content-addressed blob store as `blobs/sha256/<sha256>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    /// Its path relative to `artifact/` (`/`-separated, no `.` or `..`).
+    pub name: String,
+    /// Lowercase hex of its SHA-256.
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// What a run hands back to its parent besides the result text (SPEC 4),
+/// recorded on the channel with the end of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChannelOutput {
+    /// `refs.jsonl`'s exact text.
+    pub refs: String,
+    pub artifacts: Vec<Artifact>,
 }
 
 /// One event. `seq` is monotonic per tenant, assigned by the store.
@@ -190,6 +216,9 @@ pub struct RunEnd {
     pub result: Option<String>,
     pub detail: Option<String>,
     pub now_ms: i64,
+    /// The refs and artifacts handed back with the result, for the parent's
+    /// channel; `None` when the run ended without one.
+    pub output: Option<ChannelOutput>,
 }
 
 /// One item of [`Store::end_runs`].

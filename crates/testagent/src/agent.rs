@@ -247,6 +247,9 @@ impl<W: Write> Agent<'_, W> {
                 self.handle_next(None, None)?;
             }
         }
+        if !flags.artifacts.is_empty() {
+            write_artifacts(&flags.artifacts).map_err(Stop::Failed)?;
+        }
         Ok(text::compose_result(&ResultParts {
             result: flags.result.as_deref(),
             count: count.as_deref(),
@@ -317,7 +320,7 @@ impl<W: Write> Agent<'_, W> {
             tokens_out: usage.map_or(0, |u| u.tokens_out),
             cost_usd: usage.map_or(0.0, |u| u.cost_usd),
             duration_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            refs: Vec::new(),
+            refs: self.flags.refs.clone(),
         }
     }
 
@@ -619,6 +622,24 @@ fn malformed_line(kind: Malformed) -> Vec<u8> {
         Malformed::Utf8 => b"{\"type\":\"chunk\",\"delta\":\"\xff\xfe\"}\n".to_vec(),
         Malformed::Unknown => b"{\"type\":\"whatever\",\"x\":1}\n".to_vec(),
     }
+}
+
+/// `--artifact NAME=CONTENT`: each file written into the directory the
+/// supervisor names in `BROOD_ARTIFACTS` (its parent's channel's `artifact/`).
+fn write_artifacts(files: &[(String, String)]) -> Result<(), String> {
+    let dir = std::env::var_os("BROOD_ARTIFACTS")
+        .filter(|d| !d.is_empty())
+        .ok_or("--artifact: BROOD_ARTIFACTS is not set (a root has no channel)")?;
+    for (name, content) in files {
+        let path = std::path::Path::new(&dir).join(name);
+        if let Some(up) = path.parent() {
+            std::fs::create_dir_all(up)
+                .map_err(|e| format!("--artifact: creating {}: {e}", up.display()))?;
+        }
+        std::fs::write(&path, content)
+            .map_err(|e| format!("--artifact: writing {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -43,6 +43,11 @@ pub struct Flags {
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
+    /// `--artifact NAME=CONTENT`: files written into `$BROOD_ARTIFACTS` before
+    /// the result.
+    pub artifacts: Vec<(String, String)>,
+    /// `--ref JSON`: the `refs` of the `done` result, in order.
+    pub refs: Vec<Value>,
 }
 
 /// One action the agent tries and reports on instead of failing (see
@@ -143,6 +148,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         ignore_cancel: false,
         help: false,
         probes: Vec::new(),
+        artifacts: Vec::new(),
+        refs: Vec::new(),
     };
     let mut seen: Vec<&str> = Vec::new();
     let mut it = args.iter();
@@ -161,6 +168,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-exec"
                 | "--probe-connect"
                 | "--probe-bind"
+                | "--artifact"
+                | "--ref"
         );
         if !repeatable && seen.contains(&name) {
             return Err(FlagError(format!("{name} is given more than once")));
@@ -234,6 +243,22 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
             "--probe-caps" => f.probes.push(Probe::Caps),
+            "--artifact" => {
+                let v = value()?;
+                let Some((n, c)) = v.split_once('=').filter(|(n, _)| !n.is_empty()) else {
+                    return Err(FlagError(format!(
+                        "{name}: expected NAME=CONTENT, got {v:?}"
+                    )));
+                };
+                f.artifacts.push((n.to_owned(), c.to_owned()));
+            }
+            "--ref" => {
+                let v = value()?;
+                f.refs
+                    .push(serde_json::from_str(&v).map_err(|e| {
+                        FlagError(format!("{name}: expected JSON, got {v:?}: {e}"))
+                    })?);
+            }
             "--help" | "-h" => f.help = true,
             _ => return Err(FlagError(format!("unknown flag {name:?}"))),
         }

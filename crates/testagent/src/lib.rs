@@ -61,6 +61,8 @@
 //! | `--exit CODE` | exit code after finishing (default 0) |
 //! | `--stderr TEXT` | write TEXT to stderr at start |
 //! | `--ignore-cancel` | keep going after `cancel` |
+//! | `--artifact NAME=CONTENT` | write CONTENT to `$BROOD_ARTIFACTS/NAME` before the result (repeatable) |
+//! | `--ref JSON` | add JSON to the `refs` of the `done` result (repeatable) |
 //! | `--probe-read PATH` | read a file's first block or list a directory: `read PATH: ok\|denied\|error: <errno text>` (repeatable) |
 //! | `--probe-write PATH` | create or append: `write PATH: …` (repeatable) |
 //! | `--probe-exec PATH` | fork and execve PATH with no arguments (output to /dev/null, killed once started): `exec PATH: …` (repeatable) |

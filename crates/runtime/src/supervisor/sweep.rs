@@ -281,6 +281,7 @@ impl Dispatcher {
                 result: None,
                 detail: Some(detail),
                 now_ms: now_ms(),
+                output: None,
             };
             let ended = self
                 .store
@@ -288,7 +289,7 @@ impl Dispatcher {
             self.metrics.sweeper_action(Sweeper::Orphans);
             if a.tenant == self.tenant {
                 self.project_events(&events);
-                self.after_end(&ended, None);
+                self.after_end(&ended, None, None);
             }
             self.stop_descendants_recorded(fence, &a)?;
         }
@@ -369,7 +370,7 @@ impl Dispatcher {
             .get(&a.name)
             .is_some_and(|l| l.pending.is_some() && !l.launching);
         if unstarted {
-            self.after_end(a, None);
+            self.after_end(a, None, None);
             self.forget(&a.name);
             self.waiting.retain(|n| n != &a.name);
         }

@@ -14,8 +14,8 @@ use brood_core::{
     AgentName, CancelReason, Code, FailReason, RunId, SessionName, Status, TenantId, Terminal,
 };
 use brood_store::{
-    Agent, Channel, Event, Fence, Message, NewAgent, NewEvent, Protocol, Run, RunEnd, Store,
-    StoreError, Usage,
+    Agent, Artifact, Channel, ChannelOutput, Event, Fence, Message, NewAgent, NewEvent, Protocol,
+    Run, RunEnd, Store, StoreError, Usage,
 };
 
 /// One case of the suite.
@@ -265,6 +265,7 @@ pub fn end(store: &dyn Store, a: &Agent, outcome: Terminal, result: Option<&str>
                 result: result.map(str::to_owned),
                 detail: None,
                 now_ms: now(),
+                output: None,
             },
             &[event(&a.name, Some(&a.run), "agent.stop")],
         )
@@ -690,6 +691,7 @@ pub fn illegal_transitions_are_refused_and_change_nothing(store: &dyn Store) {
             result: Some("twice".into()),
             detail: None,
             now_ms: now(),
+            output: None,
         },
         &[],
     );
@@ -768,6 +770,14 @@ pub fn end_run_records_the_run_and_the_channel_result(store: &dyn Store) {
                 result: Some("the answer".into()),
                 detail: Some("fine".into()),
                 now_ms: at,
+                output: Some(ChannelOutput {
+                    refs: "{\"id\":\"ref-1\"}\n".into(),
+                    artifacts: vec![Artifact {
+                        name: "out/a.txt".into(),
+                        sha256: "ab".repeat(32),
+                        size: 5,
+                    }],
+                }),
             },
             &[event(&kid.name, Some(&kid.run), "agent.stop")],
         )
@@ -790,6 +800,16 @@ pub fn end_run_records_the_run_and_the_channel_result(store: &dyn Store) {
         (ch.result.as_deref(), ch.status),
         (Some("the answer"), Status::Ended(Terminal::Completed))
     );
+    // What the child handed back besides the result (SPEC 4) reads back whole.
+    assert_eq!(ch.refs.as_deref(), Some("{\"id\":\"ref-1\"}\n"));
+    assert_eq!(
+        ch.artifacts,
+        vec![Artifact {
+            name: "out/a.txt".into(),
+            sha256: "ab".repeat(32),
+            size: 5
+        }]
+    );
 
     // A failure without a result leaves the channel's result empty.
     let kid2 = running(store, &t, "kid2", Some("root"));
@@ -805,6 +825,7 @@ pub fn end_run_records_the_run_and_the_channel_result(store: &dyn Store) {
                 result: None,
                 detail: Some("exit 3".into()),
                 now_ms: now(),
+                output: None,
             },
             &[],
         )
@@ -829,6 +850,7 @@ pub fn end_run_records_the_run_and_the_channel_result(store: &dyn Store) {
                 result: None,
                 detail: None,
                 now_ms: now(),
+                output: None,
             },
             &[],
         )
@@ -855,6 +877,7 @@ pub fn end_run_from_stopping_keeps_the_recorded_outcome(store: &dyn Store) {
                 result: Some("late answer".into()),
                 detail: None,
                 now_ms: now(),
+                output: None,
             },
             &[],
         )
@@ -892,6 +915,7 @@ pub fn end_run_of_an_old_run_is_refused(store: &dyn Store) {
             result: None,
             detail: None,
             now_ms: now(),
+            output: None,
         },
         &[],
     ));
@@ -1059,6 +1083,7 @@ pub fn resume_makes_a_new_run_and_keeps_messages(store: &dyn Store) {
     assert_eq!((runs[1].outcome, runs[1].created_ms), (None, at));
     let ch = store.channel(&t, &name("root"), &a.name).unwrap().unwrap();
     assert_eq!((ch.result, ch.status), (None, Status::Queued));
+    assert!(ch.refs.is_none() && ch.artifacts.is_empty());
 
     let m = store
         .append_message(&t, &a.name, &a.session, &run2, "user", "three", now())
@@ -1568,6 +1593,7 @@ pub fn lease_epochs_fence_old_holders(store: &dyn Store) {
         result: None,
         detail: Some("process gone".into()),
         now_ms: now(),
+        output: None,
     };
     assert_eq!(
         refusal(store.sweep_end(&first, &t, &x.name, &end1, &[])).0,

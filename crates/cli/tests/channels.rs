@@ -275,3 +275,50 @@ async fn the_child_writes_its_artifacts_and_nothing_else_of_the_tree() {
     }
     env.sup.cancel(me(), name("p")).await.unwrap();
 }
+
+/// Under `iso = ns` the child's `artifact/` is mounted at its own path, so
+/// `BROOD_ARTIFACTS` works inside a private mount table too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_in_its_own_mount_namespace_hands_back_artifacts() {
+    let env = start(Duration::from_millis(300));
+    let exe_dir = std::path::Path::new(exe())
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
+        .iter()
+        .filter(|p| std::path::Path::new(p).exists())
+        .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
+        .collect();
+    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+    let mut p = req("p", agent(&["--hang"]));
+    p.policy = Some(json!({"mounts": mounts}));
+    env.sup.spawn(me(), p).await.unwrap();
+    let args = json!({"name": "c", "parent": "p", "iso": "ns", "argv": agent(&[
+        "--artifact", "out.txt=from inside\n", "--probe-read", "/etc/hostname", "--result", "isolated"])});
+    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("c")], Some(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    env.sup.flush().await;
+    let c = show(&env, "c");
+    assert_eq!(c["status"], "completed", "{c}");
+    let ch = channel(&env, "p", "c");
+    let result = read(ch.join("result.md"));
+    assert!(
+        result.contains("read /etc/hostname: error"),
+        "the host's files are not in its namespace: {result}"
+    );
+    assert_eq!(read(ch.join("artifact/out.txt")), "from inside\n");
+    let stored = env
+        .sup
+        .store()
+        .channel(env.sup.tenant(), &name("p"), &name("c"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.artifacts.len(), 1);
+    assert_eq!(stored.artifacts[0].name, "out.txt");
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}

@@ -157,3 +157,50 @@ fn unsafe_gid() -> u32 {
     // SAFETY: getegid cannot fail.
     unsafe { libc::getegid() }
 }
+
+/// SPEC 3: no file is ever written through a symlink. One planted where a
+/// control file goes is not followed when the agent's status changes, and
+/// `brood fsck` fails naming it instead of writing through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_symlink_is_not_followed() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(me(), req("p", agent(&["--inputs", "1", "--result", "ok"])))
+        .await
+        .unwrap();
+    env.sup.flush().await;
+    let outside = env.root().join("outside.txt");
+    std::fs::write(&outside, "untouched\n").unwrap();
+    let status = env.sup.paths().agent_dir(&name("p")).join("status");
+    std::fs::remove_file(&status).unwrap();
+    std::os::unix::fs::symlink(&outside, &status).unwrap();
+    // The agent ends: its status changes, and the projection meets the link.
+    env.sup.send(me(), name("p"), "go".into()).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("p")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup.flush().await;
+    assert_eq!(show(&env, "p")["status"], "completed");
+    assert_eq!(read(&outside), "untouched\n");
+    assert!(
+        std::fs::symlink_metadata(&status)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced instead of refused"
+    );
+    let o = brood(env.root(), &["fsck"]);
+    assert!(!o.status.success(), "fsck wrote through a symlink");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("{} is a symlink", status.display())),
+        "{err}"
+    );
+    assert_eq!(read(&outside), "untouched\n");
+    // Once the operator removes it, fsck writes the file.
+    std::fs::remove_file(&status).unwrap();
+    let o = brood(env.root(), &["fsck"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(read(&status), "dead\n");
+}

@@ -119,21 +119,40 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
 /// The private mount namespace of `iso = ns` (SPEC 5): the policy's mount table
 /// under `root`, an empty network namespace when the policy allows no network,
 /// a fresh `/proc`, and the cwd applied inside.
-pub fn namespace(policy: &Policy, root: PathBuf, cwd: Option<&str>) -> NsSpec {
+/// A child's channel `artifact/` is mounted at its own path, last, so the
+/// `BROOD_ARTIFACTS` it is told of exists inside too (SPEC 4).
+pub fn namespace(
+    policy: &Policy,
+    root: PathBuf,
+    cwd: Option<&str>,
+    artifacts: Option<&Path>,
+) -> NsSpec {
+    let mut mounts: Vec<MountSpec> = policy
+        .mounts
+        .iter()
+        .map(|m| MountSpec {
+            source: PathBuf::from(m.source.as_str()),
+            target: PathBuf::from(m.target.as_str()),
+            rw: m.rw,
+            rbind: m.opts.rbind,
+            nosuid: m.opts.nosuid,
+            nodev: m.opts.nodev,
+            noexec: m.opts.noexec,
+        })
+        .collect();
+    if let Some(dir) = artifacts {
+        mounts.push(MountSpec {
+            source: dir.to_path_buf(),
+            target: dir.to_path_buf(),
+            rw: true,
+            rbind: false,
+            nosuid: true,
+            nodev: true,
+            noexec: true,
+        });
+    }
     NsSpec {
-        mounts: policy
-            .mounts
-            .iter()
-            .map(|m| MountSpec {
-                source: PathBuf::from(m.source.as_str()),
-                target: PathBuf::from(m.target.as_str()),
-                rw: m.rw,
-                rbind: m.opts.rbind,
-                nosuid: m.opts.nosuid,
-                nodev: m.opts.nodev,
-                noexec: m.opts.noexec,
-            })
-            .collect(),
+        mounts,
         root: Some(root),
         cwd: Some(PathBuf::from(cwd.unwrap_or("/"))),
         empty_network: matches!(policy.network, Network::None),

@@ -269,7 +269,10 @@ fn ensure_parent(path: &Path, owner: Option<u32>) -> io::Result<()> {
 }
 
 /// Temp file in the same directory, then rename: readers see the old file or the
-/// new one, never a part. `rename` replaces a symlink itself, never its target.
+/// new one, never a part. A symlink where the file goes is refused with an
+/// error naming it (SPEC 3: nothing is written through a symlink; `rename`
+/// would replace the link rather than follow it, but a planted link means
+/// someone is tampering with the tree, which the operator should hear of).
 /// The file (and any directory made for it) is given to `owner`.
 pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
     ensure_parent(path, owner)?;
@@ -285,6 +288,7 @@ fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) ->
     tmp_name.push(name);
     tmp_name.push(format!(".tmp.{}.{nonce}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
+    refuse_symlink(path)?;
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -299,6 +303,20 @@ fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) ->
         let _ = fs::remove_file(&tmp);
     }
     r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// An error naming `path` if a symlink stands there.
+fn refuse_symlink(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is a symlink; refusing to write through it (remove it to let brood write the file)",
+                path.display()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Gives an open file to `owner` unless it is already theirs.
@@ -324,7 +342,17 @@ fn append_in(path: &Path, bytes: &[u8], owner: Option<u32>) -> io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o644)
         .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        .map_err(|e| match e.raw_os_error() {
+            // O_NOFOLLOW met a symlink.
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symlink; refusing to append through it",
+                    path.display()
+                ),
+            ),
+            _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })?;
     give(&f, owner)?;
     f.write_all(bytes)
 }
@@ -334,26 +362,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn atomic_write_replaces_and_never_follows_a_symlink() {
+    fn a_planted_symlink_is_never_followed_and_the_write_fails_naming_it() {
         let d = tempfile::tempdir().unwrap();
         let target = d.path().join("secret");
         fs::write(&target, "keep").unwrap();
         let link = d.path().join("status");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        write_atomic(&link, b"dead\n", 1, None).unwrap();
-        // The symlink itself was replaced; its target is untouched.
+        let e = write_atomic(&link, b"dead\n", 1, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("{} is a symlink", link.display())),
+            "{e}"
+        );
         assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
         assert!(
-            !fs::symlink_metadata(&link)
+            fs::symlink_metadata(&link)
                 .unwrap()
                 .file_type()
                 .is_symlink()
         );
-        assert_eq!(fs::read_to_string(&link).unwrap(), "dead\n");
-        // Appending through a symlink is refused.
+        // No temp file is left behind.
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 2);
+        // Appending through a symlink is refused too.
         let log = d.path().join("log");
         std::os::unix::fs::symlink(&target, &log).unwrap();
-        assert!(append(&log, b"x").is_err());
+        let e = append(&log, b"x").unwrap_err();
+        assert!(e.to_string().contains("is a symlink"), "{e}");
         assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+        // A symlinked directory on the way is refused as well.
+        let real = d.path().join("real");
+        fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("dir")).unwrap();
+        let e = write_atomic(&d.path().join("dir/file"), b"x", 2, None).unwrap_err();
+        assert!(e.to_string().contains("is a symlink"), "{e}");
+        assert_eq!(fs::read_dir(&real).unwrap().count(), 0);
     }
 }

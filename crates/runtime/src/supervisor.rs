@@ -1737,7 +1737,7 @@ impl Dispatcher {
                     r
                 }
             };
-            let spec = crate::enforce::namespace(&l.policy, ns_root, cwd);
+            let spec = crate::enforce::namespace(&l.policy, ns_root, cwd, artifacts.as_deref());
             match brood_launch::ns::prepare(&spec) {
                 Ok(p) => Some(p),
                 Err(e) => return fail(&self.tx, format!("iso=ns: {e}")),

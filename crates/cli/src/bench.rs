@@ -150,6 +150,7 @@ fn req(
 ) -> Result<SpawnRequest> {
     Ok(SpawnRequest {
         customer: None,
+        label: None,
         name: Some(AgentName::new(&name)?),
         parent,
         argv,

@@ -34,6 +34,7 @@ fn write_data(dir: &Path, files: &[(&str, usize)]) -> Result<()> {
 fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> {
     Ok(SpawnRequest {
         customer: None,
+        label: None,
         name: Some(AgentName::new(name)?),
         parent: None,
         argv,

@@ -100,6 +100,9 @@ enum Cmd {
         customer: Option<String>,
         #[arg(long)]
         name: Option<String>,
+        /// Free text for people, shown in the agent's `label` file.
+        #[arg(long)]
+        label: Option<String>,
         #[arg(long, default_value = "brood")]
         protocol: String,
         #[arg(long, default_value = "")]
@@ -452,6 +455,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             parent,
             customer,
             name,
+            label,
             protocol,
             task,
             ready,
@@ -465,7 +469,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             let r = call(
                 &root,
                 "spawn",
-                json!({"parent": parent, "customer": customer, "name": name, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
+                json!({"parent": parent, "customer": customer, "name": name, "label": label, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
             )
             .await?;
             if json {
@@ -609,6 +613,7 @@ async fn run_root(
     let server = tokio::spawn(control::serve(sup.clone(), listener));
     let req = SpawnRequest {
         customer: None,
+        label: None,
         name,
         parent: None,
         argv,

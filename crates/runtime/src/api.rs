@@ -81,6 +81,8 @@ pub struct SpawnRequest {
     /// Must be an unfinished agent of the tenant; a customer chain that would
     /// loop is refused with `Cycle`.
     pub customer: Option<AgentName>,
+    /// Free text for people (SPEC 3 `label`): one line, at most 256 bytes.
+    pub label: Option<String>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -178,6 +180,17 @@ impl SpawnRequest {
                 .unwrap_or(false),
             policy: args.get("policy").filter(|p| !p.is_null()).cloned(),
             life: args.get("life").and_then(Value::as_str).map(str::to_owned),
+            label: match args.get("label") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(l)) if l.len() <= 256 && !l.chars().any(char::is_control) => {
+                    Some(l.clone())
+                }
+                Some(v) => {
+                    return Err(bad(format!(
+                        "label must be one line of at most 256 bytes without control characters, got {v}"
+                    )));
+                }
+            },
             iso: match args.get("iso").and_then(Value::as_str) {
                 None | Some("none") => None,
                 Some("ns") => Some("ns".to_owned()),

@@ -1367,6 +1367,7 @@ impl Dispatcher {
             "task": req.task,
             "cwd": req.cwd,
             "owner": owner,
+            "label": req.label,
             "parent_session": parent_session,
             "parent_run": parent_run,
             "life": req.life.as_deref().unwrap_or("owned"),

@@ -66,6 +66,7 @@ pub fn start_with(grace: Duration, f: impl FnOnce(&mut Config)) -> Env {
 pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
     SpawnRequest {
         customer: None,
+        label: None,
         name: Some(AgentName::new(name).expect("valid name")),
         parent: None,
         argv,

@@ -92,6 +92,7 @@ async fn every_control_file_is_written_in_its_format() {
     for f in [
         "messages.jsonl",
         "events.jsonl",
+        "latest.md",
         "state",
         "cwd",
         "created_at",

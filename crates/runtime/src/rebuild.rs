@@ -155,13 +155,13 @@ fn agent(
     let messages = store.messages(&a.tenant, &a.name, &a.session)?;
     let text: String = messages.iter().map(objects::message_line).collect();
     out.put(sdir.join("messages.jsonl"), text)?;
-    if let Some(m) = messages
+    let latest = messages
         .iter()
         .rev()
         .find(|m| objects::is_agent_message(&m.role))
-    {
-        out.put(sdir.join("latest.md"), m.content.as_bytes())?;
-    }
+        .map(|m| m.content.as_bytes())
+        .unwrap_or_default();
+    out.put(sdir.join("latest.md"), latest)?;
     let text: String = events
         .iter()
         .filter(|e| e.session == a.session)

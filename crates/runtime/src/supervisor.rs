@@ -1426,6 +1426,9 @@ impl Dispatcher {
             .append(sdir.join("messages.jsonl"), Vec::new());
         self.projection
             .append(sdir.join("events.jsonl"), Vec::new());
+        // Empty until the agent sends a message of its own.
+        self.projection
+            .append(sdir.join("latest.md"), Vec::new());
         self.projection.write(
             sdir.join("cwd"),
             format!("{}\n", req.cwd.as_deref().unwrap_or("")),

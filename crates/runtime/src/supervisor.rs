@@ -1427,8 +1427,7 @@ impl Dispatcher {
         self.projection
             .append(sdir.join("events.jsonl"), Vec::new());
         // Empty until the agent sends a message of its own.
-        self.projection
-            .append(sdir.join("latest.md"), Vec::new());
+        self.projection.append(sdir.join("latest.md"), Vec::new());
         self.projection.write(
             sdir.join("cwd"),
             format!("{}\n", req.cwd.as_deref().unwrap_or("")),

@@ -322,3 +322,44 @@ async fn a_child_in_its_own_mount_namespace_hands_back_artifacts() {
     assert_eq!(stored.artifacts[0].name, "out.txt");
     env.sup.cancel(me(), name("p")).await.unwrap();
 }
+
+/// SPEC 4: `handoff.md` is written once, when the channel is created (a resume
+/// with new input leaves it); `result.md` appears only with a terminal status
+/// and never holds a NUL byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_is_written_once_and_result_md_holds_no_nul() {
+    let env = start(Duration::from_millis(300));
+    start_parent(&env).await;
+    let args = json!({"name": "c", "parent": "p", "task": "the first task", "argv": agent(&["--inputs", "1", "--result", "first"])});
+    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    env.sup.flush().await;
+    let ch = channel(&env, "p", "c");
+    assert_eq!(read(ch.join("handoff.md")), "the first task");
+    assert_eq!(read(ch.join("status")), "active\n");
+    assert!(!ch.join("result.md").exists(), "result.md before the end");
+    env.sup.send(me(), name("c"), "go".into()).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("c")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup
+        .resume(me(), name("c"), Some("a second task".into()))
+        .await
+        .unwrap();
+    // The resumed run waits for an input again; its end does not matter here.
+    env.sup.cancel(me(), name("c")).await.unwrap();
+    env.sup.flush().await;
+    assert_eq!(read(ch.join("handoff.md")), "the first task");
+
+    // An exec agent's stdout with NUL bytes becomes a result.md without them.
+    let args = json!({"name": "nul", "parent": "p", "protocol": "exec", "argv": ["sh", "-c", "printf 'a\\000b\\000'"]});
+    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("nul")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup.flush().await;
+    let bytes = std::fs::read(channel(&env, "p", "nul").join("result.md")).unwrap();
+    assert_eq!(bytes, b"ab");
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}

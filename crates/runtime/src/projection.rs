@@ -296,7 +296,9 @@ fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) ->
         .mode(0o644)
         .open(&tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
-    let r = give(&f, owner)
+    // The temp file is new, so ours: give it away without asking whose it is.
+    let r = owner
+        .map_or(Ok(()), |u| std::os::unix::fs::fchown(&f, Some(u), Some(u)))
         .and_then(|_| f.write_all(bytes))
         .and_then(|_| fs::rename(&tmp, path));
     if r.is_err() {

@@ -239,6 +239,9 @@ impl<W: Write> Agent<'_, W> {
         while self.inputs.len() < flags.inputs {
             self.handle_next(None, None)?;
         }
+        if flags.echo {
+            self.echo(flags.inputs)?;
+        }
         if flags.sleep_ms > 0 {
             self.pause(Duration::from_millis(flags.sleep_ms))?;
         }
@@ -255,6 +258,39 @@ impl<W: Write> Agent<'_, W> {
             children: &children,
             probes: &probes,
         }))
+    }
+
+    /// `--echo`: one turn per input from the `next`-th on, until `bye`.
+    fn echo(&mut self, mut next: usize) -> Result<(), Stop> {
+        let blocked = FromAgent::Status {
+            status: "blocked".into(),
+            reason: Some("waiting for input".into()),
+        };
+        self.send(&blocked)?;
+        loop {
+            while self.inputs.len() <= next {
+                self.handle_next(None, None)?;
+            }
+            let text = self.inputs[next].clone();
+            next += 1;
+            if text == "bye" {
+                return Ok(());
+            }
+            self.send(&FromAgent::Status {
+                status: "running".into(),
+                reason: None,
+            })?;
+            for delta in ["echo: ", text.as_str()] {
+                self.send(&FromAgent::Chunk {
+                    delta: delta.to_owned(),
+                })?;
+            }
+            self.send(&FromAgent::Message {
+                role: "assistant".into(),
+                content: format!("echo: {text}"),
+            })?;
+            self.send(&blocked)?;
+        }
     }
 
     /// Ends the run as the outcome and the flags say; returns the exit code.

@@ -17,6 +17,8 @@ pub struct Flags {
     pub messages: Vec<String>,
     pub usage: Option<Usage>,
     pub inputs: usize,
+    /// `--echo`: answer every input with chunks, a message and `blocked`.
+    pub echo: bool,
     pub history: bool,
     /// The `args` of every spawn request, in command-line order, with
     /// `--spawn-n` already expanded.
@@ -104,7 +106,7 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --grandchildren N  --setsid-grandchild  --report-pids FILE  --flood BYTES
   --message TEXT (repeatable)  --usage TIN,TOUT,COST
   --spawn JSON (repeatable)  --spawn-n N:JSON  --tolerate-refusal  --wait
-  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --history
+  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --echo  --history
   --sleep-ms N  --hang  --ignore-cancel
   --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
   --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
@@ -120,6 +122,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         messages: Vec::new(),
         usage: None,
         inputs: 0,
+        echo: false,
         history: false,
         spawns: Vec::new(),
         tolerate_refusal: false,
@@ -224,6 +227,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 return Err(FlagError(format!("{name} takes no value")));
             }
             "--history" => f.history = true,
+            "--echo" => f.echo = true,
             "--tolerate-refusal" => f.tolerate_refusal = true,
             "--wait" => f.wait = true,
             "--fanout" => f.fanout = true,

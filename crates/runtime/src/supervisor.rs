@@ -33,6 +33,7 @@ use crate::io;
 use crate::paths::Paths;
 use crate::projection::Projection;
 
+mod sockets;
 mod sweep;
 pub use sweep::Sweeper;
 
@@ -153,6 +154,8 @@ pub(crate) enum Cmd {
     AgentReply(AgentName, u64, ApiResult),
     /// The sweepers' clock (SPEC 9).
     Tick,
+    /// A request on an agent's socket (SPEC 8), from its connection's task.
+    AgentSocket(AgentName, crate::agent_socket::Request),
 }
 
 /// What an agent's IO task reports.
@@ -290,7 +293,13 @@ impl Supervisor {
         // happened to the files while no supervisor ran (a crash mid-write, a
         // deleted tree, the records recovery just wrote) is made true again.
         let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
-        match crate::rebuild::rebuild(store.as_ref(), &tenant, &paths, &operator) {
+        match crate::rebuild::rebuild(
+            store.as_ref(),
+            &tenant,
+            &paths,
+            &operator,
+            cfg.bin_dir.as_deref(),
+        ) {
             Ok(r) => tracing::info!(agents = r.agents, files = r.files, "ctx tree rebuilt"),
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
         }
@@ -348,6 +357,7 @@ impl Supervisor {
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),
+            sockets: sockets::Sockets::default(),
             metrics: metrics.clone(),
             slots,
         };
@@ -749,6 +759,8 @@ struct Dispatcher {
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
     sweep: sweep::SweepState,
+    /// The per-agent sockets (SPEC 8) of agents that can take input.
+    sockets: sockets::Sockets,
     metrics: Arc<crate::metrics::Metrics>,
     /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
     slots: Arc<dyn crate::slots::Slots>,
@@ -803,6 +815,7 @@ impl Dispatcher {
                 Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
                 Cmd::StopDone(id) => self.on_stop_done(id),
                 Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+                Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
                 Cmd::Tick => {
                     if shutdown.is_none() {
                         self.on_tick();
@@ -1421,6 +1434,7 @@ impl Dispatcher {
         for (file, text) in crate::objects::control_files(&agent, &policy, &spec) {
             self.projection.write(adir.join(file), text);
         }
+        self.project_shim(&name);
         self.projection.append(adir.join("log"), Vec::new());
         self.projection.write(
             adir.join("meta.json"),
@@ -1535,6 +1549,7 @@ impl Dispatcher {
     /// an agent leaves the live set, so a slot is never held by a process that
     /// is gone (SPEC 9).
     fn forget(&mut self, name: &AgentName) -> Option<Live> {
+        self.sock_end(name);
         let l = self.live.remove(name)?;
         if l.launching {
             self.give_slot();
@@ -2081,12 +2096,15 @@ impl Dispatcher {
         match m {
             FromAgent::Ready => {
                 l.ready = true;
-                if let Some((reply, true)) = l.spawn_reply.take() {
+                let reply = l.spawn_reply.take();
+                self.sock_ready(name);
+                if let Some((reply, true)) = reply {
                     let r = self.agent(name).map(|a| agent_json(&self.store, &a));
                     self.respond(reply, r);
                 }
             }
-            FromAgent::Chunk { .. } | FromAgent::Pong | FromAgent::Unknown => {}
+            FromAgent::Chunk { delta } => self.sock_chunk(name, run, &delta),
+            FromAgent::Pong | FromAgent::Unknown => {}
             FromAgent::Message { role, content } => {
                 match self.store.append_message(
                     &self.tenant,
@@ -2104,6 +2122,7 @@ impl Dispatcher {
                         if crate::objects::is_agent_message(&role) {
                             self.projection.write(dir.join("latest.md"), content);
                         }
+                        self.sock_message(name, &m);
                     }
                     Err(e) => {
                         tracing::error!(agent = %name, error = %e, "recording a message failed")
@@ -2122,7 +2141,10 @@ impl Dispatcher {
                     _ => return,
                 };
                 match self.store.set_status(&self.tenant, name, to, reason.as_deref(), now_ms(), &[ev(name, Some(run), &session, json!({"type": "agent.status", "agent": name.as_str(), "status": status, "reason": reason}))]) {
-                    Ok(a) => project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid)),
+                    Ok(a) => {
+                        project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid));
+                        self.sock_status(name, run, to);
+                    }
                     Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
                 }
             }
@@ -2268,6 +2290,7 @@ impl Dispatcher {
         if crate::objects::object_removed(agent) {
             self.projection
                 .remove_dir(self.paths.agent_dir(&agent.name));
+            self.projection.remove_dir(self.paths.shim(&agent.name));
         }
     }
 
@@ -2434,6 +2457,7 @@ impl Dispatcher {
                     pgids.push(p);
                 }
             }
+            self.sock_close(n);
             let reason = t.reason().unwrap_or("stopped").to_owned();
             self.to_agent(n, &ToAgent::Cancel { reason });
         }
@@ -2820,6 +2844,7 @@ impl Dispatcher {
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
                 self.projection.write(adir.join(file), text);
             }
+            self.project_shim(name);
             let parent_pair = a
                 .parent
                 .clone()

@@ -522,3 +522,24 @@ async fn a_temp_agents_shim_goes_with_its_object() {
     assert!(!env.sup.paths().agent_dir(&name("t")).exists());
     assert!(!env.sup.paths().shim(&name("t")).exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_starting_removes_sockets_nobody_answers_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = dir.path().join("ctx").join("agent");
+    std::fs::create_dir_all(&agents).unwrap();
+    // Left by a dead supervisor: a socket file whose listener is gone.
+    let stale = agents.join("old.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(is_socket(&stale));
+    // One somebody still serves is not ours to remove.
+    let live = agents.join("busy.sock");
+    let _keep = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let mut cfg = brood_runtime::Config::new(dir.path().to_path_buf());
+    cfg.bin_dir = Path::new(exe()).parent().map(Path::to_path_buf);
+    let sup = brood_runtime::Supervisor::start(cfg).unwrap();
+    let env = Env { dir, sup };
+    assert!(!stale.exists(), "the stale socket survived the start-up");
+    assert!(is_socket(&live));
+    drop(env);
+}

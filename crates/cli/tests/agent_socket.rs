@@ -335,6 +335,39 @@ async fn a_retried_send_is_delivered_once_and_answered_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_retried_mid_turn_follows_the_live_turn_without_a_second_delivery() {
+    let env = start(Duration::from_millis(300));
+    spawn(&env, json!({"name": "a", "argv": agent(&["--echo", "--echo-pause-ms", "400"]), "await_ready": true})).await;
+    let p = sock(&env, "a");
+    assert!(eventually_async(LONG, || is_socket(&p)).await);
+    let req = json!({"op": "send", "id": "mid", "input": "slow"});
+    let mut c1 = Conn::open(&env, "a").await;
+    c1.ask(req.clone()).await;
+    assert_eq!(c1.next().await.unwrap()["type"], "start");
+    let d = c1.next().await.unwrap();
+    assert_eq!(
+        (d["type"].as_str(), d["text"].as_str()),
+        (Some("delta"), Some("echo: "))
+    );
+    // The client gives up half way through the turn and retries elsewhere.
+    drop(c1);
+    let mut c2 = Conn::open(&env, "a").await;
+    c2.ask(req).await;
+    let r = c2.reply().await;
+    assert_eq!(r[0]["type"], "start", "{r:?}");
+    assert_eq!(r.last().unwrap()["status"], "blocked", "{r:?}");
+    let said: Vec<&str> = r
+        .iter()
+        .filter(|f| f["type"] == "message")
+        .map(|f| f["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(said, ["echo: slow"], "{r:?}");
+    let m = messages(&env, "a");
+    assert_eq!(m.iter().filter(|(r, _)| r == "user").count(), 1, "{m:?}");
+    env.sup.cancel(me(), name("a")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_replays_only_the_messages_after_the_given_seq() {
     let env = start(Duration::from_millis(300));
     echo(&env, "a").await;

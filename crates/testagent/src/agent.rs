@@ -280,11 +280,15 @@ impl<W: Write> Agent<'_, W> {
                 status: "running".into(),
                 reason: None,
             })?;
-            for delta in ["echo: ", text.as_str()] {
-                self.send(&FromAgent::Chunk {
-                    delta: delta.to_owned(),
-                })?;
+            self.send(&FromAgent::Chunk {
+                delta: "echo: ".into(),
+            })?;
+            if self.flags.echo_pause_ms > 0 {
+                self.pause(Duration::from_millis(self.flags.echo_pause_ms))?;
             }
+            self.send(&FromAgent::Chunk {
+                delta: text.clone(),
+            })?;
             self.send(&FromAgent::Message {
                 role: "assistant".into(),
                 content: format!("echo: {text}"),

@@ -19,6 +19,9 @@ pub struct Flags {
     pub inputs: usize,
     /// `--echo`: answer every input with chunks, a message and `blocked`.
     pub echo: bool,
+    /// `--echo-pause-ms N`: wait N ms (still answering) between an echo's
+    /// two chunks, so a test can catch a turn half done.
+    pub echo_pause_ms: u64,
     pub history: bool,
     /// The `args` of every spawn request, in command-line order, with
     /// `--spawn-n` already expanded.
@@ -106,7 +109,7 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --grandchildren N  --setsid-grandchild  --report-pids FILE  --flood BYTES
   --message TEXT (repeatable)  --usage TIN,TOUT,COST
   --spawn JSON (repeatable)  --spawn-n N:JSON  --tolerate-refusal  --wait
-  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --echo  --history
+  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --echo [--echo-pause-ms N]  --history
   --sleep-ms N  --hang  --ignore-cancel
   --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
   --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
@@ -123,6 +126,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         usage: None,
         inputs: 0,
         echo: false,
+        echo_pause_ms: 0,
         history: false,
         spawns: Vec::new(),
         tolerate_refusal: false,
@@ -190,6 +194,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--count-lines" => f.count_lines = Some(PathBuf::from(value()?)),
             "--work-ms" => f.work_ms = number(name, &value()?)?,
             "--sleep-ms" => f.sleep_ms = number(name, &value()?)?,
+            "--echo-pause-ms" => f.echo_pause_ms = number(name, &value()?)?,
             "--grandchildren" => f.grandchildren = number(name, &value()?)?,
             "--report-pids" => f.report_pids = Some(PathBuf::from(value()?)),
             "--flood" => f.flood = number(name, &value()?)?,
@@ -248,6 +253,9 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
     }
     if f.work_ms > 0 && f.count_lines.is_none() {
         return Err(FlagError("--work-ms needs --count-lines".into()));
+    }
+    if f.echo_pause_ms > 0 && !f.echo {
+        return Err(FlagError("--echo-pause-ms needs --echo".into()));
     }
     if f.wait && f.spawns.is_empty() {
         return Err(FlagError("--wait needs --spawn or --spawn-n".into()));

@@ -66,14 +66,14 @@ pub(crate) enum Request {
     },
 }
 
-/// Who may connect, fixed when the socket is bound (SPEC 8).
+/// Who may connect (SPEC 8), known when the socket is bound; the owner is
+/// read from the store by the first connection that needs it, so binding
+/// costs the dispatcher no store read.
 #[derive(Debug, Clone)]
 pub(crate) struct Access {
     /// The supervisor's uid: a caller outside every tree with it is the operator.
     pub operator_uid: u32,
     pub parent: Option<AgentName>,
-    /// The `owner` of the agent's spec, `agent:<name>` or `user:<uid>`.
-    pub owner: Option<Caller>,
 }
 
 impl Access {
@@ -88,15 +88,20 @@ impl Access {
             .map(|uid| Caller::User { uid })
     }
 
-    fn allows(&self, c: &Caller) -> bool {
-        if self.owner.as_ref() == Some(c) {
-            return true;
-        }
+    /// The operator or the parent: decided without the store.
+    fn operator_or_parent(&self, c: &Caller) -> bool {
         match c {
             Caller::User { uid } => *uid == self.operator_uid,
             Caller::Agent(a) => self.parent.as_ref() == Some(a),
         }
     }
+}
+
+/// The agent's owner, as its spec records it (the `owner` control file).
+fn owner(sup: &Supervisor, name: &AgentName) -> Option<Caller> {
+    let a = sup.store().agent(sup.tenant(), name).ok().flatten()?;
+    let spec = serde_json::from_str::<Value>(&a.spec).ok()?;
+    spec["owner"].as_str().and_then(Access::owner_of)
 }
 
 /// A bound socket: dropping it (or [`Listener::close`]) stops accepting and
@@ -249,7 +254,9 @@ async fn connection(
         None => Caller::User { uid: cred.uid() },
     };
     let (mut rd, mut wr) = stream.into_split();
-    if !access.allows(&caller) {
+    let allowed =
+        access.operator_or_parent(&caller) || owner(&sup, &name).is_some_and(|o| o == caller);
+    if !allowed {
         let msg = format!(
             "{} may not use agent {name}'s socket: only its owner, its parent and the operator may",
             who(&caller)

@@ -109,17 +109,9 @@ impl Dispatcher {
             Some(m) if m.len() == 1 => m.iter().next().cloned(),
             _ => None,
         };
-        let owner = self
-            .store
-            .agent(&self.tenant, name)
-            .ok()
-            .flatten()
-            .and_then(|a| serde_json::from_str::<Value>(&a.spec).ok())
-            .and_then(|s| s["owner"].as_str().and_then(Access::owner_of));
         let access = Access {
             operator_uid: self.uid,
             parent,
-            owner,
         };
         let listener = agent_socket::listen(
             self.handle(),

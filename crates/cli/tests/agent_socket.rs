@@ -367,6 +367,34 @@ async fn a_send_retried_mid_turn_follows_the_live_turn_without_a_second_delivery
     env.sup.cancel(me(), name("a")).await.unwrap();
 }
 
+/// Regression: an agent that never says `running` reports `blocked` twice in
+/// a row, which the record refuses as a transition; the turn must end anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_ends_on_blocked_even_when_the_status_record_does_not_change() {
+    let env = start(Duration::from_millis(300));
+    spawn(
+        &env,
+        json!({"name": "a", "argv": agent(&["--echo", "--echo-quiet"]), "await_ready": true}),
+    )
+    .await;
+    let p = sock(&env, "a");
+    assert!(eventually_async(LONG, || is_socket(&p)).await);
+    let mut c = Conn::open(&env, "a").await;
+    for (i, text) in ["first", "second"].iter().enumerate() {
+        c.ask(json!({"op": "send", "id": format!("q{i}"), "input": text}))
+            .await;
+        let r = c.reply().await;
+        assert_eq!(
+            types(&r),
+            ["start", "delta", "delta", "message", "done"],
+            "{r:?}"
+        );
+        assert_eq!(r[3]["content"], format!("echo: {text}"));
+        assert_eq!(r[4]["status"], "blocked");
+    }
+    env.sup.cancel(me(), name("a")).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_replays_only_the_messages_after_the_given_seq() {
     let env = start(Duration::from_millis(300));

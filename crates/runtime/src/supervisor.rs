@@ -2141,12 +2141,12 @@ impl Dispatcher {
                     _ => return,
                 };
                 match self.store.set_status(&self.tenant, name, to, reason.as_deref(), now_ms(), &[ev(name, Some(run), &session, json!({"type": "agent.status", "agent": name.as_str(), "status": status, "reason": reason}))]) {
-                    Ok(a) => {
-                        project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid));
-                        self.sock_status(name, run, to);
-                    }
+                    Ok(a) => project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid)),
                     Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
                 }
+                // A turn ends on the agent's word even when the record did not
+                // change (`blocked` twice in a row is no transition).
+                self.sock_status(name, run, to);
             }
             FromAgent::Request { id, op, args } => {
                 let sup = self.handle();

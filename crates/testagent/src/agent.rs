@@ -276,10 +276,12 @@ impl<W: Write> Agent<'_, W> {
             if text == "bye" {
                 return Ok(());
             }
-            self.send(&FromAgent::Status {
-                status: "running".into(),
-                reason: None,
-            })?;
+            if !self.flags.echo_quiet {
+                self.send(&FromAgent::Status {
+                    status: "running".into(),
+                    reason: None,
+                })?;
+            }
             self.send(&FromAgent::Chunk {
                 delta: "echo: ".into(),
             })?;

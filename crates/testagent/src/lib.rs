@@ -41,6 +41,7 @@
 //! | `--inputs N` | wait for N `input`s; their texts follow the result text |
 //! | `--echo` | a conversation: say `{"type":"status","status":"blocked","reason":"waiting for input"}`, then answer every `input` (those `--inputs` took excepted) with `status` `running`, two `chunk`s (`echo: `, then the text) and a `message` (role `assistant`, content `echo: <text>`), then `blocked` again; the input `bye` ends the conversation (no echo) and the agent finishes |
 //! | `--echo-pause-ms N` | with `--echo`: wait N ms (still answering) between the two chunks |
+//! | `--echo-quiet` | with `--echo`: no `status running` when an input is taken |
 //! | `--history` | append `history: N messages` and the init's history |
 //! | `--spawn JSON` | request `spawn` with JSON as `args`, await the reply, remember `result.name` (repeatable) |
 //! | `--spawn-n N:JSON` | N spawns of JSON, named `<name>-<i>` (i from 1) if JSON has a name (repeatable) |

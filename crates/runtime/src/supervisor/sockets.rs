@@ -177,6 +177,10 @@ impl Dispatcher {
     /// The agent's `status`: `blocked` ends the turn (`done{status:"blocked"}`
     /// to its followers), `running` starts one.
     pub(super) fn sock_status(&mut self, name: &AgentName, run: &RunId, to: Status) {
+        // A stopping agent's followers wait for the end of its run.
+        if self.live.get(name).is_none_or(|l| l.stopping.is_some()) {
+            return;
+        }
         let Some(s) = self.sockets.by_agent.get_mut(name) else {
             return;
         };

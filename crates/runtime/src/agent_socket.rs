@@ -428,3 +428,35 @@ async fn stream(
 pub fn client_id() -> String {
     uuid::Uuid::now_v7().hyphenated().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_read_back_as_callers() {
+        assert_eq!(
+            Access::owner_of("agent:p"),
+            Some(Caller::Agent(AgentName::new("p").unwrap()))
+        );
+        assert_eq!(
+            Access::owner_of("user:1000"),
+            Some(Caller::User { uid: 1000 })
+        );
+        for bad in ["", "agent:", "user:x", "group:1", "agent:../x"] {
+            assert_eq!(Access::owner_of(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_operator_and_the_parent_need_no_store() {
+        let a = Access {
+            operator_uid: 1000,
+            parent: Some(AgentName::new("p").unwrap()),
+        };
+        assert!(a.operator_or_parent(&Caller::User { uid: 1000 }));
+        assert!(!a.operator_or_parent(&Caller::User { uid: 1001 }));
+        assert!(a.operator_or_parent(&Caller::Agent(AgentName::new("p").unwrap())));
+        assert!(!a.operator_or_parent(&Caller::Agent(AgentName::new("q").unwrap())));
+    }
+}

@@ -186,3 +186,23 @@ pub fn session_meta(a: &Agent) -> String {
         })
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shim_quotes_every_word_for_sh() {
+        let name = AgentName::new("c1").unwrap();
+        let text = shim(Path::new("/tmp/it's here"), "/opt/b r/brood", &name);
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("#!/bin/sh"));
+        assert_eq!(
+            text.lines().last(),
+            Some(r#"exec '/opt/b r/brood' --root '/tmp/it'\''s here' shim 'c1' -- "$@""#)
+        );
+        assert!(text.ends_with('\n'));
+        assert_eq!(shim_program(None), "brood");
+        assert_eq!(shim_program(Some(Path::new("/x/bin"))), "/x/bin/brood");
+    }
+}

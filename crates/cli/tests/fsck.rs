@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -18,7 +19,8 @@ use common::*;
 use serde_json::json;
 
 /// Every file under `dir` (relative path → bytes) and every directory, logs
-/// left out.
+/// and sockets left out (a live agent's `<name>.sock` is bound by the
+/// supervisor, not rendered from the store).
 fn tree(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -32,7 +34,7 @@ fn tree(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
             if t.is_dir() {
                 out.insert(format!("{rel}/"), None);
                 stack.push(p);
-            } else if e.file_name() != "log" {
+            } else if e.file_name() != "log" && !t.is_socket() {
                 out.insert(rel, Some(std::fs::read(&p).unwrap()));
             }
         }

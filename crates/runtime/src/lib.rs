@@ -7,6 +7,7 @@
 //! * [`api`]: the verbs every surface shares, and their errors.
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
+//! * [`agent_socket`]: the per-agent sockets (`ctx/agent/<name>.sock`, SPEC 8).
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
 //! * [`objects`]: the static control files of an agent object, from its record.
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
@@ -19,6 +20,7 @@
 //! **Invariant:** every state change is committed to the store before anyone
 //! (a caller, an agent, a file reader) can observe it.
 
+pub mod agent_socket;
 pub mod agentruntime;
 pub mod api;
 pub mod channel;

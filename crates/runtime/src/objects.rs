@@ -19,7 +19,13 @@
 //!
 //! `status`, `pid`, `log` and `meta.json` change while it runs and are written
 //! by the supervisor.
+//!
+//! Beside the object, `agent/<name>` is its shim ([`shim`]): an executable
+//! script that runs `brood shim <name>` on the agent's socket (SPEC 3, 8).
 
+use std::path::Path;
+
+use brood_core::AgentName;
 use brood_core::policy::Policy;
 use brood_store::Agent;
 use serde_json::Value;
@@ -81,6 +87,34 @@ pub fn control_files(a: &Agent, policy: &Policy, spec: &Value) -> Vec<(&'static 
             format!("{:#}\n", brood_proto::policy::to_json(policy)),
         ),
     ]
+}
+
+/// The program a shim runs: `<bin_dir>/brood` when the supervisor knows where
+/// its binary is (`Config::bin_dir`), else `brood` from `PATH`. The live
+/// projection and `rebuild` both call this, so they write the same shim.
+pub fn shim_program(bin_dir: Option<&Path>) -> String {
+    match bin_dir {
+        Some(d) => d.join("brood").to_string_lossy().into_owned(),
+        None => "brood".to_owned(),
+    }
+}
+
+/// The agent's shim, `ctx/agent/<name>` (SPEC 3: "running it sends its
+/// arguments to the agent as input"), written with mode 0755. It execs
+/// `brood --root <root> shim <name> -- "$@"`, which talks to the per-agent
+/// socket (SPEC 8). Rendered from the root, the binary and the name alone.
+pub fn shim(root: &Path, program: &str, name: &AgentName) -> String {
+    format!(
+        "#!/bin/sh\n# brood: sends its arguments to agent {name} as input, through {name}.sock (SPEC 3, 8).\nexec {} --root {} shim {} -- \"$@\"\n",
+        sh_quote(program),
+        sh_quote(&root.to_string_lossy()),
+        sh_quote(name.as_str()),
+    )
+}
+
+/// One word for `sh`: single-quoted, a `'` written as `'\''`.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// The agent's `meta.json`: its record's facts, plus what its newest run's
@@ -151,4 +185,24 @@ pub fn session_meta(a: &Agent) -> String {
             "created_ms": a.created_ms,
         })
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shim_quotes_every_word_for_sh() {
+        let name = AgentName::new("c1").unwrap();
+        let text = shim(Path::new("/tmp/it's here"), "/opt/b r/brood", &name);
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("#!/bin/sh"));
+        assert_eq!(
+            text.lines().last(),
+            Some(r#"exec '/opt/b r/brood' --root '/tmp/it'\''s here' shim 'c1' -- "$@""#)
+        );
+        assert!(text.ends_with('\n'));
+        assert_eq!(shim_program(None), "brood");
+        assert_eq!(shim_program(Some(Path::new("/x/bin"))), "/x/bin/brood");
+    }
 }

@@ -48,6 +48,16 @@ impl Paths {
     pub fn home(&self) -> PathBuf {
         self.ctx().join("home").join(self.uid.to_string())
     }
+    /// `ctx/agent/<name>`: the executable shim (SPEC 3) that sends its
+    /// arguments to the agent as input.
+    pub fn shim(&self, name: &AgentName) -> PathBuf {
+        self.ctx().join("agent").join(name.as_str())
+    }
+    /// `ctx/agent/<name>.sock`: the per-agent socket (SPEC 8), present only
+    /// while the agent can take input.
+    pub fn agent_socket(&self, name: &AgentName) -> PathBuf {
+        self.ctx().join("agent").join(format!("{name}.sock"))
+    }
     /// `ctx/agent/<name>.d/`
     pub fn agent_dir(&self, name: &AgentName) -> PathBuf {
         self.ctx().join("agent").join(format!("{name}.d"))

@@ -38,7 +38,8 @@ pub fn ctx_owner() -> Option<u32> {
 }
 
 enum Op {
-    Write(PathBuf, Vec<u8>),
+    /// A whole file and its mode (0644, or 0755 for a shim).
+    Write(PathBuf, Vec<u8>, u32),
     Append(PathBuf, Vec<u8>),
     Mkdirs(PathBuf),
     RemoveDir(PathBuf),
@@ -81,7 +82,12 @@ impl Projection {
 
     /// Replaces a whole file (creating its directory).
     pub fn write(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
-        let _ = self.tx.send(Op::Write(path, bytes.into()));
+        let _ = self.tx.send(Op::Write(path, bytes.into(), 0o644));
+    }
+
+    /// Replaces a whole file with an executable one, mode 0755 (an agent's shim).
+    pub fn write_exec(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
+        let _ = self.tx.send(Op::Write(path, bytes.into(), 0o755));
     }
 
     /// Appends to a file (creating it and its directory).
@@ -93,9 +99,9 @@ impl Projection {
         let _ = self.tx.send(Op::Mkdirs(path));
     }
 
-    /// Removes a directory and everything in it, after the writes queued before
-    /// it (a `temp` agent's object once its run ended). A symlink is removed
-    /// itself, never followed.
+    /// Removes a directory and everything in it, or a single file, after the
+    /// writes queued before it (a `temp` agent's object and shim once its run
+    /// ended). A symlink is removed itself, never followed.
     pub fn remove_dir(&self, path: PathBuf) {
         let _ = self.tx.send(Op::RemoveDir(path));
     }
@@ -120,7 +126,7 @@ struct Writer {
 
 impl Writer {
     fn apply(&mut self, batch: Vec<Op>) {
-        let mut writes: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+        let mut writes: Vec<(PathBuf, Vec<u8>, u32)> = Vec::new();
         let mut write_at: HashMap<PathBuf, usize> = HashMap::new();
         let mut appends: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         let mut append_at: HashMap<PathBuf, usize> = HashMap::new();
@@ -133,11 +139,14 @@ impl Writer {
                         tracing::warn!(error = %e, "ctx projection mkdir failed");
                     }
                 }
-                Op::Write(p, b) => match write_at.get(&p) {
-                    Some(&i) => writes[i].1 = b,
+                Op::Write(p, b, mode) => match write_at.get(&p) {
+                    Some(&i) => {
+                        writes[i].1 = b;
+                        writes[i].2 = mode;
+                    }
                     None => {
                         write_at.insert(p.clone(), writes.len());
-                        writes.push((p, b));
+                        writes.push((p, b, mode));
                     }
                 },
                 Op::Append(p, b) => match append_at.get(&p) {
@@ -151,11 +160,11 @@ impl Writer {
                 Op::Flush(done) => flushes.push(done),
             }
         }
-        for (p, b) in writes {
+        for (p, b, mode) in writes {
             self.nonce += 1;
             let n = self.nonce;
             let owner = self.owner;
-            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n, owner)) {
+            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n, owner, mode)) {
                 tracing::warn!(error = %e, "ctx projection write failed");
             }
         }
@@ -168,7 +177,7 @@ impl Writer {
         for p in removals {
             self.dirs.retain(|d| !d.starts_with(&p));
             let r = match fs::symlink_metadata(&p) {
-                Ok(m) if m.file_type().is_symlink() => fs::remove_file(&p),
+                Ok(m) if !m.is_dir() => fs::remove_file(&p),
                 Ok(_) => fs::remove_dir_all(&p),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(e),
@@ -276,11 +285,28 @@ fn ensure_parent(path: &Path, owner: Option<u32>) -> io::Result<()> {
 /// The file (and any directory made for it) is given to `owner`.
 pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
     ensure_parent(path, owner)?;
-    write_atomic_in(path, bytes, nonce, owner)
+    write_atomic_in(path, bytes, nonce, owner, 0o644)
 }
 
-/// [`write_atomic`] for a path whose directory is known to exist.
-fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
+/// [`write_atomic`] of an executable file, mode 0755 (an agent's shim).
+pub fn write_atomic_exec(
+    path: &Path,
+    bytes: &[u8],
+    nonce: u64,
+    owner: Option<u32>,
+) -> io::Result<()> {
+    ensure_parent(path, owner)?;
+    write_atomic_in(path, bytes, nonce, owner, 0o755)
+}
+
+/// [`write_atomic`] for a path whose directory is known to exist, with `mode`.
+fn write_atomic_in(
+    path: &Path,
+    bytes: &[u8],
+    nonce: u64,
+    owner: Option<u32>,
+    mode: u32,
+) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
@@ -293,12 +319,20 @@ fn write_atomic_in(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) ->
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o644)
+        .mode(mode)
         .open(&tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
+    // The umask may have narrowed the mode; a shim must be executable by
+    // everyone whatever the supervisor's umask, so set it exactly.
+    let exact = if mode == 0o644 {
+        Ok(())
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(fs::Permissions::from_mode(mode))
+    };
     // The temp file is new, so ours: give it away without asking whose it is.
-    let r = owner
-        .map_or(Ok(()), |u| std::os::unix::fs::fchown(&f, Some(u), Some(u)))
+    let r = exact
+        .and_then(|_| owner.map_or(Ok(()), |u| std::os::unix::fs::fchown(&f, Some(u), Some(u))))
         .and_then(|_| f.write_all(bytes))
         .and_then(|_| fs::rename(&tmp, path));
     if r.is_err() {

@@ -7,7 +7,11 @@
 //! rename, never through a symlink), so a rebuilt tree equals the one the
 //! supervisor wrote, file for file, with one exception: an agent's `log` (its
 //! stderr, not kept in the store) is left as it is, and created empty if
-//! missing. A finished `temp` agent has no object to rebuild.
+//! missing. A finished `temp` agent has no object (nor shim) to rebuild.
+//!
+//! Per-agent sockets (`agent/<name>.sock`, SPEC 8) are not files of the store:
+//! a live supervisor binds them. A socket nobody answers on is a leftover of a
+//! dead supervisor, and the rebuild removes it; one that answers is left alone.
 
 use std::path::{Path, PathBuf};
 
@@ -84,20 +88,25 @@ impl Out {
 }
 
 /// Rebuilds every agent object, session and channel of `tenant` under `paths`.
+/// `bin_dir` is where the `brood` binary is, for the shims (see
+/// [`objects::shim_program`]); give the supervisor's `Config::bin_dir`.
 pub fn rebuild(
     store: &dyn Store,
     tenant: &TenantId,
     paths: &Paths,
     operator: &Policy,
+    bin_dir: Option<&Path>,
 ) -> Result<Rebuilt, RebuildError> {
     let mut out = Out {
         nonce: 0,
         files: 0,
         owner: crate::projection::ctx_owner(),
     };
+    crate::agent_socket::remove_stale(&paths.ctx().join("agent"));
     let agents = store.agents(tenant, true)?;
+    let program = objects::shim_program(bin_dir);
     for a in &agents {
-        agent(store, paths, operator, a, &mut out)?;
+        agent(store, paths, operator, a, &program, &mut out)?;
     }
     Ok(Rebuilt {
         agents: agents.len(),
@@ -110,6 +119,7 @@ fn agent(
     paths: &Paths,
     operator: &Policy,
     a: &Agent,
+    program: &str,
     out: &mut Out,
 ) -> Result<(), RebuildError> {
     let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
@@ -137,6 +147,16 @@ fn agent(
             objects::agent_meta(a, start.as_ref()),
         )?;
         out.touch(dir.join("log"))?;
+        out.nonce += 1;
+        out.files += 1;
+        let shim = paths.shim(&a.name);
+        crate::projection::write_atomic_exec(
+            &shim,
+            objects::shim(&paths.root, program, &a.name).as_bytes(),
+            out.nonce,
+            out.owner,
+        )
+        .map_err(|source| RebuildError::Io { path: shim, source })?;
     }
     let pid = run.as_ref().and_then(|r| r.pid);
     for (path, text) in crate::supervisor::status_files(paths, a, pid, !temp_gone) {

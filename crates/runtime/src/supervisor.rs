@@ -33,6 +33,7 @@ use crate::io;
 use crate::paths::Paths;
 use crate::projection::Projection;
 
+mod sockets;
 mod sweep;
 pub use sweep::Sweeper;
 
@@ -155,6 +156,8 @@ pub(crate) enum Cmd {
     AgentReply(AgentName, u64, ApiResult),
     /// The sweepers' clock (SPEC 9).
     Tick,
+    /// A request on an agent's socket (SPEC 8), from its connection's task.
+    AgentSocket(AgentName, crate::agent_socket::Request),
 }
 
 /// What an agent's IO task reports.
@@ -292,7 +295,13 @@ impl Supervisor {
         // happened to the files while no supervisor ran (a crash mid-write, a
         // deleted tree, the records recovery just wrote) is made true again.
         let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
-        match crate::rebuild::rebuild(store.as_ref(), &tenant, &paths, &operator) {
+        match crate::rebuild::rebuild(
+            store.as_ref(),
+            &tenant,
+            &paths,
+            &operator,
+            cfg.bin_dir.as_deref(),
+        ) {
             Ok(r) => tracing::info!(agents = r.agents, files = r.files, "ctx tree rebuilt"),
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
         }
@@ -350,6 +359,7 @@ impl Supervisor {
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),
+            sockets: sockets::Sockets::default(),
             metrics: metrics.clone(),
             slots,
         };
@@ -762,6 +772,8 @@ struct Dispatcher {
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
     sweep: sweep::SweepState,
+    /// The per-agent sockets (SPEC 8) of agents that can take input.
+    sockets: sockets::Sockets,
     metrics: Arc<crate::metrics::Metrics>,
     /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
     slots: Arc<dyn crate::slots::Slots>,
@@ -817,6 +829,7 @@ impl Dispatcher {
                 Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
                 Cmd::StopDone(id) => self.on_stop_done(id),
                 Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+                Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
                 Cmd::Tick => {
                     if shutdown.is_none() {
                         self.on_tick();
@@ -1438,6 +1451,7 @@ impl Dispatcher {
         for (file, text) in crate::objects::control_files(&agent, &policy, &spec) {
             self.projection.write(adir.join(file), text);
         }
+        self.project_shim(&name);
         self.projection.append(adir.join("log"), Vec::new());
         self.projection.write(
             adir.join("meta.json"),
@@ -1553,6 +1567,7 @@ impl Dispatcher {
     /// an agent leaves the live set, so a slot is never held by a process that
     /// is gone (SPEC 9).
     fn forget(&mut self, name: &AgentName) -> Option<Live> {
+        self.sock_end(name);
         let l = self.live.remove(name)?;
         if l.launching {
             self.give_slot();
@@ -2124,12 +2139,15 @@ impl Dispatcher {
         match m {
             FromAgent::Ready => {
                 l.ready = true;
-                if let Some((reply, true)) = l.spawn_reply.take() {
+                let reply = l.spawn_reply.take();
+                self.sock_ready(name);
+                if let Some((reply, true)) = reply {
                     let r = self.agent(name).map(|a| agent_json(&self.store, &a));
                     self.respond(reply, r);
                 }
             }
-            FromAgent::Chunk { .. } | FromAgent::Pong | FromAgent::Unknown => {}
+            FromAgent::Chunk { delta } => self.sock_chunk(name, run, &delta),
+            FromAgent::Pong | FromAgent::Unknown => {}
             FromAgent::Message { role, content } => {
                 match self.store.append_message(
                     &self.tenant,
@@ -2147,6 +2165,7 @@ impl Dispatcher {
                         if crate::objects::is_agent_message(&role) {
                             self.projection.write(dir.join("latest.md"), content);
                         }
+                        self.sock_message(name, &m);
                     }
                     Err(e) => {
                         tracing::error!(agent = %name, error = %e, "recording a message failed")
@@ -2168,6 +2187,9 @@ impl Dispatcher {
                     Ok(a) => project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid)),
                     Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
                 }
+                // A turn ends on the agent's word even when the record did not
+                // change (`blocked` twice in a row is no transition).
+                self.sock_status(name, run, to);
             }
             FromAgent::Request { id, op, args } => {
                 let sup = self.handle();
@@ -2403,6 +2425,7 @@ impl Dispatcher {
         if crate::objects::object_removed(agent) {
             self.projection
                 .remove_dir(self.paths.agent_dir(&agent.name));
+            self.projection.remove_dir(self.paths.shim(&agent.name));
         }
     }
 
@@ -2577,6 +2600,7 @@ impl Dispatcher {
                     pgids.push(p);
                 }
             }
+            self.sock_close(n);
             let reason = t.reason().unwrap_or("stopped").to_owned();
             self.to_agent(n, &ToAgent::Cancel { reason });
         }
@@ -2964,6 +2988,7 @@ impl Dispatcher {
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
                 self.projection.write(adir.join(file), text);
             }
+            self.project_shim(name);
             let parent_pair = a
                 .parent
                 .clone()

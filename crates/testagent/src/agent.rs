@@ -239,6 +239,9 @@ impl<W: Write> Agent<'_, W> {
         while self.inputs.len() < flags.inputs {
             self.handle_next(None, None)?;
         }
+        if flags.echo {
+            self.echo(flags.inputs)?;
+        }
         if flags.sleep_ms > 0 {
             self.pause(Duration::from_millis(flags.sleep_ms))?;
         }
@@ -258,6 +261,45 @@ impl<W: Write> Agent<'_, W> {
             children: &children,
             probes: &probes,
         }))
+    }
+
+    /// `--echo`: one turn per input from the `next`-th on, until `bye`.
+    fn echo(&mut self, mut next: usize) -> Result<(), Stop> {
+        let blocked = FromAgent::Status {
+            status: "blocked".into(),
+            reason: Some("waiting for input".into()),
+        };
+        self.send(&blocked)?;
+        loop {
+            while self.inputs.len() <= next {
+                self.handle_next(None, None)?;
+            }
+            let text = self.inputs[next].clone();
+            next += 1;
+            if text == "bye" {
+                return Ok(());
+            }
+            if !self.flags.echo_quiet {
+                self.send(&FromAgent::Status {
+                    status: "running".into(),
+                    reason: None,
+                })?;
+            }
+            self.send(&FromAgent::Chunk {
+                delta: "echo: ".into(),
+            })?;
+            if self.flags.echo_pause_ms > 0 {
+                self.pause(Duration::from_millis(self.flags.echo_pause_ms))?;
+            }
+            self.send(&FromAgent::Chunk {
+                delta: text.clone(),
+            })?;
+            self.send(&FromAgent::Message {
+                role: "assistant".into(),
+                content: format!("echo: {text}"),
+            })?;
+            self.send(&blocked)?;
+        }
     }
 
     /// Ends the run as the outcome and the flags say; returns the exit code.

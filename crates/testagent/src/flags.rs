@@ -17,6 +17,14 @@ pub struct Flags {
     pub messages: Vec<String>,
     pub usage: Option<Usage>,
     pub inputs: usize,
+    /// `--echo`: answer every input with chunks, a message and `blocked`.
+    pub echo: bool,
+    /// `--echo-pause-ms N`: wait N ms (still answering) between an echo's
+    /// two chunks, so a test can catch a turn half done.
+    pub echo_pause_ms: u64,
+    /// `--echo-quiet`: no `status running` when an input is taken (only
+    /// `blocked`, as some agents do).
+    pub echo_quiet: bool,
     pub history: bool,
     /// The `args` of every spawn request, in command-line order, with
     /// `--spawn-n` already expanded.
@@ -109,7 +117,7 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --grandchildren N  --setsid-grandchild  --report-pids FILE  --flood BYTES
   --message TEXT (repeatable)  --usage TIN,TOUT,COST
   --spawn JSON (repeatable)  --spawn-n N:JSON  --tolerate-refusal  --wait
-  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --history
+  --count-lines PATH [--fanout] [--work-ms N]  --inputs N  --echo [--echo-pause-ms N] [--echo-quiet]  --history
   --sleep-ms N  --hang  --ignore-cancel
   --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
   --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
@@ -125,6 +133,9 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         messages: Vec::new(),
         usage: None,
         inputs: 0,
+        echo: false,
+        echo_pause_ms: 0,
+        echo_quiet: false,
         history: false,
         spawns: Vec::new(),
         tolerate_refusal: false,
@@ -196,6 +207,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--count-lines" => f.count_lines = Some(PathBuf::from(value()?)),
             "--work-ms" => f.work_ms = number(name, &value()?)?,
             "--sleep-ms" => f.sleep_ms = number(name, &value()?)?,
+            "--echo-pause-ms" => f.echo_pause_ms = number(name, &value()?)?,
             "--grandchildren" => f.grandchildren = number(name, &value()?)?,
             "--report-pids" => f.report_pids = Some(PathBuf::from(value()?)),
             "--flood" => f.flood = number(name, &value()?)?,
@@ -233,6 +245,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 return Err(FlagError(format!("{name} takes no value")));
             }
             "--history" => f.history = true,
+            "--echo" => f.echo = true,
+            "--echo-quiet" => f.echo_quiet = true,
             "--tolerate-refusal" => f.tolerate_refusal = true,
             "--wait" => f.wait = true,
             "--fanout" => f.fanout = true,
@@ -269,6 +283,11 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
     }
     if f.work_ms > 0 && f.count_lines.is_none() {
         return Err(FlagError("--work-ms needs --count-lines".into()));
+    }
+    if (f.echo_pause_ms > 0 || f.echo_quiet) && !f.echo {
+        return Err(FlagError(
+            "--echo-pause-ms and --echo-quiet need --echo".into(),
+        ));
     }
     if f.wait && f.spawns.is_empty() {
         return Err(FlagError("--wait needs --spawn or --spawn-n".into()));

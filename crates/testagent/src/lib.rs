@@ -16,7 +16,7 @@
 //! does what the flags say, in this order: `--malformed`; `--grandchildren`,
 //! `--setsid-grandchild`, `--report-pids`; `--flood`; `--message`s; `--usage`;
 //! `--spawn`/`--spawn-n` (in command-line order); `--wait`; `--count-lines`;
-//! the probes (in command-line order); `--inputs`; `--sleep-ms`; `--hang`. Then it finishes: `--crash` aborts,
+//! the probes (in command-line order); `--inputs`; `--echo`; `--sleep-ms`; `--hang`. Then it finishes: `--crash` aborts,
 //! `--no-result` exits without a result, `--error` sends `error`, otherwise it
 //! sends `done` whose response is, one part per line: the `--result` text
 //! (default `ok`, which a count replaces), the count, the inputs' texts (with
@@ -39,6 +39,9 @@
 //! | `--message TEXT` | send `{"type":"message","role":"assistant","content":TEXT}` (repeatable) |
 //! | `--usage TIN,TOUT,COST` | send a `usage` message |
 //! | `--inputs N` | wait for N `input`s; their texts follow the result text |
+//! | `--echo` | a conversation: say `{"type":"status","status":"blocked","reason":"waiting for input"}`, then answer every `input` (those `--inputs` took excepted) with `status` `running`, two `chunk`s (`echo: `, then the text) and a `message` (role `assistant`, content `echo: <text>`), then `blocked` again; the input `bye` ends the conversation (no echo) and the agent finishes |
+//! | `--echo-pause-ms N` | with `--echo`: wait N ms (still answering) between the two chunks |
+//! | `--echo-quiet` | with `--echo`: no `status running` when an input is taken |
 //! | `--history` | append `history: N messages` and the init's history |
 //! | `--spawn JSON` | request `spawn` with JSON as `args`, await the reply, remember `result.name` (repeatable) |
 //! | `--spawn-n N:JSON` | N spawns of JSON, named `<name>-<i>` (i from 1) if JSON has a name (repeatable) |

@@ -215,7 +215,8 @@ async fn a_bad_ref_line_refuses_the_whole_result() {
 }
 
 /// SPEC 4: the child can write its `artifact/` and nowhere else in its
-/// parent's tree; SPEC 3: no program in a sandbox writes a control file. The
+/// parent's tree, and reads its handoff but not its parent's transcript;
+/// SPEC 3: no program in a sandbox writes a control file. The
 /// first child inherits the operator's `/ rw`, so landlock alone would let it:
 /// the tree's ownership holds the line. The second may only read `/`, and
 /// still writes its artifacts.
@@ -245,9 +246,21 @@ async fn the_child_writes_its_artifacts_and_nothing_else_of_the_tree() {
             (ctx.join("agent/p.d/policy"), "denied"),
             (ctx.join("agent/new-file"), "denied"),
         ];
+        // What it may read of its parent's session: the channel and events,
+        // not the transcript (SPEC 4).
+        let reads = [
+            (ch.join("handoff.md"), "ok"),
+            (psess.join("events.jsonl"), "ok"),
+            (psess.join("messages.jsonl"), "denied"),
+            (psess.join("latest.md"), "denied"),
+        ];
         let mut argv = agent(&[]);
         for (p, _) in &targets {
             argv.push("--probe-write".to_owned());
+            argv.push(p.to_string_lossy().into_owned());
+        }
+        for (p, _) in &reads {
+            argv.push("--probe-read".to_owned());
             argv.push(p.to_string_lossy().into_owned());
         }
         let mut args = json!({"name": child, "parent": "p", "task": "probe", "argv": argv});
@@ -262,6 +275,13 @@ async fn the_child_writes_its_artifacts_and_nothing_else_of_the_tree() {
         env.sup.flush().await;
         assert_eq!(show(&env, child)["status"], "completed");
         let result = read(ch.join("result.md"));
+        for (p, want) in &reads {
+            let line = format!("read {}: {want}", p.display());
+            assert!(
+                result.lines().any(|l| l == line),
+                "{child}: expected {line:?} in\n{result}"
+            );
+        }
         for (p, want) in &targets {
             let line = format!("write {}: {want}", p.display());
             assert!(

@@ -37,6 +37,18 @@ pub fn ctx_owner() -> Option<u32> {
     (unsafe { libc::geteuid() } == 0).then_some(CTX_OWNER)
 }
 
+/// The mode a ctx file is written with: a session's transcript
+/// (`messages.jsonl`, `latest.md`) is `0640`, readable by the tree's owner and
+/// the operator but not by agents (SPEC 4: a child does not read its parent's
+/// transcript; an agent gets its own history in `init`); every other file
+/// `0644`. Shims are written `0755` on their own.
+pub fn mode_of(path: &Path) -> u32 {
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some("messages.jsonl" | "latest.md") => 0o640,
+        _ => 0o644,
+    }
+}
+
 enum Op {
     /// A whole file and its mode (0644, or 0755 for a shim).
     Write(PathBuf, Vec<u8>, u32),
@@ -82,7 +94,8 @@ impl Projection {
 
     /// Replaces a whole file (creating its directory).
     pub fn write(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
-        let _ = self.tx.send(Op::Write(path, bytes.into(), 0o644));
+        let mode = mode_of(&path);
+        let _ = self.tx.send(Op::Write(path, bytes.into(), mode));
     }
 
     /// Replaces a whole file with an executable one, mode 0755 (an agent's shim).
@@ -285,7 +298,7 @@ fn ensure_parent(path: &Path, owner: Option<u32>) -> io::Result<()> {
 /// The file (and any directory made for it) is given to `owner`.
 pub fn write_atomic(path: &Path, bytes: &[u8], nonce: u64, owner: Option<u32>) -> io::Result<()> {
     ensure_parent(path, owner)?;
-    write_atomic_in(path, bytes, nonce, owner, 0o644)
+    write_atomic_in(path, bytes, nonce, owner, mode_of(path))
 }
 
 /// [`write_atomic`] of an executable file, mode 0755 (an agent's shim).
@@ -376,7 +389,7 @@ fn append_in(path: &Path, bytes: &[u8], owner: Option<u32>) -> io::Result<()> {
         .append(true)
         .create(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o644)
+        .mode(mode_of(path))
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             // O_NOFOLLOW met a symlink.

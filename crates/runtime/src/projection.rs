@@ -325,7 +325,11 @@ fn write_atomic_in(
         .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
-    tmp_name.push(format!(".tmp.{}.{nonce}", std::process::id()));
+    // The thread id keeps writers of one process apart (the projection thread,
+    // the launch, a rebuild), whatever nonces each counts with.
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    tmp_name.push(format!(".tmp.{}.{tid}.{nonce}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     refuse_symlink(path)?;
     let mut f = OpenOptions::new()

@@ -1724,6 +1724,24 @@ impl Dispatcher {
         {
             return fail(&self.tx, format!("creating {}: {e}", dir.display()));
         }
+        let a = self.store.agent(&self.tenant, name).ok().flatten();
+        // The handoff is there before the child runs (SPEC 4: written when the
+        // channel is created; the projection thread may not have got to it
+        // yet). The same bytes as the projection's, so whichever lands last
+        // changes nothing; a resumed run finds it and leaves it.
+        if let (Some(dir), Some(a)) = (&artifacts, &a) {
+            let handoff = dir.with_file_name("handoff.md");
+            if std::fs::symlink_metadata(&handoff).is_err()
+                && let Err(e) = crate::projection::write_atomic(
+                    &handoff,
+                    task_of(a).as_bytes(),
+                    1,
+                    crate::projection::ctx_owner(),
+                )
+            {
+                return fail(&self.tx, format!("writing {}: {e}", handoff.display()));
+            }
+        }
         let sandbox_spec = crate::enforce::sandbox(
             &l.policy,
             &crate::enforce::Context {
@@ -1787,7 +1805,6 @@ impl Dispatcher {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let a = self.store.agent(&self.tenant, name).ok().flatten();
         let id = Identity {
             agent: name.to_string(),
             run: run.to_string(),

@@ -128,6 +128,44 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     Ok(0)
 }
 
+/// What the first grandchild handed back to its parent (SPEC 4): the channel's
+/// files, the artifact and the blob it was kept as.
+fn show_channel(sup: &Supervisor, root: &AgentName) -> Result<()> {
+    let descendants = sup.store().descendants_post_order(sup.tenant(), root)?;
+    let Some(gc) = descendants.iter().find(|a| a.depth == 2) else {
+        return Ok(());
+    };
+    let Some(p) = &gc.parent else { return Ok(()) };
+    let pa = sup.view().agent(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cdir = sup.paths().channel_dir(p, &pa.session, &gc.name);
+    println!(
+        "\nwhat {} handed back to {p}, as files in {p}'s channel ({}):",
+        gc.name,
+        cdir.display()
+    );
+    for f in [
+        "handoff.md",
+        "status",
+        "result.md",
+        "refs.jsonl",
+        "artifact/lines.txt",
+    ] {
+        let body = std::fs::read_to_string(cdir.join(f)).unwrap_or_default();
+        println!("--- {f}");
+        println!("{}", body.trim_end());
+    }
+    if let Some(ch) = sup.store().channel(sup.tenant(), p, &gc.name)?
+        && let Some(a) = ch.artifacts.first()
+    {
+        println!(
+            "--- kept as {} ({} bytes), so `brood fsck` can rebuild it",
+            brood_runtime::channel::blob_path(&sup.paths().blobs(), &a.sha256).display(),
+            a.size
+        );
+    }
+    Ok(())
+}
+
 /// The two parts of the demo, on a running supervisor.
 async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
@@ -145,6 +183,7 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         "--count-lines".into(),
         data.to_string_lossy().into_owned(),
         "--fanout".into(),
+        "--hand-back".into(),
         "--work-ms".into(),
         "1500".into(),
     ];
@@ -182,6 +221,7 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         "result of {counter}:\n{}",
         shown["result"].as_str().unwrap_or("(none)")
     );
+    show_channel(sup, &counter)?;
 
     // Part 2: the same shape, slow; its root is SIGKILLed mid-work.
     let doomed = AgentName::new(&format!("doomed-{tag}"))?;
@@ -205,6 +245,7 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         )
         .await,
     )?;
+    println!();
     let title2 = "brood demo, part 2: a second tree, whose root will be killed with SIGKILL";
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -118,6 +118,7 @@ pub fn run<R: Read + Send + 'static, W: Write>(
         inputs: Vec::new(),
         next_id: 1,
         started: Instant::now(),
+        refs: Vec::new(),
     };
     let outcome = match agent.send(&FromAgent::Ready) {
         Ok(()) => agent.script(),
@@ -192,6 +193,8 @@ struct Agent<'a, W: Write> {
     inputs: Vec<String>,
     next_id: u64,
     started: Instant,
+    /// Refs handed back besides `--ref`s (`--hand-back`).
+    refs: Vec<Value>,
 }
 
 impl<W: Write> Agent<'_, W> {
@@ -231,6 +234,9 @@ impl<W: Write> Agent<'_, W> {
             Some(path) => Some(self.count(path)?),
             None => None,
         };
+        if let (true, Some(c)) = (flags.hand_back, &count) {
+            self.hand_back(c)?;
+        }
         let mut probes = Vec::with_capacity(flags.probes.len());
         for p in &flags.probes {
             probes.push(probe::run(p));
@@ -362,7 +368,7 @@ impl<W: Write> Agent<'_, W> {
             tokens_out: usage.map_or(0, |u| u.tokens_out),
             cost_usd: usage.map_or(0.0, |u| u.cost_usd),
             duration_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            refs: self.flags.refs.clone(),
+            refs: self.flags.refs.iter().chain(&self.refs).cloned().collect(),
         }
     }
 
@@ -470,6 +476,25 @@ impl<W: Write> Agent<'_, W> {
         Ok(lines.join("\n"))
     }
 
+    /// `--hand-back`: the count as the artifact `lines.txt`, and a ref naming
+    /// it with the total's line as its summary (SPEC 4: what the parent's
+    /// context pack carries).
+    fn hand_back(&mut self, count: &str) -> Result<(), Stop> {
+        // A root has no channel to hand anything back to.
+        if std::env::var_os("BROOD_ARTIFACTS").is_none_or(|d| d.is_empty()) {
+            return Ok(());
+        }
+        write_artifacts(&[("lines.txt".to_owned(), format!("{count}\n"))]).map_err(Stop::Failed)?;
+        let first = count.lines().next().unwrap_or("");
+        self.refs.push(json!({
+            "path": "artifact/lines.txt",
+            "kind": "artifact",
+            // "45\t/x/y.rs" (a file) or "235 lines in /x" (a directory).
+            "summary": first.replacen('\t', " lines in ", 1),
+        }));
+        Ok(())
+    }
+
     /// One child per entry of `dir`, then a wait for all of them; the result is
     /// the total and then each child's result lines.
     fn fan_out(&mut self, dir: &Path) -> Result<String, Stop> {
@@ -481,6 +506,9 @@ impl<W: Write> Agent<'_, W> {
             argv.extend(["--count-lines".to_owned(), path.clone()]);
             if entry.is_dir {
                 argv.push("--fanout".to_owned());
+            }
+            if self.flags.hand_back {
+                argv.push("--hand-back".to_owned());
             }
             if self.flags.work_ms > 0 {
                 argv.extend(["--work-ms".to_owned(), self.flags.work_ms.to_string()]);

@@ -49,6 +49,7 @@
 //! | `--wait` | request `wait` for all spawned names; append `name: status: result` per child |
 //! | `--count-lines PATH` | send the message `counting the lines of PATH`, then count: result `N\tPATH` for a file; `N lines in PATH` plus each entry's lines for a directory |
 //! | `--fanout` | count a directory with one child per entry (`brood test-agent --count-lines ENTRY`) |
+//! | `--hand-back` | with `--count-lines`: also hand the count back as the artifact `lines.txt` and a ref to it (children of `--fanout` inherit it) |
 //! | `--work-ms N` | sleep N ms per file counted (passed on to fan-out children) |
 //! | `--sleep-ms N` | sleep N ms (still answering) before finishing |
 //! | `--hang` | never finish |

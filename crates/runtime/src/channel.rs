@@ -344,19 +344,7 @@ pub fn put_blob(blobs: &Path, src: &Path) -> io::Result<(String, u64)> {
             .mode(0o444)
             .custom_flags(libc::O_CLOEXEC)
             .open(&tmp)?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut size = 0u64;
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-            out.write_all(&buf[..n])?;
-            size += n as u64;
-        }
-        let hex = hex(&h.finalize());
+        let (hex, size) = hash_copy(&mut f, Some(&mut out))?;
         let dst = dir.join(&hex);
         if dst.exists() {
             fs::remove_file(&tmp)?;
@@ -377,10 +365,12 @@ pub fn sha256_file(path: &Path) -> io::Result<(String, u64)> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
-    sha256_reader(&mut f)
+    hash_copy(&mut f, None)
 }
 
-fn sha256_reader(f: &mut File) -> io::Result<(String, u64)> {
+/// Reads `f` to its end, hashing it and, when given, copying it to `out`:
+/// the SHA-256 in lowercase hex and the size.
+fn hash_copy(f: &mut File, mut out: Option<&mut File>) -> io::Result<(String, u64)> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut size = 0u64;
@@ -390,6 +380,9 @@ fn sha256_reader(f: &mut File) -> io::Result<(String, u64)> {
             return Ok((hex(&h.finalize()), size));
         }
         h.update(&buf[..n]);
+        if let Some(o) = out.as_mut() {
+            o.write_all(&buf[..n])?;
+        }
         size += n as u64;
     }
 }

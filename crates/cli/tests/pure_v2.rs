@@ -9,7 +9,7 @@
 //! host is shared but the kernel image.
 //!
 //! Needs `qemu-system-x86_64`, a kernel in `/boot` and a static busybox
-//! (Debian: `qemu-system-x86 linux-image-amd64 busybox-static`; `.ci/run`
+//! (Debian: `qemu-system-x86 linux-image-amd64 busybox-static`; `.ci/setup`
 //! installs them). Missing, the test fails naming what is missing. The guest
 //! runs under software emulation (about 15 s here).
 
@@ -135,7 +135,7 @@ fn newest_kernel() -> PathBuf {
         .collect();
     kernels.sort();
     kernels.pop().unwrap_or_else(|| {
-        panic!("no kernel image in /boot: a pure cgroup-v2 guest needs one (Debian: apt-get install linux-image-amd64; .ci/run installs it)")
+        panic!("no kernel image in /boot: a pure cgroup-v2 guest needs one (Debian: apt-get install linux-image-amd64; `bash .ci/setup` installs it)")
     })
 }
 
@@ -147,7 +147,7 @@ fn need(tool: &str, package: &str) -> PathBuf {
         }
     }
     panic!(
-        "{tool} is missing: a pure cgroup-v2 guest needs it (Debian: apt-get install {package}; .ci/run installs it)"
+        "{tool} is missing: a pure cgroup-v2 guest needs it (Debian: apt-get install {package}; `bash .ci/setup` installs it)"
     )
 }
 

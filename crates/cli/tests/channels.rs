@@ -27,13 +27,28 @@ fn channel(env: &Env, parent: &str, child: &str) -> PathBuf {
 
 async fn run_child(env: &Env, child: &str, flags: &[&str]) -> Value {
     let args = json!({"name": child, "parent": "p", "task": format!("task of {child}"), "argv": agent(flags)});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    spawn_wait(env, &args).await
+}
+
+/// Spawns `args`, waits for that agent to end and for its files; returns
+/// what `show` says of it.
+async fn spawn_wait(env: &Env, args: &Value) -> Value {
+    api::handle(&env.sup, &me(), "spawn", args).await.unwrap();
+    let child = args["name"].as_str().unwrap();
     env.sup
         .wait(me(), vec![name(child)], Some(Duration::from_secs(20)))
         .await
         .unwrap();
     env.sup.flush().await;
     show(env, child)
+}
+
+fn stored_channel(env: &Env, child: &str) -> brood_store::Channel {
+    env.sup
+        .store()
+        .channel(env.sup.tenant(), &name("p"), &name(child))
+        .unwrap()
+        .unwrap()
 }
 
 async fn start_parent(env: &Env) {
@@ -98,12 +113,7 @@ async fn refs_and_artifacts_come_back_to_the_parent() {
     // names it by hash and size.
     let blob = env.root().join("blobs/sha256").join(HELLO_SHA);
     assert_eq!(read(&blob), "hello\n");
-    let stored = env
-        .sup
-        .store()
-        .channel(env.sup.tenant(), &name("p"), &name("c"))
-        .unwrap()
-        .unwrap();
+    let stored = stored_channel(&env, "c");
     let names: Vec<(&str, u64)> = stored
         .artifacts
         .iter()
@@ -196,12 +206,7 @@ async fn a_bad_ref_line_refuses_the_whole_result() {
             !ch.join("refs.jsonl").exists(),
             "{child}: refs.jsonl written"
         );
-        let stored = env
-            .sup
-            .store()
-            .channel(env.sup.tenant(), &name("p"), &name(child))
-            .unwrap()
-            .unwrap();
+        let stored = stored_channel(&env, child);
         assert!(stored.result.is_none() && stored.refs.is_none() && stored.artifacts.is_empty());
         // The refusal is in the child's events, naming the line.
         let events = json_lines(session_dir(&env, child).join("events.jsonl"));
@@ -267,13 +272,7 @@ async fn the_child_writes_its_artifacts_and_nothing_else_of_the_tree() {
         if let Some(pol) = &policy {
             args["policy"] = pol.clone();
         }
-        api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
-        env.sup
-            .wait(me(), vec![name(child)], Some(Duration::from_secs(20)))
-            .await
-            .unwrap();
-        env.sup.flush().await;
-        assert_eq!(show(&env, child)["status"], "completed");
+        assert_eq!(spawn_wait(&env, &args).await["status"], "completed");
         let result = read(ch.join("result.md"));
         for (p, want) in &reads {
             let line = format!("read {}: {want}", p.display());
@@ -301,29 +300,12 @@ async fn the_child_writes_its_artifacts_and_nothing_else_of_the_tree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_in_its_own_mount_namespace_hands_back_artifacts() {
     let env = start(Duration::from_millis(300));
-    let exe_dir = std::path::Path::new(exe())
-        .parent()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
-        .iter()
-        .filter(|p| std::path::Path::new(p).exists())
-        .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
-        .collect();
-    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
     let mut p = req("p", agent(&["--hang"]));
-    p.policy = Some(json!({"mounts": mounts}));
+    p.policy = Some(json!({"mounts": system_mounts()}));
     env.sup.spawn(me(), p).await.unwrap();
     let args = json!({"name": "c", "parent": "p", "iso": "ns", "argv": agent(&[
         "--artifact", "out.txt=from inside\n", "--probe-read", "/etc/hostname", "--result", "isolated"])});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
-    env.sup
-        .wait(me(), vec![name("c")], Some(Duration::from_secs(20)))
-        .await
-        .unwrap();
-    env.sup.flush().await;
-    let c = show(&env, "c");
+    let c = spawn_wait(&env, &args).await;
     assert_eq!(c["status"], "completed", "{c}");
     let ch = channel(&env, "p", "c");
     let result = read(ch.join("result.md"));
@@ -332,12 +314,7 @@ async fn a_child_in_its_own_mount_namespace_hands_back_artifacts() {
         "the host's files are not in its namespace: {result}"
     );
     assert_eq!(read(ch.join("artifact/out.txt")), "from inside\n");
-    let stored = env
-        .sup
-        .store()
-        .channel(env.sup.tenant(), &name("p"), &name("c"))
-        .unwrap()
-        .unwrap();
+    let stored = stored_channel(&env, "c");
     assert_eq!(stored.artifacts.len(), 1);
     assert_eq!(stored.artifacts[0].name, "out.txt");
     env.sup.cancel(me(), name("p")).await.unwrap();
@@ -373,12 +350,7 @@ async fn handoff_is_written_once_and_result_md_holds_no_nul() {
 
     // An exec agent's stdout with NUL bytes becomes a result.md without them.
     let args = json!({"name": "nul", "parent": "p", "protocol": "exec", "argv": ["sh", "-c", "printf 'a\\000b\\000'"]});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
-    env.sup
-        .wait(me(), vec![name("nul")], Some(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    env.sup.flush().await;
+    spawn_wait(&env, &args).await;
     let bytes = std::fs::read(channel(&env, "p", "nul").join("result.md")).unwrap();
     assert_eq!(bytes, b"ab");
     env.sup.cancel(me(), name("p")).await.unwrap();

@@ -251,21 +251,12 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
     let (work, refd) = (d.path().join("work"), d.path().join("ref"));
     std::fs::create_dir_all(&work).unwrap();
     std::fs::create_dir_all(&refd).unwrap();
-    let exe_dir = std::path::Path::new(exe())
-        .parent()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let exe_dir = exe_dir();
     let (w, r) = (
         work.to_string_lossy().into_owned(),
         refd.to_string_lossy().into_owned(),
     );
-    let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
-        .iter()
-        .filter(|p| std::path::Path::new(p).exists())
-        .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
-        .collect();
-    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+    let mut mounts = system_mounts();
     mounts.push(format!("{w}\t/wdir\trw\tbind,nosuid,nodev"));
     mounts.push(format!("{r}\t/ref\tro\tbind,nosuid,nodev,noexec"));
     // File rules name host paths: landlock binds them to inodes before the agent

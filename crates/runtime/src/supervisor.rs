@@ -667,6 +667,13 @@ struct Pending {
 }
 
 impl Live {
+    /// Its parent's channel to it (`None` for a root), from what the live
+    /// entry knows, without a store read.
+    fn channel_dir(&self, paths: &Paths, name: &AgentName) -> Option<PathBuf> {
+        let (p, ps) = self.parent.as_ref().zip(self.parent_session.as_ref())?;
+        Some(paths.channel_dir(p, ps, name))
+    }
+
     fn new(
         run: RunId,
         session: SessionName,
@@ -1714,11 +1721,7 @@ impl Dispatcher {
             &self.base.path,
         );
         // The channel's artifact/ must exist before its landlock rule is made.
-        let artifacts = l
-            .parent
-            .as_ref()
-            .zip(l.parent_session.as_ref())
-            .map(|(p, ps)| self.paths.channel_dir(p, ps, name).join("artifact"));
+        let artifacts = l.channel_dir(&self.paths, name).map(|d| d.join("artifact"));
         if let Some(dir) = &artifacts
             && let Err(e) = crate::projection::make_dir(dir, l.policy.uid)
         {
@@ -2279,11 +2282,12 @@ impl Dispatcher {
     ) {
         let Some(l) = self.live.get(name) else { return };
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
-        let channel = l
-            .parent
-            .as_ref()
-            .zip(l.parent_session.as_ref())
-            .map(|(p, ps)| self.paths.channel_dir(p, ps, name));
+        let channel = l.channel_dir(&self.paths, name);
+        if refs.is_empty() && channel.is_none() {
+            // A root that names no refs: nothing to check or take, no thread.
+            let nothing = Some(crate::channel::Harvest::default());
+            return self.finish(name, outcome, exit_code, result, detail, nothing);
+        }
         let policy = l.policy.clone();
         let blobs = self.paths.blobs();
         let tx = self.tx.clone();

@@ -218,3 +218,25 @@ impl Drop for Daemon {
         let _ = self.0.wait();
     }
 }
+
+/// The directory of the `brood` binary under test.
+pub fn exe_dir() -> String {
+    Path::new(exe())
+        .parent()
+        .expect("the binary has a directory")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Mount table lines (SPEC 3) that let the test agent run inside `iso = ns`:
+/// the system's program and library directories and the binary's own, read-only.
+pub fn system_mounts() -> Vec<String> {
+    let exe_dir = exe_dir();
+    let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64", "/bin"]
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| format!("{p}\t{p}\tro\tbind,nosuid,nodev"))
+        .collect();
+    mounts.push(format!("{exe_dir}\t{exe_dir}\tro\tbind,nosuid,nodev"));
+    mounts
+}

@@ -49,6 +49,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("schema/0002_quotas.sql")),
     (3, include_str!("schema/0003_sweepers.sql")),
     (4, include_str!("schema/0004_channel_output.sql")),
+    (5, include_str!("schema/0005_unfinished_without_in.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store
@@ -275,11 +276,25 @@ macro_rules! agent_cols {
     };
 }
 
-// "Not finished": exactly the WHERE of the partial indexes in 0001_init.sql, which
-// SQLite uses only when a query repeats the expression.
+// "Not finished": exactly the WHERE of the partial indexes (migration 5), which
+// SQLite uses only when a query repeats the expression. No IN list: SQLite builds
+// a temporary b-tree for an IN of more than two constants on every run.
 macro_rules! unfinished {
     () => {
-        "(status IN ('queued', 'running', 'blocked') OR status LIKE 'stopping/%')"
+        unfinished!("")
+    };
+    ($p:literal) => {
+        concat!(
+            "(",
+            $p,
+            "status = 'queued' OR ",
+            $p,
+            "status = 'running' OR ",
+            $p,
+            "status = 'blocked' OR ",
+            $p,
+            "status LIKE 'stopping/%')"
+        )
     };
 }
 
@@ -946,6 +961,18 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     // More distinct statements than the default cache of 16 are in use; a
     // statement evicted and prepared again on every call would waste the cache.
     conn.set_prepared_statement_cache_capacity(64);
+    // The query planner stability guarantee: no plan depends on the value bound
+    // to a parameter. Without it SQLite marks a parameter "re-prepare when
+    // rebound" whenever it glances at its value (any `col = ?` beside an ORDER
+    // BY), and rusqlite clears the bindings of every statement it takes back into
+    // its cache, so such statements were compiled again on every use (measured:
+    // the runs, messages and descendants reads of every spawn). brood's plans
+    // come from its indexes, never from values: it keeps no statistics tables
+    // and binds no LIKE patterns.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 
@@ -1832,7 +1859,7 @@ const Q_OVERDUE: &str = concat!(
     " FROM runs INDEXED BY runs_due CROSS JOIN agents",
     " WHERE runs.deadline_ms IS NOT NULL AND runs.ended_ms IS NULL AND runs.deadline_ms <= ?1",
     "  AND agents.tenant = runs.tenant AND agents.name = runs.agent AND agents.run = runs.id",
-    "  AND agents.status IN ('queued', 'running', 'blocked')",
+    "  AND (agents.status = 'queued' OR agents.status = 'running' OR agents.status = 'blocked')",
     " ORDER BY runs.deadline_ms LIMIT ?2"
 );
 // Orphans: the unfinished children (the partial index of 0002_quotas.sql holds
@@ -1844,10 +1871,12 @@ const Q_ORPHANS: &str = concat!(
     " FROM agents AS c INDEXED BY agents_unfinished_by_parent",
     " LEFT JOIN agents AS p ON p.tenant = c.tenant AND p.name = c.parent",
     " WHERE c.parent IS NOT NULL",
-    "  AND (c.status IN ('queued', 'running', 'blocked') OR c.status LIKE 'stopping/%')",
+    "  AND ",
+    unfinished!("c."),
     "  AND c.status NOT LIKE 'stopping/%'",
-    "  AND (p.name IS NULL OR NOT (p.status IN ('queued', 'running', 'blocked')",
-    "       OR p.status LIKE 'stopping/%'))",
+    "  AND (p.name IS NULL OR NOT ",
+    unfinished!("p."),
+    ")",
     " LIMIT ?1"
 );
 
@@ -2441,5 +2470,66 @@ impl Store for SqliteStore {
             let agent = must_agent(tx, tenant, name)?;
             end_run_tx(tx, tenant, name, &agent.run, end, events)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(&dir.path().join("brood.db")).unwrap();
+        (dir, s)
+    }
+
+    /// A statement with `col = ?` beside an ORDER BY is compiled once, not again
+    /// after every rebind (the QPSG setting of `configure`).
+    #[test]
+    fn cached_reads_are_not_prepared_again_when_rebound() {
+        let (_dir, s) = store();
+        let t = TenantId::new("t").unwrap();
+        for i in 0..5 {
+            let a = AgentName::new(&format!("a{i}")).unwrap();
+            s.runs(&t, &a).unwrap();
+            s.messages(&t, &a, &SessionName::default_session()).unwrap();
+        }
+        let conn = s.lock();
+        for sql in [Q_RUNS, Q_MESSAGES] {
+            let stmt = conn.prepare_cached(sql).unwrap();
+            assert_eq!(
+                stmt.get_status(rusqlite::StatementStatus::RePrepare),
+                0,
+                "{sql}"
+            );
+        }
+    }
+
+    /// No write of an agent row builds a temporary b-tree: the partial indexes'
+    /// WHERE (checked on every insert and status change) has no IN list.
+    #[test]
+    fn agent_writes_build_no_temporary_btree() {
+        let (_dir, s) = store();
+        let conn = s.lock();
+        for sql in [
+            U_STATUS,
+            U_STATUS_DETAIL,
+            I_AGENT,
+            Q_UNFINISHED_OF,
+            Q_OVERDUE,
+        ] {
+            // Run unbound (every parameter NULL): EXPLAIN only lists the program.
+            let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+            let mut rows = stmt.raw_query();
+            let mut ops: Vec<String> = Vec::new();
+            while let Some(r) = rows.next().unwrap() {
+                ops.push(r.get(1).unwrap());
+            }
+            assert!(ops.iter().any(|o| o == "Halt"), "{sql}: {ops:?}");
+            assert!(
+                !ops.iter().any(|o| o == "OpenEphemeral"),
+                "{sql} builds a temporary b-tree: {ops:?}"
+            );
+        }
     }
 }

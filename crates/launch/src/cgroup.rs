@@ -656,7 +656,7 @@ impl Cgroups {
     }
 
     /// The group's `cgroup.procs`, open for writing, for the launcher: the child
-    /// writes `0` into it between fork and exec, which moves the writer itself
+    /// writes `0` into it between clone and exec, which moves the writer itself
     /// (cgroup-v2.rst "cgroup.procs"; v1 accepts `0` the same way), so no
     /// instruction of the agent runs outside its group.
     ///

@@ -6,12 +6,13 @@
 //! [`prepare`] runs in the supervisor and does everything that allocates, reads
 //! the filesystem or can fail with a useful message: it checks the table, turns
 //! every path into a `CString`, works out the mount flags and creates the mount
-//! points inside the new root. [`apply_in_child`] runs between fork and exec and
+//! points inside the new root. [`apply_in_child`] runs between clone and exec and
 //! makes raw syscalls only (signal-safety(7)), in this order:
 //!
 //! 1. `unshare(CLONE_NEWNS [| CLONE_NEWNET])` (unshare(2)): a private copy of the
 //!    mount table, and an empty network stack with only `lo`. It works here
-//!    because the forked child is single-threaded.
+//!    because the child is a process of its own with one thread (it shares
+//!    only memory with the supervisor, `crate::spawn`).
 //! 2. `mount(NULL, "/", NULL, MS_REC | MS_PRIVATE)` before anything else
 //!    (mount_namespaces(7) "Shared subtrees"): otherwise the binds below could
 //!    propagate back into the host's table.
@@ -282,7 +283,7 @@ pub struct PreparedNs {
 #[derive(Debug, Clone, Copy)]
 pub struct ChildNs(*const PreparedNs);
 
-// SAFETY: the pointer is only dereferenced in the forked child (a copy of the
+// SAFETY: the pointer is only dereferenced in the child (which shares the
 // parent's memory), under the precondition of `ChildNs::apply`.
 unsafe impl Send for ChildNs {}
 // SAFETY: as above.
@@ -581,7 +582,7 @@ pub fn prepare(spec: &NsSpec) -> Result<PreparedNs, NsError> {
 /// entered: both forbid mount(2) and pivot_root(2).
 ///
 /// # Safety
-/// Only in a freshly forked, single-threaded child before exec: it changes the
+/// Only in a freshly cloned, single-threaded child before exec: it changes the
 /// process's root, working directory and namespaces. It makes raw syscalls only
 /// (async-signal-safe, no allocation) on memory `p` prepared in the parent.
 pub unsafe fn apply_in_child(p: &PreparedNs) -> io::Result<()> {

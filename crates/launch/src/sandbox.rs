@@ -13,7 +13,7 @@
 //!   `/proc/sys/kernel/cap_last_cap` and checks what this process may drop. The
 //!   result, [`Prepared`], is immutable and cheap to clone: one prepared sandbox
 //!   may serve many launches of the same policy.
-//! * The child, between fork and exec ([`crate::spawn`]), only makes raw syscalls
+//! * The child, between clone and exec ([`crate::spawn`]), only makes raw syscalls
 //!   on those prepared integers, in this order: `close_range(3, ~0,
 //!   CLOSE_RANGE_CLOEXEC)`, so that no descriptor the supervisor inherited without
 //!   close-on-exec (a shell's, a service manager's) reaches the agent (an open file
@@ -769,7 +769,7 @@ impl ChildPlan {
     /// give.
     ///
     /// # Safety
-    /// Only between fork and exec, in the child: raw syscalls on prepared values,
+    /// Only between clone and exec, in the child: raw syscalls on prepared values,
     /// async-signal-safe (signal-safety(7)); the fds must be open.
     pub(crate) unsafe fn apply(&self) -> io::Result<()> {
         let fail = |step: ChildStep| -> io::Error {

@@ -34,6 +34,7 @@ pub(crate) fn start(
         stdin,
         stdout,
         stderr,
+        stdin_written: _,
     } = p;
     match pipe::Sender::from_owned_fd(stdin) {
         Ok(w) => {

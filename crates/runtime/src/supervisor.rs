@@ -628,6 +628,9 @@ struct Live {
     spawn_reply: Option<(Reply, bool)>,
     /// What a resumed run is told to do (its new input); the original task otherwise.
     instruction: Option<String>,
+    /// The init frame of the run being launched (protocol agents), until
+    /// `on_launched` has sent what the launch could not pre-write.
+    init: Option<Vec<u8>>,
     /// The agent's effective policy (SPEC 5), checked at admission.
     policy: Policy,
     /// Children created by this run so far: what the attenuation check of its
@@ -706,6 +709,7 @@ impl Live {
             cancelled_before_start: false,
             spawn_reply: None,
             instruction,
+            init: None,
             policy,
             creates_used: 0,
             run_usd: 0.0,
@@ -1684,6 +1688,15 @@ impl Dispatcher {
             .and_then(|l| l.parent.as_ref())
             .and_then(|p| self.live.get(p))
             .is_some_and(|p| p.limited);
+        let a = self.store.agent(&self.tenant, name).ok().flatten();
+        // A protocol agent's init goes into its stdin pipe before it starts, so
+        // it reads it at once instead of waiting for the start to be recorded.
+        let init = match (self.live.get(name), &a) {
+            (Some(l), Some(a)) if l.protocol == Protocol::Brood => {
+                Some(self.init_frame(run, a, l.instruction.clone()))
+            }
+            _ => None,
+        };
         let l = self.live.get_mut(name);
         let Some(l) = l else { return };
         l.group = group.clone();
@@ -1727,7 +1740,6 @@ impl Dispatcher {
         {
             return fail(&self.tx, format!("creating {}: {e}", dir.display()));
         }
-        let a = self.store.agent(&self.tenant, name).ok().flatten();
         // The handoff is there before the child runs (SPEC 4: written when the
         // channel is created; the projection thread may not have got to it
         // yet). The same bytes as the projection's, so whichever lands last
@@ -1836,7 +1848,9 @@ impl Dispatcher {
             sandbox: Some(sandbox),
             extra_procs,
             ns,
+            stdin_prelude: init.clone().unwrap_or_default(),
         };
+        l.init = init;
         let tx = self.tx.clone();
         let (n2, r2) = (name.clone(), run.clone());
         if let Some(hook) = self.cfg.hooks.before_launch.clone() {
@@ -1936,6 +1950,7 @@ impl Dispatcher {
             }
         };
         let pid = launched.pid;
+        let written = launched.stdin_written;
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
         let (protocol, instruction) = match self.live.get_mut(&name) {
             Some(l) => {
@@ -1960,49 +1975,22 @@ impl Dispatcher {
         );
         project_agent(&self.projection, &self.paths, &agent, Some(pid));
         self.project_channel(&agent, None);
-        // First words to the agent: init (protocol) or the handoff on stdin (exec).
-        let handoff = instruction.unwrap_or_else(|| task_of(&agent));
+        // First words to the agent: what of its init the launch could not put in
+        // the pipe before it started (protocol), or the handoff on stdin (exec).
         match protocol {
             Protocol::Brood => {
-                let history = self
-                    .store
-                    .messages(&self.tenant, &name, &agent.session)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|m| HistoryMessage {
-                        role: m.role,
-                        content: m.content,
-                    })
-                    .collect();
-                let init = ToAgent::Init {
-                    config: InitConfig {
-                        id: run.to_string(),
-                        name: name.to_string(),
-                        run: run.to_string(),
-                        parent_session_id: agent.parent.as_ref().map(|p| p.to_string()),
-                        session_id: agent.session.to_string(),
-                        instruction: handoff,
-                        customer: agent
-                            .customer
-                            .as_ref()
-                            .or(agent.parent.as_ref())
-                            .map(|c| c.to_string()),
-                        handoff: brood_proto::Handoff {
-                            dir: self
-                                .channel_dir_of(&agent)
-                                .map(|d| d.to_string_lossy().into_owned())
-                                .unwrap_or_default(),
-                            refs: Vec::new(),
-                            output: None,
-                        },
-                        history,
-                        ..InitConfig::default()
-                    },
-                    agent_config: Value::Object(Default::default()),
-                };
-                let _ = stdin_tx.send(brood_proto::encode(&init));
+                let rest = self
+                    .live
+                    .get_mut(&name)
+                    .and_then(|l| l.init.take())
+                    .map(|init| init.get(written..).unwrap_or_default().to_vec())
+                    .unwrap_or_default();
+                if !rest.is_empty() {
+                    let _ = stdin_tx.send(rest);
+                }
             }
             Protocol::Exec => {
+                let handoff = instruction.unwrap_or_else(|| task_of(&agent));
                 let _ = stdin_tx.send(handoff.into_bytes());
                 if let Some(l) = self.live.get_mut(&name) {
                     // Dropping the only sender closes the agent's stdin after the handoff.
@@ -2019,6 +2007,48 @@ impl Dispatcher {
                 self.respond(reply, Ok(agent_json(&self.store, &agent)));
             }
         }
+    }
+
+    /// The `init` frame that starts run `run` of protocol agent `agent`: its
+    /// instruction (the resume's, else its task), history and channel.
+    fn init_frame(&self, run: &RunId, agent: &Agent, instruction: Option<String>) -> Vec<u8> {
+        let history = self
+            .store
+            .messages(&self.tenant, &agent.name, &agent.session)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| HistoryMessage {
+                role: m.role,
+                content: m.content,
+            })
+            .collect();
+        let init = ToAgent::Init {
+            config: InitConfig {
+                id: run.to_string(),
+                name: agent.name.to_string(),
+                run: run.to_string(),
+                parent_session_id: agent.parent.as_ref().map(|p| p.to_string()),
+                session_id: agent.session.to_string(),
+                instruction: instruction.unwrap_or_else(|| task_of(agent)),
+                customer: agent
+                    .customer
+                    .as_ref()
+                    .or(agent.parent.as_ref())
+                    .map(|c| c.to_string()),
+                handoff: brood_proto::Handoff {
+                    dir: self
+                        .channel_dir_of(agent)
+                        .map(|d| d.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    refs: Vec::new(),
+                    output: None,
+                },
+                history,
+                ..InitConfig::default()
+            },
+            agent_config: Value::Object(Default::default()),
+        };
+        brood_proto::encode(&init)
     }
 
     fn channel_dir_of(&self, a: &Agent) -> Option<PathBuf> {

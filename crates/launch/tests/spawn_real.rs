@@ -1,0 +1,172 @@
+//! The spawn path itself against the real kernel: what a child starts with (its
+//! signal state, its first input) when the spawner clones it sharing the
+//! supervisor's memory (`CLONE_VM | CLONE_VFORK`) instead of forking.
+
+// The helpers below are test code too; clippy's allow-unwrap-in-tests only sees
+// `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::OnceLock;
+
+use brood_launch::{LaunchSpec, Spawner};
+
+fn spec(argv: &[&str], prelude: &[u8]) -> LaunchSpec {
+    LaunchSpec {
+        argv: argv.iter().map(OsString::from).collect(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: None,
+        cgroup_procs: None,
+        sandbox: None,
+        extra_procs: Vec::new(),
+        ns: None,
+        stdin_prelude: prelude.to_vec(),
+    }
+}
+
+/// One spawner for the binary, made before any test has a pipe open (see
+/// sandbox_real.rs: the keeper keeps what is open when it is forked).
+fn spawner() -> &'static Spawner {
+    static SPAWNER: OnceLock<Spawner> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        // What a supervisor typically has: SIGPIPE ignored (Rust's runtime does
+        // it), a handler installed, and a signal blocked on the thread that
+        // starts the spawner (its mask is inherited by the spawner thread).
+        extern "C" fn on_usr1(_: libc::c_int) {}
+        // SAFETY: signal(2) and pthread_sigmask(3) with valid arguments; the
+        // handler does nothing.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR2);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        Spawner::start(true).unwrap()
+    })
+}
+
+fn read_all(fd: OwnedFd) -> String {
+    let mut s = String::new();
+    File::from(fd).read_to_string(&mut s).unwrap();
+    s
+}
+
+/// Reads the child's stdout to its end and reaps it; (exit code, stdout).
+fn finish(pid: i32, stdout: OwnedFd) -> (i32, String) {
+    let out = read_all(stdout);
+    let mut status = 0;
+    // SAFETY: our own unreaped child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "status {status:#x}");
+    (libc::WEXITSTATUS(status), out)
+}
+
+/// The child shares the supervisor's memory until exec, so none of the
+/// supervisor's handlers, ignored signals or blocked signals may reach it: it
+/// starts as a fresh process would (SigIgn, SigCgt and SigBlk all empty).
+#[test]
+fn the_child_starts_with_default_signals_and_an_empty_mask() {
+    let l = spawner()
+        .launch_blocking(spec(&["/bin/cat", "/proc/self/status"], b""))
+        .unwrap();
+    drop(l.stdin);
+    let (code, status) = finish(l.pid, l.stdout);
+    assert_eq!(code, 0);
+    for field in ["SigBlk", "SigIgn", "SigCgt"] {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("no {field} in {status}"));
+        assert!(
+            line.trim_start_matches(field)
+                .trim_start_matches(':')
+                .trim()
+                .chars()
+                .all(|c| c == '0'),
+            "{line}"
+        );
+    }
+}
+
+/// The first input is in the pipe before the program runs: the child reads it
+/// although nobody writes to its stdin after the launch.
+#[test]
+fn the_prelude_is_in_stdin_when_the_program_starts() {
+    let l = spawner()
+        .launch_blocking(spec(
+            &["/bin/sh", "-c", "read l; echo \"got:$l\""],
+            b"first line\n",
+        ))
+        .unwrap();
+    assert_eq!(l.stdin_written, 11);
+    drop(l.stdin);
+    let (code, out) = finish(l.pid, l.stdout);
+    assert_eq!((code, out.as_str()), (0, "got:first line\n"));
+}
+
+/// A prelude larger than the pipe does not block the spawner: what fits is
+/// written, the caller writes the rest, and the child reads all of it in order.
+#[test]
+fn a_prelude_larger_than_the_pipe_is_written_in_part() {
+    let big: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    let l = spawner()
+        .launch_blocking(spec(&["/usr/bin/sha256sum"], &big))
+        .unwrap();
+    assert!(
+        l.stdin_written > 0 && l.stdin_written < big.len(),
+        "{} of {}",
+        l.stdin_written,
+        big.len()
+    );
+    let rest = big[l.stdin_written..].to_vec();
+    let stdin = l.stdin;
+    // The launcher leaves stdin non-blocking (for the async writer); write the
+    // rest blocking from a thread while the child's output is read.
+    // SAFETY: fcntl(2) on a descriptor we own.
+    unsafe { libc::fcntl(stdin.as_raw_fd(), libc::F_SETFL, 0) };
+    let writer = std::thread::spawn(move || {
+        File::from(stdin).write_all(&rest).unwrap();
+    });
+    let (code, out) = finish(l.pid, l.stdout);
+    writer.join().unwrap();
+    assert_eq!(code, 0);
+    let want = {
+        // The same digest, computed here.
+        let l2 = spawner()
+            .launch_blocking(spec(&["/usr/bin/sha256sum"], b""))
+            .unwrap();
+        let stdin = l2.stdin;
+        // SAFETY: as above.
+        unsafe { libc::fcntl(stdin.as_raw_fd(), libc::F_SETFL, 0) };
+        let data = big.clone();
+        let w = std::thread::spawn(move || File::from(stdin).write_all(&data).unwrap());
+        let r = finish(l2.pid, l2.stdout);
+        w.join().unwrap();
+        r.1
+    };
+    assert_eq!(out, want);
+}
+
+/// A program that cannot be executed is an error of the launch naming the
+/// errno, and leaves no child behind.
+#[test]
+fn an_exec_failure_is_reported_and_reaped() {
+    let e = spawner()
+        .launch_blocking(spec(&["/nonexistent/brood-program"], b""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/brood-program"), "{e}");
+    assert!(e.contains("No such file"), "{e}");
+    // Reaped: this process has no child left to wait for (the keeper is the
+    // spawner thread's child in another namespace, and waitpid(-1) sees it; so
+    // ask for zombies only).
+    let mut status = 0;
+    // SAFETY: a non-blocking wait on any child.
+    let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    assert!(r <= 0, "an unreaped child {r}");
+}

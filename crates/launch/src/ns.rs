@@ -10,8 +10,9 @@
 //! makes raw syscalls only (signal-safety(7)), in this order:
 //!
 //! 1. `unshare(CLONE_NEWNS [| CLONE_NEWNET])` (unshare(2)): a private copy of the
-//!    mount table, and an empty network stack with only `lo`. It works here
-//!    because the child is a process of its own with one thread (it shares
+//!    mount table, and an empty network stack with only `lo`; or, when a
+//!    [`NetnsPool`] had one ready, `setns(2)` into that fresh namespace instead of
+//!    making one here. It works here because the child is a process of its own with one thread (it shares
 //!    only memory with the supervisor, `crate::spawn`).
 //! 2. `mount(NULL, "/", NULL, MS_REC | MS_PRIVATE)` before anything else
 //!    (mount_namespaces(7) "Shared subtrees"): otherwise the binds below could
@@ -44,6 +45,13 @@
 //! source, which is the user's data: there, and everywhere without a root, the
 //! mount point must already exist; nothing is created.
 //!
+//! **The network namespace pool.** Making a network namespace is the dearest
+//! step by far (about 0.6 ms here: the kernel registers every protocol's sysctls
+//! for it), and it sat on every `network: none` start. A [`NetnsPool`] thread
+//! makes a few ahead of need, each with `lo` up, and the child joins one with
+//! `setns(2)`. Each is handed out once, to one agent, and dies with it, so the
+//! isolation is the same as a namespace made in the child.
+//!
 //! A failing step in the child is recorded in a shared page, so the parent can
 //! say which step and which path failed ([`PreparedNs::child_failure`]); the
 //! spawn error itself only carries the errno.
@@ -51,11 +59,13 @@
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// One mount table entry (SPEC 3 `source<TAB>target<TAB>ro|rw<TAB>options`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,10 +185,11 @@ enum Step {
     PivotRoot = 9,
     DetachOldRoot = 10,
     Chdir = 11,
+    JoinNetwork = 12,
 }
 
 impl Step {
-    const ALL: [Step; 11] = [
+    const ALL: [Step; 12] = [
         Step::Unshare,
         Step::MakePrivate,
         Step::BindRoot,
@@ -190,6 +201,7 @@ impl Step {
         Step::PivotRoot,
         Step::DetachOldRoot,
         Step::Chdir,
+        Step::JoinNetwork,
     ];
 
     fn describe(self) -> &'static str {
@@ -205,6 +217,7 @@ impl Step {
             Step::PivotRoot => "pivot_root into",
             Step::DetachOldRoot => "umount2(MNT_DETACH) of the old root, from",
             Step::Chdir => "chdir to",
+            Step::JoinNetwork => "setns(CLONE_NEWNET) into a pooled network namespace for",
         }
     }
 }
@@ -271,6 +284,9 @@ pub struct PreparedNs {
     proc_target: Option<CString>,
     cwd: Option<CString>,
     loopback_up: bool,
+    /// A fresh empty network namespace from the pool, to join instead of
+    /// unsharing one (`setns`); kept open until the spawn is over.
+    netns: Option<OwnedFd>,
     failure: FailurePage,
     /// For messages only.
     root_shown: PathBuf,
@@ -455,6 +471,14 @@ fn check_mount_point(from: &Path, p: &Path, file: bool) -> Result<(), NsError> {
 /// Checks the spec and builds everything [`apply_in_child`] needs (see the
 /// module docs); creates missing mount points inside `root`.
 pub fn prepare(spec: &NsSpec) -> Result<PreparedNs, NsError> {
+    prepare_with(spec, None)
+}
+
+/// [`prepare`], joining `netns` (a fresh empty network namespace from a
+/// [`NetnsPool`], `lo` already up) instead of making one in the child when the
+/// spec asks for an empty network. Without an empty network, `netns` is dropped.
+pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs, NsError> {
+    let netns = netns.filter(|_| spec.empty_network);
     let root = match &spec.root {
         Some(r) => {
             let c = check_abs(r, "the root must be an absolute path without . or ..")?;
@@ -553,7 +577,7 @@ pub fn prepare(spec: &NsSpec) -> Result<PreparedNs, NsError> {
     let failure = FailurePage::new().map_err(|e| io_err("mmap", Path::new("(failure page)"), e))?;
     Ok(PreparedNs {
         unshare_flags: libc::CLONE_NEWNS
-            | if spec.empty_network {
+            | if spec.empty_network && netns.is_none() {
                 libc::CLONE_NEWNET
             } else {
                 0
@@ -568,7 +592,8 @@ pub fn prepare(spec: &NsSpec) -> Result<PreparedNs, NsError> {
         proc_target,
         cwd_shown: spec.cwd.clone().unwrap_or_default(),
         cwd,
-        loopback_up: spec.empty_network,
+        loopback_up: spec.empty_network && netns.is_none(),
+        netns,
         failure,
     })
 }
@@ -602,6 +627,11 @@ pub unsafe fn apply_in_child(p: &PreparedNs) -> io::Result<()> {
         // unshare(2).
         if libc::unshare(p.unshare_flags) != 0 {
             return Err(fail(Step::Unshare, 0));
+        }
+        if let Some(fd) = &p.netns
+            && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0
+        {
+            return Err(fail(Step::JoinNetwork, 0));
         }
         // mount_namespaces(7): stop propagation both ways before any mount.
         if libc::mount(
@@ -716,6 +746,154 @@ pub unsafe fn apply_in_child(p: &PreparedNs) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Empty network namespaces made ahead of need (see the module docs): a thread
+/// keeps `depth` of them ready, each with `lo` up, and [`NetnsPool::take`] hands
+/// one out without waiting. Dropping the pool stops the thread and closes the
+/// namespaces nobody took.
+pub struct NetnsPool {
+    shared: Arc<PoolShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct PoolShared {
+    state: Mutex<PoolState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    ready: Vec<OwnedFd>,
+    stop: bool,
+    /// Why the thread gave up making namespaces, if it did.
+    broken: Option<String>,
+}
+
+impl NetnsPool {
+    /// Starts the pool's thread, which fills it at once.
+    pub fn start(depth: usize) -> io::Result<NetnsPool> {
+        let shared = Arc::new(PoolShared {
+            state: Mutex::new(PoolState::default()),
+            wake: Condvar::new(),
+        });
+        let theirs = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("brood-netns".into())
+            .spawn(move || pool_thread(&theirs, depth.max(1)))?;
+        Ok(NetnsPool {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// A fresh namespace if one is ready (the thread then makes the next);
+    /// `None` when the pool is empty or broken: the child makes its own then.
+    pub fn take(&self) -> Option<OwnedFd> {
+        let mut st = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fd = st.ready.pop();
+        self.shared.wake.notify_one();
+        fd
+    }
+
+    /// Why the pool makes no namespaces, if it stopped making them.
+    pub fn broken(&self) -> Option<String> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .broken
+            .clone()
+    }
+}
+
+impl Drop for NetnsPool {
+    fn drop(&mut self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stop = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            // A panic of the thread leaves nothing to clean up: ignore it.
+            let _ = t.join();
+        }
+    }
+}
+
+/// The pool's thread: `unshare(CLONE_NEWNET)` moves this thread alone into a new
+/// namespace (unshare(2)); it brings `lo` up there, keeps a descriptor of it
+/// (`/proc/thread-self/ns/net`), and the next unshare leaves it for the next one.
+/// The thread never opens a socket of its own in any of them but the transient
+/// one of `loopback_up`.
+fn pool_thread(shared: &PoolShared, depth: usize) {
+    loop {
+        {
+            let mut st = shared
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            while !st.stop && st.ready.len() >= depth {
+                st = shared
+                    .wake
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            if st.stop {
+                return;
+            }
+        }
+        let made = make_netns();
+        let mut st = shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match made {
+            Ok(fd) => st.ready.push(fd),
+            Err(e) => {
+                st.broken = Some(e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+/// One empty network namespace with `lo` up, as a descriptor.
+fn make_netns() -> io::Result<OwnedFd> {
+    // SAFETY: unshare(2) with one flag; it changes only this thread's namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::other(format!(
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: raw syscalls on a stack ifreq (see loopback_up).
+    if unsafe { loopback_up() } != 0 {
+        return Err(io::Error::other(format!(
+            "bringing up lo: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: open(2) of a constant path; the fd is ours.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/thread-self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::other(format!(
+            "opening /proc/thread-self/ns/net: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// `ip link set lo up` (netdevice(7) `SIOCGIFFLAGS`/`SIOCSIFFLAGS` on a datagram

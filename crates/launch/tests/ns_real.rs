@@ -293,6 +293,63 @@ fn empty_network_cannot_reach_a_host_listener_and_has_only_lo() {
     assert_eq!(mountinfo(), before, "the host's mount table changed");
 }
 
+/// The namespace a child joins from the pool is as good as one it makes: only
+/// `lo`, up (a connection to a host listener is refused, not unreachable), and
+/// a namespace of its own that no other child gets.
+#[test]
+fn a_pooled_network_namespace_is_empty_up_and_given_once() {
+    let before = mountinfo();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("readlink /proc/self/ns/net; {}", connect_script(port));
+    let host_ns = fs::read_link("/proc/self/ns/net").unwrap();
+    let pool = ns::NetnsPool::start(2).unwrap();
+    let mut seen = Vec::new();
+    // Each namespace is kept alive to the end, so no two can share an inode.
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        // The pool's thread fills it in the background: wait for one.
+        let t = Instant::now();
+        let fd = loop {
+            if let Some(fd) = pool.take() {
+                break fd;
+            }
+            assert!(pool.broken().is_none(), "{:?}", pool.broken());
+            assert!(
+                t.elapsed().as_secs() < 10,
+                "the pool made no namespace in 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let spec = NsSpec {
+            empty_network: true,
+            ..NsSpec::default()
+        };
+        let p = ns::prepare_with(&spec, Some(fd)).unwrap();
+        let out = run(&p, &["/bin/bash", "-c", &script]);
+        let err = text(&out.stderr);
+        assert!(err.contains("Connection refused"), "{err}");
+        let l = lines(&out);
+        assert_eq!(l.len(), 2, "{l:?} {err}");
+        assert_eq!(l[1], "1", "only lo in /proc/net/dev: {err}");
+        assert_ne!(
+            Path::new(&l[0]),
+            host_ns,
+            "the child is in the host's namespace"
+        );
+        assert!(!seen.contains(&l[0]), "{} given twice", l[0]);
+        seen.push(l[0].clone());
+        kept.push(p);
+    }
+    match listener.accept() {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the host listener was reached from a pooled namespace: {other:?}"),
+    }
+    drop(pool);
+    assert_eq!(mountinfo(), before, "the host's mount table changed");
+}
+
 #[test]
 fn proc_in_the_agents_pid_namespace_shows_only_its_processes() {
     let before = mountinfo();

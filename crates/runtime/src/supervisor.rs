@@ -362,6 +362,7 @@ impl Supervisor {
             sockets: sockets::Sockets::default(),
             metrics: metrics.clone(),
             slots,
+            netns_pool: None,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -752,6 +753,10 @@ struct Waiter {
 const EXEC_OUT_MAX: usize = 16 << 20;
 const STDERR_TAIL: usize = 4096;
 
+/// How many empty network namespaces the pool keeps ready: enough for a burst
+/// of two starts, few enough that an idle supervisor holds little.
+const NETNS_POOL_DEPTH: usize = 2;
+
 struct Dispatcher {
     cfg: Config,
     tx: mpsc::UnboundedSender<Cmd>,
@@ -788,6 +793,9 @@ struct Dispatcher {
     metrics: Arc<crate::metrics::Metrics>,
     /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
     slots: Arc<dyn crate::slots::Slots>,
+    /// Empty network namespaces made ahead of need, started with the first
+    /// `network: none` agent under `iso = ns` (`brood_launch::ns` module docs).
+    netns_pool: Option<brood_launch::ns::NetnsPool>,
 }
 
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
@@ -1789,7 +1797,22 @@ impl Dispatcher {
                 }
             };
             let spec = crate::enforce::namespace(&l.policy, ns_root, cwd, artifacts.as_deref());
-            match brood_launch::ns::prepare(&spec) {
+            // A pooled namespace when one is ready; the child makes its own
+            // otherwise (and says why if it cannot).
+            let netns = if spec.empty_network {
+                if self.netns_pool.is_none() {
+                    match brood_launch::ns::NetnsPool::start(NETNS_POOL_DEPTH) {
+                        Ok(p) => self.netns_pool = Some(p),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not start the network namespace pool")
+                        }
+                    }
+                }
+                self.netns_pool.as_ref().and_then(|p| p.take())
+            } else {
+                None
+            };
+            match brood_launch::ns::prepare_with(&spec, netns) {
                 Ok(p) => Some(p),
                 Err(e) => return fail(&self.tx, format!("iso=ns: {e}")),
             }

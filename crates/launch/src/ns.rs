@@ -90,6 +90,10 @@ pub struct NsSpec {
     /// A directory that becomes `/` (pivot_root). Brood's scratch directory: mount
     /// points are created in it.
     pub root: Option<PathBuf>,
+    /// The root is a scratch tmpfs, mounted on `root` (an existing directory of
+    /// the host) inside the new mount namespace only; the mount points are made
+    /// in it there. Nothing of it is on the host's disk or outlives the agent.
+    pub scratch: bool,
     /// The working directory, inside the new root.
     pub cwd: Option<PathBuf>,
     /// A new network namespace with only `lo` (brought up).
@@ -159,6 +163,16 @@ enum Restrict {
     Recursive(u64),
 }
 
+/// A mount point the child makes in a scratch root.
+#[derive(Debug)]
+struct MountPoint {
+    path: CString,
+    /// An empty file (for a file source), else a directory.
+    file: bool,
+    /// Inside the root, for messages only.
+    shown: PathBuf,
+}
+
 #[derive(Debug)]
 struct PreparedMount {
     source: CString,
@@ -186,10 +200,12 @@ enum Step {
     DetachOldRoot = 10,
     Chdir = 11,
     JoinNetwork = 12,
+    Scratch = 13,
+    MountPoint = 14,
 }
 
 impl Step {
-    const ALL: [Step; 12] = [
+    const ALL: [Step; 14] = [
         Step::Unshare,
         Step::MakePrivate,
         Step::BindRoot,
@@ -202,6 +218,8 @@ impl Step {
         Step::DetachOldRoot,
         Step::Chdir,
         Step::JoinNetwork,
+        Step::Scratch,
+        Step::MountPoint,
     ];
 
     fn describe(self) -> &'static str {
@@ -218,6 +236,8 @@ impl Step {
             Step::DetachOldRoot => "umount2(MNT_DETACH) of the old root, from",
             Step::Chdir => "chdir to",
             Step::JoinNetwork => "setns(CLONE_NEWNET) into a pooled network namespace for",
+            Step::Scratch => "mount -t tmpfs (the scratch root) on",
+            Step::MountPoint => "making the mount point in the scratch root",
         }
     }
 }
@@ -280,6 +300,9 @@ pub struct PreparedNs {
     /// Flags the root's own filesystem has (statvfs(3)), kept when the root is
     /// remounted read-only.
     root_flags: libc::c_ulong,
+    /// A scratch root: what the child makes in it, parents first.
+    scratch: bool,
+    points: Vec<MountPoint>,
     mounts: Vec<PreparedMount>,
     proc_target: Option<CString>,
     cwd: Option<CString>,
@@ -339,6 +362,11 @@ impl PreparedNs {
                 .mounts
                 .get(index)
                 .map(|m| m.target_shown.clone())
+                .unwrap_or_default(),
+            Step::MountPoint => self
+                .points
+                .get(index)
+                .map(|m| m.shown.clone())
                 .unwrap_or_default(),
             Step::Proc => PathBuf::from("/proc"),
             Step::Chdir => self.cwd_shown.clone(),
@@ -501,6 +529,30 @@ pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs,
 
     let mut mounts: Vec<PreparedMount> = Vec::with_capacity(entries.len());
     let mut placed: Vec<(&Path, &Path)> = Vec::new(); // (target, source)
+    let mut points: Vec<MountPoint> = Vec::new();
+    // In a scratch root the child makes every mount point (the tmpfs is empty,
+    // so no symlink can be on the way); in a named root this process does,
+    // refusing symlinks.
+    let mut make_point = |r: &Path, target: &Path, file: bool| -> Result<(), NsError> {
+        if !spec.scratch {
+            return make_mount_point(r, target, file);
+        }
+        let rel = target.strip_prefix("/").unwrap_or(target);
+        let n = rel.components().count();
+        let mut shown = PathBuf::from("/");
+        for (i, comp) in rel.components().enumerate() {
+            shown.push(comp);
+            if points.iter().any(|p| p.shown == shown) {
+                continue;
+            }
+            points.push(MountPoint {
+                path: cstring(&under(r, &shown))?,
+                file: file && i + 1 == n,
+                shown: shown.clone(),
+            });
+        }
+        Ok(())
+    };
     for m in entries {
         let source = check_abs(&m.source, "a mount source must be absolute without . or ..")?;
         check_abs(&m.target, "a mount target must be absolute without . or ..")?;
@@ -524,7 +576,7 @@ pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs,
                 let inside = s.join(m.target.strip_prefix(t).unwrap_or(&m.target));
                 check_mount_point(s, &inside, file)?;
             }
-            (None, Some((r, _))) => make_mount_point(r, &m.target, file)?,
+            (None, Some((r, _))) => make_point(r, &m.target, file)?,
             (None, None) => check_mount_point(Path::new("/"), &m.target, file)?,
         }
         let bind_flags = libc::MS_BIND | if m.rbind { libc::MS_REC } else { 0 };
@@ -556,7 +608,7 @@ pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs,
     let proc_target = if spec.proc {
         let at = match &root {
             Some((r, _)) => {
-                make_mount_point(r, Path::new("/proc"), false)?;
+                make_point(r, Path::new("/proc"), false)?;
                 under(r, Path::new("/proc"))
             }
             None => PathBuf::from("/proc"),
@@ -571,10 +623,13 @@ pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs,
         .map(|c| check_abs(c, "cwd must be absolute without . or .."))
         .transpose()?;
     let root_flags = match &root {
+        // The tmpfs's own flags (see apply_in_child).
+        Some(_) if spec.scratch => libc::MS_NOEXEC,
         Some((r, _)) => fs_flags(r)?,
         None => 0,
     };
     let failure = FailurePage::new().map_err(|e| io_err("mmap", Path::new("(failure page)"), e))?;
+    let scratch = spec.scratch && root.is_some();
     Ok(PreparedNs {
         unshare_flags: libc::CLONE_NEWNS
             | if spec.empty_network && netns.is_none() {
@@ -588,6 +643,8 @@ pub fn prepare_with(spec: &NsSpec, netns: Option<OwnedFd>) -> Result<PreparedNs,
             .unwrap_or_else(|| PathBuf::from("/")),
         root: root.map(|(_, c)| c),
         root_flags,
+        scratch,
+        points,
         mounts,
         proc_target,
         cwd_shown: spec.cwd.clone().unwrap_or_default(),
@@ -645,8 +702,39 @@ pub unsafe fn apply_in_child(p: &PreparedNs) -> io::Result<()> {
             return Err(fail(Step::MakePrivate, 0));
         }
         if let Some(root) = &p.root {
-            // pivot_root(2): new_root must be a mount point.
-            if libc::mount(
+            if p.scratch {
+                // tmpfs(5), private to this namespace; a mount point, as
+                // pivot_root(2) wants the new root to be.
+                if libc::mount(
+                    c"tmpfs".as_ptr(),
+                    root.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"mode=755,size=64k,nr_inodes=4096".as_ptr().cast(),
+                ) != 0
+                {
+                    return Err(fail(Step::Scratch, 0));
+                }
+                for (i, pt) in p.points.iter().enumerate() {
+                    let made = if pt.file {
+                        let fd = libc::open(
+                            pt.path.as_ptr(),
+                            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                            0o644 as libc::c_uint,
+                        );
+                        if fd >= 0 {
+                            libc::close(fd);
+                        }
+                        fd >= 0
+                    } else {
+                        libc::mkdir(pt.path.as_ptr(), 0o755) == 0
+                    };
+                    if !made {
+                        return Err(fail(Step::MountPoint, i));
+                    }
+                }
+            } else if libc::mount(
+                // pivot_root(2): new_root must be a mount point.
                 root.as_ptr(),
                 root.as_ptr(),
                 null,
@@ -1011,6 +1099,49 @@ mod tests {
         let e = prepare(&spec).unwrap_err().to_string();
         assert!(e.contains("symlink") && e.contains("evil"), "{e}");
         assert!(!Path::new("/etc/x").exists());
+    }
+
+    #[test]
+    fn a_scratch_root_is_planned_for_the_child_and_nothing_is_made_here() {
+        let src = tempfile::tempdir().unwrap();
+        let file_src = src.path().join("f");
+        fs::write(&file_src, "x").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let spec = NsSpec {
+            mounts: vec![
+                entry(src.path(), "/a/b"),
+                entry(&file_src, "/a/f"),
+                entry(src.path(), "/c"),
+            ],
+            root: Some(root.path().to_path_buf()),
+            scratch: true,
+            proc: true,
+            ..NsSpec::default()
+        };
+        let p = prepare(&spec).unwrap();
+        assert_eq!(fs::read_dir(root.path()).unwrap().count(), 0);
+        let planned: Vec<(&Path, bool)> = p
+            .points
+            .iter()
+            .map(|m| (m.shown.as_path(), m.file))
+            .collect();
+        // Parents first (the table sorted by depth), each once; the file
+        // source's point is a file.
+        assert_eq!(
+            planned,
+            [
+                (Path::new("/c"), false),
+                (Path::new("/a"), false),
+                (Path::new("/a/b"), false),
+                (Path::new("/a/f"), true),
+                (Path::new("/proc"), false),
+            ]
+        );
+        assert_eq!(
+            p.points[2].path.to_bytes(),
+            root.path().join("a/b").as_os_str().as_bytes()
+        );
+        assert!(p.scratch);
     }
 
     #[test]

@@ -166,6 +166,68 @@ fn a_root_built_from_the_table_gives_rw_ro_noexec_cwd_and_hides_the_host() {
     assert_eq!(mountinfo(), before, "the host's mount table changed");
 }
 
+/// A scratch root is a tmpfs the child mounts on the given directory inside its
+/// own namespace: the mount points (nested ones and a file's included) appear
+/// there, the root is read-only, `/proc` is fresh, and the host's directory is
+/// left exactly as it was: empty, with nothing mounted on it.
+#[test]
+fn a_scratch_root_is_a_private_tmpfs_that_leaves_nothing_on_the_host() {
+    let before = mountinfo();
+    let scratch = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    fs::write(data.path().join("f"), "file source\n").unwrap();
+    let mut mounts = system_mounts();
+    mounts.push(rw(data.path(), "/deep/er/work"));
+    mounts.push(ro(&data.path().join("f"), "/etc/f"));
+    let spec = NsSpec {
+        mounts,
+        root: Some(scratch.path().to_path_buf()),
+        scratch: true,
+        cwd: Some(PathBuf::from("/deep/er/work")),
+        proc: true,
+        ..NsSpec::default()
+    };
+    let p = ns::prepare(&spec).unwrap();
+    assert_eq!(
+        fs::read_dir(scratch.path()).unwrap().count(),
+        0,
+        "prepare made something on the host"
+    );
+    let script = "\
+        pwd
+        cat /etc/f
+        echo hi > x && echo work-ok
+        echo z > /newfile || echo root-refused
+        mkdir /deep/new || echo mkdir-refused
+        test -r /proc/self/mountinfo && echo proc-ok
+        grep ' / / ' /proc/self/mountinfo | grep -c ' - tmpfs '
+        ";
+    let out = run(&p, &["/bin/sh", "-c", script]);
+    let err = text(&out.stderr);
+    assert_eq!(
+        lines(&out),
+        [
+            "/deep/er/work",
+            "file source",
+            "work-ok",
+            "root-refused",
+            "mkdir-refused",
+            "proc-ok",
+            "1",
+        ],
+        "stderr: {err}; child step: {:?}",
+        p.child_failure().map(|f| f.to_string())
+    );
+    assert_eq!(err.matches("Read-only file system").count(), 2, "{err}");
+    assert_eq!(fs::read_to_string(data.path().join("x")).unwrap(), "hi\n");
+    assert_eq!(
+        fs::read_dir(scratch.path()).unwrap().count(),
+        0,
+        "the scratch root left something on the host"
+    );
+    assert_eq!(mountinfo(), before, "the host's mount table changed");
+}
+
 #[test]
 fn rbind_takes_submounts_along_and_restricts_them_all_bind_does_not() {
     let before = mountinfo();

@@ -117,13 +117,14 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
 }
 
 /// The private mount namespace of `iso = ns` (SPEC 5): the policy's mount table
-/// under `root`, an empty network namespace when the policy allows no network,
+/// under `root` (a scratch tmpfs mounted there when `scratch`), an empty network namespace when the policy allows no network,
 /// a fresh `/proc`, and the cwd applied inside.
 /// A child's channel `artifact/` is mounted at its own path, last, so the
 /// `BROOD_ARTIFACTS` it is told of exists inside too (SPEC 4).
 pub fn namespace(
     policy: &Policy,
     root: PathBuf,
+    scratch: bool,
     cwd: Option<&str>,
     artifacts: Option<&Path>,
 ) -> NsSpec {
@@ -154,6 +155,7 @@ pub fn namespace(
     NsSpec {
         mounts,
         root: Some(root),
+        scratch,
         cwd: Some(PathBuf::from(cwd.unwrap_or("/"))),
         empty_network: matches!(policy.network, Network::None),
         proc: true,

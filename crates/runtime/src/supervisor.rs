@@ -1785,18 +1785,21 @@ impl Dispatcher {
         // iso = ns: a private mount namespace from the policy's mount table, in a
         // root directory brood owns; the cwd is applied inside it.
         let ns = if l.iso_ns {
-            // A named root must exist; brood's own scratch root is made here.
-            let ns_root = match &l.ns_root {
-                Some(r) => r.clone(),
+            // A named root must exist. Without one, the root is a scratch tmpfs
+            // the child mounts on `$BROOD_ROOT/ns` inside its own namespace
+            // (one directory for every agent: each sees only its own tmpfs).
+            let (ns_root, scratch) = match &l.ns_root {
+                Some(r) => (r.clone(), false),
                 None => {
-                    let r = self.paths.root.join("ns").join(&component);
+                    let r = self.paths.root.join("ns");
                     if let Err(e) = std::fs::create_dir_all(&r) {
                         return fail(&self.tx, format!("iso=ns: creating {}: {e}", r.display()));
                     }
-                    r
+                    (r, true)
                 }
             };
-            let spec = crate::enforce::namespace(&l.policy, ns_root, cwd, artifacts.as_deref());
+            let spec =
+                crate::enforce::namespace(&l.policy, ns_root, scratch, cwd, artifacts.as_deref());
             // A pooled namespace when one is ready; the child makes its own
             // otherwise (and says why if it cannot).
             let netns = if spec.empty_network {

@@ -125,6 +125,43 @@ async fn resume_starts_a_new_run_that_sees_its_history() {
     env.sup.cancel(me(), name("busy")).await.unwrap();
 }
 
+/// An init larger than the stdin pipe (a resumed run with a long history): the
+/// launch puts what fits in the pipe before the agent starts, the supervisor
+/// sends the rest, and the agent reads one whole init.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_init_larger_than_the_pipe_arrives_whole() {
+    let env = start(Duration::from_millis(500));
+    let long = format!("{}END", "x".repeat(100_000));
+    env.sup
+        .spawn(
+            me(),
+            req(
+                "long",
+                agent(&["--message", &long, "--history", "--result", "r"]),
+            ),
+        )
+        .await
+        .unwrap();
+    env.sup
+        .wait(me(), vec![name("long")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    env.sup
+        .resume(me(), name("long"), Some("and then".into()))
+        .await
+        .unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("long")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let a = &w["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    let res = a["result"].as_str().unwrap();
+    assert!(res.contains("xEND"), "the whole long message came back");
+    assert!(res.contains("user: and then"), "and the input after it");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_close_and_wait_timeout() {
     let env = start(Duration::from_millis(500));

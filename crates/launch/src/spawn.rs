@@ -407,16 +407,24 @@ fn launch_here(
         ns: spec.ns.as_ref().map(|n| n.for_child()),
         plan,
         errno: AtomicI32::new(0),
+        at_exec: std::sync::atomic::AtomicBool::new(false),
     };
     let (pid, pidfd) = clone_child(&child, stack).map_err(|e| fail(context("clone", e)))?;
     // The child's ends are its own now (or it is gone).
     drop((in_rd, out_wr, err_wr));
     let errno = child.errno.load(Ordering::Acquire);
-    if errno != 0 {
+    let failed = if errno != 0 {
+        Some(io::Error::from_raw_os_error(errno))
+    } else if !child.at_exec.load(Ordering::Acquire) {
+        // Gone before exec without an errno: killed by a signal on the way.
+        Some(io::Error::other("the child died before it could exec"))
+    } else {
+        None
+    };
+    if let Some(err) = failed {
         // It exited before exec: reap it now, it will not be reported.
         kill_and_reap(pid);
         drop(pidfd);
-        let err = io::Error::from_raw_os_error(errno);
         return Err(fail(match report {
             Some((rd, wr)) => {
                 drop(wr);
@@ -458,6 +466,9 @@ struct Child {
     plan: Option<ChildPlan>,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
     errno: AtomicI32,
+    /// Set by the child just before execve: a child that ends before that
+    /// without an errno was killed by a signal on the way.
+    at_exec: std::sync::atomic::AtomicBool,
 }
 
 /// The stack the child of [`clone_child`] runs on until exec: mapped once per
@@ -614,6 +625,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
+        c.at_exec.store(true, Ordering::Release);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::execve(c.path, c.argv, c.envp);
         die(io::Error::last_os_error())

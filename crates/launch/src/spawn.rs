@@ -620,7 +620,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if !c.cwd.is_null() && libc::chdir(c.cwd) != 0 {
             die(io::Error::last_os_error());
         }
-        if let Err(e) = child_setup(c.procs_fd, c.extra, c.in_ns, c.supervisor_pid, c.ns, c.plan) {
+        if let Err(e) = child_setup(c) {
             die(e);
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
@@ -736,14 +736,7 @@ fn name_failed_step(rd: &OwnedFd, err: io::Error) -> io::Error {
 }
 
 /// Runs in the child between clone and exec.
-fn child_setup(
-    procs_fd: RawFd,
-    extra_procs: [RawFd; MAX_EXTRA_PROCS],
-    in_ns: bool,
-    supervisor_pid: i32,
-    ns: Option<crate::ns::ChildNs>,
-    sandbox: Option<ChildPlan>,
-) -> io::Result<()> {
+fn child_setup(c: &Child) -> io::Result<()> {
     // SAFETY: raw syscalls only (async-signal-safe), on descriptors that stay open
     // in the parent until spawn returns.
     unsafe {
@@ -751,16 +744,16 @@ fn child_setup(
         if libc::setpgid(0, 0) != 0 {
             return Err(io::Error::last_os_error());
         }
-        if procs_fd >= 0 {
+        if c.procs_fd >= 0 {
             // cgroup v2 "cgroup.procs": writing 0 moves the writing process.
             let zero = b"0";
-            if libc::write(procs_fd, zero.as_ptr().cast(), 1) != 1 {
+            if libc::write(c.procs_fd, zero.as_ptr().cast(), 1) != 1 {
                 return Err(io::Error::last_os_error());
             }
         }
         // The v1 groups that hold the limits (hybrid hosts), before any code of
         // the agent runs, so no allocation escapes them.
-        for fd in extra_procs {
+        for fd in c.extra {
             if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 return Err(io::Error::last_os_error());
             }
@@ -772,23 +765,23 @@ fn child_setup(
         // namespace border getppid() is 0 while our parent lives; after its death we
         // would have been re-parented to the keeper (1) or to a host reaper.
         let ppid = libc::getppid();
-        let parent_alive = if in_ns {
+        let parent_alive = if c.in_ns {
             ppid == 0
         } else {
-            ppid == supervisor_pid
+            ppid == c.supervisor_pid
         };
         if !parent_alive {
             libc::_exit(137);
         }
         // The private mount/network namespace needs CAP_SYS_ADMIN, so it comes
         // before the sandbox drops capabilities (crate::ns documents the order).
-        if let Some(ns) = ns {
+        if let Some(ns) = c.ns {
             ns.apply()?;
         }
         // Last, so the steps above still run with the supervisor's rights; none of
         // the sandbox's credential changes clears PR_SET_PDEATHSIG (see
         // ChildPlan::apply).
-        if let Some(plan) = sandbox {
+        if let Some(plan) = &c.plan {
             plan.apply()?;
         }
     }

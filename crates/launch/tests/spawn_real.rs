@@ -153,20 +153,14 @@ fn a_prelude_larger_than_the_pipe_is_written_in_part() {
 }
 
 /// A program that cannot be executed is an error of the launch naming the
-/// errno, and leaves no child behind.
+/// program and the errno. (That the child is reaped is not checked here: a
+/// `waitpid(-1)` would race with the other tests' children.)
 #[test]
-fn an_exec_failure_is_reported_and_reaped() {
+fn an_exec_failure_names_the_program_and_the_errno() {
     let e = spawner()
         .launch_blocking(spec(&["/nonexistent/brood-program"], b""))
         .unwrap_err()
         .to_string();
     assert!(e.contains("/nonexistent/brood-program"), "{e}");
     assert!(e.contains("No such file"), "{e}");
-    // Reaped: this process has no child left to wait for (the keeper is the
-    // spawner thread's child in another namespace, and waitpid(-1) sees it; so
-    // ask for zombies only).
-    let mut status = 0;
-    // SAFETY: a non-blocking wait on any child.
-    let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-    assert!(r <= 0, "an unreaped child {r}");
 }

@@ -211,7 +211,7 @@ impl Limits {
 #[derive(Debug, Default)]
 pub struct LimitHandles {
     /// `cgroup.procs` of the agent's v1 limit groups (empty where limits are in v2),
-    /// opened `O_WRONLY | O_CLOEXEC`. Between fork and exec the child writes `0`
+    /// opened `O_WRONLY | O_CLOEXEC`. Between clone and exec the child writes `0`
     /// into each, after joining its v2 group, so it is limited before it execs.
     pub procs_files: Vec<File>,
 }

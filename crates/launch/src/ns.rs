@@ -316,7 +316,7 @@ pub struct PreparedNs {
     cwd_shown: PathBuf,
 }
 
-/// A copyable handle to a [`PreparedNs`] for a `pre_exec` closure (which must be
+/// A copyable handle to a [`PreparedNs`] for the child (or a `pre_exec` closure, which must be
 /// `Send + Sync + 'static`). Valid while the `PreparedNs` lives: keep it alive
 /// until the spawn returns.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,8 @@
 //! capability dropped, so that a misbehaving or prompt-injected agent cannot step
 //! outside what its policy grants, whatever code it runs.
 //!
-//! The work is split by the rule that governs `pre_exec` (signal-safety(7)):
+//! The work is split by the rule that governs the child between clone and exec
+//! (raw syscalls only, as in a `pre_exec` closure; signal-safety(7)):
 //!
 //! * [`prepare`] runs in the supervisor. It asks the kernel for its landlock ABI,
 //!   decides which layers can be enforced (failing closed, see below), opens every

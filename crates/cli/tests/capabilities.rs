@@ -173,7 +173,9 @@ async fn a_child_asking_for_more_is_refused_with_the_right_code_and_leaves_nothi
     }
 
     // A narrower child is admitted, and holds exactly what it asked for.
-    let ok = json!({"parent": "p", "name": "narrow", "argv": agent(&["--result", "fine"]),
+    // It hangs, so its reservation is still held when `greedy` asks (a child
+    // that had already finished would have given its unspent part back).
+    let ok = json!({"parent": "p", "name": "narrow", "argv": agent(&["--hang"]),
         "policy": {"tools": ["wait"], "files": [{"path": "/tmp", "mode": "ro"}], "cost_limit": 0.25, "network": "none"}});
     let r = api::handle(&env.sup, &me(), "spawn", &ok)
         .await

@@ -32,6 +32,10 @@ pub enum Code {
     QuotaConcurrent,
     Cycle,
     NameTaken,
+    /// A policy names brood's own machinery (a cgroup hierarchy, `$BROOD_ROOT`
+    /// outside `ctx/`, the store's files): no agent may be granted those, and
+    /// the request is refused rather than silently narrowed (issue 11).
+    ReservedPath,
     /// The named agent (or session, run) does not exist.
     NotFound,
     /// The request is well formed but the agent's state does not allow it
@@ -46,7 +50,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 28] = [
+    pub const ALL: [Code; 29] = [
         Code::InvalidName,
         Code::ParentMismatch,
         Code::UnsupportedLifecycle,
@@ -70,6 +74,7 @@ impl Code {
         Code::QuotaConcurrent,
         Code::Cycle,
         Code::NameTaken,
+        Code::ReservedPath,
         Code::NotFound,
         Code::Conflict,
         Code::BadRequest,
@@ -102,6 +107,7 @@ impl Code {
             Code::QuotaConcurrent => "QuotaConcurrent",
             Code::Cycle => "Cycle",
             Code::NameTaken => "NameTaken",
+            Code::ReservedPath => "ReservedPath",
             Code::NotFound => "NotFound",
             Code::Conflict => "Conflict",
             Code::BadRequest => "BadRequest",

@@ -9,6 +9,8 @@
 //! * [`host`]: what this host offers (for `brood doctor` and start-up decisions).
 //! * [`sandbox`]: kernel enforcement of a policy (landlock, `no_new_privs`,
 //!   capabilities dropped), prepared in the supervisor and applied in the child.
+//! * [`veil`]: brood's own machinery (cgroup hierarchies, `$BROOD_ROOT`, the
+//!   store's files) covered in each agent's mount namespace, whatever its policy.
 //!
 //! **Invariant:** no other crate calls `Command::new` (enforced by `clippy.toml`).
 
@@ -19,5 +21,6 @@ pub mod host;
 pub mod ns;
 pub mod sandbox;
 pub mod spawn;
+pub mod veil;
 
 pub use spawn::{Containment, LaunchError, LaunchSpec, Launched, Spawner};

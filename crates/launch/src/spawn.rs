@@ -65,6 +65,10 @@ pub struct LaunchSpec {
     pub extra_procs: Vec<File>,
     /// A private mount (and network) namespace, for `iso = ns` (`crate::ns`).
     pub ns: Option<crate::ns::PreparedNs>,
+    /// brood's machinery covered in a mount namespace of the child's own
+    /// (`crate::veil`), before `ns` and the sandbox. Shared between launches:
+    /// it is prepared once and used by one child at a time.
+    pub veil: Option<std::sync::Arc<crate::veil::PreparedVeil>>,
     /// Written to the child's stdin before it starts, as far as the pipe takes
     /// it without blocking ([`Launched::stdin_written`] says how far).
     pub stdin_prelude: Vec<u8>,
@@ -405,6 +409,10 @@ fn launch_here(
         in_ns,
         supervisor_pid,
         ns: spec.ns.as_ref().map(|n| n.for_child()),
+        veil: spec
+            .veil
+            .as_ref()
+            .map_or(std::ptr::null(), std::sync::Arc::as_ptr),
         plan,
         errno: AtomicI32::new(0),
         at_exec: std::sync::atomic::AtomicBool::new(false),
@@ -425,12 +433,26 @@ fn launch_here(
         // It exited before exec: reap it now, it will not be reported.
         kill_and_reap(pid);
         drop(pidfd);
-        return Err(fail(match report {
-            Some((rd, wr)) => {
+        // The namespace layers record which of their steps failed; the
+        // sandbox's steps report through the pipe.
+        let named = spec
+            .veil
+            .as_ref()
+            .and_then(|v| v.child_failure())
+            .map(|e| io::Error::new(err.kind(), e.to_string()))
+            .or_else(|| {
+                spec.ns
+                    .as_ref()
+                    .and_then(|n| n.child_failure())
+                    .map(|e| io::Error::new(err.kind(), e.to_string()))
+            });
+        return Err(fail(match (named, report) {
+            (Some(e), _) => e,
+            (None, Some((rd, wr))) => {
                 drop(wr);
                 name_failed_step(&rd, err)
             }
-            None => err,
+            (None, None) => err,
         }));
     }
     Ok(Launched {
@@ -463,6 +485,8 @@ struct Child {
     in_ns: bool,
     supervisor_pid: i32,
     ns: Option<crate::ns::ChildNs>,
+    /// NULL: no veil. Points into the `Arc` the spec holds until the spawn returns.
+    veil: *const crate::veil::PreparedVeil,
     plan: Option<ChildPlan>,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
     errno: AtomicI32,
@@ -617,9 +641,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 die(io::Error::last_os_error());
             }
         }
-        if !c.cwd.is_null() && libc::chdir(c.cwd) != 0 {
-            die(io::Error::last_os_error());
-        }
         if let Err(e) = child_setup(c) {
             die(e);
         }
@@ -773,8 +794,18 @@ fn child_setup(c: &Child) -> io::Result<()> {
         if !parent_alive {
             libc::_exit(137);
         }
-        // The private mount/network namespace needs CAP_SYS_ADMIN, so it comes
-        // before the sandbox drops capabilities (crate::ns documents the order).
+        // The veil and the private mount/network namespace need CAP_SYS_ADMIN,
+        // so they come before the sandbox drops capabilities (crate::veil and
+        // crate::ns document their order). The veil first: `iso = ns` then
+        // builds its root from a tree where brood's machinery is already covered.
+        if !c.veil.is_null() {
+            crate::veil::apply_in_child(&*c.veil)?;
+        }
+        // The working directory after the veil: one taken before would keep a
+        // covered directory reachable as `.`.
+        if !c.cwd.is_null() && libc::chdir(c.cwd) != 0 {
+            return Err(io::Error::last_os_error());
+        }
         if let Some(ns) = c.ns {
             ns.apply()?;
         }

@@ -45,6 +45,7 @@ fn spec_for(argv: &[&str], sandbox: Option<Prepared>) -> LaunchSpec {
         sandbox,
         extra_procs: Vec::new(),
         ns: None,
+        veil: None,
         stdin_prelude: Vec::new(),
     }
 }

@@ -23,6 +23,7 @@ fn spec(argv: &[&str], prelude: &[u8]) -> LaunchSpec {
         sandbox: None,
         extra_procs: Vec::new(),
         ns: None,
+        veil: None,
         stdin_prelude: prelude.to_vec(),
     }
 }

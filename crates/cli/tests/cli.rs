@@ -231,7 +231,10 @@ fn a_policy_file_in_toml_is_read_and_enforced_and_shown() {
         "tools = [\"file_read\"]\nnetwork = \"none\"\n[[files]]\npath = \"/\"\nmode = \"ro\"\n",
     )
     .unwrap();
-    let secret = dir.path().join("new-file");
+    // Beside brood's root, not in it: the root is out of every agent's reach
+    // whatever its policy (the veil), and this test is about the policy file.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let secret = elsewhere.path().join("new-file");
     let probe = secret.to_string_lossy().into_owned();
     let mut args = vec![
         "run",

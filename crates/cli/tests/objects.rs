@@ -20,7 +20,7 @@ async fn every_control_file_is_written_in_its_format() {
         "groups": [],
         "env": {"GREETING": "hello world", "EMPTY": ""},
         "path": ["core", "extra"],
-        "mounts": ["/usr\t/usr\tro\tbind,nosuid", "/tmp\t/scratch\trw\t-"],
+        "mounts": ["/usr\t/usr\tro\tbind,nosuid", "/tmp\t/scratch\trw\trbind"],
         "models": ["m-small"],
     });
     // r creates its own child k (owner agent:r); the user creates r.
@@ -56,7 +56,7 @@ async fn every_control_file_is_written_in_its_format() {
     assert_eq!(file("path"), "core\nextra\n");
     assert_eq!(
         file("mount"),
-        "/usr\t/usr\tro\tbind,nosuid\n/tmp\t/scratch\trw\t-\n"
+        "/usr\t/usr\tro\tbind,nosuid\n/tmp\t/scratch\trw\trbind\n"
     );
     assert_eq!(file("model"), "m-small\n");
     // A root's window is unknown (the operator's is), so it names none.

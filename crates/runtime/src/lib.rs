@@ -16,6 +16,8 @@
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
 //! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
 //! * [`agentruntime`]: events in the form of the Agent Runtime draft standard.
+//! * [`veil`]: what no agent may reach (cgroups, `$BROOD_ROOT`, the store's
+//!   files), for the launcher's veil and the refusal of policies naming it.
 //!
 //! **Invariant:** every state change is committed to the store before anyone
 //! (a caller, an agent, a file reader) can observe it.
@@ -36,6 +38,7 @@ pub mod projection;
 pub mod rebuild;
 pub mod slots;
 pub mod supervisor;
+pub mod veil;
 pub mod view;
 
 pub use api::{ApiError, ApiResult, Caller, SpawnRequest};

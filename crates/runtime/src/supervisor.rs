@@ -233,8 +233,16 @@ impl Supervisor {
     pub fn start(cfg: Config) -> Result<Supervisor, StartError> {
         let uid = unsafe_geteuid();
         let paths = Paths::new(cfg.root.clone(), uid).with_db(cfg.store.clone());
-        for d in [paths.root.clone(), paths.ctx()] {
+        for d in [paths.root.clone(), paths.ctx(), paths.root.join("ns")] {
             std::fs::create_dir_all(&d).map_err(|source| StartError::Dir { path: d, source })?;
+        }
+        // `ctx/` itself belongs to the tree's owner like everything in it, so
+        // an agent (uid 0 without capabilities) can neither add an entry
+        // beside `agent/` and `home/` nor rename them.
+        if let Some(owner) = crate::projection::ctx_owner() {
+            let ctx = paths.ctx();
+            std::os::unix::fs::lchown(&ctx, Some(owner), Some(owner))
+                .map_err(|source| StartError::Dir { path: ctx, source })?;
         }
         let store: Arc<dyn Store> = Arc::new(brood_store::SqliteStore::open(&paths.db())?);
         let tenant = TenantId::for_uid(uid);
@@ -306,6 +314,29 @@ impl Supervisor {
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
         }
         let spawner = Spawner::start(cfg.pid_namespace)?;
+        // Brood's machinery out of every agent's reach (issue 11): a root
+        // supervisor covers it in each agent's mount namespace. One that is
+        // not root cannot mount; `brood doctor` says so.
+        let veil = if uid == 0 {
+            // The lock exists before any agent could make it first.
+            let lock = paths.sweeper_lock();
+            if let Err(e) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&lock)
+            {
+                tracing::warn!(path = %lock.display(), error = %e, "creating the sweeper lock");
+            }
+            match crate::veil::Veil::new(&paths) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::error!(error = %e, "no veil: brood's machinery is not hidden from agents");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let info = HostInfo {
             cgroup: cgroup_desc,
             kill: kill_desc,
@@ -363,6 +394,7 @@ impl Supervisor {
             metrics: metrics.clone(),
             slots,
             netns_pool: None,
+            veil,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -796,6 +828,9 @@ struct Dispatcher {
     /// Empty network namespaces made ahead of need, started with the first
     /// `network: none` agent under `iso = ns` (`brood_launch::ns` module docs).
     netns_pool: Option<brood_launch::ns::NetnsPool>,
+    /// What agents must not reach, covered in each one's mount namespace;
+    /// `None` when brood is not root (it cannot mount).
+    veil: Option<crate::veil::Veil>,
 }
 
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
@@ -1362,6 +1397,11 @@ impl Dispatcher {
             }
         }
         let policy = self.child_policy(parent.as_ref(), remote.as_ref(), &req)?;
+        // Brood's own machinery is never granted, whoever asks (issue 11).
+        if let Some(v) = &self.veil {
+            v.check(&policy)
+                .map_err(|m| ApiError::new(Code::ReservedPath, m))?;
+        }
         if let Some(r) = &req.root {
             if req.iso.as_deref() != Some("ns") {
                 return Err(ApiError::new(Code::BadRequest, "root is only for iso = ns"));
@@ -1822,6 +1862,13 @@ impl Dispatcher {
         } else {
             None
         };
+        let veil = match &self.veil {
+            Some(v) => match v.prepare() {
+                Ok(p) => Some(p),
+                Err(e) => return fail(&self.tx, format!("{e}")),
+            },
+            None => None,
+        };
         let enforced = sandbox.enforced();
         // Recorded with the run's `agent.start` event (meta.json is written from
         // it once the start is recorded, so a rebuild writes the same file).
@@ -1836,6 +1883,7 @@ impl Dispatcher {
             "no_new_privs": enforced.no_new_privs,
             "weaker": enforced.weaker,
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+            "veil": veil.as_ref().map(|v| v.describe()),
             },
         });
         // The run's clock starts now; its children must end before its deadline.
@@ -1874,6 +1922,7 @@ impl Dispatcher {
             sandbox: Some(sandbox),
             extra_procs,
             ns,
+            veil,
             stdin_prelude: init.clone().unwrap_or_default(),
         };
         l.init = init;

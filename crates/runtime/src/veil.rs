@@ -1,0 +1,162 @@
+//! What this supervisor keeps out of every agent's reach (issue 11), and the
+//! refusal of a policy that names it: the launcher's veil
+//! (`brood_launch::veil`) is worked out here from the host's mount table and
+//! the layout of `$BROOD_ROOT`, once at start; each launch prepares it afresh
+//! (a few `lstat`s), so a control socket bound later is still bound back.
+//!
+//! Reserved: every cgroup hierarchy; `$BROOD_ROOT` except `ctx/` (the ABI
+//! agents read), the control socket (agents call the API through it, as
+//! themselves) and the `iso = ns` mount point; the store's file, its WAL,
+//! shared memory and journal, and the sweeper lock, wherever they are.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use brood_core::policy::Policy;
+use brood_launch::veil::{self, MountLine, PreparedVeil, VeilError, VeilSpec};
+
+use crate::paths::Paths;
+
+/// Entries of `$BROOD_ROOT` agents keep seeing.
+const KEEP: [&str; 3] = ["ctx", "brood.sock", "ns"];
+
+#[derive(Debug, Clone)]
+pub struct Veil {
+    mounts: Vec<MountLine>,
+    spec: VeilSpec,
+    /// `$BROOD_ROOT/ctx`, the one part of the root a policy may name.
+    ctx: PathBuf,
+}
+
+impl Veil {
+    /// Reads the mount table and works out what to hide. `root` and the store
+    /// path are made canonical (a mount follows symlinks; a rule is compared
+    /// by path).
+    pub fn new(paths: &Paths) -> Result<Veil, String> {
+        let table = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+        let mounts = veil::parse_mountinfo(&table);
+        let root = std::fs::canonicalize(&paths.root)
+            .map_err(|e| format!("resolving {}: {e}", paths.root.display()))?;
+        let db = canonical_file(&paths.db());
+        let mut files = Vec::new();
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut name = db.as_os_str().to_os_string();
+            name.push(suffix);
+            files.push(PathBuf::from(name));
+        }
+        files.push(canonical_file(&paths.sweeper_lock()));
+        let spec = VeilSpec {
+            covers: veil::cgroup_covers(&mounts),
+            root: root.clone(),
+            keep: KEEP.iter().map(OsString::from).collect(),
+            files,
+        };
+        Ok(Veil {
+            mounts,
+            ctx: root.join("ctx"),
+            spec,
+        })
+    }
+
+    /// What one launch needs: the spec checked against the current layout.
+    pub fn prepare(&self) -> Result<Arc<PreparedVeil>, VeilError> {
+        veil::prepare_with(&self.spec, &self.mounts).map(Arc::new)
+    }
+
+    /// A policy that names brood's machinery, refused with the reason
+    /// (`Code::ReservedPath`): a file rule at or inside a reserved path, a
+    /// mount whose source is one, or a plain (non-recursive) bind of a
+    /// directory above `$BROOD_ROOT` or an outside store file, which would show
+    /// them from beneath the veil (an `rbind` takes the veil's covers along).
+    pub fn check(&self, policy: &Policy) -> Result<(), String> {
+        for r in &policy.files {
+            let p = Path::new(r.path.as_str());
+            if let Some(what) = self.reserved(p) {
+                return Err(format!(
+                    "files: {} names {what}, which no agent may be granted",
+                    p.display()
+                ));
+            }
+        }
+        for m in &policy.mounts {
+            let src = Path::new(m.source.as_str());
+            if let Some(what) = self.reserved(src) {
+                return Err(format!(
+                    "mounts: the source {} names {what}, which no agent may be granted",
+                    src.display()
+                ));
+            }
+            if !m.opts.rbind {
+                let below = std::iter::once(&self.spec.root)
+                    .chain(
+                        self.spec
+                            .files
+                            .iter()
+                            .filter(|f| !f.starts_with(&self.spec.root)),
+                    )
+                    .find(|x| x.starts_with(src) && x.as_path() != src);
+                if let Some(x) = below {
+                    return Err(format!(
+                        "mounts: a plain bind of {} would show {} from beneath the veil; \
+                         use rbind (the veil's covers come along) or bind a directory beside it",
+                        src.display(),
+                        x.display()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reserved(&self, p: &Path) -> Option<String> {
+        if let Some(c) = self.spec.covers.iter().find(|c| p.starts_with(c)) {
+            return Some(format!("the cgroup hierarchy {}", c.display()));
+        }
+        if let Some(f) = self.spec.files.iter().find(|f| p == f.as_path()) {
+            return Some(format!("the store's file {}", f.display()));
+        }
+        if p.starts_with(&self.spec.root) && !p.starts_with(&self.ctx) {
+            return Some(format!(
+                "brood's root {} (only its ctx/ may be named)",
+                self.spec.root.display()
+            ));
+        }
+        None
+    }
+
+    /// What is hidden, for `brood doctor`.
+    pub fn describe(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .spec
+            .covers
+            .iter()
+            .map(|c| format!("{} (cgroup hierarchies)", c.display()))
+            .collect();
+        out.push(format!(
+            "{} (brood's root; ctx/, brood.sock and ns/ bound back)",
+            self.spec.root.display()
+        ));
+        for f in self
+            .spec
+            .files
+            .iter()
+            .filter(|f| !f.starts_with(&self.spec.root))
+        {
+            out.push(format!("{} (store file outside the root)", f.display()));
+        }
+        out
+    }
+}
+
+/// A store file's canonical path: its directory resolved, the name kept (the
+/// file itself may not exist yet).
+fn canonical_file(p: &Path) -> PathBuf {
+    match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| p.to_path_buf()),
+        _ => p.to_path_buf(),
+    }
+}

@@ -386,3 +386,38 @@ async fn a_policy_naming_brood_machinery_is_refused_with_reserved_path() {
         .await
         .expect("a rule on ctx/ is fine");
 }
+
+/// The way around a covered `/sys/fs/cgroup` that a process without
+/// capabilities still has: a user, mount and cgroup namespace of its own, and
+/// the hierarchy mounted there rooted at its own group, whose limit it could
+/// then raise. Every landlocked process is refused mount(2) outright, whatever
+/// namespace it is in, so each attempt is `denied`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_cannot_remount_its_cgroups_in_a_user_namespace_to_raise_its_limits() {
+    let env = start(GRACE);
+    let mut flags = vec![];
+    for c in ["memory", "pids", "unified"] {
+        flags.extend(["--probe-cgroup-remount", c]);
+    }
+    flags.extend(["--result", "tried"]);
+    let mut r = req("remounter", agent(&flags));
+    r.policy = Some(json!({"resources": {"pids_max": 64, "memory_max": 268435456}}));
+    r.await_ready = false;
+    env.sup.spawn(me(), r).await.expect("spawn");
+    let w = env
+        .sup
+        .wait(me(), vec![name("remounter")], Some(Duration::from_secs(30)))
+        .await
+        .expect("wait");
+    let result = w["agents"][0]["result"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    for c in ["memory", "pids", "unified"] {
+        let l = result
+            .lines()
+            .find(|l| l.starts_with(&format!("cgroup-remount {c}:")))
+            .unwrap_or_else(|| panic!("no probe line for {c} in {result:?}"));
+        assert_eq!(l, format!("cgroup-remount {c}: denied"), "{result}");
+    }
+}

@@ -80,6 +80,12 @@ pub enum Probe {
     MemoryHog(u64),
     /// `--probe-caps`: capabilities and no_new_privs from /proc/self/status.
     Caps,
+    /// `--probe-cgroup-remount CONTROLLER`: in a forked child, make a user,
+    /// mount and cgroup namespace of its own, mount the hierarchy of
+    /// CONTROLLER (`unified` for cgroup2) there, rooted at the agent's own
+    /// group, and raise that group's limit: the way around a covered
+    /// `/sys/fs/cgroup` that a process with no capabilities still has.
+    CgroupRemount(String),
 }
 
 /// `--usage TIN,TOUT,COST`.
@@ -182,6 +188,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-exec"
                 | "--probe-connect"
                 | "--probe-bind"
+                | "--probe-cgroup-remount"
                 | "--artifact"
                 | "--ref"
         );
@@ -261,6 +268,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
             "--probe-caps" => f.probes.push(Probe::Caps),
+            "--probe-cgroup-remount" => f.probes.push(Probe::CgroupRemount(value()?)),
             "--artifact" => {
                 let v = value()?;
                 let Some((n, c)) = v.split_once('=').filter(|(n, _)| !n.is_empty()) else {

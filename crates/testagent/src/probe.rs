@@ -37,7 +37,104 @@ pub fn run(p: &Probe) -> String {
         Probe::ForkBomb(n) => fork_bomb_line(*n, &fork_bomb(*n)),
         Probe::MemoryHog(mb) => memory_hog(*mb),
         Probe::Caps => caps_line(fs::read_to_string("/proc/self/status")),
+        Probe::CgroupRemount(c) => line("cgroup-remount", c, cgroup_remount(c)),
     }
+}
+
+/// See [`Probe::CgroupRemount`]. A fork, because `unshare(CLONE_NEWUSER)`
+/// refuses a process with more than one thread; the child reports the step
+/// that failed through its exit status (10 + step) and the errno through a pipe.
+fn cgroup_remount(controller: &str) -> io::Result<()> {
+    let (fstype, data, file, value): (&std::ffi::CStr, Option<CString>, &str, &str) =
+        if controller == "unified" {
+            (c"cgroup2", None, "cgroup.procs", "0")
+        } else {
+            let file = match controller {
+                "memory" => "memory.limit_in_bytes",
+                "pids" => "pids.max",
+                _ => "cgroup.procs",
+            };
+            let value = if controller == "pids" {
+                "max"
+            } else {
+                "9223372036854771712"
+            };
+            (
+                c"cgroup",
+                Some(CString::new(controller).map_err(io::Error::other)?),
+                file,
+                value,
+            )
+        };
+    let target = c"/tmp";
+    let path = CString::new(format!("/tmp/{file}")).map_err(io::Error::other)?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) into a two-element array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the child makes raw syscalls only and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY (whole block): raw syscalls on values prepared before the fork.
+        unsafe {
+            let fail = |step: i32| -> ! {
+                let errno = *libc::__errno_location();
+                libc::write(fds[1], (&errno as *const i32).cast(), 4);
+                libc::_exit(10 + step)
+            };
+            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP) != 0 {
+                fail(0);
+            }
+            let data_ptr = data.as_ref().map_or(std::ptr::null(), |d| d.as_ptr());
+            if libc::mount(
+                c"none".as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                data_ptr.cast(),
+            ) != 0
+            {
+                fail(1);
+            }
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                fail(2);
+            }
+            if libc::write(fd, value.as_ptr().cast(), value.len()) < 0 {
+                fail(3);
+            }
+            libc::_exit(0)
+        }
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(fds[1]) };
+    let mut status = 0;
+    // SAFETY: waiting for the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let mut errno = [0u8; 4];
+    // SAFETY: the read end is ours alone from here on.
+    let mut pipe = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+    let got = pipe.read(&mut errno).unwrap_or(0);
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        return Ok(());
+    }
+    if got != 4 {
+        return Err(io::Error::other("the probe's child died"));
+    }
+    let e = io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+    if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
+        // A refusal: reported as `denied`, whichever step refused.
+        return Err(e);
+    }
+    let step = ["unshare", "mount", "open", "write"]
+        .get((libc::WEXITSTATUS(status) - 10).max(0) as usize)
+        .copied()
+        .unwrap_or("?");
+    Err(io::Error::other(format!("{step}: {e}")))
 }
 
 /// `ok`, `denied` for `EACCES`/`EPERM`, or `error: <errno text>`.

@@ -89,6 +89,30 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         Ok(s) => layers.push(("seccomp".into(), true, s)),
         Err(e) => layers.push(("seccomp".into(), false, e)),
     }
+    // The veil (issue 11): a mount namespace per agent that covers brood's
+    // own machinery; it needs root (no user namespace is involved).
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let mountns = layers
+        .iter()
+        .any(|(n, ok, _)| n == "mount namespace" && *ok);
+    let paths = brood_runtime::paths::Paths::new(root.to_path_buf(), euid);
+    let veil = if euid != 0 {
+        Err("brood is not root here: it cannot mount, so agents share its uid and only landlock keeps them from the store".to_owned())
+    } else if !mountns {
+        Err("no mount namespace can be made here".to_owned())
+    } else {
+        brood_runtime::veil::Veil::new(&paths).map(|v| v.describe().join("; "))
+    };
+    let veiled = veil.is_ok();
+    layers.push(match veil {
+        Ok(d) => (
+            "veil".into(),
+            true,
+            format!("covered in every agent's mount namespace: {d}"),
+        ),
+        Err(e) => ("veil".into(), false, e),
+    });
     let pidns = layers.iter().any(|(n, ok, _)| n == "pid namespace" && *ok);
     let cg = layers.iter().any(|(n, ok, _)| n == "kill" && *ok);
     let enforced: Vec<String> = vec![
@@ -103,6 +127,17 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
             "supervisor death: PR_SET_PDEATHSIG only (weaker: grandchildren may survive until the next start)".into()
         },
         "PR_SET_PDEATHSIG=SIGKILL on every agent, tied to a supervisor thread".into(),
+        if veiled {
+            "brood's machinery out of reach: no agent can open a cgroup hierarchy (to leave its group, raise a limit or kill a sibling's group), brood's root outside ctx/, or the store's files, whatever its policy; a policy naming them is refused ReservedPath".into()
+        } else {
+            "brood's machinery NOT hidden: an agent whose policy grants it can write the store and the cgroup hierarchies (a supervisor that is not root has only landlock)".into()
+        },
+        if pidns {
+            "the supervisor and the keeper: outside the agents' reach (the supervisor is not in their PID namespace; the keeper is its init and ignores their signals; ptrace needs capabilities agents lack)".into()
+        } else {
+            "the supervisor: not in a PID namespace of its own; agents are kept from it by dropped capabilities and landlock's scoping of signals".into()
+        },
+        "the control socket: callers identified from the cgroup of the peer's pid, so an agent acts only as itself".into(),
         "environment built from nothing (BROOD_* identity, HOME PATH LANG TERM, the policy's env)".into(),
         "always: no_new_privs, every capability dropped for agents started by root, file descriptors closed before exec".into(),
         match &abi {

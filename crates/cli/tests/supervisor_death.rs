@@ -30,6 +30,11 @@ fn instance_dir(root: &Path) -> PathBuf {
 fn supervisor_sigkill_takes_the_whole_tree_and_restart_records_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    // This test plays the host's init: the supervisor's orphans (its agents,
+    // killed with it) come to it, and it reaps them, so a zombie (which
+    // `alive` counts as alive) is only ever one nobody killed.
+    // SAFETY: prctl(2) with integer arguments, on this test process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     // top -> mid -> leaf; leaf forks two grandchildren, one of them setsid()'d.
     let leaf = json!({"name": "leaf", "argv": agent(&["--grandchildren", "1", "--setsid-grandchild", "--hang"]), "await_ready": true});
     let mid = json!({"name": "mid", "argv": agent(&["--spawn", &leaf.to_string(), "--hang"]), "await_ready": true});
@@ -58,7 +63,15 @@ fn supervisor_sigkill_takes_the_whole_tree_and_restart_records_it() {
 
     run.kill().unwrap(); // SIGKILL
     run.wait().unwrap();
-    let gone = eventually(Duration::from_secs(1), || pids.iter().all(|p| !alive(*p)));
+    let gone = eventually(Duration::from_secs(1), || {
+        for p in &pids {
+            let mut status = 0;
+            // SAFETY: waitpid(2) on one pid, without blocking: reaps it only
+            // if it is a dead child adopted by this (subreaper) process.
+            unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) };
+        }
+        pids.iter().all(|p| !alive(*p))
+    });
     let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
     assert!(
         gone,

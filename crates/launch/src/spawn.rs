@@ -141,6 +141,22 @@ type Reply = Box<dyn FnOnce(Result<Launched, LaunchError>) + Send>;
 
 enum Job {
     Launch(Box<LaunchSpec>, Reply),
+    /// Only look whether the keeper is still there (the supervisor's tick).
+    CheckKeeper,
+}
+
+/// A spawner thread whose keeper died hands its queue (and the job it was
+/// about to run) to the minder, which starts the next spawner thread.
+type Handover = (mpsc::Receiver<Job>, Option<Job>, mpsc::Sender<HandoverMsg>);
+struct HandoverMsg(Handover);
+
+/// What the spawner thread tells its handles about the keeper.
+#[derive(Debug, Default)]
+struct KeeperState {
+    /// The keeper's pid now; 0 without a PID namespace.
+    pid: AtomicI32,
+    /// How many keepers were found dead and replaced.
+    deaths: std::sync::atomic::AtomicU64,
 }
 
 /// Handle to the spawner thread. Dropping every handle ends the thread, which (by
@@ -149,6 +165,7 @@ enum Job {
 pub struct Spawner {
     tx: mpsc::Sender<Job>,
     containment: Containment,
+    keeper: std::sync::Arc<KeeperState>,
 }
 
 impl Spawner {
@@ -158,16 +175,68 @@ impl Spawner {
     pub fn start(want_pid_namespace: bool) -> Result<Spawner, LaunchError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Containment>();
+        let keeper = std::sync::Arc::new(KeeperState::default());
+        let k = keeper.clone();
+        // The minder starts replacement spawner threads: a thread that made a
+        // PID namespace for its children can start no thread itself (clone(2)
+        // refuses CLONE_THREAD when they differ). It holds no sender of its
+        // own, so it ends with the last spawner thread.
+        let (handover_tx, handover_rx) = mpsc::channel::<HandoverMsg>();
+        let km = keeper.clone();
+        thread::Builder::new()
+            .name("brood-minder".into())
+            .spawn(move || {
+                while let Ok(HandoverMsg((rx, pending, handover))) = handover_rx.recv() {
+                    let k = km.clone();
+                    let started = thread::Builder::new()
+                        .name("brood-spawner".into())
+                        .spawn(move || spawner_thread(true, rx, None, k, pending, handover));
+                    if started.is_err() {
+                        // The queue went with the closure that could not run:
+                        // later launches are told the spawner is gone.
+                        km.pid.store(0, Ordering::Release);
+                    }
+                }
+            })
+            .map_err(LaunchError::Thread)?;
         thread::Builder::new()
             .name("brood-spawner".into())
-            .spawn(move || spawner_thread(want_pid_namespace, rx, ready_tx))
+            .spawn(move || {
+                spawner_thread(want_pid_namespace, rx, Some(ready_tx), k, None, handover_tx)
+            })
             .map_err(LaunchError::Thread)?;
         let containment = ready_rx.recv().map_err(|_| LaunchError::SpawnerGone)?;
-        Ok(Spawner { tx, containment })
+        Ok(Spawner {
+            tx,
+            containment,
+            keeper,
+        })
     }
 
+    /// The containment the spawner started with (a keeper that died and was
+    /// replaced has another pid: [`Spawner::keeper_pid`]).
     pub fn containment(&self) -> &Containment {
         &self.containment
+    }
+
+    /// The keeper's pid now, `None` without a PID namespace.
+    pub fn keeper_pid(&self) -> Option<i32> {
+        match self.keeper.pid.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p),
+        }
+    }
+
+    /// How many times the keeper was found dead (every agent in its namespace
+    /// died with it, by the kernel's hand) and replaced.
+    pub fn keeper_deaths(&self) -> u64 {
+        self.keeper.deaths.load(Ordering::Acquire)
+    }
+
+    /// Asks the spawner thread to look at its keeper now (it also does before
+    /// every launch); a dead one is replaced.
+    pub fn check_keeper(&self) {
+        let _ = self.tx.send(Job::CheckKeeper);
     }
 
     /// Starts a process on the spawner thread; `done` is called there with the
@@ -194,7 +263,14 @@ impl Spawner {
     }
 }
 
-fn spawner_thread(want_ns: bool, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Containment>) {
+fn spawner_thread(
+    want_ns: bool,
+    rx: mpsc::Receiver<Job>,
+    ready: Option<mpsc::Sender<Containment>>,
+    keeper: std::sync::Arc<KeeperState>,
+    mut pending: Option<Job>,
+    handover: mpsc::Sender<HandoverMsg>,
+) {
     // Held for exactly the life of this thread: the keeper watches it (see keeper_main).
     let mut _keeper_pipe: Option<OwnedFd> = None;
     let containment = if want_ns {
@@ -210,23 +286,54 @@ fn spawner_thread(want_ns: bool, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Co
             why: "disabled by configuration".into(),
         }
     };
-    if matches!(containment, Containment::Pdeathsig { .. }) {
+    let keeper_pid = match containment {
+        Containment::PidNamespace { keeper_pid } => keeper_pid,
+        Containment::Pdeathsig { .. } => 0,
+    };
+    keeper.pid.store(keeper_pid, Ordering::Release);
+    if keeper_pid == 0 {
         // Orphaned grandchildren then come to the supervisor instead of the host's
         // init, so they stay inside brood's accounting (prctl(2) PR_SET_CHILD_SUBREAPER).
         // SAFETY: plain prctl with integer arguments.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     }
-    let in_ns = matches!(containment, Containment::PidNamespace { .. });
+    let in_ns = keeper_pid != 0;
     // SAFETY: getpid has no preconditions.
     let supervisor_pid = unsafe { libc::getpid() };
-    if ready.send(containment).is_err() {
+    if let Some(ready) = ready
+        && ready.send(containment).is_err()
+    {
         return;
     }
     // One stack for every child: a child has exec'd or exited before the next
     // clone (CLONE_VFORK).
     let stack = ChildStack::new();
-    while let Ok(job) = rx.recv() {
+    loop {
+        let job = match pending.take() {
+            Some(j) => j,
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => return,
+            },
+        };
+        if in_ns && keeper_died(keeper_pid) {
+            // The kernel killed every process of the namespace with its init,
+            // and a namespace without an init takes no new process. This thread
+            // cannot make another (unshare(2) refuses a second CLONE_NEWPID),
+            // so a new thread takes over with a new keeper in a new namespace,
+            // and this one ends: every agent it started is gone already.
+            keeper.deaths.fetch_add(1, Ordering::AcqRel);
+            keeper.pid.store(0, Ordering::Release);
+            let again = handover.clone();
+            if let Err(mpsc::SendError(HandoverMsg((_, Some(Job::Launch(_, reply)), _)))) =
+                handover.send(HandoverMsg((rx, Some(job), again)))
+            {
+                reply(Err(LaunchError::SpawnerGone));
+            }
+            return;
+        }
         match job {
+            Job::CheckKeeper => {}
             Job::Launch(spec, reply) => reply(match &stack {
                 Ok(stack) => launch_here(*spec, in_ns, supervisor_pid, stack),
                 Err(e) => Err(LaunchError::Spawn {
@@ -239,6 +346,15 @@ fn spawner_thread(want_ns: bool, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Co
             }),
         }
     }
+}
+
+/// Whether the keeper has exited (then it is reaped here: it is the
+/// supervisor's child, and nobody else waits for it).
+fn keeper_died(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own child, without blocking.
+    let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    got == pid || (got < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
 }
 
 /// Creates the PID namespace for this thread's future children and forks its init.

@@ -249,11 +249,18 @@ async fn connection(
     stream: UnixStream,
 ) -> std::io::Result<()> {
     let cred = stream.peer_cred()?;
-    let caller = match cred.pid() {
-        Some(pid) => sup.identify(pid, cred.uid()).await,
-        None => Caller::User { uid: cred.uid() },
+    let identified = match cred.pid() {
+        Some(pid) => sup.identify(pid, cred.uid()).await.map_err(|e| e.message),
+        None => Err("the kernel gave no pid for the caller".to_owned()),
     };
     let (mut rd, mut wr) = stream.into_split();
+    let caller = match identified {
+        Ok(c) => c,
+        Err(msg) => {
+            write_frame(&mut wr, &error_frame(None, &run, "EACCES", &msg)).await?;
+            return wr.shutdown().await;
+        }
+    };
     let allowed =
         access.operator_or_parent(&caller) || owner(&sup, &name).is_some_and(|o| o == caller);
     if !allowed {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::agentruntime::{EventFormat, to_agentruntime};
-use crate::api::{self, ApiError, Caller};
+use crate::api::{self, ApiError};
 use crate::supervisor::Supervisor;
 
 /// Largest request line accepted (the protocol's 1 MiB).
@@ -65,9 +65,12 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) {
 
 async fn connection(sup: Supervisor, stream: UnixStream) -> std::io::Result<()> {
     let cred = stream.peer_cred()?;
-    let caller = match cred.pid() {
+    let identified = match cred.pid() {
         Some(pid) => sup.identify(pid, cred.uid()).await,
-        None => Caller::User { uid: cred.uid() },
+        None => Err(ApiError::new(
+            Code::Forbidden,
+            "the kernel gave no pid for the caller, so it cannot be identified",
+        )),
     };
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
@@ -84,6 +87,18 @@ async fn connection(sup: Supervisor, stream: UnixStream) -> std::io::Result<()> 
     if line.starts_with(b"GET ") {
         return http_get(&sup, &line, &mut rd, &mut wr).await;
     }
+    // Refused after the request is read, so the caller gets the reason
+    // rather than a broken pipe.
+    let caller = match identified {
+        Ok(c) => c,
+        Err(e) => {
+            let mut bytes = json!({"ok": false, "error": e.to_json()})
+                .to_string()
+                .into_bytes();
+            bytes.push(b'\n');
+            return wr.write_all(&bytes).await;
+        }
+    };
     let reply = if line.len() > MAX_REQUEST {
         Err(ApiError::new(Code::BadRequest, "request longer than 1 MiB"))
     } else {

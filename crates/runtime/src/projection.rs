@@ -53,7 +53,8 @@ enum Op {
     /// A whole file and its mode (0644, or 0755 for a shim).
     Write(PathBuf, Vec<u8>, u32),
     Append(PathBuf, Vec<u8>),
-    Mkdirs(PathBuf),
+    /// With a uid: the directory itself is given to it (`artifact/`).
+    Mkdirs(PathBuf, Option<u32>),
     RemoveDir(PathBuf),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -109,7 +110,15 @@ impl Projection {
     }
 
     pub fn mkdirs(&self, path: PathBuf) {
-        let _ = self.tx.send(Op::Mkdirs(path));
+        let _ = self.tx.send(Op::Mkdirs(path, None));
+    }
+
+    /// A channel's `artifact/`, given to the child's `uid` ([`make_dir`]).
+    /// Given away here too, not left to the launch alone: two writers that
+    /// each made it and chowned it in turn could otherwise leave it to the
+    /// tree's owner, and the child could not write its own artifacts.
+    pub fn artifact_dir(&self, path: PathBuf, uid: u32) {
+        let _ = self.tx.send(Op::Mkdirs(path, Some(uid)));
     }
 
     /// Removes a directory and everything in it, or a single file, after the
@@ -147,8 +156,12 @@ impl Writer {
         let mut removals = Vec::new();
         for op in batch {
             match op {
-                Op::Mkdirs(p) => {
-                    if let Err(e) = self.mkdirs(&p) {
+                Op::Mkdirs(p, uid) => {
+                    let made = match uid {
+                        Some(uid) => make_dir(&p, uid),
+                        None => self.mkdirs(&p),
+                    };
+                    if let Err(e) = made {
                         tracing::warn!(error = %e, "ctx projection mkdir failed");
                     }
                 }

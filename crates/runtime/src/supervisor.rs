@@ -33,6 +33,8 @@ use crate::io;
 use crate::paths::Paths;
 use crate::projection::Projection;
 
+mod identify;
+mod orphans;
 mod sockets;
 mod sweep;
 pub use sweep::Sweeper;
@@ -144,7 +146,7 @@ pub(crate) enum Cmd {
     Cancel(Caller, AgentName, Reply),
     Close(Caller, AgentName, Reply),
     Resume(Caller, AgentName, Option<String>, Reply),
-    Identify(i32, oneshot::Sender<Caller>),
+    Identify(i32, oneshot::Sender<Option<Caller>>),
     /// A creation refused before it reached the dispatcher (a malformed request).
     Refused(Option<AgentName>, Option<String>, ApiError),
     Shutdown(oneshot::Sender<()>),
@@ -476,16 +478,34 @@ impl Supervisor {
         let _ = self.tx.send(Cmd::Refused(parent, requested, e));
     }
 
-    /// Who is calling, from a peer's pid (peer credentials): the agent whose cgroup
-    /// holds that process, or a user.
-    pub async fn identify(&self, pid: i32, uid: u32) -> Caller {
+    /// Who is calling, from a peer's pid (peer credentials): the agent whose
+    /// cgroup (or, failing that, ancestry) holds that process, or a user
+    /// provably outside every tree; refused for a process inside a tree that
+    /// no live agent accounts for (`supervisor::identify`).
+    pub async fn identify(&self, pid: i32, uid: u32) -> Result<Caller, ApiError> {
         let (tx, rx) = oneshot::channel();
+        let nobody = || {
+            ApiError::new(
+                Code::Forbidden,
+                format!(
+                    "the caller (pid {pid}) is inside an agent tree but belongs to no live agent"
+                ),
+            )
+        };
         if self.tx.send(Cmd::Identify(pid, tx)).is_err() {
-            return Caller::User { uid };
+            return Err(ApiError::new(
+                Code::Internal,
+                "the supervisor is shutting down",
+            ));
         }
         match rx.await {
-            Ok(Caller::User { .. }) | Err(_) => Caller::User { uid },
-            Ok(a) => a,
+            Ok(Some(Caller::User { .. })) => Ok(Caller::User { uid }),
+            Ok(Some(a)) => Ok(a),
+            Ok(None) => Err(nobody()),
+            Err(_) => Err(ApiError::new(
+                Code::Internal,
+                "the supervisor is shutting down",
+            )),
         }
     }
 
@@ -1007,35 +1027,6 @@ impl Dispatcher {
         ))
     }
 
-    fn identify(&self, pid: i32) -> Caller {
-        let uid = 0;
-        let Some(cg) = &self.cgroups else {
-            return Caller::User { uid };
-        };
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-            return Caller::User { uid };
-        };
-        let Some(path) = cg.path_of_process_line(&text) else {
-            return Caller::User { uid };
-        };
-        // The deepest live agent whose group contains the caller's cgroup.
-        let mut best: Option<(&AgentName, usize)> = None;
-        for (name, l) in &self.live {
-            if let Some(g) = &l.group
-                && (path == g.dir || path.starts_with(&g.dir))
-            {
-                let depth = g.dir.components().count();
-                if best.is_none_or(|(_, d)| depth > d) {
-                    best = Some((name, depth));
-                }
-            }
-        }
-        match best {
-            Some((n, _)) => Caller::Agent(n.clone()),
-            None => Caller::User { uid },
-        }
-    }
-
     /// The runtime refuses its own tools (`create send wait close resume job`) to an
     /// agent whose policy does not grant them (SPEC 5).
     fn tool_granted(&self, caller: &Caller, tool: &str) -> Result<(), ApiError> {
@@ -1524,7 +1515,8 @@ impl Dispatcher {
                 .write(cdir.join("session"), format!("{}\n", req.session));
             self.projection
                 .write(cdir.join("handoff.md"), req.task.clone());
-            self.projection.mkdirs(cdir.join("artifact"));
+            self.projection
+                .artifact_dir(cdir.join("artifact"), policy.uid);
         }
         project_agent(&self.projection, &self.paths, &agent, None);
         self.project_channel(&agent, None);
@@ -1760,6 +1752,20 @@ impl Dispatcher {
             || limits.pids_max.is_some()
             || limits.cpu_weight.is_some()
             || parent_limited;
+        // Without cgroups there is no layer to hold a limit (SPEC 5: a layer
+        // the policy needs but the host lacks stops the start, naming it).
+        let own_limits =
+            limits.memory_max.is_some() || limits.pids_max.is_some() || limits.cpu_weight.is_some();
+        let limits_missing = own_limits && self.cgroups.is_none();
+        if limits_missing && !self.cfg.allow_weaker_sandbox {
+            return fail(
+                &self.tx,
+                "resources: the policy sets memory_max, pids_max or cpu_weight, but this host \
+                 has no usable cgroups (the limits layer is missing); \
+                 --allow-weaker-sandbox starts it without them"
+                    .to_owned(),
+            );
+        }
         let extra_procs = match (&self.cgroups, &group, l.limited) {
             (Some(cg), Some(g), true) => match cg.set_limits(g, &limits) {
                 Ok(h) => h.procs_files,
@@ -1884,6 +1890,7 @@ impl Dispatcher {
             "weaker": enforced.weaker,
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
             "veil": veil.as_ref().map(|v| v.describe()),
+            "limits_not_enforced": limits_missing,
             },
         });
         // The run's clock starts now; its children must end before its deadline.

@@ -108,13 +108,16 @@ pub fn pids_under(dir: &Path) -> Vec<i32> {
     out
 }
 
-/// True while the process exists and is not a zombie (a zombie runs nothing).
+/// True while the process exists, a zombie included: a zombie nobody reaps
+/// is a leak the containment must not leave (issue 11 item 3), so it counts
+/// as alive until its parent (the agent's own, the keeper, or the supervisor
+/// as subreaper) has waited for it.
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
+            .is_some_and(|state| state != "X"),
         Err(_) => false,
     }
 }

@@ -61,6 +61,11 @@ pub(super) struct SweepState {
     /// The lock file (its `flock` is the lease) and the store's fence for it.
     lease: Option<(std::fs::File, Fence)>,
     ticks: u64,
+    /// Zombie children no live agent accounted for at the last tick
+    /// (`supervisor::orphans`).
+    pub(super) orphan_zombies: std::collections::HashSet<i32>,
+    /// Keeper deaths already reported.
+    pub(super) keeper_deaths: u64,
 }
 
 /// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
@@ -81,6 +86,8 @@ pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Dura
 impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
+        self.reap_orphans();
+        self.watch_keeper();
         let ticks = self.sweep.ticks;
         if let Some(fence) = self.hold_lease() {
             let r = (|| -> Result<(), StoreError> {

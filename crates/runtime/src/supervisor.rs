@@ -1875,6 +1875,10 @@ impl Dispatcher {
             },
             None => None,
         };
+        let mut ns = ns;
+        if let (Some(n), Some(_)) = (ns.as_mut(), &veil) {
+            n.in_private_mount_namespace();
+        }
         let enforced = sandbox.enforced();
         // Recorded with the run's `agent.start` event (meta.json is written from
         // it once the start is recorded, so a rebuild writes the same file).

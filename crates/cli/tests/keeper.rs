@@ -14,33 +14,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// The keeper of the PID namespace `pid` lives in: the process of that
-/// namespace whose pid there is 1 (proc(5) `NSpid`).
-fn keeper_of(pid: i32) -> Option<i32> {
-    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if std::fs::read_link(format!("/proc/{p}/ns/pid"))
-            .ok()
-            .as_ref()
-            != Some(&ns)
-        {
-            continue;
-        }
-        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-        let last = status
-            .lines()
-            .find(|l| l.starts_with("NSpid:"))
-            .and_then(|l| l.split_whitespace().last());
-        if last == Some("1") {
-            return Some(p);
-        }
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keeper_that_dies_is_reported_and_replaced_and_its_agents_are_recorded() {
     let env = start(Duration::from_millis(500));

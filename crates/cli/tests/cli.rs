@@ -220,6 +220,27 @@ fn doctor_names_every_layer() {
         kill["available"], true,
         "this host kills with cgroup.kill: {kill}"
     );
+    // Run as root here, so brood's machinery is covered in every agent's
+    // mount namespace, and doctor says what is covered.
+    let veil = v["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "veil")
+        .unwrap_or_else(|| panic!("no veil layer: {v}"));
+    assert_eq!(veil["available"], true, "{veil}");
+    let detail = veil["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("/sys/fs/cgroup") && detail.contains(&dir.path().display().to_string()),
+        "{veil}"
+    );
+    assert!(
+        v["enforced"].as_array().unwrap().iter().any(|e| e
+            .as_str()
+            .unwrap_or("")
+            .starts_with("brood's machinery out of reach")),
+        "{v}"
+    );
 }
 
 #[test]

@@ -55,6 +55,7 @@ while read -r mode path value; do
     flock) try "flock $path" sh -c 'exec 9>>"$1" && flock -n 9' _ "$path" ;;
     read) try "read $path" sh -c 'cat "$1"' _ "$path" ;;
     list) try "list $path" ls "$path" ;;
+    readlink) try "readlink $path" readlink "$path" ;;
     signal) try "signal $value $path" kill "-$value" "$path" ;;
     operator) try "cancel $path as the operator" brood --root "$BROOD_ROOT_DIR" cancel "$path" ;;
     # The keeper is its namespace's init: the kernel drops these signals
@@ -229,10 +230,22 @@ async fn tries(case: Case) {
             writeln!(t, "operator p -").unwrap();
         }
         Attempt::TraceAndSignalTheKeeperAndSupervisor => {
-            writeln!(t, "read /proc/1/environ -").unwrap();
-            writeln!(t, "list /proc/1/root/ -").unwrap();
-            writeln!(t, "read /proc/1/mem -").unwrap();
-            let sup = std::process::id();
+            // The agent's /proc is the host's, so host pids name them there:
+            // the keeper, the supervisor, the sibling agent, the host's init.
+            let p_pid = show(&env, "p")["pid"].as_i64().unwrap() as i32;
+            let keeper = keeper_of(p_pid).expect("p lives under a keeper");
+            let sup = std::process::id() as i32;
+            let sib_pid = show(&env, "sib")["pid"].as_i64().unwrap() as i32;
+            for pid in [keeper, sup, sib_pid, 1] {
+                writeln!(t, "read /proc/{pid}/environ -").unwrap();
+                writeln!(t, "read /proc/{pid}/mem -").unwrap();
+                writeln!(t, "list /proc/{pid}/root/ -").unwrap();
+                // Listing fd/ shows only numbers; what they point at needs
+                // ptrace access.
+                writeln!(t, "readlink /proc/{pid}/fd/0 -").unwrap();
+                writeln!(t, "readlink /proc/{pid}/cwd -").unwrap();
+            }
+            // Its own pid namespace has no number for the supervisor.
             writeln!(t, "signal {sup} TERM").unwrap();
             writeln!(t, "signal {sup} KILL").unwrap();
             writeln!(t, "keeper - TERM").unwrap();

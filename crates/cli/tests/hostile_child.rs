@@ -81,6 +81,8 @@ enum Attempt {
     /// Append to and truncate the store, its WAL and shared memory; write the
     /// configuration; take the sweeper lock.
     WriteAndTruncateTheStore,
+    /// The same with the store kept outside brood's root (`--store`).
+    WriteAndTruncateAStoreOutsideTheRoot,
     /// Cancel its sibling through the control socket, as the operator may.
     ActAsTheOperator,
     /// Trace (through /proc) and signal the keeper and the supervisor.
@@ -143,7 +145,18 @@ struct Case {
 }
 
 async fn tries(case: Case) {
-    let env = start(GRACE);
+    let store_dir = tempfile::tempdir().unwrap();
+    let outside = matches!(case.attempt, Attempt::WriteAndTruncateAStoreOutsideTheRoot);
+    let env = start_with(GRACE, |cfg| {
+        if outside {
+            cfg.store = Some(store_dir.path().join("shared.db"));
+        }
+    });
+    let db_path = if outside {
+        store_dir.path().join("shared.db")
+    } else {
+        env.root().join("brood.db")
+    };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let root = env.root().to_path_buf();
@@ -207,18 +220,14 @@ async fn tries(case: Case) {
                 writeln!(t, "write {} FROZEN", g.join("freezer.state").display()).unwrap();
             }
         }
-        Attempt::WriteAndTruncateTheStore => {
-            for f in ["brood.db", "brood.db-wal", "brood.db-shm"] {
-                writeln!(t, "append {} garbage", root.join(f).display()).unwrap();
-                writeln!(t, "truncate {} -", root.join(f).display()).unwrap();
+        Attempt::WriteAndTruncateTheStore | Attempt::WriteAndTruncateAStoreOutsideTheRoot => {
+            let db = db_path.display().to_string();
+            for f in ["", "-wal", "-shm"] {
+                writeln!(t, "append {db}{f} garbage").unwrap();
+                writeln!(t, "truncate {db}{f} -").unwrap();
             }
+            writeln!(t, "flock {db}.sweeper.lock -").unwrap();
             writeln!(t, "write {} garbage", root.join("config.toml").display()).unwrap();
-            writeln!(
-                t,
-                "flock {} -",
-                root.join("brood.db.sweeper.lock").display()
-            )
-            .unwrap();
         }
         Attempt::ActAsTheOperator => {
             // First out of every tree (the root of each hierarchy), so that the
@@ -362,7 +371,7 @@ async fn tries(case: Case) {
     assert_eq!(show(&env, "sib")["status"], "running");
     let keeper = keeper_of(c_pid).expect("the child lives under a keeper");
     assert!(alive(keeper), "the keeper {keeper} is gone");
-    let db = rusqlite::Connection::open(root.join("brood.db")).unwrap();
+    let db = rusqlite::Connection::open(&db_path).unwrap();
     let check: String = db
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
@@ -423,6 +432,8 @@ attempts! {
     kills_a_siblings_group_under_a_narrow_policy: KillASiblingsGroup, true;
     writes_and_truncates_the_store_under_the_default_policy: WriteAndTruncateTheStore, false;
     writes_and_truncates_the_store_under_a_narrow_policy: WriteAndTruncateTheStore, true;
+    writes_and_truncates_a_store_outside_the_root_under_the_default_policy: WriteAndTruncateAStoreOutsideTheRoot, false;
+    writes_and_truncates_a_store_outside_the_root_under_a_narrow_policy: WriteAndTruncateAStoreOutsideTheRoot, true;
     acts_as_the_operator_on_the_control_socket_under_the_default_policy: ActAsTheOperator, false;
     acts_as_the_operator_on_the_control_socket_under_a_narrow_policy: ActAsTheOperator, true;
     traces_and_signals_the_keeper_and_supervisor_under_the_default_policy: TraceAndSignalTheKeeperAndSupervisor, false;

@@ -61,6 +61,7 @@ async fn a_run_past_its_timeout_fails_timed_out_with_its_subtree() {
         .iter()
         .flat_map(|n| processes_of(&env, n))
         .collect();
+    assert!(pids.len() >= 2, "both agents have a process: {pids:?}");
     let r = env
         .sup
         .wait(

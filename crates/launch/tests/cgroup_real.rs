@@ -262,10 +262,8 @@ fn nested_tree_dies_whole(mut fx: Fixture) {
     assert!(!pids_c.contains(&p2) && pids_c.contains(&p3));
     assert!(fx.cg.is_populated(&a).unwrap() && fx.cg.is_populated(&c).unwrap());
 
-    let t = Instant::now();
     fx.cg.kill(&a).unwrap();
     let empty = fx.cg.wait_empty(&a, Duration::from_secs(5)).unwrap();
-    let kill_time = t.elapsed();
     assert!(empty, "still populated after kill: {:?}", fx.cg.pids(&a));
     assert!(!fx.cg.is_populated(&a).unwrap());
     assert_eq!(fx.cg.pids(&a).unwrap(), Vec::<i32>::new());
@@ -282,15 +280,8 @@ fn nested_tree_dies_whole(mut fx: Fixture) {
         "alive after the kill: {stragglers:?}"
     );
 
-    let t = Instant::now();
     fx.cg.remove(&a).unwrap();
-    let remove_time = t.elapsed();
     assert!(!a.dir.exists() && !c.dir.exists());
-    eprintln!(
-        "{}: {} processes (forking during the kill) dead in {kill_time:?}; 3 groups removed in {remove_time:?}",
-        fx.cg.kill_mechanism(),
-        pids_a.len(),
-    );
 }
 
 #[test]
@@ -383,9 +374,7 @@ fn reap_leftovers_kills_and_removes_only_dead_incarnations() {
             == 2
     });
 
-    let t = Instant::now();
     let left = Cgroups::reap_leftovers(&fx.det, &fx.instance).unwrap();
-    let took = t.elapsed();
     assert_eq!(left.groups, 2, "{left:?}");
     assert_eq!(left.pids_killed.len(), 2, "{left:?}");
     assert!(left.pids_killed.contains(&orphan));
@@ -399,7 +388,6 @@ fn reap_leftovers_kills_and_removes_only_dead_incarnations() {
         "our live incarnation was touched"
     );
     fs::remove_dir(&foreign).unwrap();
-    eprintln!("reap_leftovers: 2 groups, 2 processes in {took:?}");
 }
 
 #[test]
@@ -422,22 +410,17 @@ fn the_launcher_path_joins_before_exec_and_the_group_is_found_from_proc() {
             Ok(())
         });
     }
-    let t = Instant::now();
     let mut child = cmd.spawn().expect("cannot run sleep(1)");
-    let spawn_time = t.elapsed();
     let pid = child.id() as i32;
     assert_eq!(fx.cg.pids(&g).unwrap(), [pid]);
     let line = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert_eq!(fx.cg.path_of_process_line(&line), Some(g.dir.clone()));
 
-    let t = Instant::now();
     fx.cg.kill_and_remove(&g, Duration::from_secs(5)).unwrap();
-    let kill_time = t.elapsed();
     let status = child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert!(!g.dir.exists());
-    eprintln!("spawn into a group {spawn_time:?}; kill_and_remove of one process {kill_time:?}");
 }
 
 #[test]
@@ -459,7 +442,6 @@ fn errors_name_the_path_and_remove_refuses_a_populated_group() {
 
     let b = fx.create(&["a", "b"]);
     let p = fx.fork_into(&b, Role::Pause);
-    let t = Instant::now();
     match fx.cg.remove(&a) {
         Err(CgroupError::NotEmpty { path, pids }) => {
             assert_eq!(path, b.dir);
@@ -467,25 +449,25 @@ fn errors_name_the_path_and_remove_refuses_a_populated_group() {
         }
         other => panic!("removing a populated group: {other:?}"),
     }
-    eprintln!("rmdir of a populated group gave up after {:?}", t.elapsed());
     fx.cg.kill_and_remove(&a, Duration::from_secs(5)).unwrap();
     assert!(killed_by(fx.reap(p), libc::SIGKILL));
     assert!(!a.dir.exists());
 }
 
 #[test]
-fn many_groups_create_and_remove_quickly() {
+fn many_groups_are_created_and_removed_as_one_subtree() {
     let fx = Fixture::new(host_v2());
     let top = fx.create(&["many"]);
-    let t = Instant::now();
     for i in 0..200 {
         fx.cg
             .create(&top.rel.child(&format!("g{i}")).unwrap())
             .unwrap();
     }
-    let made = t.elapsed();
-    let t = Instant::now();
+    let made = fs::read_dir(&top.dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+        .count();
+    assert_eq!(made, 200);
     fx.cg.remove(&top).unwrap();
-    eprintln!("200 groups: mkdir {made:?}, rmdir {:?}", t.elapsed());
     assert!(!top.dir.exists());
 }

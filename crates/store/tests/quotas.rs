@@ -16,7 +16,6 @@ mod conformance;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Barrier, Mutex};
-use std::time::{Duration, Instant};
 
 use brood_core::{
     CancelReason, Code, QuotaConfig, Quotas, Status, TenantId, TenantQuotas, Terminal,
@@ -726,111 +725,6 @@ fn the_counts_and_the_walk_read_indexes() {
     uses(
         "ancestor_or_self",
         "sqlite_autoindex_agents_1 (tenant=? AND name=?)",
-    );
-}
-
-// ---- timing ------------------------------------------------------------------------
-
-#[test]
-fn admissions_per_second_with_quotas() {
-    let (_dir, _path, store) = fresh();
-    let t = tenant("timing");
-    // Many trees of moderate size, every child left queued (so every fanout count
-    // reads them all), under the ceilings so that nothing is refused.
-    let q = Quotas::CEILINGS;
-    let (roots, per_root) = if cfg!(debug_assertions) {
-        (20, 50)
-    } else {
-        (100, 200)
-    };
-    for r in 0..roots {
-        running_q(&store, &t, &format!("r{r}"), None, &q);
-    }
-    let build = if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    };
-    let mut lat = Vec::with_capacity(roots * per_root);
-    let started = Instant::now();
-    for k in 0..per_root {
-        for r in 0..roots {
-            let new = new_agent(&t, &format!("r{r}-{k}"), Some(&format!("r{r}")), "sup");
-            let events = spawn_events(&new);
-            let s = Instant::now();
-            store.admit_with_quotas(&new, &q, &events).unwrap();
-            lat.push(s.elapsed());
-        }
-    }
-    let total = started.elapsed();
-    report("admit_with_quotas, one thread", build, &mut lat, total);
-
-    // The same without quotas, for the cost of the counts.
-    let mut lat = Vec::with_capacity(roots * per_root);
-    let started = Instant::now();
-    for k in 0..per_root {
-        for r in 0..roots {
-            let new = new_agent(&t, &format!("r{r}-p{k}"), Some(&format!("r{r}")), "sup");
-            let events = spawn_events(&new);
-            let s = Instant::now();
-            store.admit(&new, &events).unwrap();
-            lat.push(s.elapsed());
-        }
-    }
-    report(
-        "admit (no quotas), one thread",
-        build,
-        &mut lat,
-        started.elapsed(),
-    );
-
-    // 100 concurrent requesters on one store, each under its own root.
-    let threads = 100;
-    let each = roots * per_root / threads;
-    for r in 0..threads {
-        running_q(&store, &t, &format!("c{r}"), None, &q);
-    }
-    let lat = Mutex::new(Vec::with_capacity(threads * each));
-    let barrier = Barrier::new(threads);
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for r in 0..threads {
-            let (store, t, q, lat, barrier) = (&store, &t, &q, &lat, &barrier);
-            s.spawn(move || {
-                let mut mine = Vec::with_capacity(each);
-                barrier.wait();
-                for k in 0..each {
-                    let new = new_agent(t, &format!("c{r}-{k}"), Some(&format!("c{r}")), "sup");
-                    let events = spawn_events(&new);
-                    let s = Instant::now();
-                    store.admit_with_quotas(&new, q, &events).unwrap();
-                    mine.push(s.elapsed());
-                }
-                lat.lock().unwrap().extend(mine);
-            });
-        }
-    });
-    let total = started.elapsed();
-    report(
-        "admit_with_quotas, 100 threads",
-        build,
-        &mut lat.into_inner().unwrap(),
-        total,
-    );
-}
-
-fn report(what: &str, build: &str, lat: &mut [Duration], total: Duration) {
-    lat.sort();
-    let at = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    eprintln!(
-        "timing ({build}): {what}: {} admissions in {:.3} s = {:.0}/s; \
-         latency p50 {:?}, p99 {:?}, max {:?}",
-        lat.len(),
-        total.as_secs_f64(),
-        lat.len() as f64 / total.as_secs_f64(),
-        at(0.50),
-        at(0.99),
-        lat[lat.len() - 1],
     );
 }
 

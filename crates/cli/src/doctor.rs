@@ -138,6 +138,11 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
             "the supervisor: not in a PID namespace of its own; agents are kept from it by dropped capabilities and landlock's scoping of signals".into()
         },
         "the control socket: callers identified from the cgroup of the peer's pid, so an agent acts only as itself".into(),
+        if cg {
+            "collecting a result: the child's whole group is killed and emptied before its refs and artifacts are read; each is opened with openat2 following no link anywhere, only if it is a regular file, at most 1 GiB, within 60 s, on a thread confined with the child's ids, capabilities and landlock ruleset".into()
+        } else {
+            "collecting a result: the child's process group is signalled first (weaker: a setsid'd process may still run and swap files; opened as below all the same); each ref and artifact is opened with openat2 following no link anywhere, only if it is a regular file, at most 1 GiB, within 60 s, on a thread confined with the child's ids, capabilities and landlock ruleset".into()
+        },
         "environment built from nothing (BROOD_* identity, HOME PATH LANG TERM, the policy's env)".into(),
         "always: no_new_privs, every capability dropped for agents started by root, file descriptors closed before exec".into(),
         match &abi {

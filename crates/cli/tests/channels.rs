@@ -171,7 +171,7 @@ async fn a_bad_ref_line_refuses_the_whole_result() {
         (
             "badhash",
             json!({"path": "artifact/x", "summary": "s", "hash": format!("sha256:{}", "0".repeat(64))}),
-            "refs.jsonl line 2: `hash` does not match",
+            "refs.jsonl line 2: artifact/x: `hash` does not match its content",
         ),
         (
             "escapes",

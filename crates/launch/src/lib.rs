@@ -15,6 +15,7 @@
 //! **Invariant:** no other crate calls `Command::new` (enforced by `clippy.toml`).
 
 pub mod cgroup;
+pub mod confine;
 pub mod env;
 pub mod floor;
 pub mod host;

@@ -276,6 +276,22 @@ struct CapData {
     inheritable: u32,
 }
 
+/// capset(2) with empty effective, permitted and inheritable sets for the
+/// calling thread only: capabilities belong to a thread in Linux, and the raw
+/// syscall (unlike a libc wrapper that broadcasts) changes no other.
+pub(crate) fn capset_empty_this_thread() -> io::Result<()> {
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: capset(2) with pointers to a header and two data structs on the stack.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A sandbox ready to be applied to any number of launches: the landlock ruleset
 /// (owned fd), the capability plan and what is enforced. Cloning shares them.
 #[derive(Debug, Clone)]
@@ -306,6 +322,15 @@ impl Prepared {
     /// What the kernel will enforce for launches with this sandbox.
     pub fn enforced(&self) -> &Enforced {
         &self.inner.enforced
+    }
+
+    /// The ruleset's fd (while `self` lives) and whether capabilities are
+    /// dropped: what [`crate::confine`] applies to one thread.
+    pub(crate) fn thread_parts(&self) -> (Option<RawFd>, bool) {
+        (
+            self.inner.ruleset.as_ref().map(|f| f.as_raw_fd()),
+            self.inner.caps.is_some(),
+        )
     }
 
     /// The plain values the child needs; valid while `self` lives.

@@ -152,7 +152,8 @@ pub(crate) enum Cmd {
     Shutdown(oneshot::Sender<()>),
     Launched(AgentName, RunId, Result<Launched, LaunchError>),
     Agent(AgentName, RunId, AgentEv),
-    StopDone(u64),
+    /// A stop's group is empty (or could not be confirmed so: the error).
+    StopDone(u64, Result<(), String>),
     WaitTimeout(u64),
     /// The answer to an agent's protocol `request`, computed off the loop.
     AgentReply(AgentName, u64, ApiResult),
@@ -701,6 +702,9 @@ struct Live {
     admitted: std::time::Instant,
     /// What its launch enforced (containment, sandbox), for `agent.start`.
     launch_meta: Value,
+    /// Its prepared sandbox: what the result collector is confined with, so
+    /// that it opens the child's files with the child's rights.
+    sandbox: Option<brood_launch::sandbox::Prepared>,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.
@@ -770,6 +774,7 @@ impl Live {
             budget_note: None,
             admitted: std::time::Instant::now(),
             launch_meta: Value::Null,
+            sandbox: None,
             deadline_unix_s: None,
             iso_ns: false,
             ns_root: None,
@@ -795,6 +800,24 @@ pub(crate) struct Harvested {
 /// the group whose emptiness ends it.
 struct Stop {
     targets: Vec<(AgentName, Terminal)>,
+    /// A result to collect once the group is empty (the agent whose run ended
+    /// with it heads the group; its descendants were the targets).
+    then: Option<Box<Collect>>,
+}
+
+/// A run that ended with a result, waiting for its group to be empty before
+/// what it handed back is read.
+pub(crate) struct Collect {
+    name: AgentName,
+    run: RunId,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<String>,
+    detail: Option<String>,
+    refs: Vec<Value>,
+    channel: Option<PathBuf>,
+    policy: Policy,
+    confinement: brood_launch::confine::Confinement,
 }
 
 struct Waiter {
@@ -808,6 +831,9 @@ const STDERR_TAIL: usize = 4096;
 /// How many empty network namespaces the pool keeps ready: enough for a burst
 /// of two starts, few enough that an idle supervisor holds little.
 const NETNS_POOL_DEPTH: usize = 2;
+/// How long reading what a run handed back may take (refs hashed, artifacts
+/// copied, each at most 1 GiB): past it the run fails, naming the limit.
+const COLLECT_LIMIT: Duration = Duration::from_secs(60);
 
 struct Dispatcher {
     cfg: Config,
@@ -901,7 +927,7 @@ impl Dispatcher {
                 }
                 Cmd::Launched(name, run, r) => self.on_launched(name, run, r),
                 Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
-                Cmd::StopDone(id) => self.on_stop_done(id),
+                Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
                 Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
                 Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
                 Cmd::Tick => {
@@ -1828,6 +1854,7 @@ impl Dispatcher {
             Ok(p) => p,
             Err(e) => return fail(&self.tx, format!("sandbox: {e}")),
         };
+        l.sandbox = Some(sandbox.clone());
         // iso = ns: a private mount namespace from the policy's mount table, in a
         // root directory brood owns; the cwd is applied inside it.
         let ns = if l.iso_ns {
@@ -2385,8 +2412,11 @@ impl Dispatcher {
     }
 
     /// Checks the refs of a run that ended with a result and takes its
-    /// artifacts into the blob store, on a blocking thread; the end is recorded
-    /// in [`Self::on_harvested`].
+    /// artifacts into the blob store; the end is recorded in
+    /// [`Self::on_harvested`]. Nothing the child wrote is read while anything
+    /// it started lives: its descendants are stopped (they die with it anyway,
+    /// SPEC 6) and its group is killed and emptied first, then the files are
+    /// read on a thread of their own, within [`COLLECT_LIMIT`].
     fn harvest(
         &mut self,
         name: &AgentName,
@@ -2404,17 +2434,104 @@ impl Dispatcher {
             let nothing = Some(crate::channel::Harvest::default());
             return self.finish(name, outcome, exit_code, result, detail, nothing);
         }
-        let policy = l.policy.clone();
+        // The child's own identity, when it is not the supervisor's (today
+        // agents run as the supervisor's uid, without capabilities).
+        let ids = (l.policy.uid != self.uid || l.policy.gid != self.gid).then(|| {
+            brood_launch::confine::FsIds {
+                uid: l.policy.uid,
+                gid: l.policy.gid,
+                groups: l.policy.groups.iter().copied().collect(),
+            }
+        });
+        let collect = Collect {
+            name: name.clone(),
+            run: run.clone(),
+            outcome,
+            exit_code,
+            result,
+            detail,
+            refs,
+            channel,
+            policy: l.policy.clone(),
+            confinement: brood_launch::confine::Confinement {
+                sandbox: l.sandbox.clone(),
+                ids,
+            },
+        };
+        let group = l.group.clone();
+        let targets: Vec<(AgentName, Terminal)> = match self
+            .store
+            .descendants_post_order(&self.tenant, name)
+        {
+            Ok(plan) => plan
+                .into_iter()
+                .filter(|a| !a.status.is_finished())
+                .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
+                .collect(),
+            Err(e) => {
+                tracing::error!(agent = %name, error = %e, "planning the stop before collecting a result failed");
+                Vec::new()
+            }
+        };
+        self.begin_stop_then(targets, group, Some(Box::new(collect)));
+    }
+
+    /// Reads what a run handed back (its group is empty by now) on a thread
+    /// of its own, within [`COLLECT_LIMIT`]; whatever happens, the answer
+    /// comes back as `Cmd::Harvested`, so the run never stays `running`.
+    fn collect(&self, c: Collect, emptied: Result<(), String>) {
         let blobs = self.paths.blobs();
         let tx = self.tx.clone();
-        let (name, run) = (name.clone(), run.clone());
-        tokio::task::spawn_blocking(move || {
-            let harvest = crate::channel::harvest(&crate::channel::Input {
-                refs: &refs,
-                channel: channel.as_deref(),
-                policy: &policy,
-                blobs: &blobs,
-            });
+        tokio::spawn(async move {
+            let Collect {
+                name,
+                run,
+                outcome,
+                exit_code,
+                result,
+                detail,
+                refs,
+                channel,
+                policy,
+                confinement,
+            } = c;
+            let harvest = match emptied {
+                Err(e) => Err(crate::channel::Refused(format!(
+                    "not collected: its group could not be emptied first: {e}"
+                ))),
+                Ok(()) => {
+                    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                    let started = std::thread::Builder::new()
+                        .name("brood-collect".into())
+                        .spawn(move || {
+                            let h = crate::channel::harvest(&crate::channel::Input {
+                                refs: &refs,
+                                channel: channel.as_deref(),
+                                policy: &policy,
+                                blobs: &blobs,
+                                confinement,
+                            });
+                            let _ = done_tx.send(h);
+                        });
+                    match started {
+                        Err(e) => Err(crate::channel::Refused(format!(
+                            "not collected: starting the collector: {e}"
+                        ))),
+                        Ok(_) => match tokio::time::timeout(COLLECT_LIMIT, done_rx).await {
+                            Ok(Ok(h)) => h,
+                            Ok(Err(_)) => Err(crate::channel::Refused(
+                                "not collected: the collector failed without an answer".into(),
+                            )),
+                            // The thread is left to end on its own (every read
+                            // it makes is bounded); the run ends now.
+                            Err(_) => Err(crate::channel::Refused(format!(
+                                "not collected within {} s",
+                                COLLECT_LIMIT.as_secs()
+                            ))),
+                        },
+                    }
+                }
+            };
             let _ = tx.send(Cmd::Harvested(Box::new(Harvested {
                 name,
                 run,
@@ -2691,7 +2808,18 @@ impl Dispatcher {
 
     /// Records the intent for every target, signals the whole subtree at once, and
     /// hands the waiting and killing to a task that reports `StopDone`.
-    fn begin_stop(&mut self, mut targets: Vec<(AgentName, Terminal)>, group: Option<Group>) {
+    fn begin_stop(&mut self, targets: Vec<(AgentName, Terminal)>, group: Option<Group>) {
+        self.begin_stop_then(targets, group, None);
+    }
+
+    /// [`Self::begin_stop`], then the collection of a result once the group
+    /// is empty.
+    fn begin_stop_then(
+        &mut self,
+        mut targets: Vec<(AgentName, Terminal)>,
+        group: Option<Group>,
+        then: Option<Box<Collect>>,
+    ) {
         let id = self.id();
         // Agents hosted by another supervisor sharing the store get the intent
         // recorded here, like every target; their host sees it on its next tick
@@ -2741,16 +2869,25 @@ impl Dispatcher {
             let reason = t.reason().unwrap_or("stopped").to_owned();
             self.to_agent(n, &ToAgent::Cancel { reason });
         }
-        self.stops.insert(id, Stop { targets });
+        if let Some(c) = &then
+            && let Some(p) = self.live.get(&c.name).and_then(|l| l.pid)
+        {
+            // Without cgroups, what the collected agent left behind is in its
+            // own process group.
+            pgids.push(p);
+        }
+        self.stops.insert(id, Stop { targets, then });
         let cg = self.cgroups.clone();
         let tx = self.tx.clone();
         let grace = self.cfg.grace;
         let t_sig = std::time::Instant::now();
         tokio::spawn(async move {
+            let mut emptied: Result<(), String> = Ok(());
             match (cg, group) {
                 (Some(cg), Some(g)) => {
                     if let Err(e) = empty_group(&cg, &g, grace, true).await {
                         tracing::error!(group = %g.dir.display(), error = %e, "emptying a cgroup failed");
+                        emptied = Err(e);
                     }
                 }
                 _ => {
@@ -2759,10 +2896,29 @@ impl Dispatcher {
                         // SAFETY: signalling a process group we created.
                         unsafe { libc::killpg(*p, libc::SIGTERM) };
                     }
-                    tokio::time::sleep(grace).await;
+                    // The grace ends early once every group is gone (signal 0
+                    // probes without sending).
+                    // SAFETY (both closures' calls): as above.
+                    let any_left = || pgids.iter().any(|p| unsafe { libc::killpg(*p, 0) } == 0);
+                    let deadline = tokio::time::Instant::now() + grace;
+                    while any_left() && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     for p in &pgids {
                         // SAFETY: as above.
                         unsafe { libc::killpg(*p, libc::SIGKILL) };
+                    }
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                    while any_left() && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if any_left() {
+                        // A member may be a zombie not yet reaped by whoever
+                        // adopted it: warn, as this weaker mode can only.
+                        tracing::warn!(
+                            ?pgids,
+                            "process groups still have members 5 s after SIGKILL"
+                        );
                     }
                 }
             }
@@ -2770,16 +2926,33 @@ impl Dispatcher {
                 elapsed_us = t_sig.elapsed().as_micros() as u64,
                 "stop: group emptied"
             );
-            let _ = tx.send(Cmd::StopDone(id));
+            let _ = tx.send(Cmd::StopDone(id, emptied));
         });
+    }
+
+    /// Every process of a stop is gone (or the group could not be emptied):
+    /// write the records, then collect a result waiting on it.
+    fn on_stop_done(&mut self, id: u64, emptied: Result<(), String>) {
+        let Some(mut stop) = self.stops.remove(&id) else {
+            return;
+        };
+        let then = stop.then.take();
+        self.record_stop(stop);
+        // The result's agent may have been stopped meanwhile (cancelled): that
+        // stop records its end, and nothing is collected.
+        if let Some(c) = then
+            && self
+                .live
+                .get(&c.name)
+                .is_some_and(|l| l.run == c.run && l.stopping.is_none())
+        {
+            self.collect(*c, emptied);
+        }
     }
 
     /// Every process of a stop is gone: write the records and the event pairs in
     /// post-order (SPEC 6 steps 4 and 5).
-    fn on_stop_done(&mut self, id: u64) {
-        let Some(stop) = self.stops.remove(&id) else {
-            return;
-        };
+    fn record_stop(&mut self, stop: Stop) {
         let t0 = std::time::Instant::now();
         let now = now_ms();
         let mut items = Vec::with_capacity(stop.targets.len());

@@ -7,17 +7,23 @@
 //! transcript.
 //!
 //! [`harvest`] reads files (hashes, copies), so the supervisor runs it off the
-//! dispatcher, once a run that ended with a result has exited.
+//! dispatcher, once a run that ended with a result has exited and its group is
+//! dead and empty. How the child's files are opened (as the child, no link
+//! followed, regular files only, bounded) is [`open`]'s.
+
+mod open;
 
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use brood_core::policy::{AbsPath, Mode, Policy};
+use brood_launch::confine::Confinement;
 use brood_store::{Artifact, ChannelOutput};
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
+
+pub use open::{MAX_DEPTH, MAX_REF_BYTES};
 
 /// The kinds a reference may have (SPEC 4); the first is the default.
 pub const REF_KINDS: &[&str] = &[
@@ -51,6 +57,8 @@ pub struct Input<'a> {
     pub policy: &'a Policy,
     /// `$BROOD_ROOT/blobs`.
     pub blobs: &'a Path,
+    /// Whose rights the child's files are opened with: the child's own.
+    pub confinement: Confinement,
 }
 
 /// What a run hands back: recorded on the channel (`output`) and delivered to
@@ -75,47 +83,104 @@ impl std::fmt::Display for Refused {
 }
 
 /// Checks the refs, takes the artifacts into the blob store and builds the
-/// parent's context pack. A bad ref line or an artifact past the bounds refuses
-/// the whole result; an IO failure of the blob store too (named), since a
-/// result whose artifacts could not be kept cannot be rebuilt.
+/// parent's context pack. A bad ref line, a ref or artifact that is not a
+/// regular file the child could read, or an artifact past the bounds refuses
+/// the whole result, naming the line or file; an IO failure of the blob store
+/// too, since a result whose artifacts could not be kept cannot be rebuilt.
 pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
-    let refs = check_refs(input.refs, input.channel, input.policy)?;
+    let (refs, checks) = check_refs(input.refs, input.channel.is_some(), input.policy)?;
     let mut out = Harvest::default();
     out.output.refs = refs.iter().map(|r| format!("{r}\n")).collect();
-    let Some(channel) = input.channel else {
-        out.pack_refs = refs.iter().map(pack_ref).collect();
+    out.pack_refs = refs.iter().map(pack_ref).collect();
+    if checks.is_empty() && input.channel.is_none() {
         return Ok(out);
+    }
+    let channel = match input.channel {
+        Some(ch) => Some(
+            open::channel_dir(ch)
+                .map_err(|e| Refused(format!("opening the channel {}: {e}", ch.display())))?,
+        ),
+        None => None,
     };
-    let artifacts = take_artifacts(&channel.join("artifact"), input.blobs)?;
-    for r in &refs {
-        out.pack_refs.push(pack_ref(r));
-        let Some(name) = artifact_named(r) else {
-            continue;
+    let targets = checks.iter().map(|c| c.target.clone()).collect();
+    let rx = open::spawn_opener(input.confinement.clone(), channel, targets)
+        .map_err(|e| Refused(format!("collecting the result: starting the opener: {e}")))?;
+    let gone = || Refused("collecting the result: the opener stopped without an answer".into());
+    for c in &checks {
+        let opened = match rx.recv().map_err(|_| gone())? {
+            open::Got::Ref(line, o) if line == c.target.line => o,
+            open::Got::Failed(why) => {
+                return Err(Refused(format!("collecting the result: {why}")));
+            }
+            _ => return Err(gone()),
         };
-        if let Some(a) = artifacts.iter().find(|a| a.name == name) {
-            out.pack_artifacts.push(pack_artifact(
-                a,
-                channel,
-                &blob_path(input.blobs, &a.sha256),
-            ));
+        let bad = |why: String| {
+            Refused(format!(
+                "refs.jsonl line {}: {}: {why}",
+                c.target.line, c.given
+            ))
+        };
+        let mut o = opened.map_err(&bad)?;
+        let (got, _) = open::hash_copy(&mut o.file, MAX_REF_BYTES, None)
+            .map_err(|e| bad(format!("reading it: {e}")))?;
+        // The refusal never shows the digest: the child names the hash it
+        // believes, and learns only that it is wrong.
+        if !got.eq_ignore_ascii_case(&c.want) {
+            return Err(bad("`hash` does not match its content".into()));
         }
+    }
+    let mut artifacts = Vec::new();
+    let mut total = 0u64;
+    loop {
+        match rx.recv().map_err(|_| gone())? {
+            open::Got::Artifact(name, mut o) => {
+                let left = MAX_ARTIFACT_BYTES.saturating_sub(total);
+                let (sha256, size) = put_blob(input.blobs, &mut o.file, left)
+                    .map_err(|e| Refused(format!("artifact/{name}: {e}")))?;
+                total += size;
+                artifacts.push(Artifact { name, sha256, size });
+            }
+            open::Got::End => break,
+            open::Got::Failed(why) => return Err(Refused(why)),
+            open::Got::Ref(..) => return Err(gone()),
+        }
+    }
+    artifacts.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(channel) = input.channel {
+        out.pack_artifacts = refs
+            .iter()
+            .filter_map(artifact_named)
+            .filter_map(|n| artifacts.iter().find(|a| a.name == n))
+            .map(|a| pack_artifact(a, channel, &blob_path(input.blobs, &a.sha256)))
+            .collect();
     }
     out.output.artifacts = artifacts;
     Ok(out)
 }
 
+/// A ref whose hash must be checked: where its file is, the line's `path` as
+/// given (for messages) and the digest it claims.
+#[derive(Debug, Clone)]
+pub struct HashCheck {
+    target: open::RefTarget,
+    given: String,
+    want: String,
+}
+
 /// The refs of a `done` result, each checked and normalised (SPEC 4): `path`
 /// and `summary` required, single line; `id` generated when absent (`ref-<line>`,
 /// so a rebuild writes the same); `kind` one of [`REF_KINDS`], default `file`;
-/// `hash`, when present, `sha256:<64 hex>` and equal to the file's. A relative
-/// `path` is relative to the channel directory (`artifact/x` names an artifact);
-/// an absolute one is hashed only where the child's policy lets it read.
+/// `hash`, when present, `sha256:<64 hex>`, to be checked against the file's
+/// ([`harvest`] does, opening it as the child). A relative `path` is relative
+/// to the channel directory (`artifact/x` names an artifact); an absolute one
+/// is checked only where the child's policy lets it read.
 pub fn check_refs(
     refs: &[Value],
-    channel: Option<&Path>,
+    has_channel: bool,
     policy: &Policy,
-) -> Result<Vec<Value>, Refused> {
+) -> Result<(Vec<Value>, Vec<HashCheck>), Refused> {
     let mut out = Vec::with_capacity(refs.len());
+    let mut checks = Vec::new();
     for (i, r) in refs.iter().enumerate() {
         let line = i + 1;
         let bad = |why: String| Refused(format!("refs.jsonl line {line}: {why}"));
@@ -154,16 +219,12 @@ pub fn check_refs(
             else {
                 return Err(bad(format!("`hash` {h:?} is not sha256:<64 hex digits>")));
             };
-            let file = resolve(&path, channel, policy).map_err(&bad)?;
-            let got = sha256_file(&file)
-                .map_err(|e| bad(format!("cannot hash {}: {e}", file.display())))?
-                .0;
-            if !got.eq_ignore_ascii_case(want) {
-                return Err(bad(format!(
-                    "`hash` does not match {}: it is sha256:{got}",
-                    file.display()
-                )));
-            }
+            let file = resolve(&path, has_channel, policy).map_err(&bad)?;
+            checks.push(HashCheck {
+                target: open::RefTarget { line, path: file },
+                given: path.clone(),
+                want: want.to_owned(),
+            });
         }
         // Unknown fields are kept (the protocol ignores what it does not know,
         // and the parent may); the known ones come first in a fixed order.
@@ -182,12 +243,13 @@ pub fn check_refs(
         }
         out.push(Value::Object(m));
     }
-    Ok(out)
+    Ok((out, checks))
 }
 
 /// Where a ref's file is, for its hash: relative paths inside the channel
-/// directory (never above it); absolute ones only where the child may read.
-fn resolve(path: &str, channel: Option<&Path>, policy: &Policy) -> Result<PathBuf, String> {
+/// directory (never above it; returned relative to it); absolute ones only
+/// where the child may read.
+fn resolve(path: &str, has_channel: bool, policy: &Policy) -> Result<PathBuf, String> {
     let p = Path::new(path);
     if p.is_absolute() {
         let abs = AbsPath::new("path", path).map_err(|e| e.to_string())?;
@@ -198,14 +260,12 @@ fn resolve(path: &str, channel: Option<&Path>, policy: &Policy) -> Result<PathBu
         }
         return Ok(p.to_path_buf());
     }
-    let Some(channel) = channel else {
+    if !has_channel {
         return Err(format!(
             "a relative path ({path}) names a file of the parent's channel, and a root has none"
         ));
-    };
-    relative(path)
-        .map(|r| channel.join(r))
-        .ok_or_else(|| format!("{path:?} must stay inside the channel (no `..`)"))
+    }
+    relative(path).ok_or_else(|| format!("{path:?} must stay inside the channel (no `..`)"))
 }
 
 /// `path` as a relative path of plain components, or `None`.
@@ -264,74 +324,12 @@ pub fn blob_path(blobs: &Path, sha256: &str) -> PathBuf {
     blobs.join("sha256").join(sha256)
 }
 
-/// Every regular file under `dir` (symlinks and other kinds are not followed
-/// or taken), copied into the blob store, sorted by name.
-fn take_artifacts(dir: &Path, blobs: &Path) -> Result<Vec<Artifact>, Refused> {
-    let mut files = Vec::new();
-    walk(dir, Path::new(""), &mut files)
-        .map_err(|e| Refused(format!("reading {}: {e}", dir.display())))?;
-    if files.len() > MAX_ARTIFACTS {
-        return Err(Refused(format!(
-            "{} holds {} files; at most {MAX_ARTIFACTS} are taken",
-            dir.display(),
-            files.len()
-        )));
-    }
-    files.sort();
-    let mut out = Vec::with_capacity(files.len());
-    let mut total = 0u64;
-    for rel in files {
-        let src = dir.join(&rel);
-        let (sha256, size) = put_blob(blobs, &src)
-            .map_err(|e| Refused(format!("artifact {}: {e}", src.display())))?;
-        total += size;
-        if total > MAX_ARTIFACT_BYTES {
-            return Err(Refused(format!(
-                "the artifacts in {} exceed {MAX_ARTIFACT_BYTES} bytes",
-                dir.display()
-            )));
-        }
-        out.push(Artifact {
-            name: rel.to_string_lossy().into_owned(),
-            sha256,
-            size,
-        });
-    }
-    Ok(out)
-}
-
-fn walk(dir: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for e in entries {
-        let e = e?;
-        let t = e.file_type()?;
-        let name = rel.join(e.file_name());
-        if t.is_dir() {
-            walk(&e.path(), &name, out)?;
-        } else if t.is_file() && e.file_name().to_str().is_some() {
-            out.push(name);
-        }
-        if out.len() > MAX_ARTIFACTS {
-            return Ok(());
-        }
-    }
-    Ok(())
-}
-
-/// Copies `src` into the blob store under its hash (temp file, then rename;
-/// an existing blob is kept: same hash, same bytes). Opened with `O_NOFOLLOW`,
-/// so a symlink swapped in after the walk is not followed.
-pub fn put_blob(blobs: &Path, src: &Path) -> io::Result<(String, u64)> {
+/// Copies an open file into the blob store under its hash (temp file, then
+/// rename; an existing blob is kept: same hash, same bytes), reading at most
+/// `cap` bytes.
+pub fn put_blob(blobs: &Path, src: &mut File, cap: u64) -> io::Result<(String, u64)> {
     let dir = blobs.join("sha256");
     fs::create_dir_all(&dir)?;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(src)?;
     let tmp = dir.join(format!(
         ".in.{}.{}",
         std::process::id(),
@@ -344,7 +342,7 @@ pub fn put_blob(blobs: &Path, src: &Path) -> io::Result<(String, u64)> {
             .mode(0o444)
             .custom_flags(libc::O_CLOEXEC)
             .open(&tmp)?;
-        let (hex, size) = hash_copy(&mut f, Some(&mut out))?;
+        let (hex, size) = open::hash_copy(src, cap, Some(&mut out))?;
         let dst = dir.join(&hex);
         if dst.exists() {
             fs::remove_file(&tmp)?;
@@ -359,34 +357,6 @@ pub fn put_blob(blobs: &Path, src: &Path) -> io::Result<(String, u64)> {
     r
 }
 
-/// SHA-256 of a file (not following a final symlink), with its size.
-pub fn sha256_file(path: &Path) -> io::Result<(String, u64)> {
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    hash_copy(&mut f, None)
-}
-
-/// Reads `f` to its end, hashing it and, when given, copying it to `out`:
-/// the SHA-256 in lowercase hex and the size.
-fn hash_copy(f: &mut File, mut out: Option<&mut File>) -> io::Result<(String, u64)> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok((hex(&h.finalize()), size));
-        }
-        h.update(&buf[..n]);
-        if let Some(o) = out.as_mut() {
-            o.write_all(&buf[..n])?;
-        }
-        size += n as u64;
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -394,16 +364,48 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::CString;
 
     fn operator() -> Policy {
         Policy::operator(0, 0, Default::default())
     }
 
+    fn unconfined() -> Confinement {
+        Confinement {
+            sandbox: None,
+            ids: None,
+        }
+    }
+
+    fn run(refs: &[Value], ch: Option<&Path>, blobs: &Path) -> Result<Harvest, Refused> {
+        harvest(&Input {
+            refs,
+            channel: ch,
+            policy: &operator(),
+            blobs,
+            confinement: unconfined(),
+        })
+    }
+
+    fn sha256_of(p: &Path) -> String {
+        let mut f = File::open(p).unwrap();
+        open::hash_copy(&mut f, u64::MAX, None).unwrap().0
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    const SOME_HASH: &str =
+        "sha256:5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03";
+
     #[test]
     fn refs_are_normalised_with_defaults() {
-        let d = tempfile::tempdir().unwrap();
         let refs = vec![json!({"path": "src/a.rs", "summary": "the parser", "extra": 1})];
-        let out = check_refs(&refs, Some(d.path()), &operator()).unwrap();
+        let (out, checks) = check_refs(&refs, true, &operator()).unwrap();
+        assert!(checks.is_empty());
         assert_eq!(
             out[0].to_string(),
             r#"{"id":"ref-1","kind":"file","path":"src/a.rs","summary":"the parser","extra":1}"#
@@ -412,7 +414,6 @@ mod tests {
 
     #[test]
     fn each_bad_line_is_named() {
-        let d = tempfile::tempdir().unwrap();
         let ok = json!({"path": "a", "summary": "s"});
         let cases = [
             (json!("x"), "expected a JSON object"),
@@ -431,7 +432,7 @@ mod tests {
             ),
         ];
         for (bad, why) in cases {
-            let e = check_refs(&[ok.clone(), bad.clone()], Some(d.path()), &operator())
+            let e = check_refs(&[ok.clone(), bad.clone()], true, &operator())
                 .unwrap_err()
                 .0;
             assert!(e.starts_with("refs.jsonl line 2: "), "{bad}: {e}");
@@ -440,21 +441,57 @@ mod tests {
     }
 
     #[test]
-    fn a_hash_is_checked_against_the_file() {
+    fn a_hash_is_checked_against_the_file_and_a_mismatch_shows_no_digest() {
         let d = tempfile::tempdir().unwrap();
-        fs::create_dir(d.path().join("artifact")).unwrap();
-        fs::write(d.path().join("artifact/out.txt"), "hello\n").unwrap();
-        let good = "sha256:5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03";
-        let r = json!({"path": "artifact/out.txt", "summary": "s", "hash": good});
-        assert!(check_refs(&[r], Some(d.path()), &operator()).is_ok());
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        fs::create_dir_all(ch.join("artifact")).unwrap();
+        fs::write(ch.join("artifact/out.txt"), "hello\n").unwrap();
+        let r = json!({"path": "artifact/out.txt", "summary": "s", "hash": SOME_HASH});
+        assert!(run(&[r], Some(&ch), &blobs).is_ok());
         let bad = format!("sha256:{}", "a".repeat(64));
         let r = json!({"path": "artifact/out.txt", "summary": "s", "hash": bad});
-        let e = check_refs(&[r], Some(d.path()), &operator()).unwrap_err().0;
+        let e = run(&[r], Some(&ch), &blobs).unwrap_err().0;
         assert!(e.contains("does not match") && e.contains("line 1"), "{e}");
+        assert!(!e.contains(&SOME_HASH[7..]), "the real digest leaked: {e}");
+    }
+
+    /// What a hostile child plants instead of a file: each is refused at once,
+    /// naming the line and what it is, and nothing is read.
+    #[test]
+    fn a_ref_that_is_not_a_plain_regular_file_is_refused_without_reading() {
+        let d = tempfile::tempdir().unwrap();
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        fs::create_dir_all(ch.join("artifact")).unwrap();
+        let secret_dir = d.path().join("secret");
+        fs::create_dir(&secret_dir).unwrap();
+        fs::write(secret_dir.join("s.txt"), "hello\n").unwrap();
+        mkfifo(&ch.join("artifact/fifo"));
+        std::os::unix::fs::symlink(&secret_dir, ch.join("artifact/dir")).unwrap();
+        std::os::unix::fs::symlink(&secret_dir, d.path().join("outside-link")).unwrap();
+        let sparse = ch.join("artifact/sparse");
+        File::create(&sparse).unwrap().set_len(10 << 30).unwrap();
+        let abs_link = d.path().join("outside-link/s.txt");
+        let cases = [
+            ("/dev/zero".to_owned(), "a character device"),
+            ("artifact/fifo".to_owned(), "a FIFO"),
+            ("artifact/dir/s.txt".to_owned(), "symbolic link"),
+            (abs_link.display().to_string(), "symbolic link"),
+            ("artifact/sparse".to_owned(), "10737418240 bytes"),
+            ("artifact".to_owned(), "a directory"),
+        ];
+        for (path, why) in cases {
+            let r = json!({"path": path, "summary": "s", "hash": SOME_HASH});
+            let e = run(&[r], Some(&ch), &blobs).unwrap_err().0;
+            assert!(
+                e.starts_with(&format!("refs.jsonl line 1: {path}: ")) && e.contains(why),
+                "{path}: {e}"
+            );
+            assert!(!e.contains(&SOME_HASH[7..20]), "{e}");
+        }
     }
 
     #[test]
-    fn artifacts_go_to_the_blob_store_and_symlinks_are_not_taken() {
+    fn artifacts_go_to_the_blob_store_and_links_fifos_and_devices_are_not_taken() {
         let d = tempfile::tempdir().unwrap();
         let ch = d.path().join("ch");
         fs::create_dir_all(ch.join("artifact/sub")).unwrap();
@@ -462,24 +499,17 @@ mod tests {
         fs::write(ch.join("artifact/sub/b.txt"), "beta").unwrap();
         fs::write(d.path().join("secret"), "secret").unwrap();
         std::os::unix::fs::symlink(d.path().join("secret"), ch.join("artifact/link")).unwrap();
+        std::os::unix::fs::symlink(d.path(), ch.join("artifact/dirlink")).unwrap();
+        mkfifo(&ch.join("artifact/fifo"));
         let blobs = d.path().join("blobs");
         let refs = vec![json!({"path": "artifact/a.txt", "summary": "the a", "kind": "artifact"})];
-        let h = harvest(&Input {
-            refs: &refs,
-            channel: Some(&ch),
-            policy: &operator(),
-            blobs: &blobs,
-        })
-        .unwrap();
+        let h = run(&refs, Some(&ch), &blobs).unwrap();
         let names: Vec<_> = h.output.artifacts.iter().map(|a| a.name.as_str()).collect();
         assert_eq!(names, ["a.txt", "sub/b.txt"]);
         for a in &h.output.artifacts {
             let bytes = fs::read(blob_path(&blobs, &a.sha256)).unwrap();
             assert_eq!(bytes.len() as u64, a.size);
-            assert_eq!(
-                sha256_file(&blob_path(&blobs, &a.sha256)).unwrap().0,
-                a.sha256
-            );
+            assert_eq!(sha256_of(&blob_path(&blobs, &a.sha256)), a.sha256);
         }
         // The pack names the artifact a ref names, with its content, and only it.
         assert_eq!(h.pack_artifacts.len(), 1);
@@ -489,5 +519,35 @@ mod tests {
             h.output.refs,
             "{\"id\":\"ref-1\",\"kind\":\"artifact\",\"path\":\"artifact/a.txt\",\"summary\":\"the a\"}\n"
         );
+    }
+
+    #[test]
+    fn artifacts_past_the_bounds_are_refused_naming_the_bound() {
+        let d = tempfile::tempdir().unwrap();
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        let mut deep = ch.join("artifact");
+        for i in 0..MAX_DEPTH + 1 {
+            deep.push(format!("d{i}"));
+        }
+        fs::create_dir_all(&deep).unwrap();
+        let e = run(&[], Some(&ch), &blobs).unwrap_err().0;
+        assert!(e.contains("deeper than"), "{e}");
+
+        fs::remove_dir_all(ch.join("artifact")).unwrap();
+        fs::create_dir_all(ch.join("artifact")).unwrap();
+        File::create(ch.join("artifact/big"))
+            .unwrap()
+            .set_len(MAX_ARTIFACT_BYTES + 1)
+            .unwrap();
+        let e = run(&[], Some(&ch), &blobs).unwrap_err().0;
+        assert!(
+            e.contains(&format!("exceed {MAX_ARTIFACT_BYTES} bytes")),
+            "{e}"
+        );
+        // Nothing of it reached the blob store.
+        let kept = fs::read_dir(blobs.join("sha256"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(kept, 0);
     }
 }

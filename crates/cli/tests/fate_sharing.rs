@@ -264,3 +264,48 @@ async fn without_cgroups_process_groups_still_take_the_child() {
     .expect("meta.json");
     assert_eq!(meta["containment"]["weaker"], true, "{meta}");
 }
+
+/// The lower bound of SPEC 6: a child that ignores SIGTERM (and the cancel
+/// frame) is given the whole grace before the kill, whether its own cancel
+/// or its parent's stop takes it. The instant is taken before the stop is
+/// asked for, so the grace cannot be counted short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ignores_sigterm_lives_at_least_the_grace() {
+    for cancel_parent in [false, true] {
+        let env = start(GRACE);
+        env.sup
+            .spawn(me(), req("p", agent(&["--hang"])))
+            .await
+            .expect("spawn p");
+        let mut c = req(
+            "c",
+            agent(&["--ignore-sigterm", "--ignore-cancel", "--hang"]),
+        );
+        c.parent = Some(name("p"));
+        env.sup.spawn(me(), c).await.expect("spawn c");
+        let pids = processes_of(&env, "c");
+        assert!(!pids.is_empty(), "c has no process");
+        let t0 = Instant::now();
+        let target = if cancel_parent { "p" } else { "c" };
+        env.sup.cancel(me(), name(target)).await.expect("cancel");
+        let mut died = None;
+        while t0.elapsed() < GRACE + Duration::from_secs(5) {
+            if pids.iter().all(|p| !alive(*p)) {
+                died = Some(t0.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let died = died.unwrap_or_else(|| panic!("cancelling {target}: c never died"));
+        assert!(
+            died >= GRACE,
+            "cancelling {target}: c, which ignores SIGTERM, died {died:?} after the stop, before the grace of {GRACE:?}"
+        );
+        let r = env
+            .sup
+            .wait(me(), vec![name("c")], Some(Duration::from_secs(5)))
+            .await
+            .expect("wait");
+        assert_eq!(r["timed_out"], false, "{r}");
+    }
+}

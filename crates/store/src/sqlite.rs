@@ -1589,7 +1589,49 @@ fn check_quotas(
             ),
         ));
     }
+    check_create_limit(tx, new, p)?;
     check_budget(tx, new, p)
+}
+
+/// The `policy.create_limit` recorded in a spec, if any.
+fn create_limit_of(spec: &str) -> Option<u64> {
+    if !spec.contains("\"create_limit\"") {
+        return None;
+    }
+    serde_json::from_str::<serde_json::Value>(spec)
+        .ok()?
+        .get("policy")?
+        .get("create_limit")?
+        .as_u64()
+}
+
+/// SPEC 5's `create_limit`, inside the admission transaction: the children the
+/// parent's current run has created so far (read through `agents_by_parent`,
+/// from the run's creation on) must be fewer than its limit. The supervisor
+/// checks the same from memory first; this makes it exact when supervisors
+/// sharing the store admit children of one parent at once.
+fn check_create_limit(tx: &Transaction<'_>, new: &NewAgent, p: &Agent) -> Tx<()> {
+    let Some(limit) = create_limit_of(&p.spec) else {
+        return Ok(());
+    };
+    let t = new.tenant.as_str();
+    let since: i64 = tx
+        .prepare_cached(Q_RUN_CREATED)?
+        .query_row([p.run.as_str()], |r| r.get(0))?;
+    let used: i64 = tx
+        .prepare_cached(Q_CREATED_SINCE)?
+        .query_row((t, p.name.as_str(), since), |r| r.get(0))?;
+    if used as u64 >= limit {
+        return Err(refused(
+            Code::CreateLimit,
+            format!(
+                "create_limit: the parent {} has already created {used} of its {limit} children \
+                 in this run (counted in the store, across every supervisor)",
+                p.name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The `policy.cost_limit` recorded in a spec, if any.
@@ -1842,6 +1884,9 @@ const Q_SUBTREE_USAGE: &str = concat!(
 );
 // A parent's unfinished children with their specs (the budget check), through
 // the partial index of unfinished agents.
+const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
+const Q_CREATED_SINCE: &str = "SELECT COUNT(*) FROM agents INDEXED BY agents_by_parent \
+     WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
 const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
     "SELECT name, spec FROM agents INDEXED BY agents_unfinished_by_parent",
     " WHERE tenant = ?1 AND parent = ?2 AND ",

@@ -294,7 +294,12 @@ pub trait Store: Send + Sync {
     ///    (queued, running, blocked, stopping) children;
     /// 4. `QuotaTreeSize`: the tree already holds `max_tree_size` or more agents,
     ///    counting every agent ever created under its root, finished or not, and
-    ///    the root itself.
+    ///    the root itself;
+    /// 5. `CreateLimit`: the parent's recorded policy has `create_limit` n and
+    ///    its current run has already created n children (every child created
+    ///    since the run's record was made, whichever supervisor admitted it);
+    /// 6. `BudgetExceeded`: the child's `cost_limit` is more than its parent's
+    ///    budget left.
     ///
     /// A root skips depth and fanout; its tree would hold 1 agent, so it is
     /// refused only when `max_tree_size` is 0. The counts read indexes only, no

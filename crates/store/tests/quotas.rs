@@ -728,6 +728,51 @@ fn the_counts_and_the_walk_read_indexes() {
     );
 }
 
+/// `create_limit` is counted inside the admission transaction: 10 children of
+/// a parent whose run may create 3, through two stores on one file at once
+/// (as two supervisors sharing the store would), admit exactly 3.
+#[test]
+fn create_limit_holds_across_two_stores_at_once() {
+    let (_dir, path, one) = fresh();
+    let two = SqliteStore::open(&path).unwrap();
+    let t = tenant("create-limit");
+    let q = Quotas::CEILINGS;
+    let mut p = new_agent(&t, "p", None, "sup");
+    p.spec = r#"{"argv":["x"],"policy":{"create_limit":3}}"#.to_owned();
+    let p = one.admit_with_quotas(&p, &q, &[]).unwrap();
+    start(&one, &p);
+    let barrier = Barrier::new(10);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..10 {
+            let store: &dyn Store = if i % 2 == 0 { &one } else { &two };
+            let new = new_agent(&t, &format!("c{i}"), Some("p"), "sup");
+            let (barrier, results, q) = (&barrier, &results, &q);
+            s.spawn(move || {
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &spawn_events(&new));
+                results.lock().unwrap().push(r);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Err(StoreError::Refused {
+                    code: Code::CreateLimit,
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!((ok, refused), (3, 7), "{results:?}");
+    assert_eq!(one.children(&t, &name("p")).unwrap().len(), 3);
+}
+
 /// The budget reservation is part of the admission transaction: 10 children of a
 /// parent with `cost_limit` 1.0, each asking 0.3, through two stores on one file
 /// at once, admit exactly 3; spend and an ended child's return are counted.

@@ -82,6 +82,7 @@ conformance_tests!(
     overdue_runs_are_found_by_deadline,
     orphans_have_a_finished_or_missing_parent,
     descendants_are_in_post_order,
+    create_limit_is_counted_in_the_admission_transaction,
 );
 
 #[test]

@@ -11,7 +11,8 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use brood_core::{
-    AgentName, CancelReason, Code, FailReason, RunId, SessionName, Status, TenantId, Terminal,
+    AgentName, CancelReason, Code, FailReason, Quotas, RunId, SessionName, Status, TenantId,
+    Terminal,
 };
 use brood_store::{
     Agent, Artifact, Channel, ChannelOutput, Event, Fence, Message, NewAgent, NewEvent, Protocol,
@@ -140,6 +141,10 @@ pub const CASES: &[(&str, Case)] = &[
     (
         "orphans_have_a_finished_or_missing_parent",
         orphans_have_a_finished_or_missing_parent,
+    ),
+    (
+        "create_limit_is_counted_in_the_admission_transaction",
+        create_limit_is_counted_in_the_admission_transaction,
     ),
 ];
 
@@ -1564,6 +1569,40 @@ pub fn spend_rolls_up_the_subtree(store: &dyn Store) {
         store.spend(&t, &name("nobody")),
         Err(StoreError::NotFound { .. })
     ));
+}
+
+/// SPEC 5's `create_limit`, counted by the store inside the admission: the
+/// children the parent's current run created, finished ones included; a new
+/// run of the parent starts a new count.
+pub fn create_limit_is_counted_in_the_admission_transaction(store: &dyn Store) {
+    let t = tenant("conf-create-limit");
+    let q = Quotas::CEILINGS;
+    let mut new = new_agent(&t, "p", None, "sup");
+    new.spec = r#"{"argv":["x"],"policy":{"create_limit":3}}"#.to_owned();
+    let p = store.admit_with_quotas(&new, &q, &[]).unwrap();
+    let p = start(store, &p);
+    let child = |n: &str| {
+        let new = new_agent(&t, n, Some("p"), "sup");
+        let events = spawn_events(&new);
+        store.admit_with_quotas(&new, &q, &events)
+    };
+    for i in 0..3 {
+        let c = start(store, &child(&format!("c{i}")).unwrap());
+        // A finished child still counts against its parent's run.
+        end(store, &c, Terminal::Completed, Some("ok"));
+    }
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(child("c3"));
+    assert_eq!(code, Code::CreateLimit, "{msg}");
+    assert!(msg.contains("3 of its 3") && msg.contains("p"), "{msg}");
+    assert_eq!(snapshot(store, &t), before, "nothing written: {msg}");
+    // A new run of the parent has created nothing yet.
+    end(store, &p, Terminal::Completed, Some("done"));
+    let p2 = store
+        .resume(&t, &name("p"), &new_run(), "sup", now(), &[])
+        .unwrap();
+    start(store, &p2);
+    assert!(child("c3").is_ok());
 }
 
 pub fn lease_epochs_fence_old_holders(store: &dyn Store) {

@@ -409,3 +409,46 @@ fn a_fanout_bomb_through_two_supervisors_admits_exactly_the_fanout_and_the_casca
         "b's children are gone"
     );
 }
+
+/// Every refused creation is counted by its code in `/metrics`, attenuation
+/// codes included, scraped from a real `brood serve` over its socket.
+#[test]
+fn every_refusal_is_counted_by_code_in_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, store) = (dir.path().join("r"), dir.path().join("brood.db"));
+    let _d = serve(&root, &store);
+    let spawn = |args: Value| request(&root, "spawn", args);
+    let r = spawn(json!({
+        "name": "p", "argv": agent(&["--hang"]), "await_ready": true,
+        "policy": {"tools": ["create"], "create_limit": 1},
+    }));
+    assert_eq!(r["ok"], true, "{r}");
+    let refused = [
+        (json!({"name": "bad name!", "argv": agent(&[])}), "InvalidName"),
+        (json!({"name": "x", "parent": "ghost", "argv": agent(&[])}), "ParentMismatch"),
+        (
+            json!({"name": "x", "parent": "p", "argv": agent(&[]), "policy": {"tools": ["create", "shell"]}}),
+            "ToolExpansion",
+        ),
+        (json!({"name": "p", "argv": agent(&[])}), "NameTaken"),
+    ];
+    for (args, code) in &refused {
+        let r = spawn(args.clone());
+        assert_eq!(r["ok"], false, "{args}: {r}");
+        assert_eq!(r["error"]["code"], *code, "{args}: {r}");
+    }
+    // The first child fits p's create_limit of 1; the second does not.
+    let ok = spawn(json!({"name": "c1", "parent": "p", "argv": agent(&["--hang"])}));
+    assert_eq!(ok["ok"], true, "{ok}");
+    let r = spawn(json!({"name": "c2", "parent": "p", "argv": agent(&["--hang"])}));
+    assert_eq!(r["error"]["code"], "CreateLimit", "{r}");
+    let m = metrics(&root);
+    let count = |code: &str| m[&format!("subagent_refusals_total{{code=\"{code}\"}}")];
+    for code in ["InvalidName", "ParentMismatch", "ToolExpansion", "NameTaken", "CreateLimit"] {
+        assert_eq!(count(code), 1.0, "{code}");
+    }
+    // Codes never met are listed at 0, so a scrape always sees every series.
+    assert_eq!(count("QuotaFanout"), 0.0);
+    assert_eq!(m["subagent_quota_denials_total{quota=\"create_limit\"}"], 1.0);
+    request(&root, "cancel", json!({"name": "p"}));
+}

@@ -24,6 +24,7 @@ const BUCKETS: [f64; 12] = [
 pub struct Metrics {
     invocations: Mutex<BTreeMap<String, u64>>,
     quota_denials: Mutex<BTreeMap<String, u64>>,
+    refusals: Mutex<BTreeMap<String, u64>>,
     cascade_terminations: AtomicU64,
     sweeper_actions: [AtomicU64; 3],
     cross_tenant_reads: AtomicU64,
@@ -79,6 +80,12 @@ impl Metrics {
         bump(&self.quota_denials, quota);
     }
 
+    /// A creation refused, whatever refused it (attenuation, quota, budget,
+    /// name, parent, reserved path), by its code.
+    pub fn refusal(&self, code: brood_core::Code) {
+        bump(&self.refusals, code.as_str());
+    }
+
     pub fn cascade_termination(&self) {
         self.cascade_terminations.fetch_add(1, Ordering::Relaxed);
     }
@@ -132,6 +139,17 @@ impl Metrics {
         ] {
             let n = den.get(q).copied().unwrap_or(0);
             let _ = writeln!(o, "subagent_quota_denials_total{{quota=\"{q}\"}} {n}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP subagent_refusals_total Creations refused, by the code of the refusal."
+        );
+        let _ = writeln!(o, "# TYPE subagent_refusals_total counter");
+        let refused = lock(&self.refusals);
+        for code in brood_core::Code::ALL {
+            let c = code.as_str();
+            let n = refused.get(c).copied().unwrap_or(0);
+            let _ = writeln!(o, "subagent_refusals_total{{code=\"{c}\"}} {n}");
         }
         let _ = writeln!(
             o,

@@ -1333,6 +1333,7 @@ impl Dispatcher {
         if let Some(q) = quota {
             self.metrics.quota_denial(q);
         }
+        self.metrics.refusal(e.code);
         let Some(p) = parent else {
             tracing::info!(code = %e.code, message = %e.message, "root creation refused");
             return;

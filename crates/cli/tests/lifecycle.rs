@@ -314,3 +314,85 @@ async fn a_refused_child_leaves_only_an_event_in_its_parents_log() {
     assert_eq!(names, ["mother", "twin"]);
     assert!(!env.sup.paths().ctx().join("escape.d").exists());
 }
+
+/// A mount over a directory inside an agent's cgroup: `rmdir` of the group
+/// then fails (EBUSY) until it is unmounted; detached on drop.
+struct StuckGroup(std::path::PathBuf);
+
+impl StuckGroup {
+    fn new(group: &std::path::Path) -> StuckGroup {
+        let dir = group.join("stuck");
+        std::fs::create_dir(&dir).unwrap();
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let target = c(dir.to_str().unwrap());
+        // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
+        let r = unsafe {
+            libc::mount(
+                c("none").as_ptr(),
+                target.as_ptr(),
+                c("tmpfs").as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "mount tmpfs on {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+        StuckGroup(dir)
+    }
+
+    fn release(&self) {
+        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: umount2(2) with a NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+impl Drop for StuckGroup {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A group that cannot be confirmed empty and removed is never recorded as
+/// ended: the agent stays `stopping` while the stop is retried, and ends
+/// `cancelled` once the retry gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_cannot_be_removed_leaves_the_agent_stopping_and_the_stop_is_retried() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(me(), req("a", agent(&["--hang"])))
+        .await
+        .expect("spawn a");
+    let pids = processes_of(&env, "a");
+    assert!(!pids.is_empty());
+    let group = std::path::PathBuf::from(show(&env, "a")["cgroup"].as_str().unwrap());
+    let stuck = StuckGroup::new(&group);
+    env.sup.cancel(me(), name("a")).await.expect("cancel a");
+    // Its processes die (cgroup.kill works), but the group cannot be removed.
+    assert!(eventually_async(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))).await);
+    // Several retries later, it is still not recorded as ended.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let v = show(&env, "a");
+    assert_eq!(v["state"], "stopping/cancelled:user", "{v}");
+    assert_eq!(v["ended_ms"], serde_json::Value::Null, "{v}");
+    assert!(group.exists());
+    stuck.release();
+    let w = env
+        .sup
+        .wait(me(), vec![name("a")], Some(Duration::from_secs(20)))
+        .await
+        .expect("wait");
+    assert_eq!(w["timed_out"], false, "the retry never got through: {w}");
+    let v = show(&env, "a");
+    assert_eq!(
+        (v["status"].as_str(), v["reason"].as_str()),
+        (Some("cancelled"), Some("user")),
+        "{v}"
+    );
+    assert!(eventually(Duration::from_secs(5), || !group.exists()));
+}

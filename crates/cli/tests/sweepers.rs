@@ -424,8 +424,14 @@ fn every_refusal_is_counted_by_code_in_metrics() {
     }));
     assert_eq!(r["ok"], true, "{r}");
     let refused = [
-        (json!({"name": "bad name!", "argv": agent(&[])}), "InvalidName"),
-        (json!({"name": "x", "parent": "ghost", "argv": agent(&[])}), "ParentMismatch"),
+        (
+            json!({"name": "bad name!", "argv": agent(&[])}),
+            "InvalidName",
+        ),
+        (
+            json!({"name": "x", "parent": "ghost", "argv": agent(&[])}),
+            "ParentMismatch",
+        ),
         (
             json!({"name": "x", "parent": "p", "argv": agent(&[]), "policy": {"tools": ["create", "shell"]}}),
             "ToolExpansion",
@@ -444,11 +450,20 @@ fn every_refusal_is_counted_by_code_in_metrics() {
     assert_eq!(r["error"]["code"], "CreateLimit", "{r}");
     let m = metrics(&root);
     let count = |code: &str| m[&format!("subagent_refusals_total{{code=\"{code}\"}}")];
-    for code in ["InvalidName", "ParentMismatch", "ToolExpansion", "NameTaken", "CreateLimit"] {
+    for code in [
+        "InvalidName",
+        "ParentMismatch",
+        "ToolExpansion",
+        "NameTaken",
+        "CreateLimit",
+    ] {
         assert_eq!(count(code), 1.0, "{code}");
     }
     // Codes never met are listed at 0, so a scrape always sees every series.
     assert_eq!(count("QuotaFanout"), 0.0);
-    assert_eq!(m["subagent_quota_denials_total{quota=\"create_limit\"}"], 1.0);
+    assert_eq!(
+        m["subagent_quota_denials_total{quota=\"create_limit\"}"],
+        1.0
+    );
     request(&root, "cancel", json!({"name": "p"}));
 }

@@ -800,6 +800,10 @@ pub(crate) struct Harvested {
 /// the group whose emptiness ends it.
 struct Stop {
     targets: Vec<(AgentName, Terminal)>,
+    /// The group whose emptiness ends it, kept to retry when emptying fails.
+    group: Option<Group>,
+    /// Failed attempts at emptying it so far (the retry backs off).
+    attempts: u32,
     /// A result to collect once the group is empty (the agent whose run ended
     /// with it heads the group; its descendants were the targets).
     then: Option<Box<Collect>>,
@@ -2480,7 +2484,7 @@ impl Dispatcher {
     /// Reads what a run handed back (its group is empty by now) on a thread
     /// of its own, within [`COLLECT_LIMIT`]; whatever happens, the answer
     /// comes back as `Cmd::Harvested`, so the run never stays `running`.
-    fn collect(&self, c: Collect, emptied: Result<(), String>) {
+    fn collect(&self, c: Collect) {
         let blobs = self.paths.blobs();
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -2496,41 +2500,36 @@ impl Dispatcher {
                 policy,
                 confinement,
             } = c;
-            let harvest = match emptied {
-                Err(e) => Err(crate::channel::Refused(format!(
-                    "not collected: its group could not be emptied first: {e}"
-                ))),
-                Ok(()) => {
-                    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-                    let started = std::thread::Builder::new()
-                        .name("brood-collect".into())
-                        .spawn(move || {
-                            let h = crate::channel::harvest(&crate::channel::Input {
-                                refs: &refs,
-                                channel: channel.as_deref(),
-                                policy: &policy,
-                                blobs: &blobs,
-                                confinement,
-                            });
-                            let _ = done_tx.send(h);
+            let harvest = {
+                let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                let started = std::thread::Builder::new()
+                    .name("brood-collect".into())
+                    .spawn(move || {
+                        let h = crate::channel::harvest(&crate::channel::Input {
+                            refs: &refs,
+                            channel: channel.as_deref(),
+                            policy: &policy,
+                            blobs: &blobs,
+                            confinement,
                         });
-                    match started {
-                        Err(e) => Err(crate::channel::Refused(format!(
-                            "not collected: starting the collector: {e}"
+                        let _ = done_tx.send(h);
+                    });
+                match started {
+                    Err(e) => Err(crate::channel::Refused(format!(
+                        "not collected: starting the collector: {e}"
+                    ))),
+                    Ok(_) => match tokio::time::timeout(COLLECT_LIMIT, done_rx).await {
+                        Ok(Ok(h)) => h,
+                        Ok(Err(_)) => Err(crate::channel::Refused(
+                            "not collected: the collector failed without an answer".into(),
+                        )),
+                        // The thread is left to end on its own (every read
+                        // it makes is bounded); the run ends now.
+                        Err(_) => Err(crate::channel::Refused(format!(
+                            "not collected within {} s",
+                            COLLECT_LIMIT.as_secs()
                         ))),
-                        Ok(_) => match tokio::time::timeout(COLLECT_LIMIT, done_rx).await {
-                            Ok(Ok(h)) => h,
-                            Ok(Err(_)) => Err(crate::channel::Refused(
-                                "not collected: the collector failed without an answer".into(),
-                            )),
-                            // The thread is left to end on its own (every read
-                            // it makes is bounded); the run ends now.
-                            Err(_) => Err(crate::channel::Refused(format!(
-                                "not collected within {} s",
-                                COLLECT_LIMIT.as_secs()
-                            ))),
-                        },
-                    }
+                    },
                 }
             };
             let _ = tx.send(Cmd::Harvested(Box::new(Harvested {
@@ -2877,16 +2876,39 @@ impl Dispatcher {
             // own process group.
             pgids.push(p);
         }
-        self.stops.insert(id, Stop { targets, then });
+        self.stops.insert(
+            id,
+            Stop {
+                targets,
+                group: group.clone(),
+                attempts: 0,
+                then,
+            },
+        );
+        self.empty_for_stop(id, group, pgids, true, Duration::ZERO);
+    }
+
+    /// Empties a stop's group (SIGTERM first when `term`, then the grace,
+    /// `cgroup.kill`, confirmed empty, removed) after `delay`, off the
+    /// dispatcher, and reports `StopDone` with the outcome.
+    fn empty_for_stop(
+        &self,
+        id: u64,
+        group: Option<Group>,
+        pgids: Vec<i32>,
+        term: bool,
+        delay: Duration,
+    ) {
         let cg = self.cgroups.clone();
         let tx = self.tx.clone();
         let grace = self.cfg.grace;
-        let t_sig = std::time::Instant::now();
         tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let t_sig = std::time::Instant::now();
             let mut emptied: Result<(), String> = Ok(());
             match (cg, group) {
                 (Some(cg), Some(g)) => {
-                    if let Err(e) = empty_group(&cg, &g, grace, true).await {
+                    if let Err(e) = empty_group(&cg, &g, grace, term).await {
                         tracing::error!(group = %g.dir.display(), error = %e, "emptying a cgroup failed");
                         emptied = Err(e);
                     }
@@ -2934,6 +2956,9 @@ impl Dispatcher {
     /// Every process of a stop is gone (or the group could not be emptied):
     /// write the records, then collect a result waiting on it.
     fn on_stop_done(&mut self, id: u64, emptied: Result<(), String>) {
+        if let Err(e) = emptied {
+            return self.retry_stop(id, e);
+        }
         let Some(mut stop) = self.stops.remove(&id) else {
             return;
         };
@@ -2947,8 +2972,49 @@ impl Dispatcher {
                 .get(&c.name)
                 .is_some_and(|l| l.run == c.run && l.stopping.is_none())
         {
-            self.collect(*c, emptied);
+            self.collect(*c);
         }
+    }
+
+    /// A stop whose group could not be confirmed empty: nothing is recorded
+    /// as ended while a process of it may live. Its agents stay `stopping`
+    /// (the intent is recorded) and the emptying is tried again, backing off
+    /// from 100 ms to 10 s. A result that was waiting on it is not read: that
+    /// agent joins the stop, to end `failed` naming why once it is empty.
+    fn retry_stop(&mut self, id: u64, error: String) {
+        let Some(mut stop) = self.stops.remove(&id) else {
+            return;
+        };
+        stop.attempts += 1;
+        tracing::error!(
+            stop = id,
+            attempt = stop.attempts,
+            error = %error,
+            "a stop's group could not be confirmed empty: its agents stay stopping, retrying"
+        );
+        if let Some(c) = stop.then.take() {
+            let outcome = Terminal::Failed(FailReason::ProtocolError);
+            if let Err(e) = self.store.mark_stopping(
+                &self.tenant,
+                std::slice::from_ref(&c.name),
+                outcome,
+                now_ms(),
+            ) {
+                tracing::error!(agent = %c.name, error = %e, "recording a stop failed");
+            }
+            if let Some(l) = self.live.get_mut(&c.name) {
+                l.stopping = Some(id);
+                l.protocol_error = Some(format!(
+                    "result not collected: its group could not be emptied first: {error}"
+                ));
+            }
+            stop.targets.push((c.name.clone(), outcome));
+        }
+        let delay =
+            Duration::from_millis(100u64 << stop.attempts.min(7)).min(Duration::from_secs(10));
+        let group = stop.group.clone();
+        self.stops.insert(id, stop);
+        self.empty_for_stop(id, group, Vec::new(), false, delay);
     }
 
     /// Every process of a stop is gone: write the records and the event pairs in

@@ -345,13 +345,6 @@ impl PreparedNs {
         ChildNs(self)
     }
 
-    /// The child is already in a mount namespace of its own when this runs
-    /// (`crate::veil` made it): no second copy of the mount table, which
-    /// costs a tenth of a millisecond. Propagation is still cut at `/` (step 2).
-    pub fn in_private_mount_namespace(&mut self) {
-        self.unshare_flags &= !libc::CLONE_NEWNS;
-    }
-
     /// After a spawn failed: which step of [`apply_in_child`] failed, on which
     /// path, with the errno; `None` if the namespace steps all succeeded (the
     /// failure was elsewhere).

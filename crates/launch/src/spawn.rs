@@ -65,10 +65,10 @@ pub struct LaunchSpec {
     pub extra_procs: Vec<File>,
     /// A private mount (and network) namespace, for `iso = ns` (`crate::ns`).
     pub ns: Option<crate::ns::PreparedNs>,
-    /// brood's machinery covered in a mount namespace of the child's own
-    /// (`crate::veil`), before `ns` and the sandbox. Shared between launches:
-    /// it is prepared once and used by one child at a time.
-    pub veil: Option<std::sync::Arc<crate::veil::PreparedVeil>>,
+    /// The veiled mount namespace where brood's machinery is covered
+    /// (`crate::veil`), joined before `ns` and the sandbox. Shared by every
+    /// launch while the veil's signature stays the same.
+    pub veil: Option<std::sync::Arc<crate::veil::VeilNamespace>>,
     /// Written to the child's stdin before it starts, as far as the pipe takes
     /// it without blocking ([`Launched::stdin_written`] says how far).
     pub stdin_prelude: Vec<u8>,
@@ -602,7 +602,7 @@ struct Child {
     supervisor_pid: i32,
     ns: Option<crate::ns::ChildNs>,
     /// NULL: no veil. Points into the `Arc` the spec holds until the spawn returns.
-    veil: *const crate::veil::PreparedVeil,
+    veil: *const crate::veil::VeilNamespace,
     plan: Option<ChildPlan>,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
     errno: AtomicI32,
@@ -915,7 +915,7 @@ fn child_setup(c: &Child) -> io::Result<()> {
         // crate::ns document their order). The veil first: `iso = ns` then
         // builds its root from a tree where brood's machinery is already covered.
         if !c.veil.is_null() {
-            crate::veil::apply_in_child(&*c.veil)?;
+            crate::veil::join_in_child(&*c.veil)?;
         }
         // The working directory after the veil: one taken before would keep a
         // covered directory reachable as `.`.

@@ -398,6 +398,7 @@ impl Supervisor {
             slots,
             netns_pool: None,
             veil,
+            veil_ns: None,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -881,6 +882,8 @@ struct Dispatcher {
     /// What agents must not reach, covered in each one's mount namespace;
     /// `None` when brood is not root (it cannot mount).
     veil: Option<crate::veil::Veil>,
+    /// The veiled mount namespace agents join, once made.
+    veil_ns: Option<Arc<brood_launch::veil::VeilNamespace>>,
 }
 
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
@@ -1900,17 +1903,25 @@ impl Dispatcher {
         } else {
             None
         };
+        // The veiled namespace every agent joins, made again only when what
+        // it hides changed (brood_launch::veil).
         let veil = match &self.veil {
             Some(v) => match v.prepare() {
-                Ok(p) => Some(p),
+                Ok(p) => match &self.veil_ns {
+                    Some(made) if made.signature() == p.signature() => Some(made.clone()),
+                    _ => match brood_launch::veil::make_namespace(&p) {
+                        Ok(made) => {
+                            let made = Arc::new(made);
+                            self.veil_ns = Some(made.clone());
+                            Some(made)
+                        }
+                        Err(e) => return fail(&self.tx, format!("{e}")),
+                    },
+                },
                 Err(e) => return fail(&self.tx, format!("{e}")),
             },
             None => None,
         };
-        let mut ns = ns;
-        if let (Some(n), Some(_)) = (ns.as_mut(), &veil) {
-            n.in_private_mount_namespace();
-        }
         let enforced = sandbox.enforced();
         // Recorded with the run's `agent.start` event (meta.json is written from
         // it once the start is recorded, so a rebuild writes the same file).

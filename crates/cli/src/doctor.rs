@@ -89,7 +89,7 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         Ok(s) => layers.push(("seccomp".into(), true, s)),
         Err(e) => layers.push(("seccomp".into(), false, e)),
     }
-    // The veil (issue 11): a mount namespace per agent that covers brood's
+    // The veil (issue 11): the mount namespace every agent joins, covering brood's
     // own machinery; it needs root (no user namespace is involved).
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
@@ -109,7 +109,7 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         Ok(d) => (
             "veil".into(),
             true,
-            format!("covered in every agent's mount namespace: {d}"),
+            format!("covered in the mount namespace every agent joins: {d}"),
         ),
         Err(e) => ("veil".into(), false, e),
     });

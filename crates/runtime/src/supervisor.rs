@@ -318,7 +318,7 @@ impl Supervisor {
         }
         let spawner = Spawner::start(cfg.pid_namespace)?;
         // Brood's machinery out of every agent's reach (issue 11): a root
-        // supervisor covers it in each agent's mount namespace. One that is
+        // supervisor covers it in the mount namespace every agent joins. One that is
         // not root cannot mount; `brood doctor` says so.
         let veil = if uid == 0 {
             // The lock exists before any agent could make it first.

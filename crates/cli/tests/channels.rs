@@ -43,14 +43,6 @@ async fn spawn_wait(env: &Env, args: &Value) -> Value {
     show(env, child)
 }
 
-fn stored_channel(env: &Env, child: &str) -> brood_store::Channel {
-    env.sup
-        .store()
-        .channel(env.sup.tenant(), &name("p"), &name(child))
-        .unwrap()
-        .unwrap()
-}
-
 async fn start_parent(env: &Env) {
     env.sup
         .spawn(me(), req("p", agent(&["--hang"])))

@@ -171,7 +171,11 @@ async fn hands_back(plant: Plant, narrow: bool) {
         }
     }
     // Nothing of a FIFO was taken; what was taken is a file.
-    let names: Vec<String> = read_artifacts(&env);
+    let names: Vec<String> = stored_channel(&env, "c")
+        .artifacts
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
     assert!(
         !names.iter().any(|n| n == "fifo" || n == "big"),
         "{names:?}"
@@ -220,19 +224,6 @@ async fn hands_back(plant: Plant, narrow: bool) {
     assert_eq!(w["timed_out"], false, "{w}");
     assert_eq!(show(&env, "after")["status"], "completed");
     env.sup.cancel(me(), name("p")).await.unwrap();
-}
-
-/// The names of the artifacts the store kept for c.
-fn read_artifacts(env: &Env) -> Vec<String> {
-    env.sup
-        .store()
-        .channel(env.sup.tenant(), &name("p"), &name("c"))
-        .unwrap()
-        .expect("p's channel to c")
-        .artifacts
-        .into_iter()
-        .map(|a| a.name)
-        .collect()
 }
 
 macro_rules! plants {

@@ -270,3 +270,12 @@ pub fn keeper_of(pid: i32) -> Option<i32> {
     }
     None
 }
+
+/// The channel `p` -> `child` as the store keeps it.
+pub fn stored_channel(env: &Env, child: &str) -> brood_store::Channel {
+    env.sup
+        .store()
+        .channel(env.sup.tenant(), &name("p"), &name(child))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no channel p -> {child}"))
+}

@@ -728,6 +728,40 @@ fn the_counts_and_the_walk_read_indexes() {
     );
 }
 
+/// Ten admissions at once, alternating between two stores on one file (as two
+/// supervisors sharing the store would), released together by a barrier.
+fn race(
+    one: &dyn Store,
+    two: &dyn Store,
+    q: &Quotas,
+    new: impl Fn(usize) -> brood_store::NewAgent,
+) -> Vec<brood_store::Result<brood_store::Agent>> {
+    let barrier = Barrier::new(10);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..10 {
+            let store = if i % 2 == 0 { one } else { two };
+            let new = new(i);
+            let (barrier, results) = (&barrier, &results);
+            s.spawn(move || {
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &spawn_events(&new));
+                results.lock().unwrap().push(r);
+            });
+        }
+    });
+    results.into_inner().unwrap()
+}
+
+/// How many were admitted, and how many refused with `code`.
+fn tally(results: &[brood_store::Result<brood_store::Agent>], code: Code) -> (usize, usize) {
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(StoreError::Refused { code: c, .. }) if *c == code))
+        .count();
+    (results.iter().filter(|r| r.is_ok()).count(), refused)
+}
+
 /// `create_limit` is counted inside the admission transaction: 10 children of
 /// a parent whose run may create 3, through two stores on one file at once
 /// (as two supervisors sharing the store would), admit exactly 3.
@@ -741,35 +775,10 @@ fn create_limit_holds_across_two_stores_at_once() {
     p.spec = r#"{"argv":["x"],"policy":{"create_limit":3}}"#.to_owned();
     let p = one.admit_with_quotas(&p, &q, &[]).unwrap();
     start(&one, &p);
-    let barrier = Barrier::new(10);
-    let results = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for i in 0..10 {
-            let store: &dyn Store = if i % 2 == 0 { &one } else { &two };
-            let new = new_agent(&t, &format!("c{i}"), Some("p"), "sup");
-            let (barrier, results, q) = (&barrier, &results, &q);
-            s.spawn(move || {
-                barrier.wait();
-                let r = store.admit_with_quotas(&new, q, &spawn_events(&new));
-                results.lock().unwrap().push(r);
-            });
-        }
+    let results = race(&one, &two, &q, |i| {
+        new_agent(&t, &format!("c{i}"), Some("p"), "sup")
     });
-    let results = results.into_inner().unwrap();
-    let ok = results.iter().filter(|r| r.is_ok()).count();
-    let refused = results
-        .iter()
-        .filter(|r| {
-            matches!(
-                r,
-                Err(StoreError::Refused {
-                    code: Code::CreateLimit,
-                    ..
-                })
-            )
-        })
-        .count();
-    assert_eq!((ok, refused), (3, 7), "{results:?}");
+    assert_eq!(tally(&results, Code::CreateLimit), (3, 7), "{results:?}");
     assert_eq!(one.children(&t, &name("p")).unwrap().len(), 3);
 }
 
@@ -791,35 +800,10 @@ fn budget_reservations_hold_across_two_stores_at_once() {
         .admit_with_quotas(&with_limit("p", None, 1.0), &q, &[])
         .unwrap();
     start(&one, &p);
-    let barrier = Barrier::new(10);
-    let results = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for i in 0..10 {
-            let store: &dyn Store = if i % 2 == 0 { &one } else { &two };
-            let new = with_limit(&format!("c{i}"), Some("p"), 0.3);
-            let (barrier, results, q) = (&barrier, &results, &q);
-            s.spawn(move || {
-                barrier.wait();
-                let r = store.admit_with_quotas(&new, q, &[]);
-                results.lock().unwrap().push(r);
-            });
-        }
+    let results = race(&one, &two, &q, |i| {
+        with_limit(&format!("c{i}"), Some("p"), 0.3)
     });
-    let results = results.into_inner().unwrap();
-    let ok = results.iter().filter(|r| r.is_ok()).count();
-    let refused_budget = results
-        .iter()
-        .filter(|r| {
-            matches!(
-                r,
-                Err(StoreError::Refused {
-                    code: Code::BudgetExceeded,
-                    ..
-                })
-            )
-        })
-        .count();
-    assert_eq!((ok, refused_budget), (3, 7), "{results:?}");
+    assert_eq!(tally(&results, Code::BudgetExceeded), (3, 7), "{results:?}");
     // 1.0 - 3 * 0.3 = 0.1 left: a child asking 0.1 fits, one asking 0.2 does not.
     let refuse = |new: brood_store::NewAgent| {
         let before = rows(&path, &t);

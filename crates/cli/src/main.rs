@@ -366,12 +366,17 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
     Ok(0)
 }
 
-fn view(root: &Option<PathBuf>) -> Result<View> {
-    let db = STORE
+/// The store's file: `--store`, else `$BROOD_ROOT/brood.db`.
+fn store_file(root: &Option<PathBuf>) -> PathBuf {
+    STORE
         .get()
         .cloned()
         .flatten()
-        .unwrap_or_else(|| root_of(root).join("brood.db"));
+        .unwrap_or_else(|| root_of(root).join("brood.db"))
+}
+
+fn view(root: &Option<PathBuf>) -> Result<View> {
+    let db = store_file(root);
     View::open(&db).with_context(|| format!("reading the store {}", db.display()))
 }
 
@@ -785,7 +790,7 @@ fn load_config(
 fn quota(root: &Option<PathBuf>, config: &Option<PathBuf>, what: QuotaCmd) -> Result<i32> {
     use brood_store::Store;
     let cfg = load_config(config, root)?;
-    let db = root_of(root).join("brood.db");
+    let db = store_file(root);
     let tenant_of = |t: Option<String>| -> Result<brood_core::TenantId> {
         match t {
             Some(t) => brood_core::TenantId::new(&t).map_err(|e| Exit(2, e.to_string()).into()),
@@ -836,8 +841,11 @@ fn quota(root: &Option<PathBuf>, config: &Option<PathBuf>, what: QuotaCmd) -> Re
         }
         QuotaCmd::Set { tenant, key, value } => {
             let tenant = tenant_of(Some(tenant))?;
-            std::fs::create_dir_all(root_of(root))?;
-            let store = brood_store::SqliteStore::open(&db)?;
+            if let Some(dir) = db.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let store = brood_store::SqliteStore::open(&db)
+                .with_context(|| format!("opening the store {}", db.display()))?;
             store
                 .set_tenant_quota(&tenant, &key, value)
                 .map_err(|e| Exit(2, e.to_string()))?;

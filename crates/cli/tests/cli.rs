@@ -294,3 +294,46 @@ fn a_policy_file_in_toml_is_read_and_enforced_and_shown() {
         text(&o)
     );
 }
+
+/// `brood quota` works on the store `--store` names, not on `$BROOD_ROOT`'s.
+#[test]
+fn quota_set_and_show_use_the_store_given_by_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let db = dir.path().join("elsewhere/shared.db");
+    let db_arg = db.display().to_string();
+    let o = brood(
+        &root,
+        &[
+            "--store",
+            &db_arg,
+            "quota",
+            "set",
+            "user-0",
+            "max_fanout",
+            "5",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(db.exists(), "the store named by --store was not written");
+    assert!(
+        !root.join("brood.db").exists(),
+        "the root's store was written"
+    );
+    let shown = |args: &[&str]| -> serde_json::Value {
+        let o = brood(&root, args);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["quotas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == "max_fanout")
+            .unwrap()["tenant"]
+            .clone()
+    };
+    let with = shown(&["--store", &db_arg, "quota", "show", "user-0", "--json"]);
+    assert_eq!(with, 5);
+    let without = shown(&["quota", "show", "user-0", "--json"]);
+    assert_eq!(without, serde_json::Value::Null);
+}

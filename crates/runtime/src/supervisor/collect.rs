@@ -1,0 +1,201 @@
+//! Collecting what a run that ended with a result hands back (SPEC 4; issue
+//! 11): its descendants are stopped and its group emptied first, then refs
+//! and artifacts are read by `crate::channel` on a thread of their own,
+//! confined as the child, within [`COLLECT_LIMIT`]; the run's end is recorded
+//! when the answer comes back.
+
+use super::*;
+
+/// A run's end waiting on its harvest (refs checked, artifacts taken).
+pub(crate) struct Harvested {
+    name: AgentName,
+    run: RunId,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<String>,
+    detail: Option<String>,
+    harvest: Result<crate::channel::Harvest, crate::channel::Refused>,
+}
+
+/// A run that ended with a result, waiting for its group to be empty before
+/// what it handed back is read.
+pub(crate) struct Collect {
+    pub(super) name: AgentName,
+    pub(super) run: RunId,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<String>,
+    detail: Option<String>,
+    refs: Vec<Value>,
+    channel: Option<PathBuf>,
+    policy: Policy,
+    confinement: brood_launch::confine::Confinement,
+}
+
+/// How long reading what a run handed back may take (refs hashed, artifacts
+/// copied, each at most 1 GiB): past it the run fails, naming the limit.
+pub(super) const COLLECT_LIMIT: Duration = Duration::from_secs(60);
+
+impl Dispatcher {
+    /// Checks the refs of a run that ended with a result and takes its
+    /// artifacts into the blob store; the end is recorded in
+    /// [`Self::on_harvested`]. Nothing the child wrote is read while anything
+    /// it started lives: its descendants are stopped (they die with it anyway,
+    /// SPEC 6) and its group is killed and emptied first, then the files are
+    /// read on a thread of their own, within [`COLLECT_LIMIT`].
+    pub(super) fn harvest(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        outcome: Terminal,
+        exit_code: Option<i32>,
+        result: Option<String>,
+        detail: Option<String>,
+    ) {
+        let Some(l) = self.live.get(name) else { return };
+        let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
+        let channel = l.channel_dir(&self.paths, name);
+        if refs.is_empty() && channel.is_none() {
+            // A root that names no refs: nothing to check or take, no thread.
+            let nothing = Some(crate::channel::Harvest::default());
+            return self.finish(name, outcome, exit_code, result, detail, nothing);
+        }
+        // The child's own identity, when it is not the supervisor's (today
+        // agents run as the supervisor's uid, without capabilities).
+        let ids = (l.policy.uid != self.uid || l.policy.gid != self.gid).then(|| {
+            brood_launch::confine::FsIds {
+                uid: l.policy.uid,
+                gid: l.policy.gid,
+                groups: l.policy.groups.iter().copied().collect(),
+            }
+        });
+        let collect = Collect {
+            name: name.clone(),
+            run: run.clone(),
+            outcome,
+            exit_code,
+            result,
+            detail,
+            refs,
+            channel,
+            policy: l.policy.clone(),
+            confinement: brood_launch::confine::Confinement {
+                sandbox: l.sandbox.clone(),
+                ids,
+            },
+        };
+        let group = l.group.clone();
+        let targets: Vec<(AgentName, Terminal)> = match self
+            .store
+            .descendants_post_order(&self.tenant, name)
+        {
+            Ok(plan) => plan
+                .into_iter()
+                .filter(|a| !a.status.is_finished())
+                .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
+                .collect(),
+            Err(e) => {
+                tracing::error!(agent = %name, error = %e, "planning the stop before collecting a result failed");
+                Vec::new()
+            }
+        };
+        self.begin_stop_then(targets, group, Some(Box::new(collect)));
+    }
+
+    /// Reads what a run handed back (its group is empty by now) on a thread
+    /// of its own, within [`COLLECT_LIMIT`]; whatever happens, the answer
+    /// comes back as `Cmd::Harvested`, so the run never stays `running`.
+    pub(super) fn collect(&self, c: Collect) {
+        let blobs = self.paths.blobs();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let Collect {
+                name,
+                run,
+                outcome,
+                exit_code,
+                result,
+                detail,
+                refs,
+                channel,
+                policy,
+                confinement,
+            } = c;
+            let harvest = {
+                let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                let started = std::thread::Builder::new()
+                    .name("brood-collect".into())
+                    .spawn(move || {
+                        let h = crate::channel::harvest(&crate::channel::Input {
+                            refs: &refs,
+                            channel: channel.as_deref(),
+                            policy: &policy,
+                            blobs: &blobs,
+                            confinement,
+                        });
+                        let _ = done_tx.send(h);
+                    });
+                match started {
+                    Err(e) => Err(crate::channel::Refused(format!(
+                        "not collected: starting the collector: {e}"
+                    ))),
+                    Ok(_) => match tokio::time::timeout(COLLECT_LIMIT, done_rx).await {
+                        Ok(Ok(h)) => h,
+                        Ok(Err(_)) => Err(crate::channel::Refused(
+                            "not collected: the collector failed without an answer".into(),
+                        )),
+                        // The thread is left to end on its own (every read
+                        // it makes is bounded); the run ends now.
+                        Err(_) => Err(crate::channel::Refused(format!(
+                            "not collected within {} s",
+                            COLLECT_LIMIT.as_secs()
+                        ))),
+                    },
+                }
+            };
+            let _ = tx.send(Cmd::Harvested(Box::new(Harvested {
+                name,
+                run,
+                outcome,
+                exit_code,
+                result,
+                detail,
+                harvest,
+            })));
+        });
+    }
+
+    pub(super) fn on_harvested(&mut self, h: Harvested) {
+        let Some(l) = self.live.get(&h.name) else {
+            return;
+        };
+        // A stop that came meanwhile records this run's end itself.
+        if l.run != h.run || l.stopping.is_some() {
+            return;
+        }
+        match h.harvest {
+            Ok(out) => self.finish(
+                &h.name,
+                h.outcome,
+                h.exit_code,
+                h.result,
+                h.detail,
+                Some(out),
+            ),
+            Err(refused) => {
+                // SPEC 4: a bad line rejects the whole result.
+                let session = l.session.clone();
+                tracing::warn!(agent = %h.name, error = %refused, "result refused");
+                self.append_events(&[ev(&h.name, Some(&h.run), &session, json!({"type": "agent.protocol.error", "agent": h.name.as_str(), "error": format!("result refused: {refused}")}))]);
+                self.finish(
+                    &h.name,
+                    Terminal::Failed(FailReason::ProtocolError),
+                    h.exit_code,
+                    None,
+                    Some(format!("result refused: {refused}")),
+                    None,
+                );
+            }
+        }
+    }
+}

@@ -12,7 +12,7 @@
 
 // The shared helpers of the conformance suite; its cases run in store.rs.
 #[allow(dead_code)]
-mod conformance;
+use brood_store_conformance as conformance;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Barrier, Mutex};

@@ -9,7 +9,7 @@
 // functions, where clippy's test allowance does not reach) are test code too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod conformance;
+use brood_store_conformance as conformance;
 
 use std::path::{Path, PathBuf};
 

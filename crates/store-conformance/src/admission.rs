@@ -1,0 +1,188 @@
+//! Admission: what `admit` records and every refusal, each leaving nothing written.
+
+use crate::*;
+
+pub fn admit_root_and_children(store: &dyn Store) {
+    let t = tenant("conf-admit");
+    let new = new_agent(&t, "root", None, "sup-admit");
+    let root = store.admit(&new, &spawn_events(&new)).unwrap();
+    assert_eq!(root.status, Status::Queued);
+    assert_eq!(
+        (root.depth, root.root.as_str(), root.parent.as_ref()),
+        (0, "root", None)
+    );
+    assert_eq!(root.run, new.run);
+    assert_eq!(root.spec, new.spec);
+    assert_eq!(root.supervisor, "sup-admit");
+    assert_eq!((root.created_ms, root.updated_ms), (new.now_ms, new.now_ms));
+    assert!(store.tenants().unwrap().contains(&t));
+    let runs = store.runs(&t, &root.name).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (runs[0].seq, &runs[0].id, runs[0].created_ms),
+        (1, &new.run, new.now_ms)
+    );
+    assert_eq!(
+        (runs[0].pid, runs[0].outcome, runs[0].started_ms),
+        (None, None, None)
+    );
+    assert_eq!(store.run(&t, &new.run).unwrap().as_ref(), Some(&runs[0]));
+    let root = start(store, &root);
+
+    let a = admit(store, &t, "a", Some("root"));
+    let b = admit(store, &t, "b", Some("root"));
+    let a = start(store, &a);
+    let a1 = admit(store, &t, "a1", Some("a"));
+    for (x, parent, depth) in [(&a, "root", 1), (&b, "root", 1), (&a1, "a", 2)] {
+        assert_eq!(x.parent.as_ref().map(AgentName::as_str), Some(parent));
+        assert_eq!((x.depth, x.root.as_str()), (depth, "root"));
+    }
+    let ch = store.channel(&t, &root.name, &b.name).unwrap().unwrap();
+    assert_eq!(ch.parent_session, root.session);
+    assert_eq!(ch.child_session, b.session);
+    assert_eq!(ch.handoff, "task of b");
+    assert_eq!((ch.result, ch.status), (None, Status::Queued));
+    assert!(store.channel(&t, &a.name, &b.name).unwrap().is_none());
+
+    // A customer other than the parent is recorded.
+    let mut new = new_agent(&t, "c", Some("a"), "sup-admit");
+    new.customer = Some(name("b"));
+    let c = store.admit(&new, &spawn_events(&new)).unwrap();
+    assert_eq!(c.customer, Some(name("b")));
+
+    // The spawn events landed in the right logs, numbered from 1.
+    let evs = all_events(store, &t);
+    let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
+    let child_spawn: Vec<_> = evs
+        .iter()
+        .filter(|e| e.kind == "agent.child.spawn")
+        .collect();
+    assert_eq!(child_spawn.len(), 4);
+    assert!(
+        child_spawn
+            .iter()
+            .take(2)
+            .all(|e| e.agent.as_str() == "root")
+    );
+    let spawn_a: Vec<_> = store
+        .events(&t, 0, Some(&name("a")), 100)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "agent.spawn")
+        .collect();
+    assert_eq!(spawn_a.len(), 1);
+    assert_eq!(spawn_a[0].run.as_ref(), Some(&a.run));
+}
+
+pub fn admit_refuses_a_taken_name(store: &dyn Store) {
+    let t = tenant("conf-taken");
+    running(store, &t, "root", None);
+    admit(store, &t, "kid", Some("root"));
+    let before = snapshot(store, &t);
+    for parent in [None, Some("root")] {
+        let new = new_agent(&t, "kid", parent, "sup-taken");
+        let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+        assert_eq!(code, Code::NameTaken);
+        assert!(msg.contains("kid"), "{msg}");
+        // The refused run id was not kept either.
+        assert_eq!(store.run(&t, &new.run).unwrap(), None);
+    }
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn admit_refuses_a_missing_parent(store: &dyn Store) {
+    let t = tenant("conf-noparent");
+    running(store, &t, "root", None);
+    let before = snapshot(store, &t);
+    let new = new_agent(&t, "kid", Some("ghost"), "sup-noparent");
+    let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+    assert_eq!(code, Code::ParentMismatch);
+    assert!(msg.contains("ghost"), "{msg}");
+    // The parent is checked before the name: a taken name under a missing parent
+    // is a parent problem.
+    let new = new_agent(&t, "root", Some("ghost"), "sup-noparent");
+    assert_eq!(refusal(store.admit(&new, &[])).0, Code::ParentMismatch);
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn admit_refuses_a_queued_or_finished_parent(store: &dyn Store) {
+    let t = tenant("conf-deadparent");
+    admit(store, &t, "queued", None);
+    let done = running(store, &t, "done", None);
+    end(store, &done, Terminal::Completed, Some("ok"));
+    let before = snapshot(store, &t);
+    for (parent, word) in [("queued", "queued"), ("done", "completed")] {
+        let new = new_agent(&t, "kid", Some(parent), "sup-deadparent");
+        let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+        assert_eq!(code, Code::ParentMismatch);
+        assert!(msg.contains(parent) && msg.contains(word), "{msg}");
+    }
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn admit_refuses_a_stopping_parent(store: &dyn Store) {
+    let t = tenant("conf-stopparent");
+    let root = running(store, &t, "root", None);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&root.name), PARENT_DEAD, now())
+        .unwrap();
+    let before = snapshot(store, &t);
+    let new = new_agent(&t, "kid", Some("root"), "sup-stopparent");
+    let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+    assert_eq!(code, Code::ParentMismatch);
+    assert!(msg.contains("root") && msg.contains("stopping"), "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn admit_refuses_a_missing_customer(store: &dyn Store) {
+    let t = tenant("conf-nocustomer");
+    running(store, &t, "root", None);
+    let before = snapshot(store, &t);
+    let mut new = new_agent(&t, "kid", Some("root"), "sup-nocustomer");
+    new.customer = Some(name("nobody"));
+    let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+    assert_eq!(code, Code::ParentMismatch);
+    assert!(msg.contains("nobody"), "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn a_refused_admission_creates_no_tenant(store: &dyn Store) {
+    let t = tenant("conf-notenant");
+    let new = new_agent(&t, "kid", Some("ghost"), "sup-notenant");
+    refusal(store.admit(&new, &spawn_events(&new)));
+    assert!(!store.tenants().unwrap().contains(&t));
+    assert_eq!(
+        snapshot(store, &t),
+        Snapshot {
+            has_tenant: false,
+            agents: vec![],
+            runs: vec![],
+            channels: vec![],
+            messages: vec![],
+            events: vec![],
+            unfinished: vec![],
+        }
+    );
+}
+
+pub fn admit_refuses_bad_json(store: &dyn Store) {
+    let t = tenant("conf-badjson");
+    running(store, &t, "root", None);
+    let before = snapshot(store, &t);
+    let mut new = new_agent(&t, "kid", Some("root"), "sup-badjson");
+    new.spec = "[1, 2]".to_owned();
+    let (code, msg) = refusal(store.admit(&new, &spawn_events(&new)));
+    assert_eq!(code, Code::BadRequest);
+    assert!(msg.contains("spec of agent kid"), "{msg}");
+    let new = new_agent(&t, "kid", Some("root"), "sup-badjson");
+    let mut evs = spawn_events(&new);
+    evs[0].payload = "{\"type\":\n\"agent.spawn\"}".to_owned();
+    let (code, msg) = refusal(store.admit(&new, &evs));
+    assert_eq!(code, Code::BadRequest);
+    assert!(
+        msg.contains("agent.spawn") && msg.contains("one-line"),
+        "{msg}"
+    );
+    assert_eq!(snapshot(store, &t), before);
+}

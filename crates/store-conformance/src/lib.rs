@@ -1,0 +1,180 @@
+//! The store conformance suite: what every [`Store`] backend must do, written only
+//! against `&dyn Store` so the SQLite store and a later PostgreSQL store run the
+//! same cases. A backend's crate runs it from its tests: one test per entry of
+//! [`CASES`] on a fresh database, and [`conformance`] on one shared database.
+//!
+//! It is test code shipped as a library: a failed step panics, failing its case.
+//!
+//! Each case works in its own tenant (named after the case) and names its
+//! supervisors after it too, so the cases can run one after another on one shared
+//! database ([`conformance`]) as well as each on a fresh one. "Nothing was
+//! written" is checked through the trait alone: a [`Snapshot`] is everything the
+//! store shows about a tenant, taken before and after a refused call.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod admission;
+mod events;
+mod helpers;
+mod messages;
+mod recovery;
+mod runs;
+mod sweepers;
+mod tree;
+
+pub use admission::*;
+pub use events::*;
+pub use helpers::*;
+pub use messages::*;
+pub use recovery::*;
+pub use runs::*;
+pub use sweepers::*;
+pub use tree::*;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use brood_core::{
+    AgentName, CancelReason, Code, FailReason, Quotas, RunId, SessionName, Status, TenantId,
+    Terminal,
+};
+use brood_store::{
+    Agent, Artifact, Channel, ChannelOutput, Event, Fence, Message, NewAgent, NewEvent, Protocol,
+    Run, RunEnd, Store, StoreError, Usage,
+};
+
+/// One case of the suite.
+pub type Case = fn(&dyn Store);
+
+/// Every case, by name, in the order [`conformance`] runs them.
+pub const CASES: &[(&str, Case)] = &[
+    ("admit_root_and_children", admit_root_and_children),
+    ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
+    (
+        "admit_refuses_a_missing_parent",
+        admit_refuses_a_missing_parent,
+    ),
+    (
+        "admit_refuses_a_queued_or_finished_parent",
+        admit_refuses_a_queued_or_finished_parent,
+    ),
+    (
+        "admit_refuses_a_stopping_parent",
+        admit_refuses_a_stopping_parent,
+    ),
+    (
+        "admit_refuses_a_missing_customer",
+        admit_refuses_a_missing_customer,
+    ),
+    (
+        "a_refused_admission_creates_no_tenant",
+        a_refused_admission_creates_no_tenant,
+    ),
+    ("admit_refuses_bad_json", admit_refuses_bad_json),
+    (
+        "start_run_records_pid_and_cgroup",
+        start_run_records_pid_and_cgroup,
+    ),
+    (
+        "start_run_after_cancel_while_queued_is_refused",
+        start_run_after_cancel_while_queued_is_refused,
+    ),
+    (
+        "start_run_of_a_stale_run_is_refused",
+        start_run_of_a_stale_run_is_refused,
+    ),
+    (
+        "illegal_transitions_are_refused_and_change_nothing",
+        illegal_transitions_are_refused_and_change_nothing,
+    ),
+    (
+        "set_status_blocks_unblocks_and_closes",
+        set_status_blocks_unblocks_and_closes,
+    ),
+    (
+        "end_run_records_the_run_and_the_channel_result",
+        end_run_records_the_run_and_the_channel_result,
+    ),
+    (
+        "end_run_from_stopping_keeps_the_recorded_outcome",
+        end_run_from_stopping_keeps_the_recorded_outcome,
+    ),
+    (
+        "end_run_of_an_old_run_is_refused",
+        end_run_of_an_old_run_is_refused,
+    ),
+    (
+        "mark_stopping_records_the_intent",
+        mark_stopping_records_the_intent,
+    ),
+    (
+        "mark_stopping_with_an_unknown_name_changes_nothing",
+        mark_stopping_with_an_unknown_name_changes_nothing,
+    ),
+    ("messages_read_back_in_order", messages_read_back_in_order),
+    (
+        "resume_makes_a_new_run_and_keeps_messages",
+        resume_makes_a_new_run_and_keeps_messages,
+    ),
+    (
+        "resume_is_refused_unless_finished",
+        resume_is_refused_unless_finished,
+    ),
+    (
+        "resume_is_refused_under_a_dead_parent",
+        resume_is_refused_under_a_dead_parent,
+    ),
+    (
+        "recover_ends_the_dead_supervisors_agents",
+        recover_ends_the_dead_supervisors_agents,
+    ),
+    (
+        "record_usage_replaces_the_counters",
+        record_usage_replaces_the_counters,
+    ),
+    (
+        "events_filter_by_agent_after_and_limit",
+        events_filter_by_agent_after_and_limit,
+    ),
+    (
+        "append_events_refuses_unknown_agents_and_bad_payloads",
+        append_events_refuses_unknown_agents_and_bad_payloads,
+    ),
+    (
+        "event_sequences_are_gapless_under_concurrency",
+        event_sequences_are_gapless_under_concurrency,
+    ),
+    ("children_in_creation_order", children_in_creation_order),
+    (
+        "agents_lists_all_or_unfinished",
+        agents_lists_all_or_unfinished,
+    ),
+    (
+        "descendants_are_in_post_order",
+        descendants_are_in_post_order,
+    ),
+    ("spend_rolls_up_the_subtree", spend_rolls_up_the_subtree),
+    (
+        "lease_epochs_fence_old_holders",
+        lease_epochs_fence_old_holders,
+    ),
+    (
+        "overdue_runs_are_found_by_deadline",
+        overdue_runs_are_found_by_deadline,
+    ),
+    (
+        "orphans_have_a_finished_or_missing_parent",
+        orphans_have_a_finished_or_missing_parent,
+    ),
+    (
+        "create_limit_is_counted_in_the_admission_transaction",
+        create_limit_is_counted_in_the_admission_transaction,
+    ),
+];
+
+/// Runs every case on one store, one after another.
+pub fn conformance(store: &dyn Store) {
+    for (name, case) in CASES {
+        eprintln!("conformance: {name}");
+        case(store);
+    }
+}

@@ -1,0 +1,95 @@
+//! Recovery: a dead supervisor's agents ended at the next start.
+
+use crate::*;
+
+pub fn recover_ends_the_dead_supervisors_agents(store: &dyn Store) {
+    let t = tenant("conf-recover");
+    let dead = "sup-recover-dead".to_owned();
+    let live = "sup-recover-live".to_owned();
+    let on = |n: &str, parent: Option<&str>, sup: &str| {
+        let new = new_agent(&t, n, parent, sup);
+        store.admit(&new, &spawn_events(&new)).unwrap()
+    };
+    start(store, &on("root", None, &dead));
+    on("q", Some("root"), &dead);
+    start(store, &on("r", Some("root"), &dead));
+    let b = start(store, &on("b", Some("root"), &dead));
+    store
+        .set_status(&t, &b.name, Status::Blocked, None, now(), &[])
+        .unwrap();
+    let s = start(store, &on("s", Some("root"), &dead));
+    let timed_out = Terminal::Failed(FailReason::TimedOut);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), timed_out, now())
+        .unwrap();
+    let e = start(store, &on("e", Some("root"), &dead));
+    end(store, &e, Terminal::Completed, Some("e"));
+    let other = start(store, &on("other", None, &live));
+
+    let sups = store.supervisors_with_unfinished().unwrap();
+    assert!(sups.contains(&dead) && sups.contains(&live), "{sups:?}");
+    let mut unfinished: Vec<String> = store
+        .unfinished_of(std::slice::from_ref(&dead))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    unfinished.sort();
+    assert_eq!(unfinished, ["b", "q", "r", "root", "s"]);
+
+    let last_seq = all_events(store, &t).last().unwrap().seq;
+    let at = now();
+    let out = store.recover(std::slice::from_ref(&dead), at).unwrap();
+    let mut got: Vec<(String, Status)> =
+        out.iter().map(|a| (a.name.to_string(), a.status)).collect();
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        got,
+        vec![
+            ("b".into(), Status::Ended(RESTART)),
+            ("q".into(), Status::Ended(RESTART)),
+            ("r".into(), Status::Ended(RESTART)),
+            ("root".into(), Status::Ended(RESTART)),
+            ("s".into(), Status::Ended(timed_out)),
+        ]
+    );
+    for a in &out {
+        assert_eq!(get(store, &t, a.name.as_str()), *a);
+        assert_eq!(a.updated_ms, at);
+        let run = store.run(&t, &a.run).unwrap().unwrap();
+        assert_eq!((run.outcome, run.ended_ms), (a.status.outcome(), Some(at)));
+    }
+    // One agent.stop per recovered agent, numbered after what was there.
+    let stops: Vec<Event> = store.events(&t, last_seq, None, 100).unwrap();
+    assert_eq!(stops.len(), out.len());
+    for ev in &stops {
+        assert_eq!(ev.kind, "agent.stop");
+        let a = out.iter().find(|a| a.name == ev.agent).unwrap();
+        let payload: serde_json::Value = serde_json::from_str(&ev.payload).unwrap();
+        assert_eq!(payload["type"], "agent.stop");
+        assert_eq!(payload["agent"], a.name.as_str());
+        assert_eq!(payload["status"], a.status.outcome().unwrap().word());
+        assert_eq!((ev.ts_ms, ev.run.as_ref()), (at, Some(&a.run)));
+    }
+    assert_eq!(
+        stops.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (last_seq + 1..=last_seq + out.len() as i64).collect::<Vec<_>>()
+    );
+
+    // The live supervisor's agent and the finished one are untouched.
+    assert_eq!(get(store, &t, "other"), other);
+    assert_eq!(
+        get(store, &t, "e").status,
+        Status::Ended(Terminal::Completed)
+    );
+    let sups = store.supervisors_with_unfinished().unwrap();
+    assert!(!sups.contains(&dead) && sups.contains(&live), "{sups:?}");
+    assert!(
+        store
+            .unfinished_of(std::slice::from_ref(&dead))
+            .unwrap()
+            .is_empty()
+    );
+    // Recovering again finds nothing to do.
+    assert!(store.recover(&[dead], now()).unwrap().is_empty());
+}

@@ -1,0 +1,451 @@
+//! Runs: start, status changes, ends, and the recorded intent of a stop.
+
+use crate::*;
+
+pub fn start_run_records_pid_and_cgroup(store: &dyn Store) {
+    let t = tenant("conf-start");
+    let a = admit(store, &t, "a", None);
+    let at = now();
+    let started = store
+        .start_run(
+            &t,
+            &a.name,
+            &a.run,
+            777,
+            "/cg/a",
+            at,
+            &[event(&a.name, Some(&a.run), "agent.start")],
+        )
+        .unwrap();
+    assert_eq!((started.status, started.updated_ms), (Status::Running, at));
+    let run = store.run(&t, &a.run).unwrap().unwrap();
+    assert_eq!(
+        (run.pid, run.cgroup.as_deref(), run.started_ms),
+        (Some(777), Some("/cg/a"), Some(at))
+    );
+    let last = all_events(store, &t).pop().unwrap();
+    assert_eq!((last.kind.as_str(), last.ts_ms), ("agent.start", at));
+}
+
+pub fn start_run_after_cancel_while_queued_is_refused(store: &dyn Store) {
+    // The race of SPEC 6: the launcher starts the process while a cancel lands
+    // between admission and start. The store must refuse the start, so the caller
+    // kills what it started, and must not have written any of it.
+    let t = tenant("conf-cancelrace");
+    let a = admit(store, &t, "a", None);
+    let after = store
+        .mark_stopping(&t, std::slice::from_ref(&a.name), USER, now())
+        .unwrap();
+    assert_eq!(after[0].status, Status::Ended(USER));
+    let before = snapshot(store, &t);
+    let r = store.start_run(
+        &t,
+        &a.name,
+        &a.run,
+        99,
+        "/cg/a",
+        now(),
+        &[event(&a.name, Some(&a.run), "agent.start")],
+    );
+    match r {
+        Err(StoreError::Transition { name, source }) => {
+            assert_eq!(name, "a");
+            assert_eq!(
+                (source.from, source.to),
+                (Status::Ended(USER), Status::Running)
+            );
+        }
+        other => panic!("expected a transition refusal, got {other:?}"),
+    }
+    assert_eq!(snapshot(store, &t), before);
+    let run = store.run(&t, &a.run).unwrap().unwrap();
+    assert_eq!((run.pid, run.outcome), (None, Some(USER)));
+}
+
+pub fn start_run_of_a_stale_run_is_refused(store: &dyn Store) {
+    let t = tenant("conf-stalestart");
+    let a = admit(store, &t, "a", None);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&a.name), USER, now())
+        .unwrap();
+    let run2 = new_run();
+    store
+        .resume(&t, &a.name, &run2, "sup-stalestart", now(), &[])
+        .unwrap();
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(store.start_run(&t, &a.name, &a.run, 1, "/cg", now(), &[]));
+    assert_eq!(code, Code::Conflict);
+    assert!(msg.contains(a.run.as_str()), "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn illegal_transitions_are_refused_and_change_nothing(store: &dyn Store) {
+    let t = tenant("conf-illegal");
+    running(store, &t, "root", None);
+    admit(store, &t, "q", Some("root"));
+    running(store, &t, "r", Some("root"));
+    let b = running(store, &t, "b", Some("root"));
+    store
+        .set_status(&t, &b.name, Status::Blocked, Some("input"), now(), &[])
+        .unwrap();
+    let s = running(store, &t, "s", Some("root"));
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), USER, now())
+        .unwrap();
+    let e = running(store, &t, "e", Some("root"));
+    end(store, &e, Terminal::Completed, Some("done"));
+    let c = running(store, &t, "c", Some("root"));
+    end(store, &c, Terminal::Completed, Some("done"));
+    store
+        .set_status(
+            &t,
+            &c.name,
+            Status::Closed(Terminal::Completed),
+            None,
+            now(),
+            &[],
+        )
+        .unwrap();
+
+    let mut refused = 0;
+    for n in ["q", "r", "b", "s", "e", "c"] {
+        let from = get(store, &t, n).status;
+        for to in all_statuses() {
+            let legal = from.transition(to).is_ok();
+            // Legal moves that have their own method (the run record would be
+            // left behind otherwise) are refused by set_status too.
+            let elsewhere = matches!(to, Status::Ended(_) | Status::Queued)
+                || (from, to) == (Status::Queued, Status::Running);
+            if legal && !elsewhere {
+                // Covered by set_status_blocks_unblocks_and_closes; doing it here
+                // would change the state under the rest of the loop.
+                continue;
+            }
+            refused += 1;
+            let before = snapshot(store, &t);
+            let r = store.set_status(
+                &t,
+                &name(n),
+                to,
+                Some("nope"),
+                now(),
+                &[event(&name(n), None, "x")],
+            );
+            if legal {
+                let (code, msg) = refusal(r);
+                assert_eq!(code, Code::BadRequest, "{msg}");
+            } else {
+                match r {
+                    Err(StoreError::Transition { name: got, source }) => {
+                        assert_eq!(got, n);
+                        assert_eq!((source.from, source.to), (from, to));
+                    }
+                    other => panic!("{n}: {from:?} -> {to:?} gave {other:?}"),
+                }
+            }
+            assert_eq!(snapshot(store, &t), before, "{n}: {from:?} -> {to:?}");
+        }
+    }
+    assert!(refused > 200, "only {refused} moves were tried");
+
+    // The dedicated methods refuse illegal moves the same way.
+    let before = snapshot(store, &t);
+    let e = get(store, &t, "e");
+    let r = store.end_run(
+        &t,
+        &e.name,
+        &e.run,
+        &RunEnd {
+            outcome: Terminal::Completed,
+            exit_code: Some(0),
+            result: Some("twice".into()),
+            detail: None,
+            now_ms: now(),
+            output: None,
+        },
+        &[],
+    );
+    assert!(matches!(r, Err(StoreError::Transition { .. })), "{r:?}");
+    let r = get(store, &t, "r");
+    let x = store.start_run(&t, &r.name, &r.run, 1, "/cg", now(), &[]);
+    assert!(matches!(x, Err(StoreError::Transition { .. })), "{x:?}");
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn set_status_blocks_unblocks_and_closes(store: &dyn Store) {
+    let t = tenant("conf-setstatus");
+    let a = running(store, &t, "a", None);
+    let at = now();
+    let blocked = store
+        .set_status(
+            &t,
+            &a.name,
+            Status::Blocked,
+            Some("waiting for input"),
+            at,
+            &[event(&a.name, Some(&a.run), "agent.blocked")],
+        )
+        .unwrap();
+    assert_eq!(
+        (
+            blocked.status,
+            blocked.detail.as_deref(),
+            blocked.updated_ms
+        ),
+        (Status::Blocked, Some("waiting for input"), at)
+    );
+    let back = store
+        .set_status(&t, &a.name, Status::Running, None, now(), &[])
+        .unwrap();
+    assert_eq!(
+        (back.status, back.detail.as_deref()),
+        (Status::Running, None)
+    );
+    end(store, &back, Terminal::Completed, Some("r"));
+    let closed = store
+        .set_status(
+            &t,
+            &a.name,
+            Status::Closed(Terminal::Completed),
+            None,
+            now(),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(closed.status, Status::Closed(Terminal::Completed));
+    assert_eq!(
+        store
+            .events(&t, 0, Some(&a.name), 100)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == "agent.blocked")
+            .count(),
+        1
+    );
+}
+
+pub fn end_run_records_the_run_and_the_channel_result(store: &dyn Store) {
+    let t = tenant("conf-endrun");
+    running(store, &t, "root", None);
+    let kid = running(store, &t, "kid", Some("root"));
+    let at = now();
+    let ended = store
+        .end_run(
+            &t,
+            &kid.name,
+            &kid.run,
+            &RunEnd {
+                outcome: Terminal::Completed,
+                exit_code: Some(0),
+                result: Some("the answer".into()),
+                detail: Some("fine".into()),
+                now_ms: at,
+                output: Some(ChannelOutput {
+                    refs: "{\"id\":\"ref-1\"}\n".into(),
+                    artifacts: vec![Artifact {
+                        name: "out/a.txt".into(),
+                        sha256: "ab".repeat(32),
+                        size: 5,
+                    }],
+                }),
+            },
+            &[event(&kid.name, Some(&kid.run), "agent.stop")],
+        )
+        .unwrap();
+    assert_eq!(
+        (ended.status, ended.detail.as_deref()),
+        (Status::Ended(Terminal::Completed), Some("fine"))
+    );
+    let run = store.run(&t, &kid.run).unwrap().unwrap();
+    assert_eq!(run.outcome, Some(Terminal::Completed));
+    assert_eq!(
+        (run.exit_code, run.result.as_deref(), run.ended_ms),
+        (Some(0), Some("the answer"), Some(at))
+    );
+    let ch = store
+        .channel(&t, &name("root"), &kid.name)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (ch.result.as_deref(), ch.status),
+        (Some("the answer"), Status::Ended(Terminal::Completed))
+    );
+    // What the child handed back besides the result (SPEC 4) reads back whole.
+    assert_eq!(ch.refs.as_deref(), Some("{\"id\":\"ref-1\"}\n"));
+    assert_eq!(
+        ch.artifacts,
+        vec![Artifact {
+            name: "out/a.txt".into(),
+            sha256: "ab".repeat(32),
+            size: 5
+        }]
+    );
+
+    // A failure without a result leaves the channel's result empty.
+    let kid2 = running(store, &t, "kid2", Some("root"));
+    let failed = Terminal::Failed(FailReason::ExitCode);
+    store
+        .end_run(
+            &t,
+            &kid2.name,
+            &kid2.run,
+            &RunEnd {
+                outcome: failed,
+                exit_code: Some(3),
+                result: None,
+                detail: Some("exit 3".into()),
+                now_ms: now(),
+                output: None,
+            },
+            &[],
+        )
+        .unwrap();
+    let ch = store
+        .channel(&t, &name("root"), &kid2.name)
+        .unwrap()
+        .unwrap();
+    assert_eq!((ch.result, ch.status), (None, Status::Ended(failed)));
+
+    // A queued agent whose start failed ends without ever running.
+    let kid3 = admit(store, &t, "kid3", Some("root"));
+    let crashed = Terminal::Failed(FailReason::Crashed);
+    let e = store
+        .end_run(
+            &t,
+            &kid3.name,
+            &kid3.run,
+            &RunEnd {
+                outcome: crashed,
+                exit_code: None,
+                result: None,
+                detail: None,
+                now_ms: now(),
+                output: None,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(e.status, Status::Ended(crashed));
+}
+
+pub fn end_run_from_stopping_keeps_the_recorded_outcome(store: &dyn Store) {
+    let t = tenant("conf-endstopping");
+    running(store, &t, "root", None);
+    let kid = running(store, &t, "kid", Some("root"));
+    store
+        .mark_stopping(&t, std::slice::from_ref(&kid.name), PARENT_DEAD, now())
+        .unwrap();
+    // The process exited 0 with a result after SIGTERM; the intent stands.
+    let ended = store
+        .end_run(
+            &t,
+            &kid.name,
+            &kid.run,
+            &RunEnd {
+                outcome: Terminal::Completed,
+                exit_code: Some(0),
+                result: Some("late answer".into()),
+                detail: None,
+                now_ms: now(),
+                output: None,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(ended.status, Status::Ended(PARENT_DEAD));
+    let run = store.run(&t, &kid.run).unwrap().unwrap();
+    assert_eq!(run.outcome, Some(PARENT_DEAD));
+    assert_eq!(
+        store
+            .channel(&t, &name("root"), &kid.name)
+            .unwrap()
+            .unwrap()
+            .status,
+        Status::Ended(PARENT_DEAD)
+    );
+}
+
+pub fn end_run_of_an_old_run_is_refused(store: &dyn Store) {
+    let t = tenant("conf-oldrun");
+    let a = running(store, &t, "a", None);
+    end(store, &a, Terminal::Completed, Some("one"));
+    let run2 = new_run();
+    let a2 = store
+        .resume(&t, &a.name, &run2, "sup-oldrun", now(), &[])
+        .unwrap();
+    start(store, &a2);
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(store.end_run(
+        &t,
+        &a.name,
+        &a.run,
+        &RunEnd {
+            outcome: USER,
+            exit_code: None,
+            result: None,
+            detail: None,
+            now_ms: now(),
+            output: None,
+        },
+        &[],
+    ));
+    assert_eq!(code, Code::Conflict);
+    assert!(msg.contains(a.run.as_str()), "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+}
+
+pub fn mark_stopping_records_the_intent(store: &dyn Store) {
+    let t = tenant("conf-markstop");
+    running(store, &t, "root", None);
+    running(store, &t, "run", Some("root"));
+    let b = running(store, &t, "blk", Some("root"));
+    store
+        .set_status(&t, &b.name, Status::Blocked, None, now(), &[])
+        .unwrap();
+    let q = admit(store, &t, "que", Some("root"));
+    let d = running(store, &t, "done", Some("root"));
+    end(store, &d, Terminal::Completed, Some("x"));
+    let s = running(store, &t, "stp", Some("root"));
+    let timed_out = Terminal::Failed(FailReason::TimedOut);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), timed_out, now())
+        .unwrap();
+
+    let names: Vec<AgentName> = ["stp", "done", "que", "blk", "run"].map(name).to_vec();
+    let at = now();
+    let out = store.mark_stopping(&t, &names, PARENT_DEAD, at).unwrap();
+    let got: Vec<(&str, Status)> = out.iter().map(|a| (a.name.as_str(), a.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("stp", Status::Stopping(timed_out)),
+            ("done", Status::Ended(Terminal::Completed)),
+            ("que", Status::Ended(PARENT_DEAD)),
+            ("blk", Status::Stopping(PARENT_DEAD)),
+            ("run", Status::Stopping(PARENT_DEAD)),
+        ]
+    );
+    // The queued one never ran: its run is over now.
+    let run = store.run(&t, &q.run).unwrap().unwrap();
+    assert_eq!(
+        (run.outcome, run.ended_ms, run.started_ms),
+        (Some(PARENT_DEAD), Some(at), None)
+    );
+    for a in &out {
+        assert_eq!(get(store, &t, a.name.as_str()), *a);
+    }
+}
+
+pub fn mark_stopping_with_an_unknown_name_changes_nothing(store: &dyn Store) {
+    let t = tenant("conf-markstop-unknown");
+    running(store, &t, "a", None);
+    let before = snapshot(store, &t);
+    let r = store.mark_stopping(&t, &[name("a"), name("ghost")], USER, now());
+    match r {
+        Err(StoreError::NotFound { tenant, name }) => {
+            assert_eq!((tenant.as_str(), name.as_str()), (t.as_str(), "ghost"))
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert_eq!(snapshot(store, &t), before);
+}

@@ -1,0 +1,123 @@
+//! Listing and the tree: children, agents, post-order descendants.
+
+use crate::*;
+
+pub fn children_in_creation_order(store: &dyn Store) {
+    let t = tenant("conf-children");
+    running(store, &t, "root", None);
+    for n in ["z", "m", "a"] {
+        admit(store, &t, n, Some("root"));
+    }
+    let kids: Vec<String> = store
+        .children(&t, &name("root"))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    assert_eq!(kids, ["z", "m", "a"]);
+    assert!(store.children(&t, &name("z")).unwrap().is_empty());
+    assert!(matches!(
+        store.children(&t, &name("ghost")),
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+pub fn agents_lists_all_or_unfinished(store: &dyn Store) {
+    let t = tenant("conf-agents");
+    let r = running(store, &t, "r", None);
+    admit(store, &t, "q", None);
+    let d = running(store, &t, "d", None);
+    end(store, &d, Terminal::Completed, None);
+    let s = running(store, &t, "s", None);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), USER, now())
+        .unwrap();
+    let names = |all| -> Vec<String> {
+        store
+            .agents(&t, all)
+            .unwrap()
+            .into_iter()
+            .map(|a| a.name.to_string())
+            .collect()
+    };
+    assert_eq!(names(true), ["r", "q", "d", "s"]);
+    assert_eq!(names(false), ["r", "q", "s"]);
+    assert_eq!(store.agent(&t, &name("ghost")).unwrap(), None);
+    assert_eq!(
+        store.agent(&tenant("conf-agents-other"), &r.name).unwrap(),
+        None
+    );
+}
+
+/// Checks that every agent of `plan` comes after all of its own descendants, found
+/// independently through `children`, and that the plan is exactly the subtree.
+pub fn assert_post_order(store: &dyn Store, t: &TenantId, top: &AgentName, plan: &[Agent]) {
+    let pos = |n: &AgentName| plan.iter().position(|a| a.name == *n);
+    let mut all = Vec::new();
+    let mut stack = vec![top.clone()];
+    while let Some(n) = stack.pop() {
+        for kid in store.children(t, &n).unwrap() {
+            let (pk, pn) = (
+                pos(&kid.name).expect("every descendant is planned"),
+                pos(&n),
+            );
+            if let Some(pn) = pn {
+                assert!(pk < pn, "{} must come before its ancestor {n}", kid.name);
+            }
+            all.push(kid.name.clone());
+            stack.push(kid.name);
+        }
+    }
+    // Transitively: a grandchild before its grandparent follows from the edges.
+    assert_eq!(all.len(), plan.len(), "the plan is exactly the subtree");
+}
+
+pub fn descendants_are_in_post_order(store: &dyn Store) {
+    let t = tenant("conf-descendants");
+    running(store, &t, "root", None);
+    running(store, &t, "a", Some("root"));
+    running(store, &t, "b", Some("root"));
+    running(store, &t, "a1", Some("a"));
+    admit(store, &t, "a2", Some("a"));
+    admit(store, &t, "b1", Some("b"));
+    admit(store, &t, "a1x", Some("a1"));
+    admit(store, &t, "a1y", Some("a1"));
+    let plan = store.descendants_post_order(&t, &name("root")).unwrap();
+    assert_eq!(plan.len(), 7);
+    assert_post_order(store, &t, &name("root"), &plan);
+    let names: Vec<&str> = plan.iter().map(|a| a.name.as_str()).collect();
+    // Deepest first: level 3, then 2, then 1.
+    assert_eq!(
+        &names[..2]
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        &["a1x", "a1y"].into()
+    );
+    assert_eq!(
+        &names[5..]
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        &["a", "b"].into()
+    );
+    let sub: Vec<String> = store
+        .descendants_post_order(&t, &name("a1"))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    assert_eq!(sub.len(), 2);
+    assert!(
+        store
+            .descendants_post_order(&t, &name("b1"))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        store.descendants_post_order(&t, &name("ghost")),
+        Err(StoreError::NotFound { .. })
+    ));
+    // The plan comes back as stored, statuses included.
+    assert!(plan.iter().all(|a| *a == get(store, &t, a.name.as_str())));
+}

@@ -3,13 +3,15 @@
 //! Validated names and ids (SPEC 1), the agent status machine with its reasons and
 //! its one transition function (SPEC 6), the mapping of a status onto the ctx ABI's
 //! words, the refusal codes every surface reports (SPEC 5), the capability
-//! policy with its attenuation check (SPEC 5: `policy`, `attenuation`), and the
-//! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`). Nothing
+//! policy with its attenuation check (SPEC 5: `policy`, `attenuation`), the
+//! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`), and
+//! the events recorded in an agent's log (`event`). Nothing
 //! here does IO, reads a clock or knows about serde: time and randomness come in
 //! as arguments, so every rule can be tested exhaustively.
 
 pub mod attenuation;
 pub mod code;
+pub mod event;
 pub mod name;
 pub mod policy;
 pub mod quota;
@@ -17,6 +19,7 @@ pub mod status;
 
 pub use attenuation::{ParentView, Refusal};
 pub use code::Code;
+pub use event::AgentEvent;
 pub use name::{AgentName, NameError, RunId, SessionName, TenantId};
 pub use policy::{
     AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, Policy, PolicyError, PolicyRequest,

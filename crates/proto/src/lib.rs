@@ -76,6 +76,7 @@
 //! [`encode_from_agent`]ed lines to stdout and flush after each.
 
 mod codec;
+pub mod event;
 mod framer;
 mod messages;
 pub mod policy;

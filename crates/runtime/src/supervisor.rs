@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brood_core::policy::{Policy, PolicyRequest};
 use brood_core::{
-    AgentName, CancelReason, Code, FailReason, ParentView, RunId, SessionName, Status, TenantId,
-    Terminal,
+    AgentEvent, AgentName, CancelReason, Code, FailReason, ParentView, RunId, SessionName, Status,
+    TenantId, Terminal,
 };
 use brood_launch::cgroup::{Cgroups, Group, GroupPath};
 use brood_launch::env::{Base, Identity};
@@ -849,7 +849,19 @@ struct Dispatcher {
     veil_ns: Option<Arc<brood_launch::veil::VeilNamespace>>,
 }
 
-fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, payload: Value) -> NewEvent {
+/// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
+fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, e: AgentEvent) -> NewEvent {
+    ev_value(agent, run, session, brood_proto::event::payload(&e))
+}
+
+/// [`ev`] from a payload already rendered (one with fields added to a typed
+/// event's, as `agent.start` has).
+fn ev_value(
+    agent: &AgentName,
+    run: Option<&RunId>,
+    session: &SessionName,
+    payload: Value,
+) -> NewEvent {
     let kind = payload
         .get("type")
         .and_then(Value::as_str)
@@ -1315,7 +1327,12 @@ impl Dispatcher {
             p,
             Some(&pa.run),
             &pa.session,
-            json!({"type": "agent.child.refused", "parent": p.as_str(), "child": requested, "code": e.code.as_str(), "message": e.message}),
+            AgentEvent::ChildRefused {
+                parent: p.clone(),
+                child: requested.map(str::to_owned),
+                code: e.code,
+                message: e.message.clone(),
+            },
         )]);
     }
 
@@ -1442,14 +1459,21 @@ impl Dispatcher {
             &name,
             Some(&run),
             &req.session,
-            json!({"type": "agent.spawn", "agent": name.as_str(), "parent": parent.as_ref().map(|p| p.as_str()), "run": run.as_str()}),
+            AgentEvent::Spawn {
+                agent: name.clone(),
+                parent: parent.clone(),
+                run: run.clone(),
+            },
         )];
         if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
             events.push(ev(
                 p,
                 None,
                 psess,
-                json!({"type": "agent.child.spawn", "parent": p.as_str(), "child": name.as_str()}),
+                AgentEvent::ChildSpawn {
+                    parent: p.clone(),
+                    child: name.clone(),
+                },
             ));
         }
         // Quotas are checked inside the store's admission transaction, so they hold
@@ -2007,13 +2031,17 @@ impl Dispatcher {
             .map(|g| g.dir.to_string_lossy().into_owned())
             .unwrap_or_default();
         let session = l.session.clone();
-        let mut start_payload = json!({"type": "agent.start", "agent": name.as_str(), "run": run.as_str(), "pid": launched.pid});
+        let mut start_payload = brood_proto::event::payload(&AgentEvent::Start {
+            agent: name.clone(),
+            run: run.clone(),
+            pid: launched.pid,
+        });
         for k in ["containment", "sandbox"] {
             if let Some(v) = l.launch_meta.get(k) {
                 start_payload[k] = v.clone();
             }
         }
-        let start_events = [ev(&name, Some(&run), &session, start_payload.clone())];
+        let start_events = [ev_value(&name, Some(&run), &session, start_payload.clone())];
         let start = self.store.start_run(
             &self.tenant,
             &name,
@@ -2203,7 +2231,15 @@ impl Dispatcher {
             AgentEv::Unknown(t) => {
                 tracing::info!(agent = %name, r#type = %t, "unknown protocol message type ignored");
                 let session = l.session.clone();
-                self.append_events(&[ev(&name, Some(&run), &session, json!({"type": "agent.protocol.unknown", "agent": name.as_str(), "message_type": t}))]);
+                self.append_events(&[ev(
+                    &name,
+                    Some(&run),
+                    &session,
+                    AgentEvent::ProtocolUnknown {
+                        agent: name.clone(),
+                        message_type: t,
+                    },
+                )]);
             }
             AgentEv::Bad(err) => {
                 if l.protocol_error.is_some() || l.stopping.is_some() {
@@ -2212,7 +2248,16 @@ impl Dispatcher {
                 l.protocol_error = Some(err.to_string());
                 let session = l.session.clone();
                 tracing::warn!(agent = %name, error = %err, "protocol error");
-                self.append_events(&[ev(&name, Some(&run), &session, json!({"type": "agent.protocol.error", "agent": name.as_str(), "line": err.line, "error": err.to_string()}))]);
+                self.append_events(&[ev(
+                    &name,
+                    Some(&run),
+                    &session,
+                    AgentEvent::ProtocolError {
+                        agent: name.clone(),
+                        line: Some(err.line),
+                        error: err.to_string(),
+                    },
+                )]);
                 self.stop_subtree(&name, Terminal::Failed(FailReason::ProtocolError));
             }
             AgentEv::ExecOut(b) => {
@@ -2325,8 +2370,30 @@ impl Dispatcher {
                     "running" => Status::Running,
                     _ => return,
                 };
-                match self.store.set_status(&self.tenant, name, to, reason.as_deref(), now_ms(), &[ev(name, Some(run), &session, json!({"type": "agent.status", "agent": name.as_str(), "status": status, "reason": reason}))]) {
-                    Ok(a) => project_agent(&self.projection, &self.paths, &a, self.live.get(name).and_then(|l| l.pid)),
+                let event = ev(
+                    name,
+                    Some(run),
+                    &session,
+                    AgentEvent::Status {
+                        agent: name.clone(),
+                        status: status.clone(),
+                        reason: reason.clone(),
+                    },
+                );
+                match self.store.set_status(
+                    &self.tenant,
+                    name,
+                    to,
+                    reason.as_deref(),
+                    now_ms(),
+                    &[event],
+                ) {
+                    Ok(a) => project_agent(
+                        &self.projection,
+                        &self.paths,
+                        &a,
+                        self.live.get(name).and_then(|l| l.pid),
+                    ),
                     Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
                 }
                 // A turn ends on the agent's word even when the record did not
@@ -2428,10 +2495,23 @@ impl Dispatcher {
             name,
             Some(&run),
             &session,
-            json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()}),
+            AgentEvent::Stop {
+                agent: name.clone(),
+                outcome,
+                swept: None,
+            },
         )];
         if let (Some(p), Some(ps)) = (&l.parent, &l.parent_session) {
-            events.push(ev(p, None, ps, json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+            events.push(ev(
+                p,
+                None,
+                ps,
+                AgentEvent::ChildStop {
+                    parent: p.clone(),
+                    child: name.clone(),
+                    outcome,
+                },
+            ));
         }
         let end = RunEnd {
             outcome,
@@ -2607,7 +2687,11 @@ impl Dispatcher {
             name,
             Some(&run),
             &session,
-            json!({"type": "agent.input", "agent": name.as_str(), "id": id, "from": from}),
+            AgentEvent::Input {
+                agent: name.clone(),
+                id: id.clone(),
+                from: from.clone(),
+            },
         )]);
         self.to_agent(
             name,
@@ -2702,7 +2786,9 @@ impl Dispatcher {
             name,
             Some(&a.run),
             &a.session,
-            json!({"type": "agent.close", "agent": name.as_str()}),
+            AgentEvent::Close {
+                agent: name.clone(),
+            },
         );
         let a = self
             .store
@@ -2762,7 +2848,10 @@ impl Dispatcher {
                 name,
                 Some(&run),
                 &a.session,
-                json!({"type": "agent.resume", "agent": name.as_str(), "run": run.as_str()}),
+                AgentEvent::Resume {
+                    agent: name.clone(),
+                    run: run.clone(),
+                },
             )];
             let a = self
                 .store

@@ -186,7 +186,16 @@ impl Dispatcher {
                 // SPEC 4: a bad line rejects the whole result.
                 let session = l.session.clone();
                 tracing::warn!(agent = %h.name, error = %refused, "result refused");
-                self.append_events(&[ev(&h.name, Some(&h.run), &session, json!({"type": "agent.protocol.error", "agent": h.name.as_str(), "error": format!("result refused: {refused}")}))]);
+                self.append_events(&[ev(
+                    &h.name,
+                    Some(&h.run),
+                    &session,
+                    AgentEvent::ProtocolError {
+                        agent: h.name.clone(),
+                        line: None,
+                        error: format!("result refused: {refused}"),
+                    },
+                )]);
                 self.finish(
                     &h.name,
                     Terminal::Failed(FailReason::ProtocolError),

@@ -351,15 +351,35 @@ impl Dispatcher {
                 (None, _) => None,
             };
             let mut events = Vec::new();
-            if let (Some((p, ps)), Some(reason)) = (&parent_session, outcome.reason()) {
-                let payload = if matches!(outcome, Terminal::Cancelled(_)) {
-                    json!({"type": "agent.child.cancel", "parent": p.as_str(), "child": name.as_str(), "reason": reason})
-                } else {
-                    json!({"type": "agent.child.stop", "parent": p.as_str(), "child": name.as_str(), "status": outcome.word(), "reason": reason})
+            // A stop always has a reason (a completed run is not stopped).
+            if let Some((p, ps)) = &parent_session
+                && outcome.reason().is_some()
+            {
+                let (parent, child) = (p.clone(), name.clone());
+                let e = match *outcome {
+                    Terminal::Cancelled(reason) => AgentEvent::ChildCancel {
+                        parent,
+                        child,
+                        reason,
+                    },
+                    outcome => AgentEvent::ChildStop {
+                        parent,
+                        child,
+                        outcome,
+                    },
                 };
-                events.push(ev(p, None, ps, payload));
+                events.push(ev(p, None, ps, e));
             }
-            events.push(ev(name, Some(&a.run), &a.session, json!({"type": "agent.stop", "agent": name.as_str(), "status": outcome.word(), "reason": outcome.reason()})));
+            events.push(ev(
+                name,
+                Some(&a.run),
+                &a.session,
+                AgentEvent::Stop {
+                    agent: name.clone(),
+                    outcome: *outcome,
+                    swept: None,
+                },
+            ));
             let protocol_error = live.and_then(|l| l.protocol_error.clone());
             let budget_note = live.and_then(|l| l.budget_note.clone());
             let result = match outcome {

@@ -24,9 +24,8 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 
-use brood_core::{AgentName, CancelReason, FailReason, Status, Terminal};
+use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, Terminal};
 use brood_store::{Agent, Fence, RunEnd, StoreError};
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{Cmd, Dispatcher, ev, now_ms, supervisor_alive};
@@ -280,7 +279,11 @@ impl Dispatcher {
                 &a.name,
                 Some(&a.run),
                 &a.session,
-                json!({"type": "agent.stop", "agent": a.name.as_str(), "status": outcome.word(), "reason": outcome.reason(), "sweeper": "orphans", "detail": detail}),
+                AgentEvent::Stop {
+                    agent: a.name.clone(),
+                    outcome,
+                    swept: Some((Sweeper::Orphans.as_str(), detail.clone())),
+                },
             )];
             let end = RunEnd {
                 outcome,
@@ -317,7 +320,12 @@ impl Dispatcher {
             &a.name,
             Some(&a.run),
             &a.session,
-            json!({"type": "agent.sweep", "agent": a.name.as_str(), "sweeper": sweeper.as_str(), "status": outcome.word(), "reason": outcome.reason(), "detail": why}),
+            AgentEvent::Sweep {
+                agent: a.name.clone(),
+                sweeper: sweeper.as_str(),
+                outcome,
+                detail: why.to_owned(),
+            },
         )];
         let after = self.store.sweep_stop(
             fence,

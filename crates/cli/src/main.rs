@@ -27,7 +27,7 @@ use serde_json::{Value, json};
     name = "brood",
     version,
     about = "A runtime for child agents: owned process trees that die with their parent, recorded durably.",
-    after_help = "Examples:\n  brood demo\n  brood run -- brood test-agent --result hello\n  brood run --protocol exec -- sh -c 'echo hi'\n  brood serve &  brood spawn --name a -- brood test-agent --hang; brood tree; brood cancel a"
+    after_help = "Examples:\n  brood demo\n  brood run -- brood test-agent --result hello\n  brood run -- sh -c 'echo hi'\n  brood serve &  brood spawn --name a -- brood test-agent --hang; brood tree; brood cancel a"
 )]
 struct Cli {
     /// State directory ($BROOD_ROOT; default $XDG_STATE_HOME/brood or ~/.local/state/brood).
@@ -54,7 +54,11 @@ enum Cmd {
     Run {
         #[arg(long)]
         name: Option<String>,
-        #[arg(long, default_value = "brood")]
+        /// How the program talks to brood: `exec` (a plain program: the task on
+        /// stdin, stdout is its result, exit 0 is success), `brood` (brood's
+        /// JSON-lines protocol), or `auto`: `brood` for brood's own agents
+        /// (`brood test-agent ...`), `exec` for anything else.
+        #[arg(long, default_value = "auto")]
         protocol: String,
         /// The task (handoff) given to the agent.
         #[arg(long, default_value = "")]
@@ -62,7 +66,8 @@ enum Cmd {
         /// Seconds between SIGTERM and SIGKILL when a subtree is stopped.
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
-        /// The agent's policy (SPEC 5), a JSON or TOML file (by extension).
+        /// The agent's policy (what it may touch, run and spend), a JSON or TOML
+        /// file (by extension); see docs/cli.md.
         #[arg(long)]
         policy: Option<PathBuf>,
         /// `ns`: a private mount namespace built from the policy's mounts.
@@ -82,8 +87,8 @@ enum Cmd {
     Serve {
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
-        /// The sweepers' tick in seconds (SPEC 9: timeouts every tick, orphans
-        /// every 5, reconcile every 30). Only the supervisor holding the sweeper
+        /// The sweepers' tick in seconds (timeouts every tick, orphans every 5,
+        /// reconcile every 30). Only the supervisor holding the sweeper
         /// lease of its store sweeps.
         #[arg(long, default_value_t = 1.0)]
         sweep_every: f64,
@@ -95,7 +100,7 @@ enum Cmd {
     Spawn {
         #[arg(long)]
         parent: Option<String>,
-        /// Who receives the result when not the parent (SPEC 9 customer).
+        /// Who receives the result when not the parent (its customer).
         #[arg(long)]
         customer: Option<String>,
         #[arg(long)]
@@ -103,14 +108,15 @@ enum Cmd {
         /// Free text for people, shown in the agent's `label` file.
         #[arg(long)]
         label: Option<String>,
-        #[arg(long, default_value = "brood")]
+        /// `exec`, `brood` or `auto` (see `brood run --help`).
+        #[arg(long, default_value = "auto")]
         protocol: String,
         #[arg(long, default_value = "")]
         task: String,
         /// Return only once the agent said `ready`.
         #[arg(long)]
         ready: bool,
-        /// The child's policy (SPEC 5), a JSON or TOML file; fields left out are
+        /// The child's policy, a JSON or TOML file; fields left out are
         /// inherited from the parent.
         #[arg(long)]
         policy: Option<PathBuf>,
@@ -172,7 +178,7 @@ enum Cmd {
         #[arg(long, default_value = "brood")]
         format: String,
     },
-    /// Quotas (SPEC 9): `show [TENANT]`, `set TENANT KEY VALUE`.
+    /// Quotas of agent trees: `show [TENANT]`, `set TENANT KEY VALUE`.
     Quota {
         #[command(subcommand)]
         what: QuotaCmd,
@@ -184,7 +190,7 @@ enum Cmd {
     },
     /// A live demo: a tree of agents counting lines, then a tree whose root is SIGKILLed.
     Demo,
-    /// Benchmarks against their floors (SPEC 16).
+    /// Benchmarks: brood's paths timed against their floors on this machine.
     Bench {
         #[command(subcommand)]
         which: bench::Which,
@@ -252,6 +258,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, not in a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -387,9 +395,38 @@ fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
     r.map_err(|e| Exit(e.code.exit_code(), e.to_string()).into())
 }
 
-fn parse_protocol(p: &str) -> Result<brood_store::Protocol> {
-    brood_store::Protocol::parse(p)
-        .ok_or_else(|| Exit(2, format!("--protocol must be brood or exec, not {p:?}")).into())
+/// `--protocol`: `brood`, `exec`, or `auto`, which picks `brood` for brood's
+/// own agents (the program is this `brood` binary, or one named `brood`, run
+/// as `test-agent` or `agent`) and `exec` for every other program, so that
+/// `brood run -- sh -c 'echo hi'` does what it says.
+fn parse_protocol(p: &str, argv: &[String]) -> Result<brood_store::Protocol> {
+    if p == "auto" {
+        return Ok(if speaks_brood(argv) {
+            brood_store::Protocol::Brood
+        } else {
+            brood_store::Protocol::Exec
+        });
+    }
+    brood_store::Protocol::parse(p).ok_or_else(|| {
+        Exit(
+            2,
+            format!("--protocol must be exec, brood or auto, not {p:?}"),
+        )
+        .into()
+    })
+}
+
+/// Whether `argv` starts one of brood's own protocol agents.
+fn speaks_brood(argv: &[String]) -> bool {
+    let (Some(program), Some(verb)) = (argv.first(), argv.get(1)) else {
+        return false;
+    };
+    let path = Path::new(program);
+    let is_brood = path.file_name().is_some_and(|n| n == "brood")
+        || std::env::current_exe().is_ok_and(|me| {
+            std::fs::canonicalize(path).is_ok_and(|p| p == me) || path.file_name() == me.file_name()
+        });
+    is_brood && matches!(verb.as_str(), "test-agent" | "agent")
 }
 
 fn grace(s: f64) -> Result<Duration> {
@@ -442,7 +479,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
-            let protocol = parse_protocol(&protocol)?;
+            let protocol = parse_protocol(&protocol, &argv)?;
             let name = match name {
                 Some(n) => Some(api(brood_core::AgentName::new(&n).map_err(|e| {
                     brood_runtime::ApiError::new(Code::InvalidName, e.to_string())
@@ -487,7 +524,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             json,
             argv,
         } => {
-            parse_protocol(&protocol)?;
+            let protocol = parse_protocol(&protocol, &argv)?.as_str();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             let r = call(
                 &root,

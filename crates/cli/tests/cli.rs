@@ -337,3 +337,50 @@ fn quota_set_and_show_use_the_store_given_by_store() {
     let without = shown(&["quota", "show", "user-0", "--json"]);
     assert_eq!(without, serde_json::Value::Null);
 }
+
+/// A newcomer's first commands (issue 12 item 8): any program runs as a plain
+/// program unless it is brood's own agent or `--protocol brood` is asked for;
+/// log lines carry no colour codes when stderr is not a terminal; the help
+/// speaks of nothing a user does not have (no "SPEC n").
+#[test]
+fn a_newcomers_first_commands_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = brood(dir.path(), &["run", "--", "sh", "-c", "echo hi"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+    // brood's own agent is still spoken to in its protocol.
+    let mut args = vec!["run", "--"];
+    let a = agent(&["--result", "spoken"]);
+    args.extend(a.iter().map(String::as_str));
+    let o = brood(dir.path(), &args);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "spoken\n",
+        "{}",
+        text(&o)
+    );
+    // Asked for, the protocol is used, and its failure is logged plainly.
+    let o = brood(
+        dir.path(),
+        &["run", "--protocol", "brood", "--", "sh", "-c", "echo hi"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("protocol error"), "{err}");
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
+    let o = brood(dir.path(), &["run", "--protocol", "json", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("exec, brood or auto"), "{}", text(&o));
+    for cmd in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["spawn", "--help"],
+        &["serve", "--help"],
+        &["quota", "--help"],
+        &["bench", "--help"],
+    ] {
+        let o = brood(dir.path(), cmd);
+        assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+        assert!(!text(&o).contains("SPEC"), "{cmd:?}: {}", text(&o));
+    }
+}

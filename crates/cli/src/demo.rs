@@ -83,7 +83,10 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
         None => std::env::temp_dir().join(format!("brood-demo-{}", std::process::id())),
     };
     std::fs::create_dir_all(&root)?;
-    let data = root.join("demo-data");
+    // The directories the agents count are outside brood's root: agents never
+    // see inside the root but for its ctx/ tree (the veil, docs/decisions.md).
+    let work = std::env::temp_dir().join(format!("brood-demo-data-{}", std::process::id()));
+    let data = work.join("demo-data");
     write_data(
         &data,
         &[
@@ -95,7 +98,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
             ("notes.txt", 12),
         ],
     )?;
-    let slow = root.join("demo-slow");
+    let slow = work.join("demo-slow");
     write_data(
         &slow,
         &[
@@ -118,6 +121,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     sup.shutdown().await;
     server.abort();
     let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_dir_all(&work);
     shown?;
     println!(
         "\ndemo finished in {:.1} s; state kept in {} (try: brood --root {} tree)",

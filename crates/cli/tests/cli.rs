@@ -384,3 +384,21 @@ fn a_newcomers_first_commands_work() {
         assert!(!text(&o).contains("SPEC"), "{cmd:?}: {}", text(&o));
     }
 }
+
+/// brood's main job, as the README runs it: the demo ends well, counts the
+/// lines of its files (outside brood's root, which agents cannot see) and
+/// shows the killed tree cancelled.
+#[test]
+fn the_demo_runs_to_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = brood(dir.path(), &["demo"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(out.contains("completed  → 492 lines in"), "{out}");
+    assert!(out.contains("--- artifact/lines.txt"), "{out}");
+    assert!(
+        out.contains("every descendant cancelled (parent_dead), every process gone"),
+        "{out}"
+    );
+    assert!(!out.contains("cannot read"), "{out}");
+}

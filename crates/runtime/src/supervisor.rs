@@ -36,13 +36,16 @@ use crate::projection::Projection;
 mod collect;
 mod identify;
 mod orphans;
+mod queue;
 mod sockets;
 mod stops;
 mod sweep;
+mod waiters;
 
 use collect::{Collect, Harvested};
 use stops::Stop;
 pub use sweep::Sweeper;
+use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
 #[derive(Clone, Default)]
@@ -390,11 +393,11 @@ impl Supervisor {
             gid: unsafe_getegid(),
             groups: supplementary_groups(),
             live: HashMap::new(),
-            waiting: std::collections::VecDeque::new(),
+            waiting: queue::Queue::default(),
             max_concurrent: cfg_quotas
                 .effective(store.tenant_quotas(&tenant).ok().as_ref())
                 .max_concurrent,
-            waiters: HashMap::new(),
+            waiters: Waiters::default(),
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),
@@ -791,11 +794,6 @@ impl Live {
     }
 }
 
-struct Waiter {
-    names: Vec<AgentName>,
-    reply: Reply,
-}
-
 const EXEC_OUT_MAX: usize = 16 << 20;
 const STDERR_TAIL: usize = 4096;
 
@@ -826,10 +824,10 @@ struct Dispatcher {
     groups: std::collections::BTreeSet<u32>,
     live: HashMap<AgentName, Live>,
     /// Admitted agents waiting for a concurrency slot, first in first out.
-    waiting: std::collections::VecDeque<AgentName>,
+    waiting: queue::Queue,
     /// The tenant's `max_concurrent` (SPEC 9), refreshed at each admission.
     max_concurrent: u32,
-    waiters: HashMap<u64, Waiter>,
+    waiters: Waiters,
     stops: HashMap<u64, Stop>,
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
@@ -918,7 +916,7 @@ impl Dispatcher {
                     }
                 }
                 Cmd::WaitTimeout(id) => {
-                    if let Some(w) = self.waiters.remove(&id) {
+                    if let Some(w) = self.waiters.take(id) {
                         let r = self.wait_result(&w.names, true);
                         self.respond(w.reply, r);
                     }
@@ -1563,7 +1561,7 @@ impl Dispatcher {
             group_parent,
         });
         self.live.insert(name.clone(), live);
-        self.waiting.push_back(name.clone());
+        self.waiting.push(name.clone());
         self.pump_queue();
         Ok(Some((name, req.await_ready)))
     }
@@ -1659,13 +1657,13 @@ impl Dispatcher {
                 .get(&name)
                 .is_some_and(|l| l.pending.is_some() && !l.launching);
             if !ready {
-                self.waiting.pop_front();
+                self.waiting.pop();
                 continue;
             }
             if !self.take_slot() {
                 return;
             }
-            self.waiting.pop_front();
+            self.waiting.pop();
             let Some(l) = self.live.get_mut(&name) else {
                 self.give_slot();
                 continue;
@@ -2614,17 +2612,9 @@ impl Dispatcher {
         {
             self.respond(reply, Ok(agent_json(&self.store, agent)));
         }
-        let done: Vec<u64> = self
+        let done = self
             .waiters
-            .iter()
-            .filter(|(_, w)| w.names.contains(&agent.name))
-            .filter(|(_, w)| {
-                w.names
-                    .iter()
-                    .all(|n| n == &agent.name || self.finished_in_store(n))
-            })
-            .map(|(id, _)| *id)
-            .collect();
+            .done_with(&agent.name, |n| self.finished_in_store(n));
         self.answer_waiters(done);
     }
 
@@ -2639,7 +2629,7 @@ impl Dispatcher {
     /// Answers the waiters `ids` with the agents as they are now.
     fn answer_waiters(&mut self, ids: Vec<u64>) {
         for id in ids {
-            if let Some(w) = self.waiters.remove(&id) {
+            if let Some(w) = self.waiters.take(id) {
                 let r = self.wait_result(&w.names, false);
                 self.respond(w.reply, r);
             }
@@ -2733,7 +2723,7 @@ impl Dispatcher {
             return self.respond(reply, r);
         }
         let id = self.id();
-        self.waiters.insert(id, Waiter { names, reply });
+        self.waiters.add(id, names, reply);
         if let Some(t) = timeout {
             let tx = self.tx.clone();
             tokio::spawn(async move {
@@ -2915,7 +2905,7 @@ impl Dispatcher {
                 group_parent,
             });
             self.live.insert(name.clone(), live);
-            self.waiting.push_back(name.clone());
+            self.waiting.push(name.clone());
             self.pump_queue();
             Ok(())
         })();

@@ -159,16 +159,9 @@ impl Dispatcher {
     /// Waiters for agents hosted elsewhere hear of their end from nobody: the
     /// store tells, once a tick.
     fn answer_remote_waits(&mut self) {
-        let done: Vec<u64> = self
+        let done = self
             .waiters
-            .iter()
-            .filter(|(_, w)| {
-                w.names
-                    .iter()
-                    .all(|n| !self.live.contains_key(n) && self.finished_in_store(n))
-            })
-            .map(|(id, _)| *id)
-            .collect();
+            .done_by(|n| !self.live.contains_key(n) && self.finished_in_store(n));
         self.answer_waiters(done);
     }
 
@@ -387,7 +380,7 @@ impl Dispatcher {
         if unstarted {
             self.after_end(a, None, None);
             self.forget(&a.name);
-            self.waiting.retain(|n| n != &a.name);
+            self.waiting.remove(&a.name);
         }
     }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use brood_core::AgentName;
-use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, control};
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
+use brood_server::control;
 use serde_json::Value;
 
 use crate::render;

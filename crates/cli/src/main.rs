@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use brood_core::Code;
-use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View, control};
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View};
+use brood_server::control;
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 

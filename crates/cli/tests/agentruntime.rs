@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use brood_runtime::agentruntime::to_agentruntime;
-use brood_runtime::control;
+use brood_server::control;
 use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

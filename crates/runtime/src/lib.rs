@@ -6,7 +6,6 @@
 //! * [`config`]: the platform configuration file (quotas).
 //! * [`api`]: the verbs every surface shares, and their errors.
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
-//! * [`control`]: the control socket (`brood.sock`), callers identified by cgroup.
 //! * [`agent_socket`]: the per-agent sockets (`ctx/agent/<name>.sock`, SPEC 8).
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
 //! * [`objects`]: the static control files of an agent object, from its record.
@@ -27,7 +26,6 @@ pub mod agentruntime;
 pub mod api;
 pub mod channel;
 pub mod config;
-pub mod control;
 pub mod enforce;
 mod io;
 pub mod lower;

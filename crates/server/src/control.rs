@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::agentruntime::{EventFormat, to_agentruntime};
-use crate::api::{self, ApiError};
-use crate::supervisor::Supervisor;
+use brood_runtime::Supervisor;
+use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
+use brood_runtime::api::{self, ApiError};
 
 /// Largest request line accepted (the protocol's 1 MiB).
 const MAX_REQUEST: usize = 1 << 20;
@@ -175,7 +175,7 @@ async fn http_get(
 /// `events {"after"?, "name"?, "follow"?, "format"?}`: the tenant's events in
 /// sequence order, each line `{"event": ...}`. `format` is `brood` (the default,
 /// [`event_json`]) or `agentruntime` (the draft standard's events,
-/// [`crate::agentruntime::to_agentruntime`]; events without a counterpart are
+/// [`brood_runtime::agentruntime::to_agentruntime`]; events without a counterpart are
 /// left out, `last` still counts them so a client resumes at the right place).
 async fn stream_events(
     sup: &Supervisor,

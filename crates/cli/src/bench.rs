@@ -94,7 +94,7 @@ impl Level {
     }
 
     /// The policy (and `iso`) of this level for an agent running `exe`.
-    fn policy(self, exe: &str) -> (Option<serde_json::Value>, Option<String>) {
+    fn policy(self, exe: &str) -> (Option<serde_json::Value>, brood_core::Iso) {
         let exe_dir = std::path::Path::new(exe)
             .parent()
             .map(|p| p.to_string_lossy().into_owned())
@@ -123,11 +123,11 @@ impl Level {
             serde_json::Value::Object(out)
         };
         match self {
-            Level::Base => (None, None),
-            Level::Landlock => (Some(landlock), None),
-            Level::Limits => (Some(limits), None),
-            Level::Ns => (Some(ns), Some("ns".into())),
-            Level::Full => (Some(merge(&[&landlock, &limits, &ns])), Some("ns".into())),
+            Level::Base => (None, brood_core::Iso::None),
+            Level::Landlock => (Some(landlock), brood_core::Iso::None),
+            Level::Limits => (Some(limits), brood_core::Iso::None),
+            Level::Ns => (Some(ns), brood_core::Iso::Ns),
+            Level::Full => (Some(merge(&[&landlock, &limits, &ns])), brood_core::Iso::Ns),
         }
     }
 }
@@ -161,8 +161,8 @@ fn req(
         session: brood_core::SessionName::default_session(),
         await_ready: ready,
         policy: None,
-        life: None,
-        iso: None,
+        life: brood_core::Life::Owned,
+        iso: brood_core::Iso::None,
         root: None,
     })
 }
@@ -236,7 +236,7 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
                             true,
                         )?;
                         r.policy = policy.clone();
-                        r.iso = iso.clone();
+                        r.iso = iso;
                         let t0 = Instant::now();
                         let a = crate::api(sup.spawn(me.clone(), r).await)?;
                         let o = t0.elapsed();

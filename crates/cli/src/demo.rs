@@ -46,8 +46,8 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         session: brood_core::SessionName::default_session(),
         await_ready: true,
         policy: None,
-        life: None,
-        iso: None,
+        life: brood_core::Life::Owned,
+        iso: brood_core::Iso::None,
         root: None,
     })
 }

@@ -481,6 +481,11 @@ async fn real_main(cli: Cli) -> Result<i32> {
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
             let protocol = parse_protocol(&protocol, &argv)?;
+            let iso = match iso.as_deref() {
+                None => brood_core::Iso::None,
+                Some(i) => brood_core::Iso::parse(i)
+                    .ok_or_else(|| Exit(2, format!("--iso must be ns or none, not {i:?}")))?,
+            };
             let name = match name {
                 Some(n) => Some(api(brood_core::AgentName::new(&n).map_err(|e| {
                     brood_runtime::ApiError::new(Code::InvalidName, e.to_string())
@@ -671,7 +676,7 @@ async fn run_root(
     task: String,
     argv: Vec<String>,
     policy: Option<Value>,
-    iso: Option<String>,
+    iso: brood_core::Iso,
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
@@ -690,7 +695,7 @@ async fn run_root(
         session: brood_core::SessionName::default_session(),
         await_ready: false,
         policy,
-        life: None,
+        life: brood_core::Life::Owned,
         iso,
         root: None,
     };

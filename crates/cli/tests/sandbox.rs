@@ -280,7 +280,7 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
         ]),
     );
     q.policy = Some(policy);
-    q.iso = Some("ns".into());
+    q.iso = brood_core::Iso::Ns;
     q.await_ready = false;
     env.sup.spawn(me(), q).await.expect("spawn");
     let wres = env
@@ -368,7 +368,7 @@ async fn a_named_root_becomes_the_agents_slash() {
         agent(&["--probe-read", "/marker", "--result", "inside"]),
     );
     q.policy = Some(policy.clone());
-    q.iso = Some("ns".into());
+    q.iso = brood_core::Iso::Ns;
     q.root = Some(r.clone());
     q.await_ready = false;
     env.sup.spawn(me(), q).await.expect("spawn");

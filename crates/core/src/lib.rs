@@ -4,8 +4,9 @@
 //! its one transition function (SPEC 6), the mapping of a status onto the ctx ABI's
 //! words, the refusal codes every surface reports (SPEC 5), the capability
 //! policy with its attenuation check (SPEC 5: `policy`, `attenuation`), the
-//! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`), and
-//! the events recorded in an agent's log (`event`). Nothing
+//! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`), the
+//! events recorded in an agent's log (`event`), and what a creation asks for
+//! besides its policy (`spec`: protocol, life, isolation). Nothing
 //! here does IO, reads a clock or knows about serde: time and randomness come in
 //! as arguments, so every rule can be tested exhaustively.
 
@@ -15,6 +16,7 @@ pub mod event;
 pub mod name;
 pub mod policy;
 pub mod quota;
+pub mod spec;
 pub mod status;
 
 pub use attenuation::{ParentView, Refusal};
@@ -26,6 +28,7 @@ pub use policy::{
     Resources, Rule, RuleClass,
 };
 pub use quota::{QuotaConfig, QuotaError, Quotas, TenantQuotas};
+pub use spec::{Iso, Life, Protocol};
 pub use status::{
     AbiView, CancelReason, ChannelStatus, FailReason, IllegalTransition, ProcessStatus,
     SessionState, Status, Terminal,

@@ -7,8 +7,7 @@
 
 use std::time::Duration;
 
-use brood_core::{AgentName, Code, SessionName};
-use brood_store::Protocol;
+use brood_core::{AgentName, Code, Iso, Life, Protocol, SessionName};
 use serde_json::{Value, json};
 
 use crate::supervisor::Supervisor;
@@ -69,11 +68,12 @@ pub struct SpawnRequest {
     /// The requested policy (SPEC 5 fields, any subset; the rest is inherited), as
     /// JSON. Read and checked against the parent's effective policy at admission.
     pub policy: Option<Value>,
-    /// `owned` (the default) or `temp`; `detached` is refused (SPEC 3).
-    pub life: Option<String>,
+    /// `owned` (the default) or `temp`; `detached` is refused at admission
+    /// (SPEC 3).
+    pub life: Life,
     /// `ns`: a private mount namespace built from the policy's mounts (SPEC 3
-    /// `iso`); `none` or absent: the host's.
-    pub iso: Option<String>,
+    /// `iso`); `none` (the default): the host's.
+    pub iso: Iso,
     /// With `iso = ns`: the directory that becomes the agent's `/` (SPEC 3 `root`);
     /// brood makes an empty one when none is given.
     pub root: Option<String>,
@@ -179,7 +179,12 @@ impl SpawnRequest {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             policy: args.get("policy").filter(|p| !p.is_null()).cloned(),
-            life: args.get("life").and_then(Value::as_str).map(str::to_owned),
+            life: match args.get("life").and_then(Value::as_str) {
+                None => Life::Owned,
+                Some(l) => Life::parse(l).ok_or_else(|| {
+                    bad(format!("life must be owned, temp or detached, not {l:?}"))
+                })?,
+            },
             label: match args.get("label") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(l)) if l.len() <= 256 && !l.chars().any(char::is_control) => {
@@ -192,9 +197,9 @@ impl SpawnRequest {
                 }
             },
             iso: match args.get("iso").and_then(Value::as_str) {
-                None | Some("none") => None,
-                Some("ns") => Some("ns".to_owned()),
-                Some(other) => return Err(bad(format!("iso must be ns or none, not {other:?}"))),
+                None => Iso::None,
+                Some(i) => Iso::parse(i)
+                    .ok_or_else(|| bad(format!("iso must be ns or none, not {i:?}")))?,
             },
             root: match args.get("root").and_then(Value::as_str) {
                 None => None,

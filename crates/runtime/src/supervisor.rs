@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brood_core::policy::{Policy, PolicyRequest};
 use brood_core::{
-    AgentEvent, AgentName, CancelReason, Code, FailReason, ParentView, RunId, SessionName, Status,
-    TenantId, Terminal,
+    AgentEvent, AgentName, CancelReason, Code, FailReason, Iso, Life, ParentView, RunId,
+    SessionName, Status, TenantId, Terminal,
 };
 use brood_launch::cgroup::{Cgroups, Group, GroupPath};
 use brood_launch::env::{Base, Identity};
@@ -1384,20 +1384,11 @@ impl Dispatcher {
             None => None,
         };
         // SPEC 5's order: name, parent (above), lifecycle, then the policy checks.
-        match req.life.as_deref() {
-            None | Some("owned") | Some("temp") => {}
-            Some("detached") => {
-                return Err(ApiError::new(
-                    Code::UnsupportedLifecycle,
-                    "life \"detached\" needs a tenant grant; none grants it here",
-                ));
-            }
-            Some(other) => {
-                return Err(ApiError::new(
-                    Code::BadRequest,
-                    format!("life must be owned, temp or detached, not {other:?}"),
-                ));
-            }
+        if req.life == Life::Detached {
+            return Err(ApiError::new(
+                Code::UnsupportedLifecycle,
+                "life \"detached\" needs a tenant grant; none grants it here",
+            ));
         }
         let policy = self.child_policy(parent.as_ref(), remote.as_ref(), &req)?;
         // Brood's own machinery is never granted, whoever asks (issue 11).
@@ -1406,7 +1397,7 @@ impl Dispatcher {
                 .map_err(|m| ApiError::new(Code::ReservedPath, m))?;
         }
         if let Some(r) = &req.root {
-            if req.iso.as_deref() != Some("ns") {
+            if req.iso != Iso::Ns {
                 return Err(ApiError::new(Code::BadRequest, "root is only for iso = ns"));
             }
             // The new `/` must be something the agent may read at all.
@@ -1445,8 +1436,8 @@ impl Dispatcher {
             "label": req.label,
             "parent_session": parent_session,
             "parent_run": parent_run,
-            "life": req.life.as_deref().unwrap_or("owned"),
-            "iso": req.iso.as_deref().unwrap_or("none"),
+            "life": req.life.as_str(),
+            "iso": req.iso.as_str(),
             "root": req.root,
             // Recorded with the agent, so `brood show` tells a weaker sandbox.
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
@@ -1553,7 +1544,7 @@ impl Dispatcher {
             policy,
             None,
         );
-        live.iso_ns = req.iso.as_deref() == Some("ns");
+        live.iso_ns = req.iso == Iso::Ns;
         live.ns_root = req.root.as_ref().map(PathBuf::from);
         live.pending = Some(Pending {
             argv: req.argv.clone(),

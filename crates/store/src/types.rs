@@ -38,30 +38,9 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-/// How an agent's program speaks to the supervisor (SPEC 7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// JSON lines on stdin/stdout.
-    Brood,
-    /// A plain program: handoff on stdin, stdout becomes the result, exit 0 is done.
-    Exec,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Brood => "brood",
-            Protocol::Exec => "exec",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Protocol> {
-        match s {
-            "brood" => Some(Protocol::Brood),
-            "exec" => Some(Protocol::Exec),
-            _ => None,
-        }
-    }
-}
+/// How an agent's program speaks to the supervisor: the core's type, kept
+/// here under its old path.
+pub use brood_core::Protocol;
 
 /// What a creation asks for. `spec` is the launch description as JSON text
 /// (argv, env, cwd, ...), stored verbatim so resume can start the program again.

@@ -77,8 +77,8 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         session: brood_core::SessionName::default_session(),
         await_ready: true,
         policy: None,
-        life: None,
-        iso: None,
+        life: brood_core::Life::Owned,
+        iso: brood_core::Iso::None,
         root: None,
     }
 }

@@ -431,7 +431,8 @@ fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serd
     use brood_core::policy::{Policy, PolicyRequest};
     use brood_core::quota::Quotas;
     use brood_core::{AgentName, RunId, SessionName, TenantId};
-    use brood_store::{NewAgent, NewEvent, SqliteStore, Store};
+    use brood_store::prelude::*;
+    use brood_store::{NewAgent, NewEvent, SqliteStore};
     use std::sync::Arc;
 
     let dir = match root {

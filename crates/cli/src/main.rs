@@ -831,7 +831,7 @@ fn load_config(
 }
 
 fn quota(root: &Option<PathBuf>, config: &Option<PathBuf>, what: QuotaCmd) -> Result<i32> {
-    use brood_store::Store;
+    use brood_store::prelude::*;
     let cfg = load_config(config, root)?;
     let db = store_file(root);
     let tenant_of = |t: Option<String>| -> Result<brood_core::TenantId> {

@@ -374,7 +374,11 @@ fn a_newcomers_first_commands_work() {
     // A word brood does not know is refused, never taken for the default.
     let o = brood(dir.path(), &["run", "--iso", "nss", "--", "true"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--iso must be ns or none"), "{}", text(&o));
+    assert!(
+        text(&o).contains("--iso must be ns or none"),
+        "{}",
+        text(&o)
+    );
     for cmd in [
         &["--help"][..],
         &["run", "--help"],

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brood_core::{AgentName, TenantId};
-use brood_store::{Agent, SqliteStore, Store, StoreError};
+use brood_store::prelude::*;
+use brood_store::{Agent, SqliteStore, StoreError};
 use serde_json::{Value, json};
 
 use crate::api::{ApiError, ApiResult};

@@ -11,8 +11,16 @@
 //! `brood_core::Status::transition`; the store refuses an illegal move instead of
 //! writing it.
 
+mod contract;
 pub mod sqlite;
 mod types;
 
+pub use contract::{Admission, Records, Recovery, Runs, Store, Sweeps, Transcripts};
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
+
+/// Every trait of the contract, for code that calls a concrete store (a
+/// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
+pub mod prelude {
+    pub use crate::contract::{Admission, Records, Recovery, Runs, Store, Sweeps, Transcripts};
+}

@@ -37,9 +37,10 @@ use brood_core::{
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
+use crate::contract::{Admission, Records, Recovery, Runs, Sweeps, Transcripts};
 use crate::types::{
     Agent, Artifact, Channel, EndItem, Event, Fence, Message, NewAgent, NewEvent, Protocol, Result,
-    Run, RunEnd, Spend, Store, StoreError, Usage,
+    Run, RunEnd, Spend, StoreError, Usage,
 };
 
 /// The embedded migrations, in the order they apply. A version is never reused or
@@ -1961,7 +1962,7 @@ fn usage_row(r: &Row<'_>) -> rusqlite::Result<Usage> {
     })
 }
 
-impl Store for SqliteStore {
+impl Admission for SqliteStore {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
         self.admit_grouped(new, None, events)
     }
@@ -2045,7 +2046,9 @@ impl Store for SqliteStore {
             Ok(false)
         })
     }
+}
 
+impl Runs for SqliteStore {
     fn start_run(
         &self,
         tenant: &TenantId,
@@ -2187,6 +2190,20 @@ impl Store for SqliteStore {
         })
     }
 
+    fn resume(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        supervisor: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent> {
+        self.write(|tx| resume_tx(tx, tenant, name, run, supervisor, now_ms, events))
+    }
+}
+
+impl Transcripts for SqliteStore {
     fn append_message(
         &self,
         tenant: &TenantId,
@@ -2240,18 +2257,6 @@ impl Store for SqliteStore {
         })
     }
 
-    fn resume(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        supervisor: &str,
-        now_ms: i64,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(|tx| resume_tx(tx, tenant, name, run, supervisor, now_ms, events))
-    }
-
     fn append_events(
         &self,
         tenant: &TenantId,
@@ -2261,6 +2266,47 @@ impl Store for SqliteStore {
         self.write(|tx| append_events_tx(tx, tenant, events, now_ms))
     }
 
+    fn messages(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        session: &SessionName,
+    ) -> Result<Vec<Message>> {
+        self.read(|conn| {
+            collect(
+                conn,
+                Q_MESSAGES,
+                (tenant.as_str(), agent.as_str(), session.as_str()),
+                message_from,
+            )
+        })
+    }
+
+    fn events(
+        &self,
+        tenant: &TenantId,
+        after: i64,
+        agent: Option<&AgentName>,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.read(|conn| match agent {
+            None => collect(
+                conn,
+                Q_EVENTS,
+                (tenant.as_str(), after, i64::from(limit)),
+                event_from,
+            ),
+            Some(a) => collect(
+                conn,
+                Q_EVENTS_OF_AGENT,
+                (tenant.as_str(), after, i64::from(limit), a.as_str()),
+                event_from,
+            ),
+        })
+    }
+}
+
+impl Records for SqliteStore {
     fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>> {
         self.read(|conn| load_agent(conn, tenant, name))
     }
@@ -2353,45 +2399,23 @@ impl Store for SqliteStore {
         })
     }
 
-    fn messages(
-        &self,
-        tenant: &TenantId,
-        agent: &AgentName,
-        session: &SessionName,
-    ) -> Result<Vec<Message>> {
+    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
         self.read(|conn| {
-            collect(
-                conn,
-                Q_MESSAGES,
-                (tenant.as_str(), agent.as_str(), session.as_str()),
-                message_from,
-            )
+            if !agent_exists(conn, tenant, name)? {
+                return Err(not_found(tenant, name));
+            }
+            let own = conn
+                .prepare_cached(Q_OWN_USAGE)?
+                .query_row((tenant.as_str(), name.as_str()), usage_row)?;
+            let subtree = conn
+                .prepare_cached(Q_SUBTREE_USAGE)?
+                .query_row((tenant.as_str(), name.as_str(), MAX_WALK_DEPTH), usage_row)?;
+            Ok(Spend { own, subtree })
         })
     }
+}
 
-    fn events(
-        &self,
-        tenant: &TenantId,
-        after: i64,
-        agent: Option<&AgentName>,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        self.read(|conn| match agent {
-            None => collect(
-                conn,
-                Q_EVENTS,
-                (tenant.as_str(), after, i64::from(limit)),
-                event_from,
-            ),
-            Some(a) => collect(
-                conn,
-                Q_EVENTS_OF_AGENT,
-                (tenant.as_str(), after, i64::from(limit), a.as_str()),
-                event_from,
-            ),
-        })
-    }
-
+impl Recovery for SqliteStore {
     fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>> {
         self.read(|conn| {
             let mut out = Vec::new();
@@ -2431,22 +2455,9 @@ impl Store for SqliteStore {
             })
         })
     }
+}
 
-    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
-        self.read(|conn| {
-            if !agent_exists(conn, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            let own = conn
-                .prepare_cached(Q_OWN_USAGE)?
-                .query_row((tenant.as_str(), name.as_str()), usage_row)?;
-            let subtree = conn
-                .prepare_cached(Q_SUBTREE_USAGE)?
-                .query_row((tenant.as_str(), name.as_str(), MAX_WALK_DEPTH), usage_row)?;
-            Ok(Spend { own, subtree })
-        })
-    }
-
+impl Sweeps for SqliteStore {
     fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence> {
         self.write(|tx| {
             tx.prepare_cached(U_LEASE)?

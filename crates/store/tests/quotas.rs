@@ -20,7 +20,8 @@ use std::sync::{Barrier, Mutex};
 use brood_core::{
     CancelReason, Code, QuotaConfig, Quotas, Status, TenantId, TenantQuotas, Terminal,
 };
-use brood_store::{Agent, SqliteStore, Store, StoreError};
+use brood_store::prelude::*;
+use brood_store::{Agent, SqliteStore, StoreError};
 use conformance::{end, name, new_agent, now, refusal, snapshot, spawn_events, start, tenant};
 
 const USER: Terminal = Terminal::Cancelled(CancelReason::User);

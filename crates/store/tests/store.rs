@@ -14,7 +14,8 @@ use brood_store_conformance as conformance;
 use std::path::{Path, PathBuf};
 
 use brood_core::{AgentName, Code, Status, TenantId, Terminal};
-use brood_store::{Options, SqliteStore, Store, StoreError};
+use brood_store::prelude::*;
+use brood_store::{Options, SqliteStore, StoreError};
 use conformance::{admit, end, name, new_agent, now, running, spawn_events, start, tenant};
 use rusqlite::types::ValueRef;
 

@@ -1,0 +1,316 @@
+//! The store's contract, by concern: what the supervisor codes against and
+//! every backend implements (SQLite here; PostgreSQL next), and what
+//! `brood-store-conformance` checks. Every mutating method runs in one
+//! transaction and either does all of what it says or nothing; events it
+//! names are appended in the same transaction, so the event log never
+//! disagrees with the records.
+
+use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
+
+use crate::types::*;
+
+/// Admission of new agents with their quotas, and the tenants' quota overrides and the cycle check it needs (SPEC 5, 9).
+pub trait Admission {
+    /// Admission of a new agent (a root when `parent` is `None`): in one
+    /// `BEGIN IMMEDIATE` transaction, refuse with `NameTaken` if the name exists in
+    /// the tenant, with `ParentMismatch` if the parent is missing, not live, or
+    /// stopping; else insert the agent (`queued`), its first run, the parent-child
+    /// edge, the parent's channel (`pending`, with the handoff) and the events
+    /// `agent.spawn` (in the child's log) and `agent.child.spawn` (in the parent's).
+    fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent>;
+
+    /// Admission with quotas (SPEC 9): exactly [`Store::admit`], plus the quota
+    /// checks inside the same `BEGIN IMMEDIATE` transaction, after `admit`'s own
+    /// refusals and before anything is written, so concurrent admissions (threads,
+    /// or supervisors sharing the file) are counted one after another and the
+    /// limits hold exactly. `quotas` are the tenant's effective limits
+    /// (`QuotaConfig::effective`); `max_concurrent` is not checked here (a
+    /// creation past it waits `queued` for a slot, it is not refused).
+    ///
+    /// The order of the refusals, each with the code given and a message naming
+    /// the limit and the count it met:
+    /// 1. `admit`'s own, in its order: `BadRequest` (spec not a JSON object),
+    ///    `ParentMismatch` (parent), `NameTaken`, `ParentMismatch` (customer);
+    /// 2. `QuotaDepth`: the parent's depth + 1 > `max_depth`;
+    /// 3. `QuotaFanout`: the parent already has `max_fanout` or more unfinished
+    ///    (queued, running, blocked, stopping) children;
+    /// 4. `QuotaTreeSize`: the tree already holds `max_tree_size` or more agents,
+    ///    counting every agent ever created under its root, finished or not, and
+    ///    the root itself;
+    /// 5. `CreateLimit`: the parent's recorded policy has `create_limit` n and
+    ///    its current run has already created n children (every child created
+    ///    since the run's record was made, whichever supervisor admitted it);
+    /// 6. `BudgetExceeded`: the child's `cost_limit` is more than its parent's
+    ///    budget left.
+    ///
+    /// A root skips depth and fanout; its tree would hold 1 agent, so it is
+    /// refused only when `max_tree_size` is 0. The counts read indexes only, no
+    /// table rows: the partial index of unfinished agents on (tenant, parent,
+    /// status), and the (tenant, root) index.
+    fn admit_with_quotas(
+        &self,
+        new: &NewAgent,
+        quotas: &Quotas,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// The tenant's quota overrides; every field `None` when it has none (also
+    /// for a tenant the store has never seen). Values are as they were set, not
+    /// clamped: clamping to the platform's ceilings is `QuotaConfig::effective`.
+    fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas>;
+
+    /// Sets one quota override of the tenant, durably (replacing an earlier value
+    /// of the same key). `key` is one of `Quotas::KEYS`; any other is refused with
+    /// `BadRequest` naming it, and nothing is written. The tenant need not have
+    /// agents yet.
+    fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()>;
+
+    /// The cycle check of SPEC 9 for resume and customer: true when `candidate`
+    /// is `agent` itself or one of its ancestors (the walk up the parents, through
+    /// the primary key, guarded in depth). An unknown `agent` is `NotFound` (a
+    /// misspelt name must not read as "no cycle"); an unknown `candidate` is
+    /// simply not an ancestor. A parent chain that loops (corruption) is
+    /// `Corrupt`.
+    fn is_ancestor_or_self(
+        &self,
+        tenant: &TenantId,
+        candidate: &AgentName,
+        agent: &AgentName,
+    ) -> Result<bool>;
+}
+
+/// A run's life: start, status changes, the intent of a stop, its end (alone or a whole stop's in post-order), usage, and resume.
+pub trait Runs {
+    /// The process started: `queued` → `running`, the run gets its pid and cgroup.
+    /// Refused with `StoreError::Transition` when the agent is no longer queued
+    /// (cancelled meanwhile): the caller must then kill what it started.
+    // Kept flat so the supervisor's calls read like the SPEC's verbs; an
+    // argument struct (like `RunEnd`) would be the next step if more are added.
+    #[allow(clippy::too_many_arguments)]
+    fn start_run(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        pid: i32,
+        cgroup: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Any other status change, checked by `Status::transition`; `detail` replaces
+    /// the agent's detail text. When `to` ends the run, use `end_run` instead.
+    fn set_status(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        to: Status,
+        detail: Option<&str>,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Records the intent to stop a whole subtree in one transaction: every named
+    /// agent that is live or queued moves to `Stopping(outcome)` (queued ones go
+    /// straight to `Ended(outcome)`); finished ones are left alone. Returns the
+    /// agents as they are after the change, in the order given.
+    fn mark_stopping(
+        &self,
+        tenant: &TenantId,
+        names: &[AgentName],
+        outcome: Terminal,
+        now_ms: i64,
+    ) -> Result<Vec<Agent>>;
+
+    /// The run ended: the agent moves to `Ended(end.outcome)` (from running,
+    /// blocked, queued, or from `Stopping` with the same outcome — a stopping agent
+    /// keeps the outcome recorded with the intent, whatever `end` says), the run
+    /// records exit code, result, end time; the parent's channel takes the result.
+    fn end_run(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        end: &RunEnd,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+
+    /// Many ends in one transaction (the records of a stop, written in the order
+    /// given: post-order). An item with `end: None` only appends its events (its
+    /// run had already ended, e.g. a queued agent ended by `mark_stopping`).
+    /// All or nothing.
+    fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>>;
+
+    /// Cumulative usage of a run (SPEC 7 `usage`): replaces the run's counters.
+    fn record_usage(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        tokens_in: u64,
+        tokens_out: u64,
+        cost_usd: f64,
+    ) -> Result<()>;
+
+    /// Resume: a finished (ended or closed) agent gets a new run on the same
+    /// session and goes back to `queued`. Refused with `Conflict` otherwise.
+    fn resume(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        supervisor: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+}
+
+/// What is said and what happens: a session's messages and the event log.
+pub trait Transcripts {
+    /// Appends a whole message to the agent's session transcript; returns it with
+    /// its position.
+    // Kept flat so the supervisor's calls read like the SPEC's verbs; an
+    // argument struct (like `RunEnd`) would be the next step if more are added.
+    #[allow(clippy::too_many_arguments)]
+    fn append_message(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        session: &SessionName,
+        run: &RunId,
+        role: &str,
+        content: &str,
+        now_ms: i64,
+    ) -> Result<Message>;
+
+    /// Appends events outside any other change; returns them with their sequence.
+    fn append_events(
+        &self,
+        tenant: &TenantId,
+        events: &[NewEvent],
+        now_ms: i64,
+    ) -> Result<Vec<Event>>;
+
+    fn messages(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        session: &SessionName,
+    ) -> Result<Vec<Message>>;
+
+    /// Events with `seq > after`, optionally of one agent, at most `limit`.
+    fn events(
+        &self,
+        tenant: &TenantId,
+        after: i64,
+        agent: Option<&AgentName>,
+        limit: u32,
+    ) -> Result<Vec<Event>>;
+}
+
+/// Reads of the records: agents, runs, the tree, channels and spend.
+pub trait Records {
+    fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>>;
+
+    fn run(&self, tenant: &TenantId, run: &RunId) -> Result<Option<Run>>;
+
+    fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>>;
+
+    /// All agents of the tenant (`all`), or only unfinished ones; by creation order.
+    fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>>;
+
+    /// Direct children, in creation order (indexed; no scan).
+    fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>>;
+
+    /// Every descendant, deepest first (post-order: each agent after all of its own
+    /// descendants), found with an indexed recursive query and guarded against
+    /// cycles, so it is the parent-death plan.
+    fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>>;
+
+    fn channel(
+        &self,
+        tenant: &TenantId,
+        parent: &AgentName,
+        child: &AgentName,
+    ) -> Result<Option<Channel>>;
+
+    /// An agent's spend, own and subtree (indexed walk over its edges). An
+    /// unknown agent is `NotFound`.
+    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend>;
+}
+
+/// What a supervisor's start needs: its unfinished and stopping agents, the dead incarnations' agents ended, the tenants.
+pub trait Recovery {
+    /// Agents not finished whose hosting supervisor is one of `supervisors`.
+    fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>>;
+
+    /// The agents hosted by `supervisor` whose stop is recorded (`stopping`):
+    /// [`Store::unfinished_of`] narrowed, read by every supervisor each tick.
+    fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>>;
+
+    /// Start-up recovery (SPEC 6 "Supervisor death"): every unfinished agent hosted
+    /// by one of the `dead` supervisors ends in one transaction: a `Stopping(t)`
+    /// agent ends with `t` (its recorded intent is carried out), every other one
+    /// with `Cancelled(RuntimeRestart)`; each gets an `agent.stop` event. Returns
+    /// the agents as they are afterwards.
+    fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
+
+    /// Distinct supervisor ids that host unfinished agents.
+    fn supervisors_with_unfinished(&self) -> Result<Vec<String>>;
+
+    fn tenants(&self) -> Result<Vec<TenantId>>;
+}
+
+/// The sweepers (SPEC 9): the fenced lease, the overdue and orphaned agents, and the fenced writes that stop and end them.
+pub trait Sweeps {
+    /// Takes the lease `name` for `holder` (the caller holds the operating-system
+    /// lock that makes it exclusive) and returns the new epoch: one more than any
+    /// epoch the lease had before, so an earlier holder's fence no longer matches.
+    fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence>;
+
+    /// Who holds the lease `name` now, if anyone ever took it.
+    fn lease(&self, name: &str) -> Result<Option<Fence>>;
+
+    /// The timeouts sweeper's read (every tenant): unfinished, not yet stopping
+    /// agents whose current run's deadline is at or before `now_ms`, at most
+    /// `limit`, most overdue first.
+    fn overdue(&self, now_ms: i64, limit: u32) -> Result<Vec<Agent>>;
+
+    /// The orphans sweeper's read (every tenant): unfinished, not yet stopping
+    /// agents whose parent is finished or missing, at most `limit`.
+    fn orphans(&self, limit: u32) -> Result<Vec<Agent>>;
+
+    /// A sweeper's stop: [`Store::mark_stopping`] of `names`, plus `events`,
+    /// refused with `Conflict` (and nothing written) unless `fence` still holds.
+    fn sweep_stop(
+        &self,
+        fence: &Fence,
+        tenant: &TenantId,
+        names: &[AgentName],
+        outcome: Terminal,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Vec<Agent>>;
+
+    /// A sweeper's end of a run whose process is gone: the agent ends with
+    /// `end` (its current run) whatever its live status, plus `events`; refused
+    /// with `Conflict` unless `fence` still holds. Its unfinished descendants are
+    /// the caller's next `sweep_stop`.
+    fn sweep_end(
+        &self,
+        fence: &Fence,
+        tenant: &TenantId,
+        name: &AgentName,
+        end: &RunEnd,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
+}
+
+/// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either
+/// does all of what it says or nothing; events it names are appended in the same
+/// transaction, so the event log never disagrees with the records.
+pub trait Store:
+    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Send + Sync
+{
+}
+
+impl<T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Send + Sync> Store for T {}

@@ -1,0 +1,275 @@
+//! The SQL: the column lists (macros, so queries are assembled at compile
+//! time), every statement the store runs, and the hot queries whose plans
+//! `SqliteStore::query_plans` reports.
+
+// The columns of an agent row, in the order `agent_at` reads them. A macro and not
+// a const so the queries can be assembled with `concat!` at compile time; the
+// prefix qualifies the columns where a join makes `name` ambiguous.
+macro_rules! agent_cols {
+    ($p:literal) => {
+        concat!(
+            $p,
+            "tenant, ",
+            $p,
+            "name, ",
+            $p,
+            "parent, ",
+            $p,
+            "customer, ",
+            $p,
+            "root, ",
+            $p,
+            "depth, ",
+            $p,
+            "session, ",
+            $p,
+            "protocol, ",
+            $p,
+            "spec, ",
+            $p,
+            "status, ",
+            $p,
+            "detail, ",
+            $p,
+            "run, ",
+            $p,
+            "supervisor, ",
+            $p,
+            "created_ms, ",
+            $p,
+            "updated_ms"
+        )
+    };
+}
+
+// "Not finished": exactly the WHERE of the partial indexes (migration 5), which
+// SQLite uses only when a query repeats the expression. No IN list: SQLite builds
+// a temporary b-tree for an IN of more than two constants on every run.
+macro_rules! unfinished {
+    () => {
+        unfinished!("")
+    };
+    ($p:literal) => {
+        concat!(
+            "(",
+            $p,
+            "status = 'queued' OR ",
+            $p,
+            "status = 'running' OR ",
+            $p,
+            "status = 'blocked' OR ",
+            $p,
+            "status LIKE 'stopping/%')"
+        )
+    };
+}
+
+// The columns of a run row, in the order `run_from` reads them.
+macro_rules! run_cols {
+    () => {
+        "id, tenant, agent, seq, pid, cgroup, outcome, exit_code, result, \
+         tokens_in, tokens_out, cost_usd, started_ms, ended_ms, created_ms"
+    };
+}
+
+pub(super) const Q_AGENT: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND name = ?2"
+);
+pub(super) const Q_AGENT_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
+pub(super) const Q_CHILDREN: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name"
+);
+pub(super) const Q_AGENTS_ALL: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name"
+);
+pub(super) const Q_AGENTS_UNFINISHED: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND ",
+    unfinished!(),
+    " ORDER BY created_ms, name"
+);
+pub(super) const Q_UNFINISHED_OF: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?1 AND ",
+    unfinished!(),
+    " ORDER BY tenant, created_ms, name"
+);
+// The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
+// agents whose stop is recorded: what a supervisor carries out each tick.
+pub(super) const Q_STOPPING_OF: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?1 AND ",
+    unfinished!(),
+    " AND status LIKE 'stopping/%' ORDER BY tenant, created_ms, name"
+);
+pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+    "SELECT DISTINCT supervisor FROM agents WHERE ",
+    unfinished!(),
+    " ORDER BY supervisor"
+);
+
+// The parent-death plan. `walk` follows the edges' primary key (tenant, parent,
+// child) one level at a time, carrying the level. It is a UNION, so a row already
+// produced is not produced again, and the level guard stops it: a corrupt cycle
+// keeps producing rows with ever higher levels until the guard, which is how it
+// shows (a real tree never comes near it; the caller refuses the plan).
+// `plan` keeps each agent once, at the deepest level it was reached. Ordering by
+// that level, deepest first, is a post-order: an edge p -> c puts c at least one
+// level below p, so every agent comes after all of its own descendants (even an
+// agent that corruption gave two parents). Within a level, newest first, like
+// unwinding a stack.
+// `CROSS JOIN` fixes the join order (SQLite's documented way): without it, and
+// without table statistics, the planner may put `edges` outside and read every
+// edge of the tenant at each step of the walk.
+pub(super) const Q_DESCENDANTS: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT child, 1 FROM edges WHERE tenant = ?1 AND parent = ?2",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name, level) AS (SELECT name, MAX(level) FROM walk GROUP BY name)",
+    " SELECT plan.name, plan.level, ",
+    agent_cols!("agents."),
+    " FROM plan LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = plan.name",
+    " ORDER BY plan.level DESC, agents.created_ms DESC, plan.name DESC"
+);
+
+// The fanout quota's count: a parent's unfinished children. The WHERE repeats
+// `unfinished!` so the partial index of 0002_quotas.sql applies, and the index is
+// named because without table statistics the planner may prefer
+// `agents_by_parent`, which reaches every child ever created.
+pub(super) const Q_FANOUT: &str = concat!(
+    "SELECT COUNT(*) FROM agents INDEXED BY agents_unfinished_by_parent",
+    " WHERE tenant = ?1 AND parent = ?2 AND ",
+    unfinished!()
+);
+// The tree-size quota's count: every agent ever created under a root, the root
+// included; read from the (tenant, root) index alone.
+pub(super) const Q_TREE_SIZE: &str = "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND root = ?2";
+// The cycle check: walk up from ?3 through the parents (the primary key at each
+// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
+// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
+// highest level reached (the guard: a parent chain that loops climbs to it).
+// `CROSS JOIN` keeps the walk's queue outside, as in `Q_DESCENDANTS`.
+pub(super) const Q_ANCESTOR_OR_SELF: &str = concat!(
+    "WITH RECURSIVE up(name, parent, level) AS (",
+    " SELECT name, parent, 0 FROM agents WHERE tenant = ?1 AND name = ?3",
+    " UNION ALL",
+    " SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents",
+    "  WHERE agents.tenant = ?1 AND agents.name = up.parent",
+    "   AND up.name <> ?2 AND up.level < ?4",
+    ")",
+    " SELECT COUNT(*), COALESCE(MAX(name = ?2), 0), COALESCE(MAX(level), 0) FROM up"
+);
+// A tenant's overrides: at most one row per key, found by the primary key. Not in
+// `PLANNED`: its search is on `tenant` alone by design (the key is the rest of the
+// primary key), which the plan test would take for reading all of a tenant's rows.
+pub(super) const Q_TENANT_QUOTAS: &str = "SELECT key, value FROM tenant_quotas WHERE tenant = ?1";
+
+pub(super) const Q_RUN: &str = concat!(
+    "SELECT ",
+    run_cols!(),
+    " FROM runs WHERE id = ?2 AND tenant = ?1"
+);
+pub(super) const Q_RUNS: &str = concat!(
+    "SELECT ",
+    run_cols!(),
+    " FROM runs WHERE tenant = ?1 AND agent = ?2 ORDER BY seq"
+);
+pub(super) const Q_LAST_RUN_SEQ: &str =
+    "SELECT COALESCE(MAX(seq), 0) FROM runs WHERE tenant = ?1 AND agent = ?2";
+pub(super) const Q_RUN_OF_AGENT: &str =
+    "SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?3 AND tenant = ?1 AND agent = ?2)";
+pub(super) const Q_CHANNEL: &str = "SELECT channels.tenant, channels.parent, channels.parent_session, \
+     channels.child, channels.child_session, channels.handoff, channels.result, agents.status, \
+     channels.refs, channels.artifacts \
+     FROM channels JOIN agents ON agents.tenant = channels.tenant AND agents.name = channels.child \
+     WHERE channels.tenant = ?1 AND channels.parent = ?2 AND channels.child = ?3";
+pub(super) const Q_MESSAGES: &str = "SELECT tenant, agent, session, seq, run, role, content, ts_ms \
+     FROM messages WHERE tenant = ?1 AND agent = ?2 AND session = ?3 ORDER BY seq";
+pub(super) const Q_LAST_MESSAGE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM messages \
+     WHERE tenant = ?1 AND agent = ?2 AND session = ?3";
+pub(super) const Q_EVENTS: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
+     FROM events WHERE tenant = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
+// Without statistics the planner prefers the primary key's (tenant, seq) range,
+// which reads every event of the tenant to find one agent's; the index is named.
+pub(super) const Q_EVENTS_OF_AGENT: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
+     FROM events INDEXED BY events_by_agent WHERE tenant = ?1 AND agent = ?4 AND seq > ?2 ORDER BY seq LIMIT ?3";
+pub(super) const Q_NEXT_SEQ: &str = "SELECT next_seq FROM tenants WHERE id = ?1";
+pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id";
+
+pub(super) const I_TENANT: &str =
+    "INSERT INTO tenants (id, next_seq, created_ms) VALUES (?1, 1, ?2) ON CONFLICT (id) DO NOTHING";
+pub(super) const I_AGENT: &str = concat!(
+    "INSERT INTO agents (",
+    agent_cols!(""),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?11, ?12, ?13, ?13)"
+);
+pub(super) const I_RUN: &str =
+    "INSERT INTO runs (id, tenant, agent, seq, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
+pub(super) const I_EDGE: &str =
+    "INSERT INTO edges (tenant, parent, child, created_ms) VALUES (?1, ?2, ?3, ?4)";
+pub(super) const I_CHANNEL: &str = "INSERT INTO channels \
+     (tenant, parent, parent_session, child, child_session, handoff, result) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)";
+pub(super) const I_EVENT: &str = "INSERT INTO events (tenant, seq, ts_ms, agent, run, session, kind, payload) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+pub(super) const I_MESSAGE: &str = "INSERT INTO messages (tenant, agent, session, seq, run, role, content, ts_ms) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+pub(super) const U_NEXT_SEQ: &str = "UPDATE tenants SET next_seq = ?2 WHERE id = ?1";
+pub(super) const U_STATUS: &str =
+    "UPDATE agents SET status = ?3, updated_ms = ?4 WHERE tenant = ?1 AND name = ?2";
+pub(super) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
+     WHERE tenant = ?1 AND name = ?2";
+// The deadline is the start plus the `timeout_s` of the effective policy recorded
+// in the agent's spec at admission (NULL, no deadline, when it has none).
+pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
+     deadline_ms = ?5 + 1000 * CAST(json_extract((SELECT spec FROM agents \
+       WHERE agents.tenant = ?1 AND agents.name = runs.agent), '$.policy.timeout_s') AS INTEGER) \
+     WHERE id = ?2 AND tenant = ?1";
+pub(super) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
+     WHERE id = ?2 AND tenant = ?1";
+pub(super) const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
+     WHERE id = ?2 AND tenant = ?1";
+pub(super) const U_CHANNEL_RESULT: &str = "UPDATE channels SET result = ?4, refs = ?5, artifacts = ?6 \
+     WHERE tenant = ?1 AND parent = ?2 AND child = ?3";
+pub(super) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key, value) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value";
+pub(super) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
+     updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
+
+/// The hot queries whose plans [`SqliteStore::query_plans`] reports.
+pub(super) const PLANNED: &[(&str, &str)] = &[
+    ("agent", Q_AGENT),
+    ("agent_exists", Q_AGENT_EXISTS),
+    ("children", Q_CHILDREN),
+    ("descendants", Q_DESCENDANTS),
+    ("fanout", Q_FANOUT),
+    ("tree_size", Q_TREE_SIZE),
+    ("ancestor_or_self", Q_ANCESTOR_OR_SELF),
+    ("agents_all", Q_AGENTS_ALL),
+    ("agents_unfinished", Q_AGENTS_UNFINISHED),
+    ("unfinished_of", Q_UNFINISHED_OF),
+    ("stopping_of", Q_STOPPING_OF),
+    ("supervisors_with_unfinished", Q_SUPERVISORS_WITH_UNFINISHED),
+    ("run", Q_RUN),
+    ("runs", Q_RUNS),
+    ("last_run_seq", Q_LAST_RUN_SEQ),
+    ("channel", Q_CHANNEL),
+    ("messages", Q_MESSAGES),
+    ("last_message_seq", Q_LAST_MESSAGE_SEQ),
+    ("events", Q_EVENTS),
+    ("events_of_agent", Q_EVENTS_OF_AGENT),
+    ("next_seq", Q_NEXT_SEQ),
+];

@@ -1,0 +1,196 @@
+//! The shared steps of the transactions: loading and checking agents, events
+//! appended with their sequence numbers, a run's end written.
+
+use super::*;
+
+// ---- shared steps of the transactions -------------------------------------------
+
+pub(super) fn load_agent(
+    conn: &Connection,
+    tenant: &TenantId,
+    name: &AgentName,
+) -> Tx<Option<Agent>> {
+    let mut stmt = conn.prepare_cached(Q_AGENT)?;
+    let mut rows = stmt.query((tenant.as_str(), name.as_str()))?;
+    match rows.next()? {
+        Some(row) => Ok(Some(agent_at(row, 0)?)),
+        None => Ok(None),
+    }
+}
+
+pub(super) fn must_agent(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<Agent> {
+    load_agent(conn, tenant, name)?.ok_or_else(|| not_found(tenant, name))
+}
+
+pub(super) fn agent_exists(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<bool> {
+    Ok(conn
+        .prepare_cached(Q_AGENT_EXISTS)?
+        .query_row((tenant.as_str(), name.as_str()), |r| r.get(0))?)
+}
+
+/// Checks a move with the one transition function, naming the agent on refusal.
+pub(super) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
+    agent.status.transition(to).map_err(|source| {
+        Fail::Store(StoreError::Transition {
+            name: agent.name.to_string(),
+            source,
+        })
+    })
+}
+
+/// Refuses a call that names a run other than the agent's newest one: that run is
+/// over, and acting on it would overwrite the newer run's record.
+pub(super) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
+    if agent.run == *run {
+        Ok(())
+    } else {
+        Err(refused(
+            Code::Conflict,
+            format!(
+                "run {run} is not the current run of agent {} (the current one is {})",
+                agent.name, agent.run
+            ),
+        ))
+    }
+}
+
+/// Text stored as JSON must be one JSON object; an event payload is also a line of
+/// `events.jsonl`, so it must not contain a newline either.
+pub(super) fn check_json_object(
+    what: impl FnOnce() -> String,
+    text: &str,
+    one_line: bool,
+) -> Tx<()> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v.is_object() && !(one_line && text.contains('\n')) => Ok(()),
+        Ok(_) if one_line => Err(refused(
+            Code::BadRequest,
+            format!("{} must be a one-line JSON object", what()),
+        )),
+        Ok(_) => Err(refused(
+            Code::BadRequest,
+            format!("{} must be a JSON object", what()),
+        )),
+        Err(e) => Err(refused(
+            Code::BadRequest,
+            format!("{} is not JSON: {e}", what()),
+        )),
+    }
+}
+
+pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
+    for e in events {
+        check_json_object(
+            || format!("payload of event {} of agent {}", e.kind, e.agent),
+            &e.payload,
+            true,
+        )?;
+    }
+    Ok(())
+}
+
+/// Appends `events` to the tenant's log with the next sequence numbers. Runs inside
+/// the caller's transaction, so the numbers and the change they describe commit
+/// together, and `BEGIN IMMEDIATE` keeps two writers from taking the same numbers.
+pub(super) fn append_events_tx(
+    tx: &Transaction<'_>,
+    tenant: &TenantId,
+    events: &[NewEvent],
+    now_ms: i64,
+) -> Tx<Vec<Event>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    check_events(events)?;
+    for e in events {
+        // The foreign key would refuse it too, with a message that names nothing.
+        if !agent_exists(tx, tenant, &e.agent)? {
+            return Err(not_found(tenant, &e.agent));
+        }
+    }
+    let next: i64 = tx
+        .prepare_cached(Q_NEXT_SEQ)?
+        .query_row([tenant.as_str()], |r| r.get(0))?;
+    let mut insert = tx.prepare_cached(I_EVENT)?;
+    let mut out = Vec::with_capacity(events.len());
+    for (seq, e) in (next..).zip(events) {
+        insert.execute((
+            tenant.as_str(),
+            seq,
+            now_ms,
+            e.agent.as_str(),
+            e.run.as_ref().map(RunId::as_str),
+            e.session.as_str(),
+            e.kind.as_str(),
+            e.payload.as_str(),
+        ))?;
+        out.push(Event {
+            tenant: tenant.clone(),
+            seq,
+            ts_ms: now_ms,
+            agent: e.agent.clone(),
+            run: e.run.clone(),
+            session: e.session.clone(),
+            kind: e.kind.clone(),
+            payload: e.payload.clone(),
+        });
+    }
+    let after = next + i64::try_from(events.len()).unwrap_or(i64::MAX);
+    tx.prepare_cached(U_NEXT_SEQ)?
+        .execute((tenant.as_str(), after))?;
+    Ok(out)
+}
+
+/// Ends the agent's current run with `outcome`: the agent's status and detail, and
+/// the run's outcome, exit code, result and end time. The caller has checked the
+/// move.
+pub(super) fn write_end(
+    tx: &Transaction<'_>,
+    agent: &Agent,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<&str>,
+    detail: Option<&str>,
+    now_ms: i64,
+) -> Tx<()> {
+    let t = agent.tenant.as_str();
+    tx.prepare_cached(U_STATUS_DETAIL)?.execute((
+        t,
+        agent.name.as_str(),
+        Status::Ended(outcome).encode(),
+        detail,
+        now_ms,
+    ))?;
+    tx.prepare_cached(U_RUN_ENDED)?.execute((
+        t,
+        agent.run.as_str(),
+        outcome.encode(),
+        exit_code,
+        result,
+        now_ms,
+    ))?;
+    Ok(())
+}
+
+/// The `agent.stop` event line of SPEC 6 step 5, with the reason when there is one.
+pub(super) fn stop_event(agent: &Agent, outcome: Terminal) -> NewEvent {
+    let mut payload = serde_json::Map::new();
+    payload.insert("type".into(), "agent.stop".into());
+    payload.insert("agent".into(), agent.name.as_str().into());
+    payload.insert("status".into(), outcome.word().into());
+    if let Some(reason) = outcome.reason() {
+        payload.insert("reason".into(), reason.into());
+    }
+    NewEvent {
+        agent: agent.name.clone(),
+        run: Some(agent.run.clone()),
+        session: agent.session.clone(),
+        kind: "agent.stop".to_owned(),
+        payload: serde_json::Value::Object(payload).to_string(),
+    }
+}
+
+pub(super) fn to_sql_count(n: u64) -> i64 {
+    // No run reaches 2^63 tokens; saturating keeps the call infallible.
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,515 @@
+//! Admission (SPEC 5, 9): who may create what under whom. The request is read,
+//! the child's effective policy derived from its parent's and checked (attenuation),
+//! brood's machinery refused, the customer checked, and the store's admission
+//! transaction counts the quotas; a refusal leaves an event in the would-be
+//! parent's log and a count in `/metrics`.
+
+use super::*;
+
+impl Dispatcher {
+    /// The quotas that apply to this supervisor's tenant now.
+    pub(super) fn tenant_quotas(&self) -> Result<brood_core::quota::Quotas, ApiError> {
+        let own = self.store.tenant_quotas(&self.tenant).map_err(internal)?;
+        Ok(self.cfg.quotas.effective(Some(&own)))
+    }
+
+    /// A parent live on another supervisor sharing the store (SPEC 15: an agent
+    /// runs on one supervisor, its children may run on another): it must be
+    /// running or blocked, and its host alive. Anything else is the same
+    /// `ParentMismatch` a parent with no live process here gets.
+    pub(super) fn remote_parent(&self, p: &AgentName) -> Result<Agent, ApiError> {
+        let a = self.store.agent(&self.tenant, p).map_err(internal)?;
+        match a {
+            Some(a)
+                if matches!(a.status, Status::Running | Status::Blocked)
+                    && a.supervisor != self.me
+                    && supervisor_alive(&a.supervisor) =>
+            {
+                Ok(a)
+            }
+            _ => Err(ApiError::new(
+                Code::ParentMismatch,
+                format!("parent {p} has no live process here or on another live supervisor"),
+            )),
+        }
+    }
+
+    /// A remote parent's effective policy, budget left, creates used and
+    /// deadline, read from the store (what its host keeps in memory).
+    pub(super) fn remote_parent_view(
+        &self,
+        pa: &Agent,
+    ) -> Result<(Policy, Option<f64>, u32, Option<u64>), ApiError> {
+        let spec: Value = serde_json::from_str(&pa.spec).unwrap_or(Value::Null);
+        let policy = stored_policy(&spec, &self.operator_policy())?;
+        let children = self
+            .store
+            .children(&self.tenant, &pa.name)
+            .map_err(internal)?;
+        let run = self.store.run(&self.tenant, &pa.run).map_err(internal)?;
+        let creates_used = children
+            .iter()
+            .filter(|c| run.as_ref().is_some_and(|r| c.created_ms >= r.created_ms))
+            .count() as u32;
+        let budget = match policy.cost_limit {
+            None => None,
+            Some(limit) => {
+                let spent = self.store.spend(&self.tenant, &pa.name).map_err(internal)?;
+                let mut held = 0.0;
+                for c in children.iter().filter(|c| !c.status.is_finished()) {
+                    let cspec: Value = serde_json::from_str(&c.spec).unwrap_or(Value::Null);
+                    if let Some(cl) = cspec["policy"]["cost_limit"].as_f64() {
+                        let cs = self.store.spend(&self.tenant, &c.name).map_err(internal)?;
+                        held += (cl - cs.subtree.cost_usd).max(0.0);
+                    }
+                }
+                Some((limit - spent.subtree.cost_usd - held).max(0.0))
+            }
+        };
+        let deadline = match (policy.timeout_s, run.and_then(|r| r.started_ms)) {
+            (Some(t), Some(started)) => Some((started.max(0) / 1000) as u64 + t),
+            _ => None,
+        };
+        Ok((policy, budget, creates_used, deadline))
+    }
+
+    /// What is left of a live agent's budget for a new child (SPEC 9): its limit,
+    /// less what its subtree has spent, less what its live children with limits
+    /// of their own have reserved and not yet spent. A child's unspent reservation
+    /// returns when it ends, simply because it is no longer live here; what it did
+    /// spend stays in `subtree_usd`. `None` when the agent has no limit.
+    pub(super) fn budget_remaining(&self, name: &AgentName, l: &Live) -> Option<f64> {
+        let limit = l.policy.cost_limit?;
+        let held: f64 = self
+            .live
+            .values()
+            .filter(|c| c.parent.as_ref() == Some(name))
+            .filter_map(|c| c.policy.cost_limit.map(|cl| (cl - c.subtree_usd).max(0.0)))
+            .sum();
+        Some((limit - l.subtree_usd - held).max(0.0))
+    }
+
+    /// What a root holds (SPEC 5 defaults): everything the operator holds.
+    pub(super) fn operator_policy(&self) -> Policy {
+        Policy::operator(self.uid, self.gid, self.groups.clone())
+    }
+
+    /// The effective policy of a new agent, or the refusal naming the first check
+    /// it fails (SPEC 5's order). A root is checked against the operator, a child
+    /// against its parent's effective policy and live state.
+    pub(super) fn child_policy(
+        &self,
+        parent: Option<&AgentName>,
+        remote: Option<&Agent>,
+        req: &SpawnRequest,
+    ) -> Result<Policy, ApiError> {
+        let mut preq = match &req.policy {
+            Some(v) => brood_proto::policy::from_value(v)
+                .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?,
+            None => PolicyRequest::default(),
+        };
+        // The spawn request's `env` is the policy's `env` given inline.
+        if !req.env.is_empty() {
+            let mut env = preq.env.take().unwrap_or_default();
+            env.extend(req.env.iter().cloned());
+            preq.env = Some(env);
+        }
+        let now = now_unix_s();
+        if let Some(pa) = remote {
+            // A parent hosted by another supervisor: its effective policy and live
+            // state come from the store, where that supervisor recorded them.
+            let (policy, budget_remaining, creates_used, deadline) = self.remote_parent_view(pa)?;
+            let view = ParentView {
+                policy: &policy,
+                budget_remaining,
+                creates_used,
+                deadline_unix_s: deadline,
+                now_unix_s: now,
+            };
+            let child = brood_core::attenuation::derive(&view, &preq);
+            brood_core::attenuation::check(&view, &child)
+                .map_err(|r| ApiError::new(r.code, r.message))?;
+            return Ok(child);
+        }
+        match parent.and_then(|p| self.live.get(p).map(|l| (p, l))) {
+            Some((p, l)) => {
+                let view = ParentView {
+                    policy: &l.policy,
+                    budget_remaining: self.budget_remaining(p, l),
+                    creates_used: l.creates_used,
+                    deadline_unix_s: l.deadline_unix_s,
+                    now_unix_s: now,
+                };
+                let child = brood_core::attenuation::derive(&view, &preq);
+                brood_core::attenuation::check(&view, &child)
+                    .map_err(|r| ApiError::new(r.code, r.message))?;
+                Ok(child)
+            }
+            None => {
+                // The operator is the source of a root's environment, mount table,
+                // tool tiers and rules: whatever it gives a root, it holds.
+                let mut op = self.operator_policy();
+                if let Some(env) = &preq.env {
+                    op.env = env.clone();
+                }
+                if let Some(m) = &preq.mounts {
+                    op.mounts = m.clone();
+                }
+                if let Some(p) = &preq.path {
+                    op.path = p.clone();
+                }
+                if let Some(r) = &preq.rules {
+                    op.rules = r.clone();
+                }
+                let view = ParentView {
+                    policy: &op,
+                    budget_remaining: None,
+                    creates_used: 0,
+                    deadline_unix_s: None,
+                    now_unix_s: now,
+                };
+                let root = brood_core::policy::effective(&op, &preq);
+                brood_core::attenuation::check(&view, &root)
+                    .map_err(|r| ApiError::new(r.code, r.message))?;
+                Ok(root)
+            }
+        }
+    }
+
+    pub(super) fn on_spawn(&mut self, caller: Caller, req: SpawnRequest, reply: Reply) {
+        let parent = match &caller {
+            Caller::Agent(me) => Some(me.clone()),
+            Caller::User { .. } => req.parent.clone(),
+        };
+        let requested = req.name.as_ref().map(|n| n.to_string());
+        let admitted = self
+            .tool_granted(&caller, "create")
+            .and_then(|()| self.admit(&caller, req));
+        match admitted {
+            Ok(Some((name, await_ready))) => match self.live.get_mut(&name) {
+                // Waiting for a slot: say so now rather than hold the caller.
+                Some(l) if l.pending.is_some() => {
+                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
+                }
+                Some(l) => l.spawn_reply = Some((reply, await_ready)),
+                None => {}
+            },
+            Ok(None) => {}
+            Err(e) => {
+                self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
+                self.respond(reply, Err(e));
+            }
+        }
+    }
+
+    /// A refused creation leaves nothing behind but this: an event in the would-be
+    /// parent's `events.jsonl` (SPEC 5), when that parent exists.
+    pub(super) fn note_refusal(
+        &self,
+        parent: Option<&AgentName>,
+        requested: Option<&str>,
+        e: &ApiError,
+    ) {
+        let quota = match e.code {
+            Code::QuotaDepth => Some("max_depth"),
+            Code::QuotaFanout => Some("max_fanout"),
+            Code::QuotaTreeSize => Some("max_tree_size"),
+            Code::CreateLimit => Some("create_limit"),
+            Code::BudgetExceeded => Some("budget"),
+            _ => None,
+        };
+        if let Some(q) = quota {
+            self.metrics.quota_denial(q);
+        }
+        self.metrics.refusal(e.code);
+        let Some(p) = parent else {
+            tracing::info!(code = %e.code, message = %e.message, "root creation refused");
+            return;
+        };
+        let Ok(Some(pa)) = self.store.agent(&self.tenant, p) else {
+            return;
+        };
+        self.append_events(&[ev(
+            p,
+            Some(&pa.run),
+            &pa.session,
+            AgentEvent::ChildRefused {
+                parent: p.clone(),
+                child: requested.map(str::to_owned),
+                code: e.code,
+                message: e.message.clone(),
+            },
+        )]);
+    }
+
+    /// Admission (SPEC 5/9 order, the parts this version has): name, parent, then
+    /// the store's transaction; then the group and the launch.
+    pub(super) fn admit(
+        &mut self,
+        caller: &Caller,
+        req: SpawnRequest,
+    ) -> Result<Option<(AgentName, bool)>, ApiError> {
+        let parent = match (caller, &req.parent) {
+            (Caller::Agent(me), None) => Some(me.clone()),
+            (Caller::Agent(me), Some(p)) if p == me => Some(me.clone()),
+            (Caller::Agent(me), Some(p)) => {
+                return Err(ApiError::new(
+                    Code::ParentMismatch,
+                    format!(
+                        "agent {me} asked to create a child of {p}; an agent creates only its own children"
+                    ),
+                ));
+            }
+            (Caller::User { .. }, p) => p.clone(),
+        };
+        let name = match req.name.clone() {
+            Some(n) => n,
+            None => AgentName::generate("agent", rand_u32()),
+        };
+        let mut remote: Option<Agent> = None;
+        let parent_live = match &parent {
+            Some(p) if !self.live.contains_key(p) => {
+                let a = self.remote_parent(p)?;
+                let session = a.session.clone();
+                remote = Some(a);
+                Some((None, session))
+            }
+            Some(p) => {
+                let l = self.live.get(p).ok_or_else(|| {
+                    ApiError::new(
+                        Code::ParentMismatch,
+                        format!("parent {p} has no live process here"),
+                    )
+                })?;
+                if l.stopping.is_some() {
+                    return Err(ApiError::new(
+                        Code::ParentMismatch,
+                        format!("parent {p} is stopping; it can admit no new child"),
+                    ));
+                }
+                Some((l.group.clone(), l.session.clone()))
+            }
+            None => None,
+        };
+        // SPEC 5's order: name, parent (above), lifecycle, then the policy checks.
+        if req.life == Life::Detached {
+            return Err(ApiError::new(
+                Code::UnsupportedLifecycle,
+                "life \"detached\" needs a tenant grant; none grants it here",
+            ));
+        }
+        let policy = self.child_policy(parent.as_ref(), remote.as_ref(), &req)?;
+        // Brood's own machinery is never granted, whoever asks (issue 11).
+        if let Some(v) = &self.veil {
+            v.check(&policy)
+                .map_err(|m| ApiError::new(Code::ReservedPath, m))?;
+        }
+        if let Some(r) = &req.root {
+            if req.iso != Iso::Ns {
+                return Err(ApiError::new(Code::BadRequest, "root is only for iso = ns"));
+            }
+            // The new `/` must be something the agent may read at all.
+            let p = brood_core::policy::AbsPath::new("root", r)
+                .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?;
+            if policy.mode_at(&p) == brood_core::policy::Mode::Hidden {
+                return Err(ApiError::new(
+                    Code::FileExpansion,
+                    format!("root {r} is hidden by the agent's policy"),
+                ));
+            }
+        }
+        if let Some(c) = &req.customer {
+            self.check_customer(&name, c)?;
+        }
+        let run = new_run_id();
+        // The parent's session and run at creation, and who asked: recorded so
+        // the `parent` and `owner` files can always be rebuilt from the store.
+        let (parent_session, parent_run) = match (&parent, &remote) {
+            (Some(_), Some(pa)) => (Some(pa.session.to_string()), Some(pa.run.to_string())),
+            (Some(p), None) => (
+                self.live.get(p).map(|l| l.session.to_string()),
+                self.live.get(p).map(|l| l.run.to_string()),
+            ),
+            (None, _) => (None, None),
+        };
+        let owner = match caller {
+            Caller::Agent(me) => format!("agent:{me}"),
+            Caller::User { uid } => format!("user:{uid}"),
+        };
+        let spec = json!({
+            "argv": req.argv,
+            "task": req.task,
+            "cwd": req.cwd,
+            "owner": owner,
+            "label": req.label,
+            "parent_session": parent_session,
+            "parent_run": parent_run,
+            "life": req.life.as_str(),
+            "iso": req.iso.as_str(),
+            "root": req.root,
+            // Recorded with the agent, so `brood show` tells a weaker sandbox.
+            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+            "policy": brood_proto::policy::to_json(&policy),
+        });
+        let now = now_ms();
+        let mut events = vec![ev(
+            &name,
+            Some(&run),
+            &req.session,
+            AgentEvent::Spawn {
+                agent: name.clone(),
+                parent: parent.clone(),
+                run: run.clone(),
+            },
+        )];
+        if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
+            events.push(ev(
+                p,
+                None,
+                psess,
+                AgentEvent::ChildSpawn {
+                    parent: p.clone(),
+                    child: name.clone(),
+                },
+            ));
+        }
+        // Quotas are checked inside the store's admission transaction, so they hold
+        // under any concurrency (SPEC 9); the tenant's overrides are read each time.
+        let quotas = self.tenant_quotas()?;
+        self.max_concurrent = quotas.max_concurrent;
+        let agent = self
+            .store
+            .admit_with_quotas(
+                &NewAgent {
+                    tenant: self.tenant.clone(),
+                    name: name.clone(),
+                    parent: parent.clone(),
+                    customer: req.customer.clone(),
+                    session: req.session.clone(),
+                    protocol: req.protocol,
+                    spec: spec.to_string(),
+                    handoff: req.task.clone(),
+                    supervisor: self.me.clone(),
+                    run: run.clone(),
+                    now_ms: now,
+                },
+                &quotas,
+                &events,
+            )
+            .map_err(internal)?;
+        self.project_events(&events);
+        // The session and the parent's channel exist from admission on.
+        let sdir = self.paths.session_dir(&name, &req.session);
+        self.projection.mkdirs(sdir.join("context"));
+        self.projection
+            .write(sdir.join("created_at"), format!("{now}\n"));
+        self.projection
+            .append(sdir.join("messages.jsonl"), Vec::new());
+        self.projection
+            .append(sdir.join("events.jsonl"), Vec::new());
+        // Empty until the agent sends a message of its own.
+        self.projection.append(sdir.join("latest.md"), Vec::new());
+        self.projection.write(
+            sdir.join("cwd"),
+            format!("{}\n", req.cwd.as_deref().unwrap_or("")),
+        );
+        self.projection
+            .write(sdir.join("meta.json"), crate::objects::session_meta(&agent));
+        let adir = self.paths.agent_dir(&name);
+        for (file, text) in crate::objects::control_files(&agent, &policy, &spec) {
+            self.projection.write(adir.join(file), text);
+        }
+        self.project_shim(&name);
+        self.projection.append(adir.join("log"), Vec::new());
+        self.projection.write(
+            adir.join("meta.json"),
+            crate::objects::agent_meta(&agent, None),
+        );
+        if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
+            let cdir = self.paths.channel_dir(p, psess, &name);
+            self.projection
+                .write(cdir.join("agent"), format!("{name}\n"));
+            self.projection
+                .write(cdir.join("session"), format!("{}\n", req.session));
+            self.projection
+                .write(cdir.join("handoff.md"), req.task.clone());
+            self.projection
+                .artifact_dir(cdir.join("artifact"), policy.uid);
+        }
+        project_agent(&self.projection, &self.paths, &agent, None);
+        self.project_channel(&agent, None);
+
+        let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
+        if let Some(pl) = parent.as_ref().and_then(|p| self.live.get_mut(p)) {
+            pl.creates_used += 1;
+        }
+        let parent_pair = parent.clone().zip(parent_live.map(|(_, s)| s));
+        let mut live = Live::new(
+            run.clone(),
+            req.session.clone(),
+            parent_pair,
+            req.protocol,
+            policy,
+            None,
+        );
+        live.iso_ns = req.iso == Iso::Ns;
+        live.ns_root = req.root.as_ref().map(PathBuf::from);
+        live.pending = Some(Pending {
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            group_parent,
+        });
+        self.live.insert(name.clone(), live);
+        self.waiting.push(name.clone());
+        self.pump_queue();
+        Ok(Some((name, req.await_ready)))
+    }
+
+    /// SPEC 9 cycles, for a customer: the new agent `name` naming `customer` must
+    /// not close a loop of "who receives whose result". Walks the customer chain
+    /// from `customer` (each agent's customer, or its parent when it has none);
+    /// meeting `name` again, or any agent twice, is a `Cycle`. A customer that
+    /// does not exist is left to the store's admission, which refuses it.
+    pub(super) fn check_customer(
+        &self,
+        name: &AgentName,
+        customer: &AgentName,
+    ) -> Result<(), ApiError> {
+        let mut chain = vec![customer.clone()];
+        let mut cur = Some(customer.clone());
+        while let Some(c) = cur {
+            if &c == name {
+                let path: Vec<&str> = chain.iter().map(AgentName::as_str).collect();
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    format!(
+                        "agent {name} cannot receive its own result: customer chain {name} -> {}",
+                        path.join(" -> ")
+                    ),
+                ));
+            }
+            let Some(a) = self.store.agent(&self.tenant, &c).map_err(internal)? else {
+                return Ok(());
+            };
+            cur = a.customer.or(a.parent);
+            if let Some(n) = &cur {
+                if chain.contains(n) {
+                    let path: Vec<&str> = chain.iter().map(AgentName::as_str).collect();
+                    return Err(ApiError::new(
+                        Code::Cycle,
+                        format!("customer chain loops: {} -> {n}", path.join(" -> ")),
+                    ));
+                }
+                chain.push(n.clone());
+            }
+            if chain.len() > 10_000 {
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    "customer chain longer than 10000",
+                ));
+            }
+        }
+        Ok(())
+    }
+}

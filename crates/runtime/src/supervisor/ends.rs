@@ -1,0 +1,168 @@
+//! A run's end recorded (when no stop covers it) and what follows any end: the
+//! projection, the parent's context pack (SPEC 4), a pending spawn reply, the
+//! waiters, and the stop of descendants left behind.
+
+use super::*;
+
+impl Dispatcher {
+    /// A run is over and no stop covers it: record the outcome, tell the parent and
+    /// the waiters, then clean up its group (and stop its descendants, if any).
+    pub(super) fn finish(
+        &mut self,
+        name: &AgentName,
+        outcome: Terminal,
+        exit_code: Option<i32>,
+        result: Option<String>,
+        detail: Option<String>,
+        harvest: Option<crate::channel::Harvest>,
+    ) {
+        let Some(l) = self.live.get(name) else { return };
+        let run = l.run.clone();
+        let session = l.session.clone();
+        let mut events = vec![ev(
+            name,
+            Some(&run),
+            &session,
+            AgentEvent::Stop {
+                agent: name.clone(),
+                outcome,
+                swept: None,
+            },
+        )];
+        if let (Some(p), Some(ps)) = (&l.parent, &l.parent_session) {
+            events.push(ev(
+                p,
+                None,
+                ps,
+                AgentEvent::ChildStop {
+                    parent: p.clone(),
+                    child: name.clone(),
+                    outcome,
+                },
+            ));
+        }
+        let end = RunEnd {
+            outcome,
+            exit_code,
+            result: result.clone(),
+            detail,
+            now_ms: now_ms(),
+            output: harvest.as_ref().map(|h| h.output.clone()),
+        };
+        let agent = match self.store.end_run(&self.tenant, name, &run, &end, &events) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(agent = %name, error = %e, "recording the end of a run failed");
+                return;
+            }
+        };
+        self.project_events(&events);
+        self.after_end(&agent, result.as_deref(), harvest.as_ref());
+        let group = self.live.get_mut(name).and_then(|l| l.group.take());
+        self.forget(name);
+        // Owned children die with their parent (SPEC 6), or at least its leftovers do.
+        let unfinished = self
+            .store
+            .descendants_post_order(&self.tenant, name)
+            .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
+            .unwrap_or(false);
+        if unfinished {
+            self.stop_descendants(name, group);
+        } else {
+            self.remove_group(group);
+        }
+    }
+
+    /// Projection, parent notification, waiters: what follows any recorded end.
+    pub(super) fn after_end(
+        &mut self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
+        self.project_end(agent, result, h);
+        self.notify_end(agent, result, h);
+    }
+
+    pub(super) fn project_end(
+        &self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
+        project_agent(&self.projection, &self.paths, agent, None);
+        self.project_channel(agent, result);
+        if let (Some(h), Some(dir)) = (h, self.channel_dir_of(agent)) {
+            self.projection
+                .write(dir.join("refs.jsonl"), h.output.refs.clone());
+        }
+        if crate::objects::object_removed(agent) {
+            self.projection
+                .remove_dir(self.paths.agent_dir(&agent.name));
+            self.projection.remove_dir(self.paths.shim(&agent.name));
+        }
+    }
+
+    /// Tells the parent, a pending spawn reply and the waiters. Called only after
+    /// the projection writes of the change are queued, so whoever is told and then
+    /// flushes sees the files.
+    pub(super) fn notify_end(
+        &mut self,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
+        if let Status::Ended(t) = agent.status {
+            let took = self.live.get(&agent.name).map(|l| l.admitted.elapsed());
+            self.metrics.invocation(t.word(), took);
+        }
+        // The parent hears of its child's end, and so does the customer when it
+        // is someone else (SPEC 7 `child`; SPEC 9: the customer takes the result).
+        let told = agent.parent.iter().chain(
+            agent
+                .customer
+                .iter()
+                .filter(|c| Some(*c) != agent.parent.as_ref()),
+        );
+        for p in told {
+            // The context pack (SPEC 4): the result, the refs' summaries and the
+            // artifacts they name; never the child's transcript.
+            let pack = crate::channel::pack(result, h);
+            let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result, "refs": pack["refs"], "artifacts": pack["artifacts"]});
+            self.to_agent(
+                p,
+                &ToAgent::Child {
+                    child: agent.name.to_string(),
+                    event,
+                },
+            );
+        }
+        if let Some(l) = self.live.get_mut(&agent.name)
+            && let Some((reply, _)) = l.spawn_reply.take()
+        {
+            self.respond(reply, Ok(agent_json(&self.store, agent)));
+        }
+        let done = self
+            .waiters
+            .done_with(&agent.name, |n| self.finished_in_store(n));
+        self.answer_waiters(done);
+    }
+
+    pub(super) fn finished_in_store(&self, n: &AgentName) -> bool {
+        self.store
+            .agent(&self.tenant, n)
+            .ok()
+            .flatten()
+            .is_some_and(|a| a.status.is_finished())
+    }
+
+    /// Answers the waiters `ids` with the agents as they are now.
+    pub(super) fn answer_waiters(&mut self, ids: Vec<u64>) {
+        for id in ids {
+            if let Some(w) = self.waiters.take(id) {
+                let r = self.wait_result(&w.names, false);
+                self.respond(w.reply, r);
+            }
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The handle every surface holds: starting a supervisor (the store, the
+//! cgroups, the keeper, the veil, recovery of a dead incarnation, the
+//! dispatcher's task) and the verbs as async calls that send a `Cmd` and await
+//! its answer.
+
+use super::*;
+
+impl Supervisor {
+    /// Opens the store, cleans up after a dead predecessor, and starts the
+    /// dispatcher on the current tokio runtime.
+    pub fn start(cfg: Config) -> Result<Supervisor, StartError> {
+        let uid = unsafe_geteuid();
+        let paths = Paths::new(cfg.root.clone(), uid).with_db(cfg.store.clone());
+        for d in [paths.root.clone(), paths.ctx(), paths.root.join("ns")] {
+            std::fs::create_dir_all(&d).map_err(|source| StartError::Dir { path: d, source })?;
+        }
+        // `ctx/` itself belongs to the tree's owner like everything in it, so
+        // an agent (uid 0 without capabilities) can neither add an entry
+        // beside `agent/` and `home/` nor rename them.
+        if let Some(owner) = crate::projection::ctx_owner() {
+            let ctx = paths.ctx();
+            std::os::unix::fs::lchown(&ctx, Some(owner), Some(owner))
+                .map_err(|source| StartError::Dir { path: ctx, source })?;
+        }
+        let store: Arc<dyn Store> = Arc::new(brood_store::SqliteStore::open(&paths.db())?);
+        let tenant = TenantId::for_uid(uid);
+        let me = supervisor_id(std::process::id() as i32)
+            .unwrap_or_else(|| format!("s{}-0", std::process::id()));
+        let projection = Projection::start().map_err(StartError::Projection)?;
+        let slots = crate::slots::open(cfg.slots.as_deref())?;
+
+        // Cgroups: detect, reap what an earlier incarnation left, open ours.
+        let instance = crate::paths::instance_key(&paths.root);
+        let (cgroups, cgroup_desc, kill_desc) =
+            match brood_launch::cgroup::detect(std::path::Path::new("/")).and_then(|det| {
+                if !cfg.cgroups {
+                    return Err(brood_launch::cgroup::CgroupError::NoCgroupFs(
+                        "disabled by configuration".into(),
+                    ));
+                }
+                match Cgroups::reap_leftovers(&det, &instance) {
+                    Ok(l) => tracing::info!(?l, "reaped leftover cgroups"),
+                    Err(e) => tracing::warn!(error = %e, "reaping leftover cgroups failed"),
+                }
+                Cgroups::open(&det, &instance)
+            }) {
+                Ok(c) => {
+                    let d = format!("{:?} at {}", c.layout(), c.base().display());
+                    let k = c.kill_mechanism().to_owned();
+                    (Some(Arc::new(c)), d, k)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no cgroups: falling back to process groups");
+                    (
+                        None,
+                        format!("unavailable ({e}); process groups plus a subreaper"),
+                        "killpg (a setsid'd process can escape)".to_owned(),
+                    )
+                }
+            };
+
+        // Agents of supervisors that are gone: their processes died with them (or
+        // were just reaped with their cgroups); record that truthfully.
+        let dead: Vec<String> = store
+            .supervisors_with_unfinished()?
+            .into_iter()
+            .filter(|s| !supervisor_alive(s))
+            .collect();
+        if !dead.is_empty() {
+            let recovered = store.recover(&dead, now_ms())?;
+            for a in &recovered {
+                project_agent(&projection, &paths, a, None);
+            }
+            tracing::info!(
+                count = recovered.len(),
+                "recovered agents of dead supervisors"
+            );
+        }
+
+        // The ctx tree is a projection of the store: rebuild it whole, so whatever
+        // happened to the files while no supervisor ran (a crash mid-write, a
+        // deleted tree, the records recovery just wrote) is made true again.
+        let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
+        match crate::rebuild::rebuild(
+            store.as_ref(),
+            &tenant,
+            &paths,
+            &operator,
+            cfg.bin_dir.as_deref(),
+        ) {
+            Ok(r) => tracing::info!(agents = r.agents, files = r.files, "ctx tree rebuilt"),
+            Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
+        }
+        let spawner = Spawner::start(cfg.pid_namespace)?;
+        // Brood's machinery out of every agent's reach (issue 11): a root
+        // supervisor covers it in the mount namespace every agent joins. One that is
+        // not root cannot mount; `brood doctor` says so.
+        let veil = if uid == 0 {
+            // The lock exists before any agent could make it first.
+            let lock = paths.sweeper_lock();
+            if let Err(e) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&lock)
+            {
+                tracing::warn!(path = %lock.display(), error = %e, "creating the sweeper lock");
+            }
+            match crate::veil::Veil::new(&paths) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::error!(error = %e, "no veil: brood's machinery is not hidden from agents");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let info = HostInfo {
+            cgroup: cgroup_desc,
+            kill: kill_desc,
+            containment: spawner.containment().describe(),
+            supervisor_id: me.clone(),
+        };
+        // What every agent's meta.json says about its containment (SPEC 6: a
+        // weaker containment is marked on each agent).
+        let weaker = cgroups.is_none()
+            || !matches!(
+                spawner.containment(),
+                brood_launch::Containment::PidNamespace { .. }
+            );
+        let meta = json!({
+            "containment": {
+                "cgroup": info.cgroup,
+                "kill": info.kill,
+                "supervisor_death": info.containment,
+                "weaker": weaker,
+            },
+            "supervisor": me,
+        });
+        let cfg_quotas = cfg.quotas;
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let disp_me = me.clone();
+        let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
+        let disp = Dispatcher {
+            cfg,
+            tx: tx.clone(),
+            store: store.clone(),
+            tenant: tenant.clone(),
+            paths: paths.clone(),
+            projection: projection.clone(),
+            cgroups,
+            spawner,
+            base,
+            me,
+            meta,
+            info: info.clone(),
+            uid,
+            brood_exe: std::env::current_exe().ok(),
+            gid: unsafe_getegid(),
+            groups: supplementary_groups(),
+            live: HashMap::new(),
+            waiting: queue::Queue::default(),
+            max_concurrent: cfg_quotas
+                .effective(store.tenant_quotas(&tenant).ok().as_ref())
+                .max_concurrent,
+            waiters: Waiters::default(),
+            stops: HashMap::new(),
+            next_id: 1,
+            sweep: sweep::SweepState::default(),
+            sockets: sockets::Sockets::default(),
+            metrics: metrics.clone(),
+            slots,
+            netns_pool: None,
+            veil,
+            veil_ns: None,
+        };
+        if let Some(every) = disp.cfg.sweep_every {
+            sweep::start_clock(tx.clone(), every);
+        }
+        tokio::spawn(disp.run(rx));
+        Ok(Supervisor {
+            tx,
+            store,
+            tenant,
+            paths,
+            info,
+            projection,
+            metrics,
+            me: disp_me,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+    pub fn paths(&self) -> &Paths {
+        &self.paths
+    }
+    pub fn host_info(&self) -> &HostInfo {
+        &self.info
+    }
+
+    /// Resolves once every ctx file written so far is visible.
+    pub async fn flush(&self) {
+        self.projection.flush().await;
+    }
+
+    pub(super) async fn call(&self, mk: impl FnOnce(Reply) -> Cmd) -> ApiResult {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(mk(Reply::Api(tx)))
+            .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?;
+        rx.await
+            .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?
+    }
+
+    pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
+        self.call(|r| Cmd::Spawn(caller, Box::new(req), r)).await
+    }
+    pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
+        self.call(|r| Cmd::Send(caller, name, text, r)).await
+    }
+    /// Resolves when every named agent's run is over (records final), or at the
+    /// timeout. The ctx files catch up asynchronously: call [`Supervisor::flush`]
+    /// before reading them (the wire verbs do).
+    pub async fn wait(
+        &self,
+        caller: Caller,
+        names: Vec<AgentName>,
+        timeout: Option<Duration>,
+    ) -> ApiResult {
+        self.call(|r| Cmd::Wait(caller, names, timeout, r)).await
+    }
+    pub async fn cancel(&self, caller: Caller, name: AgentName) -> ApiResult {
+        self.call(|r| Cmd::Cancel(caller, name, r)).await
+    }
+    pub async fn close(&self, caller: Caller, name: AgentName) -> ApiResult {
+        self.call(|r| Cmd::Close(caller, name, r)).await
+    }
+    pub async fn resume(&self, caller: Caller, name: AgentName, text: Option<String>) -> ApiResult {
+        self.call(|r| Cmd::Resume(caller, name, text, r)).await
+    }
+
+    /// Notes a creation refused while its request was read (see `note_refusal`).
+    pub(crate) fn refused(
+        &self,
+        parent: Option<AgentName>,
+        requested: Option<String>,
+        e: ApiError,
+    ) {
+        let _ = self.tx.send(Cmd::Refused(parent, requested, e));
+    }
+
+    /// Who is calling, from a peer's pid (peer credentials): the agent whose
+    /// cgroup (or, failing that, ancestry) holds that process, or a user
+    /// provably outside every tree; refused for a process inside a tree that
+    /// no live agent accounts for (`supervisor::identify`).
+    pub async fn identify(&self, pid: i32, uid: u32) -> Result<Caller, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let nobody = || {
+            ApiError::new(
+                Code::Forbidden,
+                format!(
+                    "the caller (pid {pid}) is inside an agent tree but belongs to no live agent"
+                ),
+            )
+        };
+        if self.tx.send(Cmd::Identify(pid, tx)).is_err() {
+            return Err(ApiError::new(
+                Code::Internal,
+                "the supervisor is shutting down",
+            ));
+        }
+        match rx.await {
+            Ok(Some(Caller::User { .. })) => Ok(Caller::User { uid }),
+            Ok(Some(a)) => Ok(a),
+            Ok(None) => Err(nobody()),
+            Err(_) => Err(ApiError::new(
+                Code::Internal,
+                "the supervisor is shutting down",
+            )),
+        }
+    }
+
+    /// Stops every live agent (cancelled, reason `user`) and waits until their
+    /// processes are gone and their groups removed.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+        self.flush().await;
+    }
+
+    /// The metrics as Prometheus text (`GET /metrics` on the control socket),
+    /// with the gauges counted from the store now.
+    pub fn metrics_text(&self) -> String {
+        let mut g = crate::metrics::Gauges::default();
+        if let Ok(mine) = self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+            for a in mine {
+                match a.status {
+                    Status::Queued => g.queued += 1,
+                    Status::Blocked => {
+                        g.blocked += 1;
+                        g.live += 1;
+                    }
+                    _ => g.live += 1,
+                }
+            }
+        }
+        self.metrics.render(g)
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Read-only views of the store (the same ones the CLI uses without a daemon).
+    pub fn view(&self) -> crate::view::View {
+        crate::view::View::new(self.store.clone(), self.tenant.clone())
+    }
+}

@@ -1,0 +1,565 @@
+//! Starting an admitted agent: a concurrency slot (or the queue), its cgroup and
+//! limits, its policy file, channel and handoff, its sandbox, namespaces and the
+//! veil, then the spawner; and what the launch's answer records (`agent.start`).
+
+use super::*;
+
+impl Dispatcher {
+    /// Agents holding a concurrency slot: those whose process was started.
+    pub(super) fn slots_used(&self) -> usize {
+        self.live.values().filter(|l| l.launching).count()
+    }
+
+    /// One slot from the counter, or `false` when the tenant's `max_concurrent`
+    /// are all held. A counter that fails (Redis gone) must not stop every
+    /// start, nor let the limit go: this supervisor's own count decides then.
+    pub(super) fn take_slot(&self) -> bool {
+        match self.slots.acquire(&self.tenant, self.max_concurrent) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
+                self.slots_used() < self.max_concurrent as usize
+            }
+        }
+    }
+
+    pub(super) fn give_slot(&self) {
+        if let Err(e) = self.slots.release(&self.tenant) {
+            tracing::warn!(error = %e, "releasing a slot failed; the reconciler repairs the count");
+        }
+    }
+
+    /// Starts queued agents, first in first out, while concurrency slots are free
+    /// (SPEC 9: a full tenant queues instead of failing). Called after every
+    /// command, so a slot freed anywhere is used at once.
+    pub(super) fn pump_queue(&mut self) {
+        // This runs after every command; asking for a slot is only worth it when
+        // someone is waiting for one.
+        while let Some(name) = self.waiting.front().cloned() {
+            let ready = self
+                .live
+                .get(&name)
+                .is_some_and(|l| l.pending.is_some() && !l.launching);
+            if !ready {
+                self.waiting.pop();
+                continue;
+            }
+            if !self.take_slot() {
+                return;
+            }
+            self.waiting.pop();
+            let Some(l) = self.live.get_mut(&name) else {
+                self.give_slot();
+                continue;
+            };
+            let Some(p) = l.pending.take() else {
+                self.give_slot();
+                continue;
+            };
+            l.launching = true;
+            let run = l.run.clone();
+            self.launch(&name, &run, &p.argv, p.cwd.as_deref(), p.group_parent);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        argv: &[String],
+        cwd: Option<&str>,
+        group_parent: Option<Group>,
+    ) {
+        // One group per run (`r<seq>.<name>`): a finished run's group may still be
+        // being emptied and removed in the background when a resume starts the
+        // next one, and the two must never share a directory. The `r<seq>.` prefix
+        // also keeps agent names like `memory.x` clear of the kernel's file names.
+        let seq = self
+            .store
+            .runs(&self.tenant, name)
+            .map(|r| r.len().max(1))
+            .unwrap_or(1);
+        let component = format!("r{seq}.{name}");
+        let (group, procs) = match &self.cgroups {
+            Some(cg) => {
+                let rel = match &group_parent {
+                    Some(g) => g.rel.child(&component),
+                    None => GroupPath::new(&[self.tenant.as_str(), &component]),
+                };
+                let made = rel.map_err(|e| e.to_string()).and_then(|rel| {
+                    if group_parent.is_none() {
+                        // The tenant's directory is shared by its roots; make it once.
+                        if let Ok(t) = GroupPath::new(&[self.tenant.as_str()]) {
+                            let _ = cg.create(&t);
+                        }
+                    }
+                    let g = cg.create(&rel).map_err(|e| e.to_string())?;
+                    let f = cg.procs_file(&g).map_err(|e| e.to_string())?;
+                    Ok((g, f))
+                });
+                match made {
+                    Ok((g, f)) => (Some(g), Some(f)),
+                    Err(e) => {
+                        let _ = self.tx.send(Cmd::Launched(
+                            name.clone(),
+                            run.clone(),
+                            Err(LaunchError::Spawn {
+                                program: argv.first().cloned().unwrap_or_default().into(),
+                                source: std::io::Error::other(format!("creating its cgroup: {e}")),
+                            }),
+                        ));
+                        return;
+                    }
+                }
+            }
+            None => (None, None),
+        };
+        let fail = |tx: &mpsc::UnboundedSender<Cmd>, what: String| {
+            let _ = tx.send(Cmd::Launched(
+                name.clone(),
+                run.clone(),
+                Err(LaunchError::Spawn {
+                    program: argv.first().cloned().unwrap_or_default().into(),
+                    source: std::io::Error::other(what),
+                }),
+            ));
+        };
+        let parent_limited = self
+            .live
+            .get(name)
+            .and_then(|l| l.parent.as_ref())
+            .and_then(|p| self.live.get(p))
+            .is_some_and(|p| p.limited);
+        let a = self.store.agent(&self.tenant, name).ok().flatten();
+        // A protocol agent's init goes into its stdin pipe before it starts, so
+        // it reads it at once instead of waiting for the start to be recorded.
+        let init = match (self.live.get(name), &a) {
+            (Some(l), Some(a)) if l.protocol == Protocol::Brood => {
+                Some(self.init_frame(run, a, l.instruction.clone()))
+            }
+            _ => None,
+        };
+        let l = self.live.get_mut(name);
+        let Some(l) = l else { return };
+        l.group = group.clone();
+        // Kernel enforcement of the policy (SPEC 5): limits on the group, and the
+        // sandbox the child applies before exec. A layer the policy needs but the
+        // host lacks stops the start, naming the layer (unless the operator allowed
+        // a weaker sandbox).
+        // Limits live in groups of their own on a hybrid host (the v1 mirrors); an
+        // agent joins them when it or an ancestor has a limit, so a parent's limit
+        // binds its whole subtree, and an unlimited tree pays nothing for them.
+        let limits = crate::enforce::limits(&l.policy);
+        l.limited = limits.memory_max.is_some()
+            || limits.pids_max.is_some()
+            || limits.cpu_weight.is_some()
+            || parent_limited;
+        // Without cgroups there is no layer to hold a limit (SPEC 5: a layer
+        // the policy needs but the host lacks stops the start, naming it).
+        let own_limits =
+            limits.memory_max.is_some() || limits.pids_max.is_some() || limits.cpu_weight.is_some();
+        let limits_missing = own_limits && self.cgroups.is_none();
+        if limits_missing && !self.cfg.allow_weaker_sandbox {
+            return fail(
+                &self.tx,
+                "resources: the policy sets memory_max, pids_max or cpu_weight, but this host \
+                 has no usable cgroups (the limits layer is missing); \
+                 --allow-weaker-sandbox starts it without them"
+                    .to_owned(),
+            );
+        }
+        let extra_procs = match (&self.cgroups, &group, l.limited) {
+            (Some(cg), Some(g), true) => match cg.set_limits(g, &limits) {
+                Ok(h) => h.procs_files,
+                Err(e) => return fail(&self.tx, format!("resources: {e}")),
+            },
+            _ => Vec::new(),
+        };
+        let policy_file = self.paths.policy_file(name);
+        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&l.policy));
+        if let Err(e) = crate::projection::write_atomic(
+            &policy_file,
+            policy_text.as_bytes(),
+            0,
+            crate::projection::ctx_owner(),
+        ) {
+            return fail(&self.tx, format!("writing its policy file: {e}"));
+        }
+        let program = crate::enforce::resolve(
+            argv.first().map(String::as_str).unwrap_or(""),
+            &self.base.path,
+        );
+        // The channel's artifact/ must exist before its landlock rule is made.
+        let artifacts = l.channel_dir(&self.paths, name).map(|d| d.join("artifact"));
+        if let Some(dir) = &artifacts
+            && let Err(e) = crate::projection::make_dir(dir, l.policy.uid)
+        {
+            return fail(&self.tx, format!("creating {}: {e}", dir.display()));
+        }
+        // The handoff is there before the child runs (SPEC 4: written when the
+        // channel is created; the projection thread may not have got to it
+        // yet). The same bytes as the projection's, so whichever lands last
+        // changes nothing; a resumed run finds it and leaves it.
+        if let (Some(dir), Some(a)) = (&artifacts, &a) {
+            let handoff = dir.with_file_name("handoff.md");
+            if std::fs::symlink_metadata(&handoff).is_err()
+                && let Err(e) = crate::projection::write_atomic(
+                    &handoff,
+                    task_of(a).as_bytes(),
+                    1,
+                    crate::projection::ctx_owner(),
+                )
+            {
+                return fail(&self.tx, format!("writing {}: {e}", handoff.display()));
+            }
+        }
+        let sandbox_spec = crate::enforce::sandbox(
+            &l.policy,
+            &crate::enforce::Context {
+                program: &program,
+                brood: self.brood_exe.as_deref(),
+                policy_file: &policy_file,
+                root: self.uid == 0,
+                allow_weaker: self.cfg.allow_weaker_sandbox,
+                objects: Some(&self.paths.ctx().join("agent")),
+                own_object: Some(&self.paths.agent_dir(name)),
+                artifacts: artifacts.as_deref(),
+            },
+        );
+        let sandbox = match brood_launch::sandbox::prepare(&sandbox_spec) {
+            Ok(p) => p,
+            Err(e) => return fail(&self.tx, format!("sandbox: {e}")),
+        };
+        l.sandbox = Some(sandbox.clone());
+        // iso = ns: a private mount namespace from the policy's mount table, in a
+        // root directory brood owns; the cwd is applied inside it.
+        let ns = if l.iso_ns {
+            // A named root must exist. Without one, the root is a scratch tmpfs
+            // the child mounts on `$BROOD_ROOT/ns` inside its own namespace
+            // (one directory for every agent: each sees only its own tmpfs).
+            let (ns_root, scratch) = match &l.ns_root {
+                Some(r) => (r.clone(), false),
+                None => {
+                    let r = self.paths.root.join("ns");
+                    if let Err(e) = std::fs::create_dir_all(&r) {
+                        return fail(&self.tx, format!("iso=ns: creating {}: {e}", r.display()));
+                    }
+                    (r, true)
+                }
+            };
+            let spec =
+                crate::enforce::namespace(&l.policy, ns_root, scratch, cwd, artifacts.as_deref());
+            // A pooled namespace when one is ready; the child makes its own
+            // otherwise (and says why if it cannot).
+            let netns = if spec.empty_network {
+                if self.netns_pool.is_none() {
+                    match brood_launch::ns::NetnsPool::start(NETNS_POOL_DEPTH) {
+                        Ok(p) => self.netns_pool = Some(p),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not start the network namespace pool")
+                        }
+                    }
+                }
+                self.netns_pool.as_ref().and_then(|p| p.take())
+            } else {
+                None
+            };
+            match brood_launch::ns::prepare_with(&spec, netns) {
+                Ok(p) => Some(p),
+                Err(e) => return fail(&self.tx, format!("iso=ns: {e}")),
+            }
+        } else {
+            None
+        };
+        // The veiled namespace every agent joins, made again only when what
+        // it hides changed (brood_launch::veil).
+        let veil = match &self.veil {
+            Some(v) => match v.prepare() {
+                Ok(p) => match &self.veil_ns {
+                    Some(made) if made.signature() == p.signature() => Some(made.clone()),
+                    _ => match brood_launch::veil::make_namespace(&p) {
+                        Ok(made) => {
+                            let made = Arc::new(made);
+                            self.veil_ns = Some(made.clone());
+                            Some(made)
+                        }
+                        Err(e) => return fail(&self.tx, format!("{e}")),
+                    },
+                },
+                Err(e) => return fail(&self.tx, format!("{e}")),
+            },
+            None => None,
+        };
+        let enforced = sandbox.enforced();
+        // Recorded with the run's `agent.start` event (meta.json is written from
+        // it once the start is recorded, so a rebuild writes the same file).
+        l.launch_meta = json!({
+            "containment": self.meta["containment"].clone(),
+            "sandbox": {
+            "landlock_abi": enforced.landlock_abi,
+            "files": enforced.fs,
+            "network": enforced.net,
+            "scoped": enforced.scoped,
+            "capabilities_dropped": enforced.caps_dropped,
+            "no_new_privs": enforced.no_new_privs,
+            "weaker": enforced.weaker,
+            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+            "veil": veil.as_ref().map(|v| v.describe()),
+            "limits_not_enforced": limits_missing,
+            },
+        });
+        // The run's clock starts now; its children must end before its deadline.
+        l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
+        let policy_env: Vec<(String, String)> = l
+            .policy
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let id = Identity {
+            agent: name.to_string(),
+            run: run.to_string(),
+            parent: l.parent.as_ref().map(|p| p.to_string()),
+            customer: a
+                .as_ref()
+                .and_then(|a| a.customer.as_ref().map(|c| c.to_string())),
+            session: l.session.to_string(),
+            tenant: self.tenant.to_string(),
+            socket: self.cfg.socket.to_string_lossy().into_owned(),
+            policy: self.paths.policy_file(name).to_string_lossy().into_owned(),
+            ctx_root: self.paths.ctx().to_string_lossy().into_owned(),
+            ctx_home: self.paths.home().to_string_lossy().into_owned(),
+            artifacts: artifacts.as_ref().map(|d| d.to_string_lossy().into_owned()),
+        };
+        let spec = LaunchSpec {
+            argv: argv.iter().map(Into::into).collect(),
+            env: brood_launch::env::build(&id, &self.base, &policy_env),
+            // Inside a private mount namespace the cwd is applied there instead.
+            cwd: if ns.is_some() {
+                None
+            } else {
+                cwd.map(PathBuf::from)
+            },
+            cgroup_procs: procs,
+            sandbox: Some(sandbox),
+            extra_procs,
+            ns,
+            veil,
+            stdin_prelude: init.clone().unwrap_or_default(),
+        };
+        l.init = init;
+        let tx = self.tx.clone();
+        let (n2, r2) = (name.clone(), run.clone());
+        if let Some(hook) = self.cfg.hooks.before_launch.clone() {
+            let n3 = name.clone();
+            let spawner = self.spawner.clone();
+            // Run the hook on its own thread so the dispatcher stays free meanwhile.
+            std::thread::spawn(move || {
+                hook(&n3);
+                spawner.launch(spec, move |r| {
+                    let _ = tx.send(Cmd::Launched(n2, r2, r));
+                });
+            });
+        } else {
+            self.spawner.launch(spec, move |r| {
+                let _ = tx.send(Cmd::Launched(n2, r2, r));
+            });
+        }
+    }
+
+    pub(super) fn on_launched(
+        &mut self,
+        name: AgentName,
+        run: RunId,
+        r: Result<Launched, LaunchError>,
+    ) {
+        let Some(l) = self.live.get_mut(&name) else {
+            // Nobody wants it any more: make sure nothing survives.
+            if let Ok(p) = r {
+                reap_orphan_launch(p, None, self.cgroups.clone());
+            }
+            return;
+        };
+        if l.run != run {
+            return;
+        }
+        let launched = match r {
+            Ok(p) => p,
+            Err(e) => {
+                let detail = e.to_string();
+                let group = l.group.take();
+                let cancelled = l.cancelled_before_start;
+                self.remove_group(group);
+                if cancelled {
+                    // Its record already says cancelled; nothing started.
+                    if let Some((reply, _)) =
+                        self.forget(&name).and_then(|mut l| l.spawn_reply.take())
+                    {
+                        let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                        self.respond(reply, r);
+                    }
+                    return;
+                }
+                self.finish(
+                    &name,
+                    Terminal::Failed(FailReason::ExitCode),
+                    None,
+                    None,
+                    Some(detail),
+                    None,
+                );
+                return;
+            }
+        };
+        let cgroup_path = l
+            .group
+            .as_ref()
+            .map(|g| g.dir.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let session = l.session.clone();
+        let mut start_payload = brood_proto::event::payload(&AgentEvent::Start {
+            agent: name.clone(),
+            run: run.clone(),
+            pid: launched.pid,
+        });
+        for k in ["containment", "sandbox"] {
+            if let Some(v) = l.launch_meta.get(k) {
+                start_payload[k] = v.clone();
+            }
+        }
+        let start_events = [ev_value(&name, Some(&run), &session, start_payload.clone())];
+        let start = self.store.start_run(
+            &self.tenant,
+            &name,
+            &run,
+            launched.pid,
+            &cgroup_path,
+            now_ms(),
+            &start_events,
+        );
+        let agent = match start {
+            Ok(a) => a,
+            Err(e) => {
+                // Cancelled between admission and start: the record already says so;
+                // kill what just started, leaving no orphan and no group.
+                tracing::info!(agent = %name, error = %e, "start refused; killing the new process");
+                let (group, reply) = match self.forget(&name) {
+                    Some(mut l) => (l.group.take(), l.spawn_reply.take()),
+                    None => (None, None),
+                };
+                reap_orphan_launch(launched, group, self.cgroups.clone());
+                if let Some((reply, _)) = reply {
+                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
+                }
+                return;
+            }
+        };
+        let pid = launched.pid;
+        let written = launched.stdin_written;
+        let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let (protocol, instruction) = match self.live.get_mut(&name) {
+            Some(l) => {
+                l.pid = Some(pid);
+                l.stdin = Some(stdin_tx.clone());
+                (l.protocol, l.instruction.clone())
+            }
+            None => return,
+        };
+        io::start(
+            name.clone(),
+            run.clone(),
+            protocol,
+            launched,
+            stdin_rx,
+            self.tx.clone(),
+        );
+        self.project_events(&start_events);
+        self.projection.write(
+            self.paths.agent_dir(&name).join("meta.json"),
+            crate::objects::agent_meta(&agent, Some(&start_payload)),
+        );
+        project_agent(&self.projection, &self.paths, &agent, Some(pid));
+        self.project_channel(&agent, None);
+        // First words to the agent: what of its init the launch could not put in
+        // the pipe before it started (protocol), or the handoff on stdin (exec).
+        match protocol {
+            Protocol::Brood => {
+                let rest = self
+                    .live
+                    .get_mut(&name)
+                    .and_then(|l| l.init.take())
+                    .map(|init| init.get(written..).unwrap_or_default().to_vec())
+                    .unwrap_or_default();
+                if !rest.is_empty() {
+                    let _ = stdin_tx.send(rest);
+                }
+            }
+            Protocol::Exec => {
+                let handoff = instruction.unwrap_or_else(|| task_of(&agent));
+                let _ = stdin_tx.send(handoff.into_bytes());
+                if let Some(l) = self.live.get_mut(&name) {
+                    // Dropping the only sender closes the agent's stdin after the handoff.
+                    l.stdin = None;
+                }
+            }
+        }
+        if let Some(l) = self.live.get_mut(&name)
+            && let Some((reply, await_ready)) = l.spawn_reply.take()
+        {
+            if await_ready && protocol == Protocol::Brood {
+                l.spawn_reply = Some((reply, true));
+            } else {
+                self.respond(reply, Ok(agent_json(&self.store, &agent)));
+            }
+        }
+    }
+
+    /// The `init` frame that starts run `run` of protocol agent `agent`: its
+    /// instruction (the resume's, else its task), history and channel.
+    pub(super) fn init_frame(
+        &self,
+        run: &RunId,
+        agent: &Agent,
+        instruction: Option<String>,
+    ) -> Vec<u8> {
+        let history = self
+            .store
+            .messages(&self.tenant, &agent.name, &agent.session)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| HistoryMessage {
+                role: m.role,
+                content: m.content,
+            })
+            .collect();
+        let init = ToAgent::Init {
+            config: InitConfig {
+                id: run.to_string(),
+                name: agent.name.to_string(),
+                run: run.to_string(),
+                parent_session_id: agent.parent.as_ref().map(|p| p.to_string()),
+                session_id: agent.session.to_string(),
+                instruction: instruction.unwrap_or_else(|| task_of(agent)),
+                customer: agent
+                    .customer
+                    .as_ref()
+                    .or(agent.parent.as_ref())
+                    .map(|c| c.to_string()),
+                handoff: brood_proto::Handoff {
+                    dir: self
+                        .channel_dir_of(agent)
+                        .map(|d| d.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    refs: Vec::new(),
+                    output: None,
+                },
+                history,
+                ..InitConfig::default()
+            },
+            agent_config: Value::Object(Default::default()),
+        };
+        brood_proto::encode(&init)
+    }
+}

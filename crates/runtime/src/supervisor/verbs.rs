@@ -1,0 +1,295 @@
+//! The verbs on live agents (SPEC 4, 11): send, wait, cancel, close, resume,
+//! each authorised against the caller first.
+
+use super::*;
+
+impl Dispatcher {
+    pub(super) fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
+        self.tool_granted(caller, "send")?;
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        let Some(l) = self.live.get(name) else {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} is {}; it takes no input (resume it instead)",
+                    a.status.api_word()
+                ),
+            ));
+        };
+        if l.protocol != Protocol::Brood || l.stopping.is_some() || l.stdin.is_none() {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} cannot take input now ({}, protocol {})",
+                    a.status.api_word(),
+                    l.protocol.as_str()
+                ),
+            ));
+        }
+        let from = match caller {
+            Caller::Agent(me) => me.to_string(),
+            Caller::User { uid } => format!("user:{uid}"),
+        };
+        let run = l.run.clone();
+        let session = l.session.clone();
+        let m = self
+            .store
+            .append_message(&self.tenant, name, &session, &run, "user", text, now_ms())
+            .map_err(internal)?;
+        let id = format!("in-{}", m.seq);
+        let dir = self.paths.session_dir(name, &session);
+        self.projection
+            .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
+        self.append_events(&[ev(
+            name,
+            Some(&run),
+            &session,
+            AgentEvent::Input {
+                agent: name.clone(),
+                id: id.clone(),
+                from: from.clone(),
+            },
+        )]);
+        self.to_agent(
+            name,
+            &ToAgent::Input {
+                id: id.clone(),
+                from,
+                text: text.to_owned(),
+            },
+        );
+        Ok(json!({"id": id}))
+    }
+
+    pub(super) fn on_wait(
+        &mut self,
+        caller: &Caller,
+        names: Vec<AgentName>,
+        timeout: Option<Duration>,
+        reply: Reply,
+    ) {
+        if let Err(e) = self.tool_granted(caller, "wait") {
+            return self.respond(reply, Err(e));
+        }
+        for n in &names {
+            match self.agent(n).and_then(|a| self.authorize(caller, &a)) {
+                Ok(()) => {}
+                Err(e) => return self.respond(reply, Err(e)),
+            }
+        }
+        let all_done = names.iter().all(|n| {
+            self.store
+                .agent(&self.tenant, n)
+                .ok()
+                .flatten()
+                .is_some_and(|a| a.status.is_finished())
+                && !self.live.contains_key(n)
+        });
+        if all_done {
+            let r = self.wait_result(&names, false);
+            return self.respond(reply, r);
+        }
+        let id = self.id();
+        self.waiters.add(id, names, reply);
+        if let Some(t) = timeout {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(t).await;
+                let _ = tx.send(Cmd::WaitTimeout(id));
+            });
+        }
+    }
+
+    pub(super) fn wait_result(&self, names: &[AgentName], timed_out: bool) -> ApiResult {
+        let mut rows = Vec::new();
+        for n in names {
+            let a = self.agent(n)?;
+            rows.push(agent_json(&self.store, &a));
+        }
+        Ok(json!({"agents": rows, "timed_out": timed_out}))
+    }
+
+    pub(super) fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        if a.status.is_finished() {
+            return Ok(agent_json(&self.store, &a));
+        }
+        if self.live.get(name).is_some_and(|l| l.stopping.is_some()) {
+            return Ok(agent_json(&self.store, &a));
+        }
+        self.stop_subtree(name, Terminal::Cancelled(CancelReason::User));
+        let a = self.agent(name)?;
+        Ok(agent_json(&self.store, &a))
+    }
+
+    pub(super) fn on_close(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+        self.tool_granted(caller, "close")?;
+        let a = self.agent(name)?;
+        self.authorize(caller, &a)?;
+        let Status::Ended(t) = a.status else {
+            if matches!(a.status, Status::Closed(_)) {
+                return Ok(agent_json(&self.store, &a));
+            }
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} is {}; only a finished agent can be closed (cancel it first)",
+                    a.status.api_word()
+                ),
+            ));
+        };
+        let ev1 = ev(
+            name,
+            Some(&a.run),
+            &a.session,
+            AgentEvent::Close {
+                agent: name.clone(),
+            },
+        );
+        let a = self
+            .store
+            .set_status(
+                &self.tenant,
+                name,
+                Status::Closed(t),
+                None,
+                now_ms(),
+                std::slice::from_ref(&ev1),
+            )
+            .map_err(internal)?;
+        self.project_events(&[ev1]);
+        project_agent(&self.projection, &self.paths, &a, None);
+        Ok(agent_json(&self.store, &a))
+    }
+
+    pub(super) fn on_resume(
+        &mut self,
+        caller: &Caller,
+        name: &AgentName,
+        text: Option<String>,
+        reply: Reply,
+    ) {
+        if let Err(e) = self.tool_granted(caller, "resume") {
+            return self.respond(reply, Err(e));
+        }
+        let r = (|| -> Result<(), ApiError> {
+            let a = self.agent(name)?;
+            // SPEC 9: a resume that would make the requester its own ancestor.
+            if let Caller::Agent(me) = caller
+                && self
+                    .store
+                    .is_ancestor_or_self(&self.tenant, name, me)
+                    .map_err(internal)?
+            {
+                return Err(ApiError::new(
+                    Code::Cycle,
+                    format!("agent {me} cannot resume {name}: it is {me} or one of its ancestors"),
+                ));
+            }
+            self.authorize(caller, &a)?;
+            if !a.status.is_finished() {
+                return Err(ApiError::new(
+                    Code::Conflict,
+                    format!(
+                        "agent {name} is {}; only a finished agent can be resumed",
+                        a.status.api_word()
+                    ),
+                ));
+            }
+            let parent_live = match &a.parent {
+                Some(p) => {
+                    let l = self.live.get(p).filter(|l| l.stopping.is_none()).ok_or_else(|| {
+                        ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
+                    })?;
+                    Some((l.group.clone(), l.session.clone()))
+                }
+                None => None,
+            };
+            let run = new_run_id();
+            let events = [ev(
+                name,
+                Some(&run),
+                &a.session,
+                AgentEvent::Resume {
+                    agent: name.clone(),
+                    run: run.clone(),
+                },
+            )];
+            let a = self
+                .store
+                .resume(&self.tenant, name, &run, &self.me, now_ms(), &events)
+                .map_err(internal)?;
+            self.project_events(&events);
+            if let Some(t) = &text {
+                let m = self
+                    .store
+                    .append_message(&self.tenant, name, &a.session, &run, "user", t, now_ms())
+                    .map_err(internal)?;
+                self.projection.append(
+                    self.paths
+                        .session_dir(name, &a.session)
+                        .join("messages.jsonl"),
+                    crate::objects::message_line(&m),
+                );
+            }
+            project_agent(&self.projection, &self.paths, &a, None);
+            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+            let argv: Vec<String> = spec["argv"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let cwd = spec["cwd"].as_str().map(str::to_owned);
+            let policy = stored_policy(&spec, &self.operator_policy())?;
+            // A `temp` agent's object was removed when its last run ended.
+            let adir = self.paths.agent_dir(name);
+            for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
+                self.projection.write(adir.join(file), text);
+            }
+            self.project_shim(name);
+            let parent_pair = a
+                .parent
+                .clone()
+                .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
+            let mut live = Live::new(
+                run.clone(),
+                a.session.clone(),
+                parent_pair,
+                a.protocol,
+                policy,
+                text.clone(),
+            );
+            live.iso_ns = spec["iso"] == "ns";
+            live.ns_root = spec["root"].as_str().map(PathBuf::from);
+            // Its budget covers what it and its subtree spent in earlier runs too.
+            live.subtree_usd = self
+                .store
+                .spend(&self.tenant, name)
+                .map(|s| s.subtree.cost_usd)
+                .map_err(internal)?;
+            let group_parent = parent_live.and_then(|(g, _)| g);
+            live.pending = Some(Pending {
+                argv,
+                cwd,
+                group_parent,
+            });
+            self.live.insert(name.clone(), live);
+            self.waiting.push(name.clone());
+            self.pump_queue();
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                if let Some(l) = self.live.get_mut(name) {
+                    l.spawn_reply = Some((reply, false));
+                }
+            }
+            Err(e) => self.respond(reply, Err(e)),
+        }
+    }
+}

@@ -10,7 +10,12 @@
 mod bench;
 mod demo;
 mod doctor;
+mod quota;
 mod render;
+mod shim;
+
+use quota::{QuotaCmd, load_config, quota};
+use shim::shim;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -213,22 +218,6 @@ enum Cmd {
     TestAgent {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
-    },
-}
-
-#[derive(Subcommand)]
-enum QuotaCmd {
-    /// The quotas in force for a tenant (default: yours), and where each comes from.
-    Show {
-        tenant: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Sets a tenant's own value (clamped to the platform's ceiling when applied).
-    Set {
-        tenant: String,
-        key: String,
-        value: u32,
     },
 }
 
@@ -819,89 +808,6 @@ async fn events(
     }
 }
 
-/// The platform configuration: `--config`, else `$BROOD_ROOT/config.toml`.
-fn load_config(
-    config: &Option<PathBuf>,
-    root: &Option<PathBuf>,
-) -> Result<brood_core::quota::QuotaConfig> {
-    let path = config
-        .clone()
-        .unwrap_or_else(|| root_of(root).join("config.toml"));
-    brood_runtime::config::load(&path).map_err(|e| Exit(2, e.to_string()).into())
-}
-
-fn quota(root: &Option<PathBuf>, config: &Option<PathBuf>, what: QuotaCmd) -> Result<i32> {
-    use brood_store::prelude::*;
-    let cfg = load_config(config, root)?;
-    let db = store_file(root);
-    let tenant_of = |t: Option<String>| -> Result<brood_core::TenantId> {
-        match t {
-            Some(t) => brood_core::TenantId::new(&t).map_err(|e| Exit(2, e.to_string()).into()),
-            None => Ok(brood_core::TenantId::for_uid(unsafe_uid())),
-        }
-    };
-    match what {
-        QuotaCmd::Show { tenant, json } => {
-            let tenant = tenant_of(tenant)?;
-            let own = if db.exists() {
-                brood_store::SqliteStore::open_read_only(&db)?.tenant_quotas(&tenant)?
-            } else {
-                brood_core::quota::TenantQuotas::default()
-            };
-            let eff = cfg.effective(Some(&own));
-            let rows: Vec<Value> = eff
-                .pairs()
-                .iter()
-                .map(|(k, v)| {
-                    let own_v = own.get(k).ok().flatten();
-                    json!({"key": k, "value": v, "tenant": own_v, "default": cfg.defaults.get(k), "ceiling": cfg.ceilings.get(k)})
-                })
-                .collect();
-            if json {
-                println!("{}", json!({"tenant": tenant.as_str(), "quotas": rows}));
-            } else {
-                println!("tenant {tenant}");
-                println!(
-                    "{:<16} {:>8} {:>8} {:>8} {:>8}",
-                    "KEY", "VALUE", "TENANT", "DEFAULT", "CEILING"
-                );
-                for r in &rows {
-                    let f = |k: &str| match &r[k] {
-                        Value::Null => "-".to_owned(),
-                        v => v.to_string(),
-                    };
-                    println!(
-                        "{:<16} {:>8} {:>8} {:>8} {:>8}",
-                        f("key").trim_matches('"'),
-                        f("value"),
-                        f("tenant"),
-                        f("default"),
-                        f("ceiling")
-                    );
-                }
-            }
-            Ok(0)
-        }
-        QuotaCmd::Set { tenant, key, value } => {
-            let tenant = tenant_of(Some(tenant))?;
-            if let Some(dir) = db.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let store = brood_store::SqliteStore::open(&db)
-                .with_context(|| format!("opening the store {}", db.display()))?;
-            store
-                .set_tenant_quota(&tenant, &key, value)
-                .map_err(|e| Exit(2, e.to_string()))?;
-            let eff = cfg.effective(Some(&store.tenant_quotas(&tenant)?));
-            println!(
-                "{tenant} {key} = {} (set {value})",
-                eff.get(&key).unwrap_or(value)
-            );
-            Ok(0)
-        }
-    }
-}
-
 /// Reads a policy file, JSON or TOML by extension, into the JSON the verbs take
 /// (SPEC 5: "JSON; TOML accepted in files"). Its fields are checked at admission.
 fn read_policy(path: &Path) -> Result<Value> {
@@ -924,111 +830,4 @@ fn read_policy(path: &Path) -> Result<Value> {
 pub(crate) fn unsafe_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
-}
-
-/// `brood shim NAME [--session S] [--] [TEXT...]` (the agent's shim, SPEC 3):
-/// one `send` on `ctx/agent/NAME.sock` (SPEC 8) with a fresh client id, the
-/// reply's deltas printed as they stream. Exit 0 on `done` (unless the run
-/// failed), 1 on an `error` frame, 2 when the agent has no socket (not live, or
-/// an agent that takes no input).
-async fn shim(
-    root: &Option<PathBuf>,
-    name: &str,
-    session: Option<String>,
-    text: Vec<String>,
-) -> Result<i32> {
-    use std::io::Write;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-    let name = brood_core::AgentName::new(name)
-        .map_err(|e| Exit(2, format!("{name:?} is not an agent name: {e}")))?;
-    let sock = brood_runtime::paths::Paths::new(root_of(root), unsafe_uid()).agent_socket(&name);
-    let stream = tokio::net::UnixStream::connect(&sock).await.map_err(|e| {
-        Exit(
-            2,
-            format!(
-                "agent {name} is not live or takes no input: nothing answers on {} ({e})",
-                sock.display()
-            ),
-        )
-    })?;
-    let input = if text.is_empty() {
-        // Blocking is fine here: this command does nothing else meanwhile.
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .context("reading the input from stdin")?;
-        s
-    } else {
-        text.join(" ")
-    };
-    let id = brood_runtime::agent_socket::client_id();
-    let req = json!({"op": "send", "id": id, "session": session, "input": input});
-    let (rd, mut wr) = stream.into_split();
-    // A refusal (EACCES) may be written and the connection closed before the
-    // request is: a failed write is reported only if no answer can be read.
-    let wrote = wr.write_all(format!("{req}\n").as_bytes()).await;
-    let mut lines = BufReader::new(rd).lines();
-    let mut out = std::io::stdout();
-    let mut printed = false;
-    let mut last_newline = true;
-    loop {
-        let line = match lines.next_line().await {
-            Ok(Some(l)) => l,
-            Ok(None) => break,
-            // A reset after a refusal: what was read decides, as at end of file.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-            Err(e) => {
-                return Err(e).with_context(|| format!("reading from {}", sock.display()));
-            }
-        };
-        let f: Value = serde_json::from_str(&line)
-            .with_context(|| format!("a reply on {} is not JSON: {line}", sock.display()))?;
-        let shown = match f["type"].as_str() {
-            Some("delta") => f["text"].as_str(),
-            Some("message") if !printed && f["role"].as_str() != Some("user") => {
-                f["content"].as_str()
-            }
-            _ => None,
-        };
-        if let Some(t) = shown {
-            out.write_all(t.as_bytes())?;
-            out.flush()?;
-            printed = true;
-            last_newline = t.ends_with('\n');
-            continue;
-        }
-        match f["type"].as_str() {
-            Some("error") => {
-                bail!(Exit(
-                    1,
-                    format!(
-                        "{}: {}",
-                        f["code"].as_str().unwrap_or("EIO"),
-                        f["message"].as_str().unwrap_or("")
-                    )
-                ));
-            }
-            Some("done") => {
-                if printed && !last_newline {
-                    println!();
-                }
-                let status = f["status"].as_str().unwrap_or("");
-                if status == "failed" {
-                    bail!(Exit(1, format!("agent {name}'s run failed")));
-                }
-                return Ok(0);
-            }
-            _ => {}
-        }
-    }
-    if let Err(e) = wrote {
-        bail!(Exit(
-            1,
-            format!("writing the request to {}: {e}", sock.display())
-        ));
-    }
-    bail!(Exit(
-        1,
-        format!("agent {name}'s socket closed before the reply ended (its run may have ended)")
-    ))
 }

@@ -139,8 +139,12 @@ impl Containment {
 
 type Reply = Box<dyn FnOnce(Result<Launched, LaunchError>) + Send>;
 
+/// What a launch runs on the spawner thread before the spawn: the spec, or
+/// why there is none (a caller's preparation that failed).
+type Prep = Box<dyn FnOnce() -> Result<LaunchSpec, LaunchError> + Send>;
+
 enum Job {
-    Launch(Box<LaunchSpec>, Reply),
+    Launch(Prep, Reply),
     /// Only look whether the keeper is still there (the supervisor's tick).
     CheckKeeper,
 }
@@ -246,8 +250,20 @@ impl Spawner {
         spec: LaunchSpec,
         done: impl FnOnce(Result<Launched, LaunchError>) + Send + 'static,
     ) {
+        self.launch_prepared(move || Ok(spec), done);
+    }
+
+    /// [`Spawner::launch`] with the spec made on the spawner thread by `prep`,
+    /// right before the spawn: a caller's file work (cgroups, files, sandbox
+    /// preparation) then happens off its own thread without a second hop.
+    /// An `Err` from `prep` is handed to `done` as the outcome.
+    pub fn launch_prepared(
+        &self,
+        prep: impl FnOnce() -> Result<LaunchSpec, LaunchError> + Send + 'static,
+        done: impl FnOnce(Result<Launched, LaunchError>) + Send + 'static,
+    ) {
         if let Err(mpsc::SendError(Job::Launch(_, reply))) =
-            self.tx.send(Job::Launch(Box::new(spec), Box::new(done)))
+            self.tx.send(Job::Launch(Box::new(prep), Box::new(done)))
         {
             reply(Err(LaunchError::SpawnerGone));
         }
@@ -334,9 +350,10 @@ fn spawner_thread(
         }
         match job {
             Job::CheckKeeper => {}
-            Job::Launch(spec, reply) => reply(match &stack {
-                Ok(stack) => launch_here(*spec, in_ns, supervisor_pid, stack),
-                Err(e) => Err(LaunchError::Spawn {
+            Job::Launch(prep, reply) => reply(match (prep(), &stack) {
+                (Err(e), _) => Err(e),
+                (Ok(spec), Ok(stack)) => launch_here(spec, in_ns, supervisor_pid, stack),
+                (Ok(spec), Err(e)) => Err(LaunchError::Spawn {
                     program: spec.argv.first().cloned().unwrap_or_default(),
                     source: context(
                         "mapping the child stack",

@@ -171,7 +171,12 @@ pub(crate) enum Cmd {
     /// A creation refused before it reached the dispatcher (a malformed request).
     Refused(Option<AgentName>, Option<String>, ApiError),
     Shutdown(oneshot::Sender<()>),
-    Launched(AgentName, RunId, Result<Launched, LaunchError>),
+    Launched(
+        AgentName,
+        RunId,
+        Result<Launched, LaunchError>,
+        Box<launch::Made>,
+    ),
     Agent(AgentName, RunId, AgentEv),
     /// A stop's group is empty (or could not be confirmed so: the error).
     StopDone(u64, Result<(), String>),
@@ -598,7 +603,7 @@ impl Dispatcher {
                 Cmd::Identify(pid, reply) => {
                     let _ = reply.send(self.identify(pid));
                 }
-                Cmd::Launched(name, run, r) => self.on_launched(name, run, r),
+                Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
                 Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
                 Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
                 Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),

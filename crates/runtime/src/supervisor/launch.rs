@@ -62,7 +62,13 @@ impl Dispatcher {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Starts an agent that holds a slot. What needs the dispatcher's state is
+    /// worked out here (the group's path, the init frame, the limits, the
+    /// files' paths and bytes, the environment, the veil's namespace, a pooled
+    /// network namespace); the file work (the cgroup and its limits, the
+    /// policy file, the channel's `artifact/` and handoff, the sandbox and
+    /// namespace preparation) runs on a blocking thread with the spawn, and
+    /// everything comes back as one `Cmd::Launched`.
     pub(super) fn launch(
         &mut self,
         name: &AgentName,
@@ -71,6 +77,17 @@ impl Dispatcher {
         cwd: Option<&str>,
         group_parent: Option<Group>,
     ) {
+        let fail = |tx: &mpsc::UnboundedSender<Cmd>, what: String| {
+            let _ = tx.send(Cmd::Launched(
+                name.clone(),
+                run.clone(),
+                Err(LaunchError::Spawn {
+                    program: argv.first().cloned().unwrap_or_default().into(),
+                    source: std::io::Error::other(what),
+                }),
+                Box::default(),
+            ));
+        };
         // One group per run (`r<seq>.<name>`): a finished run's group may still be
         // being emptied and removed in the background when a resume starts the
         // next one, and the two must never share a directory. The `r<seq>.` prefix
@@ -81,49 +98,26 @@ impl Dispatcher {
             .map(|r| r.len().max(1))
             .unwrap_or(1);
         let component = format!("r{seq}.{name}");
-        let (group, procs) = match &self.cgroups {
+        let group = match &self.cgroups {
             Some(cg) => {
                 let rel = match &group_parent {
                     Some(g) => g.rel.child(&component),
                     None => GroupPath::new(&[self.tenant.as_str(), &component]),
                 };
-                let made = rel.map_err(|e| e.to_string()).and_then(|rel| {
-                    if group_parent.is_none() {
-                        // The tenant's directory is shared by its roots; make it once.
-                        if let Ok(t) = GroupPath::new(&[self.tenant.as_str()]) {
-                            let _ = cg.create(&t);
-                        }
-                    }
-                    let g = cg.create(&rel).map_err(|e| e.to_string())?;
-                    let f = cg.procs_file(&g).map_err(|e| e.to_string())?;
-                    Ok((g, f))
-                });
-                match made {
-                    Ok((g, f)) => (Some(g), Some(f)),
-                    Err(e) => {
-                        let _ = self.tx.send(Cmd::Launched(
-                            name.clone(),
-                            run.clone(),
-                            Err(LaunchError::Spawn {
-                                program: argv.first().cloned().unwrap_or_default().into(),
-                                source: std::io::Error::other(format!("creating its cgroup: {e}")),
-                            }),
-                        ));
-                        return;
-                    }
+                match rel {
+                    Ok(rel) => Some(GroupPlan {
+                        cgroups: cg.clone(),
+                        rel,
+                        // The tenant's directory is shared by its roots.
+                        tenant: group_parent
+                            .is_none()
+                            .then(|| GroupPath::new(&[self.tenant.as_str()]).ok())
+                            .flatten(),
+                    }),
+                    Err(e) => return fail(&self.tx, format!("creating its cgroup: {e}")),
                 }
             }
-            None => (None, None),
-        };
-        let fail = |tx: &mpsc::UnboundedSender<Cmd>, what: String| {
-            let _ = tx.send(Cmd::Launched(
-                name.clone(),
-                run.clone(),
-                Err(LaunchError::Spawn {
-                    program: argv.first().cloned().unwrap_or_default().into(),
-                    source: std::io::Error::other(what),
-                }),
-            ));
+            None => None,
         };
         let parent_limited = self
             .live
@@ -139,138 +133,6 @@ impl Dispatcher {
                 Some(self.init_frame(run, a, l.instruction.clone()))
             }
             _ => None,
-        };
-        let l = self.live.get_mut(name);
-        let Some(l) = l else { return };
-        l.group = group.clone();
-        // Kernel enforcement of the policy (SPEC 5): limits on the group, and the
-        // sandbox the child applies before exec. A layer the policy needs but the
-        // host lacks stops the start, naming the layer (unless the operator allowed
-        // a weaker sandbox).
-        // Limits live in groups of their own on a hybrid host (the v1 mirrors); an
-        // agent joins them when it or an ancestor has a limit, so a parent's limit
-        // binds its whole subtree, and an unlimited tree pays nothing for them.
-        let limits = crate::enforce::limits(&l.policy);
-        l.limited = limits.memory_max.is_some()
-            || limits.pids_max.is_some()
-            || limits.cpu_weight.is_some()
-            || parent_limited;
-        // Without cgroups there is no layer to hold a limit (SPEC 5: a layer
-        // the policy needs but the host lacks stops the start, naming it).
-        let own_limits =
-            limits.memory_max.is_some() || limits.pids_max.is_some() || limits.cpu_weight.is_some();
-        let limits_missing = own_limits && self.cgroups.is_none();
-        if limits_missing && !self.cfg.allow_weaker_sandbox {
-            return fail(
-                &self.tx,
-                "resources: the policy sets memory_max, pids_max or cpu_weight, but this host \
-                 has no usable cgroups (the limits layer is missing); \
-                 --allow-weaker-sandbox starts it without them"
-                    .to_owned(),
-            );
-        }
-        let extra_procs = match (&self.cgroups, &group, l.limited) {
-            (Some(cg), Some(g), true) => match cg.set_limits(g, &limits) {
-                Ok(h) => h.procs_files,
-                Err(e) => return fail(&self.tx, format!("resources: {e}")),
-            },
-            _ => Vec::new(),
-        };
-        let policy_file = self.paths.policy_file(name);
-        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&l.policy));
-        if let Err(e) = crate::projection::write_atomic(
-            &policy_file,
-            policy_text.as_bytes(),
-            0,
-            crate::projection::ctx_owner(),
-        ) {
-            return fail(&self.tx, format!("writing its policy file: {e}"));
-        }
-        let program = crate::enforce::resolve(
-            argv.first().map(String::as_str).unwrap_or(""),
-            &self.base.path,
-        );
-        // The channel's artifact/ must exist before its landlock rule is made.
-        let artifacts = l.channel_dir(&self.paths, name).map(|d| d.join("artifact"));
-        if let Some(dir) = &artifacts
-            && let Err(e) = crate::projection::make_dir(dir, l.policy.uid)
-        {
-            return fail(&self.tx, format!("creating {}: {e}", dir.display()));
-        }
-        // The handoff is there before the child runs (SPEC 4: written when the
-        // channel is created; the projection thread may not have got to it
-        // yet). The same bytes as the projection's, so whichever lands last
-        // changes nothing; a resumed run finds it and leaves it.
-        if let (Some(dir), Some(a)) = (&artifacts, &a) {
-            let handoff = dir.with_file_name("handoff.md");
-            if std::fs::symlink_metadata(&handoff).is_err()
-                && let Err(e) = crate::projection::write_atomic(
-                    &handoff,
-                    task_of(a).as_bytes(),
-                    1,
-                    crate::projection::ctx_owner(),
-                )
-            {
-                return fail(&self.tx, format!("writing {}: {e}", handoff.display()));
-            }
-        }
-        let sandbox_spec = crate::enforce::sandbox(
-            &l.policy,
-            &crate::enforce::Context {
-                program: &program,
-                brood: self.brood_exe.as_deref(),
-                policy_file: &policy_file,
-                root: self.uid == 0,
-                allow_weaker: self.cfg.allow_weaker_sandbox,
-                objects: Some(&self.paths.ctx().join("agent")),
-                own_object: Some(&self.paths.agent_dir(name)),
-                artifacts: artifacts.as_deref(),
-            },
-        );
-        let sandbox = match brood_launch::sandbox::prepare(&sandbox_spec) {
-            Ok(p) => p,
-            Err(e) => return fail(&self.tx, format!("sandbox: {e}")),
-        };
-        l.sandbox = Some(sandbox.clone());
-        // iso = ns: a private mount namespace from the policy's mount table, in a
-        // root directory brood owns; the cwd is applied inside it.
-        let ns = if l.iso_ns {
-            // A named root must exist. Without one, the root is a scratch tmpfs
-            // the child mounts on `$BROOD_ROOT/ns` inside its own namespace
-            // (one directory for every agent: each sees only its own tmpfs).
-            let (ns_root, scratch) = match &l.ns_root {
-                Some(r) => (r.clone(), false),
-                None => {
-                    let r = self.paths.root.join("ns");
-                    if let Err(e) = std::fs::create_dir_all(&r) {
-                        return fail(&self.tx, format!("iso=ns: creating {}: {e}", r.display()));
-                    }
-                    (r, true)
-                }
-            };
-            let spec =
-                crate::enforce::namespace(&l.policy, ns_root, scratch, cwd, artifacts.as_deref());
-            // A pooled namespace when one is ready; the child makes its own
-            // otherwise (and says why if it cannot).
-            let netns = if spec.empty_network {
-                if self.netns_pool.is_none() {
-                    match brood_launch::ns::NetnsPool::start(NETNS_POOL_DEPTH) {
-                        Ok(p) => self.netns_pool = Some(p),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "could not start the network namespace pool")
-                        }
-                    }
-                }
-                self.netns_pool.as_ref().and_then(|p| p.take())
-            } else {
-                None
-            };
-            match brood_launch::ns::prepare_with(&spec, netns) {
-                Ok(p) => Some(p),
-                Err(e) => return fail(&self.tx, format!("iso=ns: {e}")),
-            }
-        } else {
-            None
         };
         // The veiled namespace every agent joins, made again only when what
         // it hides changed (brood_launch::veil).
@@ -291,24 +153,87 @@ impl Dispatcher {
             },
             None => None,
         };
-        let enforced = sandbox.enforced();
-        // Recorded with the run's `agent.start` event (meta.json is written from
-        // it once the start is recorded, so a rebuild writes the same file).
-        l.launch_meta = json!({
-            "containment": self.meta["containment"].clone(),
-            "sandbox": {
-            "landlock_abi": enforced.landlock_abi,
-            "files": enforced.fs,
-            "network": enforced.net,
-            "scoped": enforced.scoped,
-            "capabilities_dropped": enforced.caps_dropped,
-            "no_new_privs": enforced.no_new_privs,
-            "weaker": enforced.weaker,
-            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
-            "veil": veil.as_ref().map(|v| v.describe()),
-            "limits_not_enforced": limits_missing,
-            },
-        });
+        let iso_ns = self.live.get(name).is_some_and(|l| l.iso_ns);
+        let channel = self
+            .live
+            .get(name)
+            .and_then(|l| l.channel_dir(&self.paths, name));
+        let artifacts = channel.as_ref().map(|d| d.join("artifact"));
+        // iso = ns: a private mount namespace from the policy's mount table, in a
+        // root directory brood owns; the cwd is applied inside it. A named
+        // root must exist. Without one, the root is a scratch tmpfs the child
+        // mounts on `$BROOD_ROOT/ns` inside its own namespace (one directory
+        // for every agent: each sees only its own tmpfs).
+        let ns = match self.live.get(name) {
+            Some(l) if iso_ns => {
+                let (ns_root, scratch) = match &l.ns_root {
+                    Some(r) => (r.clone(), false),
+                    None => (self.paths.root.join("ns"), true),
+                };
+                let spec = crate::enforce::namespace(
+                    &l.policy,
+                    ns_root.clone(),
+                    scratch,
+                    cwd,
+                    artifacts.as_deref(),
+                );
+                // A pooled namespace when one is ready; the child makes its own
+                // otherwise (and says why if it cannot).
+                let netns = if spec.empty_network {
+                    if self.netns_pool.is_none() {
+                        match brood_launch::ns::NetnsPool::start(NETNS_POOL_DEPTH) {
+                            Ok(p) => self.netns_pool = Some(p),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "could not start the network namespace pool")
+                            }
+                        }
+                    }
+                    self.netns_pool.as_ref().and_then(|p| p.take())
+                } else {
+                    None
+                };
+                Some(NsPlan {
+                    spec,
+                    netns,
+                    scratch_dir: scratch.then_some(ns_root),
+                })
+            }
+            _ => None,
+        };
+        let Some(l) = self.live.get_mut(name) else {
+            return;
+        };
+        // Kernel enforcement of the policy (SPEC 5): limits on the group, and the
+        // sandbox the child applies before exec. A layer the policy needs but the
+        // host lacks stops the start, naming the layer (unless the operator allowed
+        // a weaker sandbox).
+        // Limits live in groups of their own on a hybrid host (the v1 mirrors); an
+        // agent joins them when it or an ancestor has a limit, so a parent's limit
+        // binds its whole subtree, and an unlimited tree pays nothing for them.
+        let limits = crate::enforce::limits(&l.policy);
+        let own_limits =
+            limits.memory_max.is_some() || limits.pids_max.is_some() || limits.cpu_weight.is_some();
+        l.limited = own_limits || parent_limited;
+        // Without cgroups there is no layer to hold a limit (SPEC 5: a layer
+        // the policy needs but the host lacks stops the start, naming it).
+        let limits_missing = own_limits && self.cgroups.is_none();
+        if limits_missing && !self.cfg.allow_weaker_sandbox {
+            return fail(
+                &self.tx,
+                "resources: the policy sets memory_max, pids_max or cpu_weight, but this host \
+                 has no usable cgroups (the limits layer is missing); \
+                 --allow-weaker-sandbox starts it without them"
+                    .to_owned(),
+            );
+        }
+        // The handoff is there before the child runs (SPEC 4: written when the
+        // channel is created; the projection thread may not have got to it
+        // yet). The same bytes as the projection's, so whichever lands last
+        // changes nothing; a resumed run finds it and leaves it.
+        let handoff = match (&artifacts, &a) {
+            (Some(dir), Some(a)) => Some((dir.with_file_name("handoff.md"), task_of(a))),
+            _ => None,
+        };
         // The run's clock starts now; its children must end before its deadline.
         l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
         let policy_env: Vec<(String, String)> = l
@@ -332,39 +257,68 @@ impl Dispatcher {
             ctx_home: self.paths.home().to_string_lossy().into_owned(),
             artifacts: artifacts.as_ref().map(|d| d.to_string_lossy().into_owned()),
         };
-        let spec = LaunchSpec {
-            argv: argv.iter().map(Into::into).collect(),
+        let prep = Prep {
+            argv: argv.to_vec(),
+            cwd: cwd.map(PathBuf::from),
             env: brood_launch::env::build(&id, &self.base, &policy_env),
-            // Inside a private mount namespace the cwd is applied there instead.
-            cwd: if ns.is_some() {
-                None
-            } else {
-                cwd.map(PathBuf::from)
-            },
-            cgroup_procs: procs,
-            sandbox: Some(sandbox),
-            extra_procs,
+            stdin_prelude: init.clone().unwrap_or_default(),
+            group,
+            limits,
+            limited: l.limited,
+            policy: l.policy.clone(),
+            policy_file: self.paths.policy_file(name),
+            artifacts,
+            handoff,
+            program_path: self.base.path.clone(),
+            brood_exe: self.brood_exe.clone(),
+            root: self.uid == 0,
+            allow_weaker: self.cfg.allow_weaker_sandbox,
+            objects: self.paths.ctx().join("agent"),
+            own_object: self.paths.agent_dir(name),
             ns,
             veil,
-            stdin_prelude: init.clone().unwrap_or_default(),
+            containment: self.meta["containment"].clone(),
+            limits_missing,
         };
         l.init = init;
         let tx = self.tx.clone();
+        let spawner = self.spawner.clone();
+        let hook = self.cfg.hooks.before_launch.clone();
         let (n2, r2) = (name.clone(), run.clone());
-        if let Some(hook) = self.cfg.hooks.before_launch.clone() {
-            let n3 = name.clone();
-            let spawner = self.spawner.clone();
-            // Run the hook on its own thread so the dispatcher stays free meanwhile.
-            std::thread::spawn(move || {
-                hook(&n3);
-                spawner.launch(spec, move |r| {
-                    let _ = tx.send(Cmd::Launched(n2, r2, r));
+        let program = argv.first().cloned().unwrap_or_default();
+        // Off the dispatcher: the file work runs on the spawner's thread right
+        // before the spawn (no extra hop), and one `Cmd::Launched` answers.
+        let made = Arc::new(std::sync::Mutex::new(Made::default()));
+        let into = made.clone();
+        let prep = move || {
+            let (spec, m) = prep.run();
+            *into
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = *m;
+            spec.map_err(|what| LaunchError::Spawn {
+                program: program.into(),
+                source: std::io::Error::other(what),
+            })
+        };
+        let done = move |r| {
+            let m = std::mem::take(
+                &mut *made
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            let _ = tx.send(Cmd::Launched(n2, r2, r, Box::new(m)));
+        };
+        match hook {
+            // A test's hook may hold the launch: on a thread of its own, so
+            // neither the dispatcher nor the spawner waits for it.
+            Some(hook) => {
+                let name = name.clone();
+                std::thread::spawn(move || {
+                    hook(&name);
+                    spawner.launch_prepared(prep, done);
                 });
-            });
-        } else {
-            self.spawner.launch(spec, move |r| {
-                let _ = tx.send(Cmd::Launched(n2, r2, r));
-            });
+            }
+            None => spawner.launch_prepared(prep, done),
         }
     }
 
@@ -373,17 +327,25 @@ impl Dispatcher {
         name: AgentName,
         run: RunId,
         r: Result<Launched, LaunchError>,
+        made: Made,
     ) {
-        let Some(l) = self.live.get_mut(&name) else {
-            // Nobody wants it any more: make sure nothing survives.
-            if let Ok(p) = r {
-                reap_orphan_launch(p, None, self.cgroups.clone());
+        let Made {
+            group,
+            sandbox,
+            launch_meta,
+        } = made;
+        let live = self.live.get_mut(&name).filter(|l| l.run == run);
+        let Some(l) = live else {
+            // Nobody wants it any more: make sure nothing survives, group included.
+            match r {
+                Ok(p) => reap_orphan_launch(p, group, self.cgroups.clone()),
+                Err(_) => self.remove_group(group),
             }
             return;
         };
-        if l.run != run {
-            return;
-        }
+        l.group = group;
+        l.sandbox = sandbox;
+        l.launch_meta = launch_meta;
         let launched = match r {
             Ok(p) => p,
             Err(e) => {
@@ -561,5 +523,181 @@ impl Dispatcher {
             agent_config: Value::Object(Default::default()),
         };
         brood_proto::encode(&init)
+    }
+}
+
+/// Where an agent's group goes: made off the dispatcher with its limits.
+struct GroupPlan {
+    cgroups: Arc<Cgroups>,
+    rel: GroupPath,
+    /// The tenant's directory, made first for a root (shared by its roots).
+    tenant: Option<GroupPath>,
+}
+
+/// The private namespace of `iso = ns`, prepared off the dispatcher.
+struct NsPlan {
+    spec: brood_launch::ns::NsSpec,
+    netns: Option<std::os::fd::OwnedFd>,
+    /// `$BROOD_ROOT/ns`, the scratch root's mount point, made when needed.
+    scratch_dir: Option<PathBuf>,
+}
+
+/// What a launch does off the dispatcher, with everything it needs owned.
+struct Prep {
+    argv: Vec<String>,
+    cwd: Option<PathBuf>,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    stdin_prelude: Vec<u8>,
+    group: Option<GroupPlan>,
+    limits: brood_launch::cgroup::Limits,
+    limited: bool,
+    policy: Policy,
+    policy_file: PathBuf,
+    artifacts: Option<PathBuf>,
+    handoff: Option<(PathBuf, String)>,
+    /// `PATH` to find the program in.
+    program_path: String,
+    brood_exe: Option<PathBuf>,
+    root: bool,
+    allow_weaker: bool,
+    objects: PathBuf,
+    own_object: PathBuf,
+    ns: Option<NsPlan>,
+    veil: Option<Arc<brood_launch::veil::VeilNamespace>>,
+    containment: Value,
+    limits_missing: bool,
+}
+
+/// What a launch made that the dispatcher keeps: its group (to stop and
+/// remove), its sandbox (to collect its result as it), what was enforced.
+#[derive(Default)]
+pub(crate) struct Made {
+    group: Option<Group>,
+    sandbox: Option<brood_launch::sandbox::Prepared>,
+    launch_meta: Value,
+}
+
+impl Prep {
+    /// The group and its limits, the files, the sandbox and the namespace;
+    /// the spawn's spec, or why not (what was made is returned either way,
+    /// so the dispatcher removes a group that was made for nothing).
+    fn run(self) -> (Result<LaunchSpec, String>, Box<Made>) {
+        let mut made = Box::<Made>::default();
+        let spec = self.prepare(&mut made);
+        (spec, made)
+    }
+
+    fn prepare(self, made: &mut Made) -> Result<LaunchSpec, String> {
+        let (procs, extra_procs) = match &self.group {
+            Some(plan) => {
+                let cg = &plan.cgroups;
+                if let Some(t) = &plan.tenant {
+                    let _ = cg.create(t);
+                }
+                let g = cg
+                    .create(&plan.rel)
+                    .map_err(|e| format!("creating its cgroup: {e}"))?;
+                made.group = Some(g.clone());
+                let f = cg
+                    .procs_file(&g)
+                    .map_err(|e| format!("creating its cgroup: {e}"))?;
+                let extra = if self.limited {
+                    cg.set_limits(&g, &self.limits)
+                        .map_err(|e| format!("resources: {e}"))?
+                        .procs_files
+                } else {
+                    Vec::new()
+                };
+                (Some(f), extra)
+            }
+            None => (None, Vec::new()),
+        };
+        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&self.policy));
+        crate::projection::write_atomic(
+            &self.policy_file,
+            policy_text.as_bytes(),
+            0,
+            crate::projection::ctx_owner(),
+        )
+        .map_err(|e| format!("writing its policy file: {e}"))?;
+        let program = crate::enforce::resolve(
+            self.argv.first().map(String::as_str).unwrap_or(""),
+            &self.program_path,
+        );
+        // The channel's artifact/ must exist before its landlock rule is made.
+        if let Some(dir) = &self.artifacts {
+            crate::projection::make_dir(dir, self.policy.uid)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        if let Some((handoff, text)) = &self.handoff
+            && std::fs::symlink_metadata(handoff).is_err()
+        {
+            crate::projection::write_atomic(
+                handoff,
+                text.as_bytes(),
+                1,
+                crate::projection::ctx_owner(),
+            )
+            .map_err(|e| format!("writing {}: {e}", handoff.display()))?;
+        }
+        let sandbox_spec = crate::enforce::sandbox(
+            &self.policy,
+            &crate::enforce::Context {
+                program: &program,
+                brood: self.brood_exe.as_deref(),
+                policy_file: &self.policy_file,
+                root: self.root,
+                allow_weaker: self.allow_weaker,
+                objects: Some(&self.objects),
+                own_object: Some(&self.own_object),
+                artifacts: self.artifacts.as_deref(),
+            },
+        );
+        let sandbox =
+            brood_launch::sandbox::prepare(&sandbox_spec).map_err(|e| format!("sandbox: {e}"))?;
+        made.sandbox = Some(sandbox.clone());
+        let ns = match self.ns {
+            Some(plan) => {
+                if let Some(dir) = &plan.scratch_dir {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("iso=ns: creating {}: {e}", dir.display()))?;
+                }
+                Some(
+                    brood_launch::ns::prepare_with(&plan.spec, plan.netns)
+                        .map_err(|e| format!("iso=ns: {e}"))?,
+                )
+            }
+            None => None,
+        };
+        let enforced = sandbox.enforced();
+        // Recorded with the run's `agent.start` event (meta.json is written from
+        // it once the start is recorded, so a rebuild writes the same file).
+        made.launch_meta = json!({
+            "containment": self.containment,
+            "sandbox": {
+            "landlock_abi": enforced.landlock_abi,
+            "files": enforced.fs,
+            "network": enforced.net,
+            "scoped": enforced.scoped,
+            "capabilities_dropped": enforced.caps_dropped,
+            "no_new_privs": enforced.no_new_privs,
+            "weaker": enforced.weaker,
+            "allow_weaker_sandbox": self.allow_weaker,
+            "veil": self.veil.as_ref().map(|v| v.describe()),
+            "limits_not_enforced": self.limits_missing,
+            },
+        });
+        Ok(LaunchSpec {
+            argv: self.argv.iter().map(Into::into).collect(),
+            env: self.env,
+            // Inside a private mount namespace the cwd is applied there instead.
+            cwd: if ns.is_some() { None } else { self.cwd },
+            cgroup_procs: procs,
+            sandbox: Some(sandbox),
+            extra_procs,
+            ns,
+            veil: self.veil,
+            stdin_prelude: self.stdin_prelude,
+        })
     }
 }

@@ -243,13 +243,24 @@ impl Dispatcher {
         )]);
     }
 
-    /// Admission (SPEC 5/9 order, the parts this version has): name, parent, then
-    /// the store's transaction; then the group and the launch.
+    /// Admission (SPEC 5/9): decide ([`Self::decide`]: name, parent, lifecycle,
+    /// policy, reserved paths, root, customer), then record (the store's
+    /// transaction with the quotas, the projection, the queue for a slot).
+    /// Returns the new agent's name and whether the caller waits for `ready`.
     pub(super) fn admit(
         &mut self,
         caller: &Caller,
         req: SpawnRequest,
     ) -> Result<Option<(AgentName, bool)>, ApiError> {
+        let d = self.decide(caller, &req)?;
+        self.record_admission(d, req)
+    }
+
+    /// Everything admission decides before anything is written: who the
+    /// parent is, the child's effective policy (attenuation), the refusals
+    /// in SPEC 5's order, the record and the events to write. Reads the
+    /// dispatcher's state and the store, writes nothing.
+    fn decide(&self, caller: &Caller, req: &SpawnRequest) -> Result<Decision, ApiError> {
         let parent = match (caller, &req.parent) {
             (Caller::Agent(me), None) => Some(me.clone()),
             (Caller::Agent(me), Some(p)) if p == me => Some(me.clone()),
@@ -299,7 +310,7 @@ impl Dispatcher {
                 "life \"detached\" needs a tenant grant; none grants it here",
             ));
         }
-        let policy = self.child_policy(parent.as_ref(), remote.as_ref(), &req)?;
+        let policy = self.child_policy(parent.as_ref(), remote.as_ref(), req)?;
         // Brood's own machinery is never granted, whoever asks (issue 11).
         if let Some(v) = &self.veil {
             v.check(&policy)
@@ -374,29 +385,57 @@ impl Dispatcher {
                 },
             ));
         }
-        // Quotas are checked inside the store's admission transaction, so they hold
-        // under any concurrency (SPEC 9); the tenant's overrides are read each time.
+        let new = NewAgent {
+            tenant: self.tenant.clone(),
+            name: name.clone(),
+            parent: parent.clone(),
+            customer: req.customer.clone(),
+            session: req.session.clone(),
+            protocol: req.protocol,
+            spec: spec.to_string(),
+            handoff: req.task.clone(),
+            supervisor: self.me.clone(),
+            run: run.clone(),
+            now_ms: now,
+        };
+        Ok(Decision {
+            name,
+            parent,
+            parent_live,
+            policy,
+            spec,
+            run,
+            now,
+            new,
+            events,
+        })
+    }
+
+    /// Records a decided admission: the store's transaction (which counts
+    /// the quotas, so they hold under any concurrency), the projection, the
+    /// live entry, the queue for a slot.
+    fn record_admission(
+        &mut self,
+        d: Decision,
+        req: SpawnRequest,
+    ) -> Result<Option<(AgentName, bool)>, ApiError> {
+        let Decision {
+            name,
+            parent,
+            parent_live,
+            policy,
+            spec,
+            run,
+            now,
+            new,
+            events,
+        } = d;
+        // The tenant's overrides are read each time.
         let quotas = self.tenant_quotas()?;
         self.max_concurrent = quotas.max_concurrent;
         let agent = self
             .store
-            .admit_with_quotas(
-                &NewAgent {
-                    tenant: self.tenant.clone(),
-                    name: name.clone(),
-                    parent: parent.clone(),
-                    customer: req.customer.clone(),
-                    session: req.session.clone(),
-                    protocol: req.protocol,
-                    spec: spec.to_string(),
-                    handoff: req.task.clone(),
-                    supervisor: self.me.clone(),
-                    run: run.clone(),
-                    now_ms: now,
-                },
-                &quotas,
-                &events,
-            )
+            .admit_with_quotas(&new, &quotas, &events)
             .map_err(internal)?;
         self.project_events(&events);
         // The session and the parent's channel exist from admission on.
@@ -512,4 +551,18 @@ impl Dispatcher {
         }
         Ok(())
     }
+}
+
+/// What admission decided, ready to record.
+pub(super) struct Decision {
+    name: AgentName,
+    parent: Option<AgentName>,
+    /// The parent's group (when it runs here) and session.
+    parent_live: Option<(Option<Group>, SessionName)>,
+    policy: Policy,
+    spec: Value,
+    run: RunId,
+    now: i64,
+    new: NewAgent,
+    events: Vec<NewEvent>,
 }

@@ -47,9 +47,12 @@ fn sql(db: &Path, stmt: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_its_timeout_fails_timed_out_with_its_subtree() {
     let env = fast_sweeps();
+    // Deadlines are whole seconds: a parent in the last second of its run may
+    // create no child (its deadline has come). With 2 s, `kid` (created right
+    // after `slow` is ready) is always inside the first second.
     spawn(
         &env,
-        json!({"name": "slow", "argv": agent(&["--hang"]), "policy": {"timeout_s": 1}}),
+        json!({"name": "slow", "argv": agent(&["--hang"]), "policy": {"timeout_s": 2}}),
     )
     .await;
     spawn(

@@ -573,87 +573,101 @@ fn ev_value(
 }
 
 impl Dispatcher {
+    /// The loop: one command at a time, then what follows any command.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         while let Some(cmd) = rx.recv().await {
-            match cmd {
-                Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
-                Cmd::Harvested(h) => self.on_harvested(*h),
-                Cmd::Send(caller, name, text, reply) => {
-                    let r = self.on_send(&caller, &name, &text);
-                    self.respond(reply, r);
-                }
-                Cmd::Wait(caller, names, timeout, reply) => {
-                    self.on_wait(&caller, names, timeout, reply)
-                }
-                Cmd::Cancel(caller, name, reply) => {
-                    let r = self.on_cancel(&caller, &name);
-                    self.respond(reply, r);
-                }
-                Cmd::Close(caller, name, reply) => {
-                    let r = self.on_close(&caller, &name);
-                    self.respond(reply, r);
-                }
-                Cmd::Resume(caller, name, text, reply) => {
-                    self.on_resume(&caller, &name, text, reply)
-                }
-                Cmd::Refused(parent, requested, e) => {
-                    self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
-                }
-                Cmd::Identify(pid, reply) => {
-                    let _ = reply.send(self.identify(pid));
-                }
-                Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
-                Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
-                Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
-                Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
-                Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
-                Cmd::Tick => {
-                    if shutdown.is_none() {
-                        self.on_tick();
-                    }
-                }
-                Cmd::WaitTimeout(id) => {
-                    if let Some(w) = self.waiters.take(id) {
-                        let r = self.wait_result(&w.names, true);
-                        self.respond(w.reply, r);
-                    }
-                }
-                Cmd::Shutdown(reply) => {
-                    let roots: Vec<AgentName> = self
-                        .live
-                        .iter()
-                        .filter(|(_, l)| l.stopping.is_none())
-                        .filter(|(_, l)| {
-                            l.parent.as_ref().is_none_or(|p| !self.live.contains_key(p))
-                        })
-                        .map(|(n, _)| n.clone())
-                        .collect();
-                    for r in roots {
-                        self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User));
-                    }
-                    shutdown = Some(reply);
+            self.dispatch(cmd, &mut shutdown);
+            self.after_command(&mut shutdown);
+        }
+    }
+
+    /// One command to the method that handles it.
+    fn dispatch(&mut self, cmd: Cmd, shutdown: &mut Option<oneshot::Sender<()>>) {
+        match cmd {
+            Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
+            Cmd::Harvested(h) => self.on_harvested(*h),
+            Cmd::Send(caller, name, text, reply) => {
+                let r = self.on_send(&caller, &name, &text);
+                self.respond(reply, r);
+            }
+            Cmd::Wait(caller, names, timeout, reply) => {
+                self.on_wait(&caller, names, timeout, reply)
+            }
+            Cmd::Cancel(caller, name, reply) => {
+                let r = self.on_cancel(&caller, &name);
+                self.respond(reply, r);
+            }
+            Cmd::Close(caller, name, reply) => {
+                let r = self.on_close(&caller, &name);
+                self.respond(reply, r);
+            }
+            Cmd::Resume(caller, name, text, reply) => self.on_resume(&caller, &name, text, reply),
+            Cmd::Refused(parent, requested, e) => {
+                self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
+            }
+            Cmd::Identify(pid, reply) => {
+                let _ = reply.send(self.identify(pid));
+            }
+            Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
+            Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
+            Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
+            Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+            Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
+            Cmd::Tick => {
+                if shutdown.is_none() {
+                    self.on_tick();
                 }
             }
-            // A slot freed by whatever this command did goes to the next in line
-            // (not while shutting down: nothing new starts then).
-            if shutdown.is_none() {
-                self.pump_queue();
-            } else {
-                self.waiting.clear();
+            Cmd::WaitTimeout(id) => {
+                if let Some(w) = self.waiters.take(id) {
+                    let r = self.wait_result(&w.names, true);
+                    self.respond(w.reply, r);
+                }
             }
-            if shutdown.is_some() && self.live.is_empty() && self.stops.is_empty() {
-                if let Some(c) = &self.cgroups {
-                    if let Err(e) = c.destroy() {
-                        tracing::error!(error = %e, "removing the supervisor's cgroups failed");
-                    }
-                    // The instance directory is shared with later incarnations of this
-                    // root; remove it when no other one is using it (rmdir refuses then).
-                    c.remove_instance_dirs();
+            Cmd::Shutdown(reply) => {
+                self.begin_shutdown();
+                *shutdown = Some(reply);
+            }
+        }
+    }
+
+    /// Shutting down: every tree still running here is stopped (its roots
+    /// cancelled `user`); the answer waits until nothing is live.
+    fn begin_shutdown(&mut self) {
+        let roots: Vec<AgentName> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.stopping.is_none())
+            .filter(|(_, l)| l.parent.as_ref().is_none_or(|p| !self.live.contains_key(p)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for r in roots {
+            self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User));
+        }
+    }
+
+    /// After every command: a freed slot goes to the next in line, and a
+    /// shutdown whose trees are all gone removes the cgroups and answers.
+    fn after_command(&mut self, shutdown: &mut Option<oneshot::Sender<()>>) {
+        // A slot freed by whatever this command did goes to the next in line
+        // (not while shutting down: nothing new starts then).
+        if shutdown.is_none() {
+            self.pump_queue();
+        } else {
+            self.waiting.clear();
+        }
+        if shutdown.is_some() && self.live.is_empty() && self.stops.is_empty() {
+            if let Some(c) = &self.cgroups {
+                if let Err(e) = c.destroy() {
+                    tracing::error!(error = %e, "removing the supervisor's cgroups failed");
                 }
-                if let Some(s) = shutdown.take() {
-                    let _ = s.send(());
-                }
+                // The instance directory is shared with later incarnations of this
+                // root; remove it when no other one is using it (rmdir refuses then).
+                c.remove_instance_dirs();
+            }
+            if let Some(s) = shutdown.take() {
+                let _ = s.send(());
             }
         }
     }

@@ -135,11 +135,7 @@ async fn hands_back(plant: Plant, narrow: bool) {
     c.parent = Some(name("p"));
     c.env = vars;
     if narrow {
-        c.policy = Some(json!({
-            "tools": ["shell"],
-            "files": [{"path": "/", "mode": "ro"}, {"path": d.display().to_string(), "mode": "rw"}],
-            "resources": {"pids_max": 64, "memory_max": 268435456},
-        }));
+        c.policy = Some(narrow_policy(d));
     }
     env.sup
         .spawn(me(), c)

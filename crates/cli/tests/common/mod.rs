@@ -279,3 +279,13 @@ pub fn stored_channel(env: &Env, child: &str) -> brood_store::Channel {
         .unwrap()
         .unwrap_or_else(|| panic!("no channel p -> {child}"))
 }
+
+/// The narrow policy of the hostile-child tests: the shell, `/` read-only,
+/// `dir` writable, and limits.
+pub fn narrow_policy(dir: &Path) -> Value {
+    serde_json::json!({
+        "tools": ["shell"],
+        "files": [{"path": "/", "mode": "ro"}, {"path": dir.display().to_string(), "mode": "rw"}],
+        "resources": {"pids_max": 64, "memory_max": 268435456},
+    })
+}

@@ -399,13 +399,9 @@ impl Dispatcher {
             now_ms: now,
         };
         Ok(Decision {
-            name,
-            parent,
             parent_live,
             policy,
             spec,
-            run,
-            now,
             new,
             events,
         })
@@ -420,16 +416,18 @@ impl Dispatcher {
         req: SpawnRequest,
     ) -> Result<Option<(AgentName, bool)>, ApiError> {
         let Decision {
-            name,
-            parent,
             parent_live,
             policy,
             spec,
-            run,
-            now,
             new,
             events,
         } = d;
+        let (name, parent, run, now) = (
+            new.name.clone(),
+            new.parent.clone(),
+            new.run.clone(),
+            new.now_ms,
+        );
         // The tenant's overrides are read each time.
         let quotas = self.tenant_quotas()?;
         self.max_concurrent = quotas.max_concurrent;
@@ -555,14 +553,11 @@ impl Dispatcher {
 
 /// What admission decided, ready to record.
 pub(super) struct Decision {
-    name: AgentName,
-    parent: Option<AgentName>,
     /// The parent's group (when it runs here) and session.
     parent_live: Option<(Option<Group>, SessionName)>,
     policy: Policy,
     spec: Value,
-    run: RunId,
-    now: i64,
+    /// The record to write: name, parent, run and time among it.
     new: NewAgent,
     events: Vec<NewEvent>,
 }

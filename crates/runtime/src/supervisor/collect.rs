@@ -6,26 +6,27 @@
 
 use super::*;
 
-/// A run's end waiting on its harvest (refs checked, artifacts taken).
-pub(crate) struct Harvested {
-    name: AgentName,
-    run: RunId,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<String>,
-    detail: Option<String>,
-    harvest: Result<crate::channel::Harvest, crate::channel::Refused>,
-}
-
-/// A run that ended with a result, waiting for its group to be empty before
-/// what it handed back is read.
-pub(crate) struct Collect {
+/// How a run that handed something back ended, carried through its
+/// collection to the record.
+pub(crate) struct RunEnding {
     pub(super) name: AgentName,
     pub(super) run: RunId,
     outcome: Terminal,
     exit_code: Option<i32>,
     result: Option<String>,
     detail: Option<String>,
+}
+
+/// A run's end with its harvest (refs checked, artifacts taken) or why not.
+pub(crate) struct Harvested {
+    ending: RunEnding,
+    harvest: Result<crate::channel::Harvest, crate::channel::Refused>,
+}
+
+/// A run that ended with a result, waiting for its group to be empty before
+/// what it handed back is read.
+pub(crate) struct Collect {
+    pub(super) ending: RunEnding,
     refs: Vec<Value>,
     channel: Option<PathBuf>,
     policy: Policy,
@@ -70,12 +71,14 @@ impl Dispatcher {
             }
         });
         let collect = Collect {
-            name: name.clone(),
-            run: run.clone(),
-            outcome,
-            exit_code,
-            result,
-            detail,
+            ending: RunEnding {
+                name: name.clone(),
+                run: run.clone(),
+                outcome,
+                exit_code,
+                result,
+                detail,
+            },
             refs,
             channel,
             policy: l.policy.clone(),
@@ -110,12 +113,7 @@ impl Dispatcher {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let Collect {
-                name,
-                run,
-                outcome,
-                exit_code,
-                result,
-                detail,
+                ending,
                 refs,
                 channel,
                 policy,
@@ -153,19 +151,12 @@ impl Dispatcher {
                     },
                 }
             };
-            let _ = tx.send(Cmd::Harvested(Box::new(Harvested {
-                name,
-                run,
-                outcome,
-                exit_code,
-                result,
-                detail,
-                harvest,
-            })));
+            let _ = tx.send(Cmd::Harvested(Box::new(Harvested { ending, harvest })));
         });
     }
 
-    pub(super) fn on_harvested(&mut self, h: Harvested) {
+    pub(super) fn on_harvested(&mut self, harvested: Harvested) {
+        let Harvested { ending: h, harvest } = harvested;
         let Some(l) = self.live.get(&h.name) else {
             return;
         };
@@ -173,7 +164,7 @@ impl Dispatcher {
         if l.run != h.run || l.stopping.is_some() {
             return;
         }
-        match h.harvest {
+        match harvest {
             Ok(out) => self.finish(
                 &h.name,
                 h.outcome,

@@ -178,7 +178,7 @@ impl Dispatcher {
             self.to_agent(n, &ToAgent::Cancel { reason });
         }
         if let Some(c) = &then
-            && let Some(p) = self.live.get(&c.name).and_then(|l| l.pid)
+            && let Some(p) = self.live.get(&c.ending.name).and_then(|l| l.pid)
         {
             // Without cgroups, what the collected agent left behind is in its
             // own process group.
@@ -277,8 +277,8 @@ impl Dispatcher {
         if let Some(c) = then
             && self
                 .live
-                .get(&c.name)
-                .is_some_and(|l| l.run == c.run && l.stopping.is_none())
+                .get(&c.ending.name)
+                .is_some_and(|l| l.run == c.ending.run && l.stopping.is_none())
         {
             self.collect(*c);
         }
@@ -304,19 +304,19 @@ impl Dispatcher {
             let outcome = Terminal::Failed(FailReason::ProtocolError);
             if let Err(e) = self.store.mark_stopping(
                 &self.tenant,
-                std::slice::from_ref(&c.name),
+                std::slice::from_ref(&c.ending.name),
                 outcome,
                 now_ms(),
             ) {
-                tracing::error!(agent = %c.name, error = %e, "recording a stop failed");
+                tracing::error!(agent = %c.ending.name, error = %e, "recording a stop failed");
             }
-            if let Some(l) = self.live.get_mut(&c.name) {
+            if let Some(l) = self.live.get_mut(&c.ending.name) {
                 l.stopping = Some(id);
                 l.protocol_error = Some(format!(
                     "result not collected: its group could not be emptied first: {error}"
                 ));
             }
-            stop.targets.push((c.name.clone(), outcome));
+            stop.targets.push((c.ending.name.clone(), outcome));
         }
         let delay =
             Duration::from_millis(100u64 << stop.attempts.min(7)).min(Duration::from_secs(10));

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use brood_core::AgentName;
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
-use brood_server::control;
 use serde_json::Value;
 
 use crate::render;
@@ -63,7 +62,9 @@ fn draw(sup: &Supervisor, name: &AgentName, tty: bool, title: &str) -> Result<()
         write!(out, "\x1b[H\x1b[2J")?;
     }
     writeln!(out, "{title}")?;
-    write!(out, "{}", render::tree(&t["trees"][0]))?;
+    if let Some(root) = t.trees.first() {
+        write!(out, "{}", render::tree(&serde_json::to_value(root)?))?;
+    }
     writeln!(out)?;
     out.flush()?;
     Ok(())
@@ -114,9 +115,12 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     cfg.grace = Duration::from_secs(1);
     cfg.bin_dir = crate::bin_dir();
     let sock = cfg.socket.clone();
-    let listener = control::bind(&sock).await?;
+    let listener = brood_server::bind_unix(&sock).await?;
     let sup = Supervisor::start(cfg).context("starting the supervisor")?;
-    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let server = tokio::spawn(brood_server::serve_unix(
+        brood_server::Api::new(sup.clone(), None),
+        listener,
+    ));
     // Whatever happens, the supervisor is shut down: nothing of the demo outlives it.
     let shown = show_trees(&sup, &data, &slow).await;
     sup.shutdown().await;
@@ -224,7 +228,7 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!(
         "result of {counter}:\n{}",
-        shown["result"].as_str().unwrap_or("(none)")
+        shown.agent.result.as_deref().unwrap_or("(none)")
     );
     show_channel(sup, &counter)?;
 
@@ -258,6 +262,7 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
             .view()
             .tree(Some(&doomed))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let t = serde_json::to_value(&t)?;
         let running = count_nodes(&t["trees"][0], &|a| a["status"] == "running");
         draw(sup, &doomed, tty, title2)?;
         // root + 2 children + 4 grandchildren
@@ -269,8 +274,9 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
     let pid = sup
         .view()
         .show(&doomed)
-        .map_err(|e| anyhow::anyhow!("{e}"))?["pid"]
-        .as_i64()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .agent
+        .pid
         .context("the doomed root has no pid")?;
     println!("kill -9 {pid}   (the root agent {doomed})");
     // SAFETY: sending SIGKILL to the agent process this demo started.

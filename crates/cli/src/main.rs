@@ -11,8 +11,10 @@ mod bench;
 mod demo;
 mod doctor;
 mod quota;
+mod remote;
 mod render;
 mod shim;
+mod verbs;
 
 use quota::{QuotaCmd, load_config, quota};
 use shim::shim;
@@ -24,8 +26,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use brood_core::Code;
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View};
-use brood_server::control;
 use clap::{Parser, Subcommand};
+use remote::Remote;
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -50,6 +52,13 @@ struct Cli {
     /// `redis://host[:port][/db]` shared by the supervisors of one store.
     #[arg(long, global = true, env = "BROOD_SLOTS")]
     slots: Option<String>,
+    /// Talk to a daemon's TCP listener (`http://127.0.0.1:PORT`, see `brood
+    /// serve --listen`) instead of its control socket.
+    #[arg(long, global = true, env = "BROOD_URL")]
+    url: Option<String>,
+    /// The bearer token for `--url` (the daemon keeps it in $BROOD_ROOT/token).
+    #[arg(long, global = true, env = "BROOD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -101,6 +110,10 @@ enum Cmd {
         /// See `brood run --allow-weaker-sandbox`.
         #[arg(long)]
         allow_weaker_sandbox: bool,
+        /// Also serve the API on this loopback address (`127.0.0.1:8420`),
+        /// with the bearer token of $BROOD_ROOT/token (made at first start).
+        #[arg(long)]
+        listen: Option<String>,
     },
     /// Create an agent (inside an agent, a child of the calling agent).
     Spawn {
@@ -223,7 +236,7 @@ enum Cmd {
 
 /// A failure with the exit code it maps to.
 #[derive(Debug)]
-struct Exit(i32, String);
+pub(crate) struct Exit(pub(crate) i32, pub(crate) String);
 
 impl std::fmt::Display for Exit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -290,46 +303,8 @@ pub(crate) fn default_root() -> PathBuf {
     PathBuf::from(home).join(".local/state/brood")
 }
 
-fn root_of(cli_root: &Option<PathBuf>) -> PathBuf {
+pub(crate) fn root_of(cli_root: &Option<PathBuf>) -> PathBuf {
     cli_root.clone().unwrap_or_else(default_root)
-}
-
-/// The control socket to talk to: inside an agent, the one it was given.
-fn socket_for(root: &Option<PathBuf>) -> PathBuf {
-    if root.is_none()
-        && let Ok(s) = std::env::var("BROOD_SOCKET")
-        && !s.is_empty()
-    {
-        return PathBuf::from(s);
-    }
-    control::socket_of(&root_of(root))
-}
-
-/// Sends one request to the supervisor and turns an error reply into an `Exit`.
-async fn call(root: &Option<PathBuf>, op: &str, args: Value) -> Result<Value> {
-    let sock = socket_for(root);
-    let reply = control::request(&sock, op, args).await.map_err(|e| {
-        Exit(
-            1,
-            format!(
-                "no brood supervisor answers on {} ({e}); start one with `brood serve` or use `brood run`",
-                sock.display()
-            ),
-        )
-    })?;
-    if reply.get("ok").and_then(Value::as_bool) == Some(true) {
-        return Ok(reply.get("result").cloned().unwrap_or(Value::Null));
-    }
-    let err = &reply["error"];
-    let code = err["code"]
-        .as_str()
-        .and_then(Code::parse)
-        .unwrap_or(Code::Internal);
-    Err(Exit(
-        code.exit_code(),
-        format!("{}: {}", code, err["message"].as_str().unwrap_or("")),
-    )
-    .into())
 }
 
 /// `brood fsck`: the ctx projection rebuilt from the store, whole.
@@ -373,7 +348,7 @@ fn store_file(root: &Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| root_of(root).join("brood.db"))
 }
 
-fn view(root: &Option<PathBuf>) -> Result<View> {
+pub(crate) fn view(root: &Option<PathBuf>) -> Result<View> {
     let db = store_file(root);
     View::open(&db).with_context(|| format!("reading the store {}", db.display()))
 }
@@ -381,7 +356,7 @@ fn view(root: &Option<PathBuf>) -> Result<View> {
 /// `--store`, set once at start (read by every verb that opens the store).
 static STORE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
 
-fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
+pub(crate) fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
     r.map_err(|e| Exit(e.code.exit_code(), e.to_string()).into())
 }
 
@@ -447,6 +422,7 @@ pub(crate) fn wait_code(a: &Value) -> i32 {
 
 async fn real_main(cli: Cli) -> Result<i32> {
     let root = cli.root.clone();
+    let remote = Remote::new(&root, &cli.url, &cli.token)?;
     let _ = STORE.set(cli.store.clone());
     let cli_config = cli.config.clone();
     match cli.cmd {
@@ -487,6 +463,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             grace: g,
             sweep_every,
             allow_weaker_sandbox,
+            listen,
         } => {
             let mut cfg = Config::new(root_of(&root));
             cfg.grace = grace(g)?;
@@ -504,7 +481,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
-            serve(cfg).await
+            serve(cfg, listen).await
         }
         Cmd::Spawn {
             parent,
@@ -521,127 +498,44 @@ async fn real_main(cli: Cli) -> Result<i32> {
         } => {
             let protocol = parse_protocol(&protocol, &argv)?.as_str();
             let policy = policy.as_deref().map(read_policy).transpose()?;
-            let r = call(
-                &root,
-                "spawn",
-                json!({"parent": parent, "customer": customer, "name": name, "label": label, "protocol": protocol, "task": task, "argv": argv, "await_ready": ready, "policy": policy, "iso": iso}),
-            )
-            .await?;
-            if json {
-                println!("{r}");
-            } else {
-                println!(
-                    "{}\t{}\t{}",
-                    r["name"].as_str().unwrap_or(""),
-                    r["status"].as_str().unwrap_or(""),
-                    r["run"].as_str().unwrap_or("")
-                );
-            }
-            Ok(if r["status"] == "failed" { 1 } else { 0 })
-        }
-        Cmd::Ps { all, json } => {
-            let v = api(view(&root)?.list(None, all))?;
-            if json {
-                println!("{}", v["agents"]);
-            } else {
-                print!(
-                    "{}",
-                    render::table(v["agents"].as_array().map(Vec::as_slice).unwrap_or(&[]))
-                );
-            }
-            Ok(0)
-        }
-        Cmd::Tree { name, json } => {
-            let name = name
-                .map(|n| brood_core::AgentName::new(&n))
-                .transpose()
-                .map_err(|e| Exit(3, e.to_string()))?;
-            let v = api(view(&root)?.tree(name.as_ref()))?;
-            if json {
-                println!("{}", v["trees"]);
-            } else {
-                for t in v["trees"].as_array().into_iter().flatten() {
-                    print!("{}", render::tree(t));
+            let mut body =
+                json!({"argv": argv, "protocol": protocol, "task": task, "await_ready": ready});
+            for (k, v) in [
+                ("parent", parent),
+                ("customer", customer),
+                ("name", name),
+                ("label", label),
+                ("iso", iso),
+            ] {
+                if let Some(v) = v {
+                    body[k] = json!(v);
                 }
             }
-            Ok(0)
-        }
-        Cmd::Show { name, json } => {
-            let name = brood_core::AgentName::new(&name).map_err(|e| Exit(3, e.to_string()))?;
-            let v = api(view(&root)?.show(&name))?;
-            if json {
-                println!("{v}");
-            } else {
-                print!("{}", render::show(&v));
+            if let Some(p) = policy {
+                body["policy"] = p;
             }
-            Ok(0)
+            verbs::spawn(&remote, verbs::Spawn { body, json }).await
         }
-        Cmd::Send { name, text } => {
-            let r = call(&root, "send", json!({"name": name, "text": text})).await?;
-            println!("{}", r["id"].as_str().unwrap_or(""));
-            Ok(0)
-        }
+        Cmd::Ps { all, json } => verbs::ps(&remote, &root, all, json).await,
+        Cmd::Tree { name, json } => verbs::tree(&remote, &root, name, json).await,
+        Cmd::Show { name, json } => verbs::show(&remote, &root, &name, json).await,
+        Cmd::Send { name, text } => verbs::send(&remote, &name, text).await,
         Cmd::Wait {
             names,
             timeout,
             json,
-        } => {
-            let r = call(&root, "wait", json!({"names": names, "timeout_s": timeout})).await?;
-            let agents = r["agents"].as_array().cloned().unwrap_or_default();
-            if json {
-                println!("{r}");
-            } else {
-                for a in &agents {
-                    let reason = a["reason"]
-                        .as_str()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default();
-                    println!(
-                        "{}\t{}{}",
-                        a["name"].as_str().unwrap_or(""),
-                        a["status"].as_str().unwrap_or(""),
-                        reason
-                    );
-                }
-            }
-            if r["timed_out"] == true {
-                return Ok(2);
-            }
-            Ok(agents.iter().map(wait_code).max().unwrap_or(0))
-        }
-        Cmd::Cancel { name } => {
-            let r = call(&root, "cancel", json!({"name": name})).await?;
-            println!(
-                "{}\t{}",
-                r["name"].as_str().unwrap_or(""),
-                r["state"].as_str().unwrap_or("")
-            );
-            Ok(0)
-        }
-        Cmd::Close { name } => {
-            let r = call(&root, "close", json!({"name": name})).await?;
-            println!(
-                "{}\t{}",
-                r["name"].as_str().unwrap_or(""),
-                r["status"].as_str().unwrap_or("")
-            );
-            Ok(0)
-        }
+        } => verbs::wait(&remote, &names, timeout, json).await,
+        Cmd::Cancel { name } => verbs::act(&remote, "cancel", &name, None).await,
+        Cmd::Close { name } => verbs::act(&remote, "close", &name, None).await,
         Cmd::Resume { name, text } => {
-            let r = call(&root, "resume", json!({"name": name, "text": text})).await?;
-            println!(
-                "{}\t{}\t{}",
-                r["name"].as_str().unwrap_or(""),
-                r["status"].as_str().unwrap_or(""),
-                r["run"].as_str().unwrap_or("")
-            );
-            Ok(0)
+            let body = text.map(|t| json!({ "text": t }));
+            verbs::act(&remote, "resume", &name, body).await
         }
         Cmd::Events {
             name,
             follow,
             format,
-        } => events(&root, name, follow, &format).await,
+        } => verbs::events(&remote, &root, name, follow, &format).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
         Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
         Cmd::Fsck { json } => fsck(&root, json),
@@ -670,7 +564,10 @@ async fn run_root(
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
     let (sup, listener) = host(cfg).await?;
-    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let server = tokio::spawn(brood_server::serve_unix(
+        brood_server::Api::new(sup.clone(), None),
+        listener,
+    ));
     let req = SpawnRequest {
         customer: None,
         label: None,
@@ -727,7 +624,7 @@ async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, V
     });
     let r = api(sup.wait(me, vec![name.clone()], None).await)?;
     let a = r["agents"][0].clone();
-    let tree = api(sup.view().tree(Some(&name)))?;
+    let tree = serde_json::to_value(api(sup.view().tree(Some(&name)))?)?;
     Ok((a, tree))
 }
 
@@ -736,76 +633,63 @@ async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, V
 async fn host(cfg: Config) -> Result<(Supervisor, tokio::net::UnixListener)> {
     std::fs::create_dir_all(&cfg.root)
         .with_context(|| format!("creating the root {}", cfg.root.display()))?;
-    let listener = control::bind(&cfg.socket)
+    let listener = brood_server::bind_unix(&cfg.socket)
         .await
         .with_context(|| format!("binding the control socket {}", cfg.socket.display()))?;
     let sup = Supervisor::start(cfg).context("starting the supervisor")?;
     Ok((sup, listener))
 }
 
-async fn serve(cfg: Config) -> Result<i32> {
+async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
     let sock = cfg.socket.clone();
+    let root = cfg.root.clone();
+    // The TCP listener is bound before anything starts, so a bad address is
+    // refused without side effects.
+    let tcp = match &listen {
+        Some(addr) => Some(
+            brood_server::bind_tcp(addr)
+                .await
+                .map_err(|e| Exit(2, format!("binding --listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     let (sup, listener) = host(cfg).await?;
+    let token = match &tcp {
+        Some(_) => Some(
+            brood_server::Token::load_or_create(&root)
+                .map_err(|e| Exit(1, format!("the API token: {e}")))?,
+        ),
+        None => None,
+    };
+    let api = brood_server::Api::new(sup.clone(), token);
     eprintln!(
         "brood: serving {} ({})",
         sock.display(),
         sup.host_info().containment
     );
-    let server = tokio::spawn(control::serve(sup.clone(), listener));
+    let mut servers = vec![tokio::spawn(brood_server::serve_unix(
+        api.clone(),
+        listener,
+    ))];
+    if let Some(l) = tcp {
+        let addr = l.local_addr()?;
+        eprintln!(
+            "brood: serving http://{addr} (token in {})",
+            brood_server::Token::path(&root).display()
+        );
+        servers.push(tokio::spawn(brood_server::serve_tcp(api, l)));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
     sup.shutdown().await;
-    server.abort();
+    for s in servers {
+        s.abort();
+    }
     let _ = std::fs::remove_file(&sock);
     Ok(0)
-}
-
-async fn events(
-    root: &Option<PathBuf>,
-    name: Option<String>,
-    follow: bool,
-    format: &str,
-) -> Result<i32> {
-    use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
-    let format = EventFormat::parse(format).ok_or_else(|| {
-        Exit(
-            2,
-            format!("--format {format:?}: unknown event format; use brood or agentruntime"),
-        )
-    })?;
-    let v = view(root)?;
-    let name = name
-        .map(|n| brood_core::AgentName::new(&n))
-        .transpose()
-        .map_err(|e| Exit(3, e.to_string()))?;
-    let mut after = 0;
-    loop {
-        let batch = v
-            .store()
-            .events(v.tenant(), after, name.as_ref(), 1000)
-            .context("reading events")?;
-        for e in &batch {
-            after = e.seq;
-            match format {
-                EventFormat::Brood => println!("{}", control::event_json(e)),
-                // Events the standard has no counterpart for are left out.
-                EventFormat::AgentRuntime => {
-                    if let Some(x) = to_agentruntime(e) {
-                        println!("{x}");
-                    }
-                }
-            }
-        }
-        if !follow {
-            return Ok(0);
-        }
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
 }
 
 /// Reads a policy file, JSON or TOML by extension, into the JSON the verbs take

@@ -13,10 +13,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use brood_runtime::agentruntime::to_agentruntime;
-use brood_server::control;
 use common::*;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// The schema, vendored from the peer standard (tests/peer/README.md).
 const SCHEMA: &str = concat!(
@@ -152,7 +150,7 @@ async fn a_whole_run_exports_as_valid_standard_events() {
         env.sup
             .view()
             .show(&name("stuck"))
-            .is_ok_and(|s| s["status"] == "running")
+            .is_ok_and(|s| s.agent.status == "running")
     })
     .await;
     assert!(running, "stuck never ran: {}", show(&env, "root"));
@@ -289,21 +287,33 @@ async fn a_whole_run_exports_as_valid_standard_events() {
     assert_eq!(resumed[0]["status"], "queued");
 }
 
-/// Reads `{"event": ...}` lines until the closing `{"ok": ...}` line.
+/// `GET /api/events` (not following) with `args` as its query: the events
+/// of the stream, and `{"ok": true}` or `{"ok": false, "error"}`.
 async fn socket_events(sock: &Path, args: Value) -> (Vec<Value>, Value) {
-    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
-    let req = json!({"op": "events", "args": args});
-    s.write_all(format!("{req}\n").as_bytes()).await.unwrap();
-    let mut lines = BufReader::new(s).lines();
-    let mut events = Vec::new();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        let v: Value = serde_json::from_str(&line).unwrap();
-        match v.get("event") {
-            Some(e) => events.push(e.clone()),
-            None => return (events, v),
-        }
+    let mut query = vec!["follow=false".to_owned()];
+    for (k, v) in args.as_object().unwrap() {
+        let k = if k == "name" { "agent" } else { k.as_str() };
+        let v = v
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string());
+        query.push(format!("{k}={v}"));
     }
-    panic!("the socket closed without a closing line after {events:?}");
+    let path = format!("/api/events?{}", query.join("&"));
+    let sock = sock.to_owned();
+    let (status, body) = tokio::task::spawn_blocking(move || http(&sock, "GET", &path, None))
+        .await
+        .unwrap();
+    if status != 200 {
+        return (Vec::new(), json!({"ok": false, "error": body["error"]}));
+    }
+    let text = body.as_str().unwrap_or_default().to_owned();
+    let events = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    (events, json!({"ok": true}))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,8 +321,11 @@ async fn the_control_socket_streams_standard_events_and_refuses_a_bad_format() {
     let schema = Validator::load();
     let env = start(Duration::from_millis(500));
     let sock = env.root().join("test.sock");
-    let listener = control::bind(&sock).await.unwrap();
-    let server = tokio::spawn(control::serve(env.sup.clone(), listener));
+    let listener = brood_server::bind_unix(&sock).await.unwrap();
+    let server = tokio::spawn(brood_server::serve_unix(
+        brood_server::Api::new(env.sup.clone(), None),
+        listener,
+    ));
     env.sup
         .spawn(me(), req("solo", agent(&["--result", "hi"])))
         .await

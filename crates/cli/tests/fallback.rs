@@ -46,10 +46,13 @@ async fn nobody_inside_a_tree_is_the_operator(pid_namespace: bool) {
     });
     assert!(env.sup.host_info().cgroup.contains("process groups"));
     // The control socket, served as `brood serve` and `brood run` serve it.
-    let listener = brood_server::control::bind(&env.root().join("brood.sock"))
+    let listener = brood_server::bind_unix(&env.root().join("brood.sock"))
         .await
         .unwrap();
-    let server = tokio::spawn(brood_server::control::serve(env.sup.clone(), listener));
+    let server = tokio::spawn(brood_server::serve_unix(
+        brood_server::Api::new(env.sup.clone(), None),
+        listener,
+    ));
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let vars = vec![

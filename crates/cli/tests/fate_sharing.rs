@@ -73,7 +73,7 @@ async fn case(parent: Parent, child: Child) {
             .view()
             .show(&name("c"))
             .ok()
-            .and_then(|c| c["cgroup"].as_str().map(PathBuf::from))
+            .and_then(|c| c.agent.cgroup.map(PathBuf::from))
             .is_some_and(|g| pids_under(&g).len() >= expected_procs - 1)
     })
     .await;

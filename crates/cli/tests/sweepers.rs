@@ -198,7 +198,7 @@ fn serve(root: &Path, store: &Path) -> Daemon {
 /// `GET /metrics` on a control socket, parsed into `name{labels} -> value`.
 fn metrics(root: &Path) -> std::collections::HashMap<String, f64> {
     let mut s = std::os::unix::net::UnixStream::connect(root.join("brood.sock")).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: brood\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: brood\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
@@ -325,14 +325,43 @@ fn of_two_supervisors_sharing_a_store_only_the_lease_holder_sweeps() {
     }
 }
 
-/// One control-socket request, the reply's JSON.
+/// One verb through a supervisor's API, answered as `{"ok": true, "result"}`
+/// or `{"ok": false, "error"}`.
 fn request(root: &Path, op: &str, args: Value) -> Value {
-    let mut s = std::os::unix::net::UnixStream::connect(root.join("brood.sock")).unwrap();
-    s.write_all(format!("{}\n", json!({"op": op, "args": args})).as_bytes())
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+    let sock = root.join("brood.sock");
+    let answer = |(status, v): (u16, Value)| {
+        if (200..300).contains(&status) {
+            json!({"ok": true, "result": v})
+        } else {
+            json!({"ok": false, "error": v["error"]})
+        }
+    };
+    match op {
+        "spawn" => answer(http(&sock, "POST", "/api/agents", Some(&args))),
+        "cancel" => answer(http(
+            &sock,
+            "POST",
+            &format!("/api/agents/{}/cancel", args["name"].as_str().unwrap()),
+            None,
+        )),
+        "wait" => {
+            let mut agents = Vec::new();
+            let mut timed_out = false;
+            for n in args["names"].as_array().unwrap() {
+                let (status, v) = http(
+                    &sock,
+                    "POST",
+                    &format!("/api/agents/{}/wait", n.as_str().unwrap()),
+                    Some(&json!({"timeout_s": args["timeout_s"]})),
+                );
+                assert_eq!(status, 200, "{v}");
+                timed_out |= v["timed_out"] == true;
+                agents.push(v["agents"][0].clone());
+            }
+            json!({"ok": true, "result": {"agents": agents, "timed_out": timed_out}})
+        }
+        other => panic!("no such verb {other}"),
+    }
 }
 
 #[test]

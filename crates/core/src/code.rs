@@ -47,10 +47,20 @@ pub enum Code {
     Forbidden,
     /// The runtime failed; details are in the supervisor's log.
     Internal,
+    /// The HTTP API was called without its bearer token, or with a wrong one.
+    Unauthorized,
+    /// A request body over the API's limit.
+    TooLarge,
+    /// An `Idempotency-Key` used again with a different request.
+    IdempotencyMismatch,
+    /// A route of the contract this version does not serve yet (jobs).
+    NotImplemented,
+    /// The runtime cannot take the request now (shutting down).
+    Unavailable,
 }
 
 impl Code {
-    pub const ALL: [Code; 29] = [
+    pub const ALL: [Code; 34] = [
         Code::InvalidName,
         Code::ParentMismatch,
         Code::UnsupportedLifecycle,
@@ -80,6 +90,11 @@ impl Code {
         Code::BadRequest,
         Code::Forbidden,
         Code::Internal,
+        Code::Unauthorized,
+        Code::TooLarge,
+        Code::IdempotencyMismatch,
+        Code::NotImplemented,
+        Code::Unavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -113,6 +128,11 @@ impl Code {
             Code::BadRequest => "BadRequest",
             Code::Forbidden => "Forbidden",
             Code::Internal => "Internal",
+            Code::Unauthorized => "Unauthorized",
+            Code::TooLarge => "TooLarge",
+            Code::IdempotencyMismatch => "IdempotencyMismatch",
+            Code::NotImplemented => "NotImplemented",
+            Code::Unavailable => "Unavailable",
         }
     }
 
@@ -128,7 +148,8 @@ impl Code {
             Code::NotFound => 4,
             Code::Conflict => 5,
             Code::BadRequest => 2,
-            Code::Internal => 1,
+            Code::Internal | Code::Unavailable | Code::NotImplemented => 1,
+            Code::Unauthorized | Code::TooLarge | Code::IdempotencyMismatch => 2,
             _ => 3,
         }
     }

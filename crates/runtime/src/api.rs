@@ -10,7 +10,7 @@ use std::time::Duration;
 use brood_core::{AgentName, Code, Iso, Life, Protocol, SessionName};
 use serde_json::{Value, json};
 
-use crate::supervisor::Supervisor;
+use crate::supervisor::{Supervisor, to_json};
 
 /// A refused or failed request: a SPEC code and a message for the requester.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,103 +108,87 @@ fn opt_name_arg(args: &Value, key: &str) -> Result<Option<AgentName>, ApiError> 
 }
 
 impl SpawnRequest {
-    /// Parses the `spawn` arguments of the protocol and the control socket:
-    /// `{"name"?, "parent"?, "argv": [..], "protocol"?: "brood"|"exec", "task"?,
-    /// "env"?: {..}, "cwd"?, "session"?, "await_ready"?}`.
+    /// Parses the `spawn` arguments of the protocol: `brood_api::SpawnBody`
+    /// as JSON, its wrong field named.
     pub fn from_json(args: &Value) -> Result<SpawnRequest, ApiError> {
-        let name = opt_name_arg(args, "name")?;
-        let parent = opt_name_arg(args, "parent")?;
-        let customer = opt_name_arg(args, "customer")?;
-        let argv: Vec<String> = match args.get("argv") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| bad("argv must be an array of strings"))
-                })
-                .collect::<Result<_, _>>()?,
-            _ => return Err(bad("missing argument \"argv\" (an array of strings)")),
+        let body: brood_api::SpawnBody = brood_api::parse_value(args.clone()).map_err(bad)?;
+        SpawnRequest::from_body(body)
+    }
+
+    /// A creation request from its wire form, every field checked: names,
+    /// the words of `protocol`, `life` and `iso`, the environment, the label.
+    /// `protocol` defaults to `brood` here (the CLI picks `exec` for programs
+    /// that are not brood's own agents before it asks).
+    pub fn from_body(b: brood_api::SpawnBody) -> Result<SpawnRequest, ApiError> {
+        let name_of = |key: &str, v: Option<String>| -> Result<Option<AgentName>, ApiError> {
+            v.map(|s| {
+                AgentName::new(&s)
+                    .map_err(|e| ApiError::new(Code::InvalidName, format!("{key}: {e}")))
+            })
+            .transpose()
         };
-        if argv.is_empty() {
-            return Err(bad("argv must name a program"));
+        if b.argv.is_empty() {
+            return Err(bad("argv: must name a program"));
         }
-        let protocol = match args.get("protocol").and_then(Value::as_str) {
+        let protocol = match b.protocol.as_deref() {
             None => Protocol::Brood,
             Some(p) => Protocol::parse(p)
-                .ok_or_else(|| bad(format!("protocol must be brood or exec, not {p:?}")))?,
+                .ok_or_else(|| bad(format!("protocol: must be brood or exec, not {p:?}")))?,
         };
-        let task = args
-            .get("task")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
         let mut env = Vec::new();
-        if let Some(e) = args.get("env") {
-            let obj = e.as_object().ok_or_else(|| bad("env must be an object"))?;
-            for (k, v) in obj {
-                let v = v
-                    .as_str()
-                    .ok_or_else(|| bad(format!("env {k:?} must be a string")))?;
-                if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                    return Err(bad(format!("env {k:?} is not a valid variable")));
-                }
-                if brood_launch::env::is_reserved(k) {
-                    return Err(bad(format!(
-                        "env {k:?}: BROOD_* and CTX_* are set by the runtime"
-                    )));
-                }
-                env.push((k.clone(), v.to_owned()));
+        for (k, v) in b.env.unwrap_or_default() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(bad(format!("env.{k}: not a valid variable")));
             }
+            if brood_launch::env::is_reserved(&k) {
+                return Err(bad(format!(
+                    "env.{k}: BROOD_* and CTX_* are set by the runtime"
+                )));
+            }
+            env.push((k, v));
         }
-        let cwd = args.get("cwd").and_then(Value::as_str).map(str::to_owned);
-        let session = match args.get("session").and_then(Value::as_str) {
+        let session = match b.session.as_deref() {
             None => SessionName::default_session(),
-            Some(s) => {
-                SessionName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))?
+            Some(s) => SessionName::new(s)
+                .map_err(|e| ApiError::new(Code::InvalidName, format!("session: {e}")))?,
+        };
+        let label = match b.label {
+            None => None,
+            Some(l) if l.len() <= 256 && !l.chars().any(char::is_control) => Some(l),
+            Some(l) => {
+                return Err(bad(format!(
+                    "label: must be one line of at most 256 bytes without control characters, got {l:?}"
+                )));
             }
         };
         Ok(SpawnRequest {
-            name,
-            parent,
-            customer,
-            argv,
+            name: name_of("name", b.name)?,
+            parent: name_of("parent", b.parent)?,
+            customer: name_of("customer", b.customer)?,
+            argv: b.argv,
             protocol,
-            task,
+            task: b.task.unwrap_or_default(),
             env,
-            cwd,
+            cwd: b.cwd,
             session,
-            await_ready: args
-                .get("await_ready")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            policy: args.get("policy").filter(|p| !p.is_null()).cloned(),
-            life: match args.get("life").and_then(Value::as_str) {
+            await_ready: b.await_ready.unwrap_or(false),
+            policy: b.policy.filter(|p| !p.is_null()),
+            life: match b.life.as_deref() {
                 None => Life::Owned,
                 Some(l) => Life::parse(l).ok_or_else(|| {
-                    bad(format!("life must be owned, temp or detached, not {l:?}"))
+                    bad(format!("life: must be owned, temp or detached, not {l:?}"))
                 })?,
             },
-            label: match args.get("label") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(l)) if l.len() <= 256 && !l.chars().any(char::is_control) => {
-                    Some(l.clone())
-                }
-                Some(v) => {
-                    return Err(bad(format!(
-                        "label must be one line of at most 256 bytes without control characters, got {v}"
-                    )));
-                }
-            },
-            iso: match args.get("iso").and_then(Value::as_str) {
+            label,
+            iso: match b.iso.as_deref() {
                 None => Iso::None,
                 Some(i) => Iso::parse(i)
-                    .ok_or_else(|| bad(format!("iso must be ns or none, not {i:?}")))?,
+                    .ok_or_else(|| bad(format!("iso: must be ns or none, not {i:?}")))?,
             },
-            root: match args.get("root").and_then(Value::as_str) {
+            root: match b.root {
                 None => None,
                 Some(r) => Some(
-                    brood_core::policy::AbsPath::new("root", r)
+                    brood_core::policy::AbsPath::new("root", &r)
                         .map_err(|e| bad(e.to_string()))?
                         .as_str()
                         .to_owned(),
@@ -287,10 +271,16 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                     Caller::User { .. } => None,
                 },
             };
-            sup.view().list(parent, all)
+            sup.view().list(parent, all).map(|v| to_json(&v))
         }
-        "show" => sup.view().show(&name_arg(args, "name")?),
-        "tree" => sup.view().tree(opt_name_arg(args, "name")?.as_ref()),
+        "show" => sup
+            .view()
+            .show(&name_arg(args, "name")?)
+            .map(|v| to_json(&v)),
+        "tree" => sup
+            .view()
+            .tree(opt_name_arg(args, "name")?.as_ref())
+            .map(|v| to_json(&v)),
         "ping" => Ok(json!({"pong": true})),
         other if other.starts_with("job.") => Err(ApiError::new(
             Code::BadRequest,

@@ -33,7 +33,7 @@ use brood_launch::{LaunchError, LaunchSpec, Launched, Spawner};
 use brood_proto::{DoneResult, FromAgent, HistoryMessage, InitConfig, LineError, ToAgent};
 use brood_store::{Agent, EndItem, NewAgent, NewEvent, Protocol, RunEnd, Store, StoreError};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::api::{ApiError, ApiResult, Caller, SpawnRequest};
 use crate::io;
@@ -217,6 +217,9 @@ pub struct Supervisor {
     projection: Projection,
     metrics: Arc<crate::metrics::Metrics>,
     me: String,
+    /// Bumped after every command the dispatcher handled: whoever streams the
+    /// event log (SSE) reads the store again then instead of polling it.
+    changed: watch::Receiver<u64>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -256,41 +259,62 @@ fn supervisor_alive(id: &str) -> bool {
     supervisor_id(pid).as_deref() == Some(id)
 }
 
-pub(crate) fn agent_json(store: &Arc<dyn Store>, a: &Agent) -> Value {
+/// An agent's record as every surface shows it (`brood_api::Agent`).
+pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent {
     let run = store.run(&a.tenant, &a.run).ok().flatten();
-    json!({
-        "name": a.name.as_str(),
-        "parent": a.parent.as_ref().map(|p| p.as_str()),
-        "customer": a.customer.as_ref().map(|p| p.as_str()),
-        "status": a.status.api_word(),
-        "state": a.status.encode(),
-        "reason": a.status.reason(),
-        "detail": a.detail,
-        "depth": a.depth,
-        "session": a.session.as_str(),
-        "protocol": a.protocol.as_str(),
-        "run": a.run.as_str(),
-        "pid": run.as_ref().and_then(|r| if a.status.is_live() { r.pid } else { None }),
-        "cgroup": run.as_ref().and_then(|r| r.cgroup.clone()),
-        "result": run.as_ref().and_then(|r| r.result.clone()),
-        "exit_code": run.as_ref().and_then(|r| r.exit_code),
-        "created_ms": a.created_ms,
-        "updated_ms": a.updated_ms,
-        "started_ms": run.as_ref().and_then(|r| r.started_ms),
-        "ended_ms": run.as_ref().and_then(|r| r.ended_ms),
-        "tokens_in": run.as_ref().map(|r| r.tokens_in),
-        "tokens_out": run.as_ref().map(|r| r.tokens_out),
-        "cost_usd": run.as_ref().map(|r| r.cost_usd),
-    })
+    brood_api::Agent {
+        name: a.name.to_string(),
+        parent: a.parent.as_ref().map(|p| p.to_string()),
+        customer: a.customer.as_ref().map(|p| p.to_string()),
+        status: a.status.api_word().to_owned(),
+        state: a.status.encode(),
+        reason: a.status.reason().map(str::to_owned),
+        detail: a.detail.clone(),
+        depth: a.depth,
+        session: a.session.to_string(),
+        protocol: a.protocol.as_str().to_owned(),
+        run: a.run.to_string(),
+        pid: run
+            .as_ref()
+            .and_then(|r| if a.status.is_live() { r.pid } else { None })
+            .map(i64::from),
+        cgroup: run.as_ref().and_then(|r| r.cgroup.clone()),
+        result: run.as_ref().and_then(|r| r.result.clone()),
+        exit_code: run.as_ref().and_then(|r| r.exit_code).map(i64::from),
+        created_ms: a.created_ms,
+        updated_ms: a.updated_ms,
+        started_ms: run.as_ref().and_then(|r| r.started_ms),
+        ended_ms: run.as_ref().and_then(|r| r.ended_ms),
+        tokens_in: run.as_ref().map(|r| r.tokens_in),
+        tokens_out: run.as_ref().map(|r| r.tokens_out),
+        cost_usd: run.as_ref().map(|r| r.cost_usd),
+    }
 }
 
-pub(crate) fn run_json(r: &brood_store::Run) -> Value {
-    json!({
-        "id": r.id.as_str(), "seq": r.seq, "pid": r.pid, "cgroup": r.cgroup,
-        "outcome": r.outcome.map(|t| t.encode()), "exit_code": r.exit_code,
-        "started_ms": r.started_ms, "ended_ms": r.ended_ms,
-        "tokens_in": r.tokens_in, "tokens_out": r.tokens_out, "cost_usd": r.cost_usd,
-    })
+pub(crate) fn agent_json(store: &Arc<dyn Store>, a: &Agent) -> Value {
+    to_json(&agent_view(store, a))
+}
+
+/// A typed reply as the verbs' JSON. Serialising these plain structs cannot
+/// fail; `Null` is what a failure would give rather than a panic.
+pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+pub(crate) fn run_view(r: &brood_store::Run) -> brood_api::RunView {
+    brood_api::RunView {
+        id: r.id.to_string(),
+        seq: r.seq,
+        pid: r.pid.map(i64::from),
+        cgroup: r.cgroup.clone(),
+        outcome: r.outcome.map(|t| t.encode()),
+        exit_code: r.exit_code.map(i64::from),
+        started_ms: r.started_ms,
+        ended_ms: r.ended_ms,
+        tokens_in: r.tokens_in,
+        tokens_out: r.tokens_out,
+        cost_usd: r.cost_usd,
+    }
 }
 
 pub(crate) fn internal(e: StoreError) -> ApiError {
@@ -543,6 +567,8 @@ struct Dispatcher {
     veil: Option<crate::veil::Veil>,
     /// The veiled mount namespace agents join, once made.
     veil_ns: Option<Arc<brood_launch::veil::VeilNamespace>>,
+    /// Bumped after each command (see `Supervisor::changed`).
+    changed: watch::Sender<u64>,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -650,6 +676,8 @@ impl Dispatcher {
     /// After every command: a freed slot goes to the next in line, and a
     /// shutdown whose trees are all gone removes the cgroups and answers.
     fn after_command(&mut self, shutdown: &mut Option<oneshot::Sender<()>>) {
+        // Whatever the command wrote (events included) is committed by now.
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
         // A slot freed by whatever this command did goes to the next in line
         // (not while shutting down: nothing new starts then).
         if shutdown.is_none() {
@@ -830,6 +858,7 @@ impl Dispatcher {
             projection: self.projection.clone(),
             metrics: self.metrics.clone(),
             me: self.me.clone(),
+            changed: self.changed.subscribe(),
         }
     }
 

@@ -1,4 +1,5 @@
-//! Read-only views of the store: `ps`, `tree`, `show` as JSON.
+//! Read-only views of the store: agents, their details and trees, and the
+//! seed's sessions, as `brood_api`'s types.
 //!
 //! They read the store directly, so they work with or without a running
 //! supervisor (SPEC 12: read-only commands fall back to the store), and the
@@ -7,13 +8,18 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use brood_core::{AgentName, TenantId};
+use brood_api as api;
+use brood_core::{AgentName, Code, TenantId};
 use brood_store::prelude::*;
 use brood_store::{Agent, SqliteStore, StoreError};
 use serde_json::{Value, json};
 
-use crate::api::{ApiError, ApiResult};
-use crate::supervisor::{agent_json, internal, not_found, run_json};
+use crate::api::ApiError;
+use crate::supervisor::{agent_view, internal, not_found, run_view};
+
+/// Deeper than this, trees are cut (a tree is at most `max_depth` deep, 64 by
+/// default; this only bounds the recursion).
+const TREE_DEPTH: usize = 64;
 
 #[derive(Clone)]
 pub struct View {
@@ -50,55 +56,88 @@ impl View {
             .ok_or_else(|| not_found(name))
     }
 
-    pub fn list(&self, parent: Option<AgentName>, all: bool) -> ApiResult {
+    /// The agents (live ones unless `all`), or `parent`'s children (live ones
+    /// unless `all`), in start order.
+    pub fn list(&self, parent: Option<AgentName>, all: bool) -> Result<api::AgentList, ApiError> {
         let agents = match &parent {
-            Some(p) => self.store.children(&self.tenant, p),
+            Some(p) => {
+                self.agent(p)?;
+                self.store.children(&self.tenant, p)
+            }
             None => self.store.agents(&self.tenant, all),
         }
         .map_err(internal)?;
-        let rows: Vec<Value> = agents
+        let agents = agents
             .iter()
             .filter(|a| all || parent.is_none() || !a.status.is_finished())
-            .map(|a| self.agent_json(a))
+            .map(|a| self.agent_view(a))
             .collect();
-        Ok(json!({"agents": rows}))
+        Ok(api::AgentList { agents })
     }
 
-    pub fn show(&self, name: &AgentName) -> ApiResult {
-        let a = self
-            .store
-            .agent(&self.tenant, name)
-            .map_err(internal)?
-            .ok_or_else(|| not_found(name))?;
-        let mut v = self.agent_json(&a);
+    /// Every descendant of `name`, parents before children, siblings in start order.
+    pub fn descendants(&self, name: &AgentName) -> Result<api::AgentList, ApiError> {
+        self.agent(name)?;
+        let mut agents = Vec::new();
+        self.pre_order(name, 0, &mut agents)?;
+        Ok(api::AgentList { agents })
+    }
+
+    fn pre_order(
+        &self,
+        name: &AgentName,
+        depth: usize,
+        out: &mut Vec<api::Agent>,
+    ) -> Result<(), ApiError> {
+        if depth >= TREE_DEPTH {
+            return Ok(());
+        }
+        for k in self.store.children(&self.tenant, name).map_err(internal)? {
+            out.push(self.agent_view(&k));
+            self.pre_order(&k.name, depth + 1, out)?;
+        }
+        Ok(())
+    }
+
+    pub fn show(&self, name: &AgentName) -> Result<api::AgentDetail, ApiError> {
+        let a = self.agent(name)?;
         // The effective policy and lifecycle recorded at admission (SPEC 5).
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-        v["policy"] = spec.get("policy").cloned().unwrap_or(Value::Null);
-        v["life"] = spec.get("life").cloned().unwrap_or_else(|| json!("owned"));
-        v["iso"] = spec.get("iso").cloned().unwrap_or_else(|| json!("none"));
-        v["allow_weaker_sandbox"] = spec
-            .get("allow_weaker_sandbox")
-            .cloned()
-            .unwrap_or(json!(false));
-        v["spend"] = self.spend_json(name)?;
-        v["cost_limit"] = v["policy"]
-            .get("cost_limit")
-            .cloned()
-            .unwrap_or(Value::Null);
+        let policy = spec.get("policy").cloned().unwrap_or(json!({}));
+        let word = |k: &str, default: &str| {
+            spec.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or(default)
+                .to_owned()
+        };
         let runs = self.store.runs(&self.tenant, name).map_err(internal)?;
-        v["runs"] = Value::Array(runs.iter().map(run_json).collect());
-        Ok(v)
+        Ok(api::AgentDetail {
+            agent: self.agent_view(&a),
+            cost_limit: policy.get("cost_limit").and_then(Value::as_f64),
+            policy,
+            life: word("life", "owned"),
+            iso: word("iso", "none"),
+            allow_weaker_sandbox: spec
+                .get("allow_weaker_sandbox")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            spend: self.spend(name)?,
+            runs: runs.iter().map(run_view).collect(),
+        })
     }
 
     /// The tree under `name`, or every root's tree.
-    pub fn tree(&self, name: Option<&AgentName>) -> ApiResult {
-        let roots: Vec<Agent> = match name {
-            Some(n) => vec![
-                self.store
-                    .agent(&self.tenant, n)
-                    .map_err(internal)?
-                    .ok_or_else(|| not_found(n))?,
-            ],
+    pub fn tree(&self, name: Option<&AgentName>) -> Result<api::Trees, ApiError> {
+        let mut trees = Vec::new();
+        for r in self.roots(name)? {
+            trees.push(self.subtree(&r, 0)?);
+        }
+        Ok(api::Trees { trees })
+    }
+
+    fn roots(&self, name: Option<&AgentName>) -> Result<Vec<Agent>, ApiError> {
+        Ok(match name {
+            Some(n) => vec![self.agent(n)?],
             None => self
                 .store
                 .agents(&self.tenant, true)
@@ -106,40 +145,123 @@ impl View {
                 .into_iter()
                 .filter(|a| a.parent.is_none())
                 .collect(),
-        };
-        let mut out = Vec::new();
-        for r in roots {
-            out.push(self.subtree_json(&r, 0)?);
-        }
-        Ok(json!({"trees": out}))
+        })
     }
 
     /// Own and subtree spend (SPEC 9), tokens and dollars: the per-child
     /// breakdown `tree` and `show` print.
-    fn spend_json(&self, name: &AgentName) -> ApiResult {
+    fn spend(&self, name: &AgentName) -> Result<api::Spend, ApiError> {
         let s = self.store.spend(&self.tenant, name).map_err(internal)?;
-        let u = |u: &brood_store::Usage| json!({"tokens_in": u.tokens_in, "tokens_out": u.tokens_out, "cost_usd": u.cost_usd});
-        Ok(json!({"own": u(&s.own), "subtree": u(&s.subtree)}))
+        let u = |u: &brood_store::Usage| api::Usage {
+            tokens_in: u.tokens_in,
+            tokens_out: u.tokens_out,
+            cost_usd: u.cost_usd,
+        };
+        Ok(api::Spend {
+            own: u(&s.own),
+            subtree: u(&s.subtree),
+        })
     }
 
-    fn subtree_json(&self, a: &Agent, depth: usize) -> ApiResult {
-        let mut v = self.agent_json(a);
-        v["spend"] = self.spend_json(&a.name)?;
-        let mut kids = Vec::new();
-        if depth < 64 {
+    fn subtree(&self, a: &Agent, depth: usize) -> Result<api::TreeNode, ApiError> {
+        let mut children = Vec::new();
+        if depth < TREE_DEPTH {
             for c in self
                 .store
                 .children(&self.tenant, &a.name)
                 .map_err(internal)?
             {
-                kids.push(self.subtree_json(&c, depth + 1)?);
+                children.push(self.subtree(&c, depth + 1)?);
             }
         }
-        v["children"] = Value::Array(kids);
-        Ok(v)
+        Ok(api::TreeNode {
+            agent: self.agent_view(a),
+            spend: self.spend(&a.name)?,
+            children,
+        })
     }
 
-    pub fn agent_json(&self, a: &Agent) -> Value {
-        agent_json(&self.store, a)
+    pub fn agent_view(&self, a: &Agent) -> api::Agent {
+        agent_view(&self.store, a)
+    }
+
+    // Sessions, as the seed's harness exposes them: one per agent, its id the
+    // agent's name, its parent session the parent's.
+
+    fn session_id(id: &str) -> Result<AgentName, ApiError> {
+        AgentName::new(id)
+            .map_err(|_| ApiError::new(Code::NotFound, format!("no session with id {id:?}")))
+    }
+
+    fn session_of(&self, id: &str) -> Result<Agent, ApiError> {
+        let name = View::session_id(id)?;
+        self.store
+            .agent(&self.tenant, &name)
+            .map_err(internal)?
+            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session with id {id:?}")))
+    }
+
+    pub fn session(&self, id: &str) -> Result<api::Session, ApiError> {
+        Ok(session_view(&self.session_of(id)?))
+    }
+
+    /// A session's children in start order; 404 for an unknown session.
+    pub fn session_children(&self, id: &str) -> Result<api::SessionList, ApiError> {
+        let a = self.session_of(id)?;
+        let kids = self
+            .store
+            .children(&self.tenant, &a.name)
+            .map_err(internal)?;
+        Ok(api::SessionList {
+            sessions: kids.iter().map(session_view).collect(),
+        })
+    }
+
+    pub fn session_parent(&self, id: &str) -> Result<api::ParentReply, ApiError> {
+        let a = self.session_of(id)?;
+        let parent = match &a.parent {
+            Some(p) => Some(session_view(&self.agent(p)?)),
+            None => None,
+        };
+        Ok(api::ParentReply { parent })
+    }
+
+    /// Every root's session tree, or the one under `root`.
+    pub fn session_tree(&self, root: Option<&AgentName>) -> Result<api::SessionTrees, ApiError> {
+        let mut trees = Vec::new();
+        for r in self.roots(root)? {
+            trees.push(self.session_node(&r, 0)?);
+        }
+        Ok(api::SessionTrees { trees })
+    }
+
+    fn session_node(&self, a: &Agent, depth: usize) -> Result<api::SessionNode, ApiError> {
+        let mut children = Vec::new();
+        if depth < TREE_DEPTH {
+            for c in self
+                .store
+                .children(&self.tenant, &a.name)
+                .map_err(internal)?
+            {
+                children.push(self.session_node(&c, depth + 1)?);
+            }
+        }
+        Ok(api::SessionNode {
+            session: session_view(a),
+            children,
+        })
+    }
+}
+
+fn session_view(a: &Agent) -> api::Session {
+    api::Session {
+        id: a.name.to_string(),
+        agent: a.name.to_string(),
+        session: a.session.to_string(),
+        parent_session_id: a.parent.as_ref().map(|p| p.to_string()),
+        status: a.status.api_word().to_owned(),
+        reason: a.status.reason().map(str::to_owned),
+        created_ms: a.created_ms,
+        updated_ms: a.updated_ms,
     }
 }

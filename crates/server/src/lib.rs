@@ -1,13 +1,26 @@
-//! brood-server: the transports in front of the runtime. Everything here is a
-//! client of the runtime's public API (`brood_runtime::Supervisor`,
-//! `brood_runtime::api`); the dispatcher knows nothing of sockets or wire
-//! formats.
+//! brood's transports: the HTTP API of SPEC 11, one router served on the
+//! control socket `$BROOD_ROOT/brood.sock` (callers identified from their peer
+//! credentials) and, when asked, on a loopback TCP port (callers holding the
+//! bearer token in `$BROOD_ROOT/token`); its event stream over SSE; its
+//! OpenAPI document, generated from the handlers; and the client the CLI
+//! uses. docs/api.md is the reference.
 //!
-//! * [`control`]: the control socket (`$BROOD_ROOT/brood.sock`): JSON-lines
-//!   requests, `events` streams, and `GET /metrics`; callers identified from
-//!   the peer's credentials and cgroup.
-//!
-//! The per-agent sockets (`ctx/agent/<name>.sock`) still live in the runtime,
-//! beside the dispatcher hooks they serve; the HTTP API will land here.
+//! The server holds no state of its own that matters: every request becomes a
+//! verb of the runtime's `Supervisor` (mutations, through its dispatcher) or a
+//! read of the store (`View`), and every reply is a `brood_api` type.
 
-pub mod control;
+mod auth;
+mod body;
+pub mod client;
+mod error;
+mod events;
+mod idempotency;
+mod listen;
+pub mod openapi;
+mod routes;
+mod state;
+
+pub use auth::Token;
+pub use events::event_json;
+pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};
+pub use state::Api;

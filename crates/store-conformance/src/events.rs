@@ -28,6 +28,7 @@ pub fn record_usage_replaces_the_counters(store: &dyn Store) {
 
 pub fn events_filter_by_agent_after_and_limit(store: &dyn Store) {
     let t = tenant("conf-events");
+    assert_eq!(store.last_event_seq(&t).unwrap(), 0);
     let a = admit(store, &t, "a", None);
     let b = admit(store, &t, "b", None);
     let mut evs = Vec::new();
@@ -37,6 +38,7 @@ pub fn events_filter_by_agent_after_and_limit(store: &dyn Store) {
     }
     let at = now();
     let out = store.append_events(&t, &evs, at).unwrap();
+    assert_eq!(store.last_event_seq(&t).unwrap(), 12);
     assert_eq!(
         out.iter().map(|e| e.seq).collect::<Vec<_>>(),
         (3..=12).collect::<Vec<_>>()

@@ -16,6 +16,7 @@
 mod admission;
 mod events;
 mod helpers;
+mod idempotency;
 mod messages;
 mod recovery;
 mod runs;
@@ -25,6 +26,7 @@ mod tree;
 pub use admission::*;
 pub use events::*;
 pub use helpers::*;
+pub use idempotency::*;
 pub use messages::*;
 pub use recovery::*;
 pub use runs::*;
@@ -124,6 +126,10 @@ pub const CASES: &[(&str, Case)] = &[
         resume_is_refused_under_a_dead_parent,
     ),
     (
+        "resume_within_counts_the_parents_fanout",
+        resume_within_counts_the_parents_fanout,
+    ),
+    (
         "recover_ends_the_dead_supervisors_agents",
         recover_ends_the_dead_supervisors_agents,
     ),
@@ -168,6 +174,10 @@ pub const CASES: &[(&str, Case)] = &[
     (
         "create_limit_is_counted_in_the_admission_transaction",
         create_limit_is_counted_in_the_admission_transaction,
+    ),
+    (
+        "idempotent_replies_keep_the_first_answer_until_they_expire",
+        idempotent_replies_keep_the_first_answer_until_they_expire,
     ),
 ];
 

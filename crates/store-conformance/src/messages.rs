@@ -171,3 +171,43 @@ pub fn resume_is_refused_under_a_dead_parent(store: &dyn Store) {
         .unwrap();
     assert_eq!(kid.status, Status::Queued);
 }
+
+pub fn resume_within_counts_the_parents_fanout(store: &dyn Store) {
+    // A resume is admitted again (SPEC 4): the agent it brings back counts
+    // against its parent's fanout like a new child would.
+    let t = tenant("conf-resume-fanout");
+    let quotas = Quotas {
+        max_fanout: 2,
+        ..Quotas::DEFAULTS
+    };
+    running(store, &t, "root", None);
+    let done = running(store, &t, "done", Some("root"));
+    end(store, &done, Terminal::Completed, Some("d"));
+    running(store, &t, "a", Some("root"));
+    let b = running(store, &t, "b", Some("root"));
+    let before = snapshot(store, &t);
+    let (code, msg) =
+        refusal(store.resume_within(&t, &done.name, &new_run(), "sup", now(), &quotas, &[]));
+    assert_eq!(code, Code::QuotaFanout);
+    assert!(
+        msg.contains("root") && msg.contains("max_fanout is 2"),
+        "{msg}"
+    );
+    assert_eq!(
+        snapshot(store, &t),
+        before,
+        "a refused resume writes nothing"
+    );
+    // With a place free, it is resumed.
+    end(store, &b, Terminal::Completed, Some("b"));
+    let again = store
+        .resume_within(&t, &done.name, &new_run(), "sup", now(), &quotas, &[])
+        .unwrap();
+    assert_eq!(again.status, Status::Queued);
+    // A root has no parent's fanout to count.
+    let lone = running(store, &t, "lone", None);
+    end(store, &lone, Terminal::Completed, Some("l"));
+    store
+        .resume_within(&t, &lone.name, &new_run(), "sup", now(), &quotas, &[])
+        .unwrap();
+}

@@ -162,6 +162,23 @@ pub trait Runs {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Agent>;
+
+    /// [`Runs::resume`] as a verb (SPEC 4: "after admission again"): also
+    /// refused with `QuotaFanout` when the parent already has `max_fanout`
+    /// unfinished children, counted in the same transaction. (Depth and tree
+    /// size do not change: the agent is already in its tree.) Recovery after
+    /// a restart uses `resume`, which puts back what was there.
+    #[allow(clippy::too_many_arguments)]
+    fn resume_within(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        supervisor: &str,
+        now_ms: i64,
+        quotas: &Quotas,
+        events: &[NewEvent],
+    ) -> Result<Agent>;
 }
 
 /// What is said and what happens: a session's messages and the event log.
@@ -205,6 +222,10 @@ pub trait Transcripts {
         agent: Option<&AgentName>,
         limit: u32,
     ) -> Result<Vec<Event>>;
+
+    /// The sequence number of the tenant's last event (0 when it has none):
+    /// where a reader that wants only what comes next starts.
+    fn last_event_seq(&self, tenant: &TenantId) -> Result<i64>;
 }
 
 /// Reads of the records: agents, runs, the tree, channels and spend.
@@ -305,12 +326,37 @@ pub trait Sweeps {
     ) -> Result<Agent>;
 }
 
+/// The API's idempotency keys (SPEC 11): a mutation's first answer, kept
+/// until it expires, so a retry after a lost reply or a restart is answered
+/// without doing the mutation twice.
+pub trait Idempotency {
+    /// The answer kept under `key` in `tenant`, unless it expired before `now_ms`.
+    fn idempotent_reply(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<IdempotentReply>>;
+
+    /// Keeps `reply` unless an unexpired answer is already kept under its key,
+    /// in one transaction that also forgets the tenant's expired keys; returns
+    /// whichever answer is kept (the first one wins a race).
+    fn keep_idempotent_reply(
+        &self,
+        reply: &IdempotentReply,
+        now_ms: i64,
+    ) -> Result<IdempotentReply>;
+}
+
 /// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
 pub trait Store:
-    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Send + Sync
+    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Send + Sync
 {
 }
 
-impl<T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Send + Sync> Store for T {}
+impl<T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Send + Sync>
+    Store for T
+{
+}

@@ -15,12 +15,14 @@ mod contract;
 pub mod sqlite;
 mod types;
 
-pub use contract::{Admission, Records, Recovery, Runs, Store, Sweeps, Transcripts};
+pub use contract::{Admission, Idempotency, Records, Recovery, Runs, Store, Sweeps, Transcripts};
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
 
 /// Every trait of the contract, for code that calls a concrete store (a
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
-    pub use crate::contract::{Admission, Records, Recovery, Runs, Store, Sweeps, Transcripts};
+    pub use crate::contract::{
+        Admission, Idempotency, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+    };
 }

@@ -243,3 +243,22 @@ pub struct Fence {
     pub holder: String,
     pub epoch: u64,
 }
+
+/// A mutation's first answer, kept under its `Idempotency-Key` (SPEC 11) so a
+/// repeat gets the same answer without the mutation being done again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdempotentReply {
+    pub tenant: TenantId,
+    pub key: String,
+    /// Who asked and what (`<caller> <METHOD> <path>`): the same key from
+    /// another caller or for another route is a different request.
+    pub scope: String,
+    /// sha256 of the request body, hex.
+    pub request_hash: String,
+    /// The HTTP status and body first answered.
+    pub status: u16,
+    pub body: String,
+    pub created_ms: i64,
+    /// After this the key is forgotten and may be used afresh.
+    pub expires_ms: i64,
+}

@@ -84,6 +84,8 @@ conformance_tests!(
     orphans_have_a_finished_or_missing_parent,
     descendants_are_in_post_order,
     create_limit_is_counted_in_the_admission_transaction,
+    idempotent_replies_keep_the_first_answer_until_they_expire,
+    resume_within_counts_the_parents_fanout,
 );
 
 #[test]

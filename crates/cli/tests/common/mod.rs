@@ -88,7 +88,7 @@ pub fn name(s: &str) -> AgentName {
 }
 
 pub fn show(env: &Env, n: &str) -> Value {
-    env.sup.view().show(&name(n)).expect("agent exists")
+    serde_json::to_value(env.sup.view().show(&name(n)).expect("agent exists")).unwrap()
 }
 
 /// Every pid in a cgroup directory and the groups below it.
@@ -288,4 +288,35 @@ pub fn narrow_policy(dir: &Path) -> Value {
         "files": [{"path": "/", "mode": "ro"}, {"path": dir.display().to_string(), "mode": "rw"}],
         "resources": {"pids_max": 64, "memory_max": 268435456},
     })
+}
+
+/// One HTTP/1.1 request to the API on a control socket, the connection
+/// closed after it: the status and the JSON body (`Null` when empty, a
+/// string when not JSON).
+pub fn http(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", sock.display()));
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: brood\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let v = if rest.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(rest).unwrap_or_else(|_| Value::String(rest.to_owned()))
+    };
+    (status, v)
 }

@@ -140,6 +140,7 @@ impl Supervisor {
         let cfg_quotas = cfg.quotas;
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
+        let (changed_tx, changed) = watch::channel(0u64);
         let disp_me = me.clone();
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
         let disp = Dispatcher {
@@ -174,6 +175,7 @@ impl Supervisor {
             netns_pool: None,
             veil,
             veil_ns: None,
+            changed: changed_tx,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -188,7 +190,14 @@ impl Supervisor {
             projection,
             metrics,
             me: disp_me,
+            changed,
         })
+    }
+
+    /// A counter bumped after every command the dispatcher handled, so a
+    /// reader of the event log (the API's SSE) knows when to read again.
+    pub fn changed(&self) -> watch::Receiver<u64> {
+        self.changed.clone()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -246,12 +255,7 @@ impl Supervisor {
     }
 
     /// Notes a creation refused while its request was read (see `note_refusal`).
-    pub(crate) fn refused(
-        &self,
-        parent: Option<AgentName>,
-        requested: Option<String>,
-        e: ApiError,
-    ) {
+    pub fn refused(&self, parent: Option<AgentName>, requested: Option<String>, e: ApiError) {
         let _ = self.tx.send(Cmd::Refused(parent, requested, e));
     }
 

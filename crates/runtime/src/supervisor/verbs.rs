@@ -217,9 +217,18 @@ impl Dispatcher {
                     run: run.clone(),
                 },
             )];
+            let quotas = self.tenant_quotas()?;
             let a = self
                 .store
-                .resume(&self.tenant, name, &run, &self.me, now_ms(), &events)
+                .resume_within(
+                    &self.tenant,
+                    name,
+                    &run,
+                    &self.me,
+                    now_ms(),
+                    &quotas,
+                    &events,
+                )
                 .map_err(internal)?;
             self.project_events(&events);
             if let Some(t) = &text {

@@ -57,6 +57,8 @@ mod sweeps;
 #[cfg(test)]
 mod tests;
 mod tx;
+// After `sql`, whose macros the modules above use.
+mod idempotency;
 
 use rows::*;
 use sql::*;
@@ -72,6 +74,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../schema/0003_sweepers.sql")),
     (4, include_str!("../schema/0004_channel_output.sql")),
     (5, include_str!("../schema/0005_unfinished_without_in.sql")),
+    (6, include_str!("../schema/0006_idempotency.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

@@ -198,6 +198,12 @@ pub(super) const Q_CHANNEL: &str = "SELECT channels.tenant, channels.parent, cha
      WHERE channels.tenant = ?1 AND channels.parent = ?2 AND channels.child = ?3";
 pub(super) const Q_MESSAGES: &str = "SELECT tenant, agent, session, seq, run, role, content, ts_ms \
      FROM messages WHERE tenant = ?1 AND agent = ?2 AND session = ?3 ORDER BY seq";
+// The tenant's last event: SQLite's min/max optimisation seeks the end of the
+// tenant's range of the primary key (tenant, seq), one row. Not in `PLANNED`:
+// the plan reads as a search on `tenant` alone, which the plan test would take
+// for reading all of a tenant's rows.
+pub(super) const Q_LAST_EVENT_SEQ: &str =
+    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE tenant = ?1";
 pub(super) const Q_LAST_MESSAGE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM messages \
      WHERE tenant = ?1 AND agent = ?2 AND session = ?3";
 pub(super) const Q_EVENTS: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \

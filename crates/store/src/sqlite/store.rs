@@ -240,7 +240,31 @@ impl Runs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write(|tx| resume_tx(tx, tenant, name, run, supervisor, now_ms, events))
+        self.write(|tx| resume_tx(tx, tenant, name, run, supervisor, now_ms, None, events))
+    }
+
+    fn resume_within(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        run: &RunId,
+        supervisor: &str,
+        now_ms: i64,
+        quotas: &Quotas,
+        events: &[NewEvent],
+    ) -> Result<Agent> {
+        self.write(|tx| {
+            resume_tx(
+                tx,
+                tenant,
+                name,
+                run,
+                supervisor,
+                now_ms,
+                Some(quotas),
+                events,
+            )
+        })
     }
 }
 
@@ -320,6 +344,14 @@ impl Transcripts for SqliteStore {
                 (tenant.as_str(), agent.as_str(), session.as_str()),
                 message_from,
             )
+        })
+    }
+
+    fn last_event_seq(&self, tenant: &TenantId) -> Result<i64> {
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(Q_LAST_EVENT_SEQ)?
+                .query_row([tenant.as_str()], |r| r.get(0))?)
         })
     }
 

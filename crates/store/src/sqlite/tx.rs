@@ -368,6 +368,7 @@ pub(super) fn end_run_tx(
     must_agent(tx, tenant, name)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn resume_tx(
     tx: &Transaction<'_>,
     tenant: &TenantId,
@@ -375,6 +376,7 @@ pub(super) fn resume_tx(
     run: &RunId,
     supervisor: &str,
     now_ms: i64,
+    quotas: Option<&Quotas>,
     events: &[NewEvent],
 ) -> Tx<Agent> {
     let agent = must_agent(tx, tenant, name)?;
@@ -402,6 +404,23 @@ pub(super) fn resume_tx(
                 Code::ParentMismatch,
                 format!("agent {name} cannot be resumed: its parent {p} is {shown}"),
             ));
+        }
+        // The resumed agent is finished, so it is not among the counted.
+        if let Some(q) = quotas {
+            let fanout: i64 = tx
+                .prepare_cached(Q_FANOUT)?
+                .query_row((tenant.as_str(), p.as_str()), |r| r.get(0))?;
+            if fanout >= i64::from(q.max_fanout) {
+                return Err(refused(
+                    Code::QuotaFanout,
+                    format!(
+                        "fanout quota: resuming {name} would give its parent {p} in tenant \
+                         {tenant} {} unfinished children, and max_fanout is {}",
+                        fanout + 1,
+                        q.max_fanout
+                    ),
+                ));
+            }
         }
     }
     let to = check_move(&agent, Status::Queued)?;

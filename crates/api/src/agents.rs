@@ -1,0 +1,224 @@
+//! Agents: what a caller asks for (`POST /api/agents`, the verbs' bodies) and
+//! what it is told (an agent's record, its detail, its tree, a wait's answer).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// A creation request (`POST /api/agents`, the protocol's `spawn`/`create`,
+/// `brood spawn`). Every field but `argv` is optional; unknown fields are
+/// refused so a misspelt one is not silently ignored.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnBody {
+    /// The agent's name (letters, digits, `-` and `_`); brood picks one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The parent. An agent calling for itself may leave it out (it is the
+    /// parent) and may name no other; the operator's agents without one are roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// `exec` (a plain program: the task on stdin, stdout its result) or
+    /// `brood` (brood's JSON-lines protocol, the default here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(brood|exec)$")]
+    pub protocol: Option<String>,
+    /// The task (handoff) given to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Extra environment; `BROOD_*` and `CTX_*` are the runtime's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// The working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The session (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Answer only once the agent said `ready` (or ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub await_ready: Option<bool>,
+    /// The requested policy (SPEC 5 fields, any subset; the rest is inherited
+    /// from the parent), checked against the parent's at admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub policy: Option<Value>,
+    /// `owned` (the default) or `temp`; `detached` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(owned|temp|detached)$")]
+    pub life: Option<String>,
+    /// `ns` for a private mount namespace, `none` (the default) for the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(ns|none)$")]
+    pub iso: Option<String>,
+    /// With `iso = ns`: the directory that becomes the agent's `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// Who receives the result when not the parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
+    /// Free text for people: one line, at most 256 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// `POST /api/agents/{name}/input`: a user message for a live agent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    pub text: String,
+}
+
+/// `POST /api/agents/{name}/wait`: how long to wait (seconds) before
+/// answering with `timed_out: true`. Default 30, at most 3600.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+}
+
+/// `POST /api/agents/{name}/resume`: start a new run on a finished agent's
+/// session, optionally with a new message.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// `close` and `cancel` take no arguments; an empty body or `{}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyBody {}
+
+/// An agent's record as every surface shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Agent {
+    pub name: String,
+    pub parent: Option<String>,
+    pub customer: Option<String>,
+    /// `queued running blocked stopping completed failed cancelled closed`.
+    pub status: String,
+    /// The status with its outcome (`failed/exit_code`, `closed/completed`).
+    pub state: String,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+    pub depth: u32,
+    pub session: String,
+    /// `brood` or `exec`.
+    pub protocol: String,
+    /// The current (or last) run.
+    pub run: String,
+    /// The process, while it lives.
+    pub pid: Option<i64>,
+    pub cgroup: Option<String>,
+    /// The run's result, once it has one.
+    pub result: Option<String>,
+    pub exit_code: Option<i64>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub tokens_in: Option<u64>,
+    pub tokens_out: Option<u64>,
+    pub cost_usd: Option<f64>,
+}
+
+/// Tokens and dollars.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+}
+
+/// An agent's own spend and its subtree's (SPEC 9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Spend {
+    pub own: Usage,
+    pub subtree: Usage,
+}
+
+/// One run of an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunView {
+    pub id: String,
+    pub seq: u32,
+    pub pid: Option<i64>,
+    pub cgroup: Option<String>,
+    pub outcome: Option<String>,
+    pub exit_code: Option<i64>,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+}
+
+/// `GET /api/agents/{name}`: the record, its policy and lifecycle as admitted,
+/// its spend and its runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentDetail {
+    #[serde(flatten)]
+    pub agent: Agent,
+    /// The effective policy recorded at admission.
+    #[schema(value_type = Object)]
+    pub policy: Value,
+    pub life: String,
+    pub iso: String,
+    pub allow_weaker_sandbox: bool,
+    pub spend: Spend,
+    pub cost_limit: Option<f64>,
+    pub runs: Vec<RunView>,
+}
+
+/// An agent with its spend and its children, recursively.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TreeNode {
+    #[serde(flatten)]
+    pub agent: Agent,
+    pub spend: Spend,
+    #[schema(no_recursion)]
+    pub children: Vec<TreeNode>,
+}
+
+/// A list of agents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<Agent>,
+}
+
+/// Trees of agents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Trees {
+    pub trees: Vec<TreeNode>,
+}
+
+/// What a wait ends with: the agents as they are, and whether the time ran out first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WaitReply {
+    pub agents: Vec<Agent>,
+    pub timed_out: bool,
+}
+
+/// The id of an input message (`in-<seq>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InputReply {
+    pub id: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` when the supervisor answers.
+    pub status: String,
+    pub version: String,
+    pub tenant: String,
+    /// How processes are contained here (cgroup v2, hybrid, ...).
+    pub containment: String,
+}

@@ -1,0 +1,293 @@
+//! The commands that talk to a supervisor through its API: the verbs
+//! (`spawn send wait cancel close resume`) and the reads (`ps tree show
+//! events`), which read the store instead when no daemon answers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
+use serde_json::{Value, json};
+
+use crate::remote::Remote;
+use crate::{Exit, api, render, view, wait_code};
+
+/// The longest one HTTP wait asks for; longer waits ask again.
+const WAIT_STEP_S: f64 = 3600.0;
+
+pub(crate) struct Spawn {
+    pub body: Value,
+    pub json: bool,
+}
+
+pub(crate) async fn spawn(r: &Remote, s: Spawn) -> Result<i32> {
+    let a = r.call("POST", "/api/agents", Some(s.body)).await?;
+    if s.json {
+        println!("{a}");
+    } else {
+        println!(
+            "{}\t{}\t{}",
+            a["name"].as_str().unwrap_or(""),
+            a["status"].as_str().unwrap_or(""),
+            a["run"].as_str().unwrap_or("")
+        );
+    }
+    Ok(if a["status"] == "failed" { 1 } else { 0 })
+}
+
+pub(crate) async fn send(r: &Remote, name: &str, text: String) -> Result<i32> {
+    let v = r
+        .call(
+            "POST",
+            &format!("/api/agents/{name}/input"),
+            Some(json!({"text": text})),
+        )
+        .await?;
+    println!("{}", v["id"].as_str().unwrap_or(""));
+    Ok(0)
+}
+
+/// Waits for each agent in turn, within one deadline (none: until they end).
+pub(crate) async fn wait(
+    r: &Remote,
+    names: &[String],
+    timeout: Option<f64>,
+    json_out: bool,
+) -> Result<i32> {
+    if let Some(t) = timeout
+        && !(t.is_finite() && t >= 0.0)
+    {
+        return Err(Exit(
+            2,
+            format!("--timeout must be a non-negative number of seconds, not {t}"),
+        )
+        .into());
+    }
+    let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let mut agents = Vec::new();
+    let mut timed_out = false;
+    for name in names {
+        loop {
+            let step = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64()
+                    .min(WAIT_STEP_S),
+                None => WAIT_STEP_S,
+            };
+            let v = r
+                .call(
+                    "POST",
+                    &format!("/api/agents/{name}/wait"),
+                    Some(json!({"timeout_s": step})),
+                )
+                .await?;
+            let done = v["timed_out"] != true;
+            let expired = deadline.is_some_and(|d| Instant::now() >= d);
+            if done || expired {
+                timed_out |= !done;
+                agents.push(v["agents"][0].clone());
+                break;
+            }
+        }
+    }
+    if json_out {
+        println!("{}", json!({"agents": agents, "timed_out": timed_out}));
+    } else {
+        for a in &agents {
+            let reason = a["reason"]
+                .as_str()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default();
+            println!(
+                "{}\t{}{}",
+                a["name"].as_str().unwrap_or(""),
+                a["status"].as_str().unwrap_or(""),
+                reason
+            );
+        }
+    }
+    if timed_out {
+        return Ok(2);
+    }
+    Ok(agents.iter().map(wait_code).max().unwrap_or(0))
+}
+
+/// `cancel`, `close` or `resume`: one line, `name<TAB>state or status[<TAB>run]`.
+pub(crate) async fn act(r: &Remote, verb: &str, name: &str, body: Option<Value>) -> Result<i32> {
+    let a = r
+        .call("POST", &format!("/api/agents/{name}/{verb}"), body)
+        .await?;
+    let n = a["name"].as_str().unwrap_or("");
+    match verb {
+        "cancel" => println!("{n}\t{}", a["state"].as_str().unwrap_or("")),
+        "close" => println!("{n}\t{}", a["status"].as_str().unwrap_or("")),
+        _ => println!(
+            "{n}\t{}\t{}",
+            a["status"].as_str().unwrap_or(""),
+            a["run"].as_str().unwrap_or("")
+        ),
+    }
+    Ok(0)
+}
+
+fn checked(name: &str) -> Result<brood_core::AgentName> {
+    brood_core::AgentName::new(name).map_err(|e| Exit(3, e.to_string()).into())
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+pub(crate) async fn ps(
+    r: &Remote,
+    root: &Option<PathBuf>,
+    all: bool,
+    json_out: bool,
+) -> Result<i32> {
+    let v = match r.read(&format!("/api/agents?all={all}")).await? {
+        Some(v) => v,
+        None => to_value(&api(view(root)?.list(None, all))?),
+    };
+    if json_out {
+        println!("{}", v["agents"]);
+    } else {
+        print!(
+            "{}",
+            render::table(v["agents"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+        );
+    }
+    Ok(0)
+}
+
+pub(crate) async fn tree(
+    r: &Remote,
+    root: &Option<PathBuf>,
+    name: Option<String>,
+    json_out: bool,
+) -> Result<i32> {
+    let name = name.as_deref().map(checked).transpose()?;
+    let path = match &name {
+        Some(n) => format!("/api/tree?root={n}"),
+        None => "/api/tree".to_owned(),
+    };
+    let v = match r.read(&path).await? {
+        Some(v) => v,
+        None => to_value(&api(view(root)?.tree(name.as_ref()))?),
+    };
+    if json_out {
+        println!("{}", v["trees"]);
+    } else {
+        for t in v["trees"].as_array().into_iter().flatten() {
+            print!("{}", render::tree(t));
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) async fn show(
+    r: &Remote,
+    root: &Option<PathBuf>,
+    name: &str,
+    json_out: bool,
+) -> Result<i32> {
+    let name = checked(name)?;
+    let v = match r.read(&format!("/api/agents/{name}")).await? {
+        Some(v) => v,
+        None => to_value(&api(view(root)?.show(&name))?),
+    };
+    if json_out {
+        println!("{v}");
+    } else {
+        print!("{}", render::show(&v));
+    }
+    Ok(0)
+}
+
+/// `brood events [-f]`: the API's event stream (SSE) when a daemon answers,
+/// else the store (polled when following).
+pub(crate) async fn events(
+    r: &Remote,
+    root: &Option<PathBuf>,
+    name: Option<String>,
+    follow: bool,
+    format: &str,
+) -> Result<i32> {
+    let fmt = EventFormat::parse(format).ok_or_else(|| {
+        Exit(
+            2,
+            format!("--format {format:?}: unknown event format; use brood or agentruntime"),
+        )
+    })?;
+    let name = name.as_deref().map(checked).transpose()?;
+    let mut path = format!("/api/events?format={format}&follow={follow}");
+    if let Some(n) = &name {
+        path.push_str(&format!("&agent={n}"));
+    }
+    // A subscriber that fell behind is told to resync: it reconnects from
+    // the last event it printed, so nothing is lost or printed twice.
+    let mut last_id: Option<String> = None;
+    loop {
+        let mut resync = false;
+        let mut out = std::io::stdout().lock();
+        let from = last_id.clone();
+        let streamed = brood_server::client::stream(r.endpoint(), &path, from.as_deref(), |e| {
+            if e.event.as_deref() == Some("resync") {
+                resync = true;
+                return false;
+            }
+            use std::io::Write;
+            if writeln!(out, "{}", e.data)
+                .and_then(|_| out.flush())
+                .is_err()
+            {
+                return false;
+            }
+            if e.id.is_some() {
+                last_id = e.id;
+            }
+            true
+        })
+        .await;
+        drop(out);
+        match streamed {
+            Ok(None) if resync => continue,
+            Ok(None) => return Ok(0),
+            Ok(Some(answer)) => {
+                crate::remote::ok(answer)?;
+                return Ok(0);
+            }
+            Err(e) if !matches!(r.endpoint(), brood_server::client::Endpoint::Unix(_)) => {
+                return Err(Exit(1, format!("no brood supervisor answers ({e})")).into());
+            }
+            Err(_) => break,
+        }
+    }
+    // No daemon: the store.
+    let v = view(root)?;
+    let mut after = 0;
+    loop {
+        let batch = v
+            .store()
+            .events(v.tenant(), after, name.as_ref(), 1000)
+            .context("reading events")?;
+        for e in &batch {
+            after = e.seq;
+            match fmt {
+                EventFormat::Brood => println!("{}", to_value(&brood_server::event_json(e))),
+                // Events the standard has no counterpart for are left out.
+                EventFormat::AgentRuntime => {
+                    if let Some(x) = to_agentruntime(e) {
+                        println!("{x}");
+                    }
+                }
+            }
+        }
+        if !follow {
+            return Ok(0);
+        }
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! `GET /api/events`: the tenant's event log as server-sent events.
+//!
+//! One reader per server (the [`Hub`]) follows the store: it reads what was
+//! appended whenever the supervisor's dispatcher has handled a command (and
+//! every quarter second, for events other supervisors of a shared store
+//! wrote) and broadcasts each batch. A subscriber first subscribes, then
+//! reads what it missed from the store (after its `Last-Event-ID`), then
+//! takes the broadcast, skipping what it already sent: no event is lost or
+//! repeated across the seam or a reconnect. A subscriber too slow for the
+//! broadcast is sent `event: resync` and its stream ends; it reconnects with
+//! its `Last-Event-ID` and catches up from the store.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use brood_core::{AgentName, Code};
+use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
+use brood_runtime::{ApiError, Caller, Supervisor};
+use brood_store::Event;
+use serde::Deserialize;
+use tokio::sync::{broadcast, mpsc};
+use utoipa::IntoParams;
+
+use crate::auth::may_see;
+use crate::error::{HttpError, bad};
+use crate::state::Api;
+
+/// Batches a subscriber may fall behind by before it is told to resync.
+const BACKLOG_BATCHES: usize = 1024;
+/// Events read from the store at a time.
+const PAGE: u32 = 1000;
+/// How often the hub looks at the store without being told of a change.
+const IDLE_POLL: Duration = Duration::from_millis(250);
+/// Events a subscriber's connection buffers before it counts as slow.
+const CONNECTION_BUFFER: usize = 256;
+/// The SSE comment that keeps idle connections (and proxies) open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// An event as the control plane shows it (SPEC 11: `type event_id timestamp
+/// sequence tenant agent run session` and a `payload`).
+pub fn event_json(e: &Event) -> brood_api::Event {
+    brood_api::Event {
+        kind: e.kind.clone(),
+        event_id: format!("{}-{}", e.tenant, e.seq),
+        timestamp: e.ts_ms,
+        sequence: e.seq,
+        tenant: e.tenant.to_string(),
+        agent: e.agent.to_string(),
+        run: e.run.as_ref().map(|r| r.to_string()),
+        session: e.session.to_string(),
+        payload: serde_json::from_str(&e.payload).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+/// The one reader of the store's event log, broadcasting what it reads.
+pub(crate) struct Hub {
+    tx: broadcast::Sender<Arc<Vec<Event>>>,
+}
+
+impl Hub {
+    pub(crate) fn start(sup: &Supervisor) -> Hub {
+        let (tx, _) = broadcast::channel(BACKLOG_BATCHES);
+        let weak = tx.downgrade();
+        let store = sup.store().clone();
+        let tenant = sup.tenant().clone();
+        let mut changed = sup.changed();
+        tokio::spawn(async move {
+            let mut head = match store.last_event_seq(&tenant) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the event log's head failed; the API streams no events");
+                    return;
+                }
+            };
+            loop {
+                // The API is gone when nobody holds the sender any more.
+                let Some(tx) = weak.upgrade() else { return };
+                loop {
+                    match store.events(&tenant, head, None, PAGE) {
+                        Ok(batch) if batch.is_empty() => break,
+                        Ok(batch) => {
+                            let full = batch.len() == PAGE as usize;
+                            head = batch.last().map_or(head, |e| e.seq);
+                            // No subscriber is not an error.
+                            let _ = tx.send(Arc::new(batch));
+                            if !full {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "reading the event log failed");
+                            break;
+                        }
+                    }
+                }
+                drop(tx);
+                tokio::select! {
+                    r = changed.changed() => if r.is_err() {
+                        // The supervisor is gone; other writers may remain.
+                        tokio::time::sleep(IDLE_POLL).await;
+                    },
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                }
+            }
+        });
+        Hub { tx }
+    }
+}
+
+/// The filters of `GET /api/events`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct EventQuery {
+    /// Only this agent's events.
+    pub agent: Option<String>,
+    /// Only the events of this agent and its descendants.
+    pub subtree: Option<String>,
+    /// Only these types, comma-separated; `agent.*` matches a prefix.
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub kind: Option<String>,
+    /// Only this session's events.
+    pub session: Option<String>,
+    /// `brood` (the default) or `agentruntime` (the draft standard's events;
+    /// those without a counterpart are left out).
+    pub format: Option<String>,
+    /// Start after this sequence number (`Last-Event-ID` wins when both are given).
+    pub after: Option<i64>,
+    /// `false`: end the stream once the log is read (default `true`: follow it).
+    pub follow: Option<bool>,
+}
+
+struct Filter {
+    agent: Option<AgentName>,
+    subtree: Option<AgentName>,
+    kinds: Vec<String>,
+    session: Option<String>,
+    in_subtree: HashMap<AgentName, bool>,
+}
+
+impl Filter {
+    fn matches(&mut self, api: &Api, e: &Event) -> bool {
+        if self.agent.as_ref().is_some_and(|a| a != &e.agent) {
+            return false;
+        }
+        if self
+            .session
+            .as_ref()
+            .is_some_and(|s| s != e.session.as_str())
+        {
+            return false;
+        }
+        if !self.kinds.is_empty()
+            && !self.kinds.iter().any(|k| match k.strip_suffix('*') {
+                Some(prefix) => e.kind.starts_with(prefix),
+                None => &e.kind == k,
+            })
+        {
+            return false;
+        }
+        if let Some(root) = &self.subtree {
+            let sup = api.sup();
+            let inside = *self.in_subtree.entry(e.agent.clone()).or_insert_with(|| {
+                sup.store()
+                    .is_ancestor_or_self(sup.tenant(), root, &e.agent)
+                    .unwrap_or(false)
+            });
+            return inside;
+        }
+        true
+    }
+}
+
+/// The sequence a `Last-Event-ID` (`<tenant>-<seq>`, or a bare number) names.
+fn last_seq(id: &str) -> Option<i64> {
+    id.rsplit('-').next().and_then(|s| s.trim().parse().ok())
+}
+
+#[utoipa::path(
+    get, path = "/api/events", tag = "events",
+    params(EventQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (the `id` of the last event received).")),
+    responses(
+        (status = 200, description = "`text/event-stream`: each event's `id` is its `event_id`, its `data` the event as JSON (`Event`, or the agentruntime form). `event: resync` (no id) ends a stream that fell too far behind: reconnect with `Last-Event-ID`.", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A filter is malformed.", body = brood_api::ErrorBody),
+        (status = 403, description = "An agent asked for events outside its subtree.", body = brood_api::ErrorBody),
+        (status = 404, description = "The subtree's root does not exist.", body = brood_api::ErrorBody),
+    )
+)]
+pub(crate) async fn events(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    match open(&api, &caller, &headers, query) {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn open(
+    api: &Api,
+    caller: &Caller,
+    headers: &HeaderMap,
+    query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, HttpError> {
+    let Query(q) = query.map_err(|e| bad(format!("query: {}", e.body_text())))?;
+    let name = |key: &str, v: &Option<String>| -> Result<Option<AgentName>, HttpError> {
+        v.as_deref()
+            .map(|s| {
+                AgentName::new(s)
+                    .map_err(|e| HttpError(ApiError::new(Code::InvalidName, format!("{key}: {e}"))))
+            })
+            .transpose()
+    };
+    let agent = name("agent", &q.agent)?;
+    let mut subtree = name("subtree", &q.subtree)?;
+    // An agent sees its own subtree's events only.
+    if let Caller::Agent(me) = caller {
+        match &subtree {
+            Some(s) => may_see(api, caller, s)?,
+            None => subtree = Some(me.clone()),
+        }
+        if let Some(a) = &agent {
+            may_see(api, caller, a)?;
+        }
+    }
+    if let Some(s) = &subtree {
+        api.view().agent(s)?;
+    }
+    let format = match q.format.as_deref() {
+        None => EventFormat::Brood,
+        Some(f) => EventFormat::parse(f).ok_or_else(|| {
+            bad(format!(
+                "format: unknown event format {f:?}; use brood or agentruntime"
+            ))
+        })?,
+    };
+    let header_after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|id| last_seq(id).ok_or_else(|| bad(format!("Last-Event-ID {id:?} names no event"))))
+        .transpose()?;
+    let after = header_after.or(q.after).unwrap_or(0).max(0);
+    let filter = Filter {
+        agent,
+        subtree,
+        kinds: q
+            .kind
+            .iter()
+            .flat_map(|k| k.split(','))
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .collect(),
+        session: q.session,
+        in_subtree: HashMap::new(),
+    };
+    let (tx, rx) = mpsc::channel(CONNECTION_BUFFER);
+    let rx_broadcast = api.0.hub.tx.subscribe();
+    tokio::spawn(feed(
+        api.clone(),
+        filter,
+        after,
+        q.follow.unwrap_or(true),
+        format,
+        rx_broadcast,
+        tx,
+    ));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response())
+}
+
+fn sse_of(e: &Event, format: EventFormat) -> Option<SseEvent> {
+    let id = format!("{}-{}", e.tenant, e.seq);
+    let data = match format {
+        EventFormat::Brood => serde_json::to_string(&event_json(e)).ok()?,
+        EventFormat::AgentRuntime => to_agentruntime(e)?.to_string(),
+    };
+    Some(SseEvent::default().id(id).data(data))
+}
+
+/// Feeds one subscriber: the store after `after`, then the broadcast.
+async fn feed(
+    api: Api,
+    mut filter: Filter,
+    mut last: i64,
+    follow: bool,
+    format: EventFormat,
+    mut live: broadcast::Receiver<Arc<Vec<Event>>>,
+    tx: mpsc::Sender<SseEvent>,
+) {
+    let sup = api.sup().clone();
+    loop {
+        let batch = match sup
+            .store()
+            .events(sup.tenant(), last, filter.agent.as_ref(), PAGE)
+        {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the event log for a subscriber failed");
+                return;
+            }
+        };
+        for e in &batch {
+            last = e.seq;
+            if filter.matches(&api, e)
+                && let Some(s) = sse_of(e, format)
+                && tx.send(s).await.is_err()
+            {
+                return;
+            }
+        }
+        if batch.len() < PAGE as usize {
+            break;
+        }
+    }
+    if !follow {
+        return;
+    }
+    loop {
+        match live.recv().await {
+            Ok(batch) => {
+                for e in batch.iter() {
+                    if e.seq <= last {
+                        continue;
+                    }
+                    last = e.seq;
+                    if filter.matches(&api, e)
+                        && let Some(s) = sse_of(e, format)
+                        && tx.send(s).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                let data = serde_json::json!({
+                    "reason": "this subscriber fell behind the event log; reconnect with Last-Event-ID to catch up from the store",
+                    "last_sequence": last,
+                    "missed_batches": missed,
+                });
+                let _ = tx
+                    .send(SseEvent::default().event("resync").data(data.to_string()))
+                    .await;
+                return;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

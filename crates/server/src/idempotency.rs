@@ -1,0 +1,161 @@
+//! `Idempotency-Key` (SPEC 11): a mutation sent with a key keeps its first
+//! answer in the store for [`TTL`]; a repeat with the same key, caller, route
+//! and body gets that answer (marked `Idempotent-Replayed: true`) without the
+//! mutation being done again, even after the daemon restarted; the same key
+//! with another request is refused with 422. Two repeats in flight at once
+//! are taken one after the other, so the second sees the first's answer.
+//! Answers with a 5xx or 429 status are not kept: the mutation did not
+//! happen, and a retry should try it again.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use brood_core::Code;
+use brood_runtime::{ApiError, Caller};
+use brood_store::IdempotentReply;
+use sha2::{Digest, Sha256};
+
+use crate::auth::caller_label;
+use crate::error::{HttpError, bad, raw_json};
+use crate::state::Api;
+
+/// How long an answer is kept.
+const TTL_MS: i64 = 24 * 3600 * 1000;
+
+/// The header that carries the key.
+pub(crate) const HEADER: &str = "idempotency-key";
+
+/// Keys whose first request is still being served.
+#[derive(Default)]
+pub(crate) struct InFlight(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl InFlight {
+    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entry(key.to_owned()).or_default().clone()
+    }
+
+    fn release(&self, key: &str) {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Only the map holds it once nobody waits on it.
+        if m.get(key).is_some_and(|l| Arc::strong_count(l) == 1) {
+            m.remove(key);
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn store_error(e: brood_store::StoreError) -> HttpError {
+    tracing::error!(error = %e, "store error (idempotency keys)");
+    HttpError(ApiError::new(
+        Code::Internal,
+        "store error (see the supervisor's log)",
+    ))
+}
+
+/// Runs the mutation `f` of `route` (`POST /api/agents`) once per key.
+pub(crate) async fn once<F, Fut>(
+    api: &Api,
+    caller: &Caller,
+    headers: &HeaderMap,
+    route: &str,
+    body: &[u8],
+    f: F,
+) -> Response
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let Some(key) = headers.get(HEADER) else {
+        return f().await;
+    };
+    let key = match key.to_str() {
+        Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            k.to_owned()
+        }
+        _ => {
+            return bad("Idempotency-Key must be 1 to 255 visible ASCII characters")
+                .into_response();
+        }
+    };
+    let scope = format!("{} {route}", caller_label(caller));
+    let hash: String = Sha256::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let sup = api.sup();
+    let lock = api.0.in_flight.lock_for(&key);
+    let answer = {
+        let _held = lock.lock().await;
+        match sup.store().idempotent_reply(sup.tenant(), &key, now_ms()) {
+            Err(e) => store_error(e).into_response(),
+            Ok(Some(kept)) => replay(&kept, &scope, &hash),
+            Ok(None) => {
+                let resp = f().await;
+                keep(api, &key, &scope, &hash, resp).await
+            }
+        }
+    };
+    drop(lock);
+    api.0.in_flight.release(&key);
+    answer
+}
+
+fn replay(kept: &IdempotentReply, scope: &str, hash: &str) -> Response {
+    if kept.scope != scope || kept.request_hash != hash {
+        return HttpError(ApiError::new(
+            Code::IdempotencyMismatch,
+            format!(
+                "Idempotency-Key {:?} was used for another request ({}); use a new key for a new request",
+                kept.key, kept.scope
+            ),
+        ))
+        .into_response();
+    }
+    let status = StatusCode::from_u16(kept.status).unwrap_or(StatusCode::OK);
+    let mut r = raw_json(status, kept.body.clone().into_bytes());
+    r.headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    r
+}
+
+async fn keep(api: &Api, key: &str, scope: &str, hash: &str, resp: Response) -> Response {
+    let status = resp.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "reading a reply to keep it failed");
+            return HttpError(ApiError::new(Code::Internal, "the reply could not be kept"))
+                .into_response();
+        }
+    };
+    let now = now_ms();
+    let reply = IdempotentReply {
+        tenant: api.sup().tenant().clone(),
+        key: key.to_owned(),
+        scope: scope.to_owned(),
+        request_hash: hash.to_owned(),
+        status: status.as_u16(),
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+        created_ms: now,
+        expires_ms: now + TTL_MS,
+    };
+    if let Err(e) = api.sup().store().keep_idempotent_reply(&reply, now) {
+        // The mutation happened; say so, and log that a repeat would redo it.
+        tracing::error!(error = %e, key, "keeping an idempotent answer failed");
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}

@@ -1,0 +1,136 @@
+//! The routes about the service itself: health, metrics, the OpenAPI
+//! document; the job routes (501 until jobs exist); JSON errors for unknown
+//! paths and methods.
+
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use brood_api::{ErrorBody, Health};
+use brood_core::Code;
+use brood_runtime::ApiError;
+
+use crate::error::{HttpError, json};
+use crate::state::Api;
+
+#[utoipa::path(
+    get, path = "/healthz", tag = "service",
+    responses((status = 200, description = "The supervisor answers.", body = Health))
+)]
+pub(crate) async fn healthz(State(api): State<Api>) -> Response {
+    json(
+        StatusCode::OK,
+        &Health {
+            status: "ok".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            tenant: api.sup().tenant().to_string(),
+            containment: api.sup().host_info().containment.clone(),
+        },
+    )
+}
+
+#[utoipa::path(
+    get, path = "/metrics", tag = "service",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain", body = String))
+)]
+pub(crate) async fn metrics(State(api): State<Api>) -> Response {
+    let mut r = api.sup().metrics_text().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+#[utoipa::path(
+    get, path = "/api/openapi.json", tag = "service",
+    responses((status = 200, description = "This API's OpenAPI 3.1 document.", content_type = "application/json", body = Object))
+)]
+pub(crate) async fn openapi() -> Response {
+    let mut r = crate::openapi::document().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Every job route (SPEC 10, 11) until jobs exist.
+pub(crate) async fn jobs(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    HttpError(ApiError::new(
+        Code::NotImplemented,
+        format!(
+            "{method} {}: jobs are not available in this version of brood",
+            uri.path()
+        ),
+    ))
+    .into_response()
+}
+
+pub(crate) async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    HttpError(ApiError::new(
+        Code::NotFound,
+        format!(
+            "no route {method} {}; the routes are in /api/openapi.json",
+            uri.path()
+        ),
+    ))
+    .into_response()
+}
+
+pub(crate) async fn no_method(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    let mut r = json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &ErrorBody::new(
+            Code::BadRequest,
+            format!(
+                "{} does not take {method}; the routes are in /api/openapi.json",
+                uri.path()
+            ),
+        ),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+    r
+}
+
+/// A documented job route answering 501 (one per path and method, so the
+/// OpenAPI document lists each).
+macro_rules! job_route {
+    ($name:ident, $method:ident, $path:literal, [$($p:literal),*]) => {
+        #[utoipa::path(
+            $method, path = $path, tag = "jobs",
+            params($(($p = String, Path)),*),
+            responses((status = 501, description = "Jobs are not available in this version of brood.", body = ErrorBody))
+        )]
+        pub(crate) async fn $name(method: Method, uri: OriginalUri) -> Response {
+            jobs(method, uri).await
+        }
+    };
+}
+
+job_route!(job_create, post, "/api/jobs", []);
+job_route!(job_list, get, "/api/jobs", []);
+job_route!(job_get, get, "/api/jobs/{id}", ["id"]);
+job_route!(job_start, post, "/api/jobs/{id}/start", ["id"]);
+job_route!(job_cancel, post, "/api/jobs/{id}/cancel", ["id"]);
+job_route!(job_items, get, "/api/jobs/{id}/items", ["id"]);
+job_route!(
+    job_assign,
+    post,
+    "/api/jobs/{id}/items/{item}/assign",
+    ["id", "item"]
+);
+job_route!(
+    job_retry,
+    post,
+    "/api/jobs/{id}/items/{item}/retry",
+    ["id", "item"]
+);
+job_route!(
+    job_report,
+    post,
+    "/api/jobs/{id}/items/{item}/report",
+    ["id", "item"]
+);
+job_route!(job_export, get, "/api/jobs/{id}/export", ["id"]);
+job_route!(job_replay, post, "/api/jobs/{id}/replay", ["id"]);

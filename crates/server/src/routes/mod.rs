@@ -1,0 +1,65 @@
+//! The router: every route of SPEC 11, with [`crate::auth::authenticate`] in
+//! front and JSON errors for unknown paths and methods.
+
+mod agents;
+mod meta;
+mod sessions;
+
+pub(crate) use agents::*;
+pub(crate) use meta::*;
+pub(crate) use sessions::*;
+
+use axum::Router;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use brood_core::{AgentName, Code};
+use brood_runtime::ApiError;
+
+use crate::error::HttpError;
+use crate::state::Api;
+
+pub(crate) fn router(api: Api) -> Router {
+    Router::new()
+        .route("/api/agents", post(spawn).get(list))
+        .route("/api/agents/{name}", get(show))
+        .route("/api/agents/{name}/input", post(input))
+        .route("/api/agents/{name}/wait", post(wait))
+        .route("/api/agents/{name}/resume", post(resume))
+        .route("/api/agents/{name}/close", post(close))
+        .route("/api/agents/{name}/cancel", post(cancel))
+        .route("/api/agents/{name}/children", get(children))
+        .route("/api/agents/{name}/descendants", get(descendants))
+        .route("/api/tree", get(tree))
+        .route("/api/sessions/tree", get(session_tree))
+        .route("/api/sessions/{id}", get(session))
+        .route("/api/sessions/{id}/children", get(session_children))
+        .route("/api/sessions/{id}/parent", get(session_parent))
+        .route("/api/events", get(crate::events::events))
+        .route("/api/jobs", post(job_create).get(job_list))
+        .route("/api/jobs/{id}", get(job_get))
+        .route("/api/jobs/{id}/start", post(job_start))
+        .route("/api/jobs/{id}/cancel", post(job_cancel))
+        .route("/api/jobs/{id}/items", get(job_items))
+        .route("/api/jobs/{id}/items/{item}/assign", post(job_assign))
+        .route("/api/jobs/{id}/items/{item}/retry", post(job_retry))
+        .route("/api/jobs/{id}/items/{item}/report", post(job_report))
+        .route("/api/jobs/{id}/export", get(job_export))
+        .route("/api/jobs/{id}/replay", post(job_replay))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/api/openapi.json", get(openapi))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))
+        .with_state(api)
+}
+
+/// An agent named in a path: a name that cannot exist is simply not found.
+pub(crate) fn path_name(s: &str) -> Result<AgentName, HttpError> {
+    AgentName::new(s).map_err(|e| {
+        HttpError(ApiError::new(
+            Code::NotFound,
+            format!("no agent named {s:?} ({e})"),
+        ))
+    })
+}

@@ -1,0 +1,50 @@
+//! What every handler shares: the supervisor, the event hub, the token and
+//! the idempotency keys in flight.
+
+use std::sync::Arc;
+
+use axum::Router;
+use brood_runtime::{Supervisor, View};
+
+use crate::auth::Token;
+use crate::events::Hub;
+use crate::idempotency::InFlight;
+
+/// The HTTP API in front of one supervisor. Cheap to clone.
+#[derive(Clone)]
+pub struct Api(pub(crate) Arc<Inner>);
+
+pub(crate) struct Inner {
+    pub sup: Supervisor,
+    pub hub: Hub,
+    /// What a TCP caller must present; `None` when no TCP listener was asked for.
+    pub token: Option<Token>,
+    pub in_flight: InFlight,
+}
+
+impl Api {
+    /// The API of `sup`; `token` is required of TCP callers (and only of them).
+    /// Starts the event hub's reader, so call it inside the tokio runtime.
+    pub fn new(sup: Supervisor, token: Option<Token>) -> Api {
+        let hub = Hub::start(&sup);
+        Api(Arc::new(Inner {
+            sup,
+            hub,
+            token,
+            in_flight: InFlight::default(),
+        }))
+    }
+
+    /// The router, every route of SPEC 11, with authentication in front.
+    pub fn router(&self) -> Router {
+        crate::routes::router(self.clone())
+    }
+
+    pub(crate) fn sup(&self) -> &Supervisor {
+        &self.0.sup
+    }
+
+    pub(crate) fn view(&self) -> View {
+        self.0.sup.view()
+    }
+}

@@ -653,14 +653,19 @@ async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
         ),
         None => None,
     };
-    let (sup, listener) = host(cfg).await?;
+    // The token is there before anyone can connect.
     let token = match &tcp {
-        Some(_) => Some(
-            brood_server::Token::load_or_create(&root)
-                .map_err(|e| Exit(1, format!("the API token: {e}")))?,
-        ),
+        Some(_) => {
+            std::fs::create_dir_all(&root)
+                .with_context(|| format!("creating the root {}", root.display()))?;
+            Some(
+                brood_server::Token::load_or_create(&root)
+                    .map_err(|e| Exit(1, format!("the API token: {e}")))?,
+            )
+        }
         None => None,
     };
+    let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), token);
     eprintln!(
         "brood: serving {} ({})",

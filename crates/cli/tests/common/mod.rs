@@ -2,6 +2,8 @@
 //! agent's argv, and process/cgroup inspection through /proc and cgroupfs.
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
+pub mod wire;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,8 @@
 //! (SPEC 16). A benchmark is not a test: it prints figures and ratios, and
 //! asserts nothing.
 
+mod api;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -37,6 +39,21 @@ pub enum Which {
         n: usize,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The HTTP API: spawn through `POST /api/agents` against the same spawn
+    /// in-process, `GET /api/agents/:name` from concurrent clients, and
+    /// events delivered to SSE subscribers with their lag.
+    Api {
+        #[arg(short = 'n', long, default_value_t = 200)]
+        n: usize,
+        #[arg(long, default_value_t = 100)]
+        clients: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
         #[arg(long)]
         json: bool,
     },
@@ -174,6 +191,7 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
     };
     std::fs::create_dir_all(&dir)?;
     let mut cfg = Config::new(dir.clone());
+    cfg.agent_sockets = Some(brood_server::agent_sockets());
     cfg.grace = Duration::from_secs(3);
     // A thousand live agents under one root: the bench's own root gets the
     // platform ceilings as its defaults.
@@ -194,6 +212,27 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
         uid: crate::unsafe_uid(),
     };
     match which {
+        Which::Api {
+            n,
+            clients,
+            seconds,
+            subscribers,
+            json: as_json,
+        } => {
+            let (sup, dir) = supervisor(&root, "api").await?;
+            let params = api::Params {
+                n,
+                clients: clients.max(1),
+                seconds,
+                subscribers: subscribers.max(1),
+            };
+            let out = api::run(&sup, &dir, &exe, &params).await;
+            sup.shutdown().await;
+            if root.is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            print_result(&out?, as_json);
+        }
         Which::Admission {
             n,
             requesters,

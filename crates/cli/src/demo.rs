@@ -112,6 +112,7 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     )?;
 
     let mut cfg = Config::new(root.clone());
+    cfg.agent_sockets = Some(brood_server::agent_sockets());
     cfg.grace = Duration::from_secs(1);
     cfg.bin_dir = crate::bin_dir();
     let sock = cfg.socket.clone();

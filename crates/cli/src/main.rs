@@ -438,6 +438,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             argv,
         } => {
             let mut cfg = Config::new(root_of(&root));
+            cfg.agent_sockets = Some(brood_server::agent_sockets());
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
@@ -466,6 +467,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             listen,
         } => {
             let mut cfg = Config::new(root_of(&root));
+            cfg.agent_sockets = Some(brood_server::agent_sockets());
             cfg.grace = grace(g)?;
             if !(sweep_every.is_finite() && sweep_every > 0.0) {
                 bail!(Exit(

@@ -597,6 +597,7 @@ async fn a_supervisor_starting_removes_sockets_nobody_answers_on() {
     let live = agents.join("busy.sock");
     let _keep = std::os::unix::net::UnixListener::bind(&live).unwrap();
     let mut cfg = brood_runtime::Config::new(dir.path().to_path_buf());
+    cfg.agent_sockets = Some(brood_server::agent_sockets());
     cfg.bin_dir = Path::new(exe()).parent().map(Path::to_path_buf);
     let sup = brood_runtime::Supervisor::start(cfg).unwrap();
     let env = Env { dir, sup };

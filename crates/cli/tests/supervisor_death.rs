@@ -82,6 +82,7 @@ fn supervisor_sigkill_takes_the_whole_tree_and_restart_records_it() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut cfg = brood_runtime::Config::new(root.to_path_buf());
+        cfg.agent_sockets = Some(brood_server::agent_sockets());
         cfg.socket = root.join("restart.sock");
         let sup = brood_runtime::Supervisor::start(cfg).expect("restart");
         for n in ["top", "mid", "leaf"] {

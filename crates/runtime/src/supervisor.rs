@@ -78,7 +78,7 @@ impl std::fmt::Debug for Hooks {
 }
 
 /// How a supervisor is set up.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// `$BROOD_ROOT`.
     pub root: PathBuf,
@@ -107,6 +107,9 @@ pub struct Config {
     /// `None` runs no sweeper at all (benchmarks that time one path alone).
     pub sweep_every: Option<Duration>,
     pub hooks: Hooks,
+    /// What binds and serves the per-agent sockets (SPEC 8; brood-server's
+    /// `agent_sockets`). `None`: agents get no socket.
+    pub agent_sockets: Option<crate::agent_socket::SocketHost>,
 }
 
 impl Config {
@@ -125,6 +128,7 @@ impl Config {
             slots: None,
             sweep_every: Some(Duration::from_secs(1)),
             hooks: Hooks::default(),
+            agent_sockets: None,
         }
     }
 }

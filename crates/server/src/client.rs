@@ -238,3 +238,50 @@ pub async fn stream(
     }
     Ok(None)
 }
+
+/// One kept-alive connection for many calls (what a harness holds; the
+/// benchmark uses it). Not for streams.
+pub struct Connection {
+    ep: Endpoint,
+    send: Sender,
+}
+
+impl Connection {
+    pub async fn open(ep: &Endpoint) -> Result<Connection, ClientError> {
+        Ok(Connection {
+            send: connect(ep).await?,
+            ep: ep.clone(),
+        })
+    }
+
+    pub async fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Answer, ClientError> {
+        let req = request(&self.ep, method, path, body, None)?;
+        self.send
+            .ready()
+            .await
+            .map_err(|e| ClientError(format!("{method} {path}: the connection closed: {e}")))?;
+        let resp = self
+            .send
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError(format!("{method} {path}: {e}")))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError(format!("reading the answer to {method} {path}: {e}")))?
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        Ok(Answer { status, body })
+    }
+}

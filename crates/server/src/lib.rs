@@ -3,12 +3,15 @@
 //! credentials) and, when asked, on a loopback TCP port (callers holding the
 //! bearer token in `$BROOD_ROOT/token`); its event stream over SSE; its
 //! OpenAPI document, generated from the handlers; and the client the CLI
-//! uses. docs/api.md is the reference.
+//! uses. docs/api.md is the reference. And the per-agent sockets of SPEC 8
+//! (`agent_sockets`, docs/agent-socket.md): the runtime decides when one
+//! exists, this crate binds and serves it.
 //!
 //! The server holds no state of its own that matters: every request becomes a
 //! verb of the runtime's `Supervisor` (mutations, through its dispatcher) or a
 //! read of the store (`View`), and every reply is a `brood_api` type.
 
+mod agent_socket;
 mod auth;
 mod body;
 pub mod client;
@@ -20,6 +23,7 @@ pub mod openapi;
 mod routes;
 mod state;
 
+pub use agent_socket::agent_sockets;
 pub use auth::Token;
 pub use events::event_json;
 pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};

@@ -58,6 +58,7 @@ pub fn start(grace: Duration) -> Env {
 pub fn start_with(grace: Duration, f: impl FnOnce(&mut Config)) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = Config::new(dir.path().to_path_buf());
+    cfg.agent_sockets = Some(brood_server::agent_sockets());
     cfg.grace = grace;
     cfg.bin_dir = Path::new(exe()).parent().map(Path::to_path_buf);
     f(&mut cfg);

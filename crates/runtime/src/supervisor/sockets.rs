@@ -91,7 +91,7 @@ fn errno(e: &ApiError) -> &'static str {
 
 impl Supervisor {
     /// Hands a connection's request to the dispatcher; `false` when it stopped.
-    pub(crate) fn agent_socket(&self, name: AgentName, r: Request) -> bool {
+    pub fn agent_socket(&self, name: AgentName, r: Request) -> bool {
         self.tx.send(Cmd::AgentSocket(name, r)).is_ok()
     }
 }
@@ -113,20 +113,24 @@ impl Dispatcher {
             operator_uid: self.uid,
             parent,
         };
-        let listener = agent_socket::listen(
-            self.handle(),
-            name.clone(),
-            run.clone(),
-            self.paths.agent_socket(name),
-            access,
-        );
+        // No host (a supervisor without a transport): no socket, and a
+        // client finds none, as for an agent that is not live.
+        let listener = self.cfg.agent_sockets.as_ref().map(|host| {
+            host(
+                self.handle(),
+                name.clone(),
+                run.clone(),
+                self.paths.agent_socket(name),
+                access,
+            )
+        });
         self.sockets.by_agent.insert(
             name.clone(),
             Sock {
                 run,
                 session,
                 model,
-                listener: Some(listener),
+                listener,
                 ids: HashMap::new(),
                 order: VecDeque::new(),
                 turn_over: false,

@@ -131,3 +131,57 @@ async fn a_hundred_sse_subscribers_each_get_every_event_once() {
     }
     s.env.sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_falls_behind_is_told_to_resync_and_catches_up() {
+    // Small limits, so a client that stops reading falls behind soon.
+    let limits = brood_server::EventLimits {
+        backlog_batches: 2,
+        connection_buffer: 1,
+    };
+    let env = common::start(std::time::Duration::from_millis(500));
+    let sock = env.root().join("brood.sock");
+    let api = brood_server::Api::with_event_limits(env.sup.clone(), None, limits);
+    let listener = brood_server::bind_unix(&sock).await.unwrap();
+    let server = tokio::spawn(brood_server::serve_unix(api, listener));
+    let s = Served::at(env, sock.clone());
+    let mut slow = Stream::open(&sock, "/api/events", None).await;
+    // The log grows by far more than the socket, the connection and the
+    // backlog hold while `slow` reads nothing.
+    let names: Vec<String> = (0..150).map(|i| format!("n{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    quick_agents(&s, &refs).await;
+    let end = s
+        .env
+        .sup
+        .store()
+        .last_event_seq(s.env.sup.tenant())
+        .unwrap();
+    let mut got = Vec::new();
+    let mut last_id = None;
+    let told = loop {
+        let (id, ev, data) = slow.next().await;
+        if ev.as_deref() == Some("resync") {
+            break serde_json::from_str::<Value>(&data).unwrap();
+        }
+        let v: Value = serde_json::from_str(&data).unwrap();
+        got.push(v["sequence"].as_i64().unwrap());
+        last_id = id;
+        assert!(*got.last().unwrap() < end, "never told to resync");
+    };
+    assert!(
+        told["reason"].as_str().unwrap().contains("Last-Event-ID"),
+        "{told}"
+    );
+    // Reconnecting from the last event received catches up from the store.
+    let mut again = Stream::open(&sock, "/api/events", last_id.as_deref()).await;
+    while *got.last().unwrap() < end {
+        got.push(again.next_seq().await.1);
+    }
+    assert_eq!(
+        got,
+        (1..=end).collect::<Vec<_>>(),
+        "nothing lost, nothing twice"
+    );
+    server.abort();
+}

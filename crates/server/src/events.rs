@@ -32,14 +32,27 @@ use crate::auth::may_see;
 use crate::error::{HttpError, bad};
 use crate::state::Api;
 
-/// Batches a subscriber may fall behind by before it is told to resync.
-const BACKLOG_BATCHES: usize = 1024;
 /// Events read from the store at a time.
 const PAGE: u32 = 1000;
 /// How often the hub looks at the store without being told of a change.
 const IDLE_POLL: Duration = Duration::from_millis(250);
-/// Events a subscriber's connection buffers before it counts as slow.
-const CONNECTION_BUFFER: usize = 256;
+/// How far a subscriber may fall behind before it is told to resync.
+#[derive(Debug, Clone, Copy)]
+pub struct EventLimits {
+    /// Batches of the log (one per change the hub read) it may lag by.
+    pub backlog_batches: usize,
+    /// Events its connection buffers while the client is not reading.
+    pub connection_buffer: usize,
+}
+
+impl Default for EventLimits {
+    fn default() -> EventLimits {
+        EventLimits {
+            backlog_batches: 1024,
+            connection_buffer: 256,
+        }
+    }
+}
 /// The SSE comment that keeps idle connections (and proxies) open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -62,11 +75,12 @@ pub fn event_json(e: &Event) -> brood_api::Event {
 /// The one reader of the store's event log, broadcasting what it reads.
 pub(crate) struct Hub {
     tx: broadcast::Sender<Arc<Vec<Event>>>,
+    limits: EventLimits,
 }
 
 impl Hub {
-    pub(crate) fn start(sup: &Supervisor) -> Hub {
-        let (tx, _) = broadcast::channel(BACKLOG_BATCHES);
+    pub(crate) fn start(sup: &Supervisor, limits: EventLimits) -> Hub {
+        let (tx, _) = broadcast::channel(limits.backlog_batches.max(1));
         let weak = tx.downgrade();
         let store = sup.store().clone();
         let tenant = sup.tenant().clone();
@@ -110,7 +124,7 @@ impl Hub {
                 }
             }
         });
-        Hub { tx }
+        Hub { tx, limits }
     }
 }
 
@@ -263,7 +277,7 @@ fn open(
         session: q.session,
         in_subtree: HashMap::new(),
     };
-    let (tx, rx) = mpsc::channel(CONNECTION_BUFFER);
+    let (tx, rx) = mpsc::channel(api.0.hub.limits.connection_buffer.max(1));
     let rx_broadcast = api.0.hub.tx.subscribe();
     tokio::spawn(feed(
         api.clone(),

@@ -25,6 +25,6 @@ mod state;
 
 pub use agent_socket::agent_sockets;
 pub use auth::Token;
-pub use events::event_json;
+pub use events::{EventLimits, event_json};
 pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};
 pub use state::Api;

@@ -7,7 +7,7 @@ use axum::Router;
 use brood_runtime::{Supervisor, View};
 
 use crate::auth::Token;
-use crate::events::Hub;
+use crate::events::{EventLimits, Hub};
 use crate::idempotency::InFlight;
 
 /// The HTTP API in front of one supervisor. Cheap to clone.
@@ -26,7 +26,12 @@ impl Api {
     /// The API of `sup`; `token` is required of TCP callers (and only of them).
     /// Starts the event hub's reader, so call it inside the tokio runtime.
     pub fn new(sup: Supervisor, token: Option<Token>) -> Api {
-        let hub = Hub::start(&sup);
+        Api::with_event_limits(sup, token, EventLimits::default())
+    }
+
+    /// [`Api::new`] with other limits for slow event subscribers.
+    pub fn with_event_limits(sup: Supervisor, token: Option<Token>, limits: EventLimits) -> Api {
+        let hub = Hub::start(&sup, limits);
         Api(Arc::new(Inner {
             sup,
             hub,

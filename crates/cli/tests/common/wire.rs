@@ -139,6 +139,18 @@ impl Served {
         }
     }
 
+    /// A recorder for an `env` whose API the caller serves on `sock` itself.
+    pub fn at(env: Env, sock: std::path::PathBuf) -> Served {
+        Served {
+            env,
+            unix: To::Unix(sock),
+            tcp: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            token: String::new(),
+            log: Mutex::new(Vec::new()),
+            _servers: Vec::new(),
+        }
+    }
+
     pub fn tcp(&self, token: Option<&str>) -> To {
         To::Tcp(self.tcp, token.map(str::to_owned))
     }

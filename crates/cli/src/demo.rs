@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use brood_core::AgentName;
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
-use serde_json::Value;
 
 use crate::render;
 
@@ -63,19 +62,19 @@ fn draw(sup: &Supervisor, name: &AgentName, tty: bool, title: &str) -> Result<()
     }
     writeln!(out, "{title}")?;
     if let Some(root) = t.trees.first() {
-        write!(out, "{}", render::tree(&serde_json::to_value(root)?))?;
+        write!(out, "{}", render::tree(root))?;
     }
     writeln!(out)?;
     out.flush()?;
     Ok(())
 }
 
-fn count_nodes(t: &Value, pred: &dyn Fn(&Value) -> bool) -> usize {
-    let me = usize::from(pred(t));
-    me + t["children"]
-        .as_array()
-        .map(|c| c.iter().map(|k| count_nodes(k, pred)).sum())
-        .unwrap_or(0)
+fn count_nodes(t: &brood_api::TreeNode, pred: &dyn Fn(&brood_api::Agent) -> bool) -> usize {
+    usize::from(pred(&t.agent))
+        + t.children
+            .iter()
+            .map(|k| count_nodes(k, pred))
+            .sum::<usize>()
 }
 
 pub async fn run(root: Option<PathBuf>) -> Result<i32> {
@@ -263,8 +262,10 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
             .view()
             .tree(Some(&doomed))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let t = serde_json::to_value(&t)?;
-        let running = count_nodes(&t["trees"][0], &|a| a["status"] == "running");
+        let running = t
+            .trees
+            .first()
+            .map_or(0, |t| count_nodes(t, &|a| a.status == "running"));
         draw(sup, &doomed, tty, title2)?;
         // root + 2 children + 4 grandchildren
         if running >= 7 || Instant::now() > deadline {

@@ -413,7 +413,11 @@ pub(crate) fn bin_dir() -> Option<PathBuf> {
 
 /// Exit code of `wait` for one agent JSON (SPEC 4).
 pub(crate) fn wait_code(a: &Value) -> i32 {
-    let state = a["state"].as_str().unwrap_or("");
+    wait_code_of(a["state"].as_str().unwrap_or(""))
+}
+
+/// Exit code of `wait` for an agent in `state` (its `state` field).
+pub(crate) fn wait_code_of(state: &str) -> i32 {
     let outcome = state.strip_prefix("closed/").unwrap_or(state);
     brood_core::Terminal::decode(outcome)
         .map(|t| t.wait_exit_code())
@@ -595,7 +599,7 @@ async fn run_root(
     let _ = std::fs::remove_file(&sock);
     let (a, tree) = outcome?;
     if json_out {
-        println!("{}", json!({"agent": a, "tree": tree["trees"][0]}));
+        println!("{}", json!({"agent": a, "tree": tree.trees.first()}));
     } else {
         if let Some(res) = a["result"].as_str() {
             print!("{res}");
@@ -603,14 +607,16 @@ async fn run_root(
                 println!();
             }
         }
-        eprint!("{}", render::tree(&tree["trees"][0]));
+        if let Some(t) = tree.trees.first() {
+            eprint!("{}", render::tree(t));
+        }
     }
     Ok(wait_code(&a))
 }
 
 /// Starts the root, waits for it (Ctrl-C cancels it), and returns its record and
 /// its tree.
-async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, Value)> {
+async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, brood_api::Trees)> {
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;
     let name = brood_core::AgentName::new(started["name"].as_str().unwrap_or(""))
@@ -626,7 +632,7 @@ async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, V
     });
     let r = api(sup.wait(me, vec![name.clone()], None).await)?;
     let a = r["agents"][0].clone();
-    let tree = serde_json::to_value(api(sup.view().tree(Some(&name)))?)?;
+    let tree = api(sup.view().tree(Some(&name)))?;
     Ok((a, tree))
 }
 

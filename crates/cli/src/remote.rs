@@ -83,6 +83,18 @@ pub(crate) fn ok(a: Answer) -> Result<Value> {
     Err(Exit(code.exit_code(), format!("{code}: {message}")).into())
 }
 
+/// An answer read as the `brood_api` type it is documented to be; one that
+/// is not says so rather than printing half of it.
+pub(crate) fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T> {
+    T::deserialize(v).map_err(|e| {
+        Exit(
+            1,
+            format!("the supervisor's answer is not what this brood understands ({e}): {v}"),
+        )
+        .into()
+    })
+}
+
 /// The control socket to talk to: inside an agent, the one it was given.
 pub(crate) fn socket_for(root: &Option<PathBuf>) -> PathBuf {
     if root.is_none()

@@ -1,31 +1,26 @@
-//! Rendering for people: tables, trees, key-value pages. Programs use `--json`.
+//! Rendering for people: tables, trees, key-value pages, from the API's
+//! types (`brood_api`). Programs use `--json`.
 
-use serde_json::Value;
+use brood_api::{Agent, AgentDetail, Spend, TreeNode};
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(x) => x.clone(),
-        other => other.to_string(),
-    }
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".to_owned(), T::to_string)
 }
 
-fn status_word(a: &Value) -> String {
-    let st = s(&a["status"]);
-    let state = s(&a["state"]);
-    let mut out = if state.starts_with("stopping/") {
+fn status_word(a: &Agent) -> String {
+    let mut out = if a.state.starts_with("stopping/") {
         "stopping".to_owned()
     } else {
-        st
+        a.status.clone()
     };
-    if let Some(r) = a["reason"].as_str() {
+    if let Some(r) = &a.reason {
         out.push_str(&format!(" ({r})"));
     }
     out
 }
 
 /// `ps`: one agent per line.
-pub fn table(agents: &[Value]) -> String {
+pub fn table(agents: &[Agent]) -> String {
     let mut rows = vec![[
         "NAME".to_owned(),
         "PARENT".into(),
@@ -35,14 +30,11 @@ pub fn table(agents: &[Value]) -> String {
     ]];
     for a in agents {
         rows.push([
-            s(&a["name"]),
-            s(&a["parent"]),
+            a.name.clone(),
+            opt(&a.parent),
             status_word(a),
-            s(&a["pid"]),
-            a["run"]
-                .as_str()
-                .map(|r| r.chars().take(13).collect())
-                .unwrap_or_default(),
+            opt(&a.pid),
+            a.run.chars().take(13).collect(),
         ]);
     }
     let mut w = [0usize; 5];
@@ -66,24 +58,23 @@ pub fn table(agents: &[Value]) -> String {
 }
 
 /// `tree`: the agent and its descendants, drawn with box characters.
-pub fn tree(t: &Value) -> String {
+pub fn tree(t: &TreeNode) -> String {
     let mut out = String::new();
     node(t, "", None, &mut out);
     out
 }
 
-fn node(a: &Value, prefix: &str, last: Option<bool>, out: &mut String) {
+fn node(t: &TreeNode, prefix: &str, last: Option<bool>, out: &mut String) {
     let (branch, next) = match last {
         None => (String::new(), String::new()),
         Some(true) => (format!("{prefix}└── "), format!("{prefix}    ")),
         Some(false) => (format!("{prefix}├── "), format!("{prefix}│   ")),
     };
-    let pid = a["pid"]
-        .as_i64()
-        .map(|p| format!("  pid {p}"))
-        .unwrap_or_default();
-    let result = a["result"]
-        .as_str()
+    let a = &t.agent;
+    let pid = a.pid.map(|p| format!("  pid {p}")).unwrap_or_default();
+    let result = a
+        .result
+        .as_deref()
         .and_then(|r| r.lines().next())
         .map(|l| {
             let l: String = l.chars().take(60).collect();
@@ -92,107 +83,92 @@ fn node(a: &Value, prefix: &str, last: Option<bool>, out: &mut String) {
         .unwrap_or_default();
     out.push_str(&format!(
         "{branch}{}  {}{pid}{}{result}\n",
-        s(&a["name"]),
+        a.name,
         status_word(a),
-        spend_text(&a["spend"])
+        spend_text(&t.spend)
     ));
-    let kids = a["children"].as_array().cloned().unwrap_or_default();
-    let n = kids.len();
-    for (i, k) in kids.iter().enumerate() {
+    let n = t.children.len();
+    for (i, k) in t.children.iter().enumerate() {
         node(k, &next, Some(i + 1 == n), out);
     }
 }
 
 /// `  $own / $subtree (tokens in/out)` when anything was spent; nothing otherwise.
-fn spend_text(sp: &Value) -> String {
-    let own = &sp["own"];
-    let sub = &sp["subtree"];
-    let cost = |u: &Value| u["cost_usd"].as_f64().unwrap_or(0.0);
-    let tok = |u: &Value, k: &str| u[k].as_u64().unwrap_or(0);
-    if cost(sub) == 0.0 && tok(sub, "tokens_in") == 0 && tok(sub, "tokens_out") == 0 {
+fn spend_text(sp: &Spend) -> String {
+    let (own, sub) = (&sp.own, &sp.subtree);
+    if sub.cost_usd == 0.0 && sub.tokens_in == 0 && sub.tokens_out == 0 {
         return String::new();
     }
     format!(
         "  spent ${:.4} own, ${:.4} tree ({}/{} tokens own, {}/{} tree)",
-        cost(own),
-        cost(sub),
-        tok(own, "tokens_in"),
-        tok(own, "tokens_out"),
-        tok(sub, "tokens_in"),
-        tok(sub, "tokens_out")
+        own.cost_usd, sub.cost_usd, own.tokens_in, own.tokens_out, sub.tokens_in, sub.tokens_out
     )
 }
 
 /// `show`: one field per line.
-pub fn show(a: &Value) -> String {
+pub fn show(d: &AgentDetail) -> String {
+    let a = &d.agent;
+    let fields: [(&str, String); 22] = [
+        ("name", a.name.clone()),
+        ("parent", opt(&a.parent)),
+        ("status", status_word(a)),
+        ("reason", opt(&a.reason)),
+        ("detail", opt(&a.detail)),
+        ("pid", opt(&a.pid)),
+        ("cgroup", opt(&a.cgroup)),
+        ("run", a.run.clone()),
+        ("session", a.session.clone()),
+        ("protocol", a.protocol.clone()),
+        ("life", d.life.clone()),
+        ("iso", d.iso.clone()),
+        ("allow_weaker_sandbox", d.allow_weaker_sandbox.to_string()),
+        ("depth", a.depth.to_string()),
+        ("exit_code", opt(&a.exit_code)),
+        ("created_ms", a.created_ms.to_string()),
+        ("started_ms", opt(&a.started_ms)),
+        ("ended_ms", opt(&a.ended_ms)),
+        ("updated_ms", a.updated_ms.to_string()),
+        ("tokens_in", opt(&a.tokens_in)),
+        ("tokens_out", opt(&a.tokens_out)),
+        ("cost_usd", opt(&a.cost_usd)),
+    ];
     let mut out = String::new();
-    for k in [
-        "name",
-        "parent",
-        "status",
-        "reason",
-        "detail",
-        "pid",
-        "cgroup",
-        "run",
-        "session",
-        "protocol",
-        "life",
-        "iso",
-        "allow_weaker_sandbox",
-        "depth",
-        "exit_code",
-        "created_ms",
-        "started_ms",
-        "ended_ms",
-        "updated_ms",
-        "tokens_in",
-        "tokens_out",
-        "cost_usd",
-    ] {
-        let v = if k == "status" {
-            status_word(a)
-        } else {
-            s(&a[k])
-        };
+    for (k, v) in fields {
         out.push_str(&format!("{k:<11} {v}\n"));
     }
-    if a["spend"].is_object() {
-        for (k, part) in [("spent_own", "own"), ("spent_tree", "subtree")] {
-            let u = &a["spend"][part];
-            out.push_str(&format!(
-                "{k:<11} ${:.4} ({} tokens in, {} out)\n",
-                u["cost_usd"].as_f64().unwrap_or(0.0),
-                u["tokens_in"].as_u64().unwrap_or(0),
-                u["tokens_out"].as_u64().unwrap_or(0)
-            ));
-        }
-        out.push_str(&format!("{:<11} {}\n", "cost_limit", s(&a["cost_limit"])));
+    for (k, u) in [
+        ("spent_own", &d.spend.own),
+        ("spent_tree", &d.spend.subtree),
+    ] {
+        out.push_str(&format!(
+            "{k:<11} ${:.4} ({} tokens in, {} out)\n",
+            u.cost_usd, u.tokens_in, u.tokens_out
+        ));
     }
-    if let Some(r) = a["result"].as_str() {
+    out.push_str(&format!("{:<11} {}\n", "cost_limit", opt(&d.cost_limit)));
+    if let Some(r) = &a.result {
         out.push_str("result:\n");
         for l in r.lines() {
             out.push_str(&format!("  {l}\n"));
         }
     }
-    if let Some(p) = a["policy"].as_object() {
+    if let Some(p) = d.policy.as_object() {
         out.push_str("policy:\n");
         for (k, v) in p {
-            out.push_str(&format!("  {k:<13} {}\n", s(v)));
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            out.push_str(&format!("  {k:<13} {v}\n"));
         }
     }
-    if let Some(runs) = a["runs"].as_array() {
-        out.push_str("runs:\n");
-        for r in runs {
-            out.push_str(&format!(
-                "  #{} {} pid {} outcome {} exit {}\n",
-                s(&r["seq"]),
-                s(&r["id"]),
-                s(&r["pid"]),
-                s(&r["outcome"]),
-                s(&r["exit_code"])
-            ));
-        }
+    out.push_str("runs:\n");
+    for r in &d.runs {
+        out.push_str(&format!(
+            "  #{} {} pid {} outcome {} exit {}\n",
+            r.seq,
+            r.id,
+            opt(&r.pid),
+            opt(&r.outcome),
+            opt(&r.exit_code)
+        ));
     }
     out
 }
@@ -202,17 +178,49 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn node(v: serde_json::Value) -> TreeNode {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn agent(
+        name: &str,
+        status: &str,
+        state: &str,
+        reason: Option<&str>,
+        pid: Option<i64>,
+    ) -> serde_json::Value {
+        json!({"name": name, "parent": null, "customer": null, "status": status, "state": state,
+               "reason": reason, "detail": null, "depth": 0, "session": "default", "protocol": "brood",
+               "run": "r", "pid": pid, "cgroup": null, "result": null, "exit_code": null,
+               "created_ms": 0, "updated_ms": 0, "started_ms": null, "ended_ms": null,
+               "tokens_in": null, "tokens_out": null, "cost_usd": null,
+               "spend": {"own": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
+                         "subtree": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}},
+               "children": []})
+    }
+
     #[test]
     fn a_tree_is_drawn_with_branches_and_reasons() {
-        let t = json!({"name": "root", "status": "completed", "state": "completed", "reason": null, "pid": null, "result": "42 lines\nmore",
-        "children": [
-            {"name": "a", "status": "cancelled", "state": "cancelled:parent_dead", "reason": "parent_dead", "pid": null, "children": [
-                {"name": "a1", "status": "running", "state": "running", "reason": null, "pid": 7, "children": []}
-            ]},
-            {"name": "b", "status": "running", "state": "stopping/cancelled:user", "reason": "user", "pid": 9, "children": []}
-        ]});
+        let mut root = agent("root", "completed", "completed", None, None);
+        root["result"] = json!("42 lines\nmore");
+        let mut a = agent(
+            "a",
+            "cancelled",
+            "cancelled:parent_dead",
+            Some("parent_dead"),
+            None,
+        );
+        a["children"] = json!([agent("a1", "running", "running", None, Some(7))]);
+        let b = agent(
+            "b",
+            "running",
+            "stopping/cancelled:user",
+            Some("user"),
+            Some(9),
+        );
+        root["children"] = json!([a, b]);
         assert_eq!(
-            tree(&t),
+            tree(&node(root)),
             "root  completed  → 42 lines\n├── a  cancelled (parent_dead)\n│   └── a1  running  pid 7\n└── b  stopping (user)  pid 9\n"
         );
     }

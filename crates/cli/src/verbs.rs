@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
 use serde_json::{Value, json};
 
-use crate::remote::Remote;
-use crate::{Exit, api, render, view, wait_code};
+use crate::remote::{Remote, typed};
+use crate::{Exit, api, render, view, wait_code_of};
 
 /// The longest one HTTP wait asks for; longer waits ask again.
 const WAIT_STEP_S: f64 = 3600.0;
@@ -21,18 +21,14 @@ pub(crate) struct Spawn {
 }
 
 pub(crate) async fn spawn(r: &Remote, s: Spawn) -> Result<i32> {
-    let a = r.call("POST", "/api/agents", Some(s.body)).await?;
+    let v = r.call("POST", "/api/agents", Some(s.body)).await?;
+    let a: brood_api::Agent = typed(&v)?;
     if s.json {
-        println!("{a}");
+        println!("{v}");
     } else {
-        println!(
-            "{}\t{}\t{}",
-            a["name"].as_str().unwrap_or(""),
-            a["status"].as_str().unwrap_or(""),
-            a["run"].as_str().unwrap_or("")
-        );
+        println!("{}\t{}\t{}", a.name, a.status, a.run);
     }
-    Ok(if a["status"] == "failed" { 1 } else { 0 })
+    Ok(if a.status == "failed" { 1 } else { 0 })
 }
 
 pub(crate) async fn send(r: &Remote, name: &str, text: String) -> Result<i32> {
@@ -64,7 +60,7 @@ pub(crate) async fn wait(
         .into());
     }
     let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
-    let mut agents = Vec::new();
+    let mut agents: Vec<brood_api::Agent> = Vec::new();
     let mut timed_out = false;
     for name in names {
         loop {
@@ -82,51 +78,56 @@ pub(crate) async fn wait(
                     Some(json!({"timeout_s": step})),
                 )
                 .await?;
-            let done = v["timed_out"] != true;
+            let w: brood_api::WaitReply = typed(&v)?;
             let expired = deadline.is_some_and(|d| Instant::now() >= d);
-            if done || expired {
-                timed_out |= !done;
-                agents.push(v["agents"][0].clone());
+            if !w.timed_out || expired {
+                timed_out |= w.timed_out;
+                agents.extend(w.agents);
                 break;
             }
         }
     }
     if json_out {
-        println!("{}", json!({"agents": agents, "timed_out": timed_out}));
-    } else {
-        for a in &agents {
-            let reason = a["reason"]
-                .as_str()
-                .map(|r| format!(" ({r})"))
-                .unwrap_or_default();
-            println!(
-                "{}\t{}{}",
-                a["name"].as_str().unwrap_or(""),
-                a["status"].as_str().unwrap_or(""),
-                reason
-            );
-        }
+        let all = brood_api::WaitReply { agents, timed_out };
+        println!("{}", to_value(&all));
+        return Ok(if timed_out {
+            2
+        } else {
+            all.agents
+                .iter()
+                .map(|a| wait_code_of(&a.state))
+                .max()
+                .unwrap_or(0)
+        });
+    }
+    for a in &agents {
+        let reason = a
+            .reason
+            .as_ref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        println!("{}\t{}{}", a.name, a.status, reason);
     }
     if timed_out {
         return Ok(2);
     }
-    Ok(agents.iter().map(wait_code).max().unwrap_or(0))
+    Ok(agents
+        .iter()
+        .map(|a| wait_code_of(&a.state))
+        .max()
+        .unwrap_or(0))
 }
 
 /// `cancel`, `close` or `resume`: one line, `name<TAB>state or status[<TAB>run]`.
 pub(crate) async fn act(r: &Remote, verb: &str, name: &str, body: Option<Value>) -> Result<i32> {
-    let a = r
+    let v = r
         .call("POST", &format!("/api/agents/{name}/{verb}"), body)
         .await?;
-    let n = a["name"].as_str().unwrap_or("");
+    let a: brood_api::Agent = typed(&v)?;
     match verb {
-        "cancel" => println!("{n}\t{}", a["state"].as_str().unwrap_or("")),
-        "close" => println!("{n}\t{}", a["status"].as_str().unwrap_or("")),
-        _ => println!(
-            "{n}\t{}\t{}",
-            a["status"].as_str().unwrap_or(""),
-            a["run"].as_str().unwrap_or("")
-        ),
+        "cancel" => println!("{}\t{}", a.name, a.state),
+        "close" => println!("{}\t{}", a.name, a.status),
+        _ => println!("{}\t{}\t{}", a.name, a.status, a.run),
     }
     Ok(0)
 }
@@ -145,17 +146,14 @@ pub(crate) async fn ps(
     all: bool,
     json_out: bool,
 ) -> Result<i32> {
-    let v = match r.read(&format!("/api/agents?all={all}")).await? {
-        Some(v) => v,
-        None => to_value(&api(view(root)?.list(None, all))?),
+    let l: brood_api::AgentList = match r.read(&format!("/api/agents?all={all}")).await? {
+        Some(v) => typed(&v)?,
+        None => api(view(root)?.list(None, all))?,
     };
     if json_out {
-        println!("{}", v["agents"]);
+        println!("{}", to_value(&l.agents));
     } else {
-        print!(
-            "{}",
-            render::table(v["agents"].as_array().map(Vec::as_slice).unwrap_or(&[]))
-        );
+        print!("{}", render::table(&l.agents));
     }
     Ok(0)
 }
@@ -171,14 +169,14 @@ pub(crate) async fn tree(
         Some(n) => format!("/api/tree?root={n}"),
         None => "/api/tree".to_owned(),
     };
-    let v = match r.read(&path).await? {
-        Some(v) => v,
-        None => to_value(&api(view(root)?.tree(name.as_ref()))?),
+    let t: brood_api::Trees = match r.read(&path).await? {
+        Some(v) => typed(&v)?,
+        None => api(view(root)?.tree(name.as_ref()))?,
     };
     if json_out {
-        println!("{}", v["trees"]);
+        println!("{}", to_value(&t.trees));
     } else {
-        for t in v["trees"].as_array().into_iter().flatten() {
+        for t in &t.trees {
             print!("{}", render::tree(t));
         }
     }
@@ -192,14 +190,14 @@ pub(crate) async fn show(
     json_out: bool,
 ) -> Result<i32> {
     let name = checked(name)?;
-    let v = match r.read(&format!("/api/agents/{name}")).await? {
-        Some(v) => v,
-        None => to_value(&api(view(root)?.show(&name))?),
+    let d: brood_api::AgentDetail = match r.read(&format!("/api/agents/{name}")).await? {
+        Some(v) => typed(&v)?,
+        None => api(view(root)?.show(&name))?,
     };
     if json_out {
-        println!("{v}");
+        println!("{}", to_value(&d));
     } else {
-        print!("{}", render::show(&v));
+        print!("{}", render::show(&d));
     }
     Ok(0)
 }

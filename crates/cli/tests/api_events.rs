@@ -138,6 +138,7 @@ async fn a_subscriber_that_falls_behind_is_told_to_resync_and_catches_up() {
     let limits = brood_server::EventLimits {
         backlog_batches: 2,
         connection_buffer: 1,
+        ..Default::default()
     };
     let env = common::start(std::time::Duration::from_millis(500));
     let sock = env.root().join("brood.sock");
@@ -183,5 +184,24 @@ async fn a_subscriber_that_falls_behind_is_told_to_resync_and_catches_up() {
         (1..=end).collect::<Vec<_>>(),
         "nothing lost, nothing twice"
     );
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_gets_keep_alives() {
+    let limits = brood_server::EventLimits {
+        keep_alive: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let env = common::start(std::time::Duration::from_millis(500));
+    let sock = env.root().join("brood.sock");
+    let api = brood_server::Api::with_event_limits(env.sup.clone(), None, limits);
+    let listener = brood_server::bind_unix(&sock).await.unwrap();
+    let server = tokio::spawn(brood_server::serve_unix(api, listener));
+    let mut idle = Stream::open(&sock, "/api/events", None).await;
+    // Nothing happens; comment lines arrive all the same.
+    while idle.comments() < 3 {
+        idle.fill().await;
+    }
     server.abort();
 }

@@ -43,6 +43,9 @@ pub struct EventLimits {
     pub backlog_batches: usize,
     /// Events its connection buffers while the client is not reading.
     pub connection_buffer: usize,
+    /// How often an idle stream gets a `:` comment, which keeps it (and any
+    /// proxy on the way) open and tells the client the server is alive.
+    pub keep_alive: Duration,
 }
 
 impl Default for EventLimits {
@@ -50,11 +53,10 @@ impl Default for EventLimits {
         EventLimits {
             backlog_batches: 1024,
             connection_buffer: 256,
+            keep_alive: Duration::from_secs(15),
         }
     }
 }
-/// The SSE comment that keeps idle connections (and proxies) open.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// An event as the control plane shows it (SPEC 11: `type event_id timestamp
 /// sequence tenant agent run session` and a `payload`).
@@ -292,7 +294,7 @@ fn open(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .keep_alive(KeepAlive::new().interval(api.0.hub.limits.keep_alive))
         .into_response())
 }
 

@@ -288,6 +288,11 @@ impl Stream {
         }
     }
 
+    /// Comment lines (keep-alives) received and not yet consumed by [`Stream::next`].
+    pub fn comments(&self) -> usize {
+        self.text.lines().filter(|l| l.starts_with(':')).count()
+    }
+
     /// The next event: (id, event type, data).
     pub async fn next(&mut self) -> (Option<String>, Option<String>, String) {
         loop {

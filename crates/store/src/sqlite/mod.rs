@@ -112,6 +112,13 @@ pub struct QueryPlan {
 /// The store on one SQLite file.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// Read-only connections for reads, so they run beside each other and
+    /// beside a write (WAL readers do not block): a read sees every
+    /// transaction committed before it began. Empty for a read-only store,
+    /// whose one connection reads.
+    readers: Vec<Mutex<Connection>>,
+    /// Which reader a read waits for when none is free.
+    next_reader: std::sync::atomic::AtomicUsize,
     /// For error messages: every error names the file it happened in.
     path: String,
     /// Admissions waiting for their group commit, in arrival order.
@@ -125,6 +132,10 @@ pub struct SqliteStore {
 /// about 15 WAL frames, so this is about SQLite's default autocheckpoint of 1,000
 /// frames.
 const CHECKPOINT_EVERY: u32 = 64;
+
+/// Read-only connections beside the writer's (`SqliteStore::read`): the
+/// machine's two cores reading at once.
+const READERS: usize = 2;
 
 /// The writer's own autocheckpoint, which keeps the WAL bounded (~40 MiB). SQLite
 /// starts the WAL over only at a write that finds it entirely copied back, and
@@ -376,8 +387,21 @@ impl SqliteStore {
             .map_err(sql)?;
         migrate(&mut conn, &shown)?;
         let checkpointer = Checkpointer::start(path).map_err(sql)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let r = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(sql)?;
+            configure(&r).map_err(sql)?;
+            r.pragma_update(None, "query_only", true).map_err(sql)?;
+            readers.push(Mutex::new(r));
+        }
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            readers,
+            next_reader: Default::default(),
             path: shown,
             admissions: Mutex::default(),
             checkpointer: Some(checkpointer),
@@ -425,6 +449,8 @@ impl SqliteStore {
         }
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            readers: Vec::new(),
+            next_reader: Default::default(),
             path: shown,
             admissions: Mutex::default(),
             checkpointer: None,
@@ -487,8 +513,26 @@ impl SqliteStore {
         }
     }
 
+    /// Runs `body` on a free reader, else waits for one (in turn), so reads
+    /// neither queue behind writes nor behind one another.
     fn read<T>(&self, body: impl FnOnce(&Connection) -> Tx<T>) -> Result<T> {
-        let conn = self.lock();
+        if self.readers.is_empty() {
+            let conn = self.lock();
+            return body(&conn).map_err(|f| f.at(&self.path));
+        }
+        let free = self.readers.iter().find_map(|r| r.try_lock().ok());
+        let conn = match free {
+            Some(c) => c,
+            None => {
+                let i = self
+                    .next_reader
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    % self.readers.len();
+                self.readers[i]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            }
+        };
         body(&conn).map_err(|f| f.at(&self.path))
     }
 

@@ -226,6 +226,13 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         text: Vec<String>,
     },
+    /// brood's reference agent: a model-driven agent speaking brood's
+    /// protocol (run it under brood: `brood run -- brood agent --script FILE`);
+    /// see docs/agent.md for its flags, types, tools and providers.
+    Agent {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The protocol-speaking test agent used by tests, the demo and benchmarks.
     #[command(hide = true, name = "test-agent")]
     TestAgent {
@@ -248,6 +255,10 @@ impl std::error::Error for Exit {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Agent { args } = &cli.cmd {
+        let code = brood_agent::main(args);
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
     if let Cmd::TestAgent { args } = &cli.cmd {
         let exe = std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())
@@ -552,7 +563,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             session,
             text,
         } => shim(&root, &name, session, text).await,
-        Cmd::TestAgent { .. } => Ok(0),
+        Cmd::TestAgent { .. } | Cmd::Agent { .. } => Ok(0),
     }
 }
 

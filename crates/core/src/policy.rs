@@ -915,6 +915,14 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), PolicyError> {
                 format!("{k:?}: a name must not contain \"=\", whitespace or control characters"),
             ));
         }
+        // The runtime sets these itself; one given here would be dropped at
+        // launch, so it is refused where the mistake is made.
+        if k.starts_with("BROOD_") || k.starts_with("CTX_") {
+            return Err(PolicyError::new(
+                format!("env.{k}"),
+                "BROOD_* and CTX_* are set by the runtime (the agent's identity); choose another name",
+            ));
+        }
         if v.contains('\0') || v.contains('\n') {
             // The value itself is not echoed: environment values are often secrets.
             return Err(PolicyError::new(
@@ -1353,6 +1361,14 @@ mod tests {
                 },
                 "env.A",
                 "NUL or newline",
+            ),
+            (
+                Policy {
+                    env: [("BROOD_KEY".into(), "v".into())].into(),
+                    ..base.clone()
+                },
+                "env.BROOD_KEY",
+                "set by the runtime",
             ),
             (
                 Policy {

@@ -9,13 +9,17 @@ use super::cap;
 use crate::io::{Halt, Io};
 use crate::settings::Settings;
 
-const CAPABILITIES: [&str; 6] = [
+/// SPEC 13's capabilities, and `env` (brood's addition): the variables the
+/// child's policy passes, so a parent can keep a key from a child that does
+/// not need it. Each is checked against the parent's at admission.
+const CAPABILITIES: [&str; 7] = [
     "tools",
     "cost_limit",
     "files",
     "network",
     "create_limit",
     "depth_limit",
+    "env",
 ];
 
 pub fn run(name: &str, args: &Value, settings: &Settings, io: &mut Io) -> Result<String, Halt> {

@@ -123,6 +123,10 @@ fn patch(args: &Value) -> ToolResult {
     let text = arg(args, "patch")?;
     let p = diffy::Patch::from_str(text)
         .map_err(|e| format!("the patch is not a unified diff: {e}"))?;
+    // diffy reads any text as a patch; one without a hunk changes nothing.
+    if p.hunks().is_empty() {
+        return Err("the patch has no hunk (no `@@ -a,b +c,d @@` line): give a unified diff as `diff -u` writes it".into());
+    }
     let before = std::fs::read_to_string(path).map_err(|e| os_error("reading", path, &e))?;
     let after = diffy::apply(&before, &p)
         .map_err(|e| format!("the patch does not apply to {path}: {e}"))?;

@@ -11,6 +11,9 @@ mod files;
 mod search;
 mod web;
 
+#[cfg(test)]
+mod tests;
+
 use serde_json::{Value, json};
 
 use crate::io::{Halt, Io};
@@ -140,7 +143,8 @@ pub fn spec(name: &str) -> Option<ToolSpec> {
                     "files": {"type": "array", "items": {"type": "object", "properties": {"path": {"type": "string"}, "mode": {"type": "string", "enum": ["rw", "ro", "hidden"]}}, "required": ["path", "mode"]}},
                     "network": {"description": "\"none\", \"all\" or {\"connect\": [ports]}"},
                     "create_limit": {"type": "integer", "minimum": 0},
-                    "depth_limit": {"type": "integer", "minimum": 0}}},
+                    "depth_limit": {"type": "integer", "minimum": 0},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "the variables passed to the child (default: yours)"}}},
                 "customer": s("who receives the result (default: you)"),
                 "name": s("the child's name (brood picks one when absent)")}),
                 &["task"],
@@ -202,21 +206,31 @@ pub fn run(name: &str, arguments: &str, settings: &Settings, io: &mut Io) -> Res
         }
         Err(e) => return Ok(format!("error: {name}: the arguments are not JSON ({e})")),
     };
+    if matches!(name, "create" | "send" | "wait" | "close" | "resume") {
+        return brood::run(name, &args, settings, io);
+    }
+    Ok(local(name, &args, settings, &io.cancel))
+}
+
+/// A tool that needs no supervisor, run: its answer, an error included.
+pub fn local(
+    name: &str,
+    args: &Value,
+    settings: &Settings,
+    cancel: &crate::io::CancelFlag,
+) -> String {
     let r = match name {
         "file_read" | "file_write" | "file_edit" | "file_patch" | "file_delete" | "file_rename"
-        | "file_list" | "file_tree" | "file_info" => files::run(name, &args),
-        "file_search" => search::run(&args),
-        "shell" | "code_exec" => exec::run(name, &args, settings, &io.cancel),
-        "web_search" => web::run(&args, settings),
-        "create" | "send" | "wait" | "close" | "resume" => {
-            return brood::run(name, &args, settings, io);
-        }
-        other => Err(format!("no tool {other:?}")),
+        | "file_list" | "file_tree" | "file_info" => files::run(name, args),
+        "file_search" => search::run(args),
+        "shell" | "code_exec" => exec::run(name, args, settings, cancel),
+        "web_search" => web::run(args, settings),
+        other => Err(format!("no tool {other:?} here")),
     };
-    Ok(cap(match r {
+    cap(match r {
         Ok(t) => t,
         Err(e) => format!("error: {name}: {e}"),
-    }))
+    })
 }
 
 /// A required string argument.

@@ -1,0 +1,173 @@
+//! The local tools on real files: each one's work, and each bad input
+//! answered with an error that says what was wrong.
+
+use serde_json::{Value, json};
+
+use super::{MAX_RESULT, local};
+use crate::io::CancelFlag;
+use crate::settings::{ConfigFile, Layer, Settings, resolve};
+
+fn settings() -> Settings {
+    let req = Layer {
+        provider: Some("script".into()),
+        ..Layer::default()
+    };
+    let mut s = resolve(None, &req, &ConfigFile::default(), None).unwrap();
+    s.shell_timeout_s = 2;
+    s
+}
+
+fn call(name: &str, args: Value) -> String {
+    local(name, &args, &settings(), &CancelFlag::default())
+}
+
+fn p(dir: &tempfile::TempDir, f: &str) -> String {
+    dir.path().join(f).display().to_string()
+}
+
+#[test]
+fn read_write_edit_patch_rename_delete() {
+    let d = tempfile::tempdir().unwrap();
+    let a = p(&d, "a.txt");
+    assert!(
+        call(
+            "file_write",
+            json!({"path": a, "content": "one\ntwo\ntwo\nthree\n"})
+        )
+        .starts_with("wrote 18 bytes")
+    );
+    assert_eq!(
+        call("file_read", json!({"path": a, "offset": 2, "limit": 2})),
+        "two\ntwo"
+    );
+    let e = call("file_edit", json!({"path": a, "old": "two", "new": "2"}));
+    assert!(
+        e.contains("occurs 2 times") && e.starts_with("error:"),
+        "{e}"
+    );
+    assert!(
+        call(
+            "file_edit",
+            json!({"path": a, "old": "two\nthree", "new": "2\n3"})
+        )
+        .starts_with("replaced 1")
+    );
+    let e = call(
+        "file_edit",
+        json!({"path": a, "old": "nowhere", "new": "x"}),
+    );
+    assert!(e.contains("does not occur"), "{e}");
+    assert!(
+        call(
+            "file_edit",
+            json!({"path": a, "old": "two", "new": "2", "all": true})
+        )
+        .starts_with("replaced 1")
+    );
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "one\n2\n2\n3\n");
+    let patch = "--- a/a.txt\n+++ b/a.txt\n@@ -1,4 +1,4 @@\n one\n-2\n+two\n 2\n 3\n";
+    let r = call("file_patch", json!({"path": a, "patch": patch}));
+    assert!(r.starts_with("patched"), "{r}");
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "one\ntwo\n2\n3\n");
+    let r = call("file_patch", json!({"path": a, "patch": patch}));
+    assert!(r.contains("does not apply"), "{r}");
+    let r = call("file_patch", json!({"path": a, "patch": "not a diff"}));
+    assert!(r.starts_with("error:"), "{r}");
+    let b = p(&d, "b.txt");
+    assert!(call("file_rename", json!({"from": a, "to": b})).starts_with("renamed"));
+    let info = call("file_info", json!({"path": b}));
+    assert!(info.contains("file, 12 bytes"), "{info}");
+    let r = call("file_delete", json!({"path": d.path()}));
+    assert!(r.contains("is a directory"), "{r}");
+    assert!(call("file_delete", json!({"path": b})).starts_with("deleted"));
+    let r = call("file_read", json!({"path": b}));
+    assert!(r.contains("No such file"), "{r}");
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let r = call("file_read", json!({}));
+    assert_eq!(r, "error: file_read: missing argument \"path\"");
+    let r = call("file_read", json!({"path": 5}));
+    assert!(r.contains("must be a string"), "{r}");
+    let r = call("file_read", json!({"path": "/etc/hostname", "offset": "x"}));
+    assert!(r.contains("whole number"), "{r}");
+    let r = call("file_search", json!({"pattern": "("}));
+    assert!(r.contains("not a regular expression"), "{r}");
+    let r = call("code_exec", json!({"language": "cobol", "code": "x"}));
+    assert!(r.contains("no interpreter for \"cobol\""), "{r}");
+    let r = call("web_search", json!({"query": "x"}));
+    assert!(r.contains("no search endpoint"), "{r}");
+}
+
+#[test]
+fn list_tree_and_search_honour_ignore_files() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join("src")).unwrap();
+    std::fs::create_dir_all(d.path().join("target")).unwrap();
+    std::fs::write(d.path().join(".ignore"), "target/\n").unwrap();
+    std::fs::write(
+        d.path().join("src/main.rs"),
+        "fn main() {\n    println!(\"needle\");\n}\n",
+    )
+    .unwrap();
+    std::fs::write(d.path().join("src/notes.txt"), "a needle here too\n").unwrap();
+    std::fs::write(d.path().join("target/junk.rs"), "needle\n").unwrap();
+    let root = d.path().display().to_string();
+    let l = call("file_list", json!({"path": root}));
+    assert!(l.contains("src/") && l.contains("target/"), "{l}");
+    let t = call("file_tree", json!({"path": root}));
+    assert!(t.contains("main.rs") && !t.contains("junk.rs"), "{t}");
+    let s = call("file_search", json!({"pattern": "need+le", "path": root}));
+    assert!(
+        s.contains("main.rs:2:") && s.contains("notes.txt:1:") && !s.contains("junk"),
+        "{s}"
+    );
+    let s = call(
+        "file_search",
+        json!({"pattern": "needle", "path": root, "glob": "*.rs"}),
+    );
+    assert!(s.contains("main.rs") && !s.contains("notes.txt"), "{s}");
+    let s = call("file_search", json!({"pattern": "haystack", "path": root}));
+    assert!(s.starts_with("no match"), "{s}");
+}
+
+#[test]
+fn shell_and_code_exec_report_status_output_and_timeouts() {
+    let r = call(
+        "shell",
+        json!({"command": "echo out; echo err >&2; exit 3"}),
+    );
+    assert!(
+        r.starts_with("exit status 3")
+            && r.contains("--- stdout\nout")
+            && r.contains("--- stderr\nerr"),
+        "{r}"
+    );
+    let r = call(
+        "code_exec",
+        json!({"language": "sh", "code": "echo $((6 * 7))"}),
+    );
+    assert!(r.contains("42"), "{r}");
+    let r = call(
+        "code_exec",
+        json!({"language": "python", "code": "print(sum(range(10)))"}),
+    );
+    assert!(r.contains("45"), "{r}");
+    // Past its timeout, the whole group is killed, grandchildren included.
+    let r = call(
+        "shell",
+        json!({"command": "sleep 30 & sleep 30", "timeout_s": 1}),
+    );
+    assert!(r.starts_with("killed: it ran past its 1 s timeout"), "{r}");
+    // Output beyond the cap is counted, not kept.
+    let r = call(
+        "shell",
+        json!({"command": "head -c 100000 /dev/zero | tr '\\\\0' x"}),
+    );
+    assert!(
+        r.contains("more bytes of stdout not kept") && r.len() <= MAX_RESULT + 200,
+        "{}",
+        r.len()
+    );
+}

@@ -1,0 +1,165 @@
+//! An OpenAI-compatible chat-completions server on loopback for the agent's
+//! tests: it records each request's body and answers with the next scripted
+//! reply: a stream of chunks (ending with `[DONE]`, or cut), an error status,
+//! or a stream that stalls.
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub enum Reply {
+    /// These chunks as `data:` lines, then `[DONE]` unless `cut`.
+    Stream { chunks: Vec<Value>, cut: bool },
+    /// An error status with a JSON error body and `Retry-After`.
+    Status(u16, String, Option<u64>),
+    /// These chunks, then nothing for a minute.
+    Stall(Vec<Value>),
+}
+
+/// A text delta chunk.
+pub fn text(t: &str) -> Value {
+    json!({"choices": [{"index": 0, "delta": {"content": t}}]})
+}
+
+/// A tool-call delta chunk (no id: local servers leave it out).
+pub fn call_part(index: u64, name: Option<&str>, args: &str) -> Value {
+    let mut f = json!({"arguments": args});
+    if let Some(n) = name {
+        f["name"] = json!(n);
+    }
+    json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "function": f}]}}]})
+}
+
+/// The last chunk's usage.
+pub fn usage(input: u64, output: u64) -> Value {
+    json!({"choices": [], "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
+}
+
+pub struct ModelServer {
+    pub base_url: String,
+    pub requests: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ModelServer {
+    pub async fn start(replies: Vec<Reply>) -> ModelServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let replies = Arc::new(Mutex::new(VecDeque::from(replies)));
+        let (reqs, reps) = (requests.clone(), replies.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let (reqs, reps) = (reqs.clone(), reps.clone());
+                tokio::spawn(async move {
+                    let Some(body) = read_request(&mut s).await else {
+                        return;
+                    };
+                    reqs.lock().unwrap().push(body);
+                    let reply = reps.lock().unwrap().pop_front();
+                    let _ = answer(&mut s, reply).await;
+                });
+            }
+        });
+        ModelServer {
+            base_url: format!("http://{addr}/v1"),
+            requests,
+            task,
+        }
+    }
+
+    pub fn bodies(&self) -> Vec<Value> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+async fn read_request(s: &mut tokio::net::TcpStream) -> Option<Value> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    let head_end = loop {
+        let n = s.read(&mut tmp).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut tmp).await.ok()?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    serde_json::from_slice(&buf[head_end..]).ok()
+}
+
+async fn answer(s: &mut tokio::net::TcpStream, reply: Option<Reply>) -> std::io::Result<()> {
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+    match reply {
+        None => {
+            let body = r#"{"error": {"message": "the test server has no more replies"}}"#;
+            let h = format!(
+                "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            s.write_all(h.as_bytes()).await?;
+            s.write_all(body.as_bytes()).await
+        }
+        Some(Reply::Status(code, message, retry_after)) => {
+            let body = json!({"error": {"message": message}}).to_string();
+            let mut h = format!(
+                "HTTP/1.1 {code} Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            );
+            if let Some(r) = retry_after {
+                h.push_str(&format!("Retry-After: {r}\r\n"));
+            }
+            h.push_str("\r\n");
+            s.write_all(h.as_bytes()).await?;
+            s.write_all(body.as_bytes()).await
+        }
+        Some(Reply::Stream { chunks, cut }) => {
+            s.write_all(head.as_bytes()).await?;
+            for c in chunks {
+                s.write_all(format!("data: {c}\n\n").as_bytes()).await?;
+                s.flush().await?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if !cut {
+                s.write_all(b"data: [DONE]\n\n").await?;
+            }
+            s.shutdown().await
+        }
+        Some(Reply::Stall(chunks)) => {
+            s.write_all(head.as_bytes()).await?;
+            for c in chunks {
+                s.write_all(format!("data: {c}\n\n").as_bytes()).await?;
+            }
+            s.flush().await?;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(())
+        }
+    }
+}

@@ -130,8 +130,15 @@ pub struct Layer {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    #[serde(flatten)]
-    pub defaults: Layer,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub base_url: Option<String>,
+    pub key_env: Option<String>,
+    pub script: Option<PathBuf>,
+    pub system_prompt: Option<String>,
+    pub tools: Option<Vec<String>>,
+    pub max_turns: Option<u32>,
+    pub timeout_s: Option<u64>,
     #[serde(default)]
     pub types: BTreeMap<String, Layer>,
     #[serde(default)]
@@ -144,6 +151,21 @@ pub struct ConfigFile {
 }
 
 impl ConfigFile {
+    /// The agent's defaults (the file's top level).
+    pub fn defaults(&self) -> Layer {
+        Layer {
+            provider: self.provider.clone(),
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            key_env: self.key_env.clone(),
+            script: self.script.clone(),
+            system_prompt: self.system_prompt.clone(),
+            tools: self.tools.clone(),
+            max_turns: self.max_turns,
+            timeout_s: self.timeout_s,
+        }
+    }
+
     pub fn read(path: &std::path::Path) -> Result<ConfigFile, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading the agent configuration {}: {e}", path.display()))?;
@@ -236,14 +258,15 @@ pub fn resolve(
     })?;
     let per_type = file.types.get(type_name).cloned().unwrap_or_default();
     // Provider and model (and how to reach them): request > type > agent.
-    let reach = over(over(file.defaults.clone(), &per_type), request);
+    let defaults = file.defaults();
+    let reach = over(over(defaults.clone(), &per_type), request);
     // System prompt: type > request > agent.
     let system_prompt = per_type
         .system_prompt
         .clone()
         .or_else(|| Some(ty.prompt.to_owned()))
         .or_else(|| request.system_prompt.clone())
-        .or_else(|| file.defaults.system_prompt.clone())
+        .or_else(|| defaults.system_prompt.clone())
         .unwrap_or_default();
     // Tools: request > type (if non-empty) > agent > all.
     let type_tools: Vec<String> = per_type
@@ -254,7 +277,7 @@ pub fn resolve(
         t.clone()
     } else if !type_tools.is_empty() {
         type_tools
-    } else if let Some(t) = &file.defaults.tools {
+    } else if let Some(t) = &defaults.tools {
         t.clone()
     } else {
         ALL_TOOLS.iter().map(|t| (*t).to_owned()).collect()
@@ -397,12 +420,34 @@ mod tests {
     }
 
     #[test]
+    fn the_configuration_file_reads_back() {
+        let f: ConfigFile = toml::from_str(
+            "provider = \"script\"\nmodel = \"m\"\nscript = \"/s.json\"\n[types.code]\nmax_turns = 4\n[prices.m]\ninput_per_mtok = 1.0\noutput_per_mtok = 2.0\n",
+        )
+        .unwrap();
+        let s = resolve(Some("code"), &Layer::default(), &f, None).unwrap();
+        assert_eq!(
+            (s.provider.as_str(), s.model.as_str(), s.max_turns),
+            ("script", "m", 4)
+        );
+        assert_eq!(
+            s.price,
+            Some(Price {
+                input_per_mtok: 1.0,
+                output_per_mtok: 2.0
+            })
+        );
+        let e = toml::from_str::<ConfigFile>("provder = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("provder"), "{e}");
+    }
+
+    #[test]
     fn precedence_is_spec_13s() {
         let mut file = ConfigFile::default();
-        file.defaults.provider = Some("openai".into());
-        file.defaults.model = Some("agent-model".into());
-        file.defaults.system_prompt = Some("agent prompt".into());
-        file.defaults.max_turns = Some(3);
+        file.provider = Some("openai".into());
+        file.model = Some("agent-model".into());
+        file.system_prompt = Some("agent prompt".into());
+        file.max_turns = Some(3);
         file.types.insert(
             "plan".into(),
             Layer {

@@ -4,7 +4,12 @@
 //! one grandchild per file, each counting lines for real and reporting back; the
 //! tree is drawn live. Part 2: the same shape, slower, and its root is killed with
 //! SIGKILL mid-work: every descendant ends `cancelled (parent_dead)`, no process is
-//! left, and a grandchild's transcript is still there to read.
+//! left, and a grandchild's transcript is still there to read. Part 3
+//! (`demo::models`): a model-driven tree of `brood agent`s on a scripted model:
+//! an explore child and a code child doing real work, a creation refused and
+//! asked again for less, and each agent's own and subtree cost.
+
+mod models;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -123,6 +128,16 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     ));
     // Whatever happens, the supervisor is shut down: nothing of the demo outlives it.
     let shown = show_trees(&sup, &data, &slow).await;
+    let shown = match shown {
+        Ok(()) => {
+            let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+            let me = Caller::User {
+                uid: crate::unsafe_uid(),
+            };
+            models::part3(&sup, &me, &data, &work, &exe).await
+        }
+        e => e,
+    };
     sup.shutdown().await;
     server.abort();
     let _ = std::fs::remove_file(&sock);

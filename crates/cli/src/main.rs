@@ -228,7 +228,8 @@ enum Cmd {
     },
     /// brood's reference agent: a model-driven agent speaking brood's
     /// protocol (run it under brood: `brood run -- brood agent --script FILE`);
-    /// see docs/agent.md for its flags, types, tools and providers.
+    /// see docs/agent.md for its flags, types, tools and providers. Its flags
+    /// follow `agent` directly (`brood agent --config FILE ...`).
     Agent {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -254,11 +255,14 @@ impl std::fmt::Display for Exit {
 impl std::error::Error for Exit {}
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Cmd::Agent { args } = &cli.cmd {
-        let code = brood_agent::main(args);
+    // `brood agent ...` takes its own flags verbatim: clap would take its
+    // `--config` for the global one (the platform configuration).
+    let raw: Vec<String> = std::env::args().collect();
+    if raw.get(1).map(String::as_str) == Some("agent") {
+        let code = brood_agent::main(&raw[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
+    let cli = Cli::parse();
     if let Cmd::TestAgent { args } = &cli.cmd {
         let exe = std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())

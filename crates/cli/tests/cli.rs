@@ -409,4 +409,12 @@ fn the_demo_runs_to_the_end() {
         "{out}"
     );
     assert!(!out.contains("cannot read"), "{out}");
+    // Part 3: the model-driven tree, its refusal and its real work, priced.
+    assert!(out.contains("lead  completed  spent $"), "{out}");
+    assert!(
+        out.contains("├── scout  completed") && out.contains("└── writer  completed"),
+        "{out}"
+    );
+    assert!(out.contains("create refused: ToolExpansion"), "{out}");
+    assert!(out.contains(" 245 total"), "{out}");
 }

@@ -443,11 +443,13 @@ mod tests {
 
     #[test]
     fn precedence_is_spec_13s() {
-        let mut file = ConfigFile::default();
-        file.provider = Some("openai".into());
-        file.model = Some("agent-model".into());
-        file.system_prompt = Some("agent prompt".into());
-        file.max_turns = Some(3);
+        let mut file = ConfigFile {
+            provider: Some("openai".into()),
+            model: Some("agent-model".into()),
+            system_prompt: Some("agent prompt".into()),
+            max_turns: Some(3),
+            ..ConfigFile::default()
+        };
         file.types.insert(
             "plan".into(),
             Layer {

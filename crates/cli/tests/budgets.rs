@@ -136,8 +136,10 @@ async fn spend_past_a_limit_stops_the_whole_subtree() {
             "{v}"
         );
     }
+    // Reaped by the keeper right after the group was emptied; under load
+    // the last zombie may take a moment to go.
     assert!(
-        pids.iter().all(|p| !alive(*p)),
+        eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))),
         "every process of the tree is gone"
     );
     // The sibling tree is untouched.

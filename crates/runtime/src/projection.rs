@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
@@ -345,6 +345,19 @@ fn write_atomic_in(
     tmp_name.push(format!(".tmp.{}.{tid}.{nonce}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     refuse_symlink(path)?;
+    // A file that already holds these bytes (with this mode and owner) is
+    // left as it is: replacing it would give it a new inode, and a landlock
+    // rule made on the old one (the agent's policy file, granted to the agent
+    // when its sandbox was prepared) would no longer reach it.
+    if let Ok(m) = std::fs::symlink_metadata(path)
+        && m.is_file()
+        && m.len() == bytes.len() as u64
+        && m.mode() & 0o7777 == mode
+        && owner.is_none_or(|o| m.uid() == o)
+        && std::fs::read(path).is_ok_and(|old| old == bytes)
+    {
+        return Ok(());
+    }
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -2,6 +2,7 @@
 //! agent's argv, and process/cgroup inspection through /proc and cgroupfs.
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
+pub mod anthropic;
 pub mod model;
 pub mod wire;
 

@@ -540,3 +540,70 @@ async fn a_key_reaches_only_the_children_whose_policy_passes_it() {
     }
     assert_eq!(wait_for(&env, "holder").await["result"], "done");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_search_is_offered_only_with_a_search_endpoint_and_uses_it() {
+    let env = start(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    // A search endpoint on loopback: it answers every query with JSON naming it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen2 = seen.clone();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let line = String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            seen2.lock().unwrap().push(line);
+            let body = r#"{"results": [{"title": "brood", "url": "https://example.org/brood"}]}"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(body.as_bytes()).await;
+        }
+    });
+    let script = write(
+        dir.path(),
+        "s.json",
+        &json!({"turns": [
+            {"tool_calls": [{"name": "web_search", "arguments": {"query": "child agents"}}]},
+            {"text": "Found it."}
+        ]}),
+    );
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, format!("search_url = \"http://{addr}/search\"\n")).unwrap();
+    let flags = [
+        "--type",
+        "research",
+        "--script",
+        script.as_str(),
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    env.sup
+        .spawn(me(), start_agent("searcher", &flags, json!({})))
+        .await
+        .unwrap();
+    let a = wait_for(&env, "searcher").await;
+    assert_eq!(a["status"], "completed", "{a}");
+    let r = tool_results(&env, "searcher");
+    assert!(r[0].contains("https://example.org/brood"), "{r:?}");
+    let q = seen.lock().unwrap().clone();
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert!(
+        q[0].starts_with("GET /search?q=child") && q[0].contains("agents"),
+        "{q:?}"
+    );
+    server.abort();
+}

@@ -140,12 +140,10 @@ async fn a_subscriber_that_falls_behind_is_told_to_resync_and_catches_up() {
         connection_buffer: 1,
         ..Default::default()
     };
-    let env = common::start(std::time::Duration::from_millis(500));
-    let sock = env.root().join("brood.sock");
-    let api = brood_server::Api::with_event_limits(env.sup.clone(), None, limits);
-    let listener = brood_server::bind_unix(&sock).await.unwrap();
-    let server = tokio::spawn(brood_server::serve_unix(api, listener));
-    let s = Served::at(env, sock.clone());
+    let s = Served::start_limited(|_| {}, limits).await;
+    let To::Unix(sock) = s.unix.clone() else {
+        unreachable!()
+    };
     let mut slow = Stream::open(&sock, "/api/events", None).await;
     // The log grows by far more than the socket, the connection and the
     // backlog hold while `slow` reads nothing.
@@ -184,7 +182,7 @@ async fn a_subscriber_that_falls_behind_is_told_to_resync_and_catches_up() {
         (1..=end).collect::<Vec<_>>(),
         "nothing lost, nothing twice"
     );
-    server.abort();
+    s.env.sup.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,15 +191,14 @@ async fn an_idle_stream_gets_keep_alives() {
         keep_alive: std::time::Duration::from_millis(100),
         ..Default::default()
     };
-    let env = common::start(std::time::Duration::from_millis(500));
-    let sock = env.root().join("brood.sock");
-    let api = brood_server::Api::with_event_limits(env.sup.clone(), None, limits);
-    let listener = brood_server::bind_unix(&sock).await.unwrap();
-    let server = tokio::spawn(brood_server::serve_unix(api, listener));
+    let s = Served::start_limited(|_| {}, limits).await;
+    let To::Unix(sock) = s.unix.clone() else {
+        unreachable!()
+    };
     let mut idle = Stream::open(&sock, "/api/events", None).await;
     // Nothing happens; comment lines arrive all the same.
     while idle.comments() < 3 {
         idle.fill().await;
     }
-    server.abort();
+    s.env.sup.shutdown().await;
 }

@@ -118,10 +118,19 @@ pub struct Served {
 
 impl Served {
     pub async fn start(f: impl FnOnce(&mut brood_runtime::Config)) -> Served {
+        Served::start_limited(f, brood_server::EventLimits::default()).await
+    }
+
+    /// [`Served::start`] with other limits for slow event subscribers.
+    pub async fn start_limited(
+        f: impl FnOnce(&mut brood_runtime::Config),
+        limits: brood_server::EventLimits,
+    ) -> Served {
         let env = start_with(Duration::from_millis(500), f);
         let sock = env.root().join("brood.sock");
         let token = brood_server::Token::load_or_create(env.root()).unwrap();
-        let api = brood_server::Api::new(env.sup.clone(), Some(token.clone()));
+        let api =
+            brood_server::Api::with_event_limits(env.sup.clone(), Some(token.clone()), limits);
         let unix = brood_server::bind_unix(&sock).await.unwrap();
         let tcp = brood_server::bind_tcp("127.0.0.1:0").await.unwrap();
         let addr = tcp.local_addr().unwrap();
@@ -136,18 +145,6 @@ impl Served {
             token: token.as_str().to_owned(),
             log: Mutex::new(Vec::new()),
             _servers: servers,
-        }
-    }
-
-    /// A recorder for an `env` whose API the caller serves on `sock` itself.
-    pub fn at(env: Env, sock: std::path::PathBuf) -> Served {
-        Served {
-            env,
-            unix: To::Unix(sock),
-            tcp: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            token: String::new(),
-            log: Mutex::new(Vec::new()),
-            _servers: Vec::new(),
         }
     }
 

@@ -5,7 +5,8 @@
 //! words, the refusal codes every surface reports (SPEC 5), the capability
 //! policy with its attenuation check (SPEC 5: `policy`, `attenuation`), the
 //! quotas of agent trees with their defaults and ceilings (SPEC 9: `quota`), the
-//! events recorded in an agent's log (`event`), and what a creation asks for
+//! events recorded in an agent's log (`event`), the status machines of jobs and
+//! their items (SPEC 10: `job`), and what a creation asks for
 //! besides its policy (`spec`: protocol, life, isolation). Nothing
 //! here does IO, reads a clock or knows about serde: time and randomness come in
 //! as arguments, so every rule can be tested exhaustively.
@@ -13,6 +14,7 @@
 pub mod attenuation;
 pub mod code;
 pub mod event;
+pub mod job;
 pub mod name;
 pub mod policy;
 pub mod quota;
@@ -22,6 +24,7 @@ pub mod status;
 pub use attenuation::{ParentView, Refusal};
 pub use code::Code;
 pub use event::AgentEvent;
+pub use job::{IllegalJobTransition, ItemStatus, JobStatus};
 pub use name::{AgentName, NameError, RunId, SessionName, TenantId};
 pub use policy::{
     AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, Policy, PolicyError, PolicyRequest,

@@ -17,6 +17,7 @@ mod admission;
 mod events;
 mod helpers;
 mod idempotency;
+mod jobs;
 mod messages;
 mod recovery;
 mod runs;
@@ -27,6 +28,7 @@ pub use admission::*;
 pub use events::*;
 pub use helpers::*;
 pub use idempotency::*;
+pub use jobs::*;
 pub use messages::*;
 pub use recovery::*;
 pub use runs::*;
@@ -178,6 +180,22 @@ pub const CASES: &[(&str, Case)] = &[
     (
         "idempotent_replies_keep_the_first_answer_until_they_expire",
         idempotent_replies_keep_the_first_answer_until_they_expire,
+    ),
+    (
+        "jobs_are_created_whole_or_not_at_all",
+        jobs_are_created_whole_or_not_at_all,
+    ),
+    (
+        "job_status_follows_its_machine",
+        job_status_follows_its_machine,
+    ),
+    (
+        "reports_are_fenced_and_an_item_has_one_result",
+        reports_are_fenced_and_an_item_has_one_result,
+    ),
+    (
+        "failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept",
+        failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept,
     ),
 ];
 

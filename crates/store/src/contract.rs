@@ -348,15 +348,120 @@ pub trait Idempotency {
     ) -> Result<IdempotentReply>;
 }
 
+/// Jobs (SPEC 10): jobs, their items and every attempt, each status change
+/// through `JobStatus::transition` / `ItemStatus::transition`. Job events are
+/// in the owner's log (the `events` given with each call).
+pub trait Jobs {
+    /// Creates a job and all its items (`pending`) in one transaction.
+    /// Refused, with nothing written: `NotFound` when the owner does not
+    /// exist, `Conflict` when the job id is taken, `BadRequest` when two items
+    /// share an id, an input is not a JSON object, or there is no item.
+    fn create_job(&self, job: &NewJob, items: &[NewItem], events: &[NewEvent]) -> Result<Job>;
+
+    fn job(&self, tenant: &TenantId, id: &str) -> Result<Option<Job>>;
+
+    /// The tenant's jobs, oldest first.
+    fn jobs(&self, tenant: &TenantId) -> Result<Vec<Job>>;
+
+    /// A job's status change (start, complete, fail, cancel), with its events.
+    fn set_job_status(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        to: brood_core::JobStatus,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Job>;
+
+    /// A job's items in input order, of one status when given.
+    fn job_items(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        status: Option<brood_core::ItemStatus>,
+    ) -> Result<Vec<JobItem>>;
+
+    /// How many items are in each status (every status listed, zeros too).
+    fn item_counts(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+    ) -> Result<Vec<(brood_core::ItemStatus, u32)>>;
+
+    /// Starts the next attempt at a `pending` item whose backoff is over:
+    /// the item is `running`, assigned to `worker`, and a new attempt row
+    /// (number `attempts + 1`) is added. `Conflict` otherwise (not pending,
+    /// backoff not over, the job not running).
+    #[allow(clippy::too_many_arguments)]
+    fn start_attempt(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        item: &str,
+        worker: &AgentName,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<Attempt>;
+
+    /// Records the result of attempt `attempt` by `worker`: accepted only
+    /// when that attempt is the item's current one, still running, and
+    /// `worker` is its worker (the fencing token); then the item is
+    /// `completed` with its one result. `Conflict` otherwise, nothing written.
+    #[allow(clippy::too_many_arguments)]
+    fn report_result(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        item: &str,
+        attempt: u32,
+        worker: &AgentName,
+        result: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<JobItem>;
+
+    /// Fails the current attempt (its worker exited without reporting, timed
+    /// out, or reported an invalid result) with `error`: the item goes back to
+    /// `pending` after a backoff while attempts remain (`max_attempts`), else
+    /// `failed`. `Conflict` when `attempt` is not the current running one.
+    #[allow(clippy::too_many_arguments)]
+    fn fail_attempt(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        item: &str,
+        attempt: u32,
+        error: &str,
+        max_attempts: u32,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<JobItem>;
+
+    /// A `failed` item back to `pending` (its attempts kept; the next one
+    /// continues the count). `Conflict` for an item in another status.
+    fn retry_item(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        item: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<JobItem>;
+
+    /// Every attempt at an item, in order.
+    fn attempts(&self, tenant: &TenantId, job: &str, item: &str) -> Result<Vec<Attempt>>;
+}
+
 /// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
 pub trait Store:
-    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Send + Sync
+    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Jobs + Send + Sync
 {
 }
 
-impl<T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Send + Sync>
-    Store for T
+impl<
+    T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Jobs + Send + Sync,
+> Store for T
 {
 }

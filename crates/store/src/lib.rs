@@ -15,7 +15,9 @@ mod contract;
 pub mod sqlite;
 mod types;
 
-pub use contract::{Admission, Idempotency, Records, Recovery, Runs, Store, Sweeps, Transcripts};
+pub use contract::{
+    Admission, Idempotency, Jobs, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+};
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
 
@@ -23,6 +25,6 @@ pub use types::*;
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
     pub use crate::contract::{
-        Admission, Idempotency, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+        Admission, Idempotency, Jobs, Records, Recovery, Runs, Store, Sweeps, Transcripts,
     };
 }

@@ -262,3 +262,101 @@ pub struct IdempotentReply {
     /// After this the key is forgotten and may be used afresh.
     pub expires_ms: i64,
 }
+
+/// A job to create (SPEC 10).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub tenant: TenantId,
+    pub id: String,
+    pub owner: AgentName,
+    /// The job's spec as JSON (instruction, schema, worker, limits).
+    pub spec: String,
+    /// The job this one replays.
+    pub source: Option<String>,
+    pub created_ms: i64,
+}
+
+/// One input row of a job to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewItem {
+    pub id: String,
+    pub row_index: u32,
+    /// The row as a JSON object.
+    pub input: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub tenant: TenantId,
+    pub id: String,
+    pub owner: AgentName,
+    pub status: brood_core::JobStatus,
+    pub spec: String,
+    pub source: Option<String>,
+    pub total: u32,
+    pub created_ms: i64,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobItem {
+    pub tenant: TenantId,
+    pub job: String,
+    pub id: String,
+    pub row_index: u32,
+    pub input: String,
+    pub status: brood_core::ItemStatus,
+    /// Attempts made so far; the current one has this number.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// The one result, once completed (JSON).
+    pub result: Option<String>,
+    /// The worker of the current (or last) attempt.
+    pub worker: Option<AgentName>,
+    /// No attempt starts before this (a failed attempt's backoff).
+    pub not_before_ms: i64,
+    pub completed_ms: Option<i64>,
+}
+
+/// How an attempt went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Running,
+    Completed,
+    Failed,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Running => "running",
+            AttemptOutcome::Completed => "completed",
+            AttemptOutcome::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptOutcome> {
+        [
+            AttemptOutcome::Running,
+            AttemptOutcome::Completed,
+            AttemptOutcome::Failed,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// One attempt at an item: kept for good once it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub job: String,
+    pub item: String,
+    pub number: u32,
+    pub worker: Option<AgentName>,
+    pub started_ms: i64,
+    pub ended_ms: Option<i64>,
+    pub outcome: AttemptOutcome,
+    pub error: Option<String>,
+}

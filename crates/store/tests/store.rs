@@ -86,6 +86,10 @@ conformance_tests!(
     create_limit_is_counted_in_the_admission_transaction,
     idempotent_replies_keep_the_first_answer_until_they_expire,
     resume_within_counts_the_parents_fanout,
+    jobs_are_created_whole_or_not_at_all,
+    job_status_follows_its_machine,
+    reports_are_fenced_and_an_item_has_one_result,
+    failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept,
 );
 
 #[test]
@@ -96,7 +100,7 @@ fn the_whole_suite_runs_on_one_shared_database() {
 
 // ---- raw rows -------------------------------------------------------------------
 
-const TABLES: [&str; 8] = [
+const TABLES: [&str; 12] = [
     "tenants",
     "agents",
     "edges",
@@ -105,6 +109,10 @@ const TABLES: [&str; 8] = [
     "events",
     "messages",
     "schema_migrations",
+    "idempotency",
+    "jobs",
+    "job_items",
+    "job_attempts",
 ];
 
 /// Every row of every table, as text, read through a second connection: what the
@@ -189,6 +197,33 @@ fn a_refused_call_writes_no_row_in_any_table() {
             Box::new(|| {
                 let n = new_agent(&t, "x", Some("stopping"), "s");
                 store.admit(&n, &spawn_events(&n)).map(drop)
+            }),
+        ),
+        (
+            "a job whose second item is not an object",
+            Box::new(|| {
+                let job = brood_store::NewJob {
+                    tenant: t.clone(),
+                    id: "j".into(),
+                    owner: name("root"),
+                    spec: "{}".into(),
+                    source: None,
+                    created_ms: now(),
+                };
+                let items = [
+                    brood_store::NewItem {
+                        id: "a".into(),
+                        row_index: 0,
+                        input: "{}".into(),
+                    },
+                    brood_store::NewItem {
+                        id: "b".into(),
+                        row_index: 1,
+                        input: "[]".into(),
+                    },
+                ];
+                let ev = [conformance::event(&name("root"), None, "job.created")];
+                store.create_job(&job, &items, &ev).map(drop)
             }),
         ),
         (

@@ -59,6 +59,7 @@ mod tests;
 mod tx;
 // After `sql`, whose macros the modules above use.
 mod idempotency;
+mod jobs;
 
 use rows::*;
 use sql::*;
@@ -75,6 +76,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../schema/0004_channel_output.sql")),
     (5, include_str!("../schema/0005_unfinished_without_in.sql")),
     (6, include_str!("../schema/0006_idempotency.sql")),
+    (7, include_str!("../schema/0007_jobs.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

@@ -10,11 +10,13 @@
 pub mod agents;
 pub mod error;
 pub mod events;
+pub mod jobs;
 pub mod sessions;
 
 pub use agents::*;
 pub use error::{ErrorBody, ErrorDetail, http_status};
 pub use events::Event;
+pub use jobs::*;
 pub use sessions::*;
 
 use serde::de::DeserializeOwned;

@@ -10,6 +10,7 @@
 mod bench;
 mod demo;
 mod doctor;
+mod job;
 mod quota;
 mod remote;
 mod render;
@@ -196,6 +197,11 @@ enum Cmd {
         /// `brood` (default) or `agentruntime` (the Agent Runtime draft standard's events).
         #[arg(long, default_value = "brood")]
         format: String,
+    },
+    /// Jobs: one instruction over many items (`create list get items`; docs/jobs.md).
+    Job {
+        #[command(subcommand)]
+        what: job::JobCmd,
     },
     /// Quotas of agent trees: `show [TENANT]`, `set TENANT KEY VALUE`.
     Quota {
@@ -557,6 +563,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             follow,
             format,
         } => verbs::events(&remote, &root, name, follow, &format).await,
+        Cmd::Job { what } => job::run(&remote, what).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
         Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
         Cmd::Fsck { json } => fsck(&root, json),

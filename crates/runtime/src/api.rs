@@ -282,9 +282,32 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
             .tree(opt_name_arg(args, "name")?.as_ref())
             .map(|v| to_json(&v)),
         "ping" => Ok(json!({"pong": true})),
+        // SPEC 10's protocol ops: an agent creates its own jobs and reads them.
+        "job.create" => {
+            let body: brood_api::JobBody = brood_api::parse_value(args.clone()).map_err(bad)?;
+            let store = sup.store().as_ref();
+            let job = crate::jobs::create(
+                store,
+                sup.tenant(),
+                caller,
+                body,
+                crate::supervisor::now_ms(),
+            )?;
+            crate::jobs::view(store, &job).map(|v| to_json(&v))
+        }
+        "job.get" => {
+            let id = args
+                .get("job")
+                .or_else(|| args.get("id"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("missing string argument \"job\""))?;
+            let store = sup.store().as_ref();
+            let job = crate::jobs::get(store, sup.tenant(), caller, id)?;
+            crate::jobs::view(store, &job).map(|v| to_json(&v))
+        }
         other if other.starts_with("job.") => Err(ApiError::new(
-            Code::BadRequest,
-            format!("op {other:?}: jobs are not available in this version of brood"),
+            Code::NotImplemented,
+            format!("op {other:?}: running jobs is not available in this version of brood"),
         )),
         other => Err(bad(format!("unknown op {other:?}"))),
     }

@@ -12,6 +12,7 @@
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`rebuild`]: the whole ctx projection rebuilt from the store (`brood fsck`).
 //! * [`view`]: read-only views of the store (ps, tree, show).
+//! * [`jobs`]: jobs (SPEC 10): creation checked whole, then recorded; their views.
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
 //! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
 //! * [`agentruntime`]: events in the form of the Agent Runtime draft standard.
@@ -28,6 +29,7 @@ pub mod channel;
 pub mod config;
 pub mod enforce;
 mod io;
+pub mod jobs;
 pub mod lower;
 pub mod metrics;
 pub mod objects;

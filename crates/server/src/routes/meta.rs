@@ -108,12 +108,8 @@ macro_rules! job_route {
     };
 }
 
-job_route!(job_create, post, "/api/jobs", []);
-job_route!(job_list, get, "/api/jobs", []);
-job_route!(job_get, get, "/api/jobs/{id}", ["id"]);
 job_route!(job_start, post, "/api/jobs/{id}/start", ["id"]);
 job_route!(job_cancel, post, "/api/jobs/{id}/cancel", ["id"]);
-job_route!(job_items, get, "/api/jobs/{id}/items", ["id"]);
 job_route!(
     job_assign,
     post,

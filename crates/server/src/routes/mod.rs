@@ -2,10 +2,12 @@
 //! front and JSON errors for unknown paths and methods.
 
 mod agents;
+mod jobs;
 mod meta;
 mod sessions;
 
 pub(crate) use agents::*;
+pub(crate) use jobs::*;
 pub(crate) use meta::*;
 pub(crate) use sessions::*;
 

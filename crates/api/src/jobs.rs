@@ -1,0 +1,118 @@
+//! Jobs (SPEC 10): what a caller asks for (`POST /api/jobs`) and what it is
+//! shown (a job with its counts, its items).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// The workers' settings: what each worker runs as (a child of the owner).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerBody {
+    /// The reference agent's type (`brood agent --type`), when `argv` is not given.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The worker program (default: `brood agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// The workers' policy (no more than the owner holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub policy: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// `POST /api/jobs`: one instruction over many items.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobBody {
+    /// The job's id (brood picks one when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The agent the job belongs to (its workers are its children). An agent
+    /// calling for itself leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The template: `{column}` fills in a field of the item's row, `{{` and
+    /// `}}` are literal braces.
+    pub instruction: String,
+    /// CSV with headers or JSON lines as text, or an array of objects.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// `csv`, `json` or `jsonl` (guessed from the text when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_format: Option<String>,
+    /// The column holding each row's id (default: the row's place, from 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_column: Option<String>,
+    /// A JSON Schema every item's result must satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerBody>,
+    /// Workers at once (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Attempts per item (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Seconds an attempt may take (default 1800).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_timeout_s: Option<u64>,
+    /// Seconds the whole job may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_s: Option<u64>,
+}
+
+/// A job as every surface shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobView {
+    pub id: String,
+    pub owner: String,
+    /// `pending running completed failed cancelled`.
+    pub status: String,
+    pub total: u32,
+    /// Items by status (every status, zeros too).
+    pub counts: BTreeMap<String, u32>,
+    /// The job's settings as created.
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    /// The job this one replays.
+    pub source: Option<String>,
+    pub created_ms: i64,
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+/// One item of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ItemView {
+    pub id: String,
+    pub row_index: u32,
+    /// `pending running completed failed reported`.
+    pub status: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// The one result, once completed.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    pub worker: Option<String>,
+    /// The input row.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    pub completed_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ItemList {
+    pub items: Vec<ItemView>,
+}

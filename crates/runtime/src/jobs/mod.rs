@@ -1,0 +1,250 @@
+//! Jobs (SPEC 10), the runtime's side: a creation checked whole before
+//! anything is written (the input read into rows with their ids, the
+//! instruction's columns found in it, the output schema compiled, the
+//! owner and the limits), then recorded in one store transaction with its
+//! `job.created` event; and the views every surface shows.
+//!
+//! Running a job (assigning items to workers, their reports, retries) is
+//! the next step; a job is created `pending`.
+
+pub mod input;
+pub mod template;
+
+use std::collections::BTreeMap;
+
+use brood_api as api;
+use brood_core::{AgentName, Code, SessionName, TenantId};
+use brood_store::{Job, JobItem, NewEvent, NewItem, NewJob, Store};
+use serde_json::{Value, json};
+
+use crate::api::{ApiError, Caller};
+
+/// SPEC 10's defaults.
+pub const DEFAULT_CONCURRENCY: u32 = 8;
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_ITEM_TIMEOUT_S: u64 = 1800;
+
+fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::new(Code::BadRequest, m)
+}
+
+fn store_error(e: brood_store::StoreError) -> ApiError {
+    match e {
+        brood_store::StoreError::Refused { code, message } => ApiError::new(code, message),
+        brood_store::StoreError::NotFound { name, .. } => {
+            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+        }
+        e => {
+            tracing::error!(error = %e, "store error (jobs)");
+            ApiError::new(Code::Internal, "store error (see the supervisor's log)")
+        }
+    }
+}
+
+/// A job id: letters, digits, `-` and `_`, at most 64 characters.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "id: {id:?} is not a job id (letters, digits, - and _, at most 64)"
+        )))
+    }
+}
+
+/// Checks a creation and records it: the job (`pending`) and its items, or
+/// nothing.
+pub fn create(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    body: api::JobBody,
+    now_ms: i64,
+) -> Result<Job, ApiError> {
+    // The owner: an agent owns its own jobs; the operator names one.
+    let owner = match (caller, &body.owner) {
+        (Caller::Agent(me), None) => me.clone(),
+        (Caller::Agent(me), Some(o)) if o == me.as_str() => me.clone(),
+        (Caller::Agent(me), Some(o)) => {
+            return Err(ApiError::new(
+                Code::Forbidden,
+                format!("agent {me} may create jobs only for itself, not for {o:?}"),
+            ));
+        }
+        (Caller::User { .. }, Some(o)) => AgentName::new(o)
+            .map_err(|e| ApiError::new(Code::InvalidName, format!("owner: {e}")))?,
+        (Caller::User { .. }, None) => {
+            return Err(bad(
+                "owner: a job belongs to an agent (its workers are that agent's children); name one",
+            ));
+        }
+    };
+    let id = match &body.id {
+        Some(i) => {
+            check_id(i)?;
+            i.clone()
+        }
+        None => format!("job-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]),
+    };
+    let format = match body.input_format.as_deref() {
+        None => None,
+        Some(f) => Some(
+            input::Format::parse(f)
+                .ok_or_else(|| bad(format!("input_format: {f:?} is not csv, json or jsonl")))?,
+        ),
+    };
+    let rows = input::read(&body.input, format, body.id_column.as_deref()).map_err(bad)?;
+    let wanted = template::columns(&body.instruction).map_err(bad)?;
+    let mut known: Vec<&str> = Vec::new();
+    for r in &rows {
+        for k in r.fields.keys() {
+            if !known.contains(&k.as_str()) {
+                known.push(k);
+            }
+        }
+    }
+    for c in &wanted {
+        if !known.contains(&c.as_str()) {
+            return Err(bad(format!(
+                "instruction: the column {c:?} is not in the input (its columns: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    if let Some(schema) = &body.output_schema {
+        compile_schema(schema).map_err(|e| bad(format!("output_schema: {e}")))?;
+    }
+    let positive = |what: &str, v: Option<u64>| match v {
+        Some(0) => Err(bad(format!("{what}: must be at least 1"))),
+        _ => Ok(()),
+    };
+    positive("concurrency", body.concurrency.map(u64::from))?;
+    positive("max_attempts", body.max_attempts.map(u64::from))?;
+    positive("item_timeout_s", body.item_timeout_s)?;
+    positive("max_runtime_s", body.max_runtime_s)?;
+    let spec = json!({
+        "instruction": body.instruction,
+        "id_column": body.id_column,
+        "output_schema": body.output_schema,
+        "worker": body.worker,
+        "concurrency": body.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+        "max_attempts": body.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        "item_timeout_s": body.item_timeout_s.unwrap_or(DEFAULT_ITEM_TIMEOUT_S),
+        "max_runtime_s": body.max_runtime_s,
+        "columns": known,
+    });
+    let items: Vec<NewItem> = rows
+        .iter()
+        .map(|r| NewItem {
+            id: r.id.clone(),
+            row_index: r.index,
+            input: Value::Object(r.fields.clone()).to_string(),
+        })
+        .collect();
+    let event = NewEvent {
+        agent: owner.clone(),
+        run: None,
+        session: SessionName::default_session(),
+        kind: "job.created".into(),
+        payload:
+            json!({"type": "job.created", "job": id, "owner": owner.as_str(), "items": items.len()})
+                .to_string(),
+    };
+    let new = NewJob {
+        tenant: tenant.clone(),
+        id,
+        owner,
+        spec: spec.to_string(),
+        source: None,
+        created_ms: now_ms,
+    };
+    store
+        .create_job(&new, &items, &[event])
+        .map_err(store_error)
+}
+
+/// A JSON Schema, compiled (draft 2020-12 unless it says otherwise).
+pub fn compile_schema(schema: &Value) -> Result<(), String> {
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("brood:output_schema", schema.clone())
+        .map_err(|e| e.to_string())?;
+    compiler
+        .compile("brood:output_schema", &mut schemas)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// A job as the surfaces show it, with its counts.
+pub fn view(store: &dyn Store, job: &Job) -> Result<api::JobView, ApiError> {
+    let counts: BTreeMap<String, u32> = store
+        .item_counts(&job.tenant, &job.id)
+        .map_err(store_error)?
+        .into_iter()
+        .map(|(s, n)| (s.as_str().to_owned(), n))
+        .collect();
+    Ok(api::JobView {
+        id: job.id.clone(),
+        owner: job.owner.to_string(),
+        status: job.status.as_str().to_owned(),
+        total: job.total,
+        counts,
+        spec: serde_json::from_str(&job.spec).unwrap_or(Value::Null),
+        source: job.source.clone(),
+        created_ms: job.created_ms,
+        started_ms: job.started_ms,
+        ended_ms: job.ended_ms,
+    })
+}
+
+pub fn item_view(it: &JobItem) -> api::ItemView {
+    api::ItemView {
+        id: it.id.clone(),
+        row_index: it.row_index,
+        status: it.status.as_str().to_owned(),
+        attempts: it.attempts,
+        last_error: it.last_error.clone(),
+        result: it
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok()),
+        worker: it.worker.as_ref().map(|w| w.to_string()),
+        input: serde_json::from_str(&it.input).unwrap_or(Value::Null),
+        completed_ms: it.completed_ms,
+    }
+}
+
+/// A job the caller may see: an agent sees its own jobs (and its
+/// descendants'); the operator every one.
+pub fn get(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    id: &str,
+) -> Result<Job, ApiError> {
+    let job = store
+        .job(tenant, id)
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no job {id:?}")))?;
+    if let Caller::Agent(me) = caller {
+        let mine = store
+            .is_ancestor_or_self(tenant, me, &job.owner)
+            .map_err(store_error)?;
+        if !mine {
+            return Err(ApiError::new(
+                Code::Forbidden,
+                format!(
+                    "job {id} belongs to {}, outside agent {me}'s subtree",
+                    job.owner
+                ),
+            ));
+        }
+    }
+    Ok(job)
+}

@@ -1,0 +1,185 @@
+//! `/api/jobs`: creating a job and reading jobs and their items (SPEC 10).
+//! Running them (start, cancel, assign, retry, report, export, replay)
+//! answers 501 until it exists (`routes::meta`).
+
+use axum::Extension;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use brood_api::{ErrorBody, ItemList, JobBody, JobList, JobView};
+use brood_core::{Code, ItemStatus};
+use brood_runtime::{ApiError, Caller};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::body::Body;
+use crate::error::{HttpError, bad, json};
+use crate::idempotency;
+use crate::state::Api;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn answer<T: serde::Serialize>(status: StatusCode, r: Result<T, ApiError>) -> Response {
+    match r {
+        Ok(v) => json(status, &v),
+        Err(e) => HttpError(e).into_response(),
+    }
+}
+
+#[utoipa::path(
+    post, path = "/api/jobs", tag = "jobs",
+    request_body = JobBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
+    responses(
+        (status = 201, description = "Created, pending, with every item.", body = JobView),
+        (status = 400, description = "Malformed: the input (empty, a missing id column, a duplicate id, a bad line), an instruction naming an unknown column, an invalid schema, a bad limit.", body = ErrorBody),
+        (status = 403, description = "An agent creating a job for another agent.", body = ErrorBody),
+        (status = 404, description = "No such owner.", body = ErrorBody),
+        (status = 409, description = "The id is taken.", body = ErrorBody),
+        (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn job_create(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Result<Body<JobBody>, HttpError>,
+) -> Response {
+    let Body { value, bytes } = match body {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    idempotency::once(
+        &api,
+        &caller,
+        &headers,
+        "POST /api/jobs",
+        &bytes,
+        || async {
+            let sup = api.sup();
+            let r = brood_runtime::jobs::create(
+                sup.store().as_ref(),
+                sup.tenant(),
+                &caller,
+                value,
+                now_ms(),
+            )
+            .and_then(|j| brood_runtime::jobs::view(sup.store().as_ref(), &j));
+            answer(StatusCode::CREATED, r)
+        },
+    )
+    .await
+}
+
+#[utoipa::path(
+    get, path = "/api/jobs", tag = "jobs",
+    responses((status = 200, description = "The jobs, oldest first (an agent: its subtree's).", body = JobList))
+)]
+pub(crate) async fn job_list(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let sup = api.sup();
+    let store = sup.store().as_ref();
+    let r = (|| {
+        let mut jobs = Vec::new();
+        for j in store.jobs(sup.tenant()).map_err(|e| {
+            tracing::error!(error = %e, "store error");
+            ApiError::new(Code::Internal, "store error (see the supervisor's log)")
+        })? {
+            if let Caller::Agent(me) = &caller
+                && !store
+                    .is_ancestor_or_self(sup.tenant(), me, &j.owner)
+                    .unwrap_or(false)
+            {
+                continue;
+            }
+            jobs.push(brood_runtime::jobs::view(store, &j)?);
+        }
+        Ok(JobList { jobs })
+    })();
+    answer(StatusCode::OK, r)
+}
+
+#[utoipa::path(
+    get, path = "/api/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The job and its counts by status.", body = JobView),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn job_get(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
+    let sup = api.sup();
+    let store = sup.store().as_ref();
+    let r = brood_runtime::jobs::get(store, sup.tenant(), &caller, &id)
+        .and_then(|j| brood_runtime::jobs::view(store, &j));
+    answer(StatusCode::OK, r)
+}
+
+/// `GET /api/jobs/{id}/items`'s filter.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ItemsQuery {
+    /// Only items in this status (`pending running completed failed reported`).
+    pub status: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/api/jobs/{id}/items", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id."), ItemsQuery),
+    responses(
+        (status = 200, description = "The items in input order.", body = ItemList),
+        (status = 400, description = "An unknown status.", body = ErrorBody),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn job_items(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    query: Result<Query<ItemsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let sup = api.sup();
+    let store = sup.store().as_ref();
+    let r = (|| {
+        let Query(q) = query.map_err(|e| bad(format!("query: {}", e.body_text())))?;
+        let status = match q.status.as_deref() {
+            None => None,
+            Some(s) => Some(ItemStatus::parse(s).ok_or_else(|| {
+                bad(format!(
+                    "status: {s:?} is not pending, running, completed, failed or reported"
+                ))
+            })?),
+        };
+        let job = brood_runtime::jobs::get(store, sup.tenant(), &caller, &id)?;
+        let items = store
+            .job_items(sup.tenant(), &job.id, status)
+            .map_err(|e| {
+                tracing::error!(error = %e, "store error");
+                HttpError(ApiError::new(
+                    Code::Internal,
+                    "store error (see the supervisor's log)",
+                ))
+            })?;
+        Ok::<_, HttpError>(ItemList {
+            items: items.iter().map(brood_runtime::jobs::item_view).collect(),
+        })
+    })();
+    match r {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,6 +1,6 @@
 //! `brood job`: jobs (SPEC 10) through the API: create one from a file of
-//! rows, list them, show one with its counts, list its items. Running them
-//! is the next step (docs/jobs.md).
+//! rows, start and cancel it, list them, show one with its counts, list its
+//! items (docs/jobs.md).
 
 use std::path::PathBuf;
 
@@ -46,6 +46,10 @@ pub enum JobCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Start a pending job: its workers are created as its owner's children.
+    Start { id: String },
+    /// Cancel a job: no more assignment, its workers cancelled, completed items kept.
+    Cancel { id: String },
     /// The jobs, oldest first.
     List {
         #[arg(long)]
@@ -138,6 +142,18 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
             } else {
                 println!("{}", line(&j));
             }
+        }
+        JobCmd::Start { id } => {
+            let v = r
+                .call("POST", &format!("/api/jobs/{id}/start"), None)
+                .await?;
+            println!("{}", line(&typed(&v)?));
+        }
+        JobCmd::Cancel { id } => {
+            let v = r
+                .call("POST", &format!("/api/jobs/{id}/cancel"), None)
+                .await?;
+            println!("{}", line(&typed(&v)?));
         }
         JobCmd::List { json: as_json } => {
             let v = r.call("GET", "/api/jobs", None).await?;

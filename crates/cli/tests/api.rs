@@ -128,6 +128,18 @@ fn agent_requests() -> Value {
             "/api/jobs/j1/items",
             Value::Null
         ),
+        r(
+            "POST",
+            "/api/jobs/{id}/start",
+            "/api/jobs/j1/start",
+            Value::Null
+        ),
+        r(
+            "POST",
+            "/api/jobs/{id}/cancel",
+            "/api/jobs/j1/cancel",
+            Value::Null
+        ),
     ])
 }
 
@@ -639,11 +651,101 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         .map(|i| i["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["a", "b"]);
+    // Started (its workers are test agents reporting at once) and cancelled.
+    let workers = json!({"argv": [exe(), "test-agent", "--job-worker"]});
+    let mut j6 = jb("j6", "p", "Say {text}");
+    j6["worker"] = workers;
+    j6["concurrency"] = json!(1);
+    let r = each(
+        &s,
+        &[
+            (201, "POST", JOBS, JOBS, j6),
+            (200, "POST", "/api/jobs/{id}/start", "/api/jobs/j6/start", N),
+            (409, "POST", "/api/jobs/{id}/start", "/api/jobs/j6/start", N),
+            (
+                404,
+                "POST",
+                "/api/jobs/{id}/start",
+                "/api/jobs/nope/start",
+                N,
+            ),
+            (
+                200,
+                "POST",
+                "/api/jobs/{id}/cancel",
+                "/api/jobs/j1/cancel",
+                N,
+            ),
+            (
+                409,
+                "POST",
+                "/api/jobs/{id}/cancel",
+                "/api/jobs/j1/cancel",
+                N,
+            ),
+            (
+                404,
+                "POST",
+                "/api/jobs/{id}/cancel",
+                "/api/jobs/nope/cancel",
+                N,
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(r[1]["status"], "running", "{}", r[1]);
+    assert_eq!(r[4]["status"], "cancelled", "{}", r[4]);
+    let done = eventually_async(std::time::Duration::from_secs(30), || {
+        s.env
+            .sup
+            .store()
+            .job(s.env.sup.tenant(), "j6")
+            .unwrap()
+            .unwrap()
+            .status
+            == brood_core::JobStatus::Completed
+    })
+    .await;
+    assert!(done, "j6 ran to completion");
+    let items = s
+        .expect(
+            200,
+            "GET",
+            "/api/jobs/{id}/items",
+            "/api/jobs/j6/items",
+            None,
+        )
+        .await;
+    assert_eq!(
+        items["items"][0]["result"],
+        json!({"echo": "Say hello"}),
+        "{items}"
+    );
     let (j4, j5) = (
         jb("j4", "p", "Say {text}").to_string(),
         jb("j5", "p", "Say {text}").to_string(),
     );
     key_reused(&s, "k-6", JOBS, JOBS, j4.as_bytes(), j5.as_bytes(), 201).await;
+    key_reused(
+        &s,
+        "k-7",
+        "/api/jobs/{id}/start",
+        "/api/jobs/j4/start",
+        b"",
+        b"{ }",
+        200,
+    )
+    .await;
+    key_reused(
+        &s,
+        "k-8",
+        "/api/jobs/{id}/cancel",
+        "/api/jobs/j4/cancel",
+        b"",
+        b"{ }",
+        200,
+    )
+    .await;
 
     // An agent, with its own credentials, refused outside its subtree.
     let reqs = dir.path().join("reqs.json");
@@ -747,8 +849,6 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
 
     // The job routes not built yet, each saying so.
     for (method, template) in [
-        ("POST", "/api/jobs/{id}/start"),
-        ("POST", "/api/jobs/{id}/cancel"),
         ("POST", "/api/jobs/{id}/items/{item}/assign"),
         ("POST", "/api/jobs/{id}/items/{item}/retry"),
         ("POST", "/api/jobs/{id}/items/{item}/report"),

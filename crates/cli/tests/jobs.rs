@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn serve(root: &Path) -> Daemon {
     #[allow(clippy::disallowed_methods)]
@@ -167,4 +167,156 @@ fn jobs_are_created_from_files_or_refused_with_nothing_created() {
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     let o = brood(&root, &["job", "get", "nope"]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+}
+
+/// A job on an in-process supervisor, run by test-agent workers.
+async fn run_job(
+    env: &Env,
+    id: &str,
+    rows: usize,
+    worker: &[&str],
+    extra: Value,
+) -> brood_store::Job {
+    let mut csv = String::from("id,text\n");
+    for i in 0..rows {
+        let t = if i % 10 == 3 {
+            format!("row {i} FAIL-ALWAYS")
+        } else {
+            format!("row {i}")
+        };
+        csv.push_str(&format!("i{i},{t}\n"));
+    }
+    let mut argv = vec![exe().to_owned(), "test-agent".into(), "--job-worker".into()];
+    argv.extend(worker.iter().map(|s| s.to_string()));
+    let mut body = serde_json::json!({
+        "id": id, "owner": "owner", "instruction": "Echo {text}", "input": csv, "id_column": "id",
+        "worker": {"argv": argv}, "concurrency": 3, "max_attempts": 2,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let body: brood_api::JobBody = serde_json::from_value(body).unwrap();
+    let store = env.sup.store().clone();
+    brood_runtime::jobs::create(store.as_ref(), env.sup.tenant(), &me(), body, 1).unwrap();
+    env.sup.job_start(me(), id.to_owned()).await.unwrap();
+    let done = eventually_async(Duration::from_secs(60), || {
+        store
+            .job(env.sup.tenant(), id)
+            .unwrap()
+            .unwrap()
+            .status
+            .is_finished()
+    })
+    .await;
+    let job = store.job(env.sup.tenant(), id).unwrap().unwrap();
+    assert!(done, "job {id} did not finish: {job:?}");
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_its_items_through_reused_workers_with_retries_kept() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let fail_first = dir.path().display().to_string();
+
+    // 40 rows: every row fails its first attempt (the marker), then passes;
+    // rows 3, 13, 23, 33 fail always and run out of their 2 attempts.
+    let job = run_job(&env, "flaky", 40, &["--fail-first", &fail_first], json!({})).await;
+    assert_eq!(job.status, brood_core::JobStatus::Failed, "{job:?}");
+    let items = store.job_items(&t, "flaky", None).unwrap();
+    for it in &items {
+        let attempts = store.attempts(&t, "flaky", &it.id).unwrap();
+        if it.input.contains("FAIL-ALWAYS") {
+            assert_eq!(it.status, brood_core::ItemStatus::Failed, "{it:?}");
+            assert_eq!(
+                attempts.len(),
+                2,
+                "exactly max_attempts, never more: {attempts:?}"
+            );
+            assert!(it.result.is_none());
+        } else {
+            assert_eq!(it.status, brood_core::ItemStatus::Completed, "{it:?}");
+            let outcomes: Vec<_> = attempts.iter().map(|a| a.outcome).collect();
+            assert_eq!(
+                outcomes,
+                [
+                    brood_store::AttemptOutcome::Failed,
+                    brood_store::AttemptOutcome::Completed
+                ],
+                "{}: {attempts:?}",
+                it.id
+            );
+            assert_eq!(
+                attempts[0].error.as_deref(),
+                Some("the worker ended without reporting")
+            );
+            let r: Value = serde_json::from_str(it.result.as_deref().unwrap()).unwrap();
+            let text = serde_json::from_str::<Value>(&it.input).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            assert_eq!(r, json!({"echo": format!("Echo {text}")}));
+        }
+    }
+
+    // Without failures, a few workers do every item one after another.
+    let job = run_job(&env, "smooth", 30, &[], json!({"input": (0..30).fold(String::from("id,text\n"), |mut s, i| { s.push_str(&format!("k{i},fine {i}\n")); s })})).await;
+    assert_eq!(job.status, brood_core::JobStatus::Completed, "{job:?}");
+    let workers: Vec<String> = store
+        .children(&t, &name("owner"))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .filter(|n| n.starts_with("smooth-"))
+        .collect();
+    assert!(workers.len() <= 3, "workers are reused: {workers:?}");
+    assert_eq!(
+        store.item_counts(&t, "smooth").unwrap()[2],
+        (brood_core::ItemStatus::Completed, 30)
+    );
+
+    // A result the schema refuses fails its attempt; never recorded as the result.
+    let schema = json!({"type": "object", "required": ["echo", "score"], "properties": {"score": {"type": "number"}}});
+    let job = run_job(
+        &env,
+        "strict",
+        2,
+        &[],
+        json!({"output_schema": schema, "input": "id,text\na,one\nb,two\n"}),
+    )
+    .await;
+    assert_eq!(job.status, brood_core::JobStatus::Failed);
+    for it in store.job_items(&t, "strict", None).unwrap() {
+        assert!(it.result.is_none(), "{it:?}");
+        assert!(
+            it.last_error.as_deref().unwrap().contains("output_schema"),
+            "{it:?}"
+        );
+        assert_eq!(store.attempts(&t, "strict", &it.id).unwrap().len(), 2);
+    }
+    // The events tell the story in the owner's log.
+    let kinds: Vec<String> = store
+        .events(&t, 0, Some(&name("owner")), 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    for k in [
+        "job.created",
+        "job.started",
+        "job.item.started",
+        "job.item.completed",
+        "job.item.failed",
+        "job.completed",
+        "job.failed",
+    ] {
+        assert!(kinds.iter().any(|x| x == k), "{k} missing");
+    }
+    env.sup.cancel(me(), name("owner")).await.unwrap();
 }

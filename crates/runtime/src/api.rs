@@ -305,6 +305,25 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
             let job = crate::jobs::get(store, sup.tenant(), caller, id)?;
             crate::jobs::view(store, &job).map(|v| to_json(&v))
         }
+        "job.report" => match caller {
+            Caller::Agent(me) => sup.job_report(me.clone(), args.clone()).await,
+            Caller::User { .. } => Err(ApiError::new(
+                Code::Forbidden,
+                "job.report comes from the worker holding the item",
+            )),
+        },
+        "job.start" | "job.cancel" => {
+            let id = args
+                .get("job")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("missing string argument \"job\""))?
+                .to_owned();
+            if op == "job.start" {
+                sup.job_start(caller.clone(), id).await
+            } else {
+                sup.job_cancel(caller.clone(), id).await
+            }
+        }
         other if other.starts_with("job.") => Err(ApiError::new(
             Code::NotImplemented,
             format!("op {other:?}: running jobs is not available in this version of brood"),

@@ -45,10 +45,12 @@ mod collect;
 mod ends;
 mod handle;
 mod identify;
+mod jobs;
 mod launch;
 mod orphans;
 mod protocol;
 mod queue;
+mod shown;
 mod sockets;
 mod stops;
 mod sweep;
@@ -56,6 +58,7 @@ mod verbs;
 mod waiters;
 
 use collect::{Collect, Harvested};
+pub(crate) use shown::{agent_json, agent_view, run_view, to_json};
 use stops::Stop;
 pub use sweep::Sweeper;
 use waiters::Waiters;
@@ -191,6 +194,10 @@ pub(crate) enum Cmd {
     Tick,
     /// A request on an agent's socket (SPEC 8), from its connection's task.
     AgentSocket(AgentName, crate::agent_socket::Request),
+    /// Jobs (SPEC 10): start, cancel, a worker's report.
+    JobStart(Caller, String, Reply),
+    JobCancel(Caller, String, Reply),
+    JobReport(AgentName, Value, Reply),
 }
 
 /// What an agent's IO task reports.
@@ -261,64 +268,6 @@ fn supervisor_alive(id: &str) -> bool {
         return false;
     };
     supervisor_id(pid).as_deref() == Some(id)
-}
-
-/// An agent's record as every surface shows it (`brood_api::Agent`).
-pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent {
-    let run = store.run(&a.tenant, &a.run).ok().flatten();
-    brood_api::Agent {
-        name: a.name.to_string(),
-        parent: a.parent.as_ref().map(|p| p.to_string()),
-        customer: a.customer.as_ref().map(|p| p.to_string()),
-        status: a.status.api_word().to_owned(),
-        state: a.status.encode(),
-        reason: a.status.reason().map(str::to_owned),
-        detail: a.detail.clone(),
-        depth: a.depth,
-        session: a.session.to_string(),
-        protocol: a.protocol.as_str().to_owned(),
-        run: a.run.to_string(),
-        pid: run
-            .as_ref()
-            .and_then(|r| if a.status.is_live() { r.pid } else { None })
-            .map(i64::from),
-        cgroup: run.as_ref().and_then(|r| r.cgroup.clone()),
-        result: run.as_ref().and_then(|r| r.result.clone()),
-        exit_code: run.as_ref().and_then(|r| r.exit_code).map(i64::from),
-        created_ms: a.created_ms,
-        updated_ms: a.updated_ms,
-        started_ms: run.as_ref().and_then(|r| r.started_ms),
-        ended_ms: run.as_ref().and_then(|r| r.ended_ms),
-        tokens_in: run.as_ref().map(|r| r.tokens_in),
-        tokens_out: run.as_ref().map(|r| r.tokens_out),
-        cost_usd: run.as_ref().map(|r| r.cost_usd),
-    }
-}
-
-pub(crate) fn agent_json(store: &Arc<dyn Store>, a: &Agent) -> Value {
-    to_json(&agent_view(store, a))
-}
-
-/// A typed reply as the verbs' JSON. Serialising these plain structs cannot
-/// fail; `Null` is what a failure would give rather than a panic.
-pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
-}
-
-pub(crate) fn run_view(r: &brood_store::Run) -> brood_api::RunView {
-    brood_api::RunView {
-        id: r.id.to_string(),
-        seq: r.seq,
-        pid: r.pid.map(i64::from),
-        cgroup: r.cgroup.clone(),
-        outcome: r.outcome.map(|t| t.encode()),
-        exit_code: r.exit_code.map(i64::from),
-        started_ms: r.started_ms,
-        ended_ms: r.ended_ms,
-        tokens_in: r.tokens_in,
-        tokens_out: r.tokens_out,
-        cost_usd: r.cost_usd,
-    }
 }
 
 pub(crate) fn internal(e: StoreError) -> ApiError {
@@ -573,6 +522,8 @@ struct Dispatcher {
     veil_ns: Option<Arc<brood_launch::veil::VeilNamespace>>,
     /// Bumped after each command (see `Supervisor::changed`).
     changed: watch::Sender<u64>,
+    /// The jobs this supervisor runs and their workers (SPEC 10).
+    jobs: jobs::Runner,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -647,7 +598,20 @@ impl Dispatcher {
             Cmd::Tick => {
                 if shutdown.is_none() {
                     self.on_tick();
+                    self.job_timeouts();
                 }
+            }
+            Cmd::JobStart(caller, id, reply) => {
+                let r = self.on_job_start(&caller, &id);
+                self.respond(reply, r);
+            }
+            Cmd::JobCancel(caller, id, reply) => {
+                let r = self.on_job_cancel(&caller, &id);
+                self.respond(reply, r);
+            }
+            Cmd::JobReport(worker, args, reply) => {
+                let r = self.on_job_report(&worker, &args);
+                self.respond(reply, r);
             }
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
@@ -680,6 +644,9 @@ impl Dispatcher {
     /// After every command: a freed slot goes to the next in line, and a
     /// shutdown whose trees are all gone removes the cgroups and answers.
     fn after_command(&mut self, shutdown: &mut Option<oneshot::Sender<()>>) {
+        if shutdown.is_none() {
+            self.drive_jobs();
+        }
         // Whatever the command wrote (events included) is committed by now.
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
         // A slot freed by whatever this command did goes to the next in line
@@ -797,6 +764,7 @@ impl Dispatcher {
     /// is gone (SPEC 9).
     fn forget(&mut self, name: &AgentName) -> Option<Live> {
         self.sock_end(name);
+        self.jobs.note_gone(name);
         let l = self.live.remove(name)?;
         if l.launching {
             self.give_slot();

@@ -201,6 +201,9 @@ impl<W: Write> Agent<'_, W> {
     /// The flags' steps, in the documented order; returns the result text.
     fn script(&mut self) -> Result<String, Stop> {
         let flags = self.flags;
+        if flags.job_worker {
+            return self.job_worker();
+        }
         if let Some(kind) = flags.malformed {
             self.write_raw(&malformed_line(kind))?;
         }
@@ -541,6 +544,44 @@ impl<W: Write> Agent<'_, W> {
     }
 
     /// Sends request `op` and handles messages until its reply arrives.
+    /// `--job-worker`: one item after another until the supervisor has none.
+    fn job_worker(&mut self) -> Result<String, Stop> {
+        let mut instruction = self.config.instruction.clone();
+        let mut done = 0;
+        loop {
+            if instruction.contains("FAIL-ALWAYS") {
+                return Err(Stop::Failed(format!("refusing {instruction:?}")));
+            }
+            if let Some(dir) = &self.flags.fail_first {
+                let marker: String = instruction
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                    .take(100)
+                    .collect();
+                let m = dir.join(marker);
+                if !m.exists() {
+                    let _ = std::fs::write(&m, b"failed once");
+                    return Err(Stop::Failed(format!(
+                        "failing {instruction:?} the first time"
+                    )));
+                }
+            }
+            let reply = self.request(
+                "job.report",
+                serde_json::json!({"result": {"echo": instruction}, "stop": false}),
+            )?;
+            let next = match reply.into_result() {
+                Ok(v) => v,
+                Err(e) => return Err(Stop::Failed(format!("job.report refused: {e}"))),
+            };
+            done += 1;
+            match next["next"]["instruction"].as_str() {
+                Some(i) => instruction = i.to_owned(),
+                None => return Ok(format!("worked {done} items")),
+            }
+        }
+    }
+
     fn request(&mut self, op: &str, args: Value) -> Result<Reply, Stop> {
         let id = self.next_id;
         self.next_id += 1;

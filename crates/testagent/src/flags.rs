@@ -50,6 +50,13 @@ pub struct Flags {
     pub exit: i32,
     pub stderr: Option<String>,
     pub ignore_cancel: bool,
+    /// `--job-worker`: work job items (SPEC 10): report `{"echo": <the
+    /// instruction>}` for each with `job.report`, take the next one from the
+    /// reply, until there is none. An instruction containing `FAIL-ALWAYS`
+    /// makes it exit without reporting; with `--fail-first DIR`, each
+    /// instruction fails once (a marker file in DIR remembers it).
+    pub job_worker: bool,
+    pub fail_first: Option<PathBuf>,
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
@@ -166,6 +173,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         exit: 0,
         stderr: None,
         ignore_cancel: false,
+        job_worker: false,
+        fail_first: None,
         help: false,
         probes: Vec::new(),
         artifacts: Vec::new(),
@@ -215,6 +224,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 f.spawns.extend(parse_spawn_n(name, &v)?);
             }
             "--count-lines" => f.count_lines = Some(PathBuf::from(value()?)),
+            "--fail-first" => f.fail_first = Some(PathBuf::from(value()?)),
             "--work-ms" => f.work_ms = number(name, &value()?)?,
             "--sleep-ms" => f.sleep_ms = number(name, &value()?)?,
             "--echo-pause-ms" => f.echo_pause_ms = number(name, &value()?)?,
@@ -267,6 +277,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--no-result" => f.no_result = true,
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
+            "--job-worker" => f.job_worker = true,
             "--probe-caps" => f.probes.push(Probe::Caps),
             "--probe-cgroup-remount" => f.probes.push(Probe::CgroupRemount(value()?)),
             "--artifact" => {

@@ -181,6 +181,22 @@ pub fn compile_schema(schema: &Value) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// Whether `value` satisfies `schema`; the first violations when not.
+pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("brood:output_schema", schema.clone())
+        .map_err(|e| e.to_string())?;
+    let id = compiler
+        .compile("brood:output_schema", &mut schemas)
+        .map_err(|e| e.to_string())?;
+    schemas.validate(value, id).map_err(|e| {
+        let text = e.to_string();
+        text.chars().take(500).collect()
+    })
+}
+
 /// A job as the surfaces show it, with its counts.
 pub fn view(store: &dyn Store, job: &Job) -> Result<api::JobView, ApiError> {
     let counts: BTreeMap<String, u32> = store

@@ -176,6 +176,7 @@ impl Supervisor {
             veil,
             veil_ns: None,
             changed: changed_tx,
+            jobs: jobs::Runner::default(),
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
@@ -252,6 +253,21 @@ impl Supervisor {
     }
     pub async fn resume(&self, caller: Caller, name: AgentName, text: Option<String>) -> ApiResult {
         self.call(|r| Cmd::Resume(caller, name, text, r)).await
+    }
+
+    /// Starts a pending job (SPEC 10): its workers are created as its owner's children.
+    pub async fn job_start(&self, caller: Caller, id: String) -> ApiResult {
+        self.call(|r| Cmd::JobStart(caller, id, r)).await
+    }
+
+    /// Cancels a job: no more assignment, its workers cancelled, completed items kept.
+    pub async fn job_cancel(&self, caller: Caller, id: String) -> ApiResult {
+        self.call(|r| Cmd::JobCancel(caller, id, r)).await
+    }
+
+    /// A worker's `job.report {job?, item?, result, stop?}`.
+    pub async fn job_report(&self, worker: AgentName, args: Value) -> ApiResult {
+        self.call(|r| Cmd::JobReport(worker, args, r)).await
     }
 
     /// Notes a creation refused while its request was read (see `note_refusal`).

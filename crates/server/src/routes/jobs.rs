@@ -183,3 +183,74 @@ pub(crate) async fn job_items(
         Err(e) => e.into_response(),
     }
 }
+
+async fn act(
+    api: &Api,
+    caller: &Caller,
+    headers: &HeaderMap,
+    id: &str,
+    verb: &str,
+    bytes: &[u8],
+) -> Response {
+    let route = format!("POST /api/jobs/{id}/{verb}");
+    idempotency::once(api, caller, headers, &route, bytes, || async {
+        let sup = api.sup();
+        let r = if verb == "start" {
+            sup.job_start(caller.clone(), id.to_owned()).await
+        } else {
+            sup.job_cancel(caller.clone(), id.to_owned()).await
+        };
+        answer(StatusCode::OK, r)
+    })
+    .await
+}
+
+#[utoipa::path(
+    post, path = "/api/jobs/{id}/start", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id."),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
+    responses(
+        (status = 200, description = "Running: workers are being created as its owner's children.", body = JobView),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "Not pending, or its owner is not running on this supervisor.", body = ErrorBody),
+        (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn job_start(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Body<brood_api::EmptyBody>, HttpError>,
+) -> Response {
+    match body {
+        Ok(b) => act(&api, &caller, &headers, &id, "start", &b.bytes).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[utoipa::path(
+    post, path = "/api/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id."),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
+    responses(
+        (status = 200, description = "Cancelled: no more assignment, its workers cancelled, completed items kept.", body = JobView),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "Already finished.", body = ErrorBody),
+        (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn job_cancel(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Body<brood_api::EmptyBody>, HttpError>,
+) -> Response {
+    match body {
+        Ok(b) => act(&api, &caller, &headers, &id, "cancel", &b.bytes).await,
+        Err(e) => e.into_response(),
+    }
+}

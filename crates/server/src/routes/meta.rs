@@ -108,8 +108,6 @@ macro_rules! job_route {
     };
 }
 
-job_route!(job_start, post, "/api/jobs/{id}/start", ["id"]);
-job_route!(job_cancel, post, "/api/jobs/{id}/cancel", ["id"]);
 job_route!(
     job_assign,
     post,

@@ -1,0 +1,220 @@
+//! What the types alone cannot refuse: each field of a policy checked and
+//! normalised once (`Policy::normalise`), every refusal naming the field.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+
+/// A tool or model name (`field` is `tools` or `models`, or an indexed element
+/// of one): non-empty, without whitespace or control characters, since names
+/// are written space- and line-separated in control files and rules.
+pub fn check_word(field: &str, s: &str) -> Result<(), PolicyError> {
+    if s.is_empty() {
+        return Err(PolicyError::new(field, "\"\": a name must not be empty"));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(PolicyError::new(
+            field,
+            format!("{s:?}: a name must not contain whitespace or control characters"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn check_words(field: &str, set: &BTreeSet<String>) -> Result<(), PolicyError> {
+    set.iter().try_for_each(|s| check_word(field, s))
+}
+
+/// Refuses two rules for one path (which would make the deepest rule
+/// ambiguous), naming both by their index as given; then sorts by path.
+pub(super) fn normalise_files(mut files: Vec<FileRule>) -> Result<Vec<FileRule>, PolicyError> {
+    let mut seen: BTreeMap<&AbsPath, usize> = BTreeMap::new();
+    for (i, r) in files.iter().enumerate() {
+        if let Some(first) = seen.insert(&r.path, i) {
+            return Err(PolicyError::new(
+                format!("files[{i}].path"),
+                format!(
+                    "{:?}: files[{first}] already has a rule for it",
+                    r.path.as_str()
+                ),
+            ));
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// Refuses a mount whose target is the target of an earlier entry or an
+/// ancestor of one. Such an entry would be mounted over the earlier one and hide
+/// it, which would make "leaving an entry out hides it" false: a child dropping
+/// the covering entry would reveal the covered one, which its parent could not
+/// see. With no entry covering another, the order of entries does not change
+/// what is visible, so a child's table is compared with its parent's as a set.
+pub(super) fn check_mounts(mounts: &[MountEntry]) -> Result<(), PolicyError> {
+    for (j, later) in mounts.iter().enumerate() {
+        for (i, earlier) in mounts[..j].iter().enumerate() {
+            if later.target == earlier.target {
+                return Err(PolicyError::new(
+                    format!("mounts[{j}].target"),
+                    format!(
+                        "{:?}: mounts[{i}] already mounts at this target",
+                        later.target.as_str()
+                    ),
+                ));
+            }
+            if earlier.target.is_within(&later.target) {
+                return Err(PolicyError::new(
+                    format!("mounts[{j}].target"),
+                    format!(
+                        "{:?}: would cover mounts[{i}] at {:?}; list it before mounts[{i}]",
+                        later.target.as_str(),
+                        earlier.target.as_str()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_network(network: &Network) -> Result<(), PolicyError> {
+    if let Network::Connect(ports) = network
+        && ports.contains(&0)
+    {
+        return Err(PolicyError::new(
+            "network.connect",
+            "0: not a port (use 1 to 65535)",
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn check_cost_limit(cost: Option<f64>) -> Result<(), PolicyError> {
+    match cost {
+        Some(c) if !(c.is_finite() && c >= 0.0) => Err(PolicyError::new(
+            "cost_limit",
+            format!("{c}: must be a finite number of dollars, at least 0"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn check_window(window: Option<u64>) -> Result<(), PolicyError> {
+    if window == Some(0) {
+        return Err(PolicyError::new("window", "0: must be at least 1 token"));
+    }
+    Ok(())
+}
+
+pub(super) fn check_timeout(timeout: Option<u64>) -> Result<(), PolicyError> {
+    if timeout == Some(0) {
+        return Err(PolicyError::new(
+            "timeout_s",
+            "0: must be at least 1 second (leave it out for no timeout)",
+        ));
+    }
+    Ok(())
+}
+
+/// cgroup v2 `cpu.weight` accepts 1 to 10000.
+const CPU_WEIGHT_MAX: u64 = 10_000;
+
+pub(super) fn check_resources(r: &Resources) -> Result<(), PolicyError> {
+    // A limit of 0 memory or 0 processes could never start the agent; say so
+    // now rather than as a confusing failure at launch.
+    if r.memory_max == Some(0) {
+        return Err(PolicyError::new(
+            "resources.memory_max",
+            "0: must be at least 1 byte (leave it out for no limit)",
+        ));
+    }
+    if r.pids_max == Some(0) {
+        return Err(PolicyError::new(
+            "resources.pids_max",
+            "0: must be at least 1 (leave it out for no limit)",
+        ));
+    }
+    if let Some(w) = r.cpu_weight
+        && !(1..=CPU_WEIGHT_MAX).contains(&w)
+    {
+        return Err(PolicyError::new(
+            "resources.cpu_weight",
+            format!("{w}: must be from 1 to {CPU_WEIGHT_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Names must be usable in `KEY=VALUE` lines and in `execve`'s environment: not
+/// empty, no `=`, no whitespace or control characters (NUL included). Values
+/// may hold anything but NUL (which `execve` cannot carry) and newline (which
+/// would split the `env` control file's line).
+pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), PolicyError> {
+    for (k, v) in env {
+        if k.is_empty() {
+            return Err(PolicyError::new("env", "\"\": a name must not be empty"));
+        }
+        if k.contains('=') || k.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(PolicyError::new(
+                "env",
+                format!("{k:?}: a name must not contain \"=\", whitespace or control characters"),
+            ));
+        }
+        // The runtime sets these itself; one given here would be dropped at
+        // launch, so it is refused where the mistake is made.
+        if k.starts_with("BROOD_") || k.starts_with("CTX_") {
+            return Err(PolicyError::new(
+                format!("env.{k}"),
+                "BROOD_* and CTX_* are set by the runtime (the agent's identity); choose another name",
+            ));
+        }
+        if v.contains('\0') || v.contains('\n') {
+            // The value itself is not echoed: environment values are often secrets.
+            return Err(PolicyError::new(
+                format!("env.{k}"),
+                "the value must not contain NUL or newline",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A tier of `path` is a word that may not hold `:` (the separator of the
+/// `a:b:c` form); a tier may appear once.
+pub(super) fn check_path(path: &[String]) -> Result<(), PolicyError> {
+    for (i, tier) in path.iter().enumerate() {
+        let field = format!("path[{i}]");
+        check_word(&field, tier)?;
+        if tier.contains(':') {
+            return Err(PolicyError::new(
+                field,
+                format!("{tier:?}: a tier must not contain \":\""),
+            ));
+        }
+        if let Some(first) = path[..i].iter().position(|t| t == tier) {
+            return Err(PolicyError::new(
+                field,
+                format!("{tier:?}: already given at path[{first}]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Re-checks rules (their fields are public, so one may have been built by
+/// hand) by reading back their text, then sorts them and drops repeats.
+pub(super) fn normalise_rules(mut rules: Vec<Rule>) -> Result<Vec<Rule>, PolicyError> {
+    for (i, r) in rules.iter().enumerate() {
+        let field = format!("rules[{i}]");
+        let text = r.to_text();
+        if Rule::parse(&field, &text)? != *r {
+            return Err(PolicyError::new(
+                field,
+                format!("{text:?}: does not read back as the same rule"),
+            ));
+        }
+    }
+    rules.sort();
+    rules.dedup();
+    Ok(rules)
+}

@@ -30,6 +30,17 @@ fn validator_python() -> PathBuf {
     p
 }
 
+/// The validators on a document and the answers recorded against it.
+fn validate(python: &Path, spec: &Path, log: &Path) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    std::process::Command::new(python)
+        .arg(script("validate.py"))
+        .arg(spec)
+        .arg(log)
+        .output()
+        .unwrap()
+}
+
 fn script(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/openapi")
@@ -884,13 +895,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         Value::Array(s.log.lock().unwrap().clone()).to_string(),
     )
     .unwrap();
-    #[allow(clippy::disallowed_methods)]
-    let o = std::process::Command::new(&python)
-        .arg(script("validate.py"))
-        .arg(&spec)
-        .arg(&log)
-        .output()
-        .unwrap();
+    let o = validate(&python, &spec, &log);
     assert!(
         o.status.success(),
         "the validators found problems:\n{}",
@@ -903,13 +908,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         "status": 200, "content_type": "application/json", "body": "{\"name\": 5}"}),
     );
     std::fs::write(&log, Value::Array(forged).to_string()).unwrap();
-    #[allow(clippy::disallowed_methods)]
-    let o = std::process::Command::new(&python)
-        .arg(script("validate.py"))
-        .arg(&spec)
-        .arg(&log)
-        .output()
-        .unwrap();
+    let o = validate(&python, &spec, &log);
     assert!(
         !o.status.success() && text(&o).contains("/api/agents/p -> 200"),
         "{}",

@@ -64,6 +64,10 @@ fn claude_child(
             "HOME": home.display().to_string(),
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_API_KEY": "sk-test-not-a-key",
+            // Its scratch directory inside its home: a new entry directly in
+            // /tmp is refused, since /tmp holds the hidden `secret` (landlock
+            // grants are fixed at start, so new siblings fail closed).
+            "CLAUDE_CODE_TMPDIR": home.join("tmp").display().to_string(),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_AUTOUPDATER": "1",
@@ -89,6 +93,10 @@ fn dirs() -> Dirs {
     for d in [&home, &work, &secret] {
         std::fs::create_dir_all(d).unwrap();
     }
+    // Claude Code wants its scratch directory private (0700) and existing.
+    let tmp = home.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     std::fs::write(secret.join("key.txt"), "the-secret-value\n").unwrap();
     Dirs {
         _t: t,

@@ -194,6 +194,16 @@ pub fn failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept(store
     let (code, msg) = refusal(store.start_attempt(&t, "j", "a", &w, at + 10, &[]));
     assert_eq!(code, Code::Conflict);
     assert!(msg.contains("backoff"), "{msg}");
+    assert_eq!(
+        store.next_pending_item(&t, "j", at + 10).unwrap(),
+        None,
+        "still in its backoff"
+    );
+    let next = store
+        .next_pending_item(&t, "j", at + 1000)
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, "a");
     let a2 = store
         .start_attempt(&t, "j", "a", &w, at + 1000, &[])
         .unwrap();

@@ -381,6 +381,15 @@ pub trait Jobs {
         status: Option<brood_core::ItemStatus>,
     ) -> Result<Vec<JobItem>>;
 
+    /// The first `pending` item (in input order) whose backoff is over at
+    /// `now_ms`: what a job assigns next. Reads the status index, not the job.
+    fn next_pending_item(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        now_ms: i64,
+    ) -> Result<Option<JobItem>>;
+
     /// How many items are in each status (every status listed, zeros too).
     fn item_counts(
         &self,

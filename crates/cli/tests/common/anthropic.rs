@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 pub struct Anthropic {
     pub base_url: String,
@@ -39,7 +39,7 @@ impl Anthropic {
                 };
                 let (reqs, command) = (reqs.clone(), command.clone());
                 tokio::spawn(async move {
-                    let Some((path, body)) = read(&mut s).await else {
+                    let Some((path, body)) = super::model::read_request(&mut s).await else {
                         return;
                     };
                     reqs.lock()
@@ -68,43 +68,6 @@ impl Anthropic {
             .map(|r| r["body"].clone())
             .collect()
     }
-}
-
-async fn read(s: &mut tokio::net::TcpStream) -> Option<(String, Value)> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 16384];
-    let head_end = loop {
-        let n = s.read(&mut tmp).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-    let len: usize = head
-        .to_ascii_lowercase()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("content-length:")
-                .map(|v| v.trim().to_owned())
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + len {
-        let n = s.read(&mut tmp).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    }
-    Some((
-        path,
-        serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null),
-    ))
 }
 
 /// The tool result of the conversation's last message, if it carries one.

@@ -65,7 +65,7 @@ impl ModelServer {
                 };
                 let (reqs, reps) = (reqs.clone(), reps.clone());
                 tokio::spawn(async move {
-                    let Some(body) = read_request(&mut s).await else {
+                    let Some((_, body)) = read_request(&mut s).await else {
                         return;
                     };
                     reqs.lock().unwrap().push(body);
@@ -86,9 +86,11 @@ impl ModelServer {
     }
 }
 
-async fn read_request(s: &mut tokio::net::TcpStream) -> Option<Value> {
+/// One HTTP/1.1 request read off `s`: its path and its JSON body (`Null`
+/// when it has none or it is not JSON). Shared by the test servers.
+pub async fn read_request(s: &mut tokio::net::TcpStream) -> Option<(String, Value)> {
     let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
+    let mut tmp = [0u8; 16384];
     let head_end = loop {
         let n = s.read(&mut tmp).await.ok()?;
         if n == 0 {
@@ -99,11 +101,16 @@ async fn read_request(s: &mut tokio::net::TcpStream) -> Option<Value> {
             break i + 4;
         }
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
     let len: usize = head
+        .to_ascii_lowercase()
         .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     while buf.len() < head_end + len {
         let n = s.read(&mut tmp).await.ok()?;
@@ -112,7 +119,10 @@ async fn read_request(s: &mut tokio::net::TcpStream) -> Option<Value> {
         }
         buf.extend_from_slice(&tmp[..n]);
     }
-    serde_json::from_slice(&buf[head_end..]).ok()
+    Some((
+        path,
+        serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null),
+    ))
 }
 
 async fn answer(s: &mut tokio::net::TcpStream, reply: Option<Reply>) -> std::io::Result<()> {

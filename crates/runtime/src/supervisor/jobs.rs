@@ -292,10 +292,8 @@ impl Dispatcher {
         let now = now_ms();
         let next = self
             .store
-            .job_items(&self.tenant, job, Some(ItemStatus::Pending))
-            .ok()?
-            .into_iter()
-            .find(|i| i.not_before_ms <= now)?;
+            .next_pending_item(&self.tenant, job, now)
+            .ok()??;
         let fields: serde_json::Map<String, Value> =
             serde_json::from_str(&next.input).unwrap_or_default();
         let text = crate::jobs::template::render(&instruction, &fields).ok()?;

@@ -295,6 +295,26 @@ impl Jobs for SqliteStore {
         })
     }
 
+    fn next_pending_item(
+        &self,
+        tenant: &TenantId,
+        job: &str,
+        now_ms: i64,
+    ) -> Result<Option<JobItem>> {
+        let sql = format!(
+            "SELECT {ITEM_COLS} FROM job_items WHERE tenant = ?1 AND job = ?2 AND status = 'pending' \
+             AND not_before_ms <= ?3 ORDER BY row_index LIMIT 1"
+        );
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut rows = stmt.query((tenant.as_str(), job, now_ms))?;
+            match rows.next()? {
+                Some(r) => Ok(Some(item_from(r)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
     fn item_counts(&self, tenant: &TenantId, job: &str) -> Result<Vec<(ItemStatus, u32)>> {
         self.read(|conn| {
             if load_job(conn, tenant, job)?.is_none() {

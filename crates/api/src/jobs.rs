@@ -116,3 +116,88 @@ pub struct ItemView {
 pub struct ItemList {
     pub items: Vec<ItemView>,
 }
+
+/// `POST /api/jobs/{id}/items/{item}/assign`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssignBody {
+    /// A live agent under the job's owner, holding no item, to hold it (the
+    /// caller gives it the instruction); absent: a new worker is started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+}
+
+/// What an assignment gives: the item's attempt and its instruction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Assignment {
+    pub job: String,
+    pub item: String,
+    /// The attempt's number: its fencing token with the worker's name.
+    pub attempt: Option<u32>,
+    /// The item's instruction (the template filled in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AssignReply {
+    /// The agent holding the item now.
+    pub assigned: String,
+    pub assignment: Option<Assignment>,
+}
+
+/// `POST /api/jobs/{id}/items/{item}/report`: the holding worker's result.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportBody {
+    /// The result (it must satisfy the job's `output_schema`).
+    #[schema(value_type = Object)]
+    pub result: Value,
+    /// No next item wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReportReply {
+    pub accepted: bool,
+    /// The worker's next item, unless it asked to stop or none is left.
+    pub next: Option<Assignment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RetryReply {
+    pub job: String,
+    /// The items back to pending.
+    pub retried: Vec<String>,
+}
+
+/// `POST /api/jobs/{id}/replay`: a new job from a recorded one's spec and inputs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayBody {
+    /// The new job's id (brood picks one when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Only the items that failed (default: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_only: Option<bool>,
+    /// Start it at once (default: it is created pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<bool>,
+}
+
+/// One file of an evidence bundle (every file is UTF-8 text).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EvidenceFile {
+    pub path: String,
+    pub content: String,
+}
+
+/// `GET /api/jobs/{id}/evidence`: the bundle `--evidence DIR` writes, its
+/// `manifest.json` holding the sha256 of every other file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EvidenceBundle {
+    pub job: String,
+    pub files: Vec<EvidenceFile>,
+}

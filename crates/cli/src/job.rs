@@ -1,6 +1,7 @@
 //! `brood job`: jobs (SPEC 10) through the API: create one from a file of
-//! rows, start and cancel it, list them, show one with its counts, list its
-//! items (docs/jobs.md).
+//! rows (and run it to its end), start, watch and cancel it, list them, show
+//! one with its counts, list its items; assign, retry and report items;
+//! export, write and verify evidence, replay (docs/jobs.md).
 
 use std::path::PathBuf;
 
@@ -15,37 +16,20 @@ use crate::remote::{Remote, typed};
 pub enum JobCmd {
     /// Create a job: one instruction over every row of INPUT.
     Create {
-        /// The agent the job belongs to (its workers will be its children).
-        #[arg(long)]
-        owner: Option<String>,
-        #[arg(long)]
-        id: Option<String>,
-        /// The template: `{column}` fills in a field, `{{` and `}}` are braces.
-        #[arg(long)]
-        instruction: String,
-        /// CSV with headers, a JSON array or JSON lines; `-` for stdin.
-        #[arg(long)]
-        input: PathBuf,
-        /// `csv`, `json` or `jsonl` (default: from the file's extension, else its text).
-        #[arg(long)]
-        input_format: Option<String>,
-        /// The column holding each row's id (default: the row's place).
-        #[arg(long)]
-        id_column: Option<String>,
-        /// A JSON Schema file every item's result must satisfy.
-        #[arg(long)]
-        schema: Option<PathBuf>,
-        #[arg(long)]
-        concurrency: Option<u32>,
-        #[arg(long)]
-        max_attempts: Option<u32>,
-        #[arg(long)]
-        item_timeout: Option<u64>,
-        #[arg(long)]
-        max_runtime: Option<u64>,
+        #[command(flatten)]
+        spec: CreateArgs,
         #[arg(long)]
         json: bool,
     },
+    /// Create a job, start it and watch it to its end (a progress bar on a
+    /// terminal, lines otherwise); exit 0 completed, 1 failed, 130 cancelled.
+    Run {
+        #[command(flatten)]
+        spec: CreateArgs,
+    },
+    /// Watch a job to its end: a progress bar on a terminal, a line a second
+    /// otherwise; exit 0 completed, 1 failed, 130 cancelled.
+    Watch { id: String },
     /// Start a pending job: its workers are created as its owner's children.
     Start { id: String },
     /// Cancel a job: no more assignment, its workers cancelled, completed items kept.
@@ -69,6 +53,164 @@ pub enum JobCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Start an item's next attempt now: on WORKER (an agent under the
+    /// job's owner, which you then give the printed instruction), or on a
+    /// new worker.
+    Assign {
+        id: String,
+        item: String,
+        #[arg(long)]
+        worker: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A failed item back to pending (one more attempt), or every failed item
+    /// without ITEM; a failed job reopens.
+    Retry { id: String, item: Option<String> },
+    /// A worker's report of its item's result (from inside the worker).
+    Report {
+        id: String,
+        item: String,
+        /// The result, as JSON.
+        #[arg(long)]
+        result: String,
+        /// No next item wanted.
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Export the items (CSV or JSON lines) to stdout or --out; with
+    /// --evidence DIR also write the evidence bundle there.
+    Export {
+        id: String,
+        /// `csv` or `jsonl`.
+        #[arg(long, default_value = "csv")]
+        format: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        evidence: Option<PathBuf>,
+    },
+    /// Check an evidence bundle against its manifest; names every file
+    /// changed, added or removed (exit 1 when any).
+    Verify { dir: PathBuf },
+    /// A new job from a recorded one's spec and inputs (all items, or the
+    /// failed ones with --failed), linked to it.
+    Replay {
+        id: String,
+        #[arg(long)]
+        failed: bool,
+        /// The new job's id.
+        #[arg(long = "new-id")]
+        new_id: Option<String>,
+        /// Start it at once.
+        #[arg(long)]
+        start: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What a job is created from (`create` and `run`).
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The agent the job belongs to (its workers will be its children).
+    #[arg(long)]
+    owner: Option<String>,
+    #[arg(long)]
+    id: Option<String>,
+    /// The template: `{column}` fills in a field, `{{` and `}}` are braces.
+    #[arg(long)]
+    instruction: String,
+    /// CSV with headers, a JSON array or JSON lines; `-` for stdin.
+    #[arg(long)]
+    input: PathBuf,
+    /// `csv`, `json` or `jsonl` (default: from the file's extension, else its text).
+    #[arg(long)]
+    input_format: Option<String>,
+    /// The column holding each row's id (default: the row's place).
+    #[arg(long)]
+    id_column: Option<String>,
+    /// A JSON Schema file every item's result must satisfy.
+    #[arg(long)]
+    schema: Option<PathBuf>,
+    /// The worker program and its arguments, as a JSON array (default: `brood agent`).
+    #[arg(long)]
+    worker_argv: Option<String>,
+    /// The workers' policy file (no more than the owner holds).
+    #[arg(long)]
+    worker_policy: Option<PathBuf>,
+    /// The reference agent's type for the workers.
+    #[arg(long)]
+    worker_type: Option<String>,
+    #[arg(long)]
+    worker_model: Option<String>,
+    #[arg(long)]
+    concurrency: Option<u32>,
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    #[arg(long)]
+    item_timeout: Option<u64>,
+    #[arg(long)]
+    max_runtime: Option<u64>,
+}
+
+impl CreateArgs {
+    /// The `POST /api/jobs` body.
+    fn body(self) -> Result<Value> {
+        let text = read_file(&self.input, "the input")?;
+        let format = self.input_format.or_else(|| {
+            self.input
+                .extension()
+                .and_then(|e| e.to_str())
+                .filter(|e| matches!(*e, "csv" | "json" | "jsonl" | "ndjson"))
+                .map(str::to_owned)
+        });
+        let mut body = json!({"instruction": self.instruction, "input": text});
+        let mut set = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                body[k] = v;
+            }
+        };
+        set("owner", self.owner.map(Value::from));
+        set("id", self.id.map(Value::from));
+        set("input_format", format.map(Value::from));
+        set("id_column", self.id_column.map(Value::from));
+        set("concurrency", self.concurrency.map(Value::from));
+        set("max_attempts", self.max_attempts.map(Value::from));
+        set("item_timeout_s", self.item_timeout.map(Value::from));
+        set("max_runtime_s", self.max_runtime.map(Value::from));
+        if let Some(p) = self.schema {
+            body["output_schema"] = read_json(&p, "the schema")?;
+        }
+        let mut worker = serde_json::Map::new();
+        if let Some(a) = self.worker_argv {
+            let argv: Vec<String> = serde_json::from_str(&a).map_err(|e| {
+                Exit(
+                    2,
+                    format!("--worker-argv: not a JSON array of strings: {e}"),
+                )
+            })?;
+            worker.insert("argv".into(), json!(argv));
+        }
+        if let Some(p) = self.worker_policy {
+            worker.insert("policy".into(), read_json(&p, "the worker policy")?);
+        }
+        if let Some(t) = self.worker_type {
+            worker.insert("type".into(), json!(t));
+        }
+        if let Some(m) = self.worker_model {
+            worker.insert("model".into(), json!(m));
+        }
+        if !worker.is_empty() {
+            body["worker"] = Value::Object(worker);
+        }
+        Ok(body)
+    }
+}
+
+fn read_json(p: &PathBuf, what: &str) -> Result<Value> {
+    serde_json::from_str(&read_file(p, what)?)
+        .map_err(|e| Exit(2, format!("{what} {}: not JSON: {e}", p.display())).into())
 }
 
 fn read_file(p: &PathBuf, what: &str) -> Result<String> {
@@ -82,7 +224,7 @@ fn read_file(p: &PathBuf, what: &str) -> Result<String> {
         .map_err(|e| Exit(2, format!("reading {what} {}: {e}", p.display())).into())
 }
 
-fn line(j: &brood_api::JobView) -> String {
+pub(crate) fn line(j: &brood_api::JobView) -> String {
     let counts: Vec<String> = j
         .counts
         .iter()
@@ -95,47 +237,10 @@ fn line(j: &brood_api::JobView) -> String {
 pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
     match cmd {
         JobCmd::Create {
-            owner,
-            id,
-            instruction,
-            input,
-            input_format,
-            id_column,
-            schema,
-            concurrency,
-            max_attempts,
-            item_timeout,
-            max_runtime,
+            spec,
             json: as_json,
         } => {
-            let text = read_file(&input, "the input")?;
-            let format = input_format.or_else(|| {
-                input
-                    .extension()
-                    .and_then(|e| e.to_str())
-                    .filter(|e| matches!(*e, "csv" | "json" | "jsonl" | "ndjson"))
-                    .map(str::to_owned)
-            });
-            let mut body = json!({"instruction": instruction, "input": text});
-            let mut set = |k: &str, v: Option<Value>| {
-                if let Some(v) = v {
-                    body[k] = v;
-                }
-            };
-            set("owner", owner.map(Value::from));
-            set("id", id.map(Value::from));
-            set("input_format", format.map(Value::from));
-            set("id_column", id_column.map(Value::from));
-            set("concurrency", concurrency.map(Value::from));
-            set("max_attempts", max_attempts.map(Value::from));
-            set("item_timeout_s", item_timeout.map(Value::from));
-            set("max_runtime_s", max_runtime.map(Value::from));
-            if let Some(p) = schema {
-                let s: Value = serde_json::from_str(&read_file(&p, "the schema")?)
-                    .map_err(|e| Exit(2, format!("the schema {}: not JSON: {e}", p.display())))?;
-                body["output_schema"] = s;
-            }
-            let v = r.call("POST", "/api/jobs", Some(body)).await?;
+            let v = r.call("POST", "/api/jobs", Some(spec.body()?)).await?;
             let j: brood_api::JobView = typed(&v)?;
             if as_json {
                 println!("{v}");
@@ -143,6 +248,14 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
                 println!("{}", line(&j));
             }
         }
+        JobCmd::Run { spec } => {
+            let v = r.call("POST", "/api/jobs", Some(spec.body()?)).await?;
+            let j: brood_api::JobView = typed(&v)?;
+            r.call("POST", &format!("/api/jobs/{}/start", j.id), None)
+                .await?;
+            return crate::job_watch::watch(r, &j.id).await;
+        }
+        JobCmd::Watch { id } => return crate::job_watch::watch(r, &id).await,
         JobCmd::Start { id } => {
             let v = r
                 .call("POST", &format!("/api/jobs/{id}/start"), None)
@@ -205,6 +318,171 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
                             .unwrap_or_default()
                     );
                 }
+            }
+        }
+        JobCmd::Assign {
+            id,
+            item,
+            worker,
+            json: as_json,
+        } => {
+            let body = match worker {
+                Some(w) => json!({"worker": w}),
+                None => json!({}),
+            };
+            let v = r
+                .call(
+                    "POST",
+                    &format!("/api/jobs/{id}/items/{item}/assign"),
+                    Some(body),
+                )
+                .await?;
+            let a: brood_api::AssignReply = typed(&v)?;
+            if as_json {
+                println!("{v}");
+            } else {
+                let attempt = a.assignment.as_ref().and_then(|x| x.attempt);
+                println!(
+                    "{item}\tattempt {}\t{}",
+                    attempt.map_or("?".into(), |n| n.to_string()),
+                    a.assigned
+                );
+                if let Some(i) = a.assignment.and_then(|x| x.instruction) {
+                    println!("{i}");
+                }
+            }
+        }
+        JobCmd::Retry { id, item } => {
+            let path = match &item {
+                Some(i) => format!("/api/jobs/{id}/items/{i}/retry"),
+                None => format!("/api/jobs/{id}/retry"),
+            };
+            let v = r.call("POST", &path, None).await?;
+            let reply: brood_api::RetryReply = typed(&v)?;
+            println!(
+                "{} items back to pending: {}",
+                reply.retried.len(),
+                reply.retried.join(" ")
+            );
+        }
+        JobCmd::Report {
+            id,
+            item,
+            result,
+            stop,
+        } => {
+            let result: Value = serde_json::from_str(&result)
+                .map_err(|e| Exit(2, format!("--result: not JSON: {e}")))?;
+            let v = r
+                .call(
+                    "POST",
+                    &format!("/api/jobs/{id}/items/{item}/report"),
+                    Some(json!({"result": result, "stop": stop})),
+                )
+                .await?;
+            println!("{v}");
+        }
+        JobCmd::Export {
+            id,
+            format,
+            out,
+            evidence,
+        } => {
+            let v = r
+                .call(
+                    "GET",
+                    &format!("/api/jobs/{id}/export?format={format}"),
+                    None,
+                )
+                .await?;
+            // The body is CSV or JSON lines; a one-line JSON-lines export
+            // reads as one JSON value, so it is written back as its line.
+            let text = match v {
+                Value::String(s) => s,
+                Value::Null => String::new(),
+                other => format!("{other}\n"),
+            };
+            match &out {
+                Some(p) => std::fs::write(p, &text)
+                    .map_err(|e| Exit(1, format!("writing {}: {e}", p.display())))?,
+                None => {
+                    use std::io::Write;
+                    let _ = std::io::stdout().write_all(text.as_bytes());
+                }
+            }
+            if let Some(dir) = evidence {
+                let v = r
+                    .call("GET", &format!("/api/jobs/{id}/evidence"), None)
+                    .await?;
+                let b: brood_api::EvidenceBundle = typed(&v)?;
+                let files: Vec<(String, Vec<u8>)> = b
+                    .files
+                    .into_iter()
+                    .map(|f| (f.path, f.content.into_bytes()))
+                    .collect();
+                brood_runtime::jobs::evidence::write(&dir, &files)
+                    .map_err(|e| Exit(1, format!("writing the evidence: {e}")))?;
+                // What was written is checked at once, as `verify` would.
+                let ok = brood_runtime::jobs::evidence::verify(&dir).map_err(|ps| {
+                    let names: Vec<String> = ps.iter().map(|p| p.to_string()).collect();
+                    Exit(
+                        1,
+                        format!(
+                            "the evidence written to {} does not verify: {}",
+                            dir.display(),
+                            names.join("; ")
+                        ),
+                    )
+                })?;
+                eprintln!(
+                    "evidence of job {} written to {} ({} files, manifest checked)",
+                    ok.job,
+                    dir.display(),
+                    ok.files
+                );
+            }
+        }
+        JobCmd::Verify { dir } => match brood_runtime::jobs::evidence::verify(&dir) {
+            Ok(ok) => println!(
+                "ok: the evidence of job {} in {}: {} files match the manifest",
+                ok.job,
+                dir.display(),
+                ok.files
+            ),
+            Err(problems) => {
+                for p in &problems {
+                    println!("{p}");
+                }
+                return Err(Exit(
+                    1,
+                    format!(
+                        "the evidence in {} does not verify: {} problems",
+                        dir.display(),
+                        problems.len()
+                    ),
+                )
+                .into());
+            }
+        },
+        JobCmd::Replay {
+            id,
+            failed,
+            new_id,
+            start,
+            json: as_json,
+        } => {
+            let mut body = json!({"failed_only": failed, "start": start});
+            if let Some(n) = new_id {
+                body["id"] = json!(n);
+            }
+            let v = r
+                .call("POST", &format!("/api/jobs/{id}/replay"), Some(body))
+                .await?;
+            let j: brood_api::JobView = typed(&v)?;
+            if as_json {
+                println!("{v}");
+            } else {
+                println!("{}", line(&j));
             }
         }
     }

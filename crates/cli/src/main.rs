@@ -11,6 +11,7 @@ mod bench;
 mod demo;
 mod doctor;
 mod job;
+mod job_watch;
 mod quota;
 mod remote;
 mod render;

@@ -228,6 +228,7 @@ async fn a_job_runs_its_items_through_reused_workers_with_retries_kept() {
     // 40 rows: every row fails its first attempt (the marker), then passes;
     // rows 3, 13, 23, 33 fail always and run out of their 2 attempts.
     let job = run_job(&env, "flaky", 40, &["--fail-first", &fail_first], json!({})).await;
+
     assert_eq!(job.status, brood_core::JobStatus::Failed, "{job:?}");
     let items = store.job_items(&t, "flaky", None).unwrap();
     for it in &items {

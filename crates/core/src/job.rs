@@ -17,7 +17,7 @@ pub enum JobStatus {
 }
 
 /// An item's status. `Reported`: its result was delivered to the job's owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ItemStatus {
     Pending,
     Running,
@@ -78,7 +78,9 @@ impl JobStatus {
 
     /// The moves a job has: pending → running (start) or cancelled; running →
     /// completed (every item has its result), failed (items ran out of
-    /// attempts, or `max_runtime_s`) or cancelled. A finished job never moves.
+    /// attempts, or `max_runtime_s`) or cancelled; failed → running when its
+    /// failed items are retried (it reopens). Otherwise a finished job never
+    /// moves: a cancelled or completed job is replayed as a new job instead.
     pub fn transition(self, to: JobStatus) -> Result<JobStatus, IllegalJobTransition> {
         use JobStatus::*;
         let ok = matches!(
@@ -88,6 +90,7 @@ impl JobStatus {
                 | (Running, Completed)
                 | (Running, Failed)
                 | (Running, Cancelled)
+                | (Failed, Running)
         );
         if ok {
             Ok(to)
@@ -180,7 +183,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_moves_only_forward() {
+    fn a_job_moves_forward_or_reopens_when_failed() {
         use JobStatus::*;
         for from in JobStatus::ALL {
             for to in JobStatus::ALL {
@@ -192,6 +195,7 @@ mod tests {
                         | (Running, Completed)
                         | (Running, Failed)
                         | (Running, Cancelled)
+                        | (Failed, Running)
                 );
                 assert_eq!(allowed, expected, "{from:?} -> {to:?}");
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use brood_core::{AgentName, Code, Iso, Life, Protocol, SessionName};
 use serde_json::{Value, json};
 
-use crate::supervisor::{Supervisor, to_json};
+use crate::supervisor::{JobOp, Supervisor, to_json};
 
 /// A refused or failed request: a SPEC code and a message for the requester.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +95,13 @@ fn name_arg(args: &Value, key: &str) -> Result<AgentName, ApiError> {
         .and_then(Value::as_str)
         .ok_or_else(|| bad(format!("missing string argument {key:?}")))?;
     AgentName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
+}
+
+fn str_arg(args: &Value, key: &str) -> Result<String, ApiError> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| bad(format!("missing string argument {key:?}")))
 }
 
 fn opt_name_arg(args: &Value, key: &str) -> Result<Option<AgentName>, ApiError> {
@@ -305,24 +312,72 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
             let job = crate::jobs::get(store, sup.tenant(), caller, id)?;
             crate::jobs::view(store, &job).map(|v| to_json(&v))
         }
-        "job.report" => match caller {
-            Caller::Agent(me) => sup.job_report(me.clone(), args.clone()).await,
-            Caller::User { .. } => Err(ApiError::new(
-                Code::Forbidden,
-                "job.report comes from the worker holding the item",
-            )),
-        },
-        "job.start" | "job.cancel" => {
-            let id = args
-                .get("job")
+        "job.report" => sup.job(caller.clone(), JobOp::Report(args.clone())).await,
+        "job.start" => {
+            sup.job(caller.clone(), JobOp::Start(str_arg(args, "job")?))
+                .await
+        }
+        "job.cancel" => {
+            sup.job(caller.clone(), JobOp::Cancel(str_arg(args, "job")?))
+                .await
+        }
+        "job.assign" => {
+            let worker = opt_name_arg(args, "worker")?;
+            let op = JobOp::Assign {
+                job: str_arg(args, "job")?,
+                item: str_arg(args, "item")?,
+                worker,
+            };
+            sup.job(caller.clone(), op).await
+        }
+        "job.retry" => {
+            let item = args.get("item").and_then(Value::as_str).map(str::to_owned);
+            let op = JobOp::Retry {
+                job: str_arg(args, "job")?,
+                item,
+            };
+            sup.job(caller.clone(), op).await
+        }
+        "job.list" => {
+            let store = sup.store().as_ref();
+            crate::jobs::list(store, sup.tenant(), caller).map(|v| to_json(&v))
+        }
+        "job.items" => {
+            let store = sup.store().as_ref();
+            let job = crate::jobs::get(store, sup.tenant(), caller, &str_arg(args, "job")?)?;
+            let status = args.get("status").and_then(Value::as_str);
+            crate::jobs::items(store, &job, status).map(|v| to_json(&v))
+        }
+        "job.export" => {
+            let store = sup.store().as_ref();
+            let job = crate::jobs::get(store, sup.tenant(), caller, &str_arg(args, "job")?)?;
+            let format = args
+                .get("format")
                 .and_then(Value::as_str)
-                .ok_or_else(|| bad("missing string argument \"job\""))?
-                .to_owned();
-            if op == "job.start" {
-                sup.job_start(caller.clone(), id).await
-            } else {
-                sup.job_cancel(caller.clone(), id).await
+                .unwrap_or("jsonl");
+            crate::jobs::export_text(store, &job, format)
+                .map(|text| json!({"format": format, "text": text}))
+        }
+        "job.replay" => {
+            let id = str_arg(args, "job")?;
+            let mut rest = args.clone();
+            if let Some(m) = rest.as_object_mut() {
+                m.remove("job");
             }
+            let body: brood_api::ReplayBody = brood_api::parse_value(rest).map_err(bad)?;
+            let store = sup.store().as_ref();
+            let job = crate::jobs::replay(
+                store,
+                sup.tenant(),
+                caller,
+                &id,
+                &body,
+                crate::supervisor::now_ms(),
+            )?;
+            if body.start == Some(true) {
+                return sup.job(caller.clone(), JobOp::Start(job.id)).await;
+            }
+            crate::jobs::view(store, &job).map(|v| to_json(&v))
         }
         other if other.starts_with("job.") => Err(ApiError::new(
             Code::NotImplemented,

@@ -42,5 +42,5 @@ pub mod veil;
 pub mod view;
 
 pub use api::{ApiError, ApiResult, Caller, SpawnRequest};
-pub use supervisor::{Config, Hooks, HostInfo, StartError, Supervisor, Sweeper};
+pub use supervisor::{Config, Hooks, HostInfo, JobOp, StartError, Supervisor, Sweeper};
 pub use view::View;

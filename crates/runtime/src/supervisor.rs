@@ -46,6 +46,7 @@ mod ends;
 mod handle;
 mod identify;
 mod jobs;
+pub use jobs::JobOp;
 mod launch;
 mod orphans;
 mod protocol;
@@ -194,10 +195,8 @@ pub(crate) enum Cmd {
     Tick,
     /// A request on an agent's socket (SPEC 8), from its connection's task.
     AgentSocket(AgentName, crate::agent_socket::Request),
-    /// Jobs (SPEC 10): start, cancel, a worker's report.
-    JobStart(Caller, String, Reply),
-    JobCancel(Caller, String, Reply),
-    JobReport(AgentName, Value, Reply),
+    /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
+    Job(Caller, jobs::JobOp, Reply),
 }
 
 /// What an agent's IO task reports.
@@ -598,19 +597,11 @@ impl Dispatcher {
             Cmd::Tick => {
                 if shutdown.is_none() {
                     self.on_tick();
-                    self.job_timeouts();
+                    self.job_tick();
                 }
             }
-            Cmd::JobStart(caller, id, reply) => {
-                let r = self.on_job_start(&caller, &id);
-                self.respond(reply, r);
-            }
-            Cmd::JobCancel(caller, id, reply) => {
-                let r = self.on_job_cancel(&caller, &id);
-                self.respond(reply, r);
-            }
-            Cmd::JobReport(worker, args, reply) => {
-                let r = self.on_job_report(&worker, &args);
+            Cmd::Job(caller, op, reply) => {
+                let r = self.on_job(&caller, op);
                 self.respond(reply, r);
             }
             Cmd::WaitTimeout(id) => {

@@ -19,7 +19,7 @@ use crate::routes::*;
         session, session_children, session_parent, session_tree,
         crate::events::events,
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,
-        job_report, job_export, job_replay,
+        job_report, job_retry_failed, job_export, job_evidence, job_replay,
         metrics, healthz, openapi,
     ),
     components(schemas(brood_api::Event)),
@@ -29,7 +29,7 @@ use crate::routes::*;
         (name = "agents", description = "Create agents and act on them."),
         (name = "sessions", description = "The tree as sessions, as the seed's harness shows it."),
         (name = "events", description = "The event log as server-sent events."),
-        (name = "jobs", description = "Batch jobs (not available in this version: 501)."),
+        (name = "jobs", description = "Batch jobs: one instruction over many items, run by worker agents (SPEC 10)."),
         (name = "service", description = "Health, metrics and this document."),
     )
 )]

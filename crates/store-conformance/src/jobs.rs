@@ -120,6 +120,24 @@ pub fn job_status_follows_its_machine(store: &dyn Store) {
     assert_eq!(code, Code::Conflict);
     let (code, _) = refusal(store.set_job_status(&t, "nope", JobStatus::Running, now(), &[]));
     assert_eq!(code, Code::NotFound);
+    // A failed job reopens (its failed items retried): it keeps its first
+    // start, and is no longer ended.
+    store
+        .create_job(&new_job(&t, "f", "owner"), &items(&["a"]), &[])
+        .unwrap();
+    let first = store
+        .set_job_status(&t, "f", JobStatus::Running, at, &[])
+        .unwrap();
+    store
+        .set_job_status(&t, "f", JobStatus::Failed, at + 5, &[])
+        .unwrap();
+    let j = store
+        .set_job_status(&t, "f", JobStatus::Running, at + 10, &[])
+        .unwrap();
+    assert_eq!(
+        (j.status, j.started_ms, j.ended_ms),
+        (JobStatus::Running, first.started_ms, None)
+    );
 }
 
 pub fn reports_are_fenced_and_an_item_has_one_result(store: &dyn Store) {

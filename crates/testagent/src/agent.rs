@@ -566,6 +566,9 @@ impl<W: Write> Agent<'_, W> {
                     )));
                 }
             }
+            if self.flags.item_delay_ms > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(self.flags.item_delay_ms));
+            }
             let reply = self.request(
                 "job.report",
                 serde_json::json!({"result": {"echo": instruction}, "stop": false}),

@@ -57,6 +57,8 @@ pub struct Flags {
     /// instruction fails once (a marker file in DIR remembers it).
     pub job_worker: bool,
     pub fail_first: Option<PathBuf>,
+    /// `--item-delay MS`: a job worker takes this long over each item.
+    pub item_delay_ms: u64,
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
@@ -174,6 +176,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         stderr: None,
         ignore_cancel: false,
         job_worker: false,
+        item_delay_ms: 0,
         fail_first: None,
         help: false,
         probes: Vec::new(),
@@ -278,6 +281,12 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
             "--job-worker" => f.job_worker = true,
+            "--item-delay" => {
+                let v = value()?;
+                f.item_delay_ms = v.parse().map_err(|e| {
+                    FlagError(format!("{name}: expected milliseconds, got {v:?}: {e}"))
+                })?;
+            }
             "--probe-caps" => f.probes.push(Probe::Caps),
             "--probe-cgroup-remount" => f.probes.push(Probe::CgroupRemount(value()?)),
             "--artifact" => {

@@ -204,7 +204,9 @@ impl Served {
         assert_eq!(a.status, status, "{method} {path}: {}", a.body);
         if a.body.is_empty() {
             Value::Null
-        } else if header(&a, "content-type").is_some_and(|c| c.contains("json")) {
+        } else if header(&a, "content-type")
+            .is_some_and(|c| c.contains("json") && !c.contains("ndjson"))
+        {
             a.json()
         } else {
             Value::String(a.body)

@@ -3,6 +3,8 @@ REQUESTS.json to the API on $BROOD_SOCKET (so the supervisor identifies it as
 that agent from its credentials) and writes the answers to OUT.json.
 
     as_agent.py REQUESTS.json OUT.json
+
+A request with "wait_for": PATH is sent once PATH exists (at most 60 s).
 """
 
 import http.client
@@ -10,6 +12,7 @@ import json
 import os
 import socket
 import sys
+import time
 import urllib.parse
 
 
@@ -28,6 +31,12 @@ def main():
     requests = json.load(open(sys.argv[1]))
     out = []
     for r in requests:
+        # A request may wait for the test to say "now" (a file appearing).
+        if r.get("wait_for"):
+            waited = 0
+            while not os.path.exists(r["wait_for"]) and waited < 600:
+                time.sleep(0.1)
+                waited += 1
         c = UnixConnection(os.environ["BROOD_SOCKET"])
         body = None if r.get("body") is None else json.dumps(r["body"])
         c.request(r["method"], r["path"], body=body, headers={"Content-Type": "application/json"})

@@ -4,9 +4,12 @@
 //! owner and the limits), then recorded in one store transaction with its
 //! `job.created` event; and the views every surface shows.
 //!
-//! Running a job (assigning items to workers, their reports, retries) is
-//! the next step; a job is created `pending`.
+//! A job is created `pending`; running it (items to workers, reports,
+//! retries) is the supervisor's (`supervisor::jobs`). Replays, exports and
+//! evidence bundles are read from the store and need no supervisor.
 
+pub mod evidence;
+pub mod export;
 pub mod input;
 pub mod template;
 
@@ -166,6 +169,145 @@ pub fn create(
     store
         .create_job(&new, &items, &[event])
         .map_err(store_error)
+}
+
+/// A new job from a recorded one (SPEC 10 "Replay"): its spec and inputs,
+/// every item or only the failed ones, linked to it as its `source`, owned
+/// by the same agent; created `pending`, or refused with nothing created.
+pub fn replay(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    source: &str,
+    body: &api::ReplayBody,
+    now_ms: i64,
+) -> Result<Job, ApiError> {
+    let src = get(store, tenant, caller, source)?;
+    let only_failed = body.failed_only.unwrap_or(false);
+    let filter = only_failed.then_some(brood_core::ItemStatus::Failed);
+    let items: Vec<NewItem> = store
+        .job_items(tenant, &src.id, filter)
+        .map_err(store_error)?
+        .into_iter()
+        .map(|it| NewItem {
+            id: it.id,
+            row_index: it.row_index,
+            input: it.input,
+        })
+        .collect();
+    if items.is_empty() {
+        return Err(bad(format!(
+            "job {source} has no {}items to replay",
+            if only_failed { "failed " } else { "" }
+        )));
+    }
+    let id = match &body.id {
+        Some(i) => {
+            check_id(i)?;
+            i.clone()
+        }
+        None => format!("job-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]),
+    };
+    let event = NewEvent {
+        agent: src.owner.clone(),
+        run: None,
+        session: SessionName::default_session(),
+        kind: "job.created".into(),
+        payload: json!({"type": "job.created", "job": id, "owner": src.owner.as_str(),
+                        "items": items.len(), "source": src.id, "failed_only": only_failed})
+        .to_string(),
+    };
+    let new = NewJob {
+        tenant: tenant.clone(),
+        id,
+        owner: src.owner.clone(),
+        spec: src.spec.clone(),
+        source: Some(src.id.clone()),
+        created_ms: now_ms,
+    };
+    store
+        .create_job(&new, &items, &[event])
+        .map_err(store_error)
+}
+
+/// The jobs the caller may see, oldest first.
+pub fn list(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+) -> Result<api::JobList, ApiError> {
+    let mut jobs = Vec::new();
+    for j in store.jobs(tenant).map_err(store_error)? {
+        if let Caller::Agent(me) = caller
+            && !store
+                .is_ancestor_or_self(tenant, me, &j.owner)
+                .map_err(store_error)?
+        {
+            continue;
+        }
+        jobs.push(view(store, &j)?);
+    }
+    Ok(api::JobList { jobs })
+}
+
+/// A job's items in input order, of one status when `status` names one.
+pub fn items(
+    store: &dyn Store,
+    job: &Job,
+    status: Option<&str>,
+) -> Result<api::ItemList, ApiError> {
+    let status = match status {
+        None => None,
+        Some(s) => Some(brood_core::ItemStatus::parse(s).ok_or_else(|| {
+            bad(format!(
+                "status: {s:?} is not pending, running, completed, failed or reported"
+            ))
+        })?),
+    };
+    let items = store
+        .job_items(&job.tenant, &job.id, status)
+        .map_err(store_error)?;
+    Ok(api::ItemList {
+        items: items.iter().map(item_view).collect(),
+    })
+}
+
+/// A job exported as `csv` or `jsonl` (SPEC 10 "Export").
+pub fn export_text(store: &dyn Store, job: &Job, format: &str) -> Result<String, ApiError> {
+    let f = export::Format::parse(format)
+        .ok_or_else(|| bad(format!("format: {format:?} is not csv or jsonl")))?;
+    export::export(store, job, f).map_err(|e| {
+        tracing::error!(job = job.id, error = %e, "exporting a job");
+        ApiError::new(Code::Internal, format!("exporting job {}: {e}", job.id))
+    })
+}
+
+/// A job's evidence bundle, as the API carries it.
+pub fn evidence_bundle(store: &dyn Store, job: &Job) -> Result<api::EvidenceBundle, ApiError> {
+    let files = evidence::bundle(store, job).map_err(|e| {
+        tracing::error!(job = job.id, error = %e, "a job's evidence");
+        ApiError::new(
+            Code::Internal,
+            format!("the evidence of job {}: {e}", job.id),
+        )
+    })?;
+    let files = files
+        .into_iter()
+        .map(|(path, bytes)| {
+            String::from_utf8(bytes)
+                .map(|content| api::EvidenceFile {
+                    path: path.clone(),
+                    content,
+                })
+                .map_err(|_| {
+                    ApiError::new(Code::Internal, format!("evidence file {path} is not UTF-8"))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(api::EvidenceBundle {
+        job: job.id.clone(),
+        files,
+    })
 }
 
 /// A JSON Schema, compiled (draft 2020-12 unless it says otherwise).

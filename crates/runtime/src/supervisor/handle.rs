@@ -255,19 +255,19 @@ impl Supervisor {
         self.call(|r| Cmd::Resume(caller, name, text, r)).await
     }
 
+    /// A job's control (SPEC 10): start, cancel, a worker's report, assign, retry.
+    pub async fn job(&self, caller: Caller, op: JobOp) -> ApiResult {
+        self.call(|r| Cmd::Job(caller, op, r)).await
+    }
+
     /// Starts a pending job (SPEC 10): its workers are created as its owner's children.
     pub async fn job_start(&self, caller: Caller, id: String) -> ApiResult {
-        self.call(|r| Cmd::JobStart(caller, id, r)).await
+        self.job(caller, JobOp::Start(id)).await
     }
 
     /// Cancels a job: no more assignment, its workers cancelled, completed items kept.
     pub async fn job_cancel(&self, caller: Caller, id: String) -> ApiResult {
-        self.call(|r| Cmd::JobCancel(caller, id, r)).await
-    }
-
-    /// A worker's `job.report {job?, item?, result, stop?}`.
-    pub async fn job_report(&self, worker: AgentName, args: Value) -> ApiResult {
-        self.call(|r| Cmd::JobReport(worker, args, r)).await
+        self.job(caller, JobOp::Cancel(id)).await
     }
 
     /// Notes a creation refused while its request was read (see `note_refusal`).

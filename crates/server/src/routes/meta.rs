@@ -1,6 +1,5 @@
 //! The routes about the service itself: health, metrics, the OpenAPI
-//! document; the job routes (501 until jobs exist); JSON errors for unknown
-//! paths and methods.
+//! document; JSON errors for unknown paths and methods.
 
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -54,18 +53,6 @@ pub(crate) async fn openapi() -> Response {
     r
 }
 
-/// Every job route (SPEC 10, 11) until jobs exist.
-pub(crate) async fn jobs(method: Method, OriginalUri(uri): OriginalUri) -> Response {
-    HttpError(ApiError::new(
-        Code::NotImplemented,
-        format!(
-            "{method} {}: jobs are not available in this version of brood",
-            uri.path()
-        ),
-    ))
-    .into_response()
-}
-
 pub(crate) async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {
     HttpError(ApiError::new(
         Code::NotFound,
@@ -92,39 +79,3 @@ pub(crate) async fn no_method(method: Method, OriginalUri(uri): OriginalUri) -> 
         .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
     r
 }
-
-/// A documented job route answering 501 (one per path and method, so the
-/// OpenAPI document lists each).
-macro_rules! job_route {
-    ($name:ident, $method:ident, $path:literal, [$($p:literal),*]) => {
-        #[utoipa::path(
-            $method, path = $path, tag = "jobs",
-            params($(($p = String, Path)),*),
-            responses((status = 501, description = "Jobs are not available in this version of brood.", body = ErrorBody))
-        )]
-        pub(crate) async fn $name(method: Method, uri: OriginalUri) -> Response {
-            jobs(method, uri).await
-        }
-    };
-}
-
-job_route!(
-    job_assign,
-    post,
-    "/api/jobs/{id}/items/{item}/assign",
-    ["id", "item"]
-);
-job_route!(
-    job_retry,
-    post,
-    "/api/jobs/{id}/items/{item}/retry",
-    ["id", "item"]
-);
-job_route!(
-    job_report,
-    post,
-    "/api/jobs/{id}/items/{item}/report",
-    ["id", "item"]
-);
-job_route!(job_export, get, "/api/jobs/{id}/export", ["id"]);
-job_route!(job_replay, post, "/api/jobs/{id}/replay", ["id"]);

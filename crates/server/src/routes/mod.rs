@@ -2,11 +2,13 @@
 //! front and JSON errors for unknown paths and methods.
 
 mod agents;
+mod job_control;
 mod jobs;
 mod meta;
 mod sessions;
 
 pub(crate) use agents::*;
+pub(crate) use job_control::*;
 pub(crate) use jobs::*;
 pub(crate) use meta::*;
 pub(crate) use sessions::*;
@@ -42,6 +44,8 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/jobs/{id}/start", post(job_start))
         .route("/api/jobs/{id}/cancel", post(job_cancel))
         .route("/api/jobs/{id}/items", get(job_items))
+        .route("/api/jobs/{id}/retry", post(job_retry_failed))
+        .route("/api/jobs/{id}/evidence", get(job_evidence))
         .route("/api/jobs/{id}/items/{item}/assign", post(job_assign))
         .route("/api/jobs/{id}/items/{item}/retry", post(job_retry))
         .route("/api/jobs/{id}/items/{item}/report", post(job_report))

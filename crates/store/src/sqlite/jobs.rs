@@ -258,8 +258,9 @@ impl Jobs for SqliteStore {
                 .map_err(|e| refused(Code::Conflict, format!("job {id}: {e}")))?;
             tx.prepare_cached(
                 "UPDATE jobs SET status = ?3, updated_ms = ?4, \
-                 started_ms = CASE WHEN ?3 = 'running' THEN ?4 ELSE started_ms END, \
-                 ended_ms = CASE WHEN ?3 IN ('completed', 'failed', 'cancelled') THEN ?4 ELSE ended_ms END \
+                 started_ms = CASE WHEN ?3 = 'running' THEN COALESCE(started_ms, ?4) ELSE started_ms END, \
+                 ended_ms = CASE WHEN ?3 IN ('completed', 'failed', 'cancelled') THEN ?4 \
+                                 WHEN ?3 = 'running' THEN NULL ELSE ended_ms END \
                  WHERE tenant = ?1 AND id = ?2",
             )?
             .execute((tenant.as_str(), id, to.as_str(), now_ms))?;

@@ -552,7 +552,9 @@ impl<W: Write> Agent<'_, W> {
             if instruction.contains("FAIL-ALWAYS") {
                 return Err(Stop::Failed(format!("refusing {instruction:?}")));
             }
-            if let Some(dir) = &self.flags.fail_first {
+            if let Some(dir) = &self.flags.fail_first
+                && (!self.flags.fail_marked_only || instruction.contains("FAIL-ONCE"))
+            {
                 let marker: String = instruction
                     .chars()
                     .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -571,7 +573,7 @@ impl<W: Write> Agent<'_, W> {
             }
             let reply = self.request(
                 "job.report",
-                serde_json::json!({"result": {"echo": instruction}, "stop": false}),
+                serde_json::json!({"result": {"echo": instruction}, "stop": self.flags.one_item}),
             )?;
             let next = match reply.into_result() {
                 Ok(v) => v,

@@ -59,6 +59,12 @@ pub struct Flags {
     pub fail_first: Option<PathBuf>,
     /// `--item-delay MS`: a job worker takes this long over each item.
     pub item_delay_ms: u64,
+    /// `--one-item`: a job worker reports its one item with `stop` and ends
+    /// (a new worker per item).
+    pub one_item: bool,
+    /// `--fail-marked-only`: with `--fail-first`, only instructions holding
+    /// `FAIL-ONCE` fail their first time.
+    pub fail_marked_only: bool,
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
@@ -177,6 +183,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         ignore_cancel: false,
         job_worker: false,
         item_delay_ms: 0,
+        one_item: false,
+        fail_marked_only: false,
         fail_first: None,
         help: false,
         probes: Vec::new(),
@@ -281,6 +289,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--crash" => f.crash = true,
             "--ignore-cancel" => f.ignore_cancel = true,
             "--job-worker" => f.job_worker = true,
+            "--one-item" => f.one_item = true,
+            "--fail-marked-only" => f.fail_marked_only = true,
             "--item-delay" => {
                 let v = value()?;
                 f.item_delay_ms = v.parse().map_err(|e| {

@@ -1,0 +1,336 @@
+//! Jobs under pressure (issue 14 item 8): 500 rows where some items fail
+//! once and some always, retried exactly up to `max_attempts`; retry of only
+//! the failed items; replay of the failed items as a new, linked job; a
+//! stale worker's report refused after its attempt timed out; a cancel in
+//! the middle keeping what completed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use brood_core::{ItemStatus, JobStatus};
+use brood_runtime::JobOp;
+use brood_store::AttemptOutcome;
+use common::*;
+use serde_json::{Value, json};
+
+/// A supervisor whose quotas let a job's many short-lived workers through
+/// (every worker ever started counts in its owner's tree size).
+fn roomy() -> Env {
+    start_with(Duration::from_millis(300), |c| {
+        c.quotas.defaults.max_tree_size = c.quotas.ceilings.max_tree_size;
+    })
+}
+
+fn worker(flags: &[&str]) -> Value {
+    let mut argv = vec![exe().to_owned(), "test-agent".into(), "--job-worker".into()];
+    argv.extend(flags.iter().map(|s| s.to_string()));
+    json!({"argv": argv})
+}
+
+fn create(env: &Env, body: Value) {
+    let body: brood_api::JobBody = serde_json::from_value(body).unwrap();
+    let store = env.sup.store().clone();
+    brood_runtime::jobs::create(store.as_ref(), env.sup.tenant(), &me(), body, 1).unwrap();
+}
+
+async fn finished(env: &Env, id: &str, secs: u64) -> brood_store::Job {
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let done = eventually_async(Duration::from_secs(secs), || {
+        store.job(&t, id).unwrap().unwrap().status.is_finished()
+    })
+    .await;
+    let job = store.job(&t, id).unwrap().unwrap();
+    assert!(done, "job {id} did not finish: {job:?}");
+    job
+}
+
+fn outcomes(env: &Env, job: &str, item: &str) -> Vec<AttemptOutcome> {
+    env.sup
+        .store()
+        .attempts(env.sup.tenant(), job, item)
+        .unwrap()
+        .iter()
+        .map(|a| a.outcome)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_rows_retry_exactly_up_to_max_attempts_then_retry_and_replay_the_failed() {
+    let env = roomy();
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let marks = tempfile::tempdir().unwrap();
+    let mut csv = String::from("id,text\n");
+    for i in 0..500 {
+        let text = match i {
+            _ if i % 25 == 7 => format!("row {i} FAIL-ALWAYS"),
+            _ if i % 10 == 0 => format!("row {i} FAIL-ONCE"),
+            _ => format!("row {i}"),
+        };
+        csv.push_str(&format!("r{i},{text}\n"));
+    }
+    let dir = marks.path().display().to_string();
+    create(
+        &env,
+        json!({"id": "big", "owner": "owner", "instruction": "Echo {text}", "input": csv,
+               "id_column": "id", "concurrency": 8, "max_attempts": 3,
+               "worker": worker(&["--fail-first", &dir, "--fail-marked-only"])}),
+    );
+    env.sup.job_start(me(), "big".into()).await.unwrap();
+    let job = finished(&env, "big", 240).await;
+    assert_eq!(job.status, JobStatus::Failed, "{job:?}");
+    let items = store.job_items(&t, "big", None).unwrap();
+    assert_eq!(items.len(), 500);
+    let mut failed = Vec::new();
+    for it in &items {
+        let o = outcomes(&env, "big", &it.id);
+        if it.input.contains("FAIL-ALWAYS") {
+            assert_eq!(it.status, ItemStatus::Failed, "{it:?}");
+            assert_eq!(
+                o,
+                [AttemptOutcome::Failed; 3],
+                "exactly max_attempts: {}",
+                it.id
+            );
+            assert!(it.result.is_none());
+            failed.push(it.id.clone());
+        } else {
+            assert_eq!(it.status, ItemStatus::Completed, "{it:?}");
+            let want: &[AttemptOutcome] = if it.input.contains("FAIL-ONCE") {
+                &[AttemptOutcome::Failed, AttemptOutcome::Completed]
+            } else {
+                &[AttemptOutcome::Completed]
+            };
+            assert_eq!(o, want, "{}", it.id);
+            let r: Value = serde_json::from_str(it.result.as_deref().unwrap()).unwrap();
+            let text = serde_json::from_str::<Value>(&it.input).unwrap()["text"].clone();
+            assert_eq!(r["echo"], json!(format!("Echo {}", text.as_str().unwrap())));
+        }
+    }
+    assert_eq!(failed.len(), 20);
+    let counts = store.item_counts(&t, "big").unwrap();
+    assert!(counts.contains(&(ItemStatus::Completed, 480)), "{counts:?}");
+    assert!(counts.contains(&(ItemStatus::Failed, 20)), "{counts:?}");
+
+    // Retry only the failed items: the job reopens, each failed item gets
+    // one more attempt (they fail again), completed items are untouched.
+    let r = env
+        .sup
+        .job(
+            me(),
+            JobOp::Retry {
+                job: "big".into(),
+                item: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["retried"].as_array().unwrap().len(), 20, "{r}");
+    let job = finished(&env, "big", 120).await;
+    assert_eq!(job.status, JobStatus::Failed, "{job:?}");
+    for it in store.job_items(&t, "big", None).unwrap() {
+        let n = outcomes(&env, "big", &it.id).len();
+        let want = if failed.contains(&it.id) {
+            4
+        } else if it.input.contains("FAIL-ONCE") {
+            2
+        } else {
+            1
+        };
+        assert_eq!(
+            n, want,
+            "{}: a retry adds one attempt, only to failed items",
+            it.id
+        );
+    }
+
+    // Replay the failed items: a new job of just those, linked to its source.
+    let body = brood_api::ReplayBody {
+        id: Some("big-again".into()),
+        failed_only: Some(true),
+        start: None,
+    };
+    let replay = brood_runtime::jobs::replay(store.as_ref(), &t, &me(), "big", &body, 2).unwrap();
+    assert_eq!((replay.source.as_deref(), replay.total), (Some("big"), 20));
+    let ids: Vec<String> = store
+        .job_items(&t, "big-again", None)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(ids, failed);
+    assert_eq!(replay.spec, store.job(&t, "big").unwrap().unwrap().spec);
+    env.sup.job_start(me(), "big-again".into()).await.unwrap();
+    let again = finished(&env, "big-again", 120).await;
+    assert_eq!(again.status, JobStatus::Failed);
+    let none = brood_api::ReplayBody {
+        failed_only: Some(true),
+        ..Default::default()
+    };
+    let e = brood_runtime::jobs::replay(store.as_ref(), &t, &me(), "ghost", &none, 3).unwrap_err();
+    assert_eq!(e.code, brood_core::Code::NotFound);
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_workers_report_is_refused_and_the_item_keeps_one_result() {
+    let env = roomy();
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    // Workers that never report on their own: the test speaks for them
+    // (the supervisor knows a caller by its cgroup; in process, by name).
+    let argv = agent(&["--hang"]);
+    create(
+        &env,
+        json!({"id": "stale", "owner": "owner", "instruction": "Do {text}", "input": "id,text\na,one\n",
+               "id_column": "id", "concurrency": 1, "max_attempts": 3, "item_timeout_s": 1,
+               "worker": {"argv": argv}}),
+    );
+    env.sup.job_start(me(), "stale".into()).await.unwrap();
+    let w1 = name("stale-w1");
+    // Attempt 1 times out (its worker is stopped); attempt 2 goes to w2.
+    let second = eventually_async(Duration::from_secs(20), || {
+        store.attempts(&t, "stale", "a").unwrap().len() == 2
+    })
+    .await;
+    let attempts = store.attempts(&t, "stale", "a").unwrap();
+    assert!(second, "{attempts:?}");
+    assert_eq!(attempts[0].outcome, AttemptOutcome::Failed);
+    assert!(
+        attempts[0].error.as_deref().unwrap().contains("timed out"),
+        "{attempts:?}"
+    );
+    let w2 = attempts[1].worker.clone().unwrap();
+    assert_ne!(w2, w1);
+    let report = |v: i64| JobOp::Report(json!({"job": "stale", "item": "a", "result": {"v": v}}));
+    // The late report of attempt 1's worker: refused, nothing recorded.
+    let e = env
+        .sup
+        .job(brood_runtime::Caller::Agent(w1.clone()), report(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code,
+            brood_core::Code::Forbidden | brood_core::Code::Conflict
+        ),
+        "{e:?}"
+    );
+    // The current holder's report is the one result.
+    let r = env
+        .sup
+        .job(brood_runtime::Caller::Agent(w2.clone()), report(2))
+        .await
+        .unwrap();
+    assert_eq!(r["accepted"], true, "{r}");
+    // Reporting again, or the stale one again: refused.
+    for w in [w2, w1] {
+        let e = env
+            .sup
+            .job(brood_runtime::Caller::Agent(w.clone()), report(3))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e.code,
+                brood_core::Code::Forbidden | brood_core::Code::Conflict
+            ),
+            "{w}: {e:?}"
+        );
+    }
+    let job = finished(&env, "stale", 20).await;
+    assert_eq!(job.status, JobStatus::Completed);
+    let it = &store.job_items(&t, "stale", None).unwrap()[0];
+    assert_eq!(it.result.as_deref(), Some(r#"{"v":2}"#));
+    assert_eq!(
+        outcomes(&env, "stale", "a"),
+        [AttemptOutcome::Failed, AttemptOutcome::Completed]
+    );
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_in_the_middle_keeps_the_completed_results_and_stops_the_workers() {
+    let env = roomy();
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let mut csv = String::from("id,text\n");
+    for i in 0..60 {
+        csv.push_str(&format!("c{i},row {i}\n"));
+    }
+    create(
+        &env,
+        json!({"id": "mid", "owner": "owner", "instruction": "Echo {text}", "input": csv,
+               "id_column": "id", "concurrency": 2, "worker": worker(&["--item-delay", "100"])}),
+    );
+    env.sup.job_start(me(), "mid".into()).await.unwrap();
+    let some = eventually_async(Duration::from_secs(30), || {
+        store.item_counts(&t, "mid").unwrap()[2].1 >= 5
+    })
+    .await;
+    assert!(some);
+    let v = env.sup.job_cancel(me(), "mid".into()).await.unwrap();
+    assert_eq!(v["status"], "cancelled", "{v}");
+    let done: Vec<(String, Option<String>)> = store
+        .job_items(&t, "mid", Some(ItemStatus::Completed))
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.id, i.result))
+        .collect();
+    assert!(done.len() >= 5 && done.len() < 60, "{}", done.len());
+    // Its workers end (cancelled), and nothing more completes afterwards.
+    let workers_gone = eventually_async(Duration::from_secs(10), || {
+        store
+            .children(&t, &name("owner"))
+            .unwrap()
+            .iter()
+            .all(|a| a.status.is_finished())
+    })
+    .await;
+    assert!(workers_gone, "the job's workers stop");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after: Vec<(String, Option<String>)> = store
+        .job_items(&t, "mid", Some(ItemStatus::Completed))
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.id, i.result))
+        .collect();
+    assert_eq!(after, done, "completed items are kept as they were");
+    assert!(
+        store
+            .job_items(&t, "mid", Some(ItemStatus::Running))
+            .unwrap()
+            .is_empty(),
+        "no item is left running"
+    );
+    // A cancelled job is not retried (a replay makes a new one).
+    let e = env
+        .sup
+        .job(
+            me(),
+            JobOp::Retry {
+                job: "mid".into(),
+                item: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, brood_core::Code::Conflict);
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}

@@ -321,3 +321,224 @@ async fn a_job_runs_its_items_through_reused_workers_with_retries_kept() {
     }
     env.sup.cancel(me(), name("owner")).await.unwrap();
 }
+
+/// `brood job …` reading a job as JSON.
+fn job_json(root: &Path, args: &[&str]) -> Value {
+    let o = brood(root, args);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{args:?}: {}", text(&o)))
+}
+
+fn items_by_id(root: &Path, id: &str) -> std::collections::BTreeMap<String, Value> {
+    job_json(root, &["job", "items", id, "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap().to_owned(), i.clone()))
+        .collect()
+}
+
+/// Issue 14 items 5 and 6: the supervisor killed with SIGKILL in the middle
+/// of a job; after the restart the items it was running have a failed
+/// attempt (`runtime_restart`), the job goes on once its owner runs again
+/// and completes, and nothing recorded as done is done twice. Then its
+/// export and evidence: verified, then a changed, an added and a removed
+/// file each named.
+#[test]
+fn a_job_survives_a_supervisor_killed_mid_job_and_its_evidence_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let mut d = serve(&root);
+    let mut spawn = vec!["spawn", "--name", "owner", "--ready", "--"];
+    let a = agent(&["--hang"]);
+    spawn.extend(a.iter().map(String::as_str));
+    let o = brood(&root, &spawn);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut csv = String::from("id,text\n");
+    for i in 0..30 {
+        csv.push_str(&format!("k{i},row {i}\n"));
+    }
+    let input = dir.path().join("rows.csv");
+    std::fs::write(&input, &csv).unwrap();
+    let argv = json!([exe(), "test-agent", "--job-worker", "--item-delay", "150"]).to_string();
+    let o = brood(
+        &root,
+        &[
+            "job",
+            "create",
+            "--owner",
+            "owner",
+            "--id",
+            "crash",
+            "--instruction",
+            "Echo {text}",
+            "--input",
+            input.to_str().unwrap(),
+            "--id-column",
+            "id",
+            "--concurrency",
+            "2",
+            "--worker-argv",
+            &argv,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = brood(&root, &["job", "start", "crash"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(eventually(Duration::from_secs(30), || {
+        job_json(&root, &["job", "get", "crash", "--json"])["counts"]["completed"]
+            .as_u64()
+            .unwrap()
+            >= 6
+    }));
+
+    // SIGKILL: no shutdown, no chance to tidy anything.
+    d.0.kill().unwrap();
+    d.0.wait().unwrap();
+    drop(d);
+    let d = serve(&root);
+    // The first tick fails what the dead incarnation was running.
+    assert!(eventually(Duration::from_secs(10), || {
+        items_by_id(&root, "crash")
+            .values()
+            .all(|i| i["status"] != "running")
+    }));
+    let before = items_by_id(&root, "crash");
+    let done_before: Vec<&String> = before
+        .iter()
+        .filter(|(_, i)| i["status"] == "completed")
+        .map(|(k, _)| k)
+        .collect();
+    assert!(done_before.len() >= 6 && done_before.len() < 30);
+    let restarted: Vec<&String> = before
+        .iter()
+        .filter(|(_, i)| i["last_error"] == "runtime_restart")
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        !restarted.is_empty(),
+        "the items running at the crash have a failed attempt: {before:?}"
+    );
+    for k in &restarted {
+        assert_eq!(before[*k]["status"], "pending", "{k} is retried");
+    }
+    assert_eq!(
+        job_json(&root, &["job", "get", "crash", "--json"])["status"],
+        "running"
+    );
+    // Its owner was cancelled by the crash (runtime_restart): resumed, the
+    // job goes on, watched to its end.
+    let o = brood(&root, &["resume", "owner"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = brood(&root, &["job", "watch", "crash"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.lines()
+            .last()
+            .unwrap()
+            .starts_with("crash\tcompleted\t30/30"),
+        "{out}"
+    );
+    let after = items_by_id(&root, "crash");
+    for (k, i) in &after {
+        assert_eq!(i["status"], "completed", "{k}: {i}");
+        assert_eq!(
+            i["result"],
+            json!({"echo": format!("Echo {}", i["input"]["text"].as_str().unwrap())})
+        );
+        if done_before.contains(&k) {
+            assert_eq!(
+                i["attempts"], before[k]["attempts"],
+                "{k} was done before: not redone"
+            );
+            assert_eq!(i["result"], before[k]["result"]);
+        }
+    }
+    for k in &restarted {
+        assert_eq!(
+            after[*k]["attempts"], 2,
+            "{k}: the crashed attempt, then one that completed"
+        );
+    }
+
+    // Export (CSV) and evidence, verified; then tampered with.
+    let csv_out = dir.path().join("out.csv");
+    let ev = dir.path().join("evidence");
+    let o = brood(
+        &root,
+        &[
+            "job",
+            "export",
+            "crash",
+            "--format",
+            "csv",
+            "--out",
+            csv_out.to_str().unwrap(),
+            "--evidence",
+            ev.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let exported = std::fs::read_to_string(&csv_out).unwrap();
+    let mut lines = exported.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "id,text,job_id,item_id,row_index,status,attempt_count,last_error,result_json,completed_at"
+    );
+    assert_eq!(lines.count(), 30);
+    let o = brood(&root, &["job", "verify", ev.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let attempts = std::fs::read_to_string(ev.join("attempts.jsonl")).unwrap();
+    assert!(
+        attempts.contains("runtime_restart"),
+        "every attempt is in the evidence"
+    );
+    let events = std::fs::read_to_string(ev.join("events.jsonl")).unwrap();
+    assert!(events.contains("job.item.completed") && events.contains("job.completed"));
+    std::fs::write(
+        ev.join("attempts.jsonl"),
+        attempts.replace("runtime_restart", "fine"),
+    )
+    .unwrap();
+    std::fs::write(ev.join("extra.txt"), "planted").unwrap();
+    std::fs::remove_file(ev.join("workers.json")).unwrap();
+    let o = brood(&root, &["job", "verify", ev.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "changed: attempts.jsonl",
+        "added: extra.txt",
+        "removed: workers.json",
+    ] {
+        assert!(said.contains(want), "{want} in {said}");
+    }
+    // A second run with `job run`: created, started and watched in one go;
+    // plain lines when not on a terminal, exit 0 once completed.
+    let o = brood(
+        &root,
+        &[
+            "job",
+            "run",
+            "--owner",
+            "owner",
+            "--id",
+            "again",
+            "--instruction",
+            "Echo {text}",
+            "--input",
+            input.to_str().unwrap(),
+            "--id-column",
+            "id",
+            "--worker-argv",
+            &argv,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("again\tcompleted\t30/30"),
+        "{}",
+        text(&o)
+    );
+    drop(d);
+}

@@ -402,3 +402,71 @@ fn the_cli_prints_standard_events_and_refuses_a_bad_format() {
     );
     assert!(o.stdout.is_empty(), "{}", text(&o));
 }
+
+/// A job's events (SPEC 10's nine kinds, `job.progress` with its counts and
+/// ETA among them) in the standard's form, each valid against its schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_events_export_as_valid_standard_events() {
+    let schema = Validator::load();
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    let argv = [exe(), "test-agent", "--job-worker", "--item-delay", "200"];
+    let make = |id: &str, instruction: &str| {
+        let body: brood_api::JobBody = serde_json::from_value(json!({
+            "id": id, "owner": "owner", "instruction": instruction, "max_attempts": 1,
+            "input": "id,text\na,one\nb,two\nc,three\nd,four\ne,five\nf,six\n", "id_column": "id",
+            "concurrency": 1, "worker": {"argv": argv},
+        }))
+        .unwrap();
+        brood_runtime::jobs::create(env.sup.store().as_ref(), env.sup.tenant(), &me(), body, 1)
+            .unwrap();
+    };
+    make("fine", "Echo {text}");
+    make("bad", "FAIL-ALWAYS {text}");
+    make("stopped", "Echo {text}");
+    for id in ["fine", "bad", "stopped"] {
+        env.sup.job_start(me(), id.into()).await.unwrap();
+    }
+    env.sup.job_cancel(me(), "stopped".into()).await.unwrap();
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let ended = eventually_async(Duration::from_secs(60), || {
+        ["fine", "bad"]
+            .iter()
+            .all(|j| store.job(&t, j).unwrap().unwrap().status.is_finished())
+    })
+    .await;
+    assert!(ended);
+    let events = export(&env);
+    let jobs: Vec<Value> = events
+        .into_iter()
+        .filter(|e| e["type"].as_str().unwrap().starts_with("job."))
+        .collect();
+    schema.check_all(&jobs);
+    for kind in [
+        "job.created",
+        "job.started",
+        "job.progress",
+        "job.item.started",
+        "job.item.completed",
+        "job.item.failed",
+        "job.completed",
+        "job.failed",
+        "job.cancelled",
+    ] {
+        assert!(jobs.iter().any(|e| e["type"] == kind), "{kind} missing");
+    }
+    let progress = jobs
+        .iter()
+        .rfind(|e| e["type"] == "job.progress" && e["jobId"] == "fine")
+        .expect("progress of job fine");
+    let text = progress.to_string();
+    assert!(
+        text.contains("\"completed\":6") && text.contains("eta_s"),
+        "progress carries counts and an ETA: {progress}"
+    );
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}

@@ -3,6 +3,7 @@
 //! asserts nothing.
 
 mod api;
+mod jobs;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -65,6 +66,22 @@ pub enum Which {
         n: usize,
         #[arg(long, default_value_t = 100)]
         requesters: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Items per second for a job with trivial workers (test agents that
+    /// report at once): workers reused item after item, and a new worker per
+    /// item, against the same store calls alone (no supervisor, no process).
+    Jobs {
+        /// Items of the reused-worker run (and of the store-only floor).
+        #[arg(long, default_value_t = 10_000)]
+        items: usize,
+        /// Items of the run with a new worker per item (a process each, so
+        /// fewer); 0 leaves it out.
+        #[arg(long, default_value_t = 500)]
+        per_item: usize,
+        #[arg(long, default_value_t = 8)]
+        concurrency: u32,
         #[arg(long)]
         json: bool,
     },
@@ -212,6 +229,24 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
         uid: crate::unsafe_uid(),
     };
     match which {
+        Which::Jobs {
+            items,
+            per_item,
+            concurrency,
+            json: as_json,
+        } => {
+            let params = jobs::Params {
+                items,
+                per_item,
+                concurrency: concurrency.max(1),
+            };
+            let out = jobs::run(&root, &exe, &params).await?;
+            if as_json {
+                println!("{out}");
+            } else {
+                jobs::print(&out);
+            }
+        }
         Which::Api {
             n,
             clients,

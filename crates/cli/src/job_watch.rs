@@ -56,8 +56,10 @@ pub async fn watch(r: &Remote, id: &str) -> Result<i32> {
                 b.set_prefix(id.to_owned());
                 b
             });
-            b.set_position(d);
+            // The message first: each call redraws, and the count should
+            // never run ahead of the words beside it.
             b.set_message(counts(&j));
+            b.set_position(d);
         } else {
             let text = format!("{}\t{}\t{}/{}\t{}", j.id, j.status, d, j.total, counts(&j));
             let finished = matches!(j.status.as_str(), "completed" | "failed" | "cancelled");

@@ -7,8 +7,11 @@
 //! left, and a grandchild's transcript is still there to read. Part 3
 //! (`demo::models`): a model-driven tree of `brood agent`s on a scripted model:
 //! an explore child and a code child doing real work, a creation refused and
-//! asked again for less, and each agent's own and subtree cost.
+//! asked again for less, and each agent's own and subtree cost. Part 4
+//! (`demo::jobs`): a job over a CSV with reused workers, retries, an export
+//! and a verified evidence bundle.
 
+mod jobs;
 mod models;
 
 use std::io::{IsTerminal, Write};
@@ -134,7 +137,10 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
             let me = Caller::User {
                 uid: crate::unsafe_uid(),
             };
-            models::part3(&sup, &me, &data, &work, &exe).await
+            match models::part3(&sup, &me, &data, &work, &exe).await {
+                Ok(()) => jobs::part4(&sup, &me, &root, &work, &exe).await,
+                e => e,
+            }
         }
         e => e,
     };

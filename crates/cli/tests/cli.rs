@@ -417,4 +417,17 @@ fn the_demo_runs_to_the_end() {
     );
     assert!(out.contains("create refused: ToolExpansion"), "{out}");
     assert!(out.contains(" 245 total"), "{out}");
+    // Part 4: a job with retries, one item failing every attempt, the
+    // results exported and the evidence verified (and verifiable again).
+    assert!(out.contains("failed: 23 completed, 1 failed"), "{out}");
+    assert!(
+        out.contains("item c20 failed after 2 attempts")
+            && out.contains("23 items completed (3 after a retry)"),
+        "{out}"
+    );
+    let ev = dir.path().join("cities-evidence");
+    let o = brood(dir.path(), &["job", "verify", ev.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.path().join("cities.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 25, "{csv}");
 }

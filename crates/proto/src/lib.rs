@@ -37,7 +37,7 @@
 //! | `{"type":"message","role","content"}` | A whole message for the transcript. |
 //! | `{"type":"usage","tokensIn","tokensOut","costUsd"}` | Spend so far in this run, cumulative; used for budgets. |
 //! | `{"type":"status","status":"blocked"\|"running","reason"}` | The agent is waiting (and why), or working again. |
-//! | `{"type":"request","id":N,"op","args":{..}}` | Asks the supervisor to act; ops `spawn send wait close resume cancel list job.create job.report job.get`. Answered by exactly one `reply` with `re` = `N`. Ids are the agent's to choose; use each once. |
+//! | `{"type":"request","id":N,"op","args":{..}}` | Asks the supervisor to act; ops `spawn send wait close resume cancel list show tree ping`, and for jobs (docs/jobs.md) `job.create job.get job.list job.items job.start job.cancel job.assign job.retry job.report job.export job.replay`. Answered by exactly one `reply` with `re` = `N`. Ids are the agent's to choose; use each once. |
 //! | `{"type":"done","result":{"success","response","tokensIn","tokensOut","costUsd","durationMs","refs"}}` | The result ([`DoneResult`]); then exit. Every field may be absent (`success` defaults to true). Counts may be sent as floats (rounded) or null (0), as the seed's TypeScript children do. |
 //! | `{"type":"error","error"}` | The run failed; then exit. |
 //! | `{"type":"pong"}` | The answer to `ping`. |

@@ -334,3 +334,144 @@ async fn a_cancel_in_the_middle_keeps_the_completed_results_and_stops_the_worker
     assert_eq!(e.code, brood_core::Code::Conflict);
     env.sup.cancel(me(), name("owner")).await.unwrap();
 }
+
+/// SPEC 10's protocol ops from an agent's side: it creates a job of its own
+/// (never one for another agent), reads it, starts it (its workers are its
+/// own children), is refused a worker's report, and waits for the job to
+/// complete while its workers report; then the job is exported and replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_its_own_job_through_the_protocol() {
+    let env = roomy();
+    let worker = [exe(), "test-agent", "--job-worker"];
+    let create = json!({"id": "mine", "instruction": "Echo {t}", "input": "id,t\na,x\nb,y\nc,z\n",
+                        "id_column": "id", "concurrency": 2, "worker": {"argv": worker}});
+    let requests: Vec<(&str, Value)> = vec![
+        ("job.create", create),
+        (
+            "job.create",
+            json!({"owner": "someone", "instruction": "x", "input": [{"a": 1}]}),
+        ),
+        ("job.get", json!({"job": "mine"})),
+        ("job.list", json!({})),
+        ("job.items", json!({"job": "mine", "status": "pending"})),
+        ("job.export", json!({"job": "mine", "format": "csv"})),
+        ("job.replay", json!({"job": "mine", "id": "mine-copy"})),
+        ("job.cancel", json!({"job": "mine-copy"})),
+        ("job.start", json!({"job": "mine"})),
+        ("job.report", json!({"result": {"forged": true}})),
+        ("job.assign", json!({"job": "mine", "item": "zz"})),
+        ("job.retry", json!({"job": "mine"})),
+    ];
+    let mut flags: Vec<String> = Vec::new();
+    for (op, args) in &requests {
+        flags.push("--request".into());
+        flags.push(format!("{op}={args}"));
+    }
+    flags.extend(["--await-job".into(), "mine".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.sup
+        .spawn(me(), req("orch", agent(&flags)))
+        .await
+        .unwrap();
+    let r = env
+        .sup
+        .wait(me(), vec![name("orch")], Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let a = &r["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    let lines: Vec<&str> = a["result"].as_str().unwrap().lines().collect();
+    let line = |op: &str, n: usize| {
+        *lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("{op}: ")))
+            .nth(n)
+            .unwrap_or_else(|| panic!("no reply {n} to {op}: {lines:?}"))
+    };
+    assert!(
+        line("job.create", 0).contains(r#""owner":"orch""#),
+        "{lines:?}"
+    );
+    assert_eq!(line("job.create", 1), "job.create: Forbidden");
+    assert!(line("job.get", 0).contains(r#""status":"pending""#));
+    assert!(line("job.list", 0).contains(r#""id":"mine""#));
+    assert_eq!(
+        line("job.items", 0)
+            .matches(r#""status":"pending""#)
+            .count(),
+        3
+    );
+    assert!(
+        line("job.export", 0).contains("id,t,job_id,item_id"),
+        "{lines:?}"
+    );
+    assert!(line("job.replay", 0).contains(r#""source":"mine""#));
+    assert!(line("job.cancel", 0).contains(r#""status":"cancelled""#));
+    assert!(line("job.start", 0).contains(r#""status":"running""#));
+    assert_eq!(line("job.report", 0), "job.report: Forbidden");
+    assert_eq!(line("job.assign", 0), "job.assign: Conflict");
+    assert!(
+        line("job.retry", 0).contains(r#""retried":[]"#),
+        "{lines:?}"
+    );
+    assert_eq!(*lines.last().unwrap(), "job mine: completed");
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let workers: Vec<String> = store
+        .children(&t, &name("orch"))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    assert!(
+        !workers.is_empty() && workers.iter().all(|w| w.starts_with("mine-w")),
+        "the workers are the agent's own children: {workers:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_max_runtime_fails_and_its_workers_stop() {
+    let env = roomy();
+    env.sup
+        .spawn(me(), req("owner", agent(&["--hang"])))
+        .await
+        .unwrap();
+    create(
+        &env,
+        json!({"id": "slow", "owner": "owner", "instruction": "Do {t}", "input": "id,t\na,1\nb,2\nc,3\n",
+               "id_column": "id", "concurrency": 1, "max_runtime_s": 1,
+               "worker": worker(&["--item-delay", "700"])}),
+    );
+    env.sup.job_start(me(), "slow".into()).await.unwrap();
+    let job = finished(&env, "slow", 20).await;
+    assert_eq!(job.status, JobStatus::Failed, "{job:?}");
+    let store = env.sup.store().clone();
+    let t = env.sup.tenant().clone();
+    let events = store.events(&t, 0, Some(&name("owner")), 10_000).unwrap();
+    let failed = events.iter().find(|e| e.kind == "job.failed").unwrap();
+    assert!(
+        failed.payload.contains("max_runtime_s"),
+        "{}",
+        failed.payload
+    );
+    let counts = store.item_counts(&t, "slow").unwrap();
+    assert!(counts.contains(&(ItemStatus::Running, 0)), "{counts:?}");
+    assert!(
+        store
+            .job_items(&t, "slow", Some(ItemStatus::Completed))
+            .unwrap()
+            .len()
+            < 3,
+        "cut short"
+    );
+    let stopped = eventually_async(Duration::from_secs(10), || {
+        store
+            .children(&t, &name("owner"))
+            .unwrap()
+            .iter()
+            .all(|a| a.status.is_finished())
+    })
+    .await;
+    assert!(stopped, "its workers are stopped");
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}

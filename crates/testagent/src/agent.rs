@@ -229,6 +229,7 @@ impl<W: Write> Agent<'_, W> {
                 names.push(name);
             }
         }
+        let requests = self.requests()?;
         let mut children = Vec::new();
         if flags.wait && !names.is_empty() {
             children = self.wait_for(&names)?.iter().map(text::wait_line).collect();
@@ -268,8 +269,40 @@ impl<W: Write> Agent<'_, W> {
             inputs: (flags.inputs > 0).then_some(self.inputs.as_slice()),
             history: flags.history.then_some(self.config.history.as_slice()),
             children: &children,
+            requests: &requests,
             probes: &probes,
         }))
+    }
+
+    /// `--request OP=JSON` in order, then `--await-job`: a line per reply.
+    fn requests(&mut self) -> Result<Vec<String>, Stop> {
+        let mut lines = Vec::new();
+        for (op, args) in &self.flags.requests {
+            let line = match self.request(op, args.clone())?.into_result() {
+                Ok(v) => format!("{op}: ok {v}"),
+                Err(e) => format!("{op}: {}", e.code),
+            };
+            lines.push(line);
+        }
+        if let Some(job) = &self.flags.await_job {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let v = self
+                    .request("job.get", serde_json::json!({"job": job}))?
+                    .into_result()
+                    .map_err(|e| Stop::Failed(format!("job.get {job}: {}", e.message)))?;
+                let status = v["status"].as_str().unwrap_or("").to_owned();
+                if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
+                    lines.push(format!("job {job}: {status}"));
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(Stop::Failed(format!("job {job} still {status} after 60 s")));
+                }
+                self.pause(Duration::from_millis(50))?;
+            }
+        }
+        Ok(lines)
     }
 
     /// `--echo`: one turn per input from the `next`-th on, until `bye`.

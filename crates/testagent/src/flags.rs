@@ -65,6 +65,13 @@ pub struct Flags {
     /// `--fail-marked-only`: with `--fail-first`, only instructions holding
     /// `FAIL-ONCE` fail their first time.
     pub fail_marked_only: bool,
+    /// `--request OP=JSON`: protocol requests sent in order after the
+    /// spawns; each reply becomes a line of the result (`OP: ok RESULT` or
+    /// `OP: CODE`).
+    pub requests: Vec<(String, Value)>,
+    /// `--await-job ID`: after the requests, `job.get` until the job is
+    /// finished; its status becomes a line of the result.
+    pub await_job: Option<String>,
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
@@ -146,6 +153,8 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
   --probe-connect PORT  --probe-bind PORT (repeatable)  --probe-caps
   --fork-bomb N  --memory-hog MB
+  --request OP=JSON (repeatable)  --await-job ID
+  --job-worker [--item-delay MS] [--one-item] [--fail-first DIR [--fail-marked-only]]
 ";
 
 /// Parses the test agent's flags. `--flag VALUE` and `--flag=VALUE` are both
@@ -185,6 +194,8 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
         item_delay_ms: 0,
         one_item: false,
         fail_marked_only: false,
+        requests: Vec::new(),
+        await_job: None,
         fail_first: None,
         help: false,
         probes: Vec::new(),
@@ -211,6 +222,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-cgroup-remount"
                 | "--artifact"
                 | "--ref"
+                | "--request"
         );
         if !repeatable && seen.contains(&name) {
             return Err(FlagError(format!("{name} is given more than once")));
@@ -291,6 +303,16 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--job-worker" => f.job_worker = true,
             "--one-item" => f.one_item = true,
             "--fail-marked-only" => f.fail_marked_only = true,
+            "--await-job" => f.await_job = Some(value()?),
+            "--request" => {
+                let v = value()?;
+                let Some((op, args)) = v.split_once('=').filter(|(op, _)| !op.is_empty()) else {
+                    return Err(FlagError(format!("{name}: expected OP=JSON, got {v:?}")));
+                };
+                let args: Value = serde_json::from_str(args)
+                    .map_err(|e| FlagError(format!("{name}: {op}: not JSON: {e}")))?;
+                f.requests.push((op.to_owned(), args));
+            }
             "--item-delay" => {
                 let v = value()?;
                 f.item_delay_ms = v.parse().map_err(|e| {

@@ -99,6 +99,8 @@ pub struct ResultParts<'a> {
     pub history: Option<&'a [HistoryMessage]>,
     /// One line per waited-for child (`--wait`).
     pub children: &'a [String],
+    /// One line per `--request` reply (and `--await-job`).
+    pub requests: &'a [String],
     /// One line per probe (`--probe-*`, `--fork-bomb`, `--memory-hog`), last.
     pub probes: &'a [String],
 }
@@ -125,6 +127,7 @@ pub fn compose_result(p: &ResultParts<'_>) -> String {
         lines.extend(history.iter().map(|m| format!("{}: {}", m.role, m.content)));
     }
     lines.extend(p.children.iter().cloned());
+    lines.extend(p.requests.iter().cloned());
     lines.extend(p.probes.iter().cloned());
     lines.join("\n")
 }
@@ -237,6 +240,7 @@ mod tests {
             inputs: Some(&inputs),
             history: Some(&history),
             children: &children,
+            requests: &[],
             probes: &[],
         });
         assert_eq!(

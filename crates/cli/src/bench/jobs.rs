@@ -86,6 +86,8 @@ struct Run {
     total: Duration,
     /// From its start (`job.started`) to its end.
     running: Duration,
+    /// Worker agents the job started.
+    workers: usize,
 }
 
 impl Run {
@@ -112,6 +114,10 @@ impl Floor {
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e3).round() / 1e3
 }
 
 fn us_per(d: Duration, n: usize) -> f64 {
@@ -147,10 +153,12 @@ async fn with_supervisor(sup: &Supervisor, exe: &str, p: &Params) -> Result<(Run
         uid: crate::unsafe_uid(),
     };
     // The jobs' owner: workers are its children, so it must be a running
-    // agent. The bench supervisor's root has the platform ceilings as its
-    // quotas (`super::supervisor`): max_tree_size 100,000 and max_fanout
-    // 1,024 unfinished children, so neither the reused run's 8 workers nor
-    // the per-item run's worker a item (8 live at once) is refused.
+    // agent. The default max_tree_size (64) counts every agent ever created
+    // under the root, ended workers included, so it would refuse the
+    // per-item run's 64th worker; the bench supervisor's root has the
+    // platform ceilings instead (`super::supervisor`): 100,000 in the tree,
+    // 1,024 unfinished children, 4,096 at once, against `concurrency` live
+    // workers and one worker per item at most.
     let owner = "bench-jobs-owner";
     let a = crate::api(
         sup.spawn(
@@ -206,6 +214,7 @@ async fn job(
     argv: Vec<String>,
     p: &Params,
 ) -> Result<Run> {
+    let per_item = argv.iter().any(|a| a == "--one-item");
     let store = sup.store().clone();
     let tenant = sup.tenant().clone();
     let created = now_ms();
@@ -222,7 +231,7 @@ async fn job(
         .with_context(|| format!("starting job {id}"))?;
     // A generous bound, so a job that stalls (a worker refused, a report
     // lost) ends the benchmark with its counts instead of hanging it.
-    let limit = Duration::from_secs(120) + Duration::from_millis(100) * n as u32;
+    let limit = Duration::from_secs(120) + Duration::from_millis(100u64.saturating_mul(n as u64));
     let done = loop {
         let j = store
             .job(&tenant, id)
@@ -257,6 +266,18 @@ async fn job(
             counts(store.as_ref(), &tenant, id)?
         );
     }
+    let prefix = format!("{id}-w");
+    let workers = store
+        .children(&tenant, &AgentName::new(owner)?)
+        .with_context(|| format!("reading job {id}'s workers"))?
+        .iter()
+        .filter(|a| a.name.as_str().starts_with(&prefix))
+        .count();
+    // A worker per item means what it says: a worker that went on to a
+    // second item would make this run measure the reused one again.
+    if per_item && workers != n {
+        bail!("job {id}: {workers} workers for {n} items, not one each");
+    }
     let ended = done.ended_ms.unwrap_or_else(now_ms);
     let started = done.started_ms.unwrap_or(created);
     let span = |from: i64| Duration::from_millis(ended.saturating_sub(from).max(0) as u64);
@@ -264,6 +285,7 @@ async fn job(
         items: n,
         total: span(created),
         running: span(started),
+        workers,
     })
 }
 
@@ -418,11 +440,12 @@ fn report(p: &Params, floor: &Floor, reused: &Run, per_item: Option<&Run>) -> Va
         "bench": "jobs",
         "concurrency": p.concurrency,
         "reused_items": reused.items,
-        "reused_s": ms(reused.total) / 1e3,
-        "reused_running_s": ms(reused.running) / 1e3,
+        "reused_s": secs(reused.total),
+        "reused_running_s": secs(reused.running),
         "reused_per_s": reused.per_s().round(),
+        "reused_workers": reused.workers,
         "floor_items": floor.items,
-        "floor_s": ms(floor.total) / 1e3,
+        "floor_s": secs(floor.total),
         "floor_per_s": floor.per_s().round(),
         "floor_create_ms": ms(floor.create),
         "floor_next_pending_us": us_per(floor.next_pending, floor.items),
@@ -435,8 +458,9 @@ fn report(p: &Params, floor: &Floor, reused: &Run, per_item: Option<&Run>) -> Va
     });
     if let Some(r) = per_item {
         out["per_item_items"] = json!(r.items);
-        out["per_item_s"] = json!(ms(r.total) / 1e3);
+        out["per_item_s"] = json!(secs(r.total));
         out["per_item_per_s"] = json!(r.per_s().round());
+        out["per_item_workers"] = json!(r.workers);
     }
     out
 }
@@ -446,11 +470,12 @@ pub(super) fn print(v: &Value) {
     let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
     let c = v["concurrency"].as_u64().unwrap_or(0);
     println!(
-        "jobs (reused workers, {c} at once): {} items in {:.2} s = {:.0} items/s ({:.2} s from the start)",
+        "jobs (reused workers, {c} at once): {} items in {:.2} s = {:.0} items/s ({:.2} s from the start; workers started: {})",
         f("reused_items"),
         f("reused_s"),
         f("reused_per_s"),
         f("reused_running_s"),
+        f("reused_workers"),
     );
     if v.get("per_item_items").is_some() {
         println!(

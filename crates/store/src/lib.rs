@@ -12,6 +12,7 @@
 //! writing it.
 
 mod contract;
+pub mod postgres;
 pub mod sqlite;
 mod types;
 

@@ -34,6 +34,18 @@ pub enum StoreError {
     },
     #[error("store: corrupt value in {what}: {value:?}")]
     Corrupt { what: &'static str, value: String },
+    /// A PostgreSQL store's error; `target` is the server it talks to
+    /// (host, port and database; never the password).
+    #[error("store postgres {target}: {source}")]
+    Postgres {
+        target: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A PostgreSQL store's error that is not the server's (a migration file,
+    /// a connection string, a pool that could not be filled).
+    #[error("store postgres {target}: {message}")]
+    PostgresSetup { target: String, message: String },
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

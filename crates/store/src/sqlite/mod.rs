@@ -49,7 +49,7 @@ use crate::types::{
 };
 
 #[macro_use]
-mod sql;
+pub(crate) mod sql;
 mod rows;
 mod steps;
 mod store;

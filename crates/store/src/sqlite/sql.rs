@@ -72,31 +72,31 @@ macro_rules! run_cols {
     };
 }
 
-pub(super) const Q_AGENT: &str = concat!(
+pub(crate) const Q_AGENT: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND name = ?2"
 );
-pub(super) const Q_AGENT_EXISTS: &str =
+pub(crate) const Q_AGENT_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
-pub(super) const Q_CHILDREN: &str = concat!(
+pub(crate) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name"
 );
-pub(super) const Q_AGENTS_ALL: &str = concat!(
+pub(crate) const Q_AGENTS_ALL: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name"
 );
-pub(super) const Q_AGENTS_UNFINISHED: &str = concat!(
+pub(crate) const Q_AGENTS_UNFINISHED: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND ",
     unfinished!(),
     " ORDER BY created_ms, name"
 );
-pub(super) const Q_UNFINISHED_OF: &str = concat!(
+pub(crate) const Q_UNFINISHED_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -105,14 +105,14 @@ pub(super) const Q_UNFINISHED_OF: &str = concat!(
 );
 // The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
 // agents whose stop is recorded: what a supervisor carries out each tick.
-pub(super) const Q_STOPPING_OF: &str = concat!(
+pub(crate) const Q_STOPPING_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
     unfinished!(),
     " AND status LIKE 'stopping/%' ORDER BY tenant, created_ms, name"
 );
-pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+pub(crate) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
     "SELECT DISTINCT supervisor FROM agents WHERE ",
     unfinished!(),
     " ORDER BY supervisor"
@@ -131,7 +131,7 @@ pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
 // `CROSS JOIN` fixes the join order (SQLite's documented way): without it, and
 // without table statistics, the planner may put `edges` outside and read every
 // edge of the tenant at each step of the walk.
-pub(super) const Q_DESCENDANTS: &str = concat!(
+pub(crate) const Q_DESCENDANTS: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT child, 1 FROM edges WHERE tenant = ?1 AND parent = ?2",
     " UNION",
@@ -149,20 +149,20 @@ pub(super) const Q_DESCENDANTS: &str = concat!(
 // `unfinished!` so the partial index of 0002_quotas.sql applies, and the index is
 // named because without table statistics the planner may prefer
 // `agents_by_parent`, which reaches every child ever created.
-pub(super) const Q_FANOUT: &str = concat!(
+pub(crate) const Q_FANOUT: &str = concat!(
     "SELECT COUNT(*) FROM agents INDEXED BY agents_unfinished_by_parent",
     " WHERE tenant = ?1 AND parent = ?2 AND ",
     unfinished!()
 );
 // The tree-size quota's count: every agent ever created under a root, the root
 // included; read from the (tenant, root) index alone.
-pub(super) const Q_TREE_SIZE: &str = "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND root = ?2";
+pub(crate) const Q_TREE_SIZE: &str = "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND root = ?2";
 // The cycle check: walk up from ?3 through the parents (the primary key at each
 // step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
 // agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
 // highest level reached (the guard: a parent chain that loops climbs to it).
 // `CROSS JOIN` keeps the walk's queue outside, as in `Q_DESCENDANTS`.
-pub(super) const Q_ANCESTOR_OR_SELF: &str = concat!(
+pub(crate) const Q_ANCESTOR_OR_SELF: &str = concat!(
     "WITH RECURSIVE up(name, parent, level) AS (",
     " SELECT name, parent, 0 FROM agents WHERE tenant = ?1 AND name = ?3",
     " UNION ALL",
@@ -175,88 +175,88 @@ pub(super) const Q_ANCESTOR_OR_SELF: &str = concat!(
 // A tenant's overrides: at most one row per key, found by the primary key. Not in
 // `PLANNED`: its search is on `tenant` alone by design (the key is the rest of the
 // primary key), which the plan test would take for reading all of a tenant's rows.
-pub(super) const Q_TENANT_QUOTAS: &str = "SELECT key, value FROM tenant_quotas WHERE tenant = ?1";
+pub(crate) const Q_TENANT_QUOTAS: &str = "SELECT key, value FROM tenant_quotas WHERE tenant = ?1";
 
-pub(super) const Q_RUN: &str = concat!(
+pub(crate) const Q_RUN: &str = concat!(
     "SELECT ",
     run_cols!(),
     " FROM runs WHERE id = ?2 AND tenant = ?1"
 );
-pub(super) const Q_RUNS: &str = concat!(
+pub(crate) const Q_RUNS: &str = concat!(
     "SELECT ",
     run_cols!(),
     " FROM runs WHERE tenant = ?1 AND agent = ?2 ORDER BY seq"
 );
-pub(super) const Q_LAST_RUN_SEQ: &str =
+pub(crate) const Q_LAST_RUN_SEQ: &str =
     "SELECT COALESCE(MAX(seq), 0) FROM runs WHERE tenant = ?1 AND agent = ?2";
-pub(super) const Q_RUN_OF_AGENT: &str =
+pub(crate) const Q_RUN_OF_AGENT: &str =
     "SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?3 AND tenant = ?1 AND agent = ?2)";
-pub(super) const Q_CHANNEL: &str = "SELECT channels.tenant, channels.parent, channels.parent_session, \
+pub(crate) const Q_CHANNEL: &str = "SELECT channels.tenant, channels.parent, channels.parent_session, \
      channels.child, channels.child_session, channels.handoff, channels.result, agents.status, \
      channels.refs, channels.artifacts \
      FROM channels JOIN agents ON agents.tenant = channels.tenant AND agents.name = channels.child \
      WHERE channels.tenant = ?1 AND channels.parent = ?2 AND channels.child = ?3";
-pub(super) const Q_MESSAGES: &str = "SELECT tenant, agent, session, seq, run, role, content, ts_ms \
+pub(crate) const Q_MESSAGES: &str = "SELECT tenant, agent, session, seq, run, role, content, ts_ms \
      FROM messages WHERE tenant = ?1 AND agent = ?2 AND session = ?3 ORDER BY seq";
 // The tenant's last event: SQLite's min/max optimisation seeks the end of the
 // tenant's range of the primary key (tenant, seq), one row. Not in `PLANNED`:
 // the plan reads as a search on `tenant` alone, which the plan test would take
 // for reading all of a tenant's rows.
-pub(super) const Q_LAST_EVENT_SEQ: &str =
+pub(crate) const Q_LAST_EVENT_SEQ: &str =
     "SELECT COALESCE(MAX(seq), 0) FROM events WHERE tenant = ?1";
-pub(super) const Q_LAST_MESSAGE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM messages \
+pub(crate) const Q_LAST_MESSAGE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM messages \
      WHERE tenant = ?1 AND agent = ?2 AND session = ?3";
-pub(super) const Q_EVENTS: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
+pub(crate) const Q_EVENTS: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
      FROM events WHERE tenant = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
 // Without statistics the planner prefers the primary key's (tenant, seq) range,
 // which reads every event of the tenant to find one agent's; the index is named.
-pub(super) const Q_EVENTS_OF_AGENT: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
+pub(crate) const Q_EVENTS_OF_AGENT: &str = "SELECT tenant, seq, ts_ms, agent, run, session, kind, payload \
      FROM events INDEXED BY events_by_agent WHERE tenant = ?1 AND agent = ?4 AND seq > ?2 ORDER BY seq LIMIT ?3";
-pub(super) const Q_NEXT_SEQ: &str = "SELECT next_seq FROM tenants WHERE id = ?1";
-pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id";
+pub(crate) const Q_NEXT_SEQ: &str = "SELECT next_seq FROM tenants WHERE id = ?1";
+pub(crate) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id";
 
-pub(super) const I_TENANT: &str =
+pub(crate) const I_TENANT: &str =
     "INSERT INTO tenants (id, next_seq, created_ms) VALUES (?1, 1, ?2) ON CONFLICT (id) DO NOTHING";
-pub(super) const I_AGENT: &str = concat!(
+pub(crate) const I_AGENT: &str = concat!(
     "INSERT INTO agents (",
     agent_cols!(""),
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?11, ?12, ?13, ?13)"
 );
-pub(super) const I_RUN: &str =
+pub(crate) const I_RUN: &str =
     "INSERT INTO runs (id, tenant, agent, seq, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
-pub(super) const I_EDGE: &str =
+pub(crate) const I_EDGE: &str =
     "INSERT INTO edges (tenant, parent, child, created_ms) VALUES (?1, ?2, ?3, ?4)";
-pub(super) const I_CHANNEL: &str = "INSERT INTO channels \
+pub(crate) const I_CHANNEL: &str = "INSERT INTO channels \
      (tenant, parent, parent_session, child, child_session, handoff, result) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)";
-pub(super) const I_EVENT: &str = "INSERT INTO events (tenant, seq, ts_ms, agent, run, session, kind, payload) \
+pub(crate) const I_EVENT: &str = "INSERT INTO events (tenant, seq, ts_ms, agent, run, session, kind, payload) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
-pub(super) const I_MESSAGE: &str = "INSERT INTO messages (tenant, agent, session, seq, run, role, content, ts_ms) \
+pub(crate) const I_MESSAGE: &str = "INSERT INTO messages (tenant, agent, session, seq, run, role, content, ts_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
-pub(super) const U_NEXT_SEQ: &str = "UPDATE tenants SET next_seq = ?2 WHERE id = ?1";
-pub(super) const U_STATUS: &str =
+pub(crate) const U_NEXT_SEQ: &str = "UPDATE tenants SET next_seq = ?2 WHERE id = ?1";
+pub(crate) const U_STATUS: &str =
     "UPDATE agents SET status = ?3, updated_ms = ?4 WHERE tenant = ?1 AND name = ?2";
-pub(super) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
+pub(crate) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
      WHERE tenant = ?1 AND name = ?2";
 // The deadline is the start plus the `timeout_s` of the effective policy recorded
 // in the agent's spec at admission (NULL, no deadline, when it has none).
-pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
+pub(crate) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
      deadline_ms = ?5 + 1000 * CAST(json_extract((SELECT spec FROM agents \
        WHERE agents.tenant = ?1 AND agents.name = runs.agent), '$.policy.timeout_s') AS INTEGER) \
      WHERE id = ?2 AND tenant = ?1";
-pub(super) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
+pub(crate) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
      WHERE id = ?2 AND tenant = ?1";
-pub(super) const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
+pub(crate) const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
      WHERE id = ?2 AND tenant = ?1";
-pub(super) const U_CHANNEL_RESULT: &str = "UPDATE channels SET result = ?4, refs = ?5, artifacts = ?6 \
+pub(crate) const U_CHANNEL_RESULT: &str = "UPDATE channels SET result = ?4, refs = ?5, artifacts = ?6 \
      WHERE tenant = ?1 AND parent = ?2 AND child = ?3";
-pub(super) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key, value) VALUES (?1, ?2, ?3) \
+pub(crate) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key, value) VALUES (?1, ?2, ?3) \
      ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value";
-pub(super) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
+pub(crate) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
      updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
 
 /// The hot queries whose plans [`SqliteStore::query_plans`] reports.
-pub(super) const PLANNED: &[(&str, &str)] = &[
+pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("agent", Q_AGENT),
     ("agent_exists", Q_AGENT_EXISTS),
     ("children", Q_CHILDREN),

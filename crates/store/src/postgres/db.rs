@@ -1,0 +1,181 @@
+//! The blocking facade over `tokio-postgres`: a connection with its
+//! prepared statements, and [`Db`], the queries the store's methods make on
+//! it or on a transaction of it, each blocking the calling thread until the
+//! server answers.
+//!
+//! Statements are prepared once per connection and kept (the store's SQL is
+//! a fixed set of strings), so a call costs one round trip, not two.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, Statement, Transaction};
+
+use super::Tx;
+
+/// Waits for `f` on this thread. Not tokio's `block_on`, which refuses to
+/// run inside a runtime: these futures only wait for the connection's task,
+/// which runs on the store's own runtime.
+pub(crate) fn block<F: Future>(f: F) -> F::Output {
+    futures_executor::block_on(f)
+}
+
+/// A connection of the pool and the statements prepared on it.
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    stmts: RefCell<HashMap<String, Statement>>,
+}
+
+impl Conn {
+    pub(crate) fn new(client: Client) -> Conn {
+        Conn {
+            client,
+            stmts: RefCell::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Queries outside a transaction (a read of one statement).
+    pub(crate) fn db(&self) -> Db<'_> {
+        Db {
+            on: On::Client(&self.client),
+            stmts: &self.stmts,
+        }
+    }
+
+    /// Runs `f` in a transaction, committed when it returns `Ok` and rolled
+    /// back otherwise. With `lock`, the transaction first takes the advisory
+    /// lock of that key (a tenant's name), so read-then-write bodies on the
+    /// same key run one at a time across every node.
+    pub(crate) fn tx<T>(&mut self, lock: Option<&str>, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Tx<T> {
+        let tx = block(self.client.transaction())?;
+        let db = Db {
+            on: On::Tx(&tx),
+            stmts: &self.stmts,
+        };
+        if let Some(key) = lock {
+            db.exec(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                &[&key],
+            )?;
+        }
+        let out = f(&db)?;
+        block(tx.commit())?;
+        Ok(out)
+    }
+}
+
+enum On<'a> {
+    Client(&'a Client),
+    Tx(&'a Transaction<'a>),
+}
+
+/// Where the store's SQL runs: a connection, or a transaction on it.
+pub(crate) struct Db<'a> {
+    on: On<'a>,
+    stmts: &'a RefCell<HashMap<String, Statement>>,
+}
+
+pub(crate) type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+
+impl Db<'_> {
+    fn statement(&self, sql: &str) -> Tx<Statement> {
+        if let Some(s) = self.stmts.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let text = to_pg(sql);
+        let s = match &self.on {
+            On::Client(c) => block(c.prepare(&text))?,
+            On::Tx(t) => block(t.prepare(&text))?,
+        };
+        self.stmts.borrow_mut().insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// Every row `sql` gives.
+    pub(crate) fn query(&self, sql: &str, params: Params<'_>) -> Tx<Vec<Row>> {
+        let s = self.statement(sql)?;
+        Ok(match &self.on {
+            On::Client(c) => block(c.query(&s, params))?,
+            On::Tx(t) => block(t.query(&s, params))?,
+        })
+    }
+
+    /// The one row `sql` gives, or none.
+    pub(crate) fn query_opt(&self, sql: &str, params: Params<'_>) -> Tx<Option<Row>> {
+        let s = self.statement(sql)?;
+        Ok(match &self.on {
+            On::Client(c) => block(c.query_opt(&s, params))?,
+            On::Tx(t) => block(t.query_opt(&s, params))?,
+        })
+    }
+
+    /// The one row `sql` gives (an error if it gives none or more).
+    pub(crate) fn query_one(&self, sql: &str, params: Params<'_>) -> Tx<Row> {
+        let s = self.statement(sql)?;
+        Ok(match &self.on {
+            On::Client(c) => block(c.query_one(&s, params))?,
+            On::Tx(t) => block(t.query_one(&s, params))?,
+        })
+    }
+
+    /// Runs `sql`; how many rows it changed.
+    pub(crate) fn exec(&self, sql: &str, params: Params<'_>) -> Tx<u64> {
+        let s = self.statement(sql)?;
+        Ok(match &self.on {
+            On::Client(c) => block(c.execute(&s, params))?,
+            On::Tx(t) => block(t.execute(&s, params))?,
+        })
+    }
+
+    /// Runs statements without parameters (the schema, locks).
+    pub(crate) fn batch(&self, sql: &str) -> Tx<()> {
+        Ok(match &self.on {
+            On::Client(c) => block(c.batch_execute(sql))?,
+            On::Tx(t) => block(t.batch_execute(sql))?,
+        })
+    }
+}
+
+/// The SQLite store's SQL as PostgreSQL reads it: `?N` parameters become
+/// `$N`, and SQLite's planner hints (`INDEXED BY name`) go (PostgreSQL
+/// plans for itself). The rest of the store's SQL is the standard both
+/// speak, so most statements are shared with `sqlite::sql`.
+pub(crate) fn to_pg(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    while let Some(at) = out.find(" INDEXED BY ") {
+        let rest = &out[at + " INDEXED BY ".len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        out.replace_range(at..at + " INDEXED BY ".len() + end, "");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_pg;
+
+    #[test]
+    fn sqlite_sql_reads_as_postgres() {
+        assert_eq!(
+            to_pg("SELECT a FROM t INDEXED BY t_by_b WHERE b = ?1 AND c > ?12 LIMIT ?3"),
+            "SELECT a FROM t WHERE b = $1 AND c > $12 LIMIT $3"
+        );
+        assert_eq!(to_pg("SELECT '?' , x"), "SELECT '?' , x");
+    }
+}

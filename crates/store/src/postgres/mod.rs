@@ -1,0 +1,348 @@
+//! The PostgreSQL implementation of [`Store`] (SPEC 14, issue 15): the same
+//! contract as [`crate::sqlite`], checked by the same conformance suite, on
+//! a server that many brood nodes share.
+//!
+//! The client. `tokio-postgres`, driven by a small runtime of the store's own
+//! (its connections' tasks run there), called through a blocking facade: a
+//! call blocks the calling thread on `futures_executor::block_on`, never on
+//! a tokio runtime's `block_on`, so the store can be called from inside the
+//! supervisor's runtime (where the synchronous `postgres` crate would panic)
+//! as SQLite is. The trait stays synchronous (docs/decisions.md "Calling a
+//! networked store without blocking the loop").
+//!
+//! Connections. A fixed pool (`Options::connections`): a caller takes one,
+//! uses it for one method, gives it back; one found closed (the server
+//! restarted, the network dropped) is replaced by a new one before use, so a
+//! restarted server costs the calls in flight, not the store.
+//!
+//! Exactness across nodes. Every transaction that reads and then writes
+//! takes `pg_advisory_xact_lock` on its tenant first: two nodes admitting
+//! under the same tenant queue on that lock as two threads queue on SQLite's
+//! write lock, so a count read inside the transaction is still true when it
+//! commits (no read-then-write race), whatever node runs it. The lock goes
+//! with the transaction (commit, rollback or a lost connection).
+//!
+//! Schema. `schema/postgres/*.sql`, numbered and applied once each in its own
+//! transaction under a session advisory lock (nodes starting together migrate
+//! once), recorded in `schema_migrations`.
+//!
+//! The code: this file opens the store, holds the pool and migrates; `db`
+//! is the blocking facade (queries on a connection or a transaction), `rows`
+//! decodes records, and the contract's methods are in `admission`, `records`,
+//! `sweeps` and `jobs`.
+
+mod admission;
+mod db;
+mod jobs;
+mod records;
+mod rows;
+mod steps;
+mod sweeps;
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use brood_core::{AgentName, Code, TenantId};
+use tokio_postgres::NoTls;
+
+use crate::types::{Result, StoreError};
+
+pub(crate) use db::{Conn, Db, block};
+
+/// The embedded migrations, in the order they apply. A version is never
+/// reused or edited once released: a change is a new file.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../schema/postgres/0001_init.sql"))];
+
+/// The key of the session advisory lock that serialises migrations.
+const MIGRATION_LOCK: i64 = 0x6272_6f6f_645f_6d69; // "brood_mi"
+
+/// How a PostgreSQL store is opened.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Connections in the pool: at most this many calls at once.
+    pub connections: usize,
+    /// How long a connection attempt may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            connections: 8,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A store on a PostgreSQL database.
+pub struct PgStore {
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("target", &self.pool.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failure inside a method, as in the SQLite store: a server error or one
+/// of the store's own refusals, turned into a [`StoreError`] at the edge.
+pub(crate) enum Fail {
+    Pg(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Fail {
+        Fail::Pg(e)
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Fail {
+        Fail::Store(e)
+    }
+}
+
+impl Fail {
+    pub(crate) fn at(self, target: &str) -> StoreError {
+        match self {
+            Fail::Pg(source) => StoreError::Postgres {
+                target: target.to_owned(),
+                source,
+            },
+            Fail::Store(e) => e,
+        }
+    }
+}
+
+pub(crate) type Tx<T> = std::result::Result<T, Fail>;
+
+pub(crate) fn refused(code: Code, message: String) -> Fail {
+    Fail::Store(StoreError::Refused { code, message })
+}
+
+pub(crate) fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
+    Fail::Store(StoreError::NotFound {
+        tenant: tenant.to_string(),
+        name: name.to_string(),
+    })
+}
+
+pub(crate) fn corrupt(what: &'static str, value: impl Into<String>) -> Fail {
+    Fail::Store(StoreError::Corrupt {
+        what,
+        value: value.into(),
+    })
+}
+
+/// The pool: a fixed number of connection slots, each holding a client
+/// once connected. The runtime drives every connection's task.
+pub(crate) struct Pool {
+    config: tokio_postgres::Config,
+    /// host:port/dbname, for errors and logs (never the password).
+    pub(crate) target: String,
+    runtime: tokio::runtime::Runtime,
+    slots: Mutex<Vec<Option<Conn>>>,
+    freed: Condvar,
+}
+
+impl Pool {
+    fn connect(&self) -> Tx<Conn> {
+        let config = self.config.clone();
+        let (client, connection) = block(async {
+            // The connect future needs tokio's reactor: it runs on the pool's
+            // runtime, and only the answer comes back here.
+            self.runtime
+                .spawn(async move { config.connect(NoTls).await })
+                .await
+        })
+        .map_err(|e| {
+            Fail::Store(StoreError::PostgresSetup {
+                target: self.target.clone(),
+                message: format!("the connection task failed: {e}"),
+            })
+        })??;
+        let target = self.target.clone();
+        self.runtime.spawn(async move {
+            // Ends when the connection does; the client notices (`is_closed`).
+            if let Err(e) = connection.await {
+                eprintln!("brood store: postgres connection to {target} ended: {e}");
+            }
+        });
+        Ok(Conn::new(client))
+    }
+
+    /// Runs `f` on a connection of the pool (a live one: a closed one is
+    /// replaced first), then gives the connection back.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Tx<T>) -> Result<T> {
+        let mut client = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                if let Some(c) = slots.pop() {
+                    break c;
+                }
+                slots = self
+                    .freed
+                    .wait(slots)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let r = (|| {
+            let mut c = match client.take() {
+                Some(c) if !c.is_closed() => c,
+                _ => self.connect()?,
+            };
+            let r = f(&mut c);
+            client = Some(c);
+            r
+        })();
+        {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots.push(client);
+        }
+        self.freed.notify_one();
+        r.map_err(|e| e.at(&self.target))
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db`) with the default
+    /// [`Options`] and brings the schema up to date.
+    pub fn open(url: &str) -> Result<PgStore> {
+        PgStore::open_with(url, Options::default())
+    }
+
+    pub fn open_with(url: &str, opts: Options) -> Result<PgStore> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| StoreError::PostgresSetup {
+                target: redact(url),
+                message: format!("not a PostgreSQL connection string: {e}"),
+            })?;
+        config.connect_timeout(opts.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("brood");
+        }
+        let target = describe(&config);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("brood-store-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::PostgresSetup {
+                target: target.clone(),
+                message: format!("starting the store's runtime: {e}"),
+            })?;
+        let n = opts.connections.max(1);
+        let pool = Arc::new(Pool {
+            config,
+            target,
+            runtime,
+            slots: Mutex::new((0..n).map(|_| None).collect()),
+            freed: Condvar::new(),
+        });
+        let store = PgStore { pool };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The server this store talks to (host, port, database).
+    pub fn target(&self) -> &str {
+        &self.pool.target
+    }
+
+    fn migrate(&self) -> Result<()> {
+        self.pool.with(|c| {
+            c.db()
+                .batch(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))?;
+            let r = migrate_locked(c);
+            c.db()
+                .batch(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"))?;
+            r
+        })
+    }
+
+    /// Runs `f` on a connection of the pool (reads outside a transaction).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| f(&c.db()))
+    }
+
+    /// Runs `f` in a transaction that first takes `tenant`'s advisory lock
+    /// (every read-then-write body: exact across nodes).
+    pub(crate) fn write<T>(&self, tenant: &str, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| c.tx(Some(tenant), f))
+    }
+
+    /// Runs `f` in a transaction without a tenant's lock (bodies that span
+    /// tenants, as the sweepers' and recovery's, lock what they need).
+    pub(crate) fn write_any<T>(&self, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| c.tx(None, f))
+    }
+}
+
+/// The migrations not applied yet, each in its transaction; the caller holds
+/// the migration lock.
+fn migrate_locked(c: &mut Conn) -> Tx<()> {
+    c.db().batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version    BIGINT NOT NULL PRIMARY KEY,
+            applied_ms BIGINT NOT NULL)",
+    )?;
+    let done: Vec<i64> = c
+        .db()
+        .query("SELECT version FROM schema_migrations", &[])?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<std::result::Result<_, _>>()?;
+    for (version, sql) in MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        let now = now_ms();
+        c.tx(None, |db| {
+            db.batch(sql)?;
+            db.exec(
+                "INSERT INTO schema_migrations (version, applied_ms) VALUES ($1, $2)",
+                &[version, &now],
+            )?;
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// host:port/dbname of a connection's settings, never its password.
+fn describe(c: &tokio_postgres::Config) -> String {
+    let host = c
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(s) => s.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = c.get_ports().first().copied().unwrap_or(5432);
+    let db = c.get_dbname().unwrap_or("");
+    format!("{host}:{port}/{db}")
+}
+
+/// A connection string with its password, if any, taken out.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,198 @@
+//! The shared steps of the transactions, as in `sqlite::steps`: loading and
+//! checking agents, events appended with their sequence numbers, a run's end
+//! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
+
+use brood_core::{AgentName, Code, RunId, Status, TenantId, Terminal};
+
+use super::rows::agent_from;
+use super::{Db, Fail, Tx, not_found, refused};
+use crate::sqlite::sql::{
+    I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, U_NEXT_SEQ, U_RUN_ENDED, U_STATUS_DETAIL,
+};
+use crate::types::{Agent, Event, NewEvent, StoreError};
+
+pub(crate) fn load_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Option<Agent>> {
+    db.query_opt(Q_AGENT, &[&tenant.as_str(), &name.as_str()])?
+        .map(|r| agent_from(&r))
+        .transpose()
+}
+
+pub(crate) fn must_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Agent> {
+    load_agent(db, tenant, name)?.ok_or_else(|| not_found(tenant, name))
+}
+
+pub(crate) fn agent_exists(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<bool> {
+    Ok(db
+        .query_one(Q_AGENT_EXISTS, &[&tenant.as_str(), &name.as_str()])?
+        .try_get(0)?)
+}
+
+/// Checks a move with the one transition function, naming the agent on refusal.
+pub(crate) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
+    agent.status.transition(to).map_err(|source| {
+        Fail::Store(StoreError::Transition {
+            name: agent.name.to_string(),
+            source,
+        })
+    })
+}
+
+/// Refuses a call that names a run other than the agent's newest one.
+pub(crate) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
+    if agent.run == *run {
+        Ok(())
+    } else {
+        Err(refused(
+            Code::Conflict,
+            format!(
+                "run {run} is not the current run of agent {} (the current one is {})",
+                agent.name, agent.run
+            ),
+        ))
+    }
+}
+
+/// Text stored as JSON must be one JSON object; an event payload is also a
+/// line of `events.jsonl`, so it must not contain a newline either.
+pub(crate) fn check_json_object(
+    what: impl FnOnce() -> String,
+    text: &str,
+    one_line: bool,
+) -> Tx<()> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v.is_object() && !(one_line && text.contains('\n')) => Ok(()),
+        Ok(_) if one_line => Err(refused(
+            Code::BadRequest,
+            format!("{} must be a one-line JSON object", what()),
+        )),
+        Ok(_) => Err(refused(
+            Code::BadRequest,
+            format!("{} must be a JSON object", what()),
+        )),
+        Err(e) => Err(refused(
+            Code::BadRequest,
+            format!("{} is not JSON: {e}", what()),
+        )),
+    }
+}
+
+pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
+    for e in events {
+        check_json_object(
+            || format!("payload of event {} of agent {}", e.kind, e.agent),
+            &e.payload,
+            true,
+        )?;
+    }
+    Ok(())
+}
+
+/// Appends `events` to the tenant's log with the next sequence numbers,
+/// inside the caller's transaction. `SELECT … FOR UPDATE` on the tenant's
+/// row makes two transactions (on any nodes) take turns for the numbers, so
+/// the sequence has no gap and no repeat across the cluster.
+pub(crate) fn append_events_tx(
+    db: &Db<'_>,
+    tenant: &TenantId,
+    events: &[NewEvent],
+    now_ms: i64,
+) -> Tx<Vec<Event>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    check_events(events)?;
+    for e in events {
+        if !agent_exists(db, tenant, &e.agent)? {
+            return Err(not_found(tenant, &e.agent));
+        }
+    }
+    let next: i64 = db
+        .query_one(&format!("{Q_NEXT_SEQ} FOR UPDATE"), &[&tenant.as_str()])?
+        .try_get(0)?;
+    let mut out = Vec::with_capacity(events.len());
+    for (seq, e) in (next..).zip(events) {
+        db.exec(
+            I_EVENT,
+            &[
+                &tenant.as_str(),
+                &seq,
+                &now_ms,
+                &e.agent.as_str(),
+                &e.run.as_ref().map(RunId::as_str),
+                &e.session.as_str(),
+                &e.kind.as_str(),
+                &e.payload.as_str(),
+            ],
+        )?;
+        out.push(Event {
+            tenant: tenant.clone(),
+            seq,
+            ts_ms: now_ms,
+            agent: e.agent.clone(),
+            run: e.run.clone(),
+            session: e.session.clone(),
+            kind: e.kind.clone(),
+            payload: e.payload.clone(),
+        });
+    }
+    let after = next + i64::try_from(events.len()).unwrap_or(i64::MAX);
+    db.exec(U_NEXT_SEQ, &[&tenant.as_str(), &after])?;
+    Ok(out)
+}
+
+/// Ends the agent's current run with `outcome` (the caller checked the move).
+pub(crate) fn write_end(
+    db: &Db<'_>,
+    agent: &Agent,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<&str>,
+    detail: Option<&str>,
+    now_ms: i64,
+) -> Tx<()> {
+    let t = agent.tenant.as_str();
+    db.exec(
+        U_STATUS_DETAIL,
+        &[
+            &t,
+            &agent.name.as_str(),
+            &Status::Ended(outcome).encode(),
+            &detail,
+            &now_ms,
+        ],
+    )?;
+    db.exec(
+        U_RUN_ENDED,
+        &[
+            &t,
+            &agent.run.as_str(),
+            &outcome.encode(),
+            &exit_code.map(i64::from),
+            &result,
+            &now_ms,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The `agent.stop` event line of SPEC 6 step 5, with the reason when there is one.
+pub(crate) fn stop_event(agent: &Agent, outcome: Terminal) -> NewEvent {
+    let mut payload = serde_json::Map::new();
+    payload.insert("type".into(), "agent.stop".into());
+    payload.insert("agent".into(), agent.name.as_str().into());
+    payload.insert("status".into(), outcome.word().into());
+    if let Some(reason) = outcome.reason() {
+        payload.insert("reason".into(), reason.into());
+    }
+    NewEvent {
+        agent: agent.name.clone(),
+        run: Some(agent.run.clone()),
+        session: agent.session.clone(),
+        kind: "agent.stop".to_owned(),
+        payload: serde_json::Value::Object(payload).to_string(),
+    }
+}
+
+pub(crate) fn to_sql_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

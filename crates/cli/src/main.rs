@@ -46,8 +46,9 @@ struct Cli {
     /// Platform configuration (quota defaults and ceilings); default $BROOD_ROOT/config.toml.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// The store's SQLite file (default $BROOD_ROOT/brood.db). Supervisors with
-    /// roots of their own may share one store; one of them runs the sweepers.
+    /// The store: a SQLite file (default $BROOD_ROOT/brood.db) or a PostgreSQL
+    /// server (`postgres://user@host:port/db`). Supervisors with roots of their
+    /// own may share one store; one of them runs the sweepers.
     #[arg(long, global = true, env = "BROOD_STORE")]
     store: Option<PathBuf>,
     /// The concurrency-slot counter: embedded when absent, or

@@ -41,7 +41,6 @@ pub(crate) fn quota(
     config: &Option<PathBuf>,
     what: QuotaCmd,
 ) -> Result<i32> {
-    use brood_store::prelude::*;
     let cfg = load_config(config, root)?;
     let db = store_file(root);
     let tenant_of = |t: Option<String>| -> Result<brood_core::TenantId> {
@@ -53,8 +52,9 @@ pub(crate) fn quota(
     match what {
         QuotaCmd::Show { tenant, json } => {
             let tenant = tenant_of(tenant)?;
-            let own = if db.exists() {
-                brood_store::SqliteStore::open_read_only(&db)?.tenant_quotas(&tenant)?
+            let spec = db.to_string_lossy();
+            let own = if brood_store::is_postgres_url(&spec) || db.exists() {
+                brood_store::open_read_only(&spec)?.tenant_quotas(&tenant)?
             } else {
                 brood_core::quota::TenantQuotas::default()
             };
@@ -94,10 +94,13 @@ pub(crate) fn quota(
         }
         QuotaCmd::Set { tenant, key, value } => {
             let tenant = tenant_of(Some(tenant))?;
-            if let Some(dir) = db.parent() {
+            let spec = db.to_string_lossy();
+            if !brood_store::is_postgres_url(&spec)
+                && let Some(dir) = db.parent()
+            {
                 std::fs::create_dir_all(dir)?;
             }
-            let store = brood_store::SqliteStore::open(&db)
+            let store = brood_store::open(&spec)
                 .with_context(|| format!("opening the store {}", db.display()))?;
             store
                 .set_tenant_quota(&tenant, &key, value)

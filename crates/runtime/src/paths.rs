@@ -32,9 +32,20 @@ impl Paths {
         self.db.clone()
     }
 
+    /// Whether the store is a PostgreSQL server (`--store postgres://…`),
+    /// not a file under the root.
+    pub fn db_is_postgres(&self) -> bool {
+        brood_store::is_postgres_url(&self.db.to_string_lossy())
+    }
+
     /// The lock whose holder runs the sweepers (SPEC 9): next to the store, so
     /// every supervisor sharing the store contends for the same one.
     pub fn sweeper_lock(&self) -> PathBuf {
+        if self.db_is_postgres() {
+            // No file beside a server: the lock is this root's (one node's;
+            // across nodes the lease's epoch fences, issue 15).
+            return self.root.join("brood.sweeper.lock");
+        }
         let mut name = self.db.file_name().unwrap_or_default().to_os_string();
         name.push(".sweeper.lock");
         self.db.with_file_name(name)

@@ -41,7 +41,14 @@ impl Veil {
             .map_err(|e| format!("resolving {}: {e}", paths.root.display()))?;
         let db = canonical_file(&paths.db());
         let mut files = Vec::new();
-        for suffix in ["", "-wal", "-shm", "-journal"] {
+        // A PostgreSQL store has no file here to hide (its server must not
+        // be reachable from agents: docs/decisions.md).
+        let suffixes: &[&str] = if paths.db_is_postgres() {
+            &[]
+        } else {
+            &["", "-wal", "-shm", "-journal"]
+        };
+        for suffix in suffixes {
             let mut name = db.as_os_str().to_os_string();
             name.push(suffix);
             files.push(PathBuf::from(name));

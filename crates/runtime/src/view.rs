@@ -11,7 +11,7 @@ use std::sync::Arc;
 use brood_api as api;
 use brood_core::{AgentName, Code, TenantId};
 use brood_store::prelude::*;
-use brood_store::{Agent, SqliteStore, StoreError};
+use brood_store::{Agent, StoreError};
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
@@ -35,10 +35,10 @@ impl View {
     /// Opens a store read-only (a root's `brood.db`, or the file `--store`
     /// names), for the caller's own tenant.
     pub fn open(db: &Path) -> Result<View, StoreError> {
-        let store = SqliteStore::open_read_only(db)?;
+        let store = brood_store::open_read_only(&db.to_string_lossy())?;
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
-        Ok(View::new(Arc::new(store), TenantId::for_uid(uid)))
+        Ok(View::new(store, TenantId::for_uid(uid)))
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -57,3 +57,19 @@ pub(crate) fn raw_json(status: StatusCode, bytes: Vec<u8>) -> Response {
 pub(crate) fn bad(message: impl Into<String>) -> HttpError {
     HttpError(ApiError::new(Code::BadRequest, message))
 }
+
+/// A verb's answer: `status` with its JSON body, or its error's.
+pub(crate) fn answer<T: Serialize>(status: StatusCode, r: Result<T, ApiError>) -> Response {
+    match r {
+        Ok(v) => json(status, &v),
+        Err(e) => HttpError(e).into_response(),
+    }
+}
+
+/// Milliseconds since the epoch (0 if the clock is before it).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

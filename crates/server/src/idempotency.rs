@@ -19,7 +19,7 @@ use brood_store::IdempotentReply;
 use sha2::{Digest, Sha256};
 
 use crate::auth::caller_label;
-use crate::error::{HttpError, bad, raw_json};
+use crate::error::{HttpError, bad, now_ms, raw_json};
 use crate::state::Api;
 
 /// How long an answer is kept.
@@ -45,13 +45,6 @@ impl InFlight {
             m.remove(key);
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn store_error(e: brood_store::StoreError) -> HttpError {

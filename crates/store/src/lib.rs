@@ -2,8 +2,9 @@
 //!
 //! The [`Store`] trait is the contract the supervisor codes against; [`sqlite`]
 //! implements it on one SQLite file (WAL, `busy_timeout`, `BEGIN IMMEDIATE` for
-//! every read-then-write). PostgreSQL comes as a second implementation behind the
-//! same trait, checked by the same conformance tests.
+//! every read-then-write), [`postgres`] on a PostgreSQL server that many nodes
+//! share, checked by the same conformance tests; [`open`] picks one from
+//! `--store`.
 //!
 //! Every method that changes state commits before it returns, so the caller may
 //! acknowledge the change as soon as the call returns (the runtime's invariant
@@ -21,6 +22,32 @@ pub use contract::{
 };
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
+
+/// Whether `spec` (`--store`, `BROOD_STORE`) names a PostgreSQL server
+/// rather than a SQLite file.
+pub fn is_postgres_url(spec: &str) -> bool {
+    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
+}
+
+/// The store `spec` names: `postgres://…` a PostgreSQL server, anything
+/// else a SQLite file (created if missing).
+pub fn open(spec: &str) -> Result<std::sync::Arc<dyn Store>> {
+    Ok(if is_postgres_url(spec) {
+        std::sync::Arc::new(postgres::PgStore::open(spec)?)
+    } else {
+        std::sync::Arc::new(SqliteStore::open(std::path::Path::new(spec))?)
+    })
+}
+
+/// [`open`] for reading only: a SQLite file opened read-only (it must
+/// exist); a PostgreSQL server as it is.
+pub fn open_read_only(spec: &str) -> Result<std::sync::Arc<dyn Store>> {
+    Ok(if is_postgres_url(spec) {
+        std::sync::Arc::new(postgres::PgStore::open(spec)?)
+    } else {
+        std::sync::Arc::new(SqliteStore::open_read_only(std::path::Path::new(spec))?)
+    })
+}
 
 /// Every trait of the contract, for code that calls a concrete store (a
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.

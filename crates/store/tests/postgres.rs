@@ -1,6 +1,6 @@
 //! The PostgreSQL store against the conformance suite (issue 15 item 1),
 //! on the real server: `BROOD_TEST_POSTGRES` (an administrator's connection
-//! string; default `postgres://root@127.0.0.1:5432/postgres`, which
+//! string; default `postgres://root:brood@127.0.0.1:5432/postgres`, which
 //! `.ci/setup` makes answer). Every test makes a database of its own and
 //! drops it when it ends, passed or failed.
 
@@ -14,7 +14,7 @@ use tokio_postgres::NoTls;
 
 fn admin_url() -> String {
     std::env::var("BROOD_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into())
+        .unwrap_or_else(|_| "postgres://root:brood@127.0.0.1:5432/postgres".into())
 }
 
 /// Runs `sql` on the administrator's connection (on a runtime of its own:

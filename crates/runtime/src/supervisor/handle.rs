@@ -22,7 +22,7 @@ impl Supervisor {
             std::os::unix::fs::lchown(&ctx, Some(owner), Some(owner))
                 .map_err(|source| StartError::Dir { path: ctx, source })?;
         }
-        let store: Arc<dyn Store> = Arc::new(brood_store::SqliteStore::open(&paths.db())?);
+        let store: Arc<dyn Store> = brood_store::open(&paths.db().to_string_lossy())?;
         let tenant = TenantId::for_uid(uid);
         let me = supervisor_id(std::process::id() as i32)
             .unwrap_or_else(|| format!("s{}-0", std::process::id()));

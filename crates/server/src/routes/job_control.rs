@@ -10,29 +10,15 @@ use brood_api::{
     ReportReply, RetryReply,
 };
 use brood_core::AgentName;
-use brood_runtime::{ApiError, Caller, JobOp};
+use brood_runtime::{Caller, JobOp};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
 
 use crate::body::Body;
-use crate::error::{HttpError, bad, json};
+use crate::error::{HttpError, answer, bad, now_ms};
 use crate::idempotency;
 use crate::state::Api;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-fn answer<T: serde::Serialize>(status: StatusCode, r: Result<T, ApiError>) -> Response {
-    match r {
-        Ok(v) => json(status, &v),
-        Err(e) => HttpError(e).into_response(),
-    }
-}
 
 /// A job operation on the supervisor, once per `Idempotency-Key`.
 async fn control(

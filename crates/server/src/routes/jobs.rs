@@ -13,23 +13,9 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::body::Body;
-use crate::error::{HttpError, bad, json};
+use crate::error::{HttpError, answer, bad, json, now_ms};
 use crate::idempotency;
 use crate::state::Api;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-fn answer<T: serde::Serialize>(status: StatusCode, r: Result<T, ApiError>) -> Response {
-    match r {
-        Ok(v) => json(status, &v),
-        Err(e) => HttpError(e).into_response(),
-    }
-}
 
 #[utoipa::path(
     post, path = "/api/jobs", tag = "jobs",

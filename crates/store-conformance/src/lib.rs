@@ -19,6 +19,7 @@ mod helpers;
 mod idempotency;
 mod jobs;
 mod messages;
+pub mod pg;
 mod recovery;
 mod runs;
 mod sweepers;

@@ -6,70 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use brood_store::postgres::PgStore;
 use brood_store_conformance as conformance;
-use tokio_postgres::NoTls;
 
-fn admin_url() -> String {
-    std::env::var("BROOD_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://root:brood@127.0.0.1:5432/postgres".into())
-}
-
-/// Runs `sql` on the administrator's connection (on a runtime of its own:
-/// the tests are plain threads).
-fn admin(sql: &str) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = admin_url();
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap_or_else(|e| {
-            panic!("PostgreSQL does not answer at {url} ({e}): run `bash .ci/setup`, or set BROOD_TEST_POSTGRES")
-        });
-        let task = tokio::spawn(conn);
-        c.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-        drop(c);
-        let _ = task.await;
-    });
-}
-
-/// A database of the test's own, dropped (its connections ended) with it.
-pub struct Fresh {
-    pub name: String,
-    pub url: String,
-}
-
-impl Fresh {
-    pub fn new() -> Fresh {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "brood_t{}_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        );
-        admin(&format!("CREATE DATABASE {name}"));
-        let base = admin_url();
-        let at = base.rfind('/').unwrap();
-        let url = format!("{}/{name}", &base[..at]);
-        Fresh { name, url }
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        admin(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ));
-    }
-}
+use conformance::pg::Fresh;
 
 fn fresh() -> (Fresh, PgStore) {
     let db = Fresh::new();

@@ -1,54 +1,143 @@
-//! PostgreSQL: Admission, Runs (being ported from the SQLite store).
+//! The contract's `Admission` and `Runs` on PostgreSQL, as in `sqlite::store`:
+//! every read-then-write runs in a transaction under its tenant's advisory
+//! lock (`PgStore::write`), so it is exact across nodes. SQLite's group commit
+//! of admissions is an optimisation of its single writer; here each admission
+//! is its own transaction, and admissions in different tenants run at once.
 
-#![allow(unused_variables)]
+use brood_core::{AgentName, Code, Quotas, RunId, Status, TenantId, TenantQuotas, Terminal};
 
-use super::PgStore;
-use crate::contract::*;
-use crate::types::*;
-use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
+use super::rows::collect;
+use super::steps::{append_events_tx, check_current_run, check_move, must_agent, to_sql_count};
+use super::tx::{admit_tx, end_run_tx, mark_stopping_tx, resume_tx};
+use super::{PgStore, corrupt, not_found, refused};
+use crate::contract::{Admission, Runs};
+use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL};
+use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
 
-fn pending(what: &str) -> StoreError {
-    StoreError::PostgresSetup {
-        target: String::new(),
-        message: format!("{what}: not ported yet"),
-    }
-}
+/// The recursion guard of the walk up the parents: `sqlite::MAX_WALK_DEPTH`,
+/// which is private to the SQLite module. Depth quotas stop far below this
+/// (SPEC 9 ceiling: 32); reaching it means the agents' parents are corrupt.
+const MAX_WALK_DEPTH: i64 = 10_000;
+
+// The cycle check: walk up from ?3 through the parents (the primary key at each
+// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
+// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
+// highest level reached (the guard: a parent chain that loops climbs to it).
+// Rewritten from SQLite's: PostgreSQL has no MAX of a boolean (`bool_or`
+// instead), and the level is BIGINT in both terms of the recursive CTE (they
+// must agree), so `?4` is BIGINT and takes an i64.
+const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
+     SELECT name, parent, CAST(0 AS BIGINT) FROM agents WHERE tenant = ?1 AND name = ?3 \
+     UNION ALL \
+     SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents \
+      WHERE agents.tenant = ?1 AND agents.name = up.parent \
+       AND up.name <> ?2 AND up.level < ?4\
+     ) \
+     SELECT COUNT(*), COALESCE(bool_or(name = ?2), FALSE), \
+      CAST(COALESCE(MAX(level), 0) AS BIGINT) FROM up";
+
+// The deadline is the start plus the `timeout_s` of the effective policy recorded
+// in the agent's spec at admission (NULL, no deadline, when it has none).
+// Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
+// JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
+// odd value gives no deadline instead of failing the cast and the whole start.
+const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
+     deadline_ms = ?5 + 1000 * (SELECT CASE \
+       WHEN jsonb_typeof(CAST(agents.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
+       THEN CAST(trunc(CAST(CAST(agents.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
+       END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
+     WHERE id = ?2 AND tenant = ?1";
 
 impl Admission for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        Err(pending("admit"))
+        self.write(new.tenant.as_str(), |db| admit_tx(db, new, None, events))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn admit_with_quotas(
         &self,
         new: &NewAgent,
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("admit_with_quotas"))
+        self.write(new.tenant.as_str(), |db| {
+            admit_tx(db, new, Some(quotas), events)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
-        Err(pending("tenant_quotas"))
+        self.read(|db| {
+            let rows = collect(db, Q_TENANT_QUOTAS, &[&tenant.as_str()], |r| {
+                Ok((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?))
+            })?;
+            let mut out = TenantQuotas::default();
+            for (key, value) in rows {
+                let shown = || format!("tenant {tenant}: {key} = {value}");
+                let v =
+                    u32::try_from(value).map_err(|_| corrupt("tenant_quotas.value", shown()))?;
+                out.set(&key, v)
+                    .map_err(|_| corrupt("tenant_quotas.key", shown()))?;
+            }
+            Ok(out)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()> {
-        Err(pending("set_tenant_quota"))
+        // The key is checked before the transaction, with the one list of keys
+        // (brood-core's), so the refusal names it instead of quoting the CHECK.
+        if let Err(e) = TenantQuotas::default().set(key, value) {
+            return Err(StoreError::Refused {
+                code: Code::BadRequest,
+                message: format!("cannot set a quota of tenant {tenant}: {e}"),
+            });
+        }
+        // One upsert, no read before it: no tenant lock needed.
+        self.write_any(|db| {
+            db.exec(I_TENANT_QUOTA, &[&tenant.as_str(), &key, &i64::from(value)])?;
+            Ok(())
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn is_ancestor_or_self(
         &self,
         tenant: &TenantId,
         candidate: &AgentName,
         agent: &AgentName,
     ) -> Result<bool> {
-        Err(pending("is_ancestor_or_self"))
+        self.read(|db| {
+            let row = db.query_one(
+                Q_ANCESTOR_OR_SELF,
+                &[
+                    &tenant.as_str(),
+                    &candidate.as_str(),
+                    &agent.as_str(),
+                    &MAX_WALK_DEPTH,
+                ],
+            )?;
+            let (met, found, level): (i64, bool, i64) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            if met == 0 {
+                return Err(not_found(tenant, agent));
+            }
+            if found {
+                return Ok(true);
+            }
+            // A real chain of parents ends at a root long before the guard; only
+            // a loop climbs that far. Answering `false` would let a cycle through.
+            if level >= MAX_WALK_DEPTH {
+                return Err(corrupt(
+                    "agents.parent",
+                    format!(
+                        "the parents above {tenant}/{agent} loop \
+                         (the walk up reached level {level})"
+                    ),
+                ));
+            }
+            Ok(false)
+        })
     }
 }
 
 impl Runs for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
         tenant: &TenantId,
@@ -59,9 +148,29 @@ impl Runs for PgStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("start_run"))
+        self.write(tenant.as_str(), |db| {
+            let agent = must_agent(db, tenant, name)?;
+            let to = check_move(&agent, Status::Running)?;
+            check_current_run(&agent, run)?;
+            db.exec(
+                U_STATUS,
+                &[&tenant.as_str(), &name.as_str(), &to.encode(), &now_ms],
+            )?;
+            db.exec(
+                U_RUN_STARTED,
+                &[
+                    &tenant.as_str(),
+                    &run.as_str(),
+                    &i64::from(pid),
+                    &cgroup,
+                    &now_ms,
+                ],
+            )?;
+            append_events_tx(db, tenant, events, now_ms)?;
+            must_agent(db, tenant, name)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn set_status(
         &self,
         tenant: &TenantId,
@@ -71,9 +180,44 @@ impl Runs for PgStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("set_status"))
+        self.write(tenant.as_str(), |db| {
+            let agent = must_agent(db, tenant, name)?;
+            let to = check_move(&agent, to)?;
+            // Legal moves that need more than a status write have their own
+            // methods; doing them here would leave the run record behind.
+            let other = match (agent.status, to) {
+                (_, Status::Ended(_)) => Some("end_run (the run's record must end too)"),
+                (_, Status::Queued) => Some("resume (a new run is needed)"),
+                (Status::Queued, Status::Running) => {
+                    Some("start_run (the run's pid and cgroup are needed)")
+                }
+                _ => None,
+            };
+            if let Some(method) = other {
+                return Err(refused(
+                    Code::BadRequest,
+                    format!(
+                        "agent {name}: {} -> {} goes through {method}, not set_status",
+                        agent.status.encode(),
+                        to.encode()
+                    ),
+                ));
+            }
+            db.exec(
+                U_STATUS_DETAIL,
+                &[
+                    &tenant.as_str(),
+                    &name.as_str(),
+                    &to.encode(),
+                    &detail,
+                    &now_ms,
+                ],
+            )?;
+            append_events_tx(db, tenant, events, now_ms)?;
+            must_agent(db, tenant, name)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn mark_stopping(
         &self,
         tenant: &TenantId,
@@ -81,9 +225,11 @@ impl Runs for PgStore {
         outcome: Terminal,
         now_ms: i64,
     ) -> Result<Vec<Agent>> {
-        Err(pending("mark_stopping"))
+        self.write(tenant.as_str(), |db| {
+            mark_stopping_tx(db, tenant, names, outcome, now_ms)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn end_run(
         &self,
         tenant: &TenantId,
@@ -92,13 +238,29 @@ impl Runs for PgStore {
         end: &RunEnd,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("end_run"))
+        self.write(tenant.as_str(), |db| {
+            end_run_tx(db, tenant, name, run, end, events)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>> {
-        Err(pending("end_runs"))
+        self.write(tenant.as_str(), |db| {
+            let mut out = Vec::with_capacity(items.len());
+            for it in items {
+                match &it.end {
+                    Some(end) => {
+                        out.push(end_run_tx(db, tenant, &it.name, &it.run, end, &it.events)?)
+                    }
+                    None => {
+                        append_events_tx(db, tenant, &it.events, it.now_ms)?;
+                        out.push(must_agent(db, tenant, &it.name)?);
+                    }
+                }
+            }
+            Ok(out)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn record_usage(
         &self,
         tenant: &TenantId,
@@ -107,9 +269,28 @@ impl Runs for PgStore {
         tokens_out: u64,
         cost_usd: f64,
     ) -> Result<()> {
-        Err(pending("record_usage"))
+        // One update, no read before it: no tenant lock needed.
+        self.write_any(|db| {
+            let changed = db.exec(
+                U_RUN_USAGE,
+                &[
+                    &tenant.as_str(),
+                    &run.as_str(),
+                    &to_sql_count(tokens_in),
+                    &to_sql_count(tokens_out),
+                    &cost_usd,
+                ],
+            )?;
+            if changed == 0 {
+                return Err(refused(
+                    Code::NotFound,
+                    format!("run {run} does not exist in tenant {tenant}"),
+                ));
+            }
+            Ok(())
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn resume(
         &self,
         tenant: &TenantId,
@@ -119,9 +300,11 @@ impl Runs for PgStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("resume"))
+        self.write(tenant.as_str(), |db| {
+            resume_tx(db, tenant, name, run, supervisor, now_ms, None, events)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn resume_within(
         &self,
         tenant: &TenantId,
@@ -132,6 +315,17 @@ impl Runs for PgStore {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        Err(pending("resume_within"))
+        self.write(tenant.as_str(), |db| {
+            resume_tx(
+                db,
+                tenant,
+                name,
+                run,
+                supervisor,
+                now_ms,
+                Some(quotas),
+                events,
+            )
+        })
     }
 }

@@ -135,10 +135,11 @@ impl Db<'_> {
 
     /// Runs statements without parameters (the schema, locks).
     pub(crate) fn batch(&self, sql: &str) -> Tx<()> {
-        Ok(match &self.on {
+        match &self.on {
             On::Client(c) => block(c.batch_execute(sql))?,
             On::Tx(t) => block(t.batch_execute(sql))?,
-        })
+        }
+        Ok(())
     }
 }
 

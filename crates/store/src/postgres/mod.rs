@@ -38,6 +38,7 @@ mod records;
 mod rows;
 mod steps;
 mod sweeps;
+mod tx;
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -144,19 +145,40 @@ pub(crate) struct Pool {
     config: tokio_postgres::Config,
     /// host:port/dbname, for errors and logs (never the password).
     pub(crate) target: String,
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` until the pool is dropped (see its `Drop`).
+    runtime: Option<tokio::runtime::Runtime>,
     slots: Mutex<Vec<Option<Conn>>>,
     freed: Condvar,
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // A runtime's own drop waits for its threads and panics inside an
+        // async context (a store dropped by the CLI's async main); the
+        // connections' tasks need no waiting for.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 impl Pool {
+    fn runtime(&self) -> Tx<&tokio::runtime::Runtime> {
+        self.runtime.as_ref().ok_or_else(|| {
+            Fail::Store(StoreError::PostgresSetup {
+                target: self.target.clone(),
+                message: "the store is shutting down".into(),
+            })
+        })
+    }
+
     fn connect(&self) -> Tx<Conn> {
         let config = self.config.clone();
+        let rt = self.runtime()?;
         let (client, connection) = block(async {
             // The connect future needs tokio's reactor: it runs on the pool's
             // runtime, and only the answer comes back here.
-            self.runtime
-                .spawn(async move { config.connect(NoTls).await })
+            rt.spawn(async move { config.connect(NoTls).await })
                 .await
         })
         .map_err(|e| {
@@ -166,7 +188,7 @@ impl Pool {
             })
         })??;
         let target = self.target.clone();
-        self.runtime.spawn(async move {
+        rt.spawn(async move {
             // Ends when the connection does; the client notices (`is_closed`).
             if let Err(e) = connection.await {
                 eprintln!("brood store: postgres connection to {target} ended: {e}");
@@ -239,7 +261,7 @@ impl PgStore {
         let pool = Arc::new(Pool {
             config,
             target,
-            runtime,
+            runtime: Some(runtime),
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
         });

@@ -1,21 +1,222 @@
-//! PostgreSQL: Transcripts, Records, Recovery, Idempotency (being ported from the SQLite store).
+//! The contract's transcripts, records, recovery and idempotency keys on
+//! PostgreSQL, ported from the SQLite store (`sqlite::store`,
+//! `sqlite::idempotency`, the spend queries of `sqlite::sweeps`).
+//!
+//! Most statements are `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
+//! Those written here differ where PostgreSQL reads the same text otherwise:
+//! - ORDER BY on a name says `COLLATE "C"`: SQLite compares text bytewise,
+//!   PostgreSQL by the database's collation, which (en_US and the like)
+//!   ignores punctuation and case at first, so `a-b` and `ab`, `B` and `a`
+//!   would come back in another order than on SQLite.
+//! - the recursive walks cast their literal levels to BIGINT: PostgreSQL
+//!   types `1` as INTEGER, and the level guard's parameter would then be an
+//!   INTEGER, which an i64 cannot be bound to;
+//! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
+//! - `INSERT OR IGNORE` is `ON CONFLICT DO NOTHING`.
 
-#![allow(unused_variables)]
+use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
+use tokio_postgres::Row;
 
-use super::PgStore;
-use crate::contract::*;
-use crate::types::*;
-use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
+use super::db::Db;
+use super::rows::{
+    agent_at, agent_from, channel_from, collect, event_from, message_from, narrow, parse_name,
+    run_from,
+};
+use super::steps::{agent_exists, append_events_tx, load_agent};
+use super::tx::recover_tx;
+use super::{PgStore, Tx, corrupt, not_found, refused};
+use crate::contract::{Idempotency, Records, Recovery, Transcripts};
+use crate::sqlite::sql::{
+    I_MESSAGE, Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_LAST_MESSAGE_SEQ,
+    Q_MESSAGES, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS,
+};
+use crate::types::{
+    Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend, Usage,
+};
 
-fn pending(what: &str) -> StoreError {
-    StoreError::PostgresSetup {
-        target: String::new(),
-        message: format!("{what}: not ported yet"),
-    }
+/// The recursion guard of the descendants and subtree walks, as on SQLite
+/// (`sqlite::MAX_WALK_DEPTH`, private there). Depth quotas stop far below
+/// this (SPEC 9 ceiling: 32); reaching it means the edges are corrupt.
+const MAX_WALK_DEPTH: i64 = 10_000;
+
+// The columns of an agent row, in the order `agent_at` reads them (the
+// SQLite store's macro, private to its module). A macro and not a const so
+// the queries can be assembled with `concat!` at compile time; the prefix
+// qualifies the columns where a join makes `name` ambiguous.
+macro_rules! agent_cols {
+    ($p:literal) => {
+        concat!(
+            $p,
+            "tenant, ",
+            $p,
+            "name, ",
+            $p,
+            "parent, ",
+            $p,
+            "customer, ",
+            $p,
+            "root, ",
+            $p,
+            "depth, ",
+            $p,
+            "session, ",
+            $p,
+            "protocol, ",
+            $p,
+            "spec, ",
+            $p,
+            "status, ",
+            $p,
+            "detail, ",
+            $p,
+            "run, ",
+            $p,
+            "supervisor, ",
+            $p,
+            "created_ms, ",
+            $p,
+            "updated_ms"
+        )
+    };
+}
+
+// "Not finished": exactly the WHERE of the partial indexes of
+// `schema/postgres/0001_init.sql`, which the planner uses when the query's
+// WHERE implies it (repeating it does).
+macro_rules! unfinished {
+    () => {
+        "(status = 'queued' OR status = 'running' OR status = 'blocked' \
+         OR status LIKE 'stopping/%')"
+    };
+}
+
+const Q_CHILDREN: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name COLLATE \"C\""
+);
+const Q_AGENTS_ALL: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name COLLATE \"C\""
+);
+const Q_AGENTS_UNFINISHED: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND ",
+    unfinished!(),
+    " ORDER BY created_ms, name COLLATE \"C\""
+);
+const Q_UNFINISHED_OF: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?1 AND ",
+    unfinished!(),
+    " ORDER BY tenant COLLATE \"C\", created_ms, name COLLATE \"C\""
+);
+// The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
+// agents whose stop is recorded: what a supervisor carries out each tick.
+const Q_STOPPING_OF: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?1 AND ",
+    unfinished!(),
+    " AND status LIKE 'stopping/%'",
+    " ORDER BY tenant COLLATE \"C\", created_ms, name COLLATE \"C\""
+);
+// The collation is on the selected column, not in the ORDER BY: with
+// DISTINCT, PostgreSQL orders only by what is selected.
+const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+    "SELECT DISTINCT supervisor COLLATE \"C\" FROM agents WHERE ",
+    unfinished!(),
+    " ORDER BY 1"
+);
+const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
+
+// The parent-death plan. `walk` follows the edges' primary key (tenant, parent,
+// child) one level at a time, carrying the level. It is a UNION, so a row already
+// produced is not produced again, and the level guard stops it: a corrupt cycle
+// keeps producing rows with ever higher levels until the guard, which is how it
+// shows (a real tree never comes near it; the caller refuses the plan).
+// `plan` keeps each agent once, at the deepest level it was reached. Ordering by
+// that level, deepest first, is a post-order: an edge p -> c puts c at least one
+// level below p, so every agent comes after all of its own descendants (even an
+// agent that corruption gave two parents). Within a level, newest first, like
+// unwinding a stack. An edge without an agent row (no `created_ms`) comes last
+// in its level, where SQLite's NULL (the smallest value) puts it.
+const Q_DESCENDANTS: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT child, CAST(1 AS BIGINT) FROM edges WHERE tenant = ?1 AND parent = ?2",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name, level) AS (SELECT name, MAX(level) FROM walk GROUP BY name)",
+    " SELECT plan.name, plan.level, ",
+    agent_cols!("agents."),
+    " FROM plan LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = plan.name",
+    " ORDER BY plan.level DESC, agents.created_ms DESC NULLS LAST, plan.name COLLATE \"C\" DESC"
+);
+
+// An agent's own spend: every run of it (the (tenant, agent, seq) index).
+const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
+     FROM runs WHERE tenant = ?1 AND agent = ?2";
+// Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
+// then every run of each agent met, plus its own. The first row's types are
+// given: PostgreSQL does not infer a column's type from the recursive term.
+const Q_SUBTREE_USAGE: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name) AS (SELECT DISTINCT name FROM walk)",
+    " SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT),",
+    "  CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT),",
+    "  COALESCE(SUM(runs.cost_usd), 0.0)",
+    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
+);
+
+// The idempotency keys (`sqlite::idempotency`'s statements, private there).
+const Q_REPLY: &str = "SELECT key, scope, request_hash, status, body, created_ms, expires_ms \
+     FROM idempotency WHERE tenant = ?1 AND key = ?2 AND expires_ms > ?3";
+const D_EXPIRED: &str = "DELETE FROM idempotency WHERE tenant = ?1 AND expires_ms <= ?2";
+// SQLite's `INSERT OR IGNORE`. A key another transaction is inserting makes
+// this one wait for it and then do nothing, so the read after it sees the
+// first answer (the tenant's lock already queues them; this holds without it).
+const I_REPLY: &str = "INSERT INTO idempotency \
+     (tenant, key, scope, request_hash, status, body, created_ms, expires_ms) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (tenant, key) DO NOTHING";
+
+fn usage_row(r: &Row) -> Tx<Usage> {
+    Ok(Usage {
+        tokens_in: r.try_get::<_, i64>(0)?.max(0).unsigned_abs(),
+        tokens_out: r.try_get::<_, i64>(1)?.max(0).unsigned_abs(),
+        cost_usd: r.try_get(2)?,
+    })
+}
+
+fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
+    Ok(IdempotentReply {
+        tenant: tenant.clone(),
+        key: r.try_get(0)?,
+        scope: r.try_get(1)?,
+        request_hash: r.try_get(2)?,
+        status: narrow(r, 3, "idempotency.status")?,
+        body: r.try_get(4)?,
+        created_ms: r.try_get(5)?,
+        expires_ms: r.try_get(6)?,
+    })
+}
+
+/// The agents `sql` lists with the one parameter `arg`.
+fn agents_of(db: &Db<'_>, sql: &str, arg: &str) -> Tx<Vec<Agent>> {
+    collect(db, sql, &[&arg], agent_from)
 }
 
 impl Transcripts for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn append_message(
         &self,
         tenant: &TenantId,
@@ -26,27 +227,69 @@ impl Transcripts for PgStore {
         content: &str,
         now_ms: i64,
     ) -> Result<Message> {
-        Err(pending("append_message"))
+        // Under the tenant's lock: the position read below is still the last
+        // one when the message is inserted, whatever node appends next.
+        self.write(tenant.as_str(), |db| {
+            if !agent_exists(db, tenant, agent)? {
+                return Err(not_found(tenant, agent));
+            }
+            let (t, a, s) = (tenant.as_str(), agent.as_str(), session.as_str());
+            let ours: bool = db
+                .query_one(Q_RUN_OF_AGENT, &[&t, &a, &run.as_str()])?
+                .try_get(0)?;
+            if !ours {
+                return Err(refused(
+                    Code::Conflict,
+                    format!("run {run} is not a run of agent {agent} in tenant {tenant}"),
+                ));
+            }
+            let seq = 1 + db
+                .query_one(Q_LAST_MESSAGE_SEQ, &[&t, &a, &s])?
+                .try_get::<_, i64>(0)?;
+            db.exec(
+                I_MESSAGE,
+                &[&t, &a, &s, &seq, &run.as_str(), &role, &content, &now_ms],
+            )?;
+            Ok(Message {
+                tenant: tenant.clone(),
+                agent: agent.clone(),
+                session: session.clone(),
+                seq,
+                run: run.clone(),
+                role: role.to_owned(),
+                content: content.to_owned(),
+                ts_ms: now_ms,
+            })
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn append_events(
         &self,
         tenant: &TenantId,
         events: &[NewEvent],
         now_ms: i64,
     ) -> Result<Vec<Event>> {
-        Err(pending("append_events"))
+        self.write(tenant.as_str(), |db| {
+            append_events_tx(db, tenant, events, now_ms)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn messages(
         &self,
         tenant: &TenantId,
         agent: &AgentName,
         session: &SessionName,
     ) -> Result<Vec<Message>> {
-        Err(pending("messages"))
+        self.read(|db| {
+            collect(
+                db,
+                Q_MESSAGES,
+                &[&tenant.as_str(), &agent.as_str(), &session.as_str()],
+                message_from,
+            )
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn events(
         &self,
         tenant: &TenantId,
@@ -54,93 +297,218 @@ impl Transcripts for PgStore {
         agent: Option<&AgentName>,
         limit: u32,
     ) -> Result<Vec<Event>> {
-        Err(pending("events"))
+        let limit = i64::from(limit);
+        self.read(|db| match agent {
+            None => collect(
+                db,
+                Q_EVENTS,
+                &[&tenant.as_str(), &after, &limit],
+                event_from,
+            ),
+            Some(a) => collect(
+                db,
+                Q_EVENTS_OF_AGENT,
+                &[&tenant.as_str(), &after, &limit, &a.as_str()],
+                event_from,
+            ),
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn last_event_seq(&self, tenant: &TenantId) -> Result<i64> {
-        Err(pending("last_event_seq"))
+        self.read(|db| {
+            Ok(db
+                .query_one(Q_LAST_EVENT_SEQ, &[&tenant.as_str()])?
+                .try_get(0)?)
+        })
     }
 }
 
 impl Records for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>> {
-        Err(pending("agent"))
+        self.read(|db| load_agent(db, tenant, name))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn run(&self, tenant: &TenantId, run: &RunId) -> Result<Option<Run>> {
-        Err(pending("run"))
+        self.read(|db| {
+            db.query_opt(Q_RUN, &[&tenant.as_str(), &run.as_str()])?
+                .map(|r| run_from(&r))
+                .transpose()
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>> {
-        Err(pending("runs"))
+        self.read(|db| collect(db, Q_RUNS, &[&tenant.as_str(), &name.as_str()], run_from))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {
-        Err(pending("agents"))
+        let sql = if all {
+            Q_AGENTS_ALL
+        } else {
+            Q_AGENTS_UNFINISHED
+        };
+        self.read(|db| agents_of(db, sql, tenant.as_str()))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        Err(pending("children"))
+        self.read(|db| {
+            // An unknown agent is an error, not an empty family: a plan built on a
+            // misspelt name must not look like "no children".
+            if !agent_exists(db, tenant, name)? {
+                return Err(not_found(tenant, name));
+            }
+            collect(
+                db,
+                Q_CHILDREN,
+                &[&tenant.as_str(), &name.as_str()],
+                agent_from,
+            )
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        Err(pending("descendants_post_order"))
+        self.read(|db| {
+            if !agent_exists(db, tenant, name)? {
+                return Err(not_found(tenant, name));
+            }
+            let rows = db.query(
+                Q_DESCENDANTS,
+                &[&tenant.as_str(), &name.as_str(), &MAX_WALK_DEPTH],
+            )?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let found: String = row.try_get(0)?;
+                let level: i64 = row.try_get(1)?;
+                // A planning error changes nothing (SPEC 6 step 2): refuse the plan
+                // rather than hand out an order that cannot be right.
+                if level >= MAX_WALK_DEPTH || found == name.as_str() {
+                    return Err(corrupt(
+                        "edges",
+                        format!(
+                            "the edges under {tenant}/{name} have a cycle \
+                             ({found} is reached again at level {level})"
+                        ),
+                    ));
+                }
+                if row.try_get::<_, Option<String>>(2)?.is_none() {
+                    return Err(corrupt(
+                        "edges",
+                        format!("edge to {tenant}/{found}, which has no agent row"),
+                    ));
+                }
+                out.push(agent_at(row, 2)?);
+            }
+            Ok(out)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn channel(
         &self,
         tenant: &TenantId,
         parent: &AgentName,
         child: &AgentName,
     ) -> Result<Option<Channel>> {
-        Err(pending("channel"))
+        self.read(|db| {
+            db.query_opt(
+                Q_CHANNEL,
+                &[&tenant.as_str(), &parent.as_str(), &child.as_str()],
+            )?
+            .map(|r| channel_from(&r))
+            .transpose()
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
-        Err(pending("spend"))
+        self.read(|db| {
+            if !agent_exists(db, tenant, name)? {
+                return Err(not_found(tenant, name));
+            }
+            let (t, n) = (tenant.as_str(), name.as_str());
+            let own = usage_row(&db.query_one(Q_OWN_USAGE, &[&t, &n])?)?;
+            let subtree = usage_row(&db.query_one(Q_SUBTREE_USAGE, &[&t, &n, &MAX_WALK_DEPTH])?)?;
+            Ok(Spend { own, subtree })
+        })
     }
 }
 
 impl Recovery for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>> {
-        Err(pending("unfinished_of"))
+        self.read(|db| {
+            let mut out = Vec::new();
+            for (i, s) in supervisors.iter().enumerate() {
+                // A supervisor named twice is listed once.
+                if supervisors[..i].contains(s) {
+                    continue;
+                }
+                out.extend(agents_of(db, Q_UNFINISHED_OF, s)?);
+            }
+            Ok(out)
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>> {
-        Err(pending("stopping_of"))
+        self.read(|db| agents_of(db, Q_STOPPING_OF, supervisor))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        Err(pending("recover"))
+        // Across tenants, so without one tenant's lock: `recover_tx` takes the
+        // lock of every tenant it ends agents in.
+        self.write_any(|db| recover_tx(db, dead, now_ms))
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {
-        Err(pending("supervisors_with_unfinished"))
+        self.read(|db| {
+            collect(db, Q_SUPERVISORS_WITH_UNFINISHED, &[], |r| {
+                Ok(r.try_get::<_, String>(0)?)
+            })
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn tenants(&self) -> Result<Vec<TenantId>> {
-        Err(pending("tenants"))
+        self.read(|db| {
+            collect(db, Q_TENANTS, &[], |r| {
+                parse_name("tenants.id", r.try_get(0)?, TenantId::new)
+            })
+        })
     }
 }
 
 impl Idempotency for PgStore {
-    #[allow(clippy::too_many_arguments)]
     fn idempotent_reply(
         &self,
         tenant: &TenantId,
         key: &str,
         now_ms: i64,
     ) -> Result<Option<IdempotentReply>> {
-        Err(pending("idempotent_reply"))
+        self.read(|db| {
+            db.query_opt(Q_REPLY, &[&tenant.as_str(), &key, &now_ms])?
+                .map(|r| reply_row(tenant, &r))
+                .transpose()
+        })
     }
-    #[allow(clippy::too_many_arguments)]
+
     fn keep_idempotent_reply(
         &self,
         reply: &IdempotentReply,
         now_ms: i64,
     ) -> Result<IdempotentReply> {
-        Err(pending("keep_idempotent_reply"))
+        let tenant = &reply.tenant;
+        let t = tenant.as_str();
+        self.write(t, |db| {
+            db.exec(D_EXPIRED, &[&t, &now_ms])?;
+            db.exec(
+                I_REPLY,
+                &[
+                    &t,
+                    &reply.key,
+                    &reply.scope,
+                    &reply.request_hash,
+                    &i64::from(reply.status),
+                    &reply.body,
+                    &reply.created_ms,
+                    &reply.expires_ms,
+                ],
+            )?;
+            reply_row(tenant, &db.query_one(Q_REPLY, &[&t, &reply.key, &now_ms])?)
+        })
     }
 }

@@ -37,10 +37,9 @@ pub(crate) fn narrow_opt<T: TryFrom<i64>>(
         .transpose()
 }
 
-/// The agent columns, in the order [`agent_at`] reads them.
-pub(crate) const AGENT_COLS: &str = "tenant, name, parent, customer, root, depth, session, protocol, spec, status, detail, run, supervisor, created_ms, updated_ms";
-
-/// Reads the agent columns ([`AGENT_COLS`]) starting at column `at`.
+/// Reads the agent columns (`sqlite::sql`'s `agent_cols!` order: tenant,
+/// name, parent, customer, root, depth, session, protocol, spec, status,
+/// detail, run, supervisor, created_ms, updated_ms) starting at column `at`.
 pub(crate) fn agent_at(row: &Row, at: usize) -> Tx<Agent> {
     let opt_name = |i: usize, what| -> Tx<Option<AgentName>> {
         row.try_get::<_, Option<String>>(at + i)?
@@ -71,9 +70,6 @@ pub(crate) fn agent_from(row: &Row) -> Tx<Agent> {
     agent_at(row, 0)
 }
 
-/// The run columns, in the order [`run_from`] reads them.
-pub(crate) const RUN_COLS: &str = "id, tenant, agent, seq, pid, cgroup, outcome, exit_code, result, tokens_in, tokens_out, cost_usd, started_ms, ended_ms, created_ms";
-
 pub(crate) fn run_from(row: &Row) -> Tx<Run> {
     let outcome: Option<String> = row.try_get(6)?;
     Ok(Run {
@@ -97,9 +93,6 @@ pub(crate) fn run_from(row: &Row) -> Tx<Run> {
     })
 }
 
-/// The event columns, in the order [`event_from`] reads them.
-pub(crate) const EVENT_COLS: &str = "tenant, seq, ts_ms, agent, run, session, kind, payload";
-
 pub(crate) fn event_from(row: &Row) -> Tx<Event> {
     let run: Option<String> = row.try_get(4)?;
     Ok(Event {
@@ -115,9 +108,6 @@ pub(crate) fn event_from(row: &Row) -> Tx<Event> {
         payload: row.try_get(7)?,
     })
 }
-
-/// The message columns, in the order [`message_from`] reads them.
-pub(crate) const MESSAGE_COLS: &str = "tenant, agent, session, seq, run, role, content, ts_ms";
 
 pub(crate) fn message_from(row: &Row) -> Tx<Message> {
     Ok(Message {

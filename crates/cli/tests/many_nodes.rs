@@ -1,0 +1,233 @@
+//! Many nodes on one PostgreSQL (issue 15 items 2 and 6, first part): three
+//! real `brood serve` processes, each with a root of its own, sharing one
+//! store on the real server (a database of the test's own). Admission stays
+//! exact across them: a fanout bomb of 100 creations under one parent,
+//! spread over the three, admits exactly `max_fanout` (8); a tree-size bomb
+//! admits exactly what `max_tree_size` leaves. A cancel on the parent's node
+//! reaches the children the other nodes run, every process gone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use brood_store_conformance::pg::Fresh;
+use common::*;
+use serde_json::{Value, json};
+
+fn serve(root: &Path, store: &str) -> Daemon {
+    #[allow(clippy::disallowed_methods)]
+    let child = Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(["serve", "--grace", "0.3", "--sweep-every", "0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    assert!(
+        eventually(Duration::from_secs(20), || root.join("brood.sock").exists()),
+        "brood serve on {} did not start",
+        root.display()
+    );
+    d
+}
+
+fn cli(root: &Path, store: &str, args: &[&str]) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("BROOD_SOCKET")
+        .output()
+        .unwrap()
+}
+
+struct Nodes {
+    // Dropped first: the daemons stop before their database goes.
+    _daemons: Vec<Daemon>,
+    roots: Vec<PathBuf>,
+    store: String,
+    _db: Fresh,
+    _dir: tempfile::TempDir,
+}
+
+impl Nodes {
+    fn start(n: usize) -> Nodes {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Fresh::new();
+        let roots: Vec<PathBuf> = (0..n).map(|i| dir.path().join(format!("n{i}"))).collect();
+        let mut daemons = Vec::new();
+        for r in &roots {
+            std::fs::create_dir_all(r).unwrap();
+            daemons.push(serve(r, &db.url));
+        }
+        Nodes {
+            _daemons: daemons,
+            roots,
+            store: db.url.clone(),
+            _db: db,
+            _dir: dir,
+        }
+    }
+
+    fn spawn(&self, node: usize, args: Value) -> (u16, Value) {
+        http(
+            &self.roots[node].join("brood.sock"),
+            "POST",
+            "/api/agents",
+            Some(&args),
+        )
+    }
+}
+
+/// 100 creations under `parent` at once, spread over the nodes.
+fn bomb(nodes: &Nodes, parent: &str) -> Vec<(u16, Value)> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..100)
+            .map(|i| {
+                let nodes = &nodes;
+                sc.spawn(move || {
+                    nodes.spawn(
+                        i % nodes.roots.len(),
+                        json!({"parent": parent, "name": format!("{parent}-c{i}"), "argv": agent(&["--hang"])}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn codes(replies: &[(u16, Value)]) -> (Vec<String>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut refused = Vec::new();
+    for (status, v) in replies {
+        if *status == 201 {
+            ok.push(v["name"].as_str().unwrap().to_owned());
+        } else {
+            refused.push(v["error"]["code"].as_str().unwrap_or("?").to_owned());
+        }
+    }
+    (ok, refused)
+}
+
+fn ctx_pids(root: &Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            String::from_utf8_lossy(&env)
+                .contains(&format!("CTX_ROOT={}", root.join("ctx").display()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_fanout_bomb_over_three_nodes_admits_exactly_eight_and_a_cancel_crosses_them() {
+    let nodes = Nodes::start(3);
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "p", "argv": agent(&["--hang"]), "await_ready": true}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (ok, refused) = codes(&bomb(&nodes, "p"));
+    assert!(
+        refused.iter().all(|c| c == "QuotaFanout"),
+        "only fanout refusals: {refused:?}"
+    );
+    assert_eq!((ok.len(), refused.len()), (8, 92), "{ok:?}");
+    // Each node runs the children admitted through it.
+    assert!(eventually(Duration::from_secs(10), || {
+        (0..3)
+            .map(|i| ctx_pids(&nodes.roots[i]).len())
+            .sum::<usize>()
+            == 9
+    }));
+    let elsewhere: Vec<i32> = (1..3).flat_map(|i| ctx_pids(&nodes.roots[i])).collect();
+    // p is cancelled on its node; the children on the other two die too.
+    let t = Instant::now();
+    let (s, v) = http(
+        &nodes.roots[0].join("brood.sock"),
+        "POST",
+        "/api/agents/p/cancel",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        eventually(Duration::from_secs(10), || elsewhere
+            .iter()
+            .all(|p| !alive(*p))),
+        "the other nodes' children are gone"
+    );
+    eprintln!(
+        "cancel on node 0 reached {} processes on nodes 1 and 2 in {:?}",
+        elsewhere.len(),
+        t.elapsed()
+    );
+    let o = cli(&nodes.roots[1], &nodes.store, &["ps", "-a", "--json"]);
+    let all: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&o.stderr)));
+    let unfinished: Vec<&Value> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| !matches!(a["status"].as_str(), Some("cancelled")))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let o = cli(&nodes.roots[1], &nodes.store, &["ps", "-a", "--json"]);
+            let all: Value = serde_json::from_slice(&o.stdout).unwrap();
+            all.as_array()
+                .unwrap()
+                .iter()
+                .all(|a| a["status"] == "cancelled")
+        }),
+        "every record says cancelled: {unfinished:?}"
+    );
+}
+
+#[test]
+fn a_tree_size_bomb_over_three_nodes_admits_exactly_what_the_quota_leaves() {
+    let nodes = Nodes::start(3);
+    // Fanout out of the way; the tree may hold 20 agents, the root included.
+    for (k, v) in [("max_fanout", "1000"), ("max_tree_size", "20")] {
+        let o = cli(
+            &nodes.roots[0],
+            &nodes.store,
+            &["quota", "set", "user-0", k, v],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (s, v) = nodes.spawn(
+        1,
+        json!({"name": "t", "argv": agent(&["--hang"]), "await_ready": true}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (ok, refused) = codes(&bomb(&nodes, "t"));
+    assert!(
+        refused.iter().all(|c| c == "QuotaTreeSize"),
+        "only tree-size refusals: {refused:?}"
+    );
+    assert_eq!((ok.len(), refused.len()), (19, 81), "{ok:?}");
+    let (s, v) = http(
+        &nodes.roots[1].join("brood.sock"),
+        "POST",
+        "/api/agents/t/cancel",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(eventually(Duration::from_secs(10), || {
+        (0..3).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
+    }));
+}

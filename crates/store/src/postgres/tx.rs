@@ -1,0 +1,616 @@
+//! The transactions, as in `sqlite::tx`: admission with its quotas,
+//! `create_limit` and budget, the intent of a stop, a run's end, resume and
+//! recovery. Each body runs inside the caller's transaction; the ones on one
+//! tenant expect it to hold that tenant's advisory lock (`PgStore::write`),
+//! which is what keeps a count read here true until the commit, on any node.
+//! Recovery spans tenants and takes the locks it needs itself.
+
+use brood_core::{AgentName, CancelReason, Code, Quotas, RunId, Status, TenantId, Terminal};
+
+use super::rows::{agent_from, collect, encode_artifacts};
+use super::steps::{
+    agent_exists, append_events_tx, check_current_run, check_json_object, check_move, load_agent,
+    must_agent, stop_event, write_end,
+};
+use super::{Db, Tx, corrupt, refused};
+use crate::sqlite::sql::{
+    I_AGENT, I_CHANNEL, I_EDGE, I_RUN, I_TENANT, Q_FANOUT, Q_LAST_RUN_SEQ, Q_TREE_SIZE,
+    Q_UNFINISHED_OF, U_CHANNEL_RESULT, U_RESUMED, U_STATUS,
+};
+use crate::types::{Agent, NewAgent, NewEvent, RunEnd};
+
+/// The recursion guard of the subtree walk: `sqlite::MAX_WALK_DEPTH`, which is
+/// private to the SQLite module. Depth quotas stop far below this (SPEC 9
+/// ceiling: 32); reaching it means the edges are corrupt.
+const MAX_WALK_DEPTH: i64 = 10_000;
+
+/// A tenant's advisory lock, taken as `Conn::tx` takes it (the same text, so
+/// the same key): recovery takes the locks of the tenants it ends agents in.
+const LOCK_TENANT: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+// The statements of `sqlite::sweeps` that the budget and `create_limit` checks
+// use; that module is private to the SQLite store, so they are repeated here.
+// `INDEXED BY` hints are left out (PostgreSQL plans for itself).
+
+// The run's creation time, from which `create_limit` counts.
+const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
+const Q_CREATED_SINCE: &str =
+    "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
+// A parent's unfinished children with their specs (the budget check). The WHERE
+// repeats the predicate of the partial index `agents_unfinished_by_parent`, so
+// the planner can use it.
+const Q_UNFINISHED_CHILDREN_SPECS: &str = "SELECT name, spec FROM agents \
+     WHERE tenant = ?1 AND parent = ?2 AND (status = 'queued' OR status = 'running' \
+     OR status = 'blocked' OR status LIKE 'stopping/%')";
+// A subtree's spend: the walk of the descendants (edges' primary key, level
+// guard), then every run of each agent met, plus the agent's own. Rewritten from
+// SQLite's: the seed's name and level are typed (a recursive CTE's columns must
+// have one type in both terms, and `?3` is compared with the level, so it is
+// BIGINT and takes an i64), and the SUMs of BIGINT, NUMERIC on PostgreSQL, are
+// cast back to BIGINT.
+const Q_SUBTREE_USAGE: &str = "WITH RECURSIVE walk(name, level) AS (\
+     SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT) \
+     UNION \
+     SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges \
+      WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3\
+     ), \
+     plan(name) AS (SELECT DISTINCT name FROM walk) \
+     SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT), \
+      CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT), \
+      CAST(COALESCE(SUM(runs.cost_usd), 0) AS DOUBLE PRECISION) \
+     FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name";
+
+// ---- the transactions -----------------------------------------------------------
+
+/// Admission, with the quota checks when `quotas` is given (`admit_with_quotas`)
+/// and without them (`admit`): one body, so the two can never disagree on
+/// anything but the quotas. Every refusal comes before the first write, so a
+/// refused admission leaves the transaction clean (PostgreSQL aborts a
+/// transaction at its first failed statement).
+pub(crate) fn admit_tx(
+    db: &Db<'_>,
+    new: &NewAgent,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Tx<Agent> {
+    let t = &new.tenant;
+    check_json_object(|| format!("spec of agent {}", new.name), &new.spec, false)?;
+    // The refusals in a fixed order, so a request wrong in several ways always
+    // gets the same answer: the parent, then the name, then the customer.
+    let parent = match &new.parent {
+        None => None,
+        Some(p) => {
+            let Some(pa) = load_agent(db, t, p)? else {
+                return Err(refused(
+                    Code::ParentMismatch,
+                    format!("parent {p} does not exist in tenant {t}"),
+                ));
+            };
+            // A stopping parent is live but dying: a child admitted now would be
+            // missed by the cascade already planned (SPEC 6 step 1).
+            if !pa.status.is_live() || matches!(pa.status, Status::Stopping(_)) {
+                return Err(refused(
+                    Code::ParentMismatch,
+                    format!(
+                        "parent {p} is {}: children are admitted only under a running or blocked parent",
+                        pa.status.encode()
+                    ),
+                ));
+            }
+            Some(pa)
+        }
+    };
+    if agent_exists(db, t, &new.name)? {
+        return Err(refused(
+            Code::NameTaken,
+            format!("agent name {} is taken in tenant {t}", new.name),
+        ));
+    }
+    if let Some(c) = &new.customer
+        && !agent_exists(db, t, c)?
+    {
+        return Err(refused(
+            Code::ParentMismatch,
+            format!("customer {c} does not exist in tenant {t}"),
+        ));
+    }
+    if let Some(q) = quotas {
+        check_quotas(db, new, parent.as_ref(), q)?;
+    }
+
+    db.exec(I_TENANT, &[&t.as_str(), &new.now_ms])?;
+    let (root, depth) = match &parent {
+        Some(p) => (p.root.clone(), i64::from(p.depth) + 1),
+        None => (new.name.clone(), 0),
+    };
+    db.exec(
+        I_AGENT,
+        &[
+            &t.as_str(),
+            &new.name.as_str(),
+            &new.parent.as_ref().map(AgentName::as_str),
+            &new.customer.as_ref().map(AgentName::as_str),
+            &root.as_str(),
+            &depth,
+            &new.session.as_str(),
+            &new.protocol.as_str(),
+            &new.spec.as_str(),
+            &Status::Queued.encode(),
+            &new.run.as_str(),
+            &new.supervisor.as_str(),
+            &new.now_ms,
+        ],
+    )?;
+    db.exec(
+        I_RUN,
+        &[
+            &new.run.as_str(),
+            &t.as_str(),
+            &new.name.as_str(),
+            &1_i64,
+            &new.now_ms,
+        ],
+    )?;
+    if let Some(p) = &parent {
+        db.exec(
+            I_EDGE,
+            &[
+                &t.as_str(),
+                &p.name.as_str(),
+                &new.name.as_str(),
+                &new.now_ms,
+            ],
+        )?;
+        db.exec(
+            I_CHANNEL,
+            &[
+                &t.as_str(),
+                &p.name.as_str(),
+                &p.session.as_str(),
+                &new.name.as_str(),
+                &new.session.as_str(),
+                &new.handoff.as_str(),
+            ],
+        )?;
+    }
+    append_events_tx(db, t, events, new.now_ms)?;
+    // The row just inserted, built from the values it was inserted with: reading
+    // it back cost a query and a decode of every column on each admission.
+    Ok(Agent {
+        tenant: t.clone(),
+        name: new.name.clone(),
+        parent: new.parent.clone(),
+        customer: new.customer.clone(),
+        root,
+        depth: u32::try_from(depth).map_err(|_| corrupt("agents.depth", depth.to_string()))?,
+        session: new.session.clone(),
+        protocol: new.protocol,
+        spec: new.spec.clone(),
+        status: Status::Queued,
+        detail: None,
+        run: new.run.clone(),
+        supervisor: new.supervisor.clone(),
+        created_ms: new.now_ms,
+        updated_ms: new.now_ms,
+    })
+}
+
+/// The quota checks of SPEC 9, in the order documented on
+/// `Store::admit_with_quotas`: depth, fanout, tree size. Reads only; the
+/// caller's transaction holds the tenant's advisory lock, so no other admission
+/// in the tenant, on any node, can change a count between this check and the
+/// insert that follows it.
+pub(crate) fn check_quotas(
+    db: &Db<'_>,
+    new: &NewAgent,
+    parent: Option<&Agent>,
+    q: &Quotas,
+) -> Tx<()> {
+    let t = &new.tenant;
+    let name = &new.name;
+    let Some(p) = parent else {
+        // A root starts its own tree: depth 0 and no siblings, so only the tree
+        // size applies, and its tree would hold just the root.
+        if q.max_tree_size == 0 {
+            return Err(refused(
+                Code::QuotaTreeSize,
+                format!(
+                    "tree size quota: root {name} would start a tree of 1 agent \
+                     in tenant {t}, and max_tree_size is 0"
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    let depth = u64::from(p.depth) + 1;
+    if depth > u64::from(q.max_depth) {
+        return Err(refused(
+            Code::QuotaDepth,
+            format!(
+                "depth quota: {name} would be at depth {depth} under {} (depth {}) \
+                 in tenant {t}, and max_depth is {}",
+                p.name, p.depth, q.max_depth
+            ),
+        ));
+    }
+    let fanout: i64 = db
+        .query_one(Q_FANOUT, &[&t.as_str(), &p.name.as_str()])?
+        .try_get(0)?;
+    if fanout >= i64::from(q.max_fanout) {
+        return Err(refused(
+            Code::QuotaFanout,
+            format!(
+                "fanout quota: parent {} in tenant {t} already has {fanout} unfinished \
+                 children, and max_fanout is {}",
+                p.name, q.max_fanout
+            ),
+        ));
+    }
+    let size: i64 = db
+        .query_one(Q_TREE_SIZE, &[&t.as_str(), &p.root.as_str()])?
+        .try_get(0)?;
+    if size >= i64::from(q.max_tree_size) {
+        return Err(refused(
+            Code::QuotaTreeSize,
+            format!(
+                "tree size quota: the tree of root {} in tenant {t} already holds {size} \
+                 agents (every one ever created under it, finished or not, the root \
+                 included), and max_tree_size is {}",
+                p.root, q.max_tree_size
+            ),
+        ));
+    }
+    check_create_limit(db, new, p)?;
+    check_budget(db, new, p)
+}
+
+/// The `policy.create_limit` recorded in a spec, if any.
+pub(crate) fn create_limit_of(spec: &str) -> Option<u64> {
+    if !spec.contains("\"create_limit\"") {
+        return None;
+    }
+    serde_json::from_str::<serde_json::Value>(spec)
+        .ok()?
+        .get("policy")?
+        .get("create_limit")?
+        .as_u64()
+}
+
+/// SPEC 5's `create_limit`, inside the admission transaction: the children the
+/// parent's current run has created so far (read through `agents_by_parent`,
+/// from the run's creation on) must be fewer than its limit. The supervisor
+/// checks the same from memory first; this makes it exact when supervisors
+/// sharing the store admit children of one parent at once.
+pub(crate) fn check_create_limit(db: &Db<'_>, new: &NewAgent, p: &Agent) -> Tx<()> {
+    let Some(limit) = create_limit_of(&p.spec) else {
+        return Ok(());
+    };
+    let t = new.tenant.as_str();
+    let since: i64 = db
+        .query_one(Q_RUN_CREATED, &[&p.run.as_str()])?
+        .try_get(0)?;
+    let used: i64 = db
+        .query_one(Q_CREATED_SINCE, &[&t, &p.name.as_str(), &since])?
+        .try_get(0)?;
+    // A count is never negative; were it, it would be below any limit.
+    if u64::try_from(used).is_ok_and(|u| u >= limit) {
+        return Err(refused(
+            Code::CreateLimit,
+            format!(
+                "create_limit: the parent {} has already created {used} of its {limit} children \
+                 in this run (counted in the store, across every supervisor)",
+                p.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The `policy.cost_limit` recorded in a spec, if any.
+pub(crate) fn cost_limit_of(spec: &str) -> Option<f64> {
+    // Most specs name no limit: skip the parse then.
+    if !spec.contains("\"cost_limit\"") {
+        return None;
+    }
+    serde_json::from_str::<serde_json::Value>(spec)
+        .ok()?
+        .get("policy")?
+        .get("cost_limit")?
+        .as_f64()
+}
+
+/// The budget of SPEC 9, inside the admission transaction: a child naming a
+/// `cost_limit` reserves it from what its parent has left — the parent's limit,
+/// less its subtree's spend, less what its unfinished children with limits have
+/// reserved and not spent. The supervisor checks the same from memory first;
+/// this makes it exact when supervisors sharing the store admit children of one
+/// parent at once.
+pub(crate) fn check_budget(db: &Db<'_>, new: &NewAgent, p: &Agent) -> Tx<()> {
+    let (Some(want), Some(limit)) = (cost_limit_of(&new.spec), cost_limit_of(&p.spec)) else {
+        return Ok(());
+    };
+    let t = new.tenant.as_str();
+    let subtree_cost = |name: &str| -> Tx<f64> {
+        Ok(db
+            .query_one(Q_SUBTREE_USAGE, &[&t, &name, &MAX_WALK_DEPTH])?
+            .try_get(2)?)
+    };
+    let spent = subtree_cost(p.name.as_str())?;
+    let kids = collect(
+        db,
+        Q_UNFINISHED_CHILDREN_SPECS,
+        &[&t, &p.name.as_str()],
+        |r| Ok((r.try_get::<_, String>(0)?, r.try_get::<_, String>(1)?)),
+    )?;
+    let mut held = 0.0;
+    for (kid, spec) in kids {
+        if let Some(cl) = cost_limit_of(&spec) {
+            held += (cl - subtree_cost(&kid)?).max(0.0);
+        }
+    }
+    let left = (limit - spent - held).max(0.0);
+    if want > left + 1e-9 {
+        return Err(refused(
+            Code::BudgetExceeded,
+            format!(
+                "cost_limit: {want} is more than the parent's remaining budget {left} \
+                 ({} has {limit}, its subtree spent {spent}, its live children hold {held})",
+                p.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `Runs::mark_stopping` inside the caller's transaction, which must hold the
+/// tenant's advisory lock (`PgStore::write`): the status read here decides the
+/// write, and another node's end of the same run must not fall in between.
+pub(crate) fn mark_stopping_tx(
+    db: &Db<'_>,
+    tenant: &TenantId,
+    names: &[AgentName],
+    outcome: Terminal,
+    now_ms: i64,
+) -> Tx<Vec<Agent>> {
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let agent = must_agent(db, tenant, name)?;
+        match agent.status {
+            Status::Running | Status::Blocked => {
+                let to = check_move(&agent, Status::Stopping(outcome))?;
+                db.exec(
+                    U_STATUS,
+                    &[&tenant.as_str(), &name.as_str(), &to.encode(), &now_ms],
+                )?;
+            }
+            // No process yet, so nothing to stop: the run ends here.
+            Status::Queued => {
+                check_move(&agent, Status::Ended(outcome))?;
+                write_end(
+                    db,
+                    &agent,
+                    outcome,
+                    None,
+                    None,
+                    agent.detail.as_deref(),
+                    now_ms,
+                )?;
+            }
+            // Already stopping keeps the intent recorded first; finished stays.
+            Status::Stopping(_) | Status::Ended(_) | Status::Closed(_) => {}
+        }
+        out.push(must_agent(db, tenant, name)?);
+    }
+    Ok(out)
+}
+
+/// `Runs::end_run` inside the caller's transaction, which must hold the
+/// tenant's advisory lock (`PgStore::write`), as for [`mark_stopping_tx`].
+pub(crate) fn end_run_tx(
+    db: &Db<'_>,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    end: &RunEnd,
+    events: &[NewEvent],
+) -> Tx<Agent> {
+    let agent = must_agent(db, tenant, name)?;
+    // The outcome recorded with the stop intent stands, whatever the process did.
+    let outcome = match agent.status {
+        Status::Stopping(t) => t,
+        _ => end.outcome,
+    };
+    check_move(&agent, Status::Ended(outcome))?;
+    check_current_run(&agent, run)?;
+    write_end(
+        db,
+        &agent,
+        outcome,
+        end.exit_code,
+        end.result.as_deref(),
+        end.detail.as_deref(),
+        end.now_ms,
+    )?;
+    if let Some(parent) = &agent.parent {
+        let out = end.output.as_ref();
+        db.exec(
+            U_CHANNEL_RESULT,
+            &[
+                &tenant.as_str(),
+                &parent.as_str(),
+                &name.as_str(),
+                &end.result.as_deref(),
+                &out.map(|o| o.refs.as_str()),
+                &out.map(|o| encode_artifacts(&o.artifacts)),
+            ],
+        )?;
+    }
+    append_events_tx(db, tenant, events, end.now_ms)?;
+    must_agent(db, tenant, name)
+}
+
+/// `Runs::resume` (and `resume_within`, with `quotas`) inside the caller's
+/// transaction, which must hold the tenant's advisory lock (`PgStore::write`):
+/// the parent's status and its fanout are read here and must still hold at the
+/// commit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resume_tx(
+    db: &Db<'_>,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    supervisor: &str,
+    now_ms: i64,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Tx<Agent> {
+    let agent = must_agent(db, tenant, name)?;
+    if !agent.status.is_finished() {
+        return Err(refused(
+            Code::Conflict,
+            format!(
+                "agent {name} is {}: only a finished (ended or closed) agent can be resumed",
+                agent.status.encode()
+            ),
+        ));
+    }
+    // An owned child never outlives its parent: a child resumed under a parent
+    // that is stopping or over would be missed by every cascade. A queued parent is
+    // fine (a restart resumes parents and children together); its own end will
+    // plan this child in.
+    if let Some(p) = &agent.parent {
+        let parent_status = load_agent(db, tenant, p)?.map(|pa| pa.status);
+        if !matches!(
+            parent_status,
+            Some(Status::Queued | Status::Running | Status::Blocked)
+        ) {
+            let shown = parent_status.map_or_else(|| "missing".to_owned(), Status::encode);
+            return Err(refused(
+                Code::ParentMismatch,
+                format!("agent {name} cannot be resumed: its parent {p} is {shown}"),
+            ));
+        }
+        // The resumed agent is finished, so it is not among the counted.
+        if let Some(q) = quotas {
+            let fanout: i64 = db
+                .query_one(Q_FANOUT, &[&tenant.as_str(), &p.as_str()])?
+                .try_get(0)?;
+            if fanout >= i64::from(q.max_fanout) {
+                return Err(refused(
+                    Code::QuotaFanout,
+                    format!(
+                        "fanout quota: resuming {name} would give its parent {p} in tenant \
+                         {tenant} {} unfinished children, and max_fanout is {}",
+                        fanout + 1,
+                        q.max_fanout
+                    ),
+                ));
+            }
+        }
+    }
+    let to = check_move(&agent, Status::Queued)?;
+    let last: i64 = db
+        .query_one(Q_LAST_RUN_SEQ, &[&tenant.as_str(), &name.as_str()])?
+        .try_get(0)?;
+    db.exec(
+        I_RUN,
+        &[
+            &run.as_str(),
+            &tenant.as_str(),
+            &name.as_str(),
+            &(last + 1),
+            &now_ms,
+        ],
+    )?;
+    db.exec(
+        U_RESUMED,
+        &[
+            &tenant.as_str(),
+            &name.as_str(),
+            &to.encode(),
+            &run.as_str(),
+            &supervisor,
+            &now_ms,
+        ],
+    )?;
+    // The channel shows the current run: no result until this run ends (SPEC 4,
+    // `result.md` only with a terminal status). The old result stays on its run.
+    if let Some(p) = &agent.parent {
+        db.exec(
+            U_CHANNEL_RESULT,
+            &[
+                &tenant.as_str(),
+                &p.as_str(),
+                &name.as_str(),
+                &None::<&str>,
+                &None::<&str>,
+                &None::<&str>,
+            ],
+        )?;
+    }
+    append_events_tx(db, tenant, events, now_ms)?;
+    must_agent(db, tenant, name)
+}
+
+/// `Recovery::recover` inside the caller's transaction (`PgStore::write_any`:
+/// it spans tenants, so it holds none of their locks when it starts). It takes
+/// the advisory lock of every tenant it ends agents in before it reads them for
+/// good, so an admission or a resume under one of those agents, on any node,
+/// either sees the end or is seen by it.
+pub(crate) fn recover_tx(db: &Db<'_>, dead: &[String], now_ms: i64) -> Tx<Vec<Agent>> {
+    // A supervisor named twice is recovered once: its agents are read up front
+    // here, so a second pass would find them already ended and refuse the move.
+    let mut supervisors: Vec<&str> = Vec::with_capacity(dead.len());
+    for s in dead {
+        if !supervisors.contains(&s.as_str()) {
+            supervisors.push(s.as_str());
+        }
+    }
+    // Read, lock the tenants not locked yet, read again, until a read finds no
+    // new tenant: that read came after every lock it needs, so it is the one
+    // acted on. Each batch is locked in name order, so two recoveries starting
+    // together (two nodes) do not each hold a lock the other waits for; a
+    // tenant found only by a later read (an agent moved onto a dead supervisor
+    // meanwhile, which nothing does) may break that order, and PostgreSQL then
+    // ends one of the two with a deadlock error, which its caller retries.
+    let mut locked: Vec<String> = Vec::new();
+    let found = loop {
+        let mut found: Vec<(&str, Agent)> = Vec::new();
+        for &supervisor in &supervisors {
+            for agent in collect(db, Q_UNFINISHED_OF, &[&supervisor], agent_from)? {
+                found.push((supervisor, agent));
+            }
+        }
+        let mut new: Vec<String> = found
+            .iter()
+            .map(|(_, a)| a.tenant.as_str())
+            .filter(|t| !locked.iter().any(|l| l == t))
+            .map(str::to_owned)
+            .collect();
+        if new.is_empty() {
+            break found;
+        }
+        new.sort_unstable();
+        new.dedup();
+        for t in new {
+            db.exec(LOCK_TENANT, &[&t.as_str()])?;
+            locked.push(t);
+        }
+    };
+    let mut out = Vec::with_capacity(found.len());
+    for (supervisor, agent) in found {
+        let (outcome, detail) = match agent.status {
+            // The intent recorded before the crash is carried out.
+            Status::Stopping(t) => (t, agent.detail.clone()),
+            _ => (
+                Terminal::Cancelled(CancelReason::RuntimeRestart),
+                Some(format!("supervisor {supervisor} is gone (runtime restart)")),
+            ),
+        };
+        check_move(&agent, Status::Ended(outcome))?;
+        write_end(db, &agent, outcome, None, None, detail.as_deref(), now_ms)?;
+        append_events_tx(db, &agent.tenant, &[stop_event(&agent, outcome)], now_ms)?;
+        out.push(must_agent(db, &agent.tenant, &agent.name)?);
+    }
+    Ok(out)
+}

@@ -66,6 +66,11 @@ pub enum Which {
         n: usize,
         #[arg(long, default_value_t = 100)]
         requesters: usize,
+        /// With `--store postgres://…`: that many stores at once (a pool of
+        /// connections each, as that many nodes would hold), the concurrent
+        /// requesters spread over them, all in one tenant.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
         #[arg(long)]
         json: bool,
     },
@@ -271,9 +276,10 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
         Which::Admission {
             n,
             requesters,
+            nodes,
             json: as_json,
         } => {
-            let out = admission(&root, n, requesters.max(1))?;
+            let out = admission(&root, n, requesters.max(1), nodes.max(1))?;
             print_result(&out, as_json);
         }
         Which::Spawn {
@@ -500,13 +506,17 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
 /// `bench admission`: what one creation costs in the store, attenuation
 /// included. Every requester creates children under parents of its own, so the
 /// quotas are counted (and pass) on every creation.
-fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serde_json::Value> {
+fn admission(
+    root: &Option<PathBuf>,
+    n: usize,
+    requesters: usize,
+    nodes: usize,
+) -> Result<serde_json::Value> {
     use brood_core::attenuation::{ParentView, check, derive};
     use brood_core::policy::{Policy, PolicyRequest};
     use brood_core::quota::Quotas;
     use brood_core::{AgentName, RunId, SessionName, TenantId};
-    use brood_store::prelude::*;
-    use brood_store::{NewAgent, NewEvent, SqliteStore};
+    use brood_store::{NewAgent, NewEvent, SqliteStore, Store};
     use std::sync::Arc;
 
     let dir = match root {
@@ -514,57 +524,101 @@ fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serd
         None => std::env::temp_dir().join(format!("brood-bench-admission-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
+    // `--store postgres://…` measures that server (each of `nodes` stores a
+    // pool of its own, in a tenant of this run's own, so runs never collide);
+    // otherwise a fresh SQLite file.
+    let pg = crate::store_spec().filter(|s| brood_store::is_postgres_url(s));
     let db = dir.join("admission.db");
-    let _ = std::fs::remove_file(&db);
-    let store = Arc::new(SqliteStore::open(&db)?);
-    let tenant = TenantId::for_uid(crate::unsafe_uid());
+    let (stores, backend): (Vec<Arc<dyn Store>>, String) = match &pg {
+        Some(url) => {
+            let mut v: Vec<Arc<dyn Store>> = Vec::new();
+            for _ in 0..nodes {
+                v.push(Arc::new(brood_store::postgres::PgStore::open(url)?));
+            }
+            (
+                v,
+                format!("PostgreSQL ({nodes} stores of 8 connections, one tenant)"),
+            )
+        }
+        None => {
+            let _ = std::fs::remove_file(&db);
+            (
+                vec![Arc::new(SqliteStore::open(&db)?)],
+                "SQLite (WAL, synchronous=NORMAL)".into(),
+            )
+        }
+    };
+    let store = stores[0].clone();
+    let tenant = match &pg {
+        Some(_) => TenantId::new(&format!(
+            "bench-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        ))?,
+        None => TenantId::for_uid(crate::unsafe_uid()),
+    };
     let quotas = Quotas::CEILINGS;
     let parent_policy = Policy::operator(0, 0, Default::default());
     let counter = std::sync::atomic::AtomicU64::new(1);
+    // Run ids from this run's start, so runs against one server never meet.
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
     let new_run = || {
         let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        RunId::v7(1_800_000_000_000 + k, (k & 0xfff) as u16, k)
+        RunId::v7(
+            epoch + k,
+            (k & 0xfff) as u16,
+            k ^ u64::from(std::process::id()),
+        )
     };
-    let admit = |parent: Option<&AgentName>, name: &AgentName| -> Result<Duration> {
-        let t0 = Instant::now();
-        let view = ParentView {
-            policy: &parent_policy,
-            budget_remaining: None,
-            creates_used: 0,
-            deadline_unix_s: None,
-            now_unix_s: 0,
+    let admit_on =
+        |store: &dyn Store, parent: Option<&AgentName>, name: &AgentName| -> Result<Duration> {
+            let t0 = Instant::now();
+            let view = ParentView {
+                policy: &parent_policy,
+                budget_remaining: None,
+                creates_used: 0,
+                deadline_unix_s: None,
+                now_unix_s: 0,
+            };
+            let child = derive(&view, &PolicyRequest::default());
+            check(&view, &child).map_err(|r| anyhow::anyhow!("{r}"))?;
+            let session = SessionName::default_session();
+            let run = new_run();
+            let events = [NewEvent {
+                agent: name.clone(),
+                run: Some(run.clone()),
+                session: session.clone(),
+                kind: "agent.spawn".into(),
+                payload: json!({"type": "agent.spawn", "agent": name.as_str()}).to_string(),
+            }];
+            store.admit_with_quotas(
+                &NewAgent {
+                    tenant: tenant.clone(),
+                    name: name.clone(),
+                    parent: parent.cloned(),
+                    customer: None,
+                    session,
+                    protocol: brood_store::Protocol::Brood,
+                    spec: json!({"argv": ["x"], "policy": brood_proto::policy::to_json(&child)})
+                        .to_string(),
+                    handoff: String::new(),
+                    supervisor: "bench".into(),
+                    run,
+                    now_ms: 0,
+                },
+                &quotas,
+                &events,
+            )?;
+            Ok(t0.elapsed())
         };
-        let child = derive(&view, &PolicyRequest::default());
-        check(&view, &child).map_err(|r| anyhow::anyhow!("{r}"))?;
-        let session = SessionName::default_session();
-        let run = new_run();
-        let events = [NewEvent {
-            agent: name.clone(),
-            run: Some(run.clone()),
-            session: session.clone(),
-            kind: "agent.spawn".into(),
-            payload: json!({"type": "agent.spawn", "agent": name.as_str()}).to_string(),
-        }];
-        store.admit_with_quotas(
-            &NewAgent {
-                tenant: tenant.clone(),
-                name: name.clone(),
-                parent: parent.cloned(),
-                customer: None,
-                session,
-                protocol: brood_store::Protocol::Brood,
-                spec: json!({"argv": ["x"], "policy": brood_proto::policy::to_json(&child)})
-                    .to_string(),
-                handoff: String::new(),
-                supervisor: "bench".into(),
-                run,
-                now_ms: 0,
-            },
-            &quotas,
-            &events,
-        )?;
-        Ok(t0.elapsed())
-    };
+    let admit =
+        |parent: Option<&AgentName>, name: &AgentName| admit_on(store.as_ref(), parent, name);
     // Parents (records only), each taking at most 1,000 children (the fanout ceiling).
     let per_parent = 1000;
     let parents_needed = (2 * n).div_ceil(per_parent) + requesters;
@@ -595,10 +649,18 @@ fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serd
         let handles: Vec<_> = (0..requesters)
             .map(|r| {
                 let parent = &parents[base + r];
-                let admit = &admit;
+                let admit_on = &admit_on;
+                // Requesters take turns over the nodes' stores.
+                let store = stores[r % stores.len()].clone();
                 sc.spawn(move || -> Result<Vec<Duration>> {
                     (0..each)
-                        .map(|i| admit(Some(parent), &AgentName::new(&format!("c{r}-{i}"))?))
+                        .map(|i| {
+                            admit_on(
+                                store.as_ref(),
+                                Some(parent),
+                                &AgentName::new(&format!("c{r}-{i}"))?,
+                            )
+                        })
                         .collect()
                 })
             })
@@ -620,13 +682,13 @@ fn admission(root: &Option<PathBuf>, n: usize, requesters: usize) -> Result<serd
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(json!({
-        "bench": "admission", "n": n, "requesters": requesters,
+        "bench": "admission", "n": n, "requesters": requesters, "store": backend,
         "one_requester_per_s": solo_rate.round(),
         "one_requester_p50_us": pct(&solo, 0.5).as_micros(), "one_requester_p99_us": pct(&solo, 0.99).as_micros(),
         "concurrent_per_s": many_rate.round(),
         "concurrent_p50_us": pct(&lat, 0.5).as_micros(), "concurrent_p99_us": pct(&lat, 0.99).as_micros(),
         "target_per_s": 5000,
-        "what": "attenuation (derive + check) and admit_with_quotas (depth, fanout, tree size), all-or-nothing each, in BEGIN IMMEDIATE transactions group-committed (a savepoint each) on SQLite (WAL, synchronous=NORMAL), records only",
+        "what": "attenuation (derive + check) and admit_with_quotas (depth, fanout, tree size), all-or-nothing each; on SQLite in BEGIN IMMEDIATE transactions group-committed (a savepoint each), on PostgreSQL a transaction each under the tenant's advisory lock; records only",
     }))
 }
 

@@ -376,6 +376,15 @@ pub(crate) fn view(root: &Option<PathBuf>) -> Result<View> {
     View::open(&db).with_context(|| format!("reading the store {}", db.display()))
 }
 
+/// `--store` as given, if it was (a file or `postgres://…`).
+pub(crate) fn store_spec() -> Option<String> {
+    STORE
+        .get()
+        .cloned()
+        .flatten()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
 /// `--store`, set once at start (read by every verb that opens the store).
 static STORE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
 

@@ -178,8 +178,7 @@ impl Pool {
         let (client, connection) = block(async {
             // The connect future needs tokio's reactor: it runs on the pool's
             // runtime, and only the answer comes back here.
-            rt.spawn(async move { config.connect(NoTls).await })
-                .await
+            rt.spawn(async move { config.connect(NoTls).await }).await
         })
         .map_err(|e| {
             Fail::Store(StoreError::PostgresSetup {

@@ -549,6 +549,15 @@ fn admission(
         }
     };
     let store = stores[0].clone();
+    // What one statement's round trip costs through the store's facade: the
+    // floor every PostgreSQL admission pays about twenty times.
+    let round_trip_us = match &pg {
+        Some(url) => {
+            let probe = brood_store::postgres::PgStore::open(url)?;
+            Some((probe.probe_round_trips(1000)?.as_secs_f64() * 1e3).round())
+        }
+        None => None,
+    };
     let tenant = match &pg {
         Some(_) => TenantId::new(&format!(
             "bench-{}-{}",
@@ -683,6 +692,7 @@ fn admission(
     }
     Ok(json!({
         "bench": "admission", "n": n, "requesters": requesters, "store": backend,
+        "pg_round_trip_us": round_trip_us,
         "one_requester_per_s": solo_rate.round(),
         "one_requester_p50_us": pct(&solo, 0.5).as_micros(), "one_requester_p99_us": pct(&solo, 0.99).as_micros(),
         "concurrent_per_s": many_rate.round(),

@@ -269,6 +269,18 @@ impl PgStore {
         Ok(store)
     }
 
+    /// Times `n` trivial round trips (`SELECT 1`) through the facade: what one
+    /// statement costs before any work (for `brood bench`).
+    pub fn probe_round_trips(&self, n: usize) -> Result<std::time::Duration> {
+        self.read(|db| {
+            let t0 = std::time::Instant::now();
+            for _ in 0..n {
+                db.query_one("SELECT 1::BIGINT", &[])?;
+            }
+            Ok(t0.elapsed())
+        })
+    }
+
     /// The server this store talks to (host, port, database).
     pub fn target(&self) -> &str {
         &self.pool.target

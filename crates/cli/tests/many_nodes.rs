@@ -4,7 +4,8 @@
 //! exact across them: a fanout bomb of 100 creations under one parent,
 //! spread over the three, admits exactly `max_fanout` (8); a tree-size bomb
 //! admits exactly what `max_tree_size` leaves. A cancel on the parent's node
-//! reaches the children the other nodes run, every process gone.
+//! reaches the children the other nodes run, every process gone; a budget
+//! split over the three admits exactly what it holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -224,6 +225,50 @@ fn a_tree_size_bomb_over_three_nodes_admits_exactly_what_the_quota_leaves() {
         &nodes.roots[1].join("brood.sock"),
         "POST",
         "/api/agents/t/cancel",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(eventually(Duration::from_secs(10), || {
+        (0..3).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
+    }));
+}
+
+#[test]
+fn a_budget_split_over_three_nodes_admits_exactly_what_it_holds() {
+    let nodes = Nodes::start(3);
+    let (s, v) = nodes.spawn(
+        2,
+        json!({"name": "b", "argv": agent(&["--hang"]), "await_ready": true,
+               "policy": {"cost_limit": 1.0}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    // 100 children each reserving a quarter of the parent's budget, spread
+    // over the three nodes: exactly four fit.
+    let replies: Vec<(u16, Value)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..100)
+            .map(|i| {
+                let nodes = &nodes;
+                sc.spawn(move || {
+                    nodes.spawn(
+                        i % 3,
+                        json!({"parent": "b", "name": format!("b-c{i}"), "argv": agent(&["--hang"]),
+                               "policy": {"cost_limit": 0.25}}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (ok, refused) = codes(&replies);
+    assert!(
+        refused.iter().all(|c| c == "BudgetExceeded"),
+        "only budget refusals: {refused:?}"
+    );
+    assert_eq!((ok.len(), refused.len()), (4, 96), "{ok:?}");
+    let (s, v) = http(
+        &nodes.roots[2].join("brood.sock"),
+        "POST",
+        "/api/agents/b/cancel",
         None,
     );
     assert_eq!(s, 200, "{v}");

@@ -11,12 +11,14 @@ pub mod agents;
 pub mod error;
 pub mod events;
 pub mod jobs;
+pub mod nodes;
 pub mod sessions;
 
 pub use agents::*;
 pub use error::{ErrorBody, ErrorDetail, http_status};
 pub use events::Event;
 pub use jobs::*;
+pub use nodes::*;
 pub use sessions::*;
 
 use serde::de::DeserializeOwned;

@@ -117,6 +117,19 @@ enum Cmd {
         /// with the bearer token of $BROOD_ROOT/token (made at first start).
         #[arg(long)]
         listen: Option<String>,
+        /// A label of this node for placement (`--label zone=a`; repeatable),
+        /// shown by `brood nodes`.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// How many agents this node takes at once (shown by `brood nodes`).
+        #[arg(long)]
+        capacity: Option<u32>,
+    },
+    /// The nodes sharing this store (`brood serve` processes): their address,
+    /// labels, capacity, load and last heartbeat (docs/many-nodes.md).
+    Nodes {
+        #[arg(long)]
+        json: bool,
     },
     /// Create an agent (inside an agent, a child of the calling agent).
     Spawn {
@@ -501,8 +514,24 @@ async fn real_main(cli: Cli) -> Result<i32> {
             sweep_every,
             allow_weaker_sandbox,
             listen,
+            labels,
+            capacity,
         } => {
             let mut cfg = Config::new(root_of(&root));
+            let mut node = brood_runtime::NodeConfig {
+                address: listen
+                    .clone()
+                    .unwrap_or_else(|| cfg.socket.display().to_string()),
+                labels: Default::default(),
+                capacity,
+            };
+            for l in &labels {
+                let Some((k, v)) = l.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+                    bail!(Exit(2, format!("--label {l:?}: expected KEY=VALUE")));
+                };
+                node.labels.insert(k.to_owned(), v.to_owned());
+            }
+            cfg.node = Some(node);
             cfg.agent_sockets = Some(brood_server::agent_sockets());
             cfg.grace = grace(g)?;
             if !(sweep_every.is_finite() && sweep_every > 0.0) {
@@ -555,6 +584,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             verbs::spawn(&remote, verbs::Spawn { body, json }).await
         }
         Cmd::Ps { all, json } => verbs::ps(&remote, &root, all, json).await,
+        Cmd::Nodes { json } => verbs::nodes(&remote, &root, json).await,
         Cmd::Tree { name, json } => verbs::tree(&remote, &root, name, json).await,
         Cmd::Show { name, json } => verbs::show(&remote, &root, &name, json).await,
         Cmd::Send { name, text } => verbs::send(&remote, &name, text).await,

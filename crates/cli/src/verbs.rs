@@ -158,6 +158,38 @@ pub(crate) async fn ps(
     Ok(0)
 }
 
+pub(crate) async fn nodes(r: &Remote, root: &Option<PathBuf>, json_out: bool) -> Result<i32> {
+    let l: brood_api::NodeList = match r.read("/api/nodes").await? {
+        Some(v) => typed(&v)?,
+        None => {
+            let store = view(root)?.store().clone();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            api(brood_runtime::nodes::list(store.as_ref(), now))?
+        }
+    };
+    if json_out {
+        println!("{}", to_value(&l.nodes));
+        return Ok(0);
+    }
+    for n in &l.nodes {
+        let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{}\t{}\t{}\t{} agents{}\theartbeat {:.1} s ago\t{}",
+            n.id,
+            if n.alive { "alive" } else { "expired" },
+            n.address,
+            n.live_agents,
+            n.capacity.map(|c| format!(" of {c}")).unwrap_or_default(),
+            n.heartbeat_age_ms as f64 / 1000.0,
+            labels.join(",")
+        );
+    }
+    Ok(0)
+}
+
 pub(crate) async fn tree(
     r: &Remote,
     root: &Option<PathBuf>,

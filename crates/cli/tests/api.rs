@@ -801,6 +801,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     let r = each(
         &s,
         &[
+            (200, "GET", "/api/nodes", "/api/nodes", N),
             (200, "GET", ex, "/api/jobs/j6/export?format=csv", N),
             (200, "GET", ex, "/api/jobs/j6/export?format=jsonl", N),
             (400, "GET", ex, "/api/jobs/j6/export?format=xml", N),
@@ -820,22 +821,22 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         ],
     )
     .await;
-    let csv_text = r[0].as_str().unwrap();
+    let csv_text = r[1].as_str().unwrap();
     assert!(
         csv_text.starts_with("id,text,job_id,item_id,row_index,status,attempt_count,last_error,result_json,completed_at\n"),
         "{csv_text}"
     );
     assert!(
-        r[4]["files"]
+        r[5]["files"]
             .as_array()
             .unwrap()
             .iter()
             .any(|f| f["path"] == "manifest.json"),
         "{}",
-        r[4]
+        r[5]
     );
     assert_eq!(
-        (r[6]["source"].as_str(), r[6]["total"].as_u64()),
+        (r[7]["source"].as_str(), r[7]["total"].as_u64()),
         (Some("j6"), Some(2)),
         "{}",
         r[6]

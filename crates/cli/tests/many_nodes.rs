@@ -5,7 +5,8 @@
 //! spread over the three, admits exactly `max_fanout` (8); a tree-size bomb
 //! admits exactly what `max_tree_size` leaves. A cancel on the parent's node
 //! reaches the children the other nodes run, every process gone; a budget
-//! split over the three admits exactly what it holds.
+//! split over the three admits exactly what it holds. Every node lists every
+//! node (`brood nodes`) with its labels, capacity, load and heartbeat.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,7 +20,7 @@ use brood_store_conformance::pg::Fresh;
 use common::*;
 use serde_json::{Value, json};
 
-fn serve(root: &Path, store: &str) -> Daemon {
+fn serve(root: &Path, store: &str, zone: &str) -> Daemon {
     #[allow(clippy::disallowed_methods)]
     let child = Command::new(exe())
         .arg("--root")
@@ -27,6 +28,7 @@ fn serve(root: &Path, store: &str) -> Daemon {
         .arg("--store")
         .arg(store)
         .args(["serve", "--grace", "0.3", "--sweep-every", "0.1"])
+        .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -68,9 +70,9 @@ impl Nodes {
         let db = Fresh::new();
         let roots: Vec<PathBuf> = (0..n).map(|i| dir.path().join(format!("n{i}"))).collect();
         let mut daemons = Vec::new();
-        for r in &roots {
+        for (i, r) in roots.iter().enumerate() {
             std::fs::create_dir_all(r).unwrap();
-            daemons.push(serve(r, &db.url));
+            daemons.push(serve(r, &db.url, &format!("z{i}")));
         }
         Nodes {
             _daemons: daemons,
@@ -156,6 +158,42 @@ fn a_fanout_bomb_over_three_nodes_admits_exactly_eight_and_a_cancel_crosses_them
             == 9
     }));
     let elsewhere: Vec<i32> = (1..3).flat_map(|i| ctx_pids(&nodes.roots[i])).collect();
+    // Every node is listed by any node, with its labels, capacity and load.
+    let listed = |node: usize| -> Vec<Value> {
+        let o = cli(&nodes.roots[node], &nodes.store, &["nodes", "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let seen = listed(2);
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    let mut zones: Vec<&str> = seen
+        .iter()
+        .map(|n| n["labels"]["zone"].as_str().unwrap())
+        .collect();
+    zones.sort();
+    assert_eq!(zones, ["z0", "z1", "z2"]);
+    let load: u64 = seen
+        .iter()
+        .map(|n| n["live_agents"].as_u64().unwrap())
+        .sum();
+    assert_eq!(load, 9, "p and its 8 children: {seen:?}");
+    assert!(
+        seen.iter()
+            .all(|n| n["alive"] == true && n["capacity"] == 50),
+        "{seen:?}"
+    );
+    let beat = seen[0]["heartbeat_ms"].as_i64().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || listed(1)[0]["heartbeat_ms"]
+            .as_i64()
+            .unwrap()
+            > beat),
+        "nodes heartbeat"
+    );
     // p is cancelled on its node; the children on the other two die too.
     let t = Instant::now();
     let (s, v) = http(

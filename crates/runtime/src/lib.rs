@@ -32,6 +32,7 @@ mod io;
 pub mod jobs;
 pub mod lower;
 pub mod metrics;
+pub mod nodes;
 pub mod objects;
 pub mod paths;
 pub mod projection;
@@ -42,5 +43,5 @@ pub mod veil;
 pub mod view;
 
 pub use api::{ApiError, ApiResult, Caller, SpawnRequest};
-pub use supervisor::{Config, Hooks, HostInfo, JobOp, StartError, Supervisor, Sweeper};
+pub use supervisor::{Config, Hooks, HostInfo, JobOp, NodeConfig, StartError, Supervisor, Sweeper};
 pub use view::View;

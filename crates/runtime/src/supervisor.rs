@@ -114,6 +114,21 @@ pub struct Config {
     /// What binds and serves the per-agent sockets (SPEC 8; brood-server's
     /// `agent_sockets`). `None`: agents get no socket.
     pub agent_sockets: Option<crate::agent_socket::SocketHost>,
+    /// This supervisor as a node of the cluster sharing its store (issue 15):
+    /// registered at start, heartbeating on the sweepers' tick, gone when it
+    /// shuts down. `None` (`brood run`, tests): not a node.
+    pub node: Option<NodeConfig>,
+}
+
+/// What a node says of itself when it registers (`brood serve`).
+#[derive(Debug, Clone, Default)]
+pub struct NodeConfig {
+    /// Where its API answers (its `--listen` address, else its socket).
+    pub address: String,
+    /// `--label KEY=VALUE` for placement.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `--capacity N`: agents it takes at once.
+    pub capacity: Option<u32>,
 }
 
 impl Config {
@@ -133,6 +148,7 @@ impl Config {
             sweep_every: Some(Duration::from_secs(1)),
             hooks: Hooks::default(),
             agent_sockets: None,
+            node: None,
         }
     }
 }

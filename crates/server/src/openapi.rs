@@ -20,7 +20,7 @@ use crate::routes::*;
         crate::events::events,
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,
         job_report, job_retry_failed, job_export, job_evidence, job_replay,
-        metrics, healthz, openapi,
+        nodes, metrics, healthz, openapi,
     ),
     components(schemas(brood_api::Event)),
     modifiers(&Bearer),
@@ -30,7 +30,7 @@ use crate::routes::*;
         (name = "sessions", description = "The tree as sessions, as the seed's harness shows it."),
         (name = "events", description = "The event log as server-sent events."),
         (name = "jobs", description = "Batch jobs: one instruction over many items, run by worker agents (SPEC 10)."),
-        (name = "service", description = "Health, metrics and this document."),
+        (name = "service", description = "Health, metrics, the nodes sharing the store, and this document."),
     )
 )]
 struct Doc;

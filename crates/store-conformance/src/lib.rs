@@ -19,6 +19,7 @@ mod helpers;
 mod idempotency;
 mod jobs;
 mod messages;
+mod nodes;
 pub mod pg;
 mod recovery;
 mod runs;
@@ -31,6 +32,7 @@ pub use helpers::*;
 pub use idempotency::*;
 pub use jobs::*;
 pub use messages::*;
+pub use nodes::*;
 pub use recovery::*;
 pub use runs::*;
 pub use sweepers::*;
@@ -52,6 +54,10 @@ pub type Case = fn(&dyn Store);
 
 /// Every case, by name, in the order [`conformance`] runs them.
 pub const CASES: &[(&str, Case)] = &[
+    (
+        "nodes_register_heartbeat_and_show_their_load",
+        nodes_register_heartbeat_and_show_their_load,
+    ),
     ("admit_root_and_children", admit_root_and_children),
     ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
     (

@@ -461,16 +461,56 @@ pub trait Jobs {
     fn attempts(&self, tenant: &TenantId, job: &str, item: &str) -> Result<Vec<Attempt>>;
 }
 
+/// The nodes sharing the store (issue 15): each registers itself when it
+/// starts, heartbeats on its tick and leaves when it stops; any node lists
+/// them with their load.
+pub trait Nodes {
+    /// Records `node` (again, if it was: its registration is replaced and
+    /// its start and heartbeat are `now_ms`).
+    fn register_node(&self, node: &NewNode, now_ms: i64) -> Result<Node>;
+
+    /// The node is alive at `now_ms`. `NotFound` for a node never
+    /// registered (or that left).
+    fn heartbeat_node(&self, id: &str, now_ms: i64) -> Result<()>;
+
+    /// A node that stopped cleanly: its record goes (its agents' records
+    /// stay; they were ended by its shutdown).
+    fn leave_node(&self, id: &str) -> Result<()>;
+
+    /// Every registered node, by id, with the unfinished agents each runs.
+    fn nodes(&self) -> Result<Vec<Node>>;
+}
+
 /// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
 pub trait Store:
-    Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Jobs + Send + Sync
+    Admission
+    + Runs
+    + Transcripts
+    + Records
+    + Recovery
+    + Sweeps
+    + Idempotency
+    + Jobs
+    + Nodes
+    + Send
+    + Sync
 {
 }
 
 impl<
-    T: Admission + Runs + Transcripts + Records + Recovery + Sweeps + Idempotency + Jobs + Send + Sync,
+    T: Admission
+        + Runs
+        + Transcripts
+        + Records
+        + Recovery
+        + Sweeps
+        + Idempotency
+        + Jobs
+        + Nodes
+        + Send
+        + Sync,
 > Store for T
 {
 }

@@ -18,7 +18,7 @@ pub mod sqlite;
 mod types;
 
 pub use contract::{
-    Admission, Idempotency, Jobs, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+    Admission, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps, Transcripts,
 };
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
@@ -53,6 +53,6 @@ pub fn open_read_only(spec: &str) -> Result<std::sync::Arc<dyn Store>> {
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
     pub use crate::contract::{
-        Admission, Idempotency, Jobs, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+        Admission, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps, Transcripts,
     };
 }

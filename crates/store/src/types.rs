@@ -372,3 +372,30 @@ pub struct Attempt {
     pub outcome: AttemptOutcome,
     pub error: Option<String>,
 }
+
+/// A node (a `brood serve` process) of the cluster sharing this store, as
+/// it registers itself (issue 15).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewNode {
+    /// Its supervisor id (the `supervisor` of the agents it runs).
+    pub id: String,
+    /// Where its API answers (a loopback TCP address or its socket's path).
+    pub address: String,
+    /// Labels for placement, `key=value` each, as a JSON object.
+    pub labels: String,
+    /// How many agents it takes at once, when it says.
+    pub capacity: Option<u32>,
+}
+
+/// A node as the store knows it: its registration, its last heartbeat and
+/// its load (the unfinished agents it runs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub id: String,
+    pub address: String,
+    pub labels: String,
+    pub capacity: Option<u32>,
+    pub started_ms: i64,
+    pub heartbeat_ms: i64,
+    pub live_agents: u32,
+}

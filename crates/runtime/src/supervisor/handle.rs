@@ -137,6 +137,20 @@ impl Supervisor {
             },
             "supervisor": me,
         });
+        // A node registers before it takes any work, so the cluster sees it
+        // with its load from its first agent on.
+        if let Some(node) = &cfg.node {
+            let labels = serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into());
+            let new = brood_store::NewNode {
+                id: me.clone(),
+                address: node.address.clone(),
+                labels,
+                capacity: node.capacity,
+            };
+            if let Err(e) = store.register_node(&new, now_ms()) {
+                tracing::error!(error = %e, "registering this node in the store");
+            }
+        }
         let cfg_quotas = cfg.quotas;
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
@@ -314,6 +328,11 @@ impl Supervisor {
             let _ = rx.await;
         }
         self.flush().await;
+        // A node that stops cleanly leaves the cluster's list (a node that
+        // dies stays, its heartbeat growing old).
+        if let Err(e) = self.store.leave_node(&self.me) {
+            tracing::warn!(error = %e, "leaving the cluster's list of nodes");
+        }
     }
 
     /// The metrics as Prometheus text (`GET /metrics` on the control socket),

@@ -83,8 +83,35 @@ pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Dura
 }
 
 impl Dispatcher {
+    /// A node's heartbeat (issue 15); one whose record went (removed by
+    /// hand, or the store replaced) registers again.
+    fn heartbeat(&mut self) {
+        let Some(node) = &self.cfg.node else {
+            return;
+        };
+        match self.store.heartbeat_node(&self.me, now_ms()) {
+            Ok(()) => {}
+            Err(StoreError::Refused {
+                code: brood_core::Code::NotFound,
+                ..
+            }) => {
+                let new = brood_store::NewNode {
+                    id: self.me.clone(),
+                    address: node.address.clone(),
+                    labels: serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into()),
+                    capacity: node.capacity,
+                };
+                if let Err(e) = self.store.register_node(&new, now_ms()) {
+                    tracing::warn!(error = %e, "registering this node again");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "this node's heartbeat"),
+        }
+    }
+
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
+        self.heartbeat();
         self.reap_orphans();
         self.watch_keeper();
         let ticks = self.sweep.ticks;

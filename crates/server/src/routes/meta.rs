@@ -53,6 +53,18 @@ pub(crate) async fn openapi() -> Response {
     r
 }
 
+#[utoipa::path(
+    get, path = "/api/nodes", tag = "service",
+    responses((status = 200, description = "The nodes sharing this store (brood serve processes): address, labels, capacity, load and heartbeat.", body = brood_api::NodeList))
+)]
+pub(crate) async fn nodes(State(api): State<Api>) -> Response {
+    let sup = api.sup();
+    crate::error::answer(
+        StatusCode::OK,
+        brood_runtime::nodes::list(sup.store().as_ref(), crate::error::now_ms()),
+    )
+}
+
 pub(crate) async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {
     HttpError(ApiError::new(
         Code::NotFound,

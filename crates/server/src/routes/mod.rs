@@ -51,6 +51,7 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/jobs/{id}/items/{item}/report", post(job_report))
         .route("/api/jobs/{id}/export", get(job_export))
         .route("/api/jobs/{id}/replay", post(job_replay))
+        .route("/api/nodes", get(nodes))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/api/openapi.json", get(openapi))

@@ -34,6 +34,7 @@
 mod admission;
 mod db;
 mod jobs;
+mod nodes;
 mod records;
 mod rows;
 mod steps;
@@ -52,7 +53,10 @@ pub(crate) use db::{Conn, Db, block};
 
 /// The embedded migrations, in the order they apply. A version is never
 /// reused or edited once released: a change is a new file.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../schema/postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../schema/postgres/0001_init.sql")),
+    (2, include_str!("../schema/postgres/0002_nodes.sql")),
+];
 
 /// The key of the session advisory lock that serialises migrations.
 const MIGRATION_LOCK: i64 = 0x6272_6f6f_645f_6d69; // "brood_mi"

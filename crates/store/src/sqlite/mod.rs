@@ -60,6 +60,7 @@ mod tx;
 // After `sql`, whose macros the modules above use.
 mod idempotency;
 mod jobs;
+pub(crate) mod nodes;
 
 use rows::*;
 use sql::*;
@@ -77,6 +78,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../schema/0005_unfinished_without_in.sql")),
     (6, include_str!("../schema/0006_idempotency.sql")),
     (7, include_str!("../schema/0007_jobs.sql")),
+    (8, include_str!("../schema/0008_nodes.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

@@ -314,3 +314,165 @@ fn a_budget_split_over_three_nodes_admits_exactly_what_it_holds() {
         (0..3).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
     }));
 }
+
+/// Runs `sql` on the test's database as the administrator.
+fn admin_sql(db: &str, sql: &str) {
+    let base = brood_store_conformance::pg::admin_url();
+    let at = base.rfind('/').unwrap();
+    let url = format!("{}/{db}", &base[..at]);
+    let sql = sql.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let task = tokio::spawn(conn);
+            c.batch_execute(&sql).await.unwrap();
+            drop(c);
+            let _ = task.await;
+        });
+    })
+    .join()
+    .unwrap();
+}
+
+/// The server drops every node's connections in the middle of a stream of
+/// creations (what a restart of PostgreSQL looks like from the nodes): the
+/// creations in flight may fail, the nodes reconnect on their next call, and
+/// afterwards every creation a node confirmed is recorded once, the event
+/// sequence has no gap, and nothing runs without a record.
+#[test]
+fn nodes_reconnect_after_the_server_drops_their_connections_and_nothing_is_lost_or_doubled() {
+    let nodes = Nodes::start(3);
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "r", "argv": agent(&["--hang"]), "await_ready": true}),
+    );
+    assert_eq!(s, 201, "{v}");
+    for (k, v) in [("max_fanout", "1000"), ("max_tree_size", "1000")] {
+        let o = cli(
+            &nodes.roots[0],
+            &nodes.store,
+            &["quota", "set", "user-0", k, v],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let replies: Vec<(String, u16, Value)> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..3)
+            .map(|w| {
+                let (nodes, stop) = (&nodes, &stop);
+                sc.spawn(move || {
+                    let mut out = Vec::new();
+                    let mut i = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 200 {
+                        let name = format!("r-w{w}-{i}");
+                        let (s, v) = nodes.spawn(
+                            w,
+                            json!({"parent": "r", "name": name, "argv": agent(&["--result", "x"])}),
+                        );
+                        out.push((name, s, v));
+                        i += 1;
+                    }
+                    out
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        // Every connection of every node to this database, ended by the server.
+        admin_sql(
+            &nodes._db.name,
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = '{}' AND pid <> pg_backend_pid()",
+                nodes._db.name
+            ),
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        workers
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let confirmed: Vec<&String> = replies
+        .iter()
+        .filter(|(_, s, _)| *s == 201)
+        .map(|(n, _, _)| n)
+        .collect();
+    let failed: Vec<&(String, u16, Value)> = replies.iter().filter(|(_, s, _)| *s != 201).collect();
+    for (n, s, v) in &failed {
+        assert!(
+            *s >= 500 || v["error"]["code"] == "Unavailable" || v["error"]["code"] == "Internal",
+            "{n}: only the server's loss may fail a creation: {s} {v}"
+        );
+    }
+    // The nodes came back: creations succeeded after the drop too.
+    let after_drop = replies
+        .iter()
+        .rev()
+        .take_while(|(_, s, _)| *s == 201)
+        .count();
+    assert!(
+        after_drop > 0,
+        "nothing succeeded after the drop: {failed:?}"
+    );
+    // Every confirmed creation is recorded, once; every agent finishes.
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let o = cli(&nodes.roots[1], &nodes.store, &["ps", "-a", "--json"]);
+            let all: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+            all.as_array().is_some_and(|a| {
+                a.iter().filter(|x| x["name"] != "r").all(|x| {
+                    x["status"] == "completed"
+                        || x["status"] == "failed"
+                        || x["status"] == "cancelled"
+                })
+            })
+        }),
+        "every child ends"
+    );
+    let o = cli(&nodes.roots[1], &nodes.store, &["ps", "-a", "--json"]);
+    let all: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    for n in &confirmed {
+        assert_eq!(
+            names.iter().filter(|x| **x == n.as_str()).count(),
+            1,
+            "{n} was confirmed: recorded once"
+        );
+    }
+    // The event log has no gap and no repeat.
+    let o = cli(&nodes.roots[2], &nodes.store, &["events"]);
+    let seqs: Vec<i64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["sequence"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    eprintln!(
+        "{} creations confirmed, {} failed with the server's loss, {} after it",
+        confirmed.len(),
+        failed.len(),
+        after_drop
+    );
+    let (s, v) = http(
+        &nodes.roots[0].join("brood.sock"),
+        "POST",
+        "/api/agents/r/cancel",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+}

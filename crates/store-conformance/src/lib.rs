@@ -55,6 +55,10 @@ pub type Case = fn(&dyn Store);
 /// Every case, by name, in the order [`conformance`] runs them.
 pub const CASES: &[(&str, Case)] = &[
     (
+        "recover_lost_ends_a_lost_nodes_agents_lost",
+        recover_lost_ends_a_lost_nodes_agents_lost,
+    ),
+    (
         "nodes_register_heartbeat_and_show_their_load",
         nodes_register_heartbeat_and_show_their_load,
     ),

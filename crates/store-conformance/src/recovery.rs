@@ -93,3 +93,48 @@ pub fn recover_ends_the_dead_supervisors_agents(store: &dyn Store) {
     // Recovering again finds nothing to do.
     assert!(store.recover(&[dead], now()).unwrap().is_empty());
 }
+
+/// A node declared dead by the others (issue 15): what it ran ends lost, a
+/// recorded stop is carried out, other nodes' agents are untouched.
+pub fn recover_lost_ends_a_lost_nodes_agents_lost(store: &dyn Store) {
+    let t = tenant("conf-lost");
+    let dead = "sup-lost-dead".to_owned();
+    let live = "sup-lost-live".to_owned();
+    let on = |n: &str, parent: Option<&str>, sup: &str| {
+        let new = new_agent(&t, n, parent, sup);
+        store.admit(&new, &spawn_events(&new)).unwrap()
+    };
+    start(store, &on("root", None, &dead));
+    on("q", Some("root"), &dead);
+    let s = start(store, &on("s", Some("root"), &dead));
+    let cancelled = Terminal::Cancelled(CancelReason::User);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), cancelled, now())
+        .unwrap();
+    // A child on a node that lives: not the lost node's to end.
+    let kid = start(store, &on("kid", Some("root"), &live));
+    let out = store
+        .recover_lost(std::slice::from_ref(&dead), now())
+        .unwrap();
+    let mut got: Vec<(String, Status)> =
+        out.iter().map(|a| (a.name.to_string(), a.status)).collect();
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    let lost = Status::Ended(Terminal::Failed(FailReason::Lost));
+    assert_eq!(
+        got,
+        vec![
+            ("q".into(), lost),
+            ("root".into(), lost),
+            ("s".into(), Status::Ended(cancelled)),
+        ]
+    );
+    assert!(
+        get(store, &t, "root")
+            .detail
+            .unwrap()
+            .contains("sup-lost-dead"),
+        "the detail names the node"
+    );
+    assert_eq!(get(store, &t, "kid"), kid);
+    assert!(store.recover_lost(&[dead], now()).unwrap().is_empty());
+}

@@ -275,6 +275,11 @@ pub trait Recovery {
     /// the agents as they are afterwards.
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
 
+    /// A node the others declared dead (its heartbeat expired, issue 15): as
+    /// [`Recovery::recover`], but every agent it ran that was not stopping
+    /// ends `Failed(Lost)`: its processes died with it, or are fenced off.
+    fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
+
     /// Distinct supervisor ids that host unfinished agents.
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>>;
 

@@ -91,6 +91,7 @@ conformance_tests!(
     reports_are_fenced_and_an_item_has_one_result,
     failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept,
     nodes_register_heartbeat_and_show_their_load,
+    recover_lost_ends_a_lost_nodes_agents_lost,
 );
 
 #[test]

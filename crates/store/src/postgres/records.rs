@@ -452,7 +452,11 @@ impl Recovery for PgStore {
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
         // Across tenants, so without one tenant's lock: `recover_tx` takes the
         // lock of every tenant it ends agents in.
-        self.write_any(|db| recover_tx(db, dead, now_ms))
+        self.write_any(|db| recover_tx(db, dead, false, now_ms))
+    }
+
+    fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
+        self.write_any(|db| recover_tx(db, dead, true, now_ms))
     }
 
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {

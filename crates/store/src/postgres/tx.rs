@@ -557,7 +557,7 @@ pub(crate) fn resume_tx(
 /// the advisory lock of every tenant it ends agents in before it reads them for
 /// good, so an admission or a resume under one of those agents, on any node,
 /// either sees the end or is seen by it.
-pub(crate) fn recover_tx(db: &Db<'_>, dead: &[String], now_ms: i64) -> Tx<Vec<Agent>> {
+pub(crate) fn recover_tx(db: &Db<'_>, dead: &[String], lost: bool, now_ms: i64) -> Tx<Vec<Agent>> {
     // A supervisor named twice is recovered once: its agents are read up front
     // here, so a second pass would find them already ended and refuse the move.
     let mut supervisors: Vec<&str> = Vec::with_capacity(dead.len());
@@ -602,6 +602,13 @@ pub(crate) fn recover_tx(db: &Db<'_>, dead: &[String], now_ms: i64) -> Tx<Vec<Ag
         let (outcome, detail) = match agent.status {
             // The intent recorded before the crash is carried out.
             Status::Stopping(t) => (t, agent.detail.clone()),
+            // Declared dead by the other nodes: what it ran is lost.
+            _ if lost => (
+                Terminal::Failed(brood_core::FailReason::Lost),
+                Some(format!(
+                    "node {supervisor} was lost (its heartbeat expired)"
+                )),
+            ),
             _ => (
                 Terminal::Cancelled(CancelReason::RuntimeRestart),
                 Some(format!("supervisor {supervisor} is gone (runtime restart)")),

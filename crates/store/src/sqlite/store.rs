@@ -510,7 +510,11 @@ impl Recovery for SqliteStore {
     }
 
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        self.write(|tx| recover_tx(tx, dead, now_ms))
+        self.write(|tx| recover_tx(tx, dead, false, now_ms))
+    }
+
+    fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
+        self.write(|tx| recover_tx(tx, dead, true, now_ms))
     }
 
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {

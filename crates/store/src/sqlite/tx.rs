@@ -2,6 +2,7 @@
 //! the intent of a stop, a run's end, resume and recovery.
 
 use super::*;
+use brood_core::FailReason;
 
 // ---- the transactions -----------------------------------------------------------
 
@@ -458,7 +459,12 @@ pub(super) fn resume_tx(
     must_agent(tx, tenant, name)
 }
 
-pub(super) fn recover_tx(tx: &Transaction<'_>, dead: &[String], now_ms: i64) -> Tx<Vec<Agent>> {
+pub(super) fn recover_tx(
+    tx: &Transaction<'_>,
+    dead: &[String],
+    lost: bool,
+    now_ms: i64,
+) -> Tx<Vec<Agent>> {
     let mut out = Vec::new();
     for supervisor in dead {
         let agents = collect(tx, Q_UNFINISHED_OF, [supervisor.as_str()], |r| {
@@ -468,6 +474,13 @@ pub(super) fn recover_tx(tx: &Transaction<'_>, dead: &[String], now_ms: i64) -> 
             let (outcome, detail) = match agent.status {
                 // The intent recorded before the crash is carried out.
                 Status::Stopping(t) => (t, agent.detail.clone()),
+                // Declared dead by the other nodes: what it ran is lost.
+                _ if lost => (
+                    Terminal::Failed(FailReason::Lost),
+                    Some(format!(
+                        "node {supervisor} was lost (its heartbeat expired)"
+                    )),
+                ),
                 _ => (
                     Terminal::Cancelled(CancelReason::RuntimeRestart),
                     Some(format!("supervisor {supervisor} is gone (runtime restart)")),

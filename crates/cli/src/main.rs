@@ -124,6 +124,10 @@ enum Cmd {
         /// How many agents this node takes at once (shown by `brood nodes`).
         #[arg(long)]
         capacity: Option<u32>,
+        /// Seconds without a heartbeat after which the other nodes declare a
+        /// node lost (its agents end `failed (lost)`).
+        #[arg(long, default_value_t = 10.0)]
+        node_expiry: f64,
     },
     /// The nodes sharing this store (`brood serve` processes): their address,
     /// labels, capacity, load and last heartbeat (docs/many-nodes.md).
@@ -516,9 +520,19 @@ async fn real_main(cli: Cli) -> Result<i32> {
             listen,
             labels,
             capacity,
+            node_expiry,
         } => {
             let mut cfg = Config::new(root_of(&root));
+            if !(node_expiry.is_finite() && node_expiry > 0.0) {
+                bail!(Exit(
+                    2,
+                    format!(
+                        "--node-expiry must be a positive number of seconds, not {node_expiry}"
+                    )
+                ));
+            }
             let mut node = brood_runtime::NodeConfig {
+                expiry: Duration::from_secs_f64(node_expiry),
                 address: listen
                     .clone()
                     .unwrap_or_else(|| cfg.socket.display().to_string()),

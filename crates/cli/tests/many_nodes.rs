@@ -6,7 +6,10 @@
 //! admits exactly what `max_tree_size` leaves. A cancel on the parent's node
 //! reaches the children the other nodes run, every process gone; a budget
 //! split over the three admits exactly what it holds. Every node lists every
-//! node (`brood nodes`) with its labels, capacity, load and heartbeat.
+//! node (`brood nodes`) with its labels, capacity, load and heartbeat. The
+//! server dropping every connection loses and doubles nothing. A node killed
+//! mid-tree is declared lost and its subtree elsewhere cancelled; a paused
+//! node that comes back is fenced off.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,7 +23,7 @@ use brood_store_conformance::pg::Fresh;
 use common::*;
 use serde_json::{Value, json};
 
-fn serve(root: &Path, store: &str, zone: &str) -> Daemon {
+fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
     #[allow(clippy::disallowed_methods)]
     let child = Command::new(exe())
         .arg("--root")
@@ -29,6 +32,7 @@ fn serve(root: &Path, store: &str, zone: &str) -> Daemon {
         .arg(store)
         .args(["serve", "--grace", "0.3", "--sweep-every", "0.1"])
         .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -57,7 +61,7 @@ fn cli(root: &Path, store: &str, args: &[&str]) -> std::process::Output {
 
 struct Nodes {
     // Dropped first: the daemons stop before their database goes.
-    _daemons: Vec<Daemon>,
+    daemons: Vec<Daemon>,
     roots: Vec<PathBuf>,
     store: String,
     _db: Fresh,
@@ -66,16 +70,20 @@ struct Nodes {
 
 impl Nodes {
     fn start(n: usize) -> Nodes {
+        Nodes::start_with(n, &[])
+    }
+
+    fn start_with(n: usize, extra: &[&str]) -> Nodes {
         let dir = tempfile::tempdir().unwrap();
         let db = Fresh::new();
         let roots: Vec<PathBuf> = (0..n).map(|i| dir.path().join(format!("n{i}"))).collect();
         let mut daemons = Vec::new();
         for (i, r) in roots.iter().enumerate() {
             std::fs::create_dir_all(r).unwrap();
-            daemons.push(serve(r, &db.url, &format!("z{i}")));
+            daemons.push(serve_with(r, &db.url, &format!("z{i}"), extra));
         }
         Nodes {
-            _daemons: daemons,
+            daemons,
             roots,
             store: db.url.clone(),
             _db: db,
@@ -475,4 +483,156 @@ fn nodes_reconnect_after_the_server_drops_their_connections_and_nothing_is_lost_
         None,
     );
     assert_eq!(s, 200, "{v}");
+}
+
+fn agent_on(nodes: &Nodes, node: usize, name: &str) -> Value {
+    let (s, v) = http(
+        &nodes.roots[node].join("brood.sock"),
+        "GET",
+        &format!("/api/agents/{name}"),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// A node killed with SIGKILL in the middle of a tree spanning three nodes:
+/// its processes die with it; once its heartbeat expires another node marks
+/// what it ran `failed (lost)`, the grandchild on a third node is cancelled
+/// (`parent_dead`) and its process ends, nothing is left `running` without a
+/// process, the event sequence has no gap, and the node is no longer listed.
+#[test]
+fn a_node_killed_mid_tree_is_declared_lost_and_its_subtree_elsewhere_cancelled() {
+    let mut nodes = Nodes::start_with(3, &["--node-expiry", "1.5"]);
+    let hang = |name: &str, parent: Option<&str>| {
+        let mut v = json!({"name": name, "argv": agent(&["--hang"]), "await_ready": true});
+        if let Some(p) = parent {
+            v["parent"] = json!(p);
+        }
+        v
+    };
+    for (node, name, parent) in [
+        (0, "top", None),
+        (1, "mid", Some("top")),
+        (2, "leaf", Some("mid")),
+    ] {
+        let (s, v) = nodes.spawn(node, hang(name, parent));
+        assert_eq!(s, 201, "{name}: {v}");
+    }
+    let mid_pids = ctx_pids(&nodes.roots[1]);
+    let leaf_pids = ctx_pids(&nodes.roots[2]);
+    assert!(!mid_pids.is_empty() && !leaf_pids.is_empty());
+    let node1 = nodes.daemons[1].0.id() as i32;
+    // SAFETY: killing the node this test started.
+    unsafe { libc::kill(node1, libc::SIGKILL) };
+    assert!(
+        eventually(Duration::from_secs(5), || mid_pids
+            .iter()
+            .all(|p| !alive(*p))),
+        "the node's processes die with it"
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            agent_on(&nodes, 0, "mid")["status"] == "failed"
+        }),
+        "{}",
+        agent_on(&nodes, 0, "mid")
+    );
+    let mid = agent_on(&nodes, 2, "mid");
+    assert_eq!(mid["reason"], "lost", "{mid}");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            agent_on(&nodes, 0, "leaf")["status"] == "cancelled"
+        }),
+        "{}",
+        agent_on(&nodes, 0, "leaf")
+    );
+    assert_eq!(agent_on(&nodes, 0, "leaf")["reason"], "parent_dead");
+    assert!(
+        eventually(Duration::from_secs(5), || leaf_pids
+            .iter()
+            .all(|p| !alive(*p))),
+        "the grandchild on the third node is gone"
+    );
+    // The node is no longer listed; the other two are.
+    let o = cli(&nodes.roots[0], &nodes.store, &["nodes", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    // Nothing is running without a process: every unfinished agent is top,
+    // which runs on node 0.
+    let o = cli(&nodes.roots[0], &nodes.store, &["ps", "--json"]);
+    let live: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = live
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["top"]);
+    let o = cli(&nodes.roots[2], &nodes.store, &["events"]);
+    let seqs: Vec<i64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["sequence"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    let (s, v) = http(
+        &nodes.roots[0].join("brood.sock"),
+        "POST",
+        "/api/agents/top/cancel",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    nodes.daemons.remove(1);
+}
+
+/// A node paused (SIGSTOP) past its heartbeat is declared lost while its
+/// agents' processes still run; when it comes back it finds it was, and
+/// stops them: the records stay `failed (lost)`, and no process runs that the
+/// store says is over.
+#[test]
+fn a_paused_node_that_comes_back_is_fenced_off() {
+    let nodes = Nodes::start_with(2, &["--node-expiry", "1.5"]);
+    let (s, v) = nodes.spawn(
+        1,
+        json!({"name": "sleeper", "argv": agent(&["--hang"]), "await_ready": true}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let pids = ctx_pids(&nodes.roots[1]);
+    assert!(!pids.is_empty());
+    let node1 = nodes.daemons[1].0.id() as i32;
+    // SAFETY: pausing the node this test started.
+    unsafe { libc::kill(node1, libc::SIGSTOP) };
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            agent_on(&nodes, 0, "sleeper")["status"] == "failed"
+        }),
+        "the paused node's agent is declared lost"
+    );
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "its process still runs while the node is paused"
+    );
+    // SAFETY: resuming it.
+    unsafe { libc::kill(node1, libc::SIGCONT) };
+    assert!(
+        eventually(Duration::from_secs(10), || pids.iter().all(|p| !alive(*p))),
+        "the node comes back, finds itself declared lost, and stops what it ran"
+    );
+    let a = agent_on(&nodes, 0, "sleeper");
+    assert_eq!(
+        (a["status"].as_str(), a["reason"].as_str()),
+        (Some("failed"), Some("lost")),
+        "{a}"
+    );
+    // It heartbeats again, registered afresh.
+    assert!(eventually(Duration::from_secs(5), || {
+        let o = cli(&nodes.roots[0], &nodes.store, &["nodes", "--json"]);
+        serde_json::from_slice::<Value>(&o.stdout)
+            .map(|v| v.as_array().map_or(0, |a| a.len()) == 2)
+            .unwrap_or(false)
+    }));
 }

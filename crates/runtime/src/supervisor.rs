@@ -48,6 +48,7 @@ mod identify;
 mod jobs;
 pub use jobs::JobOp;
 mod launch;
+mod nodes;
 mod orphans;
 mod protocol;
 mod queue;
@@ -121,7 +122,7 @@ pub struct Config {
 }
 
 /// What a node says of itself when it registers (`brood serve`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NodeConfig {
     /// Where its API answers (its `--listen` address, else its socket).
     pub address: String,
@@ -129,6 +130,9 @@ pub struct NodeConfig {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `--capacity N`: agents it takes at once.
     pub capacity: Option<u32>,
+    /// A node whose heartbeat is older than this is declared lost by the
+    /// others (`--node-expiry`, default 10 s).
+    pub expiry: Duration,
 }
 
 impl Config {

@@ -293,6 +293,22 @@ pub trait Sweeps {
     /// epoch the lease had before, so an earlier holder's fence no longer matches.
     fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence>;
 
+    /// Tries to take the lock that makes one holder of lease `name` exclusive
+    /// among every process sharing this store, without waiting.
+    fn lease_lock(&self, name: &str) -> Result<LeaseLock> {
+        let _ = name;
+        Ok(LeaseLock::NotShared)
+    }
+
+    /// Ends the session holding lease `name`'s lock, if one does (its node was
+    /// declared lost while its connection stays open, e.g. a paused process):
+    /// the lock is free again, and the epoch fence keeps the old holder's
+    /// writes out. `false` when no session held it.
+    fn break_lease_lock(&self, name: &str) -> Result<bool> {
+        let _ = name;
+        Ok(false)
+    }
+
     /// Who holds the lease `name` now, if anyone ever took it.
     fn lease(&self, name: &str) -> Result<Option<Fence>>;
 

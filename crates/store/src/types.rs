@@ -399,3 +399,23 @@ pub struct Node {
     pub heartbeat_ms: i64,
     pub live_agents: u32,
 }
+
+/// A lock held by one process among every process sharing a store (the
+/// sweepers' lease, SPEC 9), as long as this value lives: on PostgreSQL a
+/// session advisory lock on a connection of its own.
+pub trait HeldLock: Send {
+    /// Still held (its connection alive). A lock lost must be taken again,
+    /// with a new epoch.
+    fn is_held(&self) -> bool;
+}
+
+/// What [`crate::Sweeps::lease_lock`] found.
+pub enum LeaseLock {
+    /// The store has no lock of its own (SQLite: a file lock next to the
+    /// store's file does the job).
+    NotShared,
+    /// Held by this process now.
+    Held(Box<dyn HeldLock>),
+    /// Another process holds it.
+    Taken,
+}

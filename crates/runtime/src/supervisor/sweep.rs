@@ -33,7 +33,7 @@ use super::{Cmd, Dispatcher, ev, now_ms, supervisor_alive};
 /// At most this many rows per sweeper per tick (SPEC 9).
 const BATCH: u32 = 500;
 /// The lease's name in the store.
-const LEASE: &str = "sweeper";
+pub(super) const LEASE: &str = "sweeper";
 const ORPHANS_EVERY: u64 = 5;
 const RECONCILE_EVERY: u64 = 30;
 
@@ -55,10 +55,19 @@ impl Sweeper {
     }
 }
 
+/// Held while this supervisor holds the sweepers' lease.
+pub(super) enum LeaseGuard {
+    /// An exclusive `flock` on the lock file next to a SQLite store.
+    File(#[allow(dead_code)] std::fs::File),
+    /// The store's own lock (PostgreSQL: a session advisory lock).
+    Shared(Box<dyn brood_store::HeldLock>),
+}
+
 #[derive(Default)]
 pub(super) struct SweepState {
-    /// The lock file (its `flock` is the lease) and the store's fence for it.
-    lease: Option<(std::fs::File, Fence)>,
+    /// What makes the lease exclusive (a lock file's `flock`, or the store's
+    /// own lock shared by every node) and the store's fence for it.
+    lease: Option<(LeaseGuard, Fence)>,
     ticks: u64,
     /// Zombie children no live agent accounted for at the last tick
     /// (`supervisor::orphans`).
@@ -83,35 +92,9 @@ pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Dura
 }
 
 impl Dispatcher {
-    /// A node's heartbeat (issue 15); one whose record went (removed by
-    /// hand, or the store replaced) registers again.
-    fn heartbeat(&mut self) {
-        let Some(node) = &self.cfg.node else {
-            return;
-        };
-        match self.store.heartbeat_node(&self.me, now_ms()) {
-            Ok(()) => {}
-            Err(StoreError::Refused {
-                code: brood_core::Code::NotFound,
-                ..
-            }) => {
-                let new = brood_store::NewNode {
-                    id: self.me.clone(),
-                    address: node.address.clone(),
-                    labels: serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into()),
-                    capacity: node.capacity,
-                };
-                if let Err(e) = self.store.register_node(&new, now_ms()) {
-                    tracing::warn!(error = %e, "registering this node again");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "this node's heartbeat"),
-        }
-    }
-
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
-        self.heartbeat();
+        self.node_tick();
         self.reap_orphans();
         self.watch_keeper();
         let ticks = self.sweep.ticks;
@@ -195,9 +178,46 @@ impl Dispatcher {
     /// The lease, taking it if it is free: an exclusive, non-blocking `flock`
     /// on the lock file, then a new epoch from the store.
     fn hold_lease(&mut self) -> Option<Fence> {
-        if let Some((_, f)) = &self.sweep.lease {
-            return Some(f.clone());
+        match &self.sweep.lease {
+            Some((LeaseGuard::Shared(h), _)) if !h.is_held() => {
+                // The store's lock went with its connection (broken by a node
+                // that declared this one lost, or the server restarted): the
+                // old epoch is fenced; take the lock again for a new one.
+                tracing::warn!("the sweeper lease's lock was lost");
+                self.sweep.lease = None;
+            }
+            Some((_, f)) => return Some(f.clone()),
+            None => {}
         }
+        let guard = match self.store.lease_lock(LEASE) {
+            Ok(brood_store::LeaseLock::Held(h)) => LeaseGuard::Shared(h),
+            Ok(brood_store::LeaseLock::Taken) => return None,
+            Ok(brood_store::LeaseLock::NotShared) => match self.lock_file() {
+                Some(f) => LeaseGuard::File(f),
+                None => return None,
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "taking the sweeper lease's lock failed");
+                return None;
+            }
+        };
+        match self.store.acquire_lease(LEASE, &self.me, now_ms()) {
+            Ok(fence) => {
+                tracing::info!(epoch = fence.epoch, "this supervisor now runs the sweepers");
+                self.metrics.lease_epoch(fence.epoch);
+                self.sweep.lease = Some((guard, fence.clone()));
+                Some(fence)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording the sweeper lease failed");
+                None
+            }
+        }
+    }
+
+    /// The lease's lock on a SQLite store: an exclusive, non-blocking `flock`
+    /// on the lock file next to it.
+    fn lock_file(&mut self) -> Option<std::fs::File> {
         let path = self.paths.sweeper_lock();
         let file = match std::fs::OpenOptions::new()
             .create(true)
@@ -216,18 +236,7 @@ impl Dispatcher {
         if rc != 0 {
             return None;
         }
-        match self.store.acquire_lease(LEASE, &self.me, now_ms()) {
-            Ok(fence) => {
-                tracing::info!(epoch = fence.epoch, "this supervisor now runs the sweepers");
-                self.metrics.lease_epoch(fence.epoch);
-                self.sweep.lease = Some((file, fence.clone()));
-                Some(fence)
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "recording the sweeper lease failed");
-                None
-            }
-        }
+        Some(file)
     }
 
     /// Counts a row a sweeper read that belongs to another tenant (SPEC 9

@@ -200,6 +200,12 @@ impl Pool {
         Ok(Conn::new(client))
     }
 
+    /// A connection outside the pool, for a session that must outlive a call
+    /// (a lease's session lock).
+    pub(crate) fn dedicated(&self) -> Tx<Conn> {
+        self.connect()
+    }
+
     /// Runs `f` on a connection of the pool (a live one: a closed one is
     /// replaced first), then gives the connection back.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Tx<T>) -> Result<T> {

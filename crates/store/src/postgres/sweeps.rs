@@ -132,6 +132,14 @@ fn limit_param(limit: u32) -> i64 {
 }
 
 impl Sweeps for PgStore {
+    fn lease_lock(&self, name: &str) -> Result<crate::types::LeaseLock> {
+        self.try_lease_lock(name)
+    }
+
+    fn break_lease_lock(&self, name: &str) -> Result<bool> {
+        self.break_lease(name)
+    }
+
     fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence> {
         // No tenant's lock: a lease spans tenants, and the upsert is atomic.
         self.write_any(|db| {
@@ -201,5 +209,53 @@ impl Sweeps for PgStore {
             let agent = must_agent(db, tenant, name)?;
             end_run_tx(db, tenant, name, &agent.run, end, events)
         })
+    }
+}
+
+/// The key of a lease's session advisory lock: the lease's name hashed by
+/// the server (`hashtextextended`), so every node computes the same.
+const Q_LEASE_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 1))";
+/// The sessions holding that lock (a bigint key is split into classid, the
+/// high half, and objid, the low half).
+const Q_BREAK_LEASE_LOCK: &str = "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     AND l.classid::bigint = ((hashtextextended($1, 1) >> 32) & 4294967295) \
+     AND l.objid::bigint = (hashtextextended($1, 1) & 4294967295) \
+     AND l.pid <> pg_backend_pid()";
+
+/// A lease's lock: a connection of its own holding the session lock; the
+/// lock goes with the connection (this value dropped, the process gone, the
+/// session ended by another node).
+struct SessionLock {
+    conn: super::Conn,
+}
+
+impl crate::types::HeldLock for SessionLock {
+    fn is_held(&self) -> bool {
+        !self.conn.is_closed()
+    }
+}
+
+impl PgStore {
+    pub(crate) fn try_lease_lock(
+        &self,
+        name: &str,
+    ) -> crate::types::Result<crate::types::LeaseLock> {
+        let target = self.pool.target.clone();
+        let conn = self.pool.dedicated().map_err(|e| e.at(&target))?;
+        let got: bool = conn
+            .db()
+            .query_one(Q_LEASE_LOCK, &[&name])
+            .and_then(|r| Ok(r.try_get(0)?))
+            .map_err(|e| e.at(&target))?;
+        Ok(if got {
+            crate::types::LeaseLock::Held(Box::new(SessionLock { conn }))
+        } else {
+            crate::types::LeaseLock::Taken
+        })
+    }
+
+    pub(crate) fn break_lease(&self, name: &str) -> crate::types::Result<bool> {
+        self.read(|db| Ok(!db.query(Q_BREAK_LEASE_LOCK, &[&name])?.is_empty()))
     }
 }

@@ -1,0 +1,145 @@
+//! This supervisor as a node of the cluster sharing its store (issue 15):
+//! its heartbeat on every tick; the nodes whose heartbeat expired, declared
+//! lost (what they ran ends `failed (lost)`, their children elsewhere are
+//! then orphans the sweepers cancel `parent_dead`, the lease's lock they may
+//! still hold is broken); and, when this node finds it was declared lost
+//! itself (paused past its heartbeat, cut off from the store), its agents,
+//! recorded lost, stopped: the fence the others put up holds.
+
+use brood_core::{AgentName, Code, FailReason, Terminal};
+use brood_store::{NewNode, StoreError};
+
+use super::sweep::LEASE;
+use super::{Dispatcher, now_ms};
+
+impl Dispatcher {
+    fn node_record(&self) -> Option<NewNode> {
+        let node = self.cfg.node.as_ref()?;
+        Some(NewNode {
+            id: self.me.clone(),
+            address: node.address.clone(),
+            labels: serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into()),
+            capacity: node.capacity,
+        })
+    }
+
+    /// The node's part of each tick: its heartbeat, then the others'.
+    pub(super) fn node_tick(&mut self) {
+        if self.cfg.node.is_none() {
+            return;
+        }
+        self.heartbeat();
+        self.declare_lost_nodes();
+    }
+
+    /// The heartbeat. A node whose record went was declared lost by the
+    /// others (or removed by hand): its agents the store says finished are
+    /// stopped here, then it registers again.
+    fn heartbeat(&mut self) {
+        match self.store.heartbeat_node(&self.me, now_ms()) {
+            Ok(()) => {}
+            Err(StoreError::Refused {
+                code: Code::NotFound,
+                ..
+            }) => {
+                self.fence_off();
+                if let Some(new) = self.node_record()
+                    && let Err(e) = self.store.register_node(&new, now_ms())
+                {
+                    tracing::warn!(error = %e, "registering this node again");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "this node's heartbeat"),
+        }
+    }
+
+    /// Stops the live agents whose records another node ended (this node was
+    /// declared lost): nothing runs here that the store says is over.
+    fn fence_off(&mut self) {
+        let ended: Vec<AgentName> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.stopping.is_none())
+            .map(|(n, _)| n.clone())
+            .filter(|n| {
+                self.store
+                    .agent(&self.tenant, n)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|a| a.status.is_finished())
+            })
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            agents = ended.len(),
+            "this node was declared lost; stopping the agents the store records as ended"
+        );
+        let tops: Vec<AgentName> = ended
+            .iter()
+            .filter(|n| {
+                self.live
+                    .get(*n)
+                    .and_then(|l| l.parent.as_ref())
+                    .is_none_or(|p| !ended.contains(p))
+            })
+            .cloned()
+            .collect();
+        for n in tops {
+            self.stop_subtree(&n, Terminal::Failed(FailReason::Lost));
+        }
+    }
+
+    /// Every other node whose heartbeat is older than the expiry: what it ran
+    /// ends lost, its record goes, and the lease's lock it may hold is broken.
+    /// Any node may do it (the store's transaction makes it happen once).
+    fn declare_lost_nodes(&mut self) {
+        let Some(expiry) = self.cfg.node.as_ref().map(|n| n.expiry) else {
+            return;
+        };
+        let now = now_ms();
+        let nodes = match self.store.nodes() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the nodes");
+                return;
+            }
+        };
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        for n in nodes {
+            if n.id == self.me || now - n.heartbeat_ms <= expiry_ms {
+                continue;
+            }
+            match self.store.recover_lost(std::slice::from_ref(&n.id), now) {
+                Ok(lost) => tracing::warn!(
+                    node = n.id,
+                    agents = lost.len(),
+                    "a node's heartbeat expired: its agents are lost"
+                ),
+                Err(e) => {
+                    tracing::error!(node = n.id, error = %e, "ending a lost node's agents");
+                    continue;
+                }
+            }
+            let held_lease = self
+                .store
+                .lease(LEASE)
+                .ok()
+                .flatten()
+                .is_some_and(|f| f.holder == n.id);
+            if held_lease {
+                match self.store.break_lease_lock(LEASE) {
+                    Ok(true) => {
+                        tracing::warn!(node = n.id, "broke the lost node's sweeper lease lock")
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "breaking a lost node's lease lock"),
+                }
+            }
+            if let Err(e) = self.store.leave_node(&n.id) {
+                tracing::warn!(node = n.id, error = %e, "removing a lost node's record");
+            }
+        }
+    }
+}

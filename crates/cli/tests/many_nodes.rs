@@ -38,8 +38,11 @@ fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
         .spawn()
         .unwrap();
     let d = Daemon(child);
+    let sock = root.join("brood.sock");
     assert!(
-        eventually(Duration::from_secs(20), || root.join("brood.sock").exists()),
+        eventually(Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        }),
         "brood serve on {} did not start",
         root.display()
     );

@@ -6,8 +6,8 @@
 //! itself (paused past its heartbeat, cut off from the store), its agents,
 //! recorded lost, stopped: the fence the others put up holds.
 
-use brood_core::{AgentName, Code, FailReason, Terminal};
-use brood_store::{NewNode, StoreError};
+use brood_core::{AgentName, Code, FailReason, Status, Terminal};
+use brood_store::{NewNode, RunEnd, StoreError};
 
 use super::sweep::LEASE;
 use super::{Dispatcher, now_ms};
@@ -30,6 +30,66 @@ impl Dispatcher {
         }
         self.heartbeat();
         self.declare_lost_nodes();
+    }
+
+    /// Queued records of this supervisor's agents that no live agent
+    /// accounts for (a start whose recording failed when the store was
+    /// unreachable, after its process was killed): ended `failed (lost)`, so
+    /// nothing is left queued for ever. Every agent admitted here is in
+    /// `live` from its admission to its recorded end, so a record missing from
+    /// it has no process behind it.
+    pub(super) fn end_records_without_agents(&mut self) {
+        let mine = match self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading this supervisor's unfinished agents");
+                return;
+            }
+        };
+        for a in mine {
+            // A record that says running is the sweepers' (its pid is checked
+            // there, "lost: process is gone"); a queued one has no pid to check.
+            if a.tenant != self.tenant
+                || self.live.contains_key(&a.name)
+                || a.status != Status::Queued
+            {
+                continue;
+            }
+            let end = RunEnd {
+                outcome: Terminal::Failed(FailReason::Lost),
+                exit_code: None,
+                result: None,
+                detail: Some(
+                    "its supervisor lost track of it (a store write failed); no process runs for it"
+                        .into(),
+                ),
+                now_ms: now_ms(),
+                output: None,
+            };
+            let events = [super::ev(
+                &a.name,
+                Some(&a.run),
+                &a.session,
+                brood_core::AgentEvent::Stop {
+                    agent: a.name.clone(),
+                    outcome: Terminal::Failed(FailReason::Lost),
+                    swept: None,
+                },
+            )];
+            match self
+                .store
+                .end_run(&self.tenant, &a.name, &a.run, &end, &events)
+            {
+                Ok(agent) => {
+                    tracing::warn!(agent = %a.name, "a record without an agent ended lost");
+                    self.project_events(&events);
+                    self.after_end(&agent, None, None);
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %a.name, error = %e, "ending a record without an agent")
+                }
+            }
+        }
     }
 
     /// The heartbeat. A node whose record went was declared lost by the

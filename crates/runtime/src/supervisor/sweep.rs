@@ -69,6 +69,9 @@ pub(super) struct SweepState {
     /// own lock shared by every node) and the store's fence for it.
     lease: Option<(LeaseGuard, Fence)>,
     ticks: u64,
+    /// The tick before which a lease held elsewhere is not asked for again
+    /// (asking the store's lock costs a connection).
+    next_lease_try: u64,
     /// Zombie children no live agent accounted for at the last tick
     /// (`supervisor::orphans`).
     pub(super) orphan_zombies: std::collections::HashSet<i32>,
@@ -95,6 +98,9 @@ impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
         self.node_tick();
+        if self.sweep.ticks.is_multiple_of(ORPHANS_EVERY) {
+            self.end_records_without_agents();
+        }
         self.reap_orphans();
         self.watch_keeper();
         let ticks = self.sweep.ticks;
@@ -189,9 +195,15 @@ impl Dispatcher {
             Some((_, f)) => return Some(f.clone()),
             None => {}
         }
+        if self.sweep.ticks < self.sweep.next_lease_try {
+            return None;
+        }
         let guard = match self.store.lease_lock(LEASE) {
             Ok(brood_store::LeaseLock::Held(h)) => LeaseGuard::Shared(h),
-            Ok(brood_store::LeaseLock::Taken) => return None,
+            Ok(brood_store::LeaseLock::Taken) => {
+                self.sweep.next_lease_try = self.sweep.ticks + ORPHANS_EVERY;
+                return None;
+            }
             Ok(brood_store::LeaseLock::NotShared) => match self.lock_file() {
                 Some(f) => LeaseGuard::File(f),
                 None => return None,

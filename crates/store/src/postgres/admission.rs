@@ -49,8 +49,10 @@ const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms =
      WHERE id = ?2 AND tenant = ?1";
 
 impl Admission for PgStore {
+    // `admit_tx` takes the tenant's lock itself, in the same round trip as
+    // its reads.
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.write(new.tenant.as_str(), |db| admit_tx(db, new, None, events))
+        self.write_any(|db| admit_tx(db, new, None, events))
     }
 
     fn admit_with_quotas(
@@ -59,9 +61,7 @@ impl Admission for PgStore {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write(new.tenant.as_str(), |db| {
-            admit_tx(db, new, Some(quotas), events)
-        })
+        self.write_any(|db| admit_tx(db, new, Some(quotas), events))
     }
 
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {

@@ -17,9 +17,12 @@ use super::Tx;
 
 /// Waits for `f` on this thread. Not tokio's `block_on`, which refuses to
 /// run inside a runtime: these futures only wait for the connection's task,
-/// which runs on the store's own runtime.
+/// which runs on the store's own runtime. `unconstrained`: a caller on a
+/// tokio worker thread may have spent its task's cooperative budget, and a
+/// tokio future polled then (a `JoinHandle`) would defer its wake-up to that
+/// scheduler, which never runs while this thread waits here: a hang.
 pub(crate) fn block<F: Future>(f: F) -> F::Output {
-    futures_executor::block_on(f)
+    futures_executor::block_on(tokio::task::unconstrained(f))
 }
 
 /// A connection of the pool and the statements prepared on it.
@@ -83,6 +86,10 @@ pub(crate) struct Db<'a> {
 
 pub(crate) type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
 
+/// A tenant's advisory transaction lock (its key the tenant's name hashed by
+/// the server): what every read-then-write transaction takes first.
+pub(crate) const LOCK_TENANT: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
 impl Db<'_> {
     fn statement(&self, sql: &str) -> Tx<Statement> {
         if let Some(s) = self.stmts.borrow().get(sql) {
@@ -131,6 +138,28 @@ impl Db<'_> {
             On::Client(c) => block(c.execute(&s, params))?,
             On::Tx(t) => block(t.execute(&s, params))?,
         })
+    }
+
+    /// Runs `statements` in order, sent together: one round trip for all
+    /// (tokio-postgres pipelines the queries of one connection polled at
+    /// once; the server still runs them one after another, in order, so a
+    /// lock taken by the first holds for the rest). Every statement's rows;
+    /// the first error stops the rest (the transaction is aborted then).
+    pub(crate) fn pipeline(&self, statements: &[(&str, Params<'_>)]) -> Tx<Vec<Vec<Row>>> {
+        let prepared: Vec<Statement> = statements
+            .iter()
+            .map(|(sql, _)| self.statement(sql))
+            .collect::<Tx<_>>()?;
+        let futures = prepared.iter().zip(statements).map(|(s, (_, params))| {
+            let on = &self.on;
+            async move {
+                match on {
+                    On::Client(c) => c.query(s, params).await,
+                    On::Tx(t) => t.query(s, params).await,
+                }
+            }
+        });
+        Ok(block(futures_util::future::try_join_all(futures))?)
     }
 
     /// Runs statements without parameters (the schema, locks).

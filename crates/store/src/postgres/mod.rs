@@ -149,6 +149,7 @@ pub(crate) struct Pool {
     config: tokio_postgres::Config,
     /// host:port/dbname, for errors and logs (never the password).
     pub(crate) target: String,
+    connect_timeout: std::time::Duration,
     /// Always `Some` until the pool is dropped (see its `Drop`).
     runtime: Option<tokio::runtime::Runtime>,
     slots: Mutex<Vec<Option<Conn>>>,
@@ -179,10 +180,22 @@ impl Pool {
     fn connect(&self) -> Tx<Conn> {
         let config = self.config.clone();
         let rt = self.runtime()?;
+        let timeout = self.connect_timeout;
+        let target = self.target.clone();
         let (client, connection) = block(async {
             // The connect future needs tokio's reactor: it runs on the pool's
             // runtime, and only the answer comes back here.
-            rt.spawn(async move { config.connect(NoTls).await }).await
+            // Bounded on the runtime's own clock, whatever the server does.
+            rt.spawn(async move {
+                match tokio::time::timeout(timeout, config.connect(NoTls)).await {
+                    Ok(r) => r.map_err(Fail::Pg),
+                    Err(_) => Err(Fail::Store(StoreError::PostgresSetup {
+                        target,
+                        message: format!("no connection within {timeout:?}"),
+                    })),
+                }
+            })
+            .await
         })
         .map_err(|e| {
             Fail::Store(StoreError::PostgresSetup {
@@ -207,8 +220,13 @@ impl Pool {
     }
 
     /// Runs `f` on a connection of the pool (a live one: a closed one is
-    /// replaced first), then gives the connection back.
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Conn) -> Tx<T>) -> Result<T> {
+    /// replaced first), then gives the connection back. When the connection
+    /// was lost under `f` (the server restarted or ended the session), `f`
+    /// runs once more on a new one: its transaction was rolled back by the
+    /// server with the connection, so nothing is done twice. (A loss during
+    /// the commit itself is the one case this cannot tell; the retry then
+    /// meets the committed state and is refused as a repeat.)
+    pub(crate) fn with<T>(&self, mut f: impl FnMut(&mut Conn) -> Tx<T>) -> Result<T> {
         let mut client = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
             loop {
@@ -221,21 +239,52 @@ impl Pool {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let r = (|| {
-            let mut c = match client.take() {
-                Some(c) if !c.is_closed() => c,
-                _ => self.connect()?,
-            };
-            let r = f(&mut c);
-            client = Some(c);
-            r
-        })();
+        let mut attempt = 0;
+        let r = loop {
+            attempt += 1;
+            let r = (|| {
+                let mut c = match client.take() {
+                    Some(c) if !c.is_closed() => c,
+                    _ => self.connect()?,
+                };
+                let r = f(&mut c);
+                client = Some(c);
+                r
+            })();
+            match r {
+                Err(Fail::Pg(e)) if attempt == 1 && connection_lost(&e) => {
+                    eprintln!(
+                        "brood store: postgres connection to {} lost ({e}); trying once more",
+                        self.target
+                    );
+                    client = None;
+                }
+                r => break r,
+            }
+        };
         {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
             slots.push(client);
         }
         self.freed.notify_one();
         r.map_err(|e| e.at(&self.target))
+    }
+}
+
+/// The connection went, not the statement: closed, or the server ending the
+/// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
+/// connect now, `08*` connection exceptions).
+fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(c) => {
+            let c = c.code();
+            c == "57P01" || c == "57P02" || c == "57P03" || c.starts_with("08")
+        }
+        // An I/O error under the connection (reset, broken pipe).
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
     }
 }
 
@@ -270,6 +319,7 @@ impl PgStore {
         let pool = Arc::new(Pool {
             config,
             target,
+            connect_timeout: opts.connect_timeout,
             runtime: Some(runtime),
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
@@ -308,20 +358,20 @@ impl PgStore {
     }
 
     /// Runs `f` on a connection of the pool (reads outside a transaction).
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
+    pub(crate) fn read<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
         self.pool.with(|c| f(&c.db()))
     }
 
     /// Runs `f` in a transaction that first takes `tenant`'s advisory lock
     /// (every read-then-write body: exact across nodes).
-    pub(crate) fn write<T>(&self, tenant: &str, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
-        self.pool.with(|c| c.tx(Some(tenant), f))
+    pub(crate) fn write<T>(&self, tenant: &str, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| c.tx(Some(tenant), &f))
     }
 
     /// Runs `f` in a transaction without a tenant's lock (bodies that span
     /// tenants, as the sweepers' and recovery's, lock what they need).
-    pub(crate) fn write_any<T>(&self, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Result<T> {
-        self.pool.with(|c| c.tx(None, f))
+    pub(crate) fn write_any<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| c.tx(None, &f))
     }
 }
 

@@ -6,9 +6,10 @@ use brood_core::{AgentName, Code, RunId, Status, TenantId, Terminal};
 
 use super::rows::agent_from;
 use super::{Db, Fail, Tx, not_found, refused};
-use crate::sqlite::sql::{
-    I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, U_NEXT_SEQ, U_RUN_ENDED, U_STATUS_DETAIL,
-};
+use tokio_postgres::types::ToSql;
+
+use super::db::Params;
+use crate::sqlite::sql::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS, U_RUN_ENDED, U_STATUS_DETAIL};
 use crate::types::{Agent, Event, NewEvent, StoreError};
 
 pub(crate) fn load_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Option<Agent>> {
@@ -88,9 +89,10 @@ pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
 }
 
 /// Appends `events` to the tenant's log with the next sequence numbers,
-/// inside the caller's transaction. `SELECT … FOR UPDATE` on the tenant's
-/// row makes two transactions (on any nodes) take turns for the numbers, so
-/// the sequence has no gap and no repeat across the cluster.
+/// inside the caller's transaction, in three round trips whatever their
+/// number: the agents they name checked together, the tenant's row advanced
+/// (an upsert that locks it to the end of the transaction, so the numbers
+/// have no gap or repeat across the cluster), the rows inserted together.
 pub(crate) fn append_events_tx(
     db: &Db<'_>,
     tenant: &TenantId,
@@ -101,30 +103,59 @@ pub(crate) fn append_events_tx(
         return Ok(Vec::new());
     }
     check_events(events)?;
-    for e in events {
-        if !agent_exists(db, tenant, &e.agent)? {
+    let ts = tenant.as_str();
+    let names: Vec<&str> = events.iter().map(|e| e.agent.as_str()).collect();
+    let checks: Vec<[&(dyn ToSql + Sync); 2]> = names.iter().map(|n| [&ts as _, n as _]).collect();
+    let stmts: Vec<(&str, Params<'_>)> = checks.iter().map(|p| (Q_AGENT_EXISTS, &p[..])).collect();
+    let found = db.pipeline(&stmts)?;
+    for (e, rows) in events.iter().zip(&found) {
+        // The foreign key would refuse it too, with a message that names nothing.
+        let exists = match rows.first() {
+            Some(r) => r.try_get::<_, bool>(0)?,
+            None => false,
+        };
+        if !exists {
             return Err(not_found(tenant, &e.agent));
         }
     }
+    let n = i64::try_from(events.len()).unwrap_or(i64::MAX);
     let next: i64 = db
-        .query_one(&format!("{Q_NEXT_SEQ} FOR UPDATE"), &[&tenant.as_str()])?
+        .query_one(U_TENANT_SEQ, &[&ts, &n, &now_ms])?
         .try_get(0)?;
-    let mut out = Vec::with_capacity(events.len());
-    for (seq, e) in (next..).zip(events) {
-        db.exec(
-            I_EVENT,
-            &[
-                &tenant.as_str(),
-                &seq,
+    let rows: Vec<(i64, Option<&str>, &str, &str)> = events
+        .iter()
+        .zip(next..)
+        .map(|(e, seq)| {
+            (
+                seq,
+                e.run.as_ref().map(RunId::as_str),
+                e.agent.as_str(),
+                e.session.as_str(),
+            )
+        })
+        .collect();
+    let params: Vec<[&(dyn ToSql + Sync); 8]> = events
+        .iter()
+        .zip(&rows)
+        .map(|(e, (seq, run, agent, session))| {
+            [
+                &ts as &(dyn ToSql + Sync),
+                seq,
                 &now_ms,
-                &e.agent.as_str(),
-                &e.run.as_ref().map(RunId::as_str),
-                &e.session.as_str(),
-                &e.kind.as_str(),
-                &e.payload.as_str(),
-            ],
-        )?;
-        out.push(Event {
+                agent,
+                run,
+                session,
+                &e.kind,
+                &e.payload,
+            ]
+        })
+        .collect();
+    let inserts: Vec<(&str, Params<'_>)> = params.iter().map(|p| (I_EVENT, &p[..])).collect();
+    db.pipeline(&inserts)?;
+    Ok(events
+        .iter()
+        .zip(next..)
+        .map(|(e, seq)| Event {
             tenant: tenant.clone(),
             seq,
             ts_ms: now_ms,
@@ -133,12 +164,15 @@ pub(crate) fn append_events_tx(
             session: e.session.clone(),
             kind: e.kind.clone(),
             payload: e.payload.clone(),
-        });
-    }
-    let after = next + i64::try_from(events.len()).unwrap_or(i64::MAX);
-    db.exec(U_NEXT_SEQ, &[&tenant.as_str(), &after])?;
-    Ok(out)
+        })
+        .collect())
 }
+
+/// The tenant's row, made if new, its next sequence number advanced by `$2`
+/// events; the first of them is returned, and the row stays locked to the
+/// end of the transaction.
+pub(crate) const U_TENANT_SEQ: &str = "INSERT INTO tenants (id, next_seq, created_ms) VALUES ($1, 1 + $2::BIGINT, $3) \
+     ON CONFLICT (id) DO UPDATE SET next_seq = tenants.next_seq + $2::BIGINT RETURNING next_seq - $2::BIGINT";
 
 /// Ends the agent's current run with `outcome` (the caller checked the move).
 pub(crate) fn write_end(

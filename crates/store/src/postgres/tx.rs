@@ -8,13 +8,16 @@
 use brood_core::{AgentName, CancelReason, Code, Quotas, RunId, Status, TenantId, Terminal};
 
 use super::rows::{agent_from, collect, encode_artifacts};
+use tokio_postgres::types::ToSql;
+
+use super::db::{LOCK_TENANT, Params};
 use super::steps::{
-    agent_exists, append_events_tx, check_current_run, check_json_object, check_move, load_agent,
-    must_agent, stop_event, write_end,
+    U_TENANT_SEQ, agent_exists, append_events_tx, check_current_run, check_events,
+    check_json_object, check_move, load_agent, must_agent, stop_event, write_end,
 };
-use super::{Db, Tx, corrupt, refused};
+use super::{Db, Tx, corrupt, not_found, refused};
 use crate::sqlite::sql::{
-    I_AGENT, I_CHANNEL, I_EDGE, I_RUN, I_TENANT, Q_FANOUT, Q_LAST_RUN_SEQ, Q_TREE_SIZE,
+    I_AGENT, I_CHANNEL, I_EDGE, I_EVENT, I_RUN, Q_AGENT, Q_AGENT_EXISTS, Q_FANOUT, Q_LAST_RUN_SEQ,
     Q_UNFINISHED_OF, U_CHANNEL_RESULT, U_RESUMED, U_STATUS,
 };
 use crate::types::{Agent, NewAgent, NewEvent, RunEnd};
@@ -23,10 +26,6 @@ use crate::types::{Agent, NewAgent, NewEvent, RunEnd};
 /// private to the SQLite module. Depth quotas stop far below this (SPEC 9
 /// ceiling: 32); reaching it means the edges are corrupt.
 const MAX_WALK_DEPTH: i64 = 10_000;
-
-/// A tenant's advisory lock, taken as `Conn::tx` takes it (the same text, so
-/// the same key): recovery takes the locks of the tenants it ends agents in.
-const LOCK_TENANT: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
 
 // The statements of `sqlite::sweeps` that the budget and `create_limit` checks
 // use; that module is private to the SQLite store, so they are repeated here.
@@ -75,12 +74,44 @@ pub(crate) fn admit_tx(
 ) -> Tx<Agent> {
     let t = &new.tenant;
     check_json_object(|| format!("spec of agent {}", new.name), &new.spec, false)?;
+    check_events(events)?;
+    // One round trip for the tenant's lock and every read the admission
+    // decides on: the server runs them in order, so the reads see what the
+    // lock protects (docs/decisions.md "The PostgreSQL store").
+    let ts = t.as_str();
+    let name = new.name.as_str();
+    let pname = new.parent.as_ref().map_or("", AgentName::as_str);
+    let cname = new.customer.as_ref().map_or("", AgentName::as_str);
+    let lock_p: [&(dyn ToSql + Sync); 1] = [&ts];
+    let parent_p: [&(dyn ToSql + Sync); 2] = [&ts, &pname];
+    let name_p: [&(dyn ToSql + Sync); 2] = [&ts, &name];
+    let customer_p: [&(dyn ToSql + Sync); 2] = [&ts, &cname];
+    let read = db.pipeline(&[
+        (LOCK_TENANT, &lock_p),
+        (Q_AGENT, &parent_p),
+        (Q_AGENT_EXISTS, &name_p),
+        (Q_AGENT_EXISTS, &customer_p),
+        (Q_FANOUT, &parent_p),
+        (Q_TREE_SIZE_UNDER, &parent_p),
+    ])?;
+    let first_bool = |i: usize| -> Tx<bool> {
+        match read[i].first() {
+            Some(r) => Ok(r.try_get(0)?),
+            None => Ok(false),
+        }
+    };
+    let first_count = |i: usize| -> Tx<i64> {
+        match read[i].first() {
+            Some(r) => Ok(r.try_get(0)?),
+            None => Ok(0),
+        }
+    };
     // The refusals in a fixed order, so a request wrong in several ways always
     // gets the same answer: the parent, then the name, then the customer.
     let parent = match &new.parent {
         None => None,
         Some(p) => {
-            let Some(pa) = load_agent(db, t, p)? else {
+            let Some(pa) = read[1].first().map(agent_from).transpose()? else {
                 return Err(refused(
                     Code::ParentMismatch,
                     format!("parent {p} does not exist in tenant {t}"),
@@ -100,14 +131,14 @@ pub(crate) fn admit_tx(
             Some(pa)
         }
     };
-    if agent_exists(db, t, &new.name)? {
+    if first_bool(2)? {
         return Err(refused(
             Code::NameTaken,
             format!("agent name {} is taken in tenant {t}", new.name),
         ));
     }
     if let Some(c) = &new.customer
-        && !agent_exists(db, t, c)?
+        && !first_bool(3)?
     {
         return Err(refused(
             Code::ParentMismatch,
@@ -115,65 +146,101 @@ pub(crate) fn admit_tx(
         ));
     }
     if let Some(q) = quotas {
-        check_quotas(db, new, parent.as_ref(), q)?;
+        quota_verdict(new, parent.as_ref(), q, first_count(4)?, first_count(5)?)?;
+        if let Some(p) = &parent {
+            check_create_limit(db, new, p)?;
+            check_budget(db, new, p)?;
+        }
+    }
+    // Events name the new agent or its parent (known to exist by now); any
+    // other must exist too.
+    for e in events {
+        if e.agent != new.name
+            && Some(&e.agent) != new.parent.as_ref()
+            && !agent_exists(db, t, &e.agent)?
+        {
+            return Err(not_found(t, &e.agent));
+        }
     }
 
-    db.exec(I_TENANT, &[&t.as_str(), &new.now_ms])?;
+    // The writes: the tenant's row (made if new) advanced by the events'
+    // numbers, then every insert in one more round trip.
+    let n = i64::try_from(events.len()).unwrap_or(i64::MAX);
+    let seq: i64 = db
+        .query_one(U_TENANT_SEQ, &[&ts, &n, &new.now_ms])?
+        .try_get(0)?;
     let (root, depth) = match &parent {
         Some(p) => (p.root.clone(), i64::from(p.depth) + 1),
         None => (new.name.clone(), 0),
     };
-    db.exec(
-        I_AGENT,
-        &[
-            &t.as_str(),
-            &new.name.as_str(),
-            &new.parent.as_ref().map(AgentName::as_str),
-            &new.customer.as_ref().map(AgentName::as_str),
-            &root.as_str(),
-            &depth,
-            &new.session.as_str(),
-            &new.protocol.as_str(),
-            &new.spec.as_str(),
-            &Status::Queued.encode(),
-            &new.run.as_str(),
-            &new.supervisor.as_str(),
-            &new.now_ms,
-        ],
-    )?;
-    db.exec(
-        I_RUN,
-        &[
-            &new.run.as_str(),
-            &t.as_str(),
-            &new.name.as_str(),
-            &1_i64,
-            &new.now_ms,
-        ],
-    )?;
-    if let Some(p) = &parent {
-        db.exec(
-            I_EDGE,
-            &[
-                &t.as_str(),
-                &p.name.as_str(),
-                &new.name.as_str(),
+    let parent_name = new.parent.as_ref().map(AgentName::as_str);
+    let customer_name = new.customer.as_ref().map(AgentName::as_str);
+    let root_name = root.as_str();
+    let session = new.session.as_str();
+    let protocol = new.protocol.as_str();
+    let queued = Status::Queued.encode();
+    let run = new.run.as_str();
+    let one = 1_i64;
+    let agent_p: [&(dyn ToSql + Sync); 13] = [
+        &ts,
+        &name,
+        &parent_name,
+        &customer_name,
+        &root_name,
+        &depth,
+        &session,
+        &protocol,
+        &new.spec,
+        &queued,
+        &run,
+        &new.supervisor,
+        &new.now_ms,
+    ];
+    let run_p: [&(dyn ToSql + Sync); 5] = [&run, &ts, &name, &one, &new.now_ms];
+    let (p_name, p_session) = parent
+        .as_ref()
+        .map_or(("", ""), |p| (p.name.as_str(), p.session.as_str()));
+    let edge_p: [&(dyn ToSql + Sync); 4] = [&ts, &p_name, &name, &new.now_ms];
+    let channel_p: [&(dyn ToSql + Sync); 6] =
+        [&ts, &p_name, &p_session, &name, &session, &new.handoff];
+    let rows: Vec<EventRow<'_>> = events
+        .iter()
+        .zip(seq..)
+        .map(|(e, k)| {
+            (
+                k,
+                e.run.as_ref().map(RunId::as_str),
+                e.agent.as_str(),
+                e.session.as_str(),
+                e.kind.as_str(),
+                e.payload.as_str(),
+            )
+        })
+        .collect();
+    let event_ps: Vec<[&(dyn ToSql + Sync); 8]> = rows
+        .iter()
+        .map(|(k, run, agent, session, kind, payload)| {
+            [
+                &ts as &(dyn ToSql + Sync),
+                k,
                 &new.now_ms,
-            ],
-        )?;
-        db.exec(
-            I_CHANNEL,
-            &[
-                &t.as_str(),
-                &p.name.as_str(),
-                &p.session.as_str(),
-                &new.name.as_str(),
-                &new.session.as_str(),
-                &new.handoff.as_str(),
-            ],
-        )?;
+                agent,
+                run,
+                session,
+                kind,
+                payload,
+            ]
+        })
+        .collect();
+    let mut writes: Vec<(&str, Params<'_>)> = vec![(I_AGENT, &agent_p), (I_RUN, &run_p)];
+    if parent.is_some() {
+        writes.push((I_EDGE, &edge_p));
+        writes.push((I_CHANNEL, &channel_p));
     }
-    append_events_tx(db, t, events, new.now_ms)?;
+    for p in &event_ps {
+        writes.push((I_EVENT, p));
+    }
+    db.pipeline(&writes)?;
     // The row just inserted, built from the values it was inserted with: reading
     // it back cost a query and a decode of every column on each admission.
     Ok(Agent {
@@ -195,22 +262,26 @@ pub(crate) fn admit_tx(
     })
 }
 
-/// The quota checks of SPEC 9, in the order documented on
-/// `Store::admit_with_quotas`: depth, fanout, tree size. Reads only; the
-/// caller's transaction holds the tenant's advisory lock, so no other admission
-/// in the tenant, on any node, can change a count between this check and the
-/// insert that follows it.
-pub(crate) fn check_quotas(
-    db: &Db<'_>,
+/// An event's columns but the tenant and the time: sequence, run, agent,
+/// session, kind, payload.
+type EventRow<'a> = (i64, Option<&'a str>, &'a str, &'a str, &'a str, &'a str);
+
+/// The size of the tree a new child of `$2` joins (its parent's root's).
+const Q_TREE_SIZE_UNDER: &str = "SELECT COUNT(*) FROM agents WHERE tenant = $1 \
+     AND root = (SELECT root FROM agents WHERE tenant = $1 AND name = $2)";
+
+/// The quota checks of SPEC 9 on counts already read (`fanout`: the parent's
+/// unfinished children; `size`: its tree's agents), in the documented order.
+fn quota_verdict(
     new: &NewAgent,
     parent: Option<&Agent>,
     q: &Quotas,
+    fanout: i64,
+    size: i64,
 ) -> Tx<()> {
     let t = &new.tenant;
     let name = &new.name;
     let Some(p) = parent else {
-        // A root starts its own tree: depth 0 and no siblings, so only the tree
-        // size applies, and its tree would hold just the root.
         if q.max_tree_size == 0 {
             return Err(refused(
                 Code::QuotaTreeSize,
@@ -233,9 +304,6 @@ pub(crate) fn check_quotas(
             ),
         ));
     }
-    let fanout: i64 = db
-        .query_one(Q_FANOUT, &[&t.as_str(), &p.name.as_str()])?
-        .try_get(0)?;
     if fanout >= i64::from(q.max_fanout) {
         return Err(refused(
             Code::QuotaFanout,
@@ -246,9 +314,6 @@ pub(crate) fn check_quotas(
             ),
         ));
     }
-    let size: i64 = db
-        .query_one(Q_TREE_SIZE, &[&t.as_str(), &p.root.as_str()])?
-        .try_get(0)?;
     if size >= i64::from(q.max_tree_size) {
         return Err(refused(
             Code::QuotaTreeSize,
@@ -260,8 +325,7 @@ pub(crate) fn check_quotas(
             ),
         ));
     }
-    check_create_limit(db, new, p)?;
-    check_budget(db, new, p)
+    Ok(())
 }
 
 /// The `policy.create_limit` recorded in a spec, if any.

@@ -12,6 +12,7 @@
 //! `brood_core::Status::transition`; the store refuses an illegal move instead of
 //! writing it.
 
+mod checks;
 mod contract;
 pub mod postgres;
 pub mod sqlite;

@@ -122,30 +122,10 @@ pub(crate) fn message_from(row: &Row) -> Tx<Message> {
     })
 }
 
-/// `channels.artifacts`: a JSON array of `{"name","sha256","size"}`.
-pub(crate) fn encode_artifacts(a: &[Artifact]) -> String {
-    serde_json::Value::Array(
-        a.iter()
-            .map(|a| serde_json::json!({"name": a.name, "sha256": a.sha256, "size": a.size}))
-            .collect(),
-    )
-    .to_string()
-}
+pub(crate) use crate::checks::encode_artifacts;
 
 pub(crate) fn decode_artifacts(text: &str) -> Tx<Vec<Artifact>> {
-    let bad = || corrupt("channels.artifacts", text);
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|_| bad())?;
-    let items = v.as_array().ok_or_else(bad)?;
-    items
-        .iter()
-        .map(|a| {
-            Ok(Artifact {
-                name: a["name"].as_str().ok_or_else(bad)?.to_owned(),
-                sha256: a["sha256"].as_str().ok_or_else(bad)?.to_owned(),
-                size: a["size"].as_u64().ok_or_else(bad)?,
-            })
-        })
-        .collect()
+    Ok(crate::checks::decode_artifacts(text)?)
 }
 
 /// A channel row: `tenant, parent, parent_session, child, child_session,

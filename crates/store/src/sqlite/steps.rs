@@ -28,65 +28,25 @@ pub(super) fn agent_exists(conn: &Connection, tenant: &TenantId, name: &AgentNam
         .query_row((tenant.as_str(), name.as_str()), |r| r.get(0))?)
 }
 
-/// Checks a move with the one transition function, naming the agent on refusal.
+// The checks both stores share, their errors turned into this store's.
 pub(super) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
-    agent.status.transition(to).map_err(|source| {
-        Fail::Store(StoreError::Transition {
-            name: agent.name.to_string(),
-            source,
-        })
-    })
+    Ok(crate::checks::check_move(agent, to)?)
 }
 
-/// Refuses a call that names a run other than the agent's newest one: that run is
-/// over, and acting on it would overwrite the newer run's record.
 pub(super) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
-    if agent.run == *run {
-        Ok(())
-    } else {
-        Err(refused(
-            Code::Conflict,
-            format!(
-                "run {run} is not the current run of agent {} (the current one is {})",
-                agent.name, agent.run
-            ),
-        ))
-    }
+    Ok(crate::checks::check_current_run(agent, run)?)
 }
 
-/// Text stored as JSON must be one JSON object; an event payload is also a line of
-/// `events.jsonl`, so it must not contain a newline either.
 pub(super) fn check_json_object(
     what: impl FnOnce() -> String,
     text: &str,
     one_line: bool,
 ) -> Tx<()> {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(v) if v.is_object() && !(one_line && text.contains('\n')) => Ok(()),
-        Ok(_) if one_line => Err(refused(
-            Code::BadRequest,
-            format!("{} must be a one-line JSON object", what()),
-        )),
-        Ok(_) => Err(refused(
-            Code::BadRequest,
-            format!("{} must be a JSON object", what()),
-        )),
-        Err(e) => Err(refused(
-            Code::BadRequest,
-            format!("{} is not JSON: {e}", what()),
-        )),
-    }
+    Ok(crate::checks::check_json_object(what, text, one_line)?)
 }
 
 pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
-    for e in events {
-        check_json_object(
-            || format!("payload of event {} of agent {}", e.kind, e.agent),
-            &e.payload,
-            true,
-        )?;
-    }
-    Ok(())
+    Ok(crate::checks::check_events(events)?)
 }
 
 /// Appends `events` to the tenant's log with the next sequence numbers. Runs inside
@@ -172,25 +132,4 @@ pub(super) fn write_end(
     Ok(())
 }
 
-/// The `agent.stop` event line of SPEC 6 step 5, with the reason when there is one.
-pub(super) fn stop_event(agent: &Agent, outcome: Terminal) -> NewEvent {
-    let mut payload = serde_json::Map::new();
-    payload.insert("type".into(), "agent.stop".into());
-    payload.insert("agent".into(), agent.name.as_str().into());
-    payload.insert("status".into(), outcome.word().into());
-    if let Some(reason) = outcome.reason() {
-        payload.insert("reason".into(), reason.into());
-    }
-    NewEvent {
-        agent: agent.name.clone(),
-        run: Some(agent.run.clone()),
-        session: agent.session.clone(),
-        kind: "agent.stop".to_owned(),
-        payload: serde_json::Value::Object(payload).to_string(),
-    }
-}
-
-pub(super) fn to_sql_count(n: u64) -> i64 {
-    // No run reaches 2^63 tokens; saturating keeps the call infallible.
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
+pub(super) use crate::checks::{stop_event, to_sql_count};

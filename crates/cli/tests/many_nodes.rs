@@ -24,6 +24,9 @@ use common::*;
 use serde_json::{Value, json};
 
 fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
+    // The node's log beside its root, so a node that fails says why.
+    let log_path = root.with_extension("log");
+    let log = std::fs::File::create(&log_path).unwrap();
     #[allow(clippy::disallowed_methods)]
     let child = Command::new(exe())
         .arg("--root")
@@ -34,7 +37,7 @@ fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
         .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let d = Daemon(child);
@@ -43,8 +46,9 @@ fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
         eventually(Duration::from_secs(20), || {
             std::os::unix::net::UnixStream::connect(&sock).is_ok()
         }),
-        "brood serve on {} did not start",
-        root.display()
+        "brood serve on {} did not start: {}",
+        root.display(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
     );
     d
 }

@@ -4,6 +4,7 @@
 
 mod api;
 mod jobs;
+mod nodes;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -40,6 +41,19 @@ pub enum Which {
         n: usize,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A cancel's reach across three `brood serve` nodes sharing the store
+    /// named by `--store postgres://…`: until every child process on the
+    /// other nodes is gone, against the same cancel with every child on the
+    /// parent's node.
+    Nodes {
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// Children per round.
+        #[arg(long, default_value_t = 4)]
+        children: usize,
         #[arg(long)]
         json: bool,
     },
@@ -234,6 +248,21 @@ pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
         uid: crate::unsafe_uid(),
     };
     match which {
+        Which::Nodes {
+            rounds,
+            children,
+            json: as_json,
+        } => {
+            let Some(store) = crate::store_spec().filter(|s| brood_store::is_postgres_url(s))
+            else {
+                anyhow::bail!(crate::Exit(
+                    2,
+                    "bench nodes needs --store postgres://… (a store nodes can share)".into()
+                ));
+            };
+            let out = nodes::run(&exe, &store, rounds.max(1), children.max(1)).await?;
+            print_result(&out, as_json);
+        }
         Which::Jobs {
             items,
             per_item,

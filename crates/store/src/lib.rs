@@ -14,8 +14,11 @@
 
 mod checks;
 mod contract;
-pub mod postgres;
+// First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
+// the PostgreSQL store assembles its own statements from the same column lists.
+#[macro_use]
 pub mod sqlite;
+pub mod postgres;
 mod types;
 
 pub use contract::{

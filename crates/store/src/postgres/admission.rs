@@ -14,10 +14,7 @@ use crate::contract::{Admission, Runs};
 use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL};
 use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
 
-/// The recursion guard of the walk up the parents: `sqlite::MAX_WALK_DEPTH`,
-/// which is private to the SQLite module. Depth quotas stop far below this
-/// (SPEC 9 ceiling: 32); reaching it means the agents' parents are corrupt.
-const MAX_WALK_DEPTH: i64 = 10_000;
+use crate::sqlite::MAX_WALK_DEPTH;
 
 // The cycle check: walk up from ?3 through the parents (the primary key at each
 // step), stopping at ?2 when it is met and at the level guard ?4. Returns how many

@@ -34,61 +34,7 @@ use crate::types::{
     Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend, Usage,
 };
 
-/// The recursion guard of the descendants and subtree walks, as on SQLite
-/// (`sqlite::MAX_WALK_DEPTH`, private there). Depth quotas stop far below
-/// this (SPEC 9 ceiling: 32); reaching it means the edges are corrupt.
-const MAX_WALK_DEPTH: i64 = 10_000;
-
-// The columns of an agent row, in the order `agent_at` reads them (the
-// SQLite store's macro, private to its module). A macro and not a const so
-// the queries can be assembled with `concat!` at compile time; the prefix
-// qualifies the columns where a join makes `name` ambiguous.
-macro_rules! agent_cols {
-    ($p:literal) => {
-        concat!(
-            $p,
-            "tenant, ",
-            $p,
-            "name, ",
-            $p,
-            "parent, ",
-            $p,
-            "customer, ",
-            $p,
-            "root, ",
-            $p,
-            "depth, ",
-            $p,
-            "session, ",
-            $p,
-            "protocol, ",
-            $p,
-            "spec, ",
-            $p,
-            "status, ",
-            $p,
-            "detail, ",
-            $p,
-            "run, ",
-            $p,
-            "supervisor, ",
-            $p,
-            "created_ms, ",
-            $p,
-            "updated_ms"
-        )
-    };
-}
-
-// "Not finished": exactly the WHERE of the partial indexes of
-// `schema/postgres/0001_init.sql`, which the planner uses when the query's
-// WHERE implies it (repeating it does).
-macro_rules! unfinished {
-    () => {
-        "(status = 'queued' OR status = 'running' OR status = 'blocked' \
-         OR status LIKE 'stopping/%')"
-    };
-}
+use crate::sqlite::MAX_WALK_DEPTH;
 
 const Q_CHILDREN: &str = concat!(
     "SELECT ",

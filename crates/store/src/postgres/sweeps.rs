@@ -18,46 +18,6 @@ use super::{Db, PgStore, Tx, refused};
 use crate::contract::Sweeps;
 use crate::types::{Agent, Fence, NewEvent, Result, RunEnd};
 
-// The columns of an agent row, in the order `agent_at` reads them, each
-// qualified by `$p` where a join makes `name` ambiguous (`sqlite::sql`'s
-// `agent_cols!`, whose macros are not in scope here).
-macro_rules! agent_cols {
-    ($p:literal) => {
-        concat!(
-            $p,
-            "tenant, ",
-            $p,
-            "name, ",
-            $p,
-            "parent, ",
-            $p,
-            "customer, ",
-            $p,
-            "root, ",
-            $p,
-            "depth, ",
-            $p,
-            "session, ",
-            $p,
-            "protocol, ",
-            $p,
-            "spec, ",
-            $p,
-            "status, ",
-            $p,
-            "detail, ",
-            $p,
-            "run, ",
-            $p,
-            "supervisor, ",
-            $p,
-            "created_ms, ",
-            $p,
-            "updated_ms"
-        )
-    };
-}
-
 const Q_LEASE: &str = "SELECT name, holder, epoch FROM leases WHERE name = $1";
 // Inside a sweeper's write: the row stays as read until the write commits
 // (an `acquire_lease` meanwhile waits for it).

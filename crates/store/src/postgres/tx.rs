@@ -22,10 +22,7 @@ use crate::sqlite::sql::{
 };
 use crate::types::{Agent, NewAgent, NewEvent, RunEnd};
 
-/// The recursion guard of the subtree walk: `sqlite::MAX_WALK_DEPTH`, which is
-/// private to the SQLite module. Depth quotas stop far below this (SPEC 9
-/// ceiling: 32); reaching it means the edges are corrupt.
-const MAX_WALK_DEPTH: i64 = 10_000;
+use crate::sqlite::MAX_WALK_DEPTH;
 
 // The statements of `sqlite::sweeps` that the budget and `create_limit` checks
 // use; that module is private to the SQLite store, so they are repeated here.

@@ -91,7 +91,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The recursion guard of the descendants and ancestors walks. Depth quotas stop
 /// far below this (SPEC 9 ceiling: 32); reaching it means the edges (or the
 /// agents' parents) are corrupt.
-const MAX_WALK_DEPTH: i64 = 10_000;
+pub(crate) const MAX_WALK_DEPTH: i64 = 10_000;
 
 /// How a [`SqliteStore`] opens its file.
 #[derive(Debug, Clone, Copy, Default)]

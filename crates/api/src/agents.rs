@@ -64,6 +64,19 @@ pub struct SpawnBody {
     /// Free text for people: one line, at most 256 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Where it runs when brood runs as a cluster of nodes
+    /// (docs/many-nodes.md): a node chosen by labels and free capacity.
+    /// Without it, the parent's node (a root: the node asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// A creation's placement: a live node whose labels include every one of
+/// these, with free capacity (the most free first).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    pub labels: BTreeMap<String, String>,
 }
 
 /// `POST /api/agents/{name}/input`: a user message for a live agent.
@@ -117,6 +130,10 @@ pub struct Agent {
     /// The process, while it lives.
     pub pid: Option<i64>,
     pub cgroup: Option<String>,
+    /// The supervisor that runs it (a node of the cluster, or this
+    /// machine's `brood run`/`serve`); placed on a node that has not claimed
+    /// it yet, the node it waits for (docs/many-nodes.md).
+    pub node: String,
     /// The run's result, once it has one.
     pub result: Option<String>,
     pub exit_code: Option<i64>,

@@ -204,6 +204,7 @@ fn req(
     Ok(SpawnRequest {
         customer: None,
         label: None,
+        placement: None,
         name: Some(AgentName::new(&name)?),
         parent,
         argv,

@@ -42,6 +42,7 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
     Ok(SpawnRequest {
         customer: None,
         label: None,
+        placement: None,
         name: Some(AgentName::new(name)?),
         parent: None,
         argv,

@@ -654,6 +654,7 @@ async fn run_root(
     let req = SpawnRequest {
         customer: None,
         label: None,
+        placement: None,
         name,
         parent: None,
         argv,

@@ -83,6 +83,9 @@ pub struct SpawnRequest {
     pub customer: Option<AgentName>,
     /// Free text for people (SPEC 3 `label`): one line, at most 256 bytes.
     pub label: Option<String>,
+    /// In a cluster: run on a node with these labels and free capacity
+    /// (docs/many-nodes.md); `None`: the parent's node.
+    pub placement: Option<std::collections::BTreeMap<String, String>>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -169,6 +172,7 @@ impl SpawnRequest {
             }
         };
         Ok(SpawnRequest {
+            placement: b.placement.map(|p| p.labels),
             name: name_of("name", b.name)?,
             parent: name_of("parent", b.parent)?,
             customer: name_of("customer", b.customer)?,

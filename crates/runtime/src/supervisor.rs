@@ -50,6 +50,7 @@ pub use jobs::JobOp;
 mod launch;
 mod nodes;
 mod orphans;
+mod placement;
 mod protocol;
 mod queue;
 mod shown;
@@ -213,6 +214,9 @@ pub(crate) enum Cmd {
     AgentReply(AgentName, u64, ApiResult),
     /// The sweepers' clock (SPEC 9).
     Tick,
+    /// Another node changed the shared store (issue 15): stops recorded for
+    /// agents here, waits answered by ends there, events to stream.
+    News,
     /// A request on an agent's socket (SPEC 8), from its connection's task.
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
@@ -276,6 +280,29 @@ pub fn supervisor_id(pid: i32) -> Option<String> {
     let rest = stat.rsplit_once(')')?.1;
     let start = rest.split_whitespace().nth(19)?;
     Some(format!("s{pid}-{start}"))
+}
+
+/// Whether the host `id` of an agent record still runs it: a node of the
+/// cluster sharing the store (registered in `nodes`; one whose heartbeat
+/// expired is declared lost by `declare_lost_nodes`, with its own rules), or
+/// a supervisor of this machine whose process answers to the id. A node on
+/// another machine cannot be judged by this machine's process table.
+fn host_alive(id: &str, nodes: &[String]) -> bool {
+    // An agent placed on a node and not claimed yet waits for that node.
+    let id = brood_store::placed_for(id).unwrap_or(id);
+    nodes.iter().any(|n| n == id) || supervisor_alive(id)
+}
+
+/// The ids of the nodes registered in the store (none when it cannot be
+/// read: then only this machine's process table decides).
+fn registered_nodes(store: &dyn Store) -> Vec<String> {
+    match store.nodes() {
+        Ok(v) => v.into_iter().map(|n| n.id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the registered nodes");
+            Vec::new()
+        }
+    }
 }
 
 fn supervisor_alive(id: &str) -> bool {
@@ -420,9 +447,22 @@ struct Live {
     pending: Option<Pending>,
     /// Its launch was handed to the spawner (it holds a concurrency slot).
     launching: bool,
+    /// Its run ended but the end could not be recorded (the store was
+    /// away): kept, and recorded at a later tick, so the record never says
+    /// running for a process that is gone.
+    unrecorded: Option<Box<UnrecordedEnd>>,
 }
 
 /// An admitted agent's launch, waiting for a concurrency slot.
+/// A run's end as `finish` was given it, kept while it cannot be recorded.
+struct UnrecordedEnd {
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<String>,
+    detail: Option<String>,
+    harvest: Option<crate::channel::Harvest>,
+}
+
 struct Pending {
     argv: Vec<String>,
     cwd: Option<String>,
@@ -484,6 +524,7 @@ impl Live {
             limited: false,
             pending: None,
             launching: false,
+            unrecorded: None,
         }
     }
 }
@@ -543,6 +584,9 @@ struct Dispatcher {
     changed: watch::Sender<u64>,
     /// The jobs this supervisor runs and their workers (SPEC 10).
     jobs: jobs::Runner,
+    /// Set while a `Cmd::News` is queued, so news arriving faster than the
+    /// loop looks costs one look, not a queue of them.
+    news_queued: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -618,6 +662,13 @@ impl Dispatcher {
                 if shutdown.is_none() {
                     self.on_tick();
                     self.job_tick();
+                }
+            }
+            Cmd::News => {
+                self.news_queued
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                if shutdown.is_none() {
+                    self.on_news();
                 }
             }
             Cmd::Job(caller, op, reply) => {

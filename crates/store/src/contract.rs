@@ -500,6 +500,40 @@ pub trait Nodes {
 
     /// Every registered node, by id, with the unfinished agents each runs.
     fn nodes(&self) -> Result<Vec<Node>>;
+
+    /// The agents another node admitted in `tenant` for `node` to run,
+    /// still unclaimed (their host recorded as [`crate::placed_on`]`(node)`),
+    /// claimed: their host becomes `node`, in one transaction, and no other
+    /// claim gets them (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so claims never
+    /// wait for each other). Queued ones, and ones whose stop was recorded
+    /// before the claim (which the claimer ends, with no process to stop);
+    /// at most `limit`, oldest first. Nothing is written for an agent that
+    /// is not unclaimed any more.
+    fn claim_placed(&self, tenant: &TenantId, node: &str, limit: u32) -> Result<Vec<Agent>>;
+
+    /// Moves `name`, still `queued` for node `from` (claimed or not), to
+    /// wait for node `to` to claim it (the re-placement of a lost node's
+    /// queue). False, and nothing written, when it is not queued there.
+    fn replace_queued(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        from: &str,
+        to: &str,
+    ) -> Result<bool>;
+
+    /// Live news between the nodes sharing the store: from this call on,
+    /// each write committed through this store is announced to the other
+    /// nodes as `me` (soon and coalesced), and `on_news` is called (on a
+    /// thread of the store's; it must not block) when another node
+    /// announces one, and whenever news may have been missed (the listening
+    /// connection made again). A notification says only "look": the store
+    /// stays the truth, so a lost one costs latency, never correctness. A
+    /// store no other node reaches hears nothing (the default).
+    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+        let _ = (me, on_news);
+        Ok(())
+    }
 }
 
 /// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either

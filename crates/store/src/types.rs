@@ -419,3 +419,18 @@ pub enum LeaseLock {
     /// Another process holds it.
     Taken,
 }
+
+/// The host recorded for an agent admitted by one node for another to run,
+/// until that node claims it (`Nodes::claim_placed`): no supervisor runs it
+/// yet, and none but `node` may take it.
+pub fn placed_on(node: &str) -> String {
+    format!("{PLACED}{node}")
+}
+
+/// The node an agent's recorded host says it waits for, when it waits to be
+/// claimed.
+pub fn placed_for(host: &str) -> Option<&str> {
+    host.strip_prefix(PLACED)
+}
+
+const PLACED: &str = "placed:";

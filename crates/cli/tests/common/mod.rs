@@ -72,6 +72,7 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
     SpawnRequest {
         customer: None,
         label: None,
+        placement: None,
         name: Some(AgentName::new(name).expect("valid name")),
         parent: None,
         argv,

@@ -23,7 +23,7 @@ impl Dispatcher {
             Some(a)
                 if matches!(a.status, Status::Running | Status::Blocked)
                     && a.supervisor != self.me
-                    && supervisor_alive(&a.supervisor) =>
+                    && host_alive(&a.supervisor, &registered_nodes(self.store.as_ref())) =>
             {
                 Ok(a)
             }
@@ -187,13 +187,13 @@ impl Dispatcher {
             .and_then(|()| self.admit(&caller, req));
         match admitted {
             Ok(Some((name, await_ready))) => match self.live.get_mut(&name) {
-                // Waiting for a slot: say so now rather than hold the caller.
-                Some(l) if l.pending.is_some() => {
+                Some(l) if l.pending.is_none() => l.spawn_reply = Some((reply, await_ready)),
+                // Waiting for a slot, or placed on another node: say so now
+                // rather than hold the caller.
+                _ => {
                     let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
                     self.respond(reply, r);
                 }
-                Some(l) => l.spawn_reply = Some((reply, await_ready)),
-                None => {}
             },
             Ok(None) => {}
             Err(e) => {
@@ -333,6 +333,12 @@ impl Dispatcher {
         if let Some(c) = &req.customer {
             self.check_customer(&name, c)?;
         }
+        // Another node runs it when its labels say so or its parent runs
+        // there (placement); it is admitted here all the same.
+        let host = match self.place(req.placement.as_ref(), remote.as_ref())? {
+            Some(node) => brood_store::placed_on(&node),
+            None => self.me.clone(),
+        };
         let run = new_run_id();
         // The parent's session and run at creation, and who asked: recorded so
         // the `parent` and `owner` files can always be rebuilt from the store.
@@ -362,6 +368,8 @@ impl Dispatcher {
             // Recorded with the agent, so `brood show` tells a weaker sandbox.
             "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
             "policy": brood_proto::policy::to_json(&policy),
+            // Kept so a lost node's queue is placed again by the same labels.
+            "placement": req.placement,
         });
         let now = now_ms();
         let mut events = vec![ev(
@@ -394,7 +402,7 @@ impl Dispatcher {
             protocol: req.protocol,
             spec: spec.to_string(),
             handoff: req.task.clone(),
-            supervisor: self.me.clone(),
+            supervisor: host,
             run: run.clone(),
             now_ms: now,
         };
@@ -422,12 +430,7 @@ impl Dispatcher {
             new,
             events,
         } = d;
-        let (name, parent, run, now) = (
-            new.name.clone(),
-            new.parent.clone(),
-            new.run.clone(),
-            new.now_ms,
-        );
+        let (name, parent, run) = (new.name.clone(), new.parent.clone(), new.run.clone());
         // The tenant's overrides are read each time.
         let quotas = self.tenant_quotas()?;
         self.max_concurrent = quotas.max_concurrent;
@@ -436,46 +439,18 @@ impl Dispatcher {
             .admit_with_quotas(&new, &quotas, &events)
             .map_err(internal)?;
         self.project_events(&events);
-        // The session and the parent's channel exist from admission on.
-        let sdir = self.paths.session_dir(&name, &req.session);
-        self.projection.mkdirs(sdir.join("context"));
-        self.projection
-            .write(sdir.join("created_at"), format!("{now}\n"));
-        self.projection
-            .append(sdir.join("messages.jsonl"), Vec::new());
-        self.projection
-            .append(sdir.join("events.jsonl"), Vec::new());
-        // Empty until the agent sends a message of its own.
-        self.projection.append(sdir.join("latest.md"), Vec::new());
-        self.projection.write(
-            sdir.join("cwd"),
-            format!("{}\n", req.cwd.as_deref().unwrap_or("")),
-        );
-        self.projection
-            .write(sdir.join("meta.json"), crate::objects::session_meta(&agent));
-        let adir = self.paths.agent_dir(&name);
-        for (file, text) in crate::objects::control_files(&agent, &policy, &spec) {
-            self.projection.write(adir.join(file), text);
+        if brood_store::placed_for(&agent.supervisor).is_some() {
+            // Admitted here for another node to run: that node claims it
+            // (this write's news wakes it), projects it and starts it.
+            return Ok(Some((name, false)));
         }
-        self.project_shim(&name);
-        self.projection.append(adir.join("log"), Vec::new());
-        self.projection.write(
-            adir.join("meta.json"),
-            crate::objects::agent_meta(&agent, None),
+        self.project_admitted(
+            &agent,
+            &policy,
+            &spec,
+            parent_live.as_ref().map(|(_, s)| s),
+            policy.uid,
         );
-        if let (Some(p), Some((_, psess))) = (&parent, &parent_live) {
-            let cdir = self.paths.channel_dir(p, psess, &name);
-            self.projection
-                .write(cdir.join("agent"), format!("{name}\n"));
-            self.projection
-                .write(cdir.join("session"), format!("{}\n", req.session));
-            self.projection
-                .write(cdir.join("handoff.md"), req.task.clone());
-            self.projection
-                .artifact_dir(cdir.join("artifact"), policy.uid);
-        }
-        project_agent(&self.projection, &self.paths, &agent, None);
-        self.project_channel(&agent, None);
 
         let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
         if let Some(pl) = parent.as_ref().and_then(|p| self.live.get_mut(p)) {
@@ -501,6 +476,62 @@ impl Dispatcher {
         self.waiting.push(name.clone());
         self.pump_queue();
         Ok(Some((name, req.await_ready)))
+    }
+
+    /// An admitted agent's files in the ctx tree, from its record and spec:
+    /// its session, control files, shim, log and `meta.json`, and its
+    /// parent's channel to it (`agent`, `session`, `handoff.md`, `artifact/`
+    /// owned by `uid`) when the parent's session is known.
+    pub(super) fn project_admitted(
+        &self,
+        agent: &Agent,
+        policy: &Policy,
+        spec: &Value,
+        parent_session: Option<&SessionName>,
+        uid: u32,
+    ) {
+        let name = &agent.name;
+        // The session and the parent's channel exist from admission on.
+        let sdir = self.paths.session_dir(name, &agent.session);
+        self.projection.mkdirs(sdir.join("context"));
+        self.projection
+            .write(sdir.join("created_at"), format!("{}\n", agent.created_ms));
+        self.projection
+            .append(sdir.join("messages.jsonl"), Vec::new());
+        self.projection
+            .append(sdir.join("events.jsonl"), Vec::new());
+        // Empty until the agent sends a message of its own.
+        self.projection.append(sdir.join("latest.md"), Vec::new());
+        self.projection.write(
+            sdir.join("cwd"),
+            format!("{}\n", spec["cwd"].as_str().unwrap_or("")),
+        );
+        self.projection
+            .write(sdir.join("meta.json"), crate::objects::session_meta(agent));
+        let adir = self.paths.agent_dir(name);
+        for (file, text) in crate::objects::control_files(agent, policy, spec) {
+            self.projection.write(adir.join(file), text);
+        }
+        self.project_shim(name);
+        self.projection.append(adir.join("log"), Vec::new());
+        self.projection.write(
+            adir.join("meta.json"),
+            crate::objects::agent_meta(agent, None),
+        );
+        if let (Some(p), Some(psess)) = (&agent.parent, parent_session) {
+            let cdir = self.paths.channel_dir(p, psess, name);
+            self.projection
+                .write(cdir.join("agent"), format!("{name}\n"));
+            self.projection
+                .write(cdir.join("session"), format!("{}\n", agent.session));
+            self.projection.write(
+                cdir.join("handoff.md"),
+                spec["task"].as_str().unwrap_or("").to_owned(),
+            );
+            self.projection.artifact_dir(cdir.join("artifact"), uid);
+        }
+        project_agent(&self.projection, &self.paths, agent, None);
+        self.project_channel(agent, None);
     }
 
     /// SPEC 9 cycles, for a customer: the new agent `name` naming `customer` must

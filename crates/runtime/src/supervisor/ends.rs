@@ -52,7 +52,16 @@ impl Dispatcher {
         let agent = match self.store.end_run(&self.tenant, name, &run, &end, &events) {
             Ok(a) => a,
             Err(e) => {
-                tracing::error!(agent = %name, error = %e, "recording the end of a run failed");
+                tracing::error!(agent = %name, error = %e, "recording the end of a run failed; retried at the next tick");
+                if let Some(l) = self.live.get_mut(name) {
+                    l.unrecorded = Some(Box::new(UnrecordedEnd {
+                        outcome,
+                        exit_code,
+                        result,
+                        detail: end.detail,
+                        harvest,
+                    }));
+                }
                 return;
             }
         };
@@ -70,6 +79,19 @@ impl Dispatcher {
             self.stop_descendants(name, group);
         } else {
             self.remove_group(group);
+        }
+    }
+
+    /// The run ends that could not be recorded, recorded now (each tick).
+    pub(super) fn record_unrecorded_ends(&mut self) {
+        let kept: Vec<(AgentName, Box<UnrecordedEnd>)> = self
+            .live
+            .iter_mut()
+            .filter_map(|(n, l)| l.unrecorded.take().map(|u| (n.clone(), u)))
+            .collect();
+        for (name, u) in kept {
+            let u = *u;
+            self.finish(&name, u.outcome, u.exit_code, u.result, u.detail, u.harvest);
         }
     }
 

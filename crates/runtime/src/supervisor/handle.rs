@@ -61,10 +61,11 @@ impl Supervisor {
 
         // Agents of supervisors that are gone: their processes died with them (or
         // were just reaped with their cgroups); record that truthfully.
+        let nodes = registered_nodes(store.as_ref());
         let dead: Vec<String> = store
             .supervisors_with_unfinished()?
             .into_iter()
-            .filter(|s| !supervisor_alive(s))
+            .filter(|s| !host_alive(s, &nodes))
             .collect();
         if !dead.is_empty() {
             let recovered = store.recover(&dead, now_ms())?;
@@ -156,6 +157,20 @@ impl Supervisor {
         let (tx, rx) = mpsc::unbounded_channel();
         let (changed_tx, changed) = watch::channel(0u64);
         let disp_me = me.clone();
+        let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if cfg.node.is_some() {
+            // The other nodes' writes wake this loop at once (a cancel there
+            // reaching processes here); without it they wait for a tick.
+            let (tx, queued) = (tx.clone(), news_queued.clone());
+            let on_news = Arc::new(move || {
+                if !queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let _ = tx.send(Cmd::News);
+                }
+            });
+            if let Err(e) = store.hear(&me, on_news) {
+                tracing::error!(error = %e, "listening for the other nodes' news; their changes reach this node at its ticks");
+            }
+        }
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
         let disp = Dispatcher {
             cfg,
@@ -191,6 +206,7 @@ impl Supervisor {
             veil_ns: None,
             changed: changed_tx,
             jobs: jobs::Runner::default(),
+            news_queued,
         };
         if let Some(every) = disp.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);

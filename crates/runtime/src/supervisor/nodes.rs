@@ -7,7 +7,7 @@
 //! recorded lost, stopped: the fence the others put up holds.
 
 use brood_core::{AgentName, Code, FailReason, Status, Terminal};
-use brood_store::{NewNode, RunEnd, StoreError};
+use brood_store::{Agent, NewNode, RunEnd, StoreError};
 
 use super::sweep::LEASE;
 use super::{Dispatcher, now_ms};
@@ -23,6 +23,16 @@ impl Dispatcher {
         })
     }
 
+    /// Another node changed the store: what it may have done to this node's
+    /// agents (stops recorded for them, ends of agents waited for here) is
+    /// carried out now rather than at the next tick. The event log's readers
+    /// look again after this command, as after any.
+    pub(super) fn on_news(&mut self) {
+        self.claim_placed_agents();
+        self.carry_out_recorded_stops();
+        self.answer_remote_waits();
+    }
+
     /// The node's part of each tick: its heartbeat, then the others'.
     pub(super) fn node_tick(&mut self) {
         if self.cfg.node.is_none() {
@@ -30,6 +40,7 @@ impl Dispatcher {
         }
         self.heartbeat();
         self.declare_lost_nodes();
+        self.claim_placed_agents();
     }
 
     /// Queued records of this supervisor's agents that no live agent
@@ -55,39 +66,48 @@ impl Dispatcher {
             {
                 continue;
             }
-            let end = RunEnd {
-                outcome: Terminal::Failed(FailReason::Lost),
-                exit_code: None,
-                result: None,
-                detail: Some(
-                    "its supervisor lost track of it (a store write failed); no process runs for it"
-                        .into(),
-                ),
-                now_ms: now_ms(),
-                output: None,
-            };
-            let events = [super::ev(
-                &a.name,
-                Some(&a.run),
-                &a.session,
-                brood_core::AgentEvent::Stop {
-                    agent: a.name.clone(),
-                    outcome: Terminal::Failed(FailReason::Lost),
-                    swept: None,
-                },
-            )];
-            match self
-                .store
-                .end_run(&self.tenant, &a.name, &a.run, &end, &events)
-            {
-                Ok(agent) => {
-                    tracing::warn!(agent = %a.name, "a record without an agent ended lost");
-                    self.project_events(&events);
-                    self.after_end(&agent, None, None);
-                }
-                Err(e) => {
-                    tracing::warn!(agent = %a.name, error = %e, "ending a record without an agent")
-                }
+            self.end_without_process(
+                &a,
+                Terminal::Failed(FailReason::Lost),
+                "its supervisor lost track of it (a store write failed); no process runs for it"
+                    .into(),
+            );
+        }
+    }
+
+    /// Ends the run of an agent no process runs for (never started here),
+    /// with `outcome`: the record, its `agent.stop` event, and what follows
+    /// an end (waiters, the parent's channel).
+    pub(super) fn end_without_process(&mut self, a: &Agent, outcome: Terminal, detail: String) {
+        let end = RunEnd {
+            outcome,
+            exit_code: None,
+            result: None,
+            detail: Some(detail),
+            now_ms: now_ms(),
+            output: None,
+        };
+        let events = [super::ev(
+            &a.name,
+            Some(&a.run),
+            &a.session,
+            brood_core::AgentEvent::Stop {
+                agent: a.name.clone(),
+                outcome,
+                swept: None,
+            },
+        )];
+        match self
+            .store
+            .end_run(&self.tenant, &a.name, &a.run, &end, &events)
+        {
+            Ok(agent) => {
+                tracing::warn!(agent = %a.name, outcome = %outcome.encode(), "an agent without a process ended");
+                self.project_events(&events);
+                self.after_end(&agent, None, None);
+            }
+            Err(e) => {
+                tracing::warn!(agent = %a.name, error = %e, "ending an agent without a process")
             }
         }
     }
@@ -171,7 +191,13 @@ impl Dispatcher {
             if n.id == self.me || now - n.heartbeat_ms <= expiry_ms {
                 continue;
             }
-            match self.store.recover_lost(std::slice::from_ref(&n.id), now) {
+            // Its queue goes to live nodes first; what it ran, and what no
+            // node could take, ends lost.
+            self.replace_queue_of(&n.id);
+            match self
+                .store
+                .recover_lost(&[n.id.clone(), brood_store::placed_on(&n.id)], now)
+            {
                 Ok(lost) => tracing::warn!(
                     node = n.id,
                     agents = lost.len(),

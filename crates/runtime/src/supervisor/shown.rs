@@ -23,6 +23,9 @@ pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent 
             .and_then(|r| if a.status.is_live() { r.pid } else { None })
             .map(i64::from),
         cgroup: run.as_ref().and_then(|r| r.cgroup.clone()),
+        node: brood_store::placed_for(&a.supervisor)
+            .unwrap_or(&a.supervisor)
+            .to_owned(),
         result: run.as_ref().and_then(|r| r.result.clone()),
         exit_code: run.as_ref().and_then(|r| r.exit_code).map(i64::from),
         created_ms: a.created_ms,

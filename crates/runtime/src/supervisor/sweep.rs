@@ -28,7 +28,7 @@ use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, Termin
 use brood_store::{Agent, Fence, RunEnd, StoreError};
 use tokio::sync::mpsc;
 
-use super::{Cmd, Dispatcher, ev, now_ms, supervisor_alive};
+use super::{Cmd, Dispatcher, ev, host_alive, now_ms, registered_nodes};
 
 /// At most this many rows per sweeper per tick (SPEC 9).
 const BATCH: u32 = 500;
@@ -97,6 +97,7 @@ pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Dura
 impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
+        self.record_unrecorded_ends();
         self.node_tick();
         if self.sweep.ticks.is_multiple_of(ORPHANS_EVERY) {
             self.end_records_without_agents();
@@ -174,7 +175,7 @@ impl Dispatcher {
 
     /// Waiters for agents hosted elsewhere hear of their end from nobody: the
     /// store tells, once a tick.
-    fn answer_remote_waits(&mut self) {
+    pub(super) fn answer_remote_waits(&mut self) {
         let done = self
             .waiters
             .done_by(|n| !self.live.contains_key(n) && self.finished_in_store(n));
@@ -289,9 +290,10 @@ impl Dispatcher {
         // Alive in the store, but no process: a host that is gone, or our own
         // record that no process of ours answers to.
         let mut lost = Vec::new();
+        let nodes = registered_nodes(self.store.as_ref());
         for host in self.store.supervisors_with_unfinished()? {
             let ours = host == self.me;
-            if !ours && supervisor_alive(&host) {
+            if !ours && host_alive(&host, &nodes) {
                 continue;
             }
             for a in self.store.unfinished_of(std::slice::from_ref(&host))? {
@@ -436,7 +438,7 @@ impl Dispatcher {
     /// it hosts but that it is not carrying out yet (recorded by a sweeper, or
     /// by another supervisor's cascade), carried out like its own: the whole
     /// picked subtree signalled at once, the records written in post-order.
-    fn carry_out_recorded_stops(&mut self) {
+    pub(super) fn carry_out_recorded_stops(&mut self) {
         let mine = match self.store.stopping_of(&self.me) {
             Ok(v) => v,
             Err(e) => {

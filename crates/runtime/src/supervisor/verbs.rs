@@ -245,15 +245,7 @@ impl Dispatcher {
             }
             project_agent(&self.projection, &self.paths, &a, None);
             let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-            let argv: Vec<String> = spec["argv"]
-                .as_array()
-                .map(|v| {
-                    v.iter()
-                        .filter_map(|s| s.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let cwd = spec["cwd"].as_str().map(str::to_owned);
+            let (argv, cwd) = super::placement::stored_launch(&spec);
             let policy = stored_policy(&spec, &self.operator_policy())?;
             // A `temp` agent's object was removed when its last run ended.
             let adir = self.paths.agent_dir(name);

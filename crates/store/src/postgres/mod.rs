@@ -34,6 +34,7 @@
 mod admission;
 mod db;
 mod jobs;
+mod news;
 mod nodes;
 mod records;
 mod rows;
@@ -82,6 +83,9 @@ impl Default for Options {
 /// A store on a PostgreSQL database.
 pub struct PgStore {
     pub(crate) pool: Arc<Pool>,
+    /// Set once this store announces its writes to the other nodes
+    /// (`Nodes::hear`).
+    pub(crate) news: std::sync::OnceLock<news::News>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -324,7 +328,10 @@ impl PgStore {
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
         });
-        let store = PgStore { pool };
+        let store = PgStore {
+            pool,
+            news: std::sync::OnceLock::new(),
+        };
         store.migrate()?;
         Ok(store)
     }
@@ -365,13 +372,25 @@ impl PgStore {
     /// Runs `f` in a transaction that first takes `tenant`'s advisory lock
     /// (every read-then-write body: exact across nodes).
     pub(crate) fn write<T>(&self, tenant: &str, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
-        self.pool.with(|c| c.tx(Some(tenant), &f))
+        let out = self.pool.with(|c| c.tx(Some(tenant), &f))?;
+        self.wrote();
+        Ok(out)
     }
 
     /// Runs `f` in a transaction without a tenant's lock (bodies that span
     /// tenants, as the sweepers' and recovery's, lock what they need).
     pub(crate) fn write_any<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
-        self.pool.with(|c| c.tx(None, &f))
+        let out = self.pool.with(|c| c.tx(None, &f))?;
+        self.wrote();
+        Ok(out)
+    }
+
+    /// A write committed: the other nodes hear of it, when this store
+    /// announces (see `news`).
+    fn wrote(&self) {
+        if let Some(n) = self.news.get() {
+            n.wrote();
+        }
     }
 }
 

@@ -1,11 +1,25 @@
 //! The nodes sharing the store (`Nodes`, issue 15) on PostgreSQL, with the
 //! SQLite store's SQL (`GREATEST` for SQLite's two-argument `MAX`).
 
-use super::rows::{narrow, narrow_opt};
+use brood_core::{AgentName, TenantId};
+
+use super::rows::{agent_from, collect, narrow, narrow_opt};
 use super::{PgStore, Tx};
 use crate::contract::Nodes;
-use crate::sqlite::nodes::{D_NODE, Q_NODES, U_NODE, check_labels, node_missing};
-use crate::types::{NewNode, Node, Result};
+use crate::sqlite::nodes::{
+    D_NODE, Q_NODES, U_CLAIM, U_NODE, U_REPLACE, check_labels, node_missing,
+};
+use crate::types::{Agent, NewNode, Node, Result};
+
+/// SQLite's `Q_PLACED`, locking what it reads and skipping what another
+/// claim holds: two nodes never claim one agent, and never wait on each other.
+const Q_PLACED: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?2 AND tenant = ?1 AND ",
+    unfinished!(),
+    " ORDER BY created_ms, name COLLATE \"C\" LIMIT ?3 FOR UPDATE SKIP LOCKED"
+);
 
 const U_HEARTBEAT: &str =
     "UPDATE nodes SET heartbeat_ms = GREATEST(heartbeat_ms, ?2) WHERE id = ?1";
@@ -38,7 +52,11 @@ impl Nodes for PgStore {
     }
 
     fn heartbeat_node(&self, id: &str, now_ms: i64) -> Result<()> {
-        let n = self.write_any(|db| db.exec(U_HEARTBEAT, &[&id, &now_ms]))?;
+        // One statement, committed on its own, and not announced: a
+        // heartbeat every tick is no news to the other nodes.
+        let n = self
+            .pool
+            .with(|c| c.db().exec(U_HEARTBEAT, &[&id, &now_ms]))?;
         if n == 0 {
             return Err(node_missing(id));
         }
@@ -47,6 +65,45 @@ impl Nodes for PgStore {
 
     fn leave_node(&self, id: &str) -> Result<()> {
         self.write_any(|db| db.exec(D_NODE, &[&id]))?;
+        Ok(())
+    }
+
+    fn claim_placed(&self, tenant: &TenantId, node: &str, limit: u32) -> Result<Vec<Agent>> {
+        let placed = crate::placed_on(node);
+        let (t, limit) = (tenant.as_str(), i64::from(limit));
+        self.write_any(|db| {
+            let mut claimed = collect(db, Q_PLACED, &[&t, &placed, &limit], agent_from)?;
+            for a in &mut claimed {
+                db.exec(U_CLAIM, &[&t, &a.name.as_str(), &placed, &node])?;
+                a.supervisor = node.to_owned();
+            }
+            Ok(claimed)
+        })
+    }
+
+    fn replace_queued(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        from: &str,
+        to: &str,
+    ) -> Result<bool> {
+        let (t, n) = (tenant.as_str(), name.as_str());
+        let (placed_from, placed_to) = (crate::placed_on(from), crate::placed_on(to));
+        let changed = self.write(t, |db| {
+            db.exec(U_REPLACE, &[&t, &n, &from, &placed_from, &placed_to])
+        })?;
+        Ok(changed == 1)
+    }
+
+    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+        if self.news.get().is_some() {
+            return Ok(());
+        }
+        let news = super::news::start(&self.pool, me, on_news).map_err(|e| e.at(self.target()))?;
+        // Two racing callers would start two announcers; the second's is
+        // dropped here and its tasks find nothing to announce.
+        let _ = self.news.set(news);
         Ok(())
     }
 

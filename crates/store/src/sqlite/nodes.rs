@@ -19,6 +19,20 @@ pub(crate) const Q_NODES: &str = "SELECT n.id, n.address, n.labels, n.capacity, 
       OR a.status = 'blocked' OR a.status LIKE 'stopping/%')) \
      FROM nodes n ORDER BY n.id";
 
+/// The unclaimed agents placed on a node (`?2` is `placed_on(node)`),
+/// oldest first; the partial index on `agents.supervisor` holds them.
+pub(crate) const Q_PLACED: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE supervisor = ?2 AND tenant = ?1 AND ",
+    unfinished!(),
+    " ORDER BY created_ms, name LIMIT ?3"
+);
+pub(crate) const U_CLAIM: &str =
+    "UPDATE agents SET supervisor = ?4 WHERE tenant = ?1 AND name = ?2 AND supervisor = ?3";
+pub(crate) const U_REPLACE: &str = "UPDATE agents SET supervisor = ?5 \
+     WHERE tenant = ?1 AND name = ?2 AND status = 'queued' AND (supervisor = ?3 OR supervisor = ?4)";
+
 /// A new node's labels must be one JSON object of strings.
 pub(crate) fn check_labels(node: &NewNode) -> std::result::Result<(), StoreError> {
     let ok = serde_json::from_str::<serde_json::Value>(&node.labels)
@@ -80,6 +94,47 @@ impl Nodes for SqliteStore {
     fn leave_node(&self, id: &str) -> Result<()> {
         self.write(|tx| Ok(tx.prepare_cached(D_NODE)?.execute([id])?))?;
         Ok(())
+    }
+
+    fn claim_placed(&self, tenant: &TenantId, node: &str, limit: u32) -> Result<Vec<Agent>> {
+        let placed = crate::placed_on(node);
+        self.write(|tx| {
+            let mut claimed = collect(
+                tx,
+                Q_PLACED,
+                rusqlite::params![tenant.as_str(), placed, i64::from(limit)],
+                |r| agent_at(r, 0),
+            )?;
+            for a in &mut claimed {
+                tx.prepare_cached(U_CLAIM)?.execute(rusqlite::params![
+                    tenant.as_str(),
+                    a.name.as_str(),
+                    placed,
+                    node
+                ])?;
+                a.supervisor = node.to_owned();
+            }
+            Ok(claimed)
+        })
+    }
+
+    fn replace_queued(
+        &self,
+        tenant: &TenantId,
+        name: &AgentName,
+        from: &str,
+        to: &str,
+    ) -> Result<bool> {
+        let n = self.write(|tx| {
+            Ok(tx.prepare_cached(U_REPLACE)?.execute(rusqlite::params![
+                tenant.as_str(),
+                name.as_str(),
+                from,
+                crate::placed_on(from),
+                crate::placed_on(to)
+            ])?)
+        })?;
+        Ok(n == 1)
     }
 
     fn nodes(&self) -> Result<Vec<Node>> {

@@ -343,6 +343,7 @@ impl Dispatcher {
             root: None,
             customer: None,
             label: Some(format!("worker of job {job}")),
+            placement: None,
         };
         let operator = Caller::User { uid: self.uid };
         match self.admit(&operator, req) {

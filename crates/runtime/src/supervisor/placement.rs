@@ -1,0 +1,299 @@
+//! Placement across the nodes of a cluster (issue 15, docs/many-nodes.md).
+//! An agent runs on its parent's node unless its request names labels; then
+//! on the live node whose labels include them with the most free capacity.
+//! The node a request reaches admits it (the quotas are the store's, exact
+//! from any node) and records it `queued` for its host, as
+//! `brood_store::placed_on(host)`; the host claims it (`claim_placed`: `FOR
+//! UPDATE SKIP LOCKED` on PostgreSQL), when the admitting node's news wakes
+//! it or at its next tick, projects it and starts it as if it had admitted
+//! it itself. The queue of a lost node is placed again on live nodes.
+
+use std::collections::BTreeMap;
+
+use brood_store::{Node, placed_for, placed_on};
+
+use super::*;
+
+/// Claimed at most this many at a time (the rest at the next look).
+const CLAIM_BATCH: u32 = 64;
+
+impl Dispatcher {
+    /// Where a new agent runs: `None` here, `Some(node)` on another node.
+    /// Labels choose among the live nodes; without them a child goes where
+    /// its parent runs (`parent`: the parent's record when it does not run
+    /// here).
+    pub(super) fn place(
+        &self,
+        labels: Option<&BTreeMap<String, String>>,
+        remote_parent: Option<&Agent>,
+    ) -> Result<Option<String>, ApiError> {
+        if let Some(labels) = labels {
+            if self.cfg.node.is_none() {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "placement: this supervisor is not a node of a cluster (start it with `brood serve` on a shared store)",
+                ));
+            }
+            let nodes = self.live_nodes().map_err(internal)?;
+            let host = choose(&nodes, labels, &self.me).ok_or_else(|| {
+                ApiError::new(
+                    Code::Unavailable,
+                    format!(
+                        "placement: no live node has the labels {} and free capacity",
+                        serde_json::to_string(labels).unwrap_or_default()
+                    ),
+                )
+            })?;
+            return Ok((host != self.me).then_some(host));
+        }
+        let Some(parent) = remote_parent else {
+            return Ok(None);
+        };
+        if self.cfg.node.is_none() {
+            return Ok(None);
+        }
+        // The parent's node, when it is a live node of the cluster (an
+        // unclaimed parent's future node too); otherwise here, as before.
+        let host = placed_for(&parent.supervisor).unwrap_or(&parent.supervisor);
+        let live = self.live_nodes().map_err(internal)?;
+        Ok((host != self.me && live.iter().any(|n| n.id == host)).then(|| host.to_owned()))
+    }
+
+    /// The registered nodes whose heartbeat is within the expiry.
+    fn live_nodes(&self) -> Result<Vec<Node>, brood_store::StoreError> {
+        let expiry = self.cfg.node.as_ref().map_or(i64::MAX, |n| {
+            i64::try_from(n.expiry.as_millis()).unwrap_or(i64::MAX)
+        });
+        let now = now_ms();
+        Ok(self
+            .store
+            .nodes()?
+            .into_iter()
+            .filter(|n| now - n.heartbeat_ms <= expiry)
+            .collect())
+    }
+
+    /// The agents other nodes placed here, claimed and started (or, when
+    /// their stop was recorded before the claim, ended: nothing runs for
+    /// them). Each tick and whenever another node's news arrives.
+    pub(super) fn claim_placed_agents(&mut self) {
+        if self.cfg.node.is_none() {
+            return;
+        }
+        let claimed = match self.store.claim_placed(&self.tenant, &self.me, CLAIM_BATCH) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming the agents placed on this node");
+                return;
+            }
+        };
+        for a in claimed {
+            if let Status::Stopping(outcome) = a.status {
+                self.end_without_process(
+                    &a,
+                    outcome,
+                    "its stop was recorded before its node claimed it".into(),
+                );
+                continue;
+            }
+            let name = a.name.clone();
+            if let Err(e) = self.host_claimed(a) {
+                tracing::error!(agent = %name, error = %e.message, "starting an agent placed on this node");
+                let a = match self.store.agent(&self.tenant, &name) {
+                    Ok(Some(a)) => a,
+                    _ => continue,
+                };
+                self.end_without_process(
+                    &a,
+                    Terminal::Failed(FailReason::Lost),
+                    format!(
+                        "the node it was placed on could not start it: {}",
+                        e.message
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A claimed agent, hosted here from its record as if admitted here: its
+    /// files projected, its live entry made, queued for a slot.
+    fn host_claimed(&mut self, a: Agent) -> Result<(), ApiError> {
+        let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+        let policy = stored_policy(&spec, &self.operator_policy())?;
+        let parent_live: Option<(Option<Group>, SessionName)> = match &a.parent {
+            Some(p) => match self.live.get(p) {
+                Some(l) => Some((l.group.clone(), l.session.clone())),
+                None => self
+                    .store
+                    .agent(&self.tenant, p)
+                    .map_err(internal)?
+                    .map(|pa| (None, pa.session)),
+            },
+            None => None,
+        };
+        let (argv, cwd) = stored_launch(&spec);
+        self.project_admitted(
+            &a,
+            &policy,
+            &spec,
+            parent_live.as_ref().map(|(_, s)| s),
+            policy.uid,
+        );
+        if let Some(pl) = a.parent.as_ref().and_then(|p| self.live.get_mut(p)) {
+            pl.creates_used += 1;
+        }
+        let parent_pair = a
+            .parent
+            .clone()
+            .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
+        let mut live = Live::new(
+            a.run.clone(),
+            a.session.clone(),
+            parent_pair,
+            a.protocol,
+            policy,
+            None,
+        );
+        live.iso_ns = spec["iso"] == "ns";
+        live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        live.pending = Some(Pending {
+            argv,
+            cwd,
+            group_parent: parent_live.and_then(|(g, _)| g),
+        });
+        tracing::info!(agent = %a.name, "claimed an agent placed on this node");
+        self.live.insert(a.name.clone(), live);
+        self.waiting.push(a.name);
+        Ok(())
+    }
+
+    /// The agents still queued for a lost node, placed again: each on a
+    /// live node its recorded labels allow (or its parent's node, when that
+    /// one lives), before the rest of what the node ran ends lost.
+    pub(super) fn replace_queue_of(&mut self, lost: &str) {
+        let queued: Vec<Agent> = match self
+            .store
+            .unfinished_of(&[lost.to_owned(), placed_on(lost)])
+        {
+            Ok(v) => v
+                .into_iter()
+                .filter(|a| a.status == Status::Queued && a.tenant == self.tenant)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(node = lost, error = %e, "reading a lost node's queue");
+                return;
+            }
+        };
+        if queued.is_empty() {
+            return;
+        }
+        let nodes: Vec<Node> = match self.live_nodes() {
+            Ok(v) => v.into_iter().filter(|n| n.id != lost).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the live nodes");
+                return;
+            }
+        };
+        for a in queued {
+            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+            let labels: BTreeMap<String, String> =
+                serde_json::from_value(spec["placement"].clone()).unwrap_or_default();
+            let Some(to) = choose(&nodes, &labels, &self.me) else {
+                tracing::warn!(agent = %a.name, node = lost, "no live node can take an agent queued for a lost node; it ends lost");
+                continue;
+            };
+            match self.store.replace_queued(&a.tenant, &a.name, lost, &to) {
+                Ok(true) => {
+                    tracing::warn!(agent = %a.name, from = lost, to = %to, "an agent queued for a lost node placed again")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(agent = %a.name, error = %e, "placing an agent again"),
+            }
+        }
+        // Ours to claim now, if any came here.
+        self.claim_placed_agents();
+    }
+}
+
+/// The node for `labels`: every label matched, free capacity (a node
+/// without a capacity has no limit), the most free first; `me` on a tie,
+/// then the lowest id, so one request is placed the same way by any node.
+fn choose(nodes: &[Node], labels: &BTreeMap<String, String>, me: &str) -> Option<String> {
+    nodes
+        .iter()
+        .filter(|n| {
+            let have: BTreeMap<String, String> =
+                serde_json::from_str(&n.labels).unwrap_or_default();
+            labels.iter().all(|(k, v)| have.get(k) == Some(v))
+        })
+        .filter_map(|n| {
+            let free = match n.capacity {
+                None => u64::MAX,
+                Some(c) => u64::from(c.saturating_sub(n.live_agents)),
+            };
+            (free > 0).then_some((free, n.id != me, &n.id))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(b.2.cmp(a.2)))
+        .map(|(_, _, id)| id.clone())
+}
+
+/// The program and working directory a record's spec says to start.
+pub(super) fn stored_launch(spec: &Value) -> (Vec<String>, Option<String>) {
+    let argv = spec["argv"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    (argv, spec["cwd"].as_str().map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, labels: &str, capacity: Option<u32>, live: u32) -> Node {
+        Node {
+            id: id.into(),
+            address: String::new(),
+            labels: labels.into(),
+            capacity,
+            started_ms: 0,
+            heartbeat_ms: 0,
+            live_agents: live,
+        }
+    }
+
+    #[test]
+    fn the_most_free_node_with_every_label_is_chosen() {
+        let nodes = [
+            node("a", r#"{"gpu":"yes","zone":"1"}"#, Some(4), 3),
+            node("b", r#"{"gpu":"yes","zone":"2"}"#, Some(4), 1),
+            node("c", r#"{"zone":"2"}"#, None, 0),
+            node("d", r#"{"gpu":"yes"}"#, Some(2), 2),
+        ];
+        let want = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        assert_eq!(
+            choose(&nodes, &want("gpu", "yes"), "z").as_deref(),
+            Some("b")
+        );
+        // No capacity is no limit.
+        assert_eq!(
+            choose(&nodes, &want("zone", "2"), "z").as_deref(),
+            Some("c")
+        );
+        // A full node is never chosen, whatever else matches.
+        assert_eq!(
+            choose(&nodes[3..], &want("gpu", "yes"), "z"),
+            None,
+            "d is full"
+        );
+        assert_eq!(choose(&nodes, &want("gpu", "no"), "z"), None);
+        // On a tie, here; then the lowest id.
+        let tie = [node("x", "{}", Some(2), 0), node("y", "{}", Some(2), 0)];
+        assert_eq!(choose(&tie, &BTreeMap::new(), "y").as_deref(), Some("y"));
+        assert_eq!(choose(&tie, &BTreeMap::new(), "z").as_deref(), Some("x"));
+    }
+}

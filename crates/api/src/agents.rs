@@ -132,7 +132,9 @@ pub struct Agent {
     pub cgroup: Option<String>,
     /// The supervisor that runs it (a node of the cluster, or this
     /// machine's `brood run`/`serve`); placed on a node that has not claimed
-    /// it yet, the node it waits for (docs/many-nodes.md).
+    /// it yet, the node it waits for (docs/many-nodes.md). Absent from the
+    /// answers of older daemons.
+    #[serde(default)]
     pub node: String,
     /// The run's result, once it has one.
     pub result: Option<String>,
@@ -226,7 +228,13 @@ pub struct WaitReply {
 /// The id of an input message (`in-<seq>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct InputReply {
+    /// The input's id as the agent sees it (`in-<n>`); `routed-<run>` when
+    /// it went to another node.
     pub id: String,
+    /// Set when the agent runs on another node: the input was posted for
+    /// that node, which delivers it as its next input (docs/many-nodes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// `GET /healthz`.

@@ -184,6 +184,12 @@ fn serve(root: &Path, store: &Path) -> Daemon {
         .arg("--store")
         .arg(store)
         .args(["serve", "--grace", "0.3", "--sweep-every", "0.1"])
+        // Its name (a, b) as a label, so a creation can ask for it.
+        .arg("--label")
+        .arg(format!(
+            "side={}",
+            root.file_name().unwrap().to_string_lossy()
+        ))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -383,7 +389,10 @@ fn a_fanout_bomb_through_two_supervisors_admits_exactly_the_fanout_and_the_casca
                     request(
                         &root,
                         "spawn",
-                        json!({"parent": "p", "name": format!("c{i}"), "argv": agent(&["--hang"]), "await_ready": true}),
+                        // Each on the supervisor asked (a child runs on its
+                        // parent's by default).
+                        json!({"parent": "p", "name": format!("c{i}"), "argv": agent(&["--hang"]), "await_ready": true,
+                               "placement": {"labels": {"side": if i % 2 == 0 { "a" } else { "b" }}}}),
                     )
                 })
             })

@@ -62,6 +62,14 @@ pub const CASES: &[(&str, Case)] = &[
         "nodes_register_heartbeat_and_show_their_load",
         nodes_register_heartbeat_and_show_their_load,
     ),
+    (
+        "placed_agents_are_claimed_once_by_their_node",
+        placed_agents_are_claimed_once_by_their_node,
+    ),
+    (
+        "inputs_posted_for_a_host_are_taken_once_in_order",
+        inputs_posted_for_a_host_are_taken_once_in_order,
+    ),
     ("admit_root_and_children", admit_root_and_children),
     ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
     (
@@ -268,6 +276,8 @@ macro_rules! conformance_tests {
     reports_are_fenced_and_an_item_has_one_result,
     failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept,
     nodes_register_heartbeat_and_show_their_load,
+    placed_agents_are_claimed_once_by_their_node,
+    inputs_posted_for_a_host_are_taken_once_in_order,
     recover_lost_ends_a_lost_nodes_agents_lost);
     };
     (@cases $fresh:expr; $($case:ident),* $(,)?) => {

@@ -88,3 +88,106 @@ pub fn nodes_register_heartbeat_and_show_their_load(store: &dyn Store) {
             .any(|n| n.id == "conf-nodes-c")
     );
 }
+
+/// Agents admitted by one node for another to run (`placed_on`): claimed
+/// once, by that node only, in its tenant only, oldest first, up to the
+/// limit; one cancelled before the claim ends at once (no process runs for
+/// it) and is not claimed. A queued agent of a lost node moves to another's
+/// queue; a running one does not.
+pub fn placed_agents_are_claimed_once_by_their_node(store: &dyn Store) {
+    let t = tenant("conf-place");
+    let other = tenant("conf-place-other");
+    let (a, b) = ("conf-place-a", "conf-place-b");
+    let placed = |t: &TenantId, n: &str, node: &str| {
+        let new = new_agent(t, n, None, &brood_store::placed_on(node));
+        store.admit(&new, &spawn_events(&new)).unwrap()
+    };
+    let first = placed(&t, "p-first", a);
+    let second = placed(&t, "p-second", a);
+    let third = placed(&t, "p-third", a);
+    placed(&other, "p-elsewhere", a);
+    placed(&t, "p-for-b", b);
+    assert_eq!(first.status, Status::Queued);
+    // A stop before the claim: a queued agent's ends it.
+    store
+        .mark_stopping(
+            &t,
+            std::slice::from_ref(&third.name),
+            Terminal::Cancelled(CancelReason::User),
+            now(),
+        )
+        .unwrap();
+    assert_eq!(
+        get(store, &t, "p-third").status,
+        Status::Ended(Terminal::Cancelled(CancelReason::User))
+    );
+    let got = store.claim_placed(&t, a, 2).unwrap();
+    let names: Vec<&str> = got.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["p-first", "p-second"],
+        "oldest first, up to the limit"
+    );
+    assert!(got.iter().all(|x| x.supervisor == a), "{got:?}");
+    assert_eq!(get(store, &t, "p-first").supervisor, a);
+    assert!(
+        store.claim_placed(&t, a, 10).unwrap().is_empty(),
+        "claimed once"
+    );
+    assert_eq!(
+        get(store, &t, "p-for-b").supervisor,
+        brood_store::placed_on(b)
+    );
+    // A lost node's queue: a claimed queued agent and an unclaimed one move;
+    // a running one stays.
+    assert!(store.replace_queued(&t, &first.name, a, b).unwrap());
+    assert_eq!(
+        get(store, &t, "p-first").supervisor,
+        brood_store::placed_on(b)
+    );
+    assert!(store.replace_queued(&t, &name("p-for-b"), b, a).unwrap());
+    let run = start(store, &second);
+    assert_eq!(run.status, Status::Running);
+    assert!(!store.replace_queued(&t, &second.name, a, b).unwrap());
+    assert_eq!(get(store, &t, "p-second").supervisor, a);
+    let claimed_by_b = store.claim_placed(&t, b, 10).unwrap();
+    assert_eq!(claimed_by_b.len(), 1);
+    assert_eq!(claimed_by_b[0].name, first.name);
+}
+
+/// Inputs posted for another node's agents: taken by that host only, in
+/// its tenant only, in the order posted, each once.
+pub fn inputs_posted_for_a_host_are_taken_once_in_order(store: &dyn Store) {
+    let t = tenant("conf-inbox");
+    let other = tenant("conf-inbox-other");
+    let (a, b) = ("conf-inbox-a", "conf-inbox-b");
+    let at = now();
+    for (i, text) in ["one", "two", "three"].iter().enumerate() {
+        store
+            .post_input(&t, &name("in-kid"), a, "user:0", text, at + i as i64)
+            .unwrap();
+    }
+    store
+        .post_input(&t, &name("in-other"), b, "user:0", "for b", at)
+        .unwrap();
+    store
+        .post_input(&other, &name("in-kid"), a, "user:0", "other tenant", at)
+        .unwrap();
+    let got = store.take_inputs(&t, a, 2).unwrap();
+    let texts: Vec<&str> = got.iter().map(|i| i.text.as_str()).collect();
+    assert_eq!(texts, ["one", "two"], "in order, up to the limit");
+    assert_eq!(got[0].agent, name("in-kid"));
+    assert_eq!(got[0].sender, "user:0");
+    let rest = store.take_inputs(&t, a, 10).unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].text, "three");
+    assert!(
+        store.take_inputs(&t, a, 10).unwrap().is_empty(),
+        "taken once"
+    );
+    assert_eq!(store.take_inputs(&t, b, 10).unwrap()[0].text, "for b");
+    assert_eq!(
+        store.take_inputs(&other, a, 10).unwrap()[0].text,
+        "other tenant"
+    );
+}

@@ -522,6 +522,23 @@ pub trait Nodes {
         to: &str,
     ) -> Result<bool>;
 
+    /// An input for `agent`, which node `host` runs, from `sender`: kept
+    /// until the host takes it.
+    fn post_input(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        host: &str,
+        sender: &str,
+        text: &str,
+        now_ms: i64,
+    ) -> Result<()>;
+
+    /// The inputs posted for agents `host` runs in `tenant`, taken (gone
+    /// from the store once returned, so each is delivered once), in the
+    /// order they were posted; at most `limit`.
+    fn take_inputs(&self, tenant: &TenantId, host: &str, limit: u32) -> Result<Vec<Inbound>>;
+
     /// Live news between the nodes sharing the store: from this call on,
     /// each write committed through this store is announced to the other
     /// nodes as `me` (soon and coalesced), and `on_news` is called (on a

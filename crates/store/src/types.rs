@@ -373,6 +373,16 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+/// An input for an agent another node runs, as its host takes it
+/// (`Nodes::take_inputs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inbound {
+    pub agent: AgentName,
+    /// Who sent it (`user:<uid>` or an agent's name), as the input's `from`.
+    pub sender: String,
+    pub text: String,
+}
+
 /// A node (a `brood serve` process) of the cluster sharing this store, as
 /// it registers itself (issue 15).
 #[derive(Debug, Clone, PartialEq)]

@@ -141,7 +141,7 @@ impl Supervisor {
         // A node registers before it takes any work, so the cluster sees it
         // with its load from its first agent on.
         if let Some(node) = &cfg.node {
-            let labels = serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into());
+            let labels = node_labels(&node.labels);
             let new = brood_store::NewNode {
                 id: me.clone(),
                 address: node.address.clone(),

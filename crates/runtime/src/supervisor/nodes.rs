@@ -18,7 +18,7 @@ impl Dispatcher {
         Some(NewNode {
             id: self.me.clone(),
             address: node.address.clone(),
-            labels: serde_json::to_string(&node.labels).unwrap_or_else(|_| "{}".into()),
+            labels: super::node_labels(&node.labels),
             capacity: node.capacity,
         })
     }
@@ -29,6 +29,7 @@ impl Dispatcher {
     /// look again after this command, as after any.
     pub(super) fn on_news(&mut self) {
         self.claim_placed_agents();
+        self.deliver_routed_inputs();
         self.carry_out_recorded_stops();
         self.answer_remote_waits();
     }
@@ -41,6 +42,7 @@ impl Dispatcher {
         self.heartbeat();
         self.declare_lost_nodes();
         self.claim_placed_agents();
+        self.deliver_routed_inputs();
     }
 
     /// Queued records of this supervisor's agents that no live agent

@@ -57,6 +57,7 @@ pub(crate) use db::{Conn, Db, block};
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../schema/postgres/0001_init.sql")),
     (2, include_str!("../schema/postgres/0002_nodes.sql")),
+    (3, include_str!("../schema/postgres/0003_inbox.sql")),
 ];
 
 /// The key of the session advisory lock that serialises migrations.
@@ -385,9 +386,17 @@ impl PgStore {
         Ok(out)
     }
 
+    /// Runs `f` in a transaction without a tenant's lock and without
+    /// announcing it: the caller announces (`wrote`) only when it changed
+    /// something, so that a look that found nothing (a claim, a take) is no
+    /// news to the other nodes, who would look back.
+    pub(crate) fn write_quiet<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
+        self.pool.with(|c| c.tx(None, &f))
+    }
+
     /// A write committed: the other nodes hear of it, when this store
     /// announces (see `news`).
-    fn wrote(&self) {
+    pub(crate) fn wrote(&self) {
         if let Some(n) = self.news.get() {
             n.wrote();
         }

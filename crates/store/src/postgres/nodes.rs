@@ -7,9 +7,9 @@ use super::rows::{agent_from, collect, narrow, narrow_opt};
 use super::{PgStore, Tx};
 use crate::contract::Nodes;
 use crate::sqlite::nodes::{
-    D_NODE, Q_NODES, U_CLAIM, U_NODE, U_REPLACE, check_labels, node_missing,
+    D_NODE, I_INBOX, Q_NODES, U_CLAIM, U_NODE, U_REPLACE, check_labels, node_missing,
 };
-use crate::types::{Agent, NewNode, Node, Result};
+use crate::types::{Agent, Inbound, NewNode, Node, Result};
 
 /// SQLite's `Q_PLACED`, locking what it reads and skipping what another
 /// claim holds: two nodes never claim one agent, and never wait on each other.
@@ -20,6 +20,12 @@ const Q_PLACED: &str = concat!(
     unfinished!(),
     " ORDER BY created_ms, name COLLATE \"C\" LIMIT ?3 FOR UPDATE SKIP LOCKED"
 );
+
+/// The oldest inputs for a host's agents, taken: rows another take holds
+/// are skipped, so each input is delivered once.
+const D_TAKE_INBOX: &str = "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox \
+     WHERE host = $1 AND tenant = $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+     RETURNING id, agent, sender, text";
 
 const U_HEARTBEAT: &str =
     "UPDATE nodes SET heartbeat_ms = GREATEST(heartbeat_ms, ?2) WHERE id = ?1";
@@ -71,14 +77,18 @@ impl Nodes for PgStore {
     fn claim_placed(&self, tenant: &TenantId, node: &str, limit: u32) -> Result<Vec<Agent>> {
         let placed = crate::placed_on(node);
         let (t, limit) = (tenant.as_str(), i64::from(limit));
-        self.write_any(|db| {
+        let claimed = self.write_quiet(|db| {
             let mut claimed = collect(db, Q_PLACED, &[&t, &placed, &limit], agent_from)?;
             for a in &mut claimed {
                 db.exec(U_CLAIM, &[&t, &a.name.as_str(), &placed, &node])?;
                 a.supervisor = node.to_owned();
             }
             Ok(claimed)
-        })
+        })?;
+        if !claimed.is_empty() {
+            self.wrote();
+        }
+        Ok(claimed)
     }
 
     fn replace_queued(
@@ -94,6 +104,49 @@ impl Nodes for PgStore {
             db.exec(U_REPLACE, &[&t, &n, &from, &placed_from, &placed_to])
         })?;
         Ok(changed == 1)
+    }
+
+    fn post_input(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        host: &str,
+        sender: &str,
+        text: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        let (t, a) = (tenant.as_str(), agent.as_str());
+        self.write_any(|db| {
+            db.exec(I_INBOX, &[&t, &host, &a, &sender, &text, &now_ms])?;
+            Ok(())
+        })
+    }
+
+    fn take_inputs(&self, tenant: &TenantId, host: &str, limit: u32) -> Result<Vec<Inbound>> {
+        let (t, limit) = (tenant.as_str(), i64::from(limit));
+        let mut rows = self.write_quiet(|db| {
+            let rows = db.query(D_TAKE_INBOX, &[&host, &t, &limit])?;
+            rows.iter()
+                .map(|r| -> Tx<(i64, String, String, String)> {
+                    Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+                })
+                .collect::<Tx<Vec<_>>>()
+        })?;
+        if !rows.is_empty() {
+            self.wrote();
+        }
+        // `RETURNING` follows no order: the posting order is the ids'.
+        rows.sort_by_key(|r| r.0);
+        rows.into_iter()
+            .map(|(_, agent, sender, text)| {
+                Ok(Inbound {
+                    agent: AgentName::new(&agent)
+                        .map_err(|_| super::corrupt("inbox.agent", agent).at(self.target()))?,
+                    sender,
+                    text,
+                })
+            })
+            .collect()
     }
 
     fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {

@@ -79,6 +79,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../schema/0006_idempotency.sql")),
     (7, include_str!("../schema/0007_jobs.sql")),
     (8, include_str!("../schema/0008_nodes.sql")),
+    (9, include_str!("../schema/0009_inbox.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

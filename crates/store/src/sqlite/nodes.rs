@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::contract::Nodes;
-use crate::types::{NewNode, Node};
+use crate::types::{Inbound, NewNode, Node};
 
 pub(crate) const U_NODE: &str = "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
@@ -32,6 +32,12 @@ pub(crate) const U_CLAIM: &str =
     "UPDATE agents SET supervisor = ?4 WHERE tenant = ?1 AND name = ?2 AND supervisor = ?3";
 pub(crate) const U_REPLACE: &str = "UPDATE agents SET supervisor = ?5 \
      WHERE tenant = ?1 AND name = ?2 AND status = 'queued' AND (supervisor = ?3 OR supervisor = ?4)";
+
+pub(crate) const I_INBOX: &str = "INSERT INTO inbox (tenant, host, agent, sender, text, created_ms) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+const Q_INBOX: &str = "SELECT id, agent, sender, text FROM inbox \
+     WHERE host = ?1 AND tenant = ?2 ORDER BY id LIMIT ?3";
+const D_INBOX: &str = "DELETE FROM inbox WHERE id = ?1";
 
 /// A new node's labels must be one JSON object of strings.
 pub(crate) fn check_labels(node: &NewNode) -> std::result::Result<(), StoreError> {
@@ -135,6 +141,49 @@ impl Nodes for SqliteStore {
             ])?)
         })?;
         Ok(n == 1)
+    }
+
+    fn post_input(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        host: &str,
+        sender: &str,
+        text: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(I_INBOX)?.execute(rusqlite::params![
+                tenant.as_str(),
+                host,
+                agent.as_str(),
+                sender,
+                text,
+                now_ms
+            ])?;
+            Ok(())
+        })
+    }
+
+    fn take_inputs(&self, tenant: &TenantId, host: &str, limit: u32) -> Result<Vec<Inbound>> {
+        self.write(|tx| {
+            let rows: Vec<(i64, String, String, String)> = collect(
+                tx,
+                Q_INBOX,
+                rusqlite::params![host, tenant.as_str(), i64::from(limit)],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
+            let mut out = Vec::with_capacity(rows.len());
+            for (id, agent, sender, text) in rows {
+                tx.prepare_cached(D_INBOX)?.execute([id])?;
+                out.push(Inbound {
+                    agent: AgentName::new(&agent).map_err(|_| corrupt("inbox.agent", agent))?,
+                    sender,
+                    text,
+                });
+            }
+            Ok(out)
+        })
     }
 
     fn nodes(&self) -> Result<Vec<Node>> {

@@ -648,7 +648,9 @@ async fn real_main(cli: Cli) -> Result<i32> {
         } => shim(&root, &name, session, text).await,
         Cmd::Mcp { policy } => {
             let policy = policy.as_deref().map(read_policy).transpose()?;
-            let home = root_of(&root).join("ctx/home").join(unsafe_uid().to_string());
+            let home = root_of(&root)
+                .join("ctx/home")
+                .join(unsafe_uid().to_string());
             mcp::serve(remote.endpoint().clone(), policy, home).await
         }
         Cmd::TestAgent { .. } | Cmd::Agent { .. } | Cmd::McpRoot => Ok(0),

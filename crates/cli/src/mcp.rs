@@ -90,9 +90,9 @@ impl Stdio {
         if let Ok(mut h) = self.hold.lock() {
             *h = Some(task);
         }
-        let v = rx
-            .await
-            .map_err(|_| ToolError::new("Internal", "the session's task ended without an answer"))??;
+        let v = rx.await.map_err(|_| {
+            ToolError::new("Internal", "the session's task ended without an answer")
+        })??;
         let name = v["owner"].as_str().unwrap_or_default().to_owned();
         let root = v["root"].as_bool().unwrap_or(false);
         tracing::info!(owner = %name, root, "MCP session opened");

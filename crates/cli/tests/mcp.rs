@@ -23,14 +23,13 @@ use serde_json::{Value, json};
 /// The Python with the MCP SDK; a missing SDK fails the test, naming it.
 fn python() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ci-python/bin/python3");
-    let has_sdk = p.exists()
-        && {
-            #[allow(clippy::disallowed_methods)]
-            Command::new(&p)
-                .args(["-c", "import mcp, mcp_types"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
+    let has_sdk = p.exists() && {
+        #[allow(clippy::disallowed_methods)]
+        Command::new(&p)
+            .args(["-c", "import mcp, mcp_types"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
     assert!(
         has_sdk,
         "the MCP Python SDK (`mcp` from PyPI) is missing in {}: run `bash .ci/setup`",
@@ -166,8 +165,21 @@ fn check_session(s: &Value, sock: &Path) {
         .map(|t| t.as_str().unwrap())
         .collect();
     for t in [
-        "spawn", "send", "wait", "cancel", "close", "resume", "list", "tree", "show", "events",
-        "job_create", "job_start", "job_show", "job_cancel", "job_retry",
+        "spawn",
+        "send",
+        "wait",
+        "cancel",
+        "close",
+        "resume",
+        "list",
+        "tree",
+        "show",
+        "events",
+        "job_create",
+        "job_start",
+        "job_show",
+        "job_cancel",
+        "job_retry",
     ] {
         assert!(tools.contains(&t), "{t} missing from {tools:?}");
     }
@@ -202,9 +214,7 @@ fn check_session(s: &Value, sock: &Path) {
         assert_eq!(a["status"], "cancelled", "{a}");
     }
     assert!(
-        eventually(Duration::from_secs(10), || processes_gone(
-            &s["hang_show"]
-        )),
+        eventually(Duration::from_secs(10), || processes_gone(&s["hang_show"])),
         "processes of the cancelled subtree remain: {}",
         s["hang_show"]
     );
@@ -216,7 +226,10 @@ fn check_session(s: &Value, sock: &Path) {
     refused(&s["refused"], "ToolExpansion");
     refused(&s["bad_args"], "BadRequest");
     refused(&s["unknown"], "NotFound");
-    let events = ok(&s["events"], "events")["events"].as_array().unwrap().clone();
+    let events = ok(&s["events"], "events")["events"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert!(
         events.iter().all(|e| e["type"] == "agent.stop"),
         "{events:?}"
@@ -231,7 +244,11 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
     let _d = serve(&root, None);
     let policy = policy_file(dir.path());
     let s = session(&stdio_config(&root, &policy, "auto"));
-    assert_eq!(s["protocol_version"], "2026-07-28", "{}", s["protocol_version"]);
+    assert_eq!(
+        s["protocol_version"], "2026-07-28",
+        "{}",
+        s["protocol_version"]
+    );
     let sock = root.join("brood.sock");
     check_session(&s, &sock);
 
@@ -241,7 +258,10 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(owner.starts_with("mcp-") || owner.starts_with("test-client-"), "{owner}");
+    assert!(
+        owner.starts_with("mcp-") || owner.starts_with("test-client-"),
+        "{owner}"
+    );
     let (_, root_shown) = http(&sock, "GET", &format!("/api/agents/{owner}"), None);
     assert_eq!(root_shown["parent"], Value::Null, "{root_shown}");
     assert_eq!(
@@ -251,11 +271,15 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
     );
     // The client has exited: the session's root is cancelled, history kept.
     assert!(
-        eventually(Duration::from_secs(10), || status(&sock, &owner) == "cancelled"),
+        eventually(Duration::from_secs(10), || status(&sock, &owner)
+            == "cancelled"),
         "the session root {owner} is {}",
         status(&sock, &owner)
     );
-    let quick = ok(&s["spawn"], "spawn")["name"].as_str().unwrap().to_owned();
+    let quick = ok(&s["spawn"], "spawn")["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(status(&sock, &quick), "completed");
 }
 
@@ -269,7 +293,10 @@ fn a_stdio_session_with_the_older_2024_11_05_handshake() {
     assert_eq!(s["protocol_version"], "2024-11-05");
     check_session(&s, &root.join("brood.sock"));
     // Named after the client (`clientInfo.name`, sanitised).
-    let owner = ok(&s["spawn"], "spawn")["parent"].as_str().unwrap().to_owned();
+    let owner = ok(&s["spawn"], "spawn")["parent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(owner.starts_with("test-client-"), "{owner}");
 }
 
@@ -378,7 +405,11 @@ fn killing_the_client_or_brood_mcp_cancels_the_session_subtree() {
                     .all(|n| status(&sock, n) == "cancelled")
             }),
             "after SIGKILL of {}: {owner} {} {h} {} {g} {}",
-            if kill_brood_mcp { "brood mcp" } else { "the client" },
+            if kill_brood_mcp {
+                "brood mcp"
+            } else {
+                "the client"
+            },
             status(&sock, &owner),
             status(&sock, &h),
             status(&sock, &g),

@@ -27,8 +27,7 @@ fn seg<'a>(what: &str, s: &'a str) -> Result<&'a str, ToolError> {
         && s != "."
         && s != ".."
         && s.len() <= 128
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'));
     if ok {
         Ok(s)
@@ -132,7 +131,9 @@ impl<B: Backend> Tools<B> {
                     return self.api(ctx, "GET", "/api/jobs", None).await;
                 };
                 let id = seg("job", &id)?;
-                let job = self.api(ctx, "GET", &format!("/api/jobs/{id}"), None).await?;
+                let job = self
+                    .api(ctx, "GET", &format!("/api/jobs/{id}"), None)
+                    .await?;
                 if !p.items.unwrap_or(false) && p.status.is_none() {
                     return Ok(json!({ "job": job }));
                 }
@@ -152,7 +153,10 @@ impl<B: Backend> Tools<B> {
                 };
                 self.api(ctx, "POST", &path, Some(json!({}))).await
             }
-            other => Err(ToolError::new("NotFound", format!("no tool named {other:?}"))),
+            other => Err(ToolError::new(
+                "NotFound",
+                format!("no tool named {other:?}"),
+            )),
         }
     }
 
@@ -459,8 +463,14 @@ mod tests {
     #[test]
     fn programs_other_than_brood_agents_run_as_exec() {
         let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(protocol_for(&v(&["/x/brood", "agent"]), "/y/brood"), "brood");
-        assert_eq!(protocol_for(&v(&["/y/brood", "test-agent"]), "/y/brood"), "brood");
+        assert_eq!(
+            protocol_for(&v(&["/x/brood", "agent"]), "/y/brood"),
+            "brood"
+        );
+        assert_eq!(
+            protocol_for(&v(&["/y/brood", "test-agent"]), "/y/brood"),
+            "brood"
+        );
         assert_eq!(protocol_for(&v(&["sh", "-c", "echo"]), "/y/brood"), "exec");
     }
 }

@@ -90,9 +90,13 @@ impl ToolError {
     /// `isError` with the API's `ErrorBody` as the structured content and
     /// "Code: message" as the text a model reads.
     fn result(&self) -> CallToolResult {
-        let body = json!({"error": {"code": self.code, "reason": self.code, "message": self.message}});
+        let body =
+            json!({"error": {"code": self.code, "reason": self.code, "message": self.message}});
         let mut r = CallToolResult::structured_error(body);
-        r.content = vec![ContentBlock::text(format!("{}: {}", self.code, self.message))];
+        r.content = vec![ContentBlock::text(format!(
+            "{}: {}",
+            self.code, self.message
+        ))];
         r
     }
 }
@@ -217,7 +221,12 @@ mod tests {
         let tools = params::tools();
         assert_eq!(tools.len(), 15);
         for t in tools {
-            assert_eq!(t.input_schema.get("type"), Some(&json!("object")), "{}", t.name);
+            assert_eq!(
+                t.input_schema.get("type"),
+                Some(&json!("object")),
+                "{}",
+                t.name
+            );
             assert!(t.output_schema.is_some(), "{}", t.name);
         }
     }

@@ -223,23 +223,20 @@ pub(crate) async fn session(
         }
     };
     let first = json!({"owner": name, "root": true, "agent": v});
-    let stream = futures_util::stream::unfold(
-        (Some(first), held),
-        |(first, held)| async move {
-            match first {
-                Some(f) => Some((
-                    Ok::<_, Infallible>(SseEvent::default().data(f.to_string())),
-                    (None, held),
-                )),
-                // Nothing more to say: the keep-alives carry the stream.
-                None => {
-                    std::future::pending::<()>().await;
-                    drop(held);
-                    None
-                }
+    let stream = futures_util::stream::unfold((Some(first), held), |(first, held)| async move {
+        match first {
+            Some(f) => Some((
+                Ok::<_, Infallible>(SseEvent::default().data(f.to_string())),
+                (None, held),
+            )),
+            // Nothing more to say: the keep-alives carry the stream.
+            None => {
+                std::future::pending::<()>().await;
+                drop(held);
+                None
             }
-        },
-    );
+        }
+    });
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(HOLD_KEEP_ALIVE))
         .into_response()

@@ -157,7 +157,8 @@ fn status(sock: &Path, name: &str) -> String {
 }
 
 /// What every session scenario must have seen, whatever the transport.
-fn check_session(s: &Value, sock: &Path) {
+fn check_session(s: &Value, sock: &Path, p: &str) {
+    let (h, g) = (format!("{p}-h"), format!("{p}-g"));
     let tools: Vec<&str> = s["tools"]
         .as_array()
         .unwrap()
@@ -196,15 +197,49 @@ fn check_session(s: &Value, sock: &Path) {
     assert_eq!(w["agents"][0]["result"], "hello from child", "{w}");
     assert_eq!(ok(&s["show"], "show")["status"], "completed");
 
+    // send, close, resume.
+    assert!(ok(&s["send"], "send")["id"].is_string());
+    let talk = ok(&s["talk_wait"], "wait for the talker");
+    assert_eq!(talk["agents"][0]["status"], "completed", "{talk}");
+    let said = talk["agents"][0]["result"].as_str().unwrap();
+    assert!(said.contains("a message over MCP"), "{said}");
+    assert_eq!(ok(&s["close"], "close")["status"], "closed");
+    let resumed = ok(&s["resume"], "resume");
+    assert_ne!(resumed["run"], spawned["run"], "{resumed}");
+    let rw = ok(&s["resumed_wait"], "wait after resume");
+    assert_eq!(rw["agents"][0]["status"], "completed", "{rw}");
+
+    // What a child handed back: refs are its parent's channel (SPEC 4), so
+    // a root (the operator's over HTTP) has none.
+    let shown = ok(&s["refs_show"], "show refs");
+    assert_eq!(shown["result"], "see refs", "{shown}");
+    if shown["parent"].is_string() {
+        assert_eq!(shown["refs"][0]["summary"], "read this first", "{shown}");
+        assert_eq!(shown["refs"][0]["id"], "lib", "{shown}");
+    } else {
+        assert_eq!(shown["refs"], json!([]), "{shown}");
+    }
+
+    // A job run by the session's children.
+    ok(&s["job_create"], "job_create");
+    let job = ok(&s["job_done"], "job_show")["job"].clone();
+    assert_eq!(job["status"], "completed", "{job}");
+    assert_eq!(job["counts"]["completed"], 2, "{job}");
+    let items = ok(&s["job_items"], "job items")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(items.len(), 2, "{items:?}");
+
     // A bounded wait on a hanging subtree says what is still running.
     let hw = ok(&s["hang_wait"], "wait on a hanging child");
     assert_eq!(hw["timed_out"], true, "{hw}");
     let running = hw["still_running"].as_array().unwrap();
-    for n in ["t-h", "t-g"] {
+    for n in [&h, &g] {
         assert!(running.contains(&json!(n)), "{n} not in {hw}");
     }
     let listed = ok(&s["list"], "list")["agents"].as_array().unwrap().clone();
-    assert!(listed.iter().any(|a| a["name"] == "t-h"), "{listed:?}");
+    assert!(listed.iter().any(|a| a["name"] == json!(h)), "{listed:?}");
     assert!(ok(&s["tree"], "tree")["trees"].is_array());
 
     // Cancelling the child cancels its subtree, processes and all.
@@ -218,7 +253,7 @@ fn check_session(s: &Value, sock: &Path) {
         "processes of the cancelled subtree remain: {}",
         s["hang_show"]
     );
-    for n in ["t-h", "t-g"] {
+    for n in [&h, &g] {
         assert_eq!(status(sock, n), "cancelled");
     }
 
@@ -250,7 +285,7 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
         s["protocol_version"]
     );
     let sock = root.join("brood.sock");
-    check_session(&s, &sock);
+    check_session(&s, &sock, "t");
 
     // The session was a root agent of its own, with the operator's policy
     // for MCP sessions, and every child was its child.
@@ -291,7 +326,7 @@ fn a_stdio_session_with_the_older_2024_11_05_handshake() {
     let policy = policy_file(dir.path());
     let s = session(&stdio_config(&root, &policy, "2024-11-05"));
     assert_eq!(s["protocol_version"], "2024-11-05");
-    check_session(&s, &root.join("brood.sock"));
+    check_session(&s, &root.join("brood.sock"), "t");
     // Named after the client (`clientInfo.name`, sanitised).
     let owner = ok(&s["spawn"], "spawn")["parent"]
         .as_str()
@@ -333,7 +368,15 @@ fn streamable_http_at_mcp_behind_the_token() {
         "mode": "auto", "agent": agent(&[]), "http_root_tools": ["create"],
     });
     let s = session(&cfg);
-    check_session(&s, &root.join("brood.sock"));
+    assert_eq!(s["protocol_version"], "2026-07-28");
+    check_session(&s, &root.join("brood.sock"), "t");
+    // The older handshake, with its `Mcp-Session-Id` sessions.
+    let mut cfg = cfg;
+    cfg["mode"] = json!("legacy");
+    cfg["prefix"] = json!("u");
+    let s = session(&cfg);
+    assert_eq!(s["protocol_version"], "2025-11-25");
+    check_session(&s, &root.join("brood.sock"), "u");
 }
 
 /// Starts the client's `hold` scenario: a hanging tree, reported on stdout.

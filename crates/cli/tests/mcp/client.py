@@ -85,8 +85,19 @@ async def hanging_tree(client, cfg, prefix):
     return child, shows
 
 
+async def until(client, tool, args, done, tries=300):
+    """Calls `tool` until `done(result)` holds (or tries run out), returning the last result."""
+    for _ in range(tries):
+        r = await call(client, tool, args)
+        if done(r):
+            break
+        await asyncio.sleep(0.1)
+    return r
+
+
 async def session(cfg):
     out = {}
+    p = cfg.get("prefix", "t")
     async with connect(cfg) as client:
         out["protocol_version"] = client.protocol_version
         tools = await client.list_tools()
@@ -99,21 +110,54 @@ async def session(cfg):
         out["wait"] = await call(client, "wait", {"agents": [name], "timeout_s": 20})
         out["show"] = await call(client, "show", {"agent": name})
 
-        child, shows = await hanging_tree(client, cfg, "t")
+        # send, close, resume.
+        talk = await call(client, "spawn", {"task": "take one input", "name": p + "-i",
+                                            "argv": cfg["agent"] + ["--inputs", "1", "--result", "got"]})
+        out["talk_spawn"] = talk
+        out["send"] = await call(client, "send", {"agent": p + "-i", "text": "a message over MCP"})
+        out["talk_wait"] = await call(client, "wait", {"agents": [p + "-i"], "timeout_s": 20})
+        out["close"] = await call(client, "close", {"agent": name})
+        out["resume"] = await call(client, "resume", {"agent": name})
+        out["resumed_wait"] = await call(client, "wait", {"agents": [name], "timeout_s": 20})
+
+        # What a child hands back: its refs, through `show`.
+        ref = json.dumps({"path": "/src/lib.rs", "summary": "read this first", "id": "lib"})
+        await call(client, "spawn", {"task": "hand back a ref", "name": p + "-r",
+                                     "argv": cfg["agent"] + ["--ref", ref, "--result", "see refs"]})
+        await call(client, "wait", {"agents": [p + "-r"], "timeout_s": 20})
+        out["refs_show"] = await call(client, "show", {"agent": p + "-r"})
+
+        # A job whose workers are the session's children.
+        job = {
+            "id": p + "-job", "instruction": "Echo {text}", "input": "id,text\na,first\nb,second\n",
+            "id_column": "id", "worker": {"argv": cfg["agent"] + ["--job-worker"]}, "start": True,
+        }
+        if "http_root_tools" in cfg:
+            # No session over HTTP: the job needs an owner, a live agent.
+            await call(client, "spawn", {"task": "own a job", "name": p + "-o", "argv": cfg["agent"] + ["--hang"]})
+            job["owner"] = p + "-o"
+        out["job_create"] = await call(client, "job_create", job)
+        out["job_done"] = await until(client, "job_show", {"id": p + "-job"},
+                                      lambda r: r["is_error"] or r["structured"]["job"]["status"] in ("completed", "failed", "cancelled"))
+        out["job_items"] = await call(client, "job_show", {"id": p + "-job", "items": True})
+        if "http_root_tools" in cfg:
+            await call(client, "cancel", {"agent": p + "-o"})
+
+        child, shows = await hanging_tree(client, cfg, p)
         out["hang_spawn"] = child
         out["hang_show"] = shows
-        out["hang_wait"] = await call(client, "wait", {"agents": ["t-h"], "timeout_s": 1})
+        out["hang_wait"] = await call(client, "wait", {"agents": [p + "-h"], "timeout_s": 1})
         out["list"] = await call(client, "list", {})
         out["tree"] = await call(client, "tree", {})
         # A child of the hanging one asking for more than it holds.
         out["refused"] = await call(client, "spawn", {
-            "task": "ask for more", "parent": "t-h", "argv": cfg["agent"] + ["--result", "x"],
+            "task": "ask for more", "parent": p + "-h", "argv": cfg["agent"] + ["--result", "x"],
             "capabilities": {"tools": ["shell"]},
         })
-        out["cancel"] = await call(client, "cancel", {"agent": "t-h"})
-        out["after_cancel"] = await call(client, "wait", {"agents": ["t-h", "t-g"], "timeout_s": 20})
+        out["cancel"] = await call(client, "cancel", {"agent": p + "-h"})
+        out["after_cancel"] = await call(client, "wait", {"agents": [p + "-h", p + "-g"], "timeout_s": 20})
 
-        out["bad_args"] = await call(client, "send", {"agent": "t-h"})
+        out["bad_args"] = await call(client, "send", {"agent": p + "-h"})
         out["unknown"] = await call(client, "show", {"agent": "no-such-agent"})
         out["events"] = await call(client, "events", {"type": "agent.stop", "limit": 50})
         out["jobs"] = await call(client, "job_show", {})

@@ -466,3 +466,50 @@ fn killing_the_client_or_brood_mcp_cancels_the_session_subtree() {
         let _ = client.wait();
     }
 }
+
+#[test]
+fn inside_an_agent_the_sessions_children_are_that_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve(&root, None);
+    let sock = root.join("brood.sock");
+    // The MCP client and its `brood mcp` run as the program of agent `host`:
+    // on the socket the daemon knows them by their cgroup.
+    let cfg = json!({"transport": "stdio", "brood": exe(), "root": root, "agent": agent(&[])});
+    let argv = json!([python(), script(), "inside", cfg.to_string()]);
+    let (code, a) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "host", "argv": argv, "protocol": "exec"})),
+    );
+    assert_eq!(code, 201, "{a}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/host/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let out: Value = serde_json::from_str(w["agents"][0]["result"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {w}"));
+    assert_eq!(ok(&out["spawn"], "spawn")["parent"], "host", "{out}");
+    let waited = ok(&out["wait"], "wait");
+    assert_eq!(waited["agents"][0]["name"], "in-c", "{waited}");
+    assert_eq!(waited["agents"][0]["result"], "made inside", "{waited}");
+    let listed = ok(&out["list"], "list")["agents"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // No session root was made: the only root is `host`.
+    let (_, all) = http(&sock, "GET", "/api/agents?all=true", None);
+    let roots: Vec<&Value> = all["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["parent"].is_null())
+        .collect();
+    assert_eq!(roots.len(), 1, "{all}");
+    assert_eq!(roots[0]["name"], "host");
+}

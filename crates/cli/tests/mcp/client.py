@@ -4,6 +4,7 @@ with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
     client.py session CONFIG_JSON   connect, exercise the tools, print a JSON summary
     client.py hold CONFIG_JSON      connect, spawn a hanging tree, print it as a
                                     JSON line, then wait to be killed
+    client.py inside CONFIG_JSON    (as a brood agent's program) spawn and wait for a child
 
 CONFIG: {"transport": "stdio"|"http", "brood": EXE, "root": DIR, "url": URL,
 "token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
@@ -172,6 +173,17 @@ async def hold(cfg):
         await asyncio.sleep(3600)
 
 
+async def inside(cfg):
+    """Run as a brood agent's program: the session's children are that agent's."""
+    out = {}
+    async with connect(cfg) as client:
+        out["spawn"] = await call(client, "spawn", {"task": "from inside", "name": "in-c",
+                                                    "argv": cfg["agent"] + ["--result", "made inside"]})
+        out["wait"] = await call(client, "wait", {"agents": ["in-c"], "timeout_s": 20})
+        out["list"] = await call(client, "list", {"all": True})
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     what, cfg = sys.argv[1], json.loads(sys.argv[2])
-    asyncio.run({"session": session, "hold": hold}[what](cfg))
+    asyncio.run({"session": session, "hold": hold, "inside": inside}[what](cfg))

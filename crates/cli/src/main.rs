@@ -269,6 +269,10 @@ enum Cmd {
         /// JSON or TOML file; default: what the operator holds.
         #[arg(long, env = "BROOD_MCP_POLICY")]
         policy: Option<PathBuf>,
+        /// The configuration file (provider, model, keys' variables) of the
+        /// `brood agent` children that `spawn` starts without `argv`.
+        #[arg(long)]
+        agent_config: Option<PathBuf>,
     },
     /// What an MCP session root runs: it lives until cancelled.
     #[command(hide = true, name = "mcp-root")]
@@ -646,12 +650,19 @@ async fn real_main(cli: Cli) -> Result<i32> {
             session,
             text,
         } => shim(&root, &name, session, text).await,
-        Cmd::Mcp { policy } => {
+        Cmd::Mcp {
+            policy,
+            agent_config,
+        } => {
             let policy = policy.as_deref().map(read_policy).transpose()?;
             let home = root_of(&root)
                 .join("ctx/home")
                 .join(unsafe_uid().to_string());
-            mcp::serve(remote.endpoint().clone(), policy, home).await
+            let agent_args = match agent_config {
+                Some(c) => vec!["--config".to_owned(), c.to_string_lossy().into_owned()],
+                None => Vec::new(),
+            };
+            mcp::serve(remote.endpoint().clone(), policy, home, agent_args).await
         }
         Cmd::TestAgent { .. } | Cmd::Agent { .. } | Cmd::McpRoot => Ok(0),
     }

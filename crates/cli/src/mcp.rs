@@ -154,7 +154,12 @@ impl Backend for Stdio {
 }
 
 /// `brood mcp`: serves the tools on stdin/stdout until the client goes.
-pub(crate) async fn serve(ep: Endpoint, policy: Option<Value>, home: PathBuf) -> Result<i32> {
+pub(crate) async fn serve(
+    ep: Endpoint,
+    policy: Option<Value>,
+    home: PathBuf,
+    agent_args: Vec<String>,
+) -> Result<i32> {
     let backend = Arc::new(Stdio {
         ep,
         policy,
@@ -164,7 +169,7 @@ pub(crate) async fn serve(ep: Endpoint, policy: Option<Value>, home: PathBuf) ->
     let brood = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "brood".into());
-    let tools = Tools::new(backend.clone(), brood, Some(home));
+    let tools = Tools::new(backend.clone(), brood, Some(home)).with_agent_args(agent_args);
     let running = tools
         .serve(rmcp::transport::stdio())
         .await

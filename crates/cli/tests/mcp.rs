@@ -278,12 +278,39 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
     let root = dir.path().join("r");
     let _d = serve(&root, None);
     let policy = policy_file(dir.path());
-    let s = session(&stdio_config(&root, &policy, "auto"));
+    // `brood agent` children (`spawn` without `argv`) replay a script.
+    let turns = dir.path().join("turns.json");
+    std::fs::write(
+        &turns,
+        json!({"turns": [{"text": "explored: all is well"}]}).to_string(),
+    )
+    .unwrap();
+    let agent_config = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "provider = \"script\"\nscript = {:?}\n",
+            turns.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut cfg = stdio_config(&root, &policy, "auto");
+    cfg["mcp_args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--agent-config"), json!(agent_config)]);
+    cfg["agent_config"] = json!(true);
+    let s = session(&cfg);
     assert_eq!(
         s["protocol_version"], "2026-07-28",
         "{}",
         s["protocol_version"]
     );
+    let a = ok(&s["agent_spawn"], "spawn brood agent");
+    assert_eq!(a["protocol"], "brood", "{a}");
+    let aw = ok(&s["agent_wait"], "wait for brood agent");
+    assert_eq!(aw["agents"][0]["status"], "completed", "{aw}");
+    assert_eq!(aw["agents"][0]["result"], "explored: all is well", "{aw}");
     let sock = root.join("brood.sock");
     check_session(&s, &sock, "t");
 

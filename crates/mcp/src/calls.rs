@@ -220,6 +220,7 @@ impl<B: Backend> Tools<B> {
             }
             None => {
                 let mut argv = vec![self.brood.clone(), "agent".to_owned()];
+                argv.extend(self.agent_args.iter().cloned());
                 if let Some(t) = p.kind {
                     argv.extend(["--type".to_owned(), t]);
                 }

@@ -109,6 +109,8 @@ pub struct Tools<B> {
     /// `$BROOD_ROOT/ctx/home/<uid>`, where the channels' `refs.jsonl` are
     /// (`show`); `None`: refs are not shown.
     home: Option<PathBuf>,
+    /// Flags every `brood agent` child gets first (`--config FILE`).
+    agent_args: Vec<String>,
 }
 
 impl<B> Clone for Tools<B> {
@@ -117,6 +119,7 @@ impl<B> Clone for Tools<B> {
             backend: self.backend.clone(),
             brood: self.brood.clone(),
             home: self.home.clone(),
+            agent_args: self.agent_args.clone(),
         }
     }
 }
@@ -127,7 +130,14 @@ impl<B: Backend> Tools<B> {
             backend,
             brood,
             home,
+            agent_args: Vec::new(),
         }
+    }
+
+    /// Flags given to every `brood agent` child before its own.
+    pub fn with_agent_args(mut self, args: Vec<String>) -> Tools<B> {
+        self.agent_args = args;
+        self
     }
 }
 

@@ -111,6 +111,12 @@ async def session(cfg):
         out["wait"] = await call(client, "wait", {"agents": [name], "timeout_s": 20})
         out["show"] = await call(client, "show", {"agent": name})
 
+        if "agent_config" in cfg:
+            # `brood agent`, the default program, with the operator's configuration.
+            out["agent_spawn"] = await call(client, "spawn", {"task": "explore a little", "type": "explore",
+                                                              "name": p + "-a"})
+            out["agent_wait"] = await call(client, "wait", {"agents": [p + "-a"], "timeout_s": 20})
+
         # send, close, resume.
         talk = await call(client, "spawn", {"task": "take one input", "name": p + "-i",
                                             "argv": cfg["agent"] + ["--inputs", "1", "--result", "got"]})

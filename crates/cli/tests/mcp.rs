@@ -230,6 +230,18 @@ fn check_session(s: &Value, sock: &Path, p: &str) {
         .unwrap()
         .clone();
     assert_eq!(items.len(), 2, "{items:?}");
+    let export = ok(&s["job_export"], "job_export")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(export.len(), 2, "{export:?}");
+    assert!(
+        export.iter().all(|i| i["status"] == "completed"),
+        "{export:?}"
+    );
+    let replay = ok(&s["job_replay"], "job_replay");
+    assert_eq!(replay["source"], json!(format!("{p}-job")), "{replay}");
+    assert_eq!(replay["status"], "pending", "{replay}");
 
     // A bounded wait on a hanging subtree says what is still running.
     let hw = ok(&s["hang_wait"], "wait on a hanging child");

@@ -144,6 +144,47 @@ impl<B: Backend> Tools<B> {
                 let items = self.api(ctx, "GET", &path, None).await?;
                 Ok(json!({"job": job, "items": items["items"]}))
             }
+            "job_export" => {
+                let p: params::JobExport = parse(tool, args)?;
+                let format = p.format.unwrap_or_else(|| "jsonl".to_owned());
+                if !matches!(format.as_str(), "jsonl" | "csv") {
+                    return Err(ToolError::new(
+                        "BadRequest",
+                        format!("job_export: format must be jsonl or csv, not {format:?}"),
+                    ));
+                }
+                let path = format!("/api/jobs/{}/export?format={format}", seg("job", &p.id)?);
+                let body = self.api(ctx, "GET", &path, None).await?;
+                // One item is a JSON object, parsed whole; more are JSON lines.
+                let text = match body {
+                    Value::String(t) => t,
+                    Value::Null => String::new(),
+                    v => v.to_string(),
+                };
+                if format == "csv" {
+                    return Ok(json!({"format": format, "text": text}));
+                }
+                let items: Vec<Value> = text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                Ok(json!({"format": format, "items": items}))
+            }
+            "job_replay" => {
+                let p: params::JobReplay = parse(tool, args)?;
+                let path = format!("/api/jobs/{}/replay", seg("job", &p.id)?);
+                let mut body = json!({});
+                if let Some(n) = p.new_id {
+                    body["id"] = json!(n);
+                }
+                if let Some(f) = p.failed_only {
+                    body["failed_only"] = json!(f);
+                }
+                if let Some(s) = p.start {
+                    body["start"] = json!(s);
+                }
+                self.api(ctx, "POST", &path, Some(body)).await
+            }
             "job_retry" => {
                 let p: params::JobRetry = parse(tool, args)?;
                 let id = seg("job", &p.id)?;

@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema() {
         let tools = params::tools();
-        assert_eq!(tools.len(), 15);
+        assert_eq!(tools.len(), 17);
         for t in tools {
             assert_eq!(
                 t.input_schema.get("type"),

@@ -191,6 +191,33 @@ pub struct JobRetry {
     pub item: Option<String>,
 }
 
+/// `job_export`: the items with their results.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobExport {
+    pub id: String,
+    /// `jsonl` (the default: one JSON object per item) or `csv`.
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
+/// `job_replay`: a new job from a recorded one's spec and inputs.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobReplay {
+    /// The job to replay.
+    pub id: String,
+    /// The new job's id (brood picks one when absent).
+    #[serde(default)]
+    pub new_id: Option<String>,
+    /// Only the items that failed (default: all of them).
+    #[serde(default)]
+    pub failed_only: Option<bool>,
+    /// Start it at once (default: created pending).
+    #[serde(default)]
+    pub start: Option<bool>,
+}
+
 fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     rmcp::handler::server::common::schema_for_type::<T>()
 }
@@ -349,6 +376,24 @@ pub fn tools() -> Vec<Tool> {
             "job_cancel",
             "Cancel a job: assignment stops, running workers are cancelled, completed items stay.",
             schema::<Job>(),
+            job(),
+            false,
+        ),
+        tool(
+            "job_export",
+            "A job's items with their status, attempts and results: JSON lines (parsed into `items`) or CSV (as `text`).",
+            schema::<JobExport>(),
+            output(json!({
+                "format": {"type": "string"},
+                "items": {"type": "array"},
+                "text": {"type": "string"},
+            })),
+            true,
+        ),
+        tool(
+            "job_replay",
+            "A new job from a recorded job's spec and inputs, all items or only the failed ones, linked to it; `start: true` starts it.",
+            schema::<JobReplay>(),
             job(),
             false,
         ),

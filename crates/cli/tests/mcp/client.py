@@ -147,6 +147,8 @@ async def session(cfg):
         out["job_done"] = await until(client, "job_show", {"id": p + "-job"},
                                       lambda r: r["is_error"] or r["structured"]["job"]["status"] in ("completed", "failed", "cancelled"))
         out["job_items"] = await call(client, "job_show", {"id": p + "-job", "items": True})
+        out["job_export"] = await call(client, "job_export", {"id": p + "-job"})
+        out["job_replay"] = await call(client, "job_replay", {"id": p + "-job", "new_id": p + "-job2"})
         if "http_root_tools" in cfg:
             await call(client, "cancel", {"agent": p + "-o"})
 

@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use brood_core::{AgentName, Code};
 use brood_mcp::{Answer, Backend, Owner, ToolError, Tools};
 use brood_runtime::{ApiError, Caller, SpawnRequest};
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
@@ -223,19 +224,15 @@ pub(crate) async fn session(
         }
     };
     let first = json!({"owner": name, "root": true, "agent": v});
-    let stream = futures_util::stream::unfold((Some(first), held), |(first, held)| async move {
-        match first {
-            Some(f) => Some((
-                Ok::<_, Infallible>(SseEvent::default().data(f.to_string())),
-                (None, held),
-            )),
-            // Nothing more to say: the keep-alives carry the stream.
-            None => {
-                std::future::pending::<()>().await;
-                drop(held);
-                None
-            }
-        }
+    // One event, then nothing but the keep-alives, for as long as the
+    // client holds on; the stream owns `held`, so dropping it ends the session.
+    let stream = futures_util::stream::once(async move {
+        Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
+    })
+    .chain(futures_util::stream::pending())
+    .map(move |e| {
+        let _session = &held;
+        e
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(HOLD_KEEP_ALIVE))

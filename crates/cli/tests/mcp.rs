@@ -271,6 +271,9 @@ fn check_session(s: &Value, sock: &Path, p: &str) {
 
     // Refusals are tool errors naming the API's code.
     refused(&s["refused"], "ToolExpansion");
+    if !s["refused_direct"].is_null() {
+        refused(&s["refused_direct"], "ToolExpansion");
+    }
     refused(&s["bad_args"], "BadRequest");
     refused(&s["unknown"], "NotFound");
     let events = ok(&s["events"], "events")["events"]

@@ -163,6 +163,12 @@ async def session(cfg):
             "task": "ask for more", "parent": p + "-h", "argv": cfg["agent"] + ["--result", "x"],
             "capabilities": {"tools": ["shell"]},
         })
+        if cfg["transport"] == "stdio":
+            # A child of the session itself asking for more than the session's policy.
+            out["refused_direct"] = await call(client, "spawn", {
+                "task": "ask the session for more", "argv": cfg["agent"] + ["--result", "x"],
+                "capabilities": {"tools": ["create", "shell"], "network": "all"},
+            })
         out["cancel"] = await call(client, "cancel", {"agent": p + "-h"})
         out["after_cancel"] = await call(client, "wait", {"agents": [p + "-h", p + "-g"], "timeout_s": 20})
 

@@ -14,6 +14,7 @@
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -56,6 +57,10 @@ impl Stdio {
         let body = json!({"client": client, "policy": self.policy});
         let task = tokio::spawn(async move {
             let first = send.clone();
+            // Whether the daemon made a root this stream holds (inside an
+            // agent it answers with the agent and ends the stream at once).
+            let holds = Arc::new(AtomicBool::new(false));
+            let holding = holds.clone();
             let r = client::stream_request(
                 &ep,
                 "POST",
@@ -63,13 +68,20 @@ impl Stdio {
                 Some(&body),
                 None,
                 move |ev| {
-                    first(serde_json::from_str(&ev.data).map_err(|e| {
+                    let v = serde_json::from_str::<Value>(&ev.data).map_err(|e| {
                         ToolError::new("Internal", format!("the session's answer: {e}"))
-                    }));
+                    });
+                    if let Ok(v) = &v {
+                        holding.store(v["root"] == json!(true), Ordering::SeqCst);
+                    }
+                    first(v);
                     true
                 },
             )
             .await;
+            if matches!(r, Ok(None)) && !holds.load(Ordering::SeqCst) {
+                return;
+            }
             let ended = match r {
                 Ok(Some(a)) => {
                     let err = &a.body["error"];

@@ -389,19 +389,32 @@ fn streamable_http_at_mcp_behind_the_token() {
         .trim()
         .to_owned();
 
+    // One raw POST of `initialize` with these extra header lines.
+    let post = |extra: &str| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+        write!(
+            c,
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer
+    };
     // Without the token: 401, like every route.
-    let mut c = std::net::TcpStream::connect(&addr).unwrap();
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
-    write!(
-        c,
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    c.read_to_string(&mut answer).unwrap();
+    let answer = post("");
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     assert!(answer.contains("Unauthorized"), "{answer}");
+    // With it, but from a web page (an `Origin`): refused.
+    let bearer = format!("Authorization: Bearer {token}\r\n");
+    let answer = post(&format!("{bearer}Origin: http://evil.example\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    // With it, from a program: the handshake answers.
+    let answer = post(&bearer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"serverInfo\""), "{answer}");
 
     // The operator over HTTP: the hanging child is a root, given only the
     // runtime's tools so a child of it asking for `shell` is refused.

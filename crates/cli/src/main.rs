@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod job;
 mod job_watch;
+mod mcp;
 mod quota;
 mod remote;
 mod render;
@@ -259,6 +260,23 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// An MCP server on stdin/stdout (docs/mcp.md) for harnesses (Claude Code,
+    /// Codex CLI, opencode, ...): brood's tools, with a session root of its
+    /// own that owns every child it spawns and is cancelled, subtree and all,
+    /// when the session ends. Needs `brood serve`.
+    Mcp {
+        /// The session root's policy (what its children may at most have), a
+        /// JSON or TOML file; default: what the operator holds.
+        #[arg(long, env = "BROOD_MCP_POLICY")]
+        policy: Option<PathBuf>,
+        /// The configuration file (provider, model, keys' variables) of the
+        /// `brood agent` children that `spawn` starts without `argv`.
+        #[arg(long)]
+        agent_config: Option<PathBuf>,
+    },
+    /// What an MCP session root runs: it lives until cancelled.
+    #[command(hide = true, name = "mcp-root")]
+    McpRoot,
     /// The protocol-speaking test agent used by tests, the demo and benchmarks.
     #[command(hide = true, name = "test-agent")]
     TestAgent {
@@ -294,6 +312,9 @@ fn main() -> ExitCode {
             .unwrap_or_else(|_| "brood".into());
         let code = brood_testagent::run(&[exe, "test-agent".into()], args);
         return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    if let Cmd::McpRoot = &cli.cmd {
+        return ExitCode::from(mcp::root_program().clamp(0, 255) as u8);
     }
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -629,7 +650,21 @@ async fn real_main(cli: Cli) -> Result<i32> {
             session,
             text,
         } => shim(&root, &name, session, text).await,
-        Cmd::TestAgent { .. } | Cmd::Agent { .. } => Ok(0),
+        Cmd::Mcp {
+            policy,
+            agent_config,
+        } => {
+            let policy = policy.as_deref().map(read_policy).transpose()?;
+            let home = root_of(&root)
+                .join("ctx/home")
+                .join(unsafe_uid().to_string());
+            let agent_args = match agent_config {
+                Some(c) => vec!["--config".to_owned(), c.to_string_lossy().into_owned()],
+                None => Vec::new(),
+            };
+            mcp::serve(remote.endpoint().clone(), policy, home, agent_args).await
+        }
+        Cmd::TestAgent { .. } | Cmd::Agent { .. } | Cmd::McpRoot => Ok(0),
     }
 }
 

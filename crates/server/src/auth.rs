@@ -27,6 +27,9 @@ pub(crate) enum Conn {
     Unix(Result<Caller, ApiError>),
     /// The loopback TCP listener: the token decides.
     Tcp,
+    /// A request the server makes itself on behalf of a caller it already
+    /// authenticated (the MCP tools at `/mcp` call the API's routes).
+    Inner(Caller),
 }
 
 /// The bearer token of the TCP listener.
@@ -110,6 +113,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
     let caller = match conn {
         Some(Conn::Unix(Ok(c))) => c,
         Some(Conn::Unix(Err(e))) => return HttpError(e).into_response(),
+        Some(Conn::Inner(c)) => c,
         Some(Conn::Tcp) => {
             // Liveness probes need no token.
             if req.uri().path() == "/healthz" {

@@ -171,10 +171,23 @@ pub async fn stream(
     ep: &Endpoint,
     path: &str,
     last_event_id: Option<&str>,
+    on_event: impl FnMut(SseEvent) -> bool,
+) -> Result<Option<Answer>, ClientError> {
+    stream_request(ep, "GET", path, None, last_event_id, on_event).await
+}
+
+/// [`stream`] for any method, with an optional JSON body (`brood mcp` holds
+/// its session with a `POST /api/mcp/session` stream).
+pub async fn stream_request(
+    ep: &Endpoint,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    last_event_id: Option<&str>,
     mut on_event: impl FnMut(SseEvent) -> bool,
 ) -> Result<Option<Answer>, ClientError> {
     let mut send = connect(ep).await?;
-    let mut req = request(ep, "GET", path, None, None)?;
+    let mut req = request(ep, method, path, body, None)?;
     if let Some(id) = last_event_id
         && let Ok(v) = id.parse()
     {
@@ -183,14 +196,14 @@ pub async fn stream(
     let resp = send
         .send_request(req)
         .await
-        .map_err(|e| ClientError(format!("GET {path} on {}: {e}", ep.describe())))?;
+        .map_err(|e| ClientError(format!("{method} {path} on {}: {e}", ep.describe())))?;
     let status = resp.status().as_u16();
     let mut body = resp.into_body();
     if status != 200 {
         let bytes = body
             .collect()
             .await
-            .map_err(|e| ClientError(format!("reading the answer to GET {path}: {e}")))?
+            .map_err(|e| ClientError(format!("reading the answer to {method} {path}: {e}")))?
             .to_bytes();
         return Ok(Some(Answer {
             status,

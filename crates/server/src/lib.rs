@@ -19,6 +19,7 @@ mod error;
 mod events;
 mod idempotency;
 mod listen;
+mod mcp;
 pub mod openapi;
 mod routes;
 mod state;

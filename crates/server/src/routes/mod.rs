@@ -55,6 +55,10 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/api/openapi.json", get(openapi))
+        // MCP (docs/mcp.md): the tools over streamable HTTP, and the session
+        // root a stdio `brood mcp` holds for as long as it is connected.
+        .route_service("/mcp", crate::mcp::service(api.clone()))
+        .route("/api/mcp/session", post(crate::mcp::session))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))

@@ -1,0 +1,570 @@
+//! MCP (issue 16, docs/mcp.md) with a real MCP client: the official MCP
+//! Python SDK (`mcp` on PyPI, installed by `.ci/setup` into
+//! `target/ci-python`) drives `brood mcp` over stdio (the newest protocol
+//! and the older `2024-11-05` handshake) and the daemon's `/mcp` over
+//! streamable HTTP with the bearer token: it lists the tools, spawns a
+//! child and waits for its result, cancels a subtree (its processes gone),
+//! and is refused a child that asks more than the session holds; killing
+//! the client, or `brood mcp` itself, with SIGKILL cancels the session's
+//! subtree. The client script is `tests/mcp/client.py`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The Python with the MCP SDK; a missing SDK fails the test, naming it.
+fn python() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ci-python/bin/python3");
+    let has_sdk = p.exists() && {
+        #[allow(clippy::disallowed_methods)]
+        Command::new(&p)
+            .args(["-c", "import mcp, mcp_types"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    assert!(
+        has_sdk,
+        "the MCP Python SDK (`mcp` from PyPI) is missing in {}: run `bash .ci/setup`",
+        p.display()
+    );
+    p
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(root: &Path, listen: Option<&str>) -> Daemon {
+    let mut args = vec!["serve", "--grace", "0.3"];
+    if let Some(l) = listen {
+        args.extend(["--listen", l]);
+    }
+    #[allow(clippy::disallowed_methods)]
+    let child = Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let sock = root.join("brood.sock");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        }),
+        "the daemon serves {}",
+        sock.display()
+    );
+    d
+}
+
+/// The session's policy, the operator's for MCP sessions: the runtime's own
+/// tools, no `shell`.
+fn policy_file(dir: &Path) -> PathBuf {
+    let p = dir.join("mcp-policy.json");
+    std::fs::write(
+        &p,
+        json!({"tools": ["create", "send", "wait", "close", "resume"]}).to_string(),
+    )
+    .unwrap();
+    p
+}
+
+fn stdio_config(root: &Path, policy: &Path, mode: &str) -> Value {
+    json!({
+        "transport": "stdio", "brood": exe(), "root": root, "mode": mode,
+        "mcp_args": ["--policy", policy], "agent": agent(&[]),
+    })
+}
+
+/// Runs the client's `session` scenario and returns what it saw.
+fn session(cfg: &Value) -> Value {
+    #[allow(clippy::disallowed_methods)]
+    let o = Command::new(python())
+        .arg(script())
+        .arg("session")
+        .arg(cfg.to_string())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "the MCP client failed: {}\nstdout: {out}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn ok<'a>(r: &'a Value, what: &str) -> &'a Value {
+    assert_eq!(r["is_error"], false, "{what}: {r}");
+    &r["structured"]
+}
+
+fn refused<'a>(r: &'a Value, code: &str) -> &'a str {
+    assert_eq!(r["is_error"], true, "{r}");
+    assert_eq!(r["structured"]["error"]["code"], code, "{r}");
+    let text = r["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("{code}: ")), "{text}");
+    text
+}
+
+/// Every process of the agents shown (their own and their cgroups') is gone.
+fn processes_gone(shows: &Value) -> bool {
+    shows.as_object().unwrap().values().all(|s| {
+        let a = &s["structured"];
+        let own = a["pid"].as_i64().map(|p| p as i32);
+        let group = a["cgroup"]
+            .as_str()
+            .map(|c| pids_under(Path::new(c)))
+            .unwrap_or_default();
+        own.into_iter().chain(group).all(|p| !alive(p))
+    })
+}
+
+fn live_pids(shows: &Value) -> Vec<i32> {
+    shows
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|s| s["structured"]["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect()
+}
+
+fn status(sock: &Path, name: &str) -> String {
+    let (code, v) = http(sock, "GET", &format!("/api/agents/{name}"), None);
+    assert_eq!(code, 200, "{name}: {v}");
+    v["status"].as_str().unwrap().to_owned()
+}
+
+/// What every session scenario must have seen, whatever the transport.
+fn check_session(s: &Value, sock: &Path, p: &str) {
+    let (h, g) = (format!("{p}-h"), format!("{p}-g"));
+    let tools: Vec<&str> = s["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    for t in [
+        "spawn",
+        "send",
+        "wait",
+        "cancel",
+        "close",
+        "resume",
+        "list",
+        "tree",
+        "show",
+        "events",
+        "job_create",
+        "job_start",
+        "job_show",
+        "job_cancel",
+        "job_retry",
+    ] {
+        assert!(tools.contains(&t), "{t} missing from {tools:?}");
+    }
+    assert_eq!(s["schemas"]["spawn"]["type"], "object");
+    assert_eq!(s["schemas"]["spawn"]["required"], json!(["task"]));
+
+    // A child, answered at once, then its result through `wait`.
+    let spawned = ok(&s["spawn"], "spawn");
+    let name = spawned["name"].as_str().unwrap();
+    let w = ok(&s["wait"], "wait");
+    assert_eq!(w["timed_out"], false, "{w}");
+    assert_eq!(w["agents"][0]["name"], name);
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    assert_eq!(w["agents"][0]["result"], "hello from child", "{w}");
+    assert_eq!(ok(&s["show"], "show")["status"], "completed");
+
+    // send, close, resume.
+    assert!(ok(&s["send"], "send")["id"].is_string());
+    let talk = ok(&s["talk_wait"], "wait for the talker");
+    assert_eq!(talk["agents"][0]["status"], "completed", "{talk}");
+    let said = talk["agents"][0]["result"].as_str().unwrap();
+    assert!(said.contains("a message over MCP"), "{said}");
+    assert_eq!(ok(&s["close"], "close")["status"], "closed");
+    let resumed = ok(&s["resume"], "resume");
+    assert_ne!(resumed["run"], spawned["run"], "{resumed}");
+    let rw = ok(&s["resumed_wait"], "wait after resume");
+    assert_eq!(rw["agents"][0]["status"], "completed", "{rw}");
+
+    // What a child handed back: refs are its parent's channel (SPEC 4), so
+    // a root (the operator's over HTTP) has none.
+    let shown = ok(&s["refs_show"], "show refs");
+    assert_eq!(shown["result"], "see refs", "{shown}");
+    if shown["parent"].is_string() {
+        assert_eq!(shown["refs"][0]["summary"], "read this first", "{shown}");
+        assert_eq!(shown["refs"][0]["id"], "lib", "{shown}");
+    } else {
+        assert_eq!(shown["refs"], json!([]), "{shown}");
+    }
+
+    // A job run by the session's children.
+    ok(&s["job_create"], "job_create");
+    let job = ok(&s["job_done"], "job_show")["job"].clone();
+    assert_eq!(job["status"], "completed", "{job}");
+    assert_eq!(job["counts"]["completed"], 2, "{job}");
+    let items = ok(&s["job_items"], "job items")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(items.len(), 2, "{items:?}");
+    let export = ok(&s["job_export"], "job_export")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(export.len(), 2, "{export:?}");
+    assert!(
+        export.iter().all(|i| i["status"] == "completed"),
+        "{export:?}"
+    );
+    let replay = ok(&s["job_replay"], "job_replay");
+    assert_eq!(replay["source"], json!(format!("{p}-job")), "{replay}");
+    assert_eq!(replay["status"], "pending", "{replay}");
+
+    // A bounded wait on a hanging subtree says what is still running.
+    let hw = ok(&s["hang_wait"], "wait on a hanging child");
+    assert_eq!(hw["timed_out"], true, "{hw}");
+    let running = hw["still_running"].as_array().unwrap();
+    for n in [&h, &g] {
+        assert!(running.contains(&json!(n)), "{n} not in {hw}");
+    }
+    let listed = ok(&s["list"], "list")["agents"].as_array().unwrap().clone();
+    assert!(listed.iter().any(|a| a["name"] == json!(h)), "{listed:?}");
+    assert!(ok(&s["tree"], "tree")["trees"].is_array());
+
+    // Cancelling the child cancels its subtree, processes and all.
+    ok(&s["cancel"], "cancel");
+    let after = ok(&s["after_cancel"], "wait after cancel");
+    for a in after["agents"].as_array().unwrap() {
+        assert_eq!(a["status"], "cancelled", "{a}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || processes_gone(&s["hang_show"])),
+        "processes of the cancelled subtree remain: {}",
+        s["hang_show"]
+    );
+    for n in [&h, &g] {
+        assert_eq!(status(sock, n), "cancelled");
+    }
+
+    // Refusals are tool errors naming the API's code.
+    refused(&s["refused"], "ToolExpansion");
+    if !s["refused_direct"].is_null() {
+        refused(&s["refused_direct"], "ToolExpansion");
+    }
+    refused(&s["bad_args"], "BadRequest");
+    refused(&s["unknown"], "NotFound");
+    let events = ok(&s["events"], "events")["events"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        events.iter().all(|e| e["type"] == "agent.stop"),
+        "{events:?}"
+    );
+    assert!(ok(&s["jobs"], "job_show")["jobs"].is_array());
+}
+
+#[test]
+fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve(&root, None);
+    let policy = policy_file(dir.path());
+    // `brood agent` children (`spawn` without `argv`) replay a script.
+    let turns = dir.path().join("turns.json");
+    std::fs::write(
+        &turns,
+        json!({"turns": [{"text": "explored: all is well"}]}).to_string(),
+    )
+    .unwrap();
+    let agent_config = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "provider = \"script\"\nscript = {:?}\n",
+            turns.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut cfg = stdio_config(&root, &policy, "auto");
+    cfg["mcp_args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--agent-config"), json!(agent_config)]);
+    cfg["agent_config"] = json!(true);
+    let s = session(&cfg);
+    assert_eq!(
+        s["protocol_version"], "2026-07-28",
+        "{}",
+        s["protocol_version"]
+    );
+    let a = ok(&s["agent_spawn"], "spawn brood agent");
+    assert_eq!(a["protocol"], "brood", "{a}");
+    let aw = ok(&s["agent_wait"], "wait for brood agent");
+    assert_eq!(aw["agents"][0]["status"], "completed", "{aw}");
+    assert_eq!(aw["agents"][0]["result"], "explored: all is well", "{aw}");
+    let sock = root.join("brood.sock");
+    check_session(&s, &sock, "t");
+
+    // The session was a root agent of its own, with the operator's policy
+    // for MCP sessions, and every child was its child.
+    let owner = ok(&s["spawn"], "spawn")["parent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        owner.starts_with("mcp-") || owner.starts_with("test-client-"),
+        "{owner}"
+    );
+    let (_, root_shown) = http(&sock, "GET", &format!("/api/agents/{owner}"), None);
+    assert_eq!(root_shown["parent"], Value::Null, "{root_shown}");
+    assert_eq!(
+        root_shown["policy"]["tools"],
+        json!(["close", "create", "resume", "send", "wait"]),
+        "{root_shown}"
+    );
+    // The client has exited: the session's root is cancelled, history kept.
+    assert!(
+        eventually(Duration::from_secs(10), || status(&sock, &owner)
+            == "cancelled"),
+        "the session root {owner} is {}",
+        status(&sock, &owner)
+    );
+    let quick = ok(&s["spawn"], "spawn")["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(status(&sock, &quick), "completed");
+}
+
+#[test]
+fn a_stdio_session_with_the_older_2024_11_05_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve(&root, None);
+    let policy = policy_file(dir.path());
+    let s = session(&stdio_config(&root, &policy, "2024-11-05"));
+    assert_eq!(s["protocol_version"], "2024-11-05");
+    check_session(&s, &root.join("brood.sock"), "t");
+    // Named after the client (`clientInfo.name`, sanitised).
+    let owner = ok(&s["spawn"], "spawn")["parent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(owner.starts_with("test-client-"), "{owner}");
+}
+
+#[test]
+fn streamable_http_at_mcp_behind_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _d = serve(&root, Some(&addr));
+    let token = std::fs::read_to_string(root.join("token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    // One raw POST of `initialize` with these extra header lines.
+    let post = |extra: &str| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+        write!(
+            c,
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    // Without the token: 401, like every route.
+    let answer = post("");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("Unauthorized"), "{answer}");
+    // With it, but from a web page (an `Origin`): refused.
+    let bearer = format!("Authorization: Bearer {token}\r\n");
+    let answer = post(&format!("{bearer}Origin: http://evil.example\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    // With it, from a program: the handshake answers.
+    let answer = post(&bearer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"serverInfo\""), "{answer}");
+
+    // The operator over HTTP: the hanging child is a root, given only the
+    // runtime's tools so a child of it asking for `shell` is refused.
+    let cfg = json!({
+        "transport": "http", "url": format!("http://{addr}/mcp"), "token": token,
+        "mode": "auto", "agent": agent(&[]), "http_root_tools": ["create"],
+    });
+    let s = session(&cfg);
+    assert_eq!(s["protocol_version"], "2026-07-28");
+    check_session(&s, &root.join("brood.sock"), "t");
+    // The older handshake, with its `Mcp-Session-Id` sessions.
+    let mut cfg = cfg;
+    cfg["mode"] = json!("legacy");
+    cfg["prefix"] = json!("u");
+    let s = session(&cfg);
+    assert_eq!(s["protocol_version"], "2025-11-25");
+    check_session(&s, &root.join("brood.sock"), "u");
+}
+
+/// Starts the client's `hold` scenario: a hanging tree, reported on stdout.
+fn hold(root: &Path, policy: &Path, prefix: &str) -> (std::process::Child, Value) {
+    let mut cfg = stdio_config(root, policy, "auto");
+    cfg["prefix"] = json!(prefix);
+    #[allow(clippy::disallowed_methods)]
+    let mut child = Command::new(python())
+        .arg(script())
+        .arg("hold")
+        .arg(cfg.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    (child, v)
+}
+
+/// The `brood mcp` process the client started.
+fn brood_mcp_of(client: u32) -> i32 {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(client) && cmd.split(|b| *b == 0).any(|a| a == b"mcp") {
+            return pid;
+        }
+    }
+    panic!("no `brood mcp` under the client {client}");
+}
+
+#[test]
+fn killing_the_client_or_brood_mcp_cancels_the_session_subtree() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve(&root, None);
+    let sock = root.join("brood.sock");
+    let policy = policy_file(dir.path());
+    for (kill_brood_mcp, k) in [(false, "k0"), (true, "k1")] {
+        let (h, g) = (format!("{k}-h"), format!("{k}-g"));
+        let (mut client, v) = hold(&root, &policy, k);
+        let owner = v["owner"].as_str().unwrap().to_owned();
+        let pids = live_pids(&v["shows"]);
+        assert_eq!(pids.len(), 2, "{v}");
+        assert!(pids.iter().all(|p| alive(*p)), "{v}");
+        assert_eq!(status(&sock, &g), "running");
+        let victim = if kill_brood_mcp {
+            brood_mcp_of(client.id())
+        } else {
+            client.id() as i32
+        };
+        // SAFETY: signalling a process this test started (or its child).
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        assert!(
+            eventually(Duration::from_secs(15), || {
+                [&h, &g, &owner]
+                    .iter()
+                    .all(|n| status(&sock, n) == "cancelled")
+            }),
+            "after SIGKILL of {}: {owner} {} {h} {} {g} {}",
+            if kill_brood_mcp {
+                "brood mcp"
+            } else {
+                "the client"
+            },
+            status(&sock, &owner),
+            status(&sock, &h),
+            status(&sock, &g),
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || processes_gone(&v["shows"])),
+            "processes remain: {v}"
+        );
+        // SAFETY: as above; the client may already be gone.
+        unsafe { libc::kill(client.id() as i32, libc::SIGKILL) };
+        let _ = client.wait();
+    }
+}
+
+#[test]
+fn inside_an_agent_the_sessions_children_are_that_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve(&root, None);
+    let sock = root.join("brood.sock");
+    // The MCP client and its `brood mcp` run as the program of agent `host`:
+    // on the socket the daemon knows them by their cgroup.
+    let cfg = json!({"transport": "stdio", "brood": exe(), "root": root, "agent": agent(&[])});
+    let argv = json!([python(), script(), "inside", cfg.to_string()]);
+    let (code, a) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "host", "argv": argv, "protocol": "exec"})),
+    );
+    assert_eq!(code, 201, "{a}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/host/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let out: Value = serde_json::from_str(w["agents"][0]["result"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {w}"));
+    assert_eq!(ok(&out["spawn"], "spawn")["parent"], "host", "{out}");
+    let waited = ok(&out["wait"], "wait");
+    assert_eq!(waited["agents"][0]["name"], "in-c", "{waited}");
+    assert_eq!(waited["agents"][0]["result"], "made inside", "{waited}");
+    let listed = ok(&out["list"], "list")["agents"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // No session root was made: the only root is `host`.
+    let (_, all) = http(&sock, "GET", "/api/agents?all=true", None);
+    let roots: Vec<&Value> = all["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["parent"].is_null())
+        .collect();
+    assert_eq!(roots.len(), 1, "{all}");
+    assert_eq!(roots[0]["name"], "host");
+}

@@ -1,0 +1,203 @@
+"""An MCP client for brood's MCP tests (crates/cli/tests/mcp.rs), written
+with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
+
+    client.py session CONFIG_JSON   connect, exercise the tools, print a JSON summary
+    client.py hold CONFIG_JSON      connect, spawn a hanging tree, print it as a
+                                    JSON line, then wait to be killed
+    client.py inside CONFIG_JSON    (as a brood agent's program) spawn and wait for a child
+
+CONFIG: {"transport": "stdio"|"http", "brood": EXE, "root": DIR, "url": URL,
+"token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
+the test agent]}. Every tool result is reported as it came, so the Rust test
+asserts on what the client saw.
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+import mcp.client.session as client_session
+import mcp_types as types
+
+
+def connect(cfg):
+    mode = cfg.get("mode", "auto")
+    if mode == "2024-11-05":
+        # The SDK's handshake asks for its newest handshake version; an older
+        # client (most harnesses today) asks for this one.
+        client_session.LATEST_HANDSHAKE_VERSION = "2024-11-05"
+        mode = "legacy"
+    info = types.Implementation(name=cfg.get("client_name", "Test Client"), version="1.0")
+    if cfg["transport"] == "stdio":
+        server = StdioServerParameters(
+            command=cfg["brood"],
+            args=["--root", cfg["root"], "mcp"] + cfg.get("mcp_args", []),
+            env={"BROOD_LOG": "info"},
+        )
+    else:
+        http = create_mcp_http_client(headers={"Authorization": "Bearer " + cfg["token"]})
+        server = streamable_http_client(cfg["url"], http_client=http)
+    return Client(server, mode=mode, client_info=info)
+
+
+def shown(r):
+    """A tool result as the test reads it."""
+    return {
+        "is_error": bool(r.is_error),
+        "structured": r.structured_content,
+        "text": "".join(getattr(c, "text", "") for c in r.content),
+    }
+
+
+async def call(client, tool, args):
+    return shown(await client.call_tool(tool, args))
+
+
+def spawn_json(cfg, name, flags):
+    return json.dumps({"name": name, "argv": cfg["agent"] + flags, "task": "task of " + name})
+
+
+async def hanging_tree(client, cfg, prefix):
+    """A child that starts a grandchild agent and two grandchild processes, all hanging."""
+    args = {
+        "task": "hang with a grandchild",
+        "name": prefix + "-h",
+        "argv": cfg["agent"] + ["--spawn", spawn_json(cfg, prefix + "-g", ["--hang"]),
+                                "--grandchildren", "2", "--hang"],
+    }
+    if "http_root_tools" in cfg:
+        # Over HTTP the operator has no session root: this child is a root,
+        # given only these tools so its own children can ask for more.
+        args["capabilities"] = {"tools": cfg["http_root_tools"]}
+    child = await call(client, "spawn", args)
+    # Until the grandchild agent runs (its parent made it).
+    for _ in range(200):
+        tree = await call(client, "show", {"agent": prefix + "-g"})
+        if not tree["is_error"] and tree["structured"]["status"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    shows = {}
+    for n in (prefix + "-h", prefix + "-g"):
+        shows[n] = await call(client, "show", {"agent": n})
+    return child, shows
+
+
+async def until(client, tool, args, done, tries=300):
+    """Calls `tool` until `done(result)` holds (or tries run out), returning the last result."""
+    for _ in range(tries):
+        r = await call(client, tool, args)
+        if done(r):
+            break
+        await asyncio.sleep(0.1)
+    return r
+
+
+async def session(cfg):
+    out = {}
+    p = cfg.get("prefix", "t")
+    async with connect(cfg) as client:
+        out["protocol_version"] = client.protocol_version
+        tools = await client.list_tools()
+        out["tools"] = sorted(t.name for t in tools.tools)
+        out["schemas"] = {t.name: t.input_schema for t in tools.tools}
+
+        quick = await call(client, "spawn", {"task": "say hello", "argv": cfg["agent"] + ["--result", "hello from child"]})
+        out["spawn"] = quick
+        name = quick["structured"]["name"]
+        out["wait"] = await call(client, "wait", {"agents": [name], "timeout_s": 20})
+        out["show"] = await call(client, "show", {"agent": name})
+
+        if "agent_config" in cfg:
+            # `brood agent`, the default program, with the operator's configuration.
+            out["agent_spawn"] = await call(client, "spawn", {"task": "explore a little", "type": "explore",
+                                                              "name": p + "-a"})
+            out["agent_wait"] = await call(client, "wait", {"agents": [p + "-a"], "timeout_s": 20})
+
+        # send, close, resume.
+        talk = await call(client, "spawn", {"task": "take one input", "name": p + "-i",
+                                            "argv": cfg["agent"] + ["--inputs", "1", "--result", "got"]})
+        out["talk_spawn"] = talk
+        out["send"] = await call(client, "send", {"agent": p + "-i", "text": "a message over MCP"})
+        out["talk_wait"] = await call(client, "wait", {"agents": [p + "-i"], "timeout_s": 20})
+        out["close"] = await call(client, "close", {"agent": name})
+        out["resume"] = await call(client, "resume", {"agent": name})
+        out["resumed_wait"] = await call(client, "wait", {"agents": [name], "timeout_s": 20})
+
+        # What a child hands back: its refs, through `show`.
+        ref = json.dumps({"path": "/src/lib.rs", "summary": "read this first", "id": "lib"})
+        await call(client, "spawn", {"task": "hand back a ref", "name": p + "-r",
+                                     "argv": cfg["agent"] + ["--ref", ref, "--result", "see refs"]})
+        await call(client, "wait", {"agents": [p + "-r"], "timeout_s": 20})
+        out["refs_show"] = await call(client, "show", {"agent": p + "-r"})
+
+        # A job whose workers are the session's children.
+        job = {
+            "id": p + "-job", "instruction": "Echo {text}", "input": "id,text\na,first\nb,second\n",
+            "id_column": "id", "worker": {"argv": cfg["agent"] + ["--job-worker"]}, "start": True,
+        }
+        if "http_root_tools" in cfg:
+            # No session over HTTP: the job needs an owner, a live agent.
+            await call(client, "spawn", {"task": "own a job", "name": p + "-o", "argv": cfg["agent"] + ["--hang"]})
+            job["owner"] = p + "-o"
+        out["job_create"] = await call(client, "job_create", job)
+        out["job_done"] = await until(client, "job_show", {"id": p + "-job"},
+                                      lambda r: r["is_error"] or r["structured"]["job"]["status"] in ("completed", "failed", "cancelled"))
+        out["job_items"] = await call(client, "job_show", {"id": p + "-job", "items": True})
+        out["job_export"] = await call(client, "job_export", {"id": p + "-job"})
+        out["job_replay"] = await call(client, "job_replay", {"id": p + "-job", "new_id": p + "-job2"})
+        if "http_root_tools" in cfg:
+            await call(client, "cancel", {"agent": p + "-o"})
+
+        child, shows = await hanging_tree(client, cfg, p)
+        out["hang_spawn"] = child
+        out["hang_show"] = shows
+        out["hang_wait"] = await call(client, "wait", {"agents": [p + "-h"], "timeout_s": 1})
+        out["list"] = await call(client, "list", {})
+        out["tree"] = await call(client, "tree", {})
+        # A child of the hanging one asking for more than it holds.
+        out["refused"] = await call(client, "spawn", {
+            "task": "ask for more", "parent": p + "-h", "argv": cfg["agent"] + ["--result", "x"],
+            "capabilities": {"tools": ["shell"]},
+        })
+        if cfg["transport"] == "stdio":
+            # A child of the session itself asking for more than the session's policy.
+            out["refused_direct"] = await call(client, "spawn", {
+                "task": "ask the session for more", "argv": cfg["agent"] + ["--result", "x"],
+                "capabilities": {"tools": ["create", "shell"], "network": "all"},
+            })
+        out["cancel"] = await call(client, "cancel", {"agent": p + "-h"})
+        out["after_cancel"] = await call(client, "wait", {"agents": [p + "-h", p + "-g"], "timeout_s": 20})
+
+        out["bad_args"] = await call(client, "send", {"agent": p + "-h"})
+        out["unknown"] = await call(client, "show", {"agent": "no-such-agent"})
+        out["events"] = await call(client, "events", {"type": "agent.stop", "limit": 50})
+        out["jobs"] = await call(client, "job_show", {})
+    print(json.dumps(out))
+
+
+async def hold(cfg):
+    async with connect(cfg) as client:
+        child, shows = await hanging_tree(client, cfg, cfg["prefix"])
+        owner = child["structured"]["parent"]
+        print(json.dumps({"pid": os.getpid(), "owner": owner, "child": child, "shows": shows}), flush=True)
+        await asyncio.sleep(3600)
+
+
+async def inside(cfg):
+    """Run as a brood agent's program: the session's children are that agent's."""
+    out = {}
+    async with connect(cfg) as client:
+        out["spawn"] = await call(client, "spawn", {"task": "from inside", "name": "in-c",
+                                                    "argv": cfg["agent"] + ["--result", "made inside"]})
+        out["wait"] = await call(client, "wait", {"agents": ["in-c"], "timeout_s": 20})
+        out["list"] = await call(client, "list", {"all": True})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    what, cfg = sys.argv[1], json.loads(sys.argv[2])
+    asyncio.run({"session": session, "hold": hold, "inside": inside}[what](cfg))

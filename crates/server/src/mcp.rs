@@ -1,0 +1,240 @@
+//! MCP on the daemon (docs/mcp.md): brood-mcp's tools over streamable HTTP
+//! at `/mcp`, behind the same authentication as every route (the bearer
+//! token on TCP, peer credentials on the socket), each tool call made as
+//! API calls of the caller that sent it; and `POST /api/mcp/session`, the
+//! session root a stdio `brood mcp` holds.
+//!
+//! A stdio session's root lives exactly as long as the connection that
+//! asked for it: the daemon cancels it (and so its whole subtree) when that
+//! connection closes, whatever ended the client (exit, EOF on stdin,
+//! SIGKILL: the kernel closes its socket either way). The client's good
+//! will is not needed (docs/decisions.md "MCP sessions own their children").
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use brood_core::{AgentName, Code};
+use brood_mcp::{Answer, Backend, Owner, ToolError, Tools};
+use brood_runtime::{ApiError, Caller, SpawnRequest};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use rmcp::RoleServer;
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::auth::Conn;
+use crate::body::Body;
+use crate::error::{HttpError, json as json_reply};
+use crate::state::Api;
+
+/// How often a held session's stream says it is alive; a closed connection
+/// is noticed at the latest when this write fails.
+const HOLD_KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+/// The tools' way to the API: the daemon's own router, called as the
+/// authenticated caller of the MCP request.
+pub(crate) struct InProcess {
+    api: Api,
+}
+
+fn caller_of(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Caller>())
+        .cloned()
+}
+
+impl Backend for InProcess {
+    async fn call(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Answer, String> {
+        let caller = caller_of(ctx)
+            .ok_or_else(|| "the MCP request came without an authenticated caller".to_owned())?;
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(bytes))
+            .map_err(|e| format!("{method} {path}: {e}"))?;
+        req.extensions_mut().insert(Conn::Inner(caller));
+        let resp = match self.api.router().oneshot(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer to {method} {path}: {e}"))?
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Ok(Answer { status, body })
+    }
+
+    async fn owner(&self, ctx: &RequestContext<RoleServer>) -> Result<Option<Owner>, ToolError> {
+        // An agent works in its own subtree (the API makes its creations its
+        // children); the operator's calls act as the API's do: no implicit parent.
+        Ok(match caller_of(ctx) {
+            Some(Caller::Agent(me)) => Some(Owner {
+                name: me.to_string(),
+                as_parent: false,
+            }),
+            _ => None,
+        })
+    }
+}
+
+/// `/mcp`: streamable HTTP, the older session-based handshake and the newest
+/// stateless one alike (rmcp negotiates).
+pub(crate) fn service(api: Api) -> StreamableHttpService<Tools<InProcess>, LocalSessionManager> {
+    let home = Some(api.sup().paths().home());
+    let backend = Arc::new(InProcess { api });
+    let brood = brood_exe();
+    let config = StreamableHttpServerConfig::default()
+        // The socket's requests name the host `brood`; TCP is loopback only.
+        .with_allowed_hosts(["localhost", "127.0.0.1", "::1", "brood"])
+        // MCP clients are programs, not pages: any `Origin` is refused.
+        .enforce_origin_validation();
+    StreamableHttpService::new(
+        move || Ok(Tools::new(backend.clone(), brood.clone(), home.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// The `brood` binary the daemon runs as (for `brood agent` children and
+/// the session roots' `brood mcp-root`).
+fn brood_exe() -> String {
+    std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "brood".to_owned())
+}
+
+/// `POST /api/mcp/session`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionBody {
+    /// The MCP client's name (`clientInfo.name`), for the root's name.
+    #[serde(default)]
+    client: Option<String>,
+    /// The session's policy (SPEC 5 fields), the operator's for MCP sessions.
+    #[serde(default)]
+    policy: Option<Value>,
+}
+
+/// `POST /api/mcp/session`: as an event stream, one event with the agent the
+/// session works for, then keep-alives for as long as the client holds the
+/// connection. From the operator it is a new root agent (`brood mcp-root`,
+/// which does nothing but live), cancelled with its subtree when the
+/// connection closes; from an agent it is that agent itself, and nothing is
+/// held.
+pub(crate) async fn session(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Body<SessionBody>, HttpError>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b.value,
+        Err(e) => return e.into_response(),
+    };
+    if let Caller::Agent(me) = &caller {
+        let first = json!({"owner": me.as_str(), "root": false});
+        let stream = futures_util::stream::once(async move {
+            Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
+        });
+        return Sse::new(stream).into_response();
+    }
+    let client = body.client.as_deref().unwrap_or("mcp");
+    let suffix = uuid::Uuid::now_v7().simple().to_string();
+    let name = format!(
+        "{}-{}",
+        brood_mcp::sanitise(client),
+        &suffix[suffix.len() - 8..]
+    );
+    let Ok(agent) = AgentName::new(&name) else {
+        return HttpError(ApiError::new(
+            Code::InvalidName,
+            format!("{name:?} is not an agent name"),
+        ))
+        .into_response();
+    };
+    let spawn = json!({
+        "name": name,
+        "argv": [brood_exe(), "mcp-root"],
+        "protocol": "brood",
+        "task": format!("the MCP session of {client}: its children are this session's"),
+        "label": "mcp session",
+        "await_ready": true,
+        "policy": body.policy,
+    });
+    let req = match serde_json::from_value::<brood_api::SpawnBody>(spawn)
+        .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))
+        .and_then(SpawnRequest::from_body)
+    {
+        Ok(r) => r,
+        Err(e) => return HttpError(e).into_response(),
+    };
+    // The spawn and the cancel run in a task of their own, so a connection
+    // that closes even while the root is being admitted still cancels it.
+    let (held, released) = tokio::sync::oneshot::channel::<()>();
+    let (answer, spawned) = tokio::sync::oneshot::channel();
+    let sup = api.sup().clone();
+    tokio::spawn(async move {
+        let r = sup.spawn(caller.clone(), req).await;
+        let made = r.is_ok();
+        let _ = answer.send(r);
+        if made {
+            // Resolves when the stream (and so `held`) is dropped.
+            let _ = released.await;
+            tracing::info!(agent = %agent, "MCP session ended: cancelling its root");
+            if let Err(e) = sup.cancel(caller, agent.clone()).await {
+                tracing::debug!(agent = %agent, error = %e.message, "cancelling an MCP session root");
+            }
+        }
+    });
+    let v = match spawned.await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return HttpError(e).into_response(),
+        Err(_) => {
+            return json_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &brood_api::ErrorBody::new(Code::Unavailable, "the supervisor stopped"),
+            );
+        }
+    };
+    let first = json!({"owner": name, "root": true, "agent": v});
+    // One event, then nothing but the keep-alives, for as long as the
+    // client holds on; the stream owns `held`, so dropping it ends the session.
+    let stream = futures_util::stream::once(async move {
+        Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
+    })
+    .chain(futures_util::stream::pending())
+    .map(move |e| {
+        let _session = &held;
+        e
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(HOLD_KEEP_ALIVE))
+        .into_response()
+}

@@ -22,6 +22,7 @@ mod listen;
 pub mod openapi;
 mod routes;
 mod state;
+mod ui;
 
 pub use agent_socket::agent_sockets;
 pub use auth::Token;

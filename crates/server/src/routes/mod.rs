@@ -6,12 +6,14 @@ mod job_control;
 mod jobs;
 mod meta;
 mod sessions;
+mod ui;
 
 pub(crate) use agents::*;
 pub(crate) use job_control::*;
 pub(crate) use jobs::*;
 pub(crate) use meta::*;
 pub(crate) use sessions::*;
+pub(crate) use ui::*;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -55,6 +57,10 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/api/openapi.json", get(openapi))
+        .route("/api/ui/tree", get(ui_tree))
+        .route("/api/ui/agents/{name}", get(ui_agent))
+        .route("/api/ui/agents/{name}/transcript", get(ui_transcript))
+        .merge(crate::ui::pages())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))

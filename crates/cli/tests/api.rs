@@ -1234,6 +1234,42 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     )
     .await;
 
+    // The web UI's reads (docs/ui.md): the compact tree, an agent's objects
+    // and transcript.
+    let r = each(
+        &s,
+        &[
+            (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
+            (200, "GET", "/api/ui/agents/{name}", "/api/ui/agents/quick", N),
+            (404, "GET", "/api/ui/agents/{name}", "/api/ui/agents/ghost", N),
+            (
+                200,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/p/transcript?after=0",
+                N,
+            ),
+            (
+                400,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/p/transcript?after=x",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/ghost/transcript",
+                N,
+            ),
+        ],
+    )
+    .await;
+    let rows = r[0]["agents"].as_array().unwrap();
+    assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
+    assert!(r[1]["channel"]["handoff"].is_string(), "a child's channel: {}", r[1]);
+
     // Not routes at all.
     let a = raw(&s.unix, "GET", "/api/nothing", &[], b"").await;
     assert_eq!((a.status, code(&a.json())), (404, "NotFound"));

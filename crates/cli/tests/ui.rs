@@ -510,6 +510,9 @@ fn screenshots_of_the_main_pages() {
     s.spawn(json!({"name": "store-tests", "parent": "store", "argv": agent(&["--hang"]), "task": "Run the store's conformance suite."}));
     s.spawn(json!({"name": "docs", "parent": "review-lead", "argv": ["sh", "-c", "exit 3"], "protocol": "exec", "task": "Proofread docs/."}));
     s.spawn(json!({"name": "nightly", "argv": done("the nightly build"), "label": "nightly checks"}));
+    // One that answered and waits for more: blocked.
+    s.spawn(json!({"name": "ask-user", "parent": "review-lead", "argv": agent(&["--echo"]), "task": "Ask which release branch to review."}));
+    s.ok("POST", "/api/agents/ask-user/input", json!({"text": "release-2.4"}));
     assert!(
         eventually(Duration::from_secs(20), || {
             s.agent("parser")["status"] == "completed" && s.agent("docs")["status"] == "failed"
@@ -541,34 +544,35 @@ fn screenshots_of_the_main_pages() {
         json!({"id": "summaries", "owner": "review-lead", "instruction": "Summarise {text}",
                "input": input, "worker": {"argv": worker}, "concurrency": 3, "max_attempts": 3}),
     );
-    s.ok("POST", "/api/jobs/summaries/start", Value::Null);
-    assert!(
-        eventually(Duration::from_secs(60), || {
-            s.ok("GET", "/api/jobs/summaries", Value::Null)["status"] == "completed"
-        }),
-        "the job completes"
-    );
 
     let mut b = Browser::start();
     b.get(&s.url(&format!("/ui?token={}", s.token)));
     b.wait("[data-row=store-tests]", "store-tests");
     b.wait("[data-row=docs] [data-status]", "failed");
+    b.wait("[data-row=ask-user] [data-status]", "blocked");
     b.screenshot(&out.join("tree.png"));
 
-    b.view("#/agent/parser");
-    b.wait("#result", "no blocking issue");
-    b.wait("#transcript", "Looked at the parser");
-    b.screenshot(&out.join("agent.png"));
-
+    // The job's page follows its progress live: opened pending, started
+    // through the API, completed without a reload.
     b.view("#/job/summaries");
     b.wait("#job-id", "summaries");
-    b.wait("[data-count=completed]", "12");
+    b.wait("h1 [data-status]", "pending");
+    b.js("window.__sameDocument = 7;");
+    s.ok("POST", "/api/jobs/summaries/start", Value::Null);
+    b.cmd(json!({"op": "wait", "css": "[data-count=completed] b", "text": "12", "timeout": 90}));
+    b.wait("h1 [data-status]", "completed");
+    assert_eq!(b.js("return window.__sameDocument"), json!(7), "no reload");
     assert_eq!(
         b.js("return document.querySelector('[data-item=\"4\"] [data-attempts]').textContent"),
         json!("2"),
         "a FAIL-ONCE item shows its two attempts"
     );
     b.screenshot(&out.join("job.png"));
+
+    b.view("#/agent/parser");
+    b.wait("#result", "no blocking issue");
+    b.wait("#transcript", "Looked at the parser");
+    b.screenshot(&out.join("agent.png"));
 
     b.view("#/jobs");
     b.wait("#jobs", "summaries");

@@ -83,11 +83,13 @@ function tokens(u) {
 }
 
 function spendText(u) {
+  if (!u.cost_usd && !u.tokens_in && !u.tokens_out) return "–";
   return money(u.cost_usd) + " · " + tokens(u);
 }
 
 function duration(ms) {
   if (ms === null || ms === undefined || ms < 0) return "";
+  if (ms < 1000) return (ms / 1000).toFixed(1) + "s";
   const s = Math.floor(ms / 1000);
   if (s < 60) return s + "s";
   const m = Math.floor(s / 60);
@@ -361,7 +363,7 @@ async function agentView(name) {
     );
     const runs = el("table", {}, el("thead", {}, el("tr", {}, ...["run", "#", "pid", "outcome", "exit", "started", "took", "spend"].map((h) => el("th", {}, h)))),
       el("tbody", {}, ...d.runs.map((r) => el("tr", {},
-        el("td", { class: "mono" }, r.id), el("td", {}, String(r.seq)), el("td", {}, r.pid === null ? "" : String(r.pid)),
+        el("td", { class: "mono", title: r.id }, r.id.slice(0, 8) + "…"), el("td", {}, String(r.seq)), el("td", {}, r.pid === null ? "" : String(r.pid)),
         el("td", {}, r.outcome || "running"), el("td", {}, r.exit_code === null ? "" : String(r.exit_code)),
         el("td", {}, when(r.started_ms)), el("td", {}, r.started_ms && r.ended_ms ? duration(r.ended_ms - r.started_ms) : ""),
         el("td", {}, spendText(r))))));

@@ -1240,8 +1240,20 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         &s,
         &[
             (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
-            (200, "GET", "/api/ui/agents/{name}", "/api/ui/agents/quick", N),
-            (404, "GET", "/api/ui/agents/{name}", "/api/ui/agents/ghost", N),
+            (
+                200,
+                "GET",
+                "/api/ui/agents/{name}",
+                "/api/ui/agents/quick",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/agents/{name}",
+                "/api/ui/agents/ghost",
+                N,
+            ),
             (
                 200,
                 "GET",
@@ -1268,7 +1280,11 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     .await;
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
-    assert!(r[1]["channel"]["handoff"].is_string(), "a child's channel: {}", r[1]);
+    assert!(
+        r[1]["channel"]["handoff"].is_string(),
+        "a child's channel: {}",
+        r[1]
+    );
 
     // Not routes at all.
     let a = raw(&s.unix, "GET", "/api/nothing", &[], b"").await;

@@ -169,7 +169,10 @@ fn tree_rows(api: &Api, caller: &Caller) -> Result<TreeRows, ApiError> {
         (status = 200, description = "Every agent the caller may see, parents before children, siblings in start order, each with its badge, status, running time and spend (own and subtree): the web UI's tree in one request.", body = TreeRows),
     )
 )]
-pub(crate) async fn ui_tree(State(api): State<Api>, Extension(caller): Extension<Caller>) -> Response {
+pub(crate) async fn ui_tree(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     answer(StatusCode::OK, tree_rows(&api, &caller))
 }
 

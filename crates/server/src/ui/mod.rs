@@ -45,7 +45,10 @@ pub(crate) fn page(status: StatusCode, content_type: &'static str, body: String)
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert("content-security-policy", HeaderValue::from_static(CSP));
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -115,7 +118,13 @@ mod tests {
     fn the_script_never_writes_markup() {
         // Agents' names, transcripts and results are hostile input: the
         // script builds nodes and sets textContent, never HTML.
-        for bad in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("] {
+        for bad in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+        ] {
             assert!(!assets::SCRIPT.contains(bad), "app.js uses {bad}");
         }
         assert!(!assets::INDEX.contains("<script>"), "no inline script");

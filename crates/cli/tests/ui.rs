@@ -250,12 +250,18 @@ impl Served {
             &[("Authorization", &auth)],
             body.as_bytes(),
         );
-        (a.status, serde_json::from_str(&a.body).unwrap_or(Value::Null))
+        (
+            a.status,
+            serde_json::from_str(&a.body).unwrap_or(Value::Null),
+        )
     }
 
     fn ok(&self, method: &str, path: &str, body: Value) -> Value {
         let (status, v) = self.api(method, path, body);
-        assert!((200..300).contains(&status), "{method} {path}: {status} {v}");
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {v}"
+        );
         v
     }
 
@@ -309,9 +315,7 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u
 }
 
 fn pid_of(v: &Value) -> i32 {
-    v["pid"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("no pid: {v}")) as i32
+    v["pid"].as_i64().unwrap_or_else(|| panic!("no pid: {v}")) as i32
 }
 
 /// Another site: a page on another port whose form posts, the moment it
@@ -350,7 +354,13 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     assert!(a.body.contains("needs its token"), "{}", a.body);
     let a = http(s.port, "GET", "/api/ui/tree", &[], b"");
     assert_eq!(a.status, 401, "{}", a.body);
-    let a = http(s.port, "GET", "/ui?token=0123456789abcdef0123456789abcdef", &[], b"");
+    let a = http(
+        s.port,
+        "GET",
+        "/ui?token=0123456789abcdef0123456789abcdef",
+        &[],
+        b"",
+    );
     assert_eq!(a.status, 401, "a wrong token: {}", a.body);
 
     // The first visit's cookie: HttpOnly, SameSite=Strict, the token gone.
@@ -366,11 +376,17 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     for part in ["httponly", "samesite=strict", "path=/"] {
         assert!(cookie_line.contains(part), "{cookie_line}");
     }
-    assert!(!cookie_line.contains(&s.token), "the cookie is not the token");
+    assert!(
+        !cookie_line.contains(&s.token),
+        "the cookie is not the token"
+    );
     let cookie = a
         .head
         .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: ").or(l.strip_prefix("Set-Cookie: ")))
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
         .and_then(|c| c.split(';').next())
         .unwrap()
         .to_owned();
@@ -379,7 +395,13 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &cookie)], b"");
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.body.contains("\"name\":\"r\""), "{}", a.body);
-    let a = http(s.port, "POST", "/api/agents/r/cancel", &[("Cookie", &cookie)], b"{}");
+    let a = http(
+        s.port,
+        "POST",
+        "/api/agents/r/cancel",
+        &[("Cookie", &cookie)],
+        b"{}",
+    );
     assert_eq!(a.status, 403, "{}", a.body);
     assert!(a.body.contains("X-Brood-Csrf"), "{}", a.body);
     let a = http(
@@ -409,7 +431,10 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     // Agents' text is text: the label's markup is shown, not made.
     let label = b.wait("[data-row=r] .label", "<b>");
     assert_eq!(label, "a root <b>not bold</b>");
-    assert_eq!(b.js("return document.querySelectorAll('#tree b').length"), json!(0));
+    assert_eq!(
+        b.js("return document.querySelectorAll('#tree b').length"),
+        json!(0)
+    );
     assert_eq!(b.js("return document.cookie"), json!(""), "HttpOnly");
 
     // A child and a grandchild started through the API appear without a reload.
@@ -434,7 +459,10 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     let r = b.cmd(json!({"op": "js_async", "script":
         "const done = arguments[arguments.length - 1]; fetch('/api/agents/c2/cancel', {method: 'POST', body: '{}'}).then(r => r.text().then(t => done([r.status, t])));"}));
     assert_eq!(r["value"][0], 403, "{r}");
-    assert!(r["value"][1].as_str().unwrap().contains("X-Brood-Csrf"), "{r}");
+    assert!(
+        r["value"][1].as_str().unwrap().contains("X-Brood-Csrf"),
+        "{r}"
+    );
     let evil = attacker_site(s.url("/api/agents/c2/cancel"));
     b.get(&format!("http://127.0.0.1:{evil}/"));
     let refused = b.wait("body", "error");
@@ -442,10 +470,17 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
         refused.contains("Forbidden") || refused.contains("Unauthorized"),
         "another site's form is refused: {refused}"
     );
-    assert_eq!(s.agent("c2")["status"], "running", "the forged cancel did nothing");
+    assert_eq!(
+        s.agent("c2")["status"],
+        "running",
+        "the forged cancel did nothing"
+    );
 
     // Cancel from r's page, the confirmation accepted: the whole subtree stops.
-    let pids: Vec<i32> = ["r", "c1", "c2"].iter().map(|n| pid_of(&s.agent(n))).collect();
+    let pids: Vec<i32> = ["r", "c1", "c2"]
+        .iter()
+        .map(|n| pid_of(&s.agent(n)))
+        .collect();
     b.get(&s.url("/ui#/agent/r"));
     b.wait("#agent-name", "r");
     let asked = b.cmd(json!({"op": "click_confirm", "css": "#cancel", "accept": true}));
@@ -509,10 +544,16 @@ fn screenshots_of_the_main_pages() {
     s.spawn(json!({"name": "store", "parent": "review-lead", "argv": agent(&["--usage", "800,120,0.0042", "--hang"]), "task": "Review the store's transactions."}));
     s.spawn(json!({"name": "store-tests", "parent": "store", "argv": agent(&["--hang"]), "task": "Run the store's conformance suite."}));
     s.spawn(json!({"name": "docs", "parent": "review-lead", "argv": ["sh", "-c", "exit 3"], "protocol": "exec", "task": "Proofread docs/."}));
-    s.spawn(json!({"name": "nightly", "argv": done("the nightly build"), "label": "nightly checks"}));
+    s.spawn(
+        json!({"name": "nightly", "argv": done("the nightly build"), "label": "nightly checks"}),
+    );
     // One that answered and waits for more: blocked.
     s.spawn(json!({"name": "ask-user", "parent": "review-lead", "argv": agent(&["--echo"]), "task": "Ask which release branch to review."}));
-    s.ok("POST", "/api/agents/ask-user/input", json!({"text": "release-2.4"}));
+    s.ok(
+        "POST",
+        "/api/agents/ask-user/input",
+        json!({"text": "release-2.4"}),
+    );
     assert!(
         eventually(Duration::from_secs(20), || {
             s.agent("parser")["status"] == "completed" && s.agent("docs")["status"] == "failed"
@@ -534,7 +575,11 @@ fn screenshots_of_the_main_pages() {
     ]);
     let input: Vec<Value> = (1..=12)
         .map(|i| {
-            let t = if i % 4 == 0 { format!("FAIL-ONCE file-{i}") } else { format!("file-{i}") };
+            let t = if i % 4 == 0 {
+                format!("FAIL-ONCE file-{i}")
+            } else {
+                format!("file-{i}")
+            };
             json!({"text": t})
         })
         .collect();
@@ -579,4 +624,60 @@ fn screenshots_of_the_main_pages() {
     for f in ["tree.png", "agent.png", "job.png"] {
         assert!(out.join(f).exists(), "{f} was taken");
     }
+}
+
+/// A thousand agents: the tree page reads one compact listing and no
+/// agent's detail, and shows every agent, the queued ones as queued.
+#[test]
+fn a_thousand_agents_are_one_listing_and_no_detail() {
+    let s = Served::start();
+    const N: usize = 1000;
+    // Roots that each want a slot: the tenant's 16 run, the rest queue.
+    for i in 0..N {
+        let (status, v) = s.api(
+            "POST",
+            "/api/agents",
+            json!({"name": format!("bulk-{i:04}"), "argv": ["sleep", "600"], "protocol": "exec"}),
+        );
+        assert_eq!(status, 201, "bulk-{i:04}: {v}");
+    }
+    let t0 = std::time::Instant::now();
+    let (status, listing) = s.api("GET", "/api/ui/tree", Value::Null);
+    assert_eq!(status, 200);
+    assert_eq!(listing["agents"].as_array().unwrap().len(), N);
+    eprintln!("GET /api/ui/tree with {N} agents: {:?}", t0.elapsed());
+
+    let mut b = Browser::start();
+    b.get(&s.url(&format!("/ui?token={}", s.token)));
+    b.wait("[data-row=bulk-0999]", "bulk-0999");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#tree [data-row]').length"),
+        json!(N)
+    );
+    let queued = b.wait("[data-count=queued] b", "");
+    let running = b.wait("[data-count=running] b", "");
+    assert_eq!(
+        queued.parse::<usize>().unwrap() + running.parse::<usize>().unwrap(),
+        N,
+        "every agent is running or queued"
+    );
+    assert!(
+        queued.parse::<usize>().unwrap() > 0,
+        "queued agents show as such"
+    );
+    b.wait("[data-row=bulk-0999] [data-status]", "queued");
+    // What the page asked for: the listing, never an agent's detail.
+    let asked =
+        b.js("return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)");
+    let asked: Vec<&str> = asked
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(asked.contains(&"/api/ui/tree"), "{asked:?}");
+    assert!(
+        !asked.iter().any(|p| p.starts_with("/api/agents")),
+        "the tree fetched an agent's detail: {asked:?}"
+    );
 }

@@ -1,7 +1,8 @@
 //! What the web UI reads beyond the agents' and jobs' routes (docs/ui.md): a
 //! compact listing of every agent for the live tree (one request, whatever
 //! the tree's size, and no agent's detail), an agent's objects (its
-//! `meta.json` and the channel it handed back) and its transcript.
+//! `meta.json` and the channel it handed back) and its transcript, and a
+//! job item's attempts.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -98,4 +99,23 @@ pub struct MessageView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Transcript {
     pub messages: Vec<MessageView>,
+}
+
+/// One attempt at a job's item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AttemptView {
+    /// 1 for the first; the fencing token with the worker's name.
+    pub number: u32,
+    pub worker: Option<String>,
+    pub started_ms: i64,
+    pub ended_ms: Option<i64>,
+    /// `running completed failed`.
+    pub outcome: String,
+    pub error: Option<String>,
+}
+
+/// `GET /api/ui/jobs/{id}/items/{item}/attempts`: every attempt, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AttemptList {
+    pub attempts: Vec<AttemptView>,
 }

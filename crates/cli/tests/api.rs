@@ -187,6 +187,25 @@ fn agent_requests() -> Value {
             "/api/jobs/j1/evidence",
             Value::Null
         ),
+        r("GET", "/api/ui/tree", "/api/ui/tree", Value::Null),
+        r(
+            "GET",
+            "/api/ui/agents/{name}",
+            "/api/ui/agents/p",
+            Value::Null
+        ),
+        r(
+            "GET",
+            "/api/ui/agents/{name}/transcript",
+            "/api/ui/agents/quick/transcript",
+            Value::Null
+        ),
+        r(
+            "GET",
+            "/api/ui/jobs/{id}/items/{item}/attempts",
+            "/api/ui/jobs/j1/items/a/attempts",
+            Value::Null
+        ),
     ])
 }
 
@@ -1168,13 +1187,23 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         // Listing its own children (none) is the one thing it may do here.
         let own = x["method"] == "GET"
             && x["query"] == json!({})
-            && (x["path"] == SPAWN || x["path"] == JOBS);
+            && (x["path"] == SPAWN || x["path"] == JOBS || x["path"] == "/api/ui/tree");
         assert_eq!(
             x["status"],
             if own { 200 } else { 403 },
             "as the agent: {x}"
         );
     }
+    // The UI's tree, read by an agent, is its own subtree only.
+    let tree = theirs.iter().find(|x| x["path"] == "/api/ui/tree").unwrap();
+    let rows: Value = serde_json::from_str(tree["body"].as_str().unwrap()).unwrap();
+    let names: Vec<&str> = rows["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(names, ["py"], "{rows}");
     s.log.lock().unwrap().extend(theirs);
 
     let r = each(
@@ -1275,9 +1304,28 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
                 "/api/ui/agents/ghost/transcript",
                 N,
             ),
+            (
+                200,
+                "GET",
+                "/api/ui/jobs/{id}/items/{item}/attempts",
+                "/api/ui/jobs/j7/items/a/attempts",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/jobs/{id}/items/{item}/attempts",
+                "/api/ui/jobs/ghost/items/a/attempts",
+                N,
+            ),
         ],
     )
     .await;
+    assert!(
+        !r[6]["attempts"].as_array().unwrap().is_empty(),
+        "j7's item a failed at least once: {}",
+        r[6]
+    );
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
     assert!(

@@ -206,10 +206,11 @@ impl Served {
             .args(["serve", "--grace", "0.3", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
             .spawn()
             .unwrap();
         let daemon = Daemon(child);
+        LOG.with(|l| *l.borrow_mut() = Some(dir.path().join("serve.log")));
         // The port is bound before the token is written and the API served.
         assert!(
             eventually(Duration::from_secs(15), || {
@@ -276,6 +277,12 @@ impl Served {
     }
 }
 
+thread_local! {
+    /// The daemon's log of the test running on this thread, shown when an
+    /// answer cannot be read.
+    static LOG: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 struct Answer {
     status: u16,
     head: String,
@@ -284,7 +291,25 @@ struct Answer {
 
 /// One HTTP/1.1 request over a fresh connection, written by hand.
 fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    try_http(port, method, path, headers, body).unwrap_or_else(|e| {
+        let log = LOG
+            .with(|l| l.borrow().clone())
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+        panic!("{method} {path}: {e}\nserve.log (last lines, newest first):\n{tail}")
+    })
+}
+
+/// [`http`], a failed connection an error.
+fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Answer, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connecting: {e}"))?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -293,11 +318,15 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(req.as_bytes())
+        .and_then(|()| s.write_all(body))
+        .map_err(|e| format!("writing the request: {e}"))?;
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("reading the answer: {e}"))?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP answer: {out:?}"))?;
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = if head
         .to_ascii_lowercase()
@@ -307,11 +336,11 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u
     } else {
         body.to_owned()
     };
-    Answer {
+    Ok(Answer {
         status,
         head: head.to_owned(),
         body: body.to_owned(),
-    }
+    })
 }
 
 fn pid_of(v: &Value) -> i32 {
@@ -540,7 +569,8 @@ fn screenshots_of_the_main_pages() {
             &format!("{w}: no blocking issue; two small fixes suggested."),
         ])
     };
-    s.spawn(json!({"name": "parser", "parent": "review-lead", "argv": done("the parser"), "task": "Review the parser for panics on bad input."}));
+    s.spawn(json!({"name": "parser", "parent": "review-lead", "argv": done("the parser"), "task": "Review the parser for panics on bad input.",
+        "policy": {"cost_limit": 0.5, "timeout_s": 600, "resources": {"memory_max": "256M", "pids_max": 64}}}));
     s.spawn(json!({"name": "store", "parent": "review-lead", "argv": agent(&["--usage", "800,120,0.0042", "--hang"]), "task": "Review the store's transactions."}));
     s.spawn(json!({"name": "store-tests", "parent": "store", "argv": agent(&["--hang"]), "task": "Run the store's conformance suite."}));
     s.spawn(json!({"name": "docs", "parent": "review-lead", "argv": ["sh", "-c", "exit 3"], "protocol": "exec", "task": "Proofread docs/."}));
@@ -612,11 +642,21 @@ fn screenshots_of_the_main_pages() {
         json!("2"),
         "a FAIL-ONCE item shows its two attempts"
     );
+    // An item's attempts, unfolded: the failed one and the one that passed.
+    b.click("[data-item=\"4\"] button.toggle-attempts");
+    let attempts = b.wait("[data-attempts-of=\"4\"]", "attempt 2");
+    assert!(
+        attempts.contains("attempt 1")
+            && attempts.contains("failed")
+            && attempts.contains("completed"),
+        "{attempts}"
+    );
     b.screenshot(&out.join("job.png"));
 
     b.view("#/agent/parser");
     b.wait("#result", "no blocking issue");
     b.wait("#transcript", "Looked at the parser");
+    b.wait("#limits", "pids_max");
     b.screenshot(&out.join("agent.png"));
 
     b.view("#/jobs");
@@ -633,13 +673,23 @@ fn a_thousand_agents_are_one_listing_and_no_detail() {
     let s = Served::start();
     const N: usize = 1000;
     // Roots that each want a slot: the tenant's 16 run, the rest queue.
+    let auth = format!("Bearer {}", s.token);
     for i in 0..N {
-        let (status, v) = s.api(
-            "POST",
-            "/api/agents",
-            json!({"name": format!("bulk-{i:04}"), "argv": ["sleep", "600"], "protocol": "exec"}),
-        );
-        assert_eq!(status, 201, "bulk-{i:04}: {v}");
+        let body =
+            json!({"name": format!("bulk-{i:04}"), "argv": ["sleep", "600"], "protocol": "exec"})
+                .to_string();
+        let key = format!("bulk-{i:04}");
+        let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", &key)];
+        // A thousand connections one after the other on a loaded machine: a
+        // connection the kernel resets is retried under the same key (so it
+        // is never admitted twice), and said.
+        let mut a = try_http(s.port, "POST", "/api/agents", &headers, body.as_bytes());
+        if let Err(e) = &a {
+            eprintln!("POST /api/agents bulk-{i:04}: {e}; retried with its Idempotency-Key");
+            a = try_http(s.port, "POST", "/api/agents", &headers, body.as_bytes());
+        }
+        let a = a.unwrap_or_else(|e| panic!("bulk-{i:04}: {e}"));
+        assert_eq!(a.status, 201, "bulk-{i:04}: {}", a.body);
     }
     let t0 = std::time::Instant::now();
     let (status, listing) = s.api("GET", "/api/ui/tree", Value::Null);

@@ -60,6 +60,7 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/ui/tree", get(ui_tree))
         .route("/api/ui/agents/{name}", get(ui_agent))
         .route("/api/ui/agents/{name}/transcript", get(ui_transcript))
+        .route("/api/ui/jobs/{id}/items/{item}/attempts", get(ui_attempts))
         .merge(crate::ui::pages())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

@@ -11,8 +11,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brood_api::{
-    AgentObjects, ArtifactView, ChannelView, ErrorBody, MessageView, Transcript, TreeRow, TreeRows,
-    Usage,
+    AgentObjects, ArtifactView, AttemptList, AttemptView, ChannelView, ErrorBody, MessageView,
+    Transcript, TreeRow, TreeRows, Usage,
 };
 use brood_core::{AgentName, Code};
 use brood_runtime::{ApiError, Caller};
@@ -266,6 +266,7 @@ fn read<T: serde::Serialize>(
     params(("name" = String, Path, description = "The agent's name.")),
     responses(
         (status = 200, description = "Its `meta.json` (what the launch enforced), its launch as admitted, and the channel it handed back (handoff, result, refs, artifacts).", body = AgentObjects),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
         (status = 404, description = "No such agent.", body = ErrorBody),
     )
 )]
@@ -292,6 +293,7 @@ pub(crate) struct TranscriptQuery {
     responses(
         (status = 200, description = "Its session's messages after `after`, at most 1000; ask again from the last one for more.", body = Transcript),
         (status = 400, description = "A malformed filter.", body = ErrorBody),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
         (status = 404, description = "No such agent.", body = ErrorBody),
     )
 )]
@@ -325,4 +327,42 @@ pub(crate) async fn ui_transcript(
             .collect();
         Ok(Transcript { messages })
     })
+}
+
+#[utoipa::path(
+    get, path = "/api/ui/jobs/{id}/items/{item}/attempts", tag = "ui",
+    params(("id" = String, Path, description = "The job's id."),
+           ("item" = String, Path, description = "The item's id.")),
+    responses(
+        (status = 200, description = "Every attempt at the item, oldest first (none for an item never tried).", body = AttemptList),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn ui_attempts(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path((id, item)): Path<(String, String)>,
+) -> Response {
+    let sup = api.sup();
+    let store = sup.store().as_ref();
+    let r = brood_runtime::jobs::get(store, sup.tenant(), &caller, &id).and_then(|job| {
+        let attempts = store
+            .attempts(sup.tenant(), &job.id, &item)
+            .map_err(store_error)?;
+        Ok(AttemptList {
+            attempts: attempts
+                .into_iter()
+                .map(|a| AttemptView {
+                    number: a.number,
+                    worker: a.worker.map(|w| w.to_string()),
+                    started_ms: a.started_ms,
+                    ended_ms: a.ended_ms,
+                    outcome: a.outcome.as_str().to_owned(),
+                    error: a.error,
+                })
+                .collect(),
+        })
+    });
+    answer(StatusCode::OK, r)
 }

@@ -279,6 +279,32 @@ function facts(pairs) {
   return dl;
 }
 
+// The policy's limits, and what the launch said it could not enforce.
+function limits(policy, meta) {
+  const pairs = [];
+  for (const k of ["cost_limit", "timeout_s", "depth_limit", "create_limit", "window", "network"]) {
+    if (policy[k] !== undefined && policy[k] !== null) pairs.push([k, JSON.stringify(policy[k])]);
+  }
+  const res = policy.resources || {};
+  for (const [k, v] of Object.entries(res)) {
+    if (v === null) continue;
+    pairs.push([k, k === "memory_max" && v >= 1048576 ? (v / 1048576).toFixed(0) + " MiB" : JSON.stringify(v)]);
+  }
+  if (Array.isArray(policy.tools)) pairs.push(["tools", policy.tools.join(", ") || "none"]);
+  const sb = (meta && meta.sandbox) || {};
+  const layers = ["files", "network", "scoped", "capabilities_dropped", "no_new_privs"].filter((k) => sb[k] === true);
+  if (layers.length) pairs.push(["enforced", layers.join(", ")]);
+  if (sb.landlock_abi !== undefined) pairs.push(["landlock ABI", String(sb.landlock_abi)]);
+  if (Array.isArray(sb.weaker) && sb.weaker.length) pairs.push(["weaker", sb.weaker.join(", ")]);
+  if (sb.limits_not_enforced !== undefined) pairs.push(["limits not enforced", JSON.stringify(sb.limits_not_enforced)]);
+  const c = (meta && meta.containment) || {};
+  if (c.kill) pairs.push(["kill", c.kill]);
+  if (c.supervisor_death) pairs.push(["supervisor death", c.supervisor_death]);
+  const out = pairs.length ? facts(pairs) : el("p", { class: "muted" }, "none recorded");
+  out.id = "limits";
+  return out;
+}
+
 function card(title, ...kids) {
   return el("section", { class: "card" }, el("h2", {}, title), ...kids);
 }
@@ -288,6 +314,7 @@ async function agentView(name) {
   const head = el("div", { id: "agent-head" });
   const actions = el("div", { class: "actions", id: "actions" });
   const cards = el("div", { class: "cards" });
+  const runsCard = el("section", { class: "card", id: "runs" });
   const events = el("tbody", { id: "events" });
   const transcript = el("div", { class: "transcript scroll", id: "transcript" });
   let lastMessage = 0;
@@ -393,14 +420,15 @@ async function agentView(name) {
       ])),
       card("Children", children),
       card("Channel handed back", ...channel),
+      card("Limits", limits(d.policy, o.meta)),
       card("Policy (effective, as admitted)", el("pre", { id: "policy" }, pretty(d.policy))),
       card("Enforced (meta.json)", el("pre", { id: "meta" }, pretty(o.meta)), el("h3", {}, "launch"), el("pre", {}, pretty(o.launch))),
-      card("Runs", runs),
     );
+    runsCard.replaceChildren(el("h2", {}, "Runs"), runs);
   }
 
   await load();
-  main.replaceChildren(head, actions, cards,
+  main.replaceChildren(head, actions, cards, runsCard,
     el("section", { class: "card" }, el("h2", {}, "Transcript"), transcript),
     el("section", { class: "card" }, el("h2", {}, "Events"),
       el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "time"), el("th", {}, "type"), el("th", {}, "payload"))), events))));
@@ -473,8 +501,22 @@ async function lastSequence() {
   }
 }
 
+// An item's attempts, as a row under it.
+async function attemptsRow(job, item) {
+  const l = await getJson("/api/ui/jobs/" + enc(job) + "/items/" + enc(item) + "/attempts");
+  return el("tr", { class: "attempts", "data-attempts-of": item }, el("td", {}), el("td", { colspan: 5 },
+    el("table", {}, el("tbody", {}, ...l.attempts.map((a) => el("tr", {},
+      el("td", {}, "attempt " + a.number),
+      el("td", {}, statusBadge(a.outcome)),
+      el("td", {}, a.worker ? agentLink(a.worker) : ""),
+      el("td", {}, when(a.started_ms)),
+      el("td", {}, a.ended_ms ? duration(a.ended_ms - a.started_ms) : ""),
+      el("td", {}, a.error || "")))))));
+}
+
 async function jobView(id) {
   main.replaceChildren(el("p", { class: "muted" }, "loading job " + id + "…"));
+  const open = new Set();
   const head = el("div", {});
   const items = el("tbody", { id: "items" });
   async function load() {
@@ -492,13 +534,28 @@ async function jobView(id) {
         el("div", { class: "summary", id: "job-counts" }, el("span", { class: "stat" }, el("b", {}, String(j.total)), "items"),
           ...ITEM_STATES.map((s) => el("span", { class: "stat", "data-count": s }, el("b", {}, String(j.counts[s] || 0)), statusBadge(s)))),
       );
-      items.replaceChildren(...l.items.map((it) => el("tr", { "data-item": it.id },
-        el("td", { class: "mono" }, it.id),
-        el("td", {}, statusBadge(it.status)),
-        el("td", { "data-attempts": it.attempts }, String(it.attempts)),
-        el("td", {}, it.worker ? agentLink(it.worker) : ""),
-        el("td", {}, it.last_error || ""),
-        el("td", {}, it.result === null ? "" : el("pre", {}, JSON.stringify(it.result))))));
+      const rows = [];
+      for (const it of l.items) {
+        const toggle = el("button", {
+          class: "toggle-attempts",
+          title: "every attempt",
+          disabled: !it.attempts,
+          onclick: () => {
+            if (open.has(it.id)) open.delete(it.id);
+            else open.add(it.id);
+            load();
+          },
+        }, String(it.attempts));
+        rows.push(el("tr", { "data-item": it.id },
+          el("td", { class: "mono" }, it.id),
+          el("td", {}, statusBadge(it.status)),
+          el("td", { "data-attempts": it.attempts }, toggle),
+          el("td", {}, it.worker ? agentLink(it.worker) : ""),
+          el("td", {}, it.last_error || ""),
+          el("td", {}, it.result === null ? "" : el("pre", {}, JSON.stringify(it.result)))));
+        if (open.has(it.id)) rows.push(await attemptsRow(id, it.id));
+      }
+      items.replaceChildren(...rows);
       showError("");
     } catch (e) {
       showError(String(e.message || e));

@@ -531,6 +531,29 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
         "every process of the subtree is gone: {pids:?}"
     );
     b.wait("#agent-head [data-status]", "cancelled");
+
+    // Resume from the page: a new run of r, with the text as its message.
+    b.cmd(json!({"op": "type", "css": "#input-text", "text": "go on"}));
+    b.click("#resume");
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let r = s.agent("r");
+            r["status"] == "running" && r["runs"].as_array().is_some_and(|x| x.len() == 2)
+        }),
+        "r resumed: {}",
+        s.agent("r")
+    );
+    b.wait("#agent-head [data-status]", "running");
+
+    // Send input from the page: the transcript shows the answer as it comes.
+    s.spawn(json!({"name": "chat", "argv": agent(&["--echo"])}));
+    b.view("#/agent/chat");
+    b.wait("#agent-name", "chat");
+    b.cmd(json!({"op": "type", "css": "#input-text", "text": "hello from the page"}));
+    b.click("#send");
+    b.wait("#transcript", "echo: hello from the page");
+    b.wait("#agent-head [data-status]", "blocked");
+    b.wait("#events", "agent.input");
 }
 
 impl Browser {

@@ -17,7 +17,7 @@ os.environ.setdefault("SE_AVOID_STATS", "true")
 os.environ.setdefault("SE_OFFLINE", "true")
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
@@ -67,6 +67,14 @@ def run(d, c):
     if op == "text":
         return {"text": text_of(d, c["css"])}
     if op == "click":
+        # The page redraws parts of itself as events arrive: an element
+        # replaced between finding and clicking is found again.
+        for _ in range(5):
+            try:
+                d.find_element(By.CSS_SELECTOR, c["css"]).click()
+                return {}
+            except StaleElementReferenceException:
+                time.sleep(0.1)
         d.find_element(By.CSS_SELECTOR, c["css"]).click()
         return {}
     if op == "type":

@@ -319,6 +319,29 @@ async function agentView(name) {
   const transcript = el("div", { class: "transcript scroll", id: "transcript" });
   let lastMessage = 0;
   let detail = null;
+  const text = el("textarea", { id: "input-text", placeholder: "a message for " + name, "aria-label": "message" });
+  const send = el("button", { id: "send", disabled: true, onclick: async () => {
+    try {
+      await post("/api/agents/" + enc(name) + "/input", { text: text.value });
+      text.value = "";
+      showError("");
+    } catch (e) { showError("send: " + e.message); }
+  } }, "Send input");
+  const resume = el("button", { id: "resume", disabled: true, onclick: async () => {
+    try {
+      await post("/api/agents/" + enc(name) + "/resume", text.value ? { text: text.value } : {});
+      text.value = "";
+      load();
+    } catch (e) { showError("resume: " + e.message); }
+  } }, "Resume");
+  const cancel = el("button", { id: "cancel", class: "danger", disabled: true, onclick: async () => {
+    if (!window.confirm("Cancel " + name + " and its whole subtree?")) return;
+    try {
+      await post("/api/agents/" + enc(name) + "/cancel", {});
+      load();
+    } catch (e) { showError("cancel: " + e.message); }
+  } }, "Cancel…");
+  actions.append(text, send, resume, cancel);
 
   async function loadTranscript() {
     try {
@@ -361,33 +384,13 @@ async function agentView(name) {
         d.parent ? el("a", { href: "#/agent/" + enc(d.parent), id: "parent-link" }, "← parent " + d.parent) : "a root",
         d.detail ? " · " + d.detail : ""),
     );
-    const live = ["running", "queued", "blocked", "stopping"].includes(d.status);
+    const alive = ["running", "queued", "blocked", "stopping"].includes(d.status);
     const finished = ["completed", "failed", "cancelled"].includes(d.status);
-    const text = el("textarea", { id: "input-text", placeholder: "a message for " + d.name, "aria-label": "message" });
-    actions.replaceChildren(
-      text,
-      el("button", { id: "send", disabled: !live, onclick: async () => {
-        try {
-          await post("/api/agents/" + enc(name) + "/input", { text: text.value });
-          text.value = "";
-          showError("");
-        } catch (e) { showError("send: " + e.message); }
-      } }, "Send input"),
-      el("button", { id: "resume", disabled: !finished, onclick: async () => {
-        try {
-          await post("/api/agents/" + enc(name) + "/resume", text.value ? { text: text.value } : {});
-          text.value = "";
-          load();
-        } catch (e) { showError("resume: " + e.message); }
-      } }, "Resume"),
-      el("button", { id: "cancel", class: "danger", disabled: !live, onclick: async () => {
-        if (!window.confirm("Cancel " + d.name + " and its whole subtree?")) return;
-        try {
-          await post("/api/agents/" + enc(name) + "/cancel", {});
-          load();
-        } catch (e) { showError("cancel: " + e.message); }
-      } }, "Cancel…"),
-    );
+    // The bar is built once (a draft in the text box survives live
+    // updates); only what is allowed changes.
+    send.disabled = !alive;
+    cancel.disabled = !alive;
+    resume.disabled = !finished;
     const runs = el("table", {}, el("thead", {}, el("tr", {}, ...["run", "#", "pid", "outcome", "exit", "started", "took", "spend"].map((h) => el("th", {}, h)))),
       el("tbody", {}, ...d.runs.map((r) => el("tr", {},
         el("td", { class: "mono", title: r.id }, r.id.slice(0, 8) + "…"), el("td", {}, String(r.seq)), el("td", {}, r.pid === null ? "" : String(r.pid)),

@@ -119,3 +119,10 @@ pub struct AttemptView {
 pub struct AttemptList {
     pub attempts: Vec<AttemptView>,
 }
+
+/// `GET /api/ui/sequence`: where the tenant's event log is now, so a page
+/// that read its data can follow `/api/events?after=` it, not from the start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Sequence {
+    pub sequence: i64,
+}

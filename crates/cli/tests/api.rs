@@ -1269,6 +1269,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         &s,
         &[
             (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
+            (200, "GET", "/api/ui/sequence", "/api/ui/sequence", N),
             (
                 200,
                 "GET",
@@ -1322,16 +1323,22 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     )
     .await;
     assert!(
-        !r[6]["attempts"].as_array().unwrap().is_empty(),
+        !r[7]["attempts"].as_array().unwrap().is_empty(),
         "j7's item a failed at least once: {}",
-        r[6]
+        r[7]
     );
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
     assert!(
-        r[1]["channel"]["handoff"].is_string(),
-        "a child's channel: {}",
+        r[1]["sequence"].as_i64().unwrap() >= r[0]["sequence"].as_i64().unwrap(),
+        "{} {}",
+        r[0],
         r[1]
+    );
+    assert!(
+        r[2]["channel"]["handoff"].is_string(),
+        "a child's channel: {}",
+        r[2]
     );
 
     // Not routes at all.

@@ -58,6 +58,7 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/healthz", get(healthz))
         .route("/api/openapi.json", get(openapi))
         .route("/api/ui/tree", get(ui_tree))
+        .route("/api/ui/sequence", get(ui_sequence))
         .route("/api/ui/agents/{name}", get(ui_agent))
         .route("/api/ui/agents/{name}/transcript", get(ui_transcript))
         .route("/api/ui/jobs/{id}/items/{item}/attempts", get(ui_attempts))

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brood_api::{
     AgentObjects, ArtifactView, AttemptList, AttemptView, ChannelView, ErrorBody, MessageView,
-    Transcript, TreeRow, TreeRows, Usage,
+    Sequence, Transcript, TreeRow, TreeRows, Usage,
 };
 use brood_core::{AgentName, Code};
 use brood_runtime::{ApiError, Caller};
@@ -364,5 +364,21 @@ pub(crate) async fn ui_attempts(
                 .collect(),
         })
     });
+    answer(StatusCode::OK, r)
+}
+
+#[utoipa::path(
+    get, path = "/api/ui/sequence", tag = "ui",
+    responses(
+        (status = 200, description = "The sequence of the tenant's last event: a page reads its data, then follows `/api/events?after=` it.", body = Sequence),
+    )
+)]
+pub(crate) async fn ui_sequence(State(api): State<Api>) -> Response {
+    let sup = api.sup();
+    let r = sup
+        .store()
+        .last_event_seq(sup.tenant())
+        .map(|sequence| Sequence { sequence })
+        .map_err(store_error);
     answer(StatusCode::OK, r)
 }

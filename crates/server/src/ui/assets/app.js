@@ -489,16 +489,18 @@ async function jobsView() {
       showError(String(e.message || e));
     }
   }
+  const from = await lastSequence();
   await load();
   main.replaceChildren(el("h1", {}, "Jobs"), el("div", { class: "card" }, el("table", {},
     el("thead", {}, el("tr", {}, ...["job", "owner", "status", "items", "progress", "created"].map((h) => el("th", {}, h)))), body)));
   const reload = throttle(load, 500);
-  follow("type=job.*&after=" + enc(await lastSequence()), () => reload());
+  follow("type=job.*&after=" + enc(from), () => reload());
 }
 
+// Where the event log is now: a page reads its data, then follows from here.
 async function lastSequence() {
   try {
-    return (await getJson("/api/ui/tree")).sequence;
+    return (await getJson("/api/ui/sequence")).sequence;
   } catch (_) {
     return 0;
   }
@@ -564,11 +566,12 @@ async function jobView(id) {
       showError(String(e.message || e));
     }
   }
+  const from = await lastSequence();
   await load();
   main.replaceChildren(head, el("section", { class: "card" }, el("h2", {}, "Items"), el("div", { class: "scroll" },
     el("table", {}, el("thead", {}, el("tr", {}, ...["item", "status", "attempts", "worker", "last error", "result"].map((h) => el("th", {}, h)))), items))));
   const reload = throttle(load, 500);
-  follow("type=job.*&after=" + enc(await lastSequence()), (e) => {
+  follow("type=job.*&after=" + enc(from), (e) => {
     if (!e || !e.payload || e.payload.job === undefined || e.payload.job === id) reload();
   });
 }

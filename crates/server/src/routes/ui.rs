@@ -21,9 +21,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use utoipa::IntoParams;
 
-use super::path_name;
-use crate::auth::may_see;
-use crate::error::{answer, bad, json, now_ms};
+use super::agents::read;
+use crate::error::{answer, bad, now_ms};
 use crate::state::Api;
 
 /// The most messages one transcript answer carries; the page asks again
@@ -243,22 +242,6 @@ fn objects(api: &Api, name: &AgentName) -> Result<AgentObjects, ApiError> {
         launch,
         channel,
     })
-}
-
-fn read<T: serde::Serialize>(
-    api: &Api,
-    caller: &Caller,
-    name: &str,
-    f: impl FnOnce(&AgentName) -> Result<T, ApiError>,
-) -> Response {
-    let r = path_name(name).and_then(|n| {
-        may_see(api, caller, &n)?;
-        Ok(f(&n)?)
-    });
-    match r {
-        Ok(v) => json(StatusCode::OK, &v),
-        Err(e) => e.into_response(),
-    }
 }
 
 #[utoipa::path(

@@ -421,6 +421,21 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
         .to_owned();
     // The cookie reads; a mutation with it alone is refused, so is one from
     // another origin; with the header it acts (the bearer needs none).
+    let a = http(s.port, "GET", "/ui", &[("Cookie", &cookie)], b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    let csp = a
+        .head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-security-policy: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no CSP: {}", a.head));
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &cookie)], b"");
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.body.contains("\"name\":\"r\""), "{}", a.body);
@@ -549,9 +564,15 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     s.spawn(json!({"name": "chat", "argv": agent(&["--echo"])}));
     b.view("#/agent/chat");
     b.wait("#agent-name", "chat");
-    b.cmd(json!({"op": "type", "css": "#input-text", "text": "hello from the page"}));
+    let hostile = "<img src=x onerror=\"window.__owned=1\"> hello from the page";
+    b.cmd(json!({"op": "type", "css": "#input-text", "text": hostile}));
     b.click("#send");
-    b.wait("#transcript", "echo: hello from the page");
+    b.wait("#transcript", &format!("echo: {hostile}"));
+    // What an agent wrote is text on the page, never markup or script.
+    assert_eq!(
+        b.js("return [document.querySelectorAll('#main img').length, typeof window.__owned]"),
+        json!([0, "undefined"])
+    );
     b.wait("#agent-head [data-status]", "blocked");
     b.wait("#events", "agent.input");
 }

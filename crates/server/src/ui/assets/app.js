@@ -128,10 +128,13 @@ function throttle(f, ms) {
 
 // ---- the event stream ------------------------------------------------------
 
-// One EventSource per view; the view's cleanup closes it.
-let cleanups = [];
+// The view on screen: its streams and timers, closed when another view
+// replaces it. A view still loading when the reader moved on finds itself
+// no longer current and stops (draws nothing, follows nothing).
+let scope = { cleanups: [] };
 
-function follow(query, onEvent) {
+function follow(my, query, onEvent) {
+  if (my !== scope) return;
   const src = new EventSource("/api/events?" + query);
   src.onopen = () => {
     live.textContent = "live";
@@ -153,13 +156,14 @@ function follow(query, onEvent) {
   // A subscriber too far behind is told to resync: the browser reconnects
   // with Last-Event-ID by itself once the stream ends.
   src.addEventListener("resync", () => onEvent(null));
-  cleanups.push(() => src.close());
+  my.cleanups.push(() => src.close());
   return src;
 }
 
-function every(ms, f) {
+function every(my, ms, f) {
+  if (my !== scope) return;
   const t = setInterval(f, ms);
-  cleanups.push(() => clearInterval(t));
+  my.cleanups.push(() => clearInterval(t));
 }
 
 // ---- the tree --------------------------------------------------------------
@@ -167,6 +171,7 @@ function every(ms, f) {
 const collapsed = new Set();
 
 async function treeView() {
+  const my = scope;
   main.replaceChildren(el("p", { class: "muted" }, "loading the tree…"));
   let data = null;
   let skew = 0; // the server's clock minus this browser's
@@ -253,13 +258,14 @@ async function treeView() {
   }
 
   await load();
+  if (my !== scope) return;
   main.replaceChildren(el("h1", {}, "Agents"), summary, body);
   const reload = throttle(load, 400);
   // Any agent's change reloads the compact listing (one request, whatever
   // the tree's size); the stream starts where the listing was read.
-  follow("after=" + enc(data ? data.sequence : 0), () => reload());
+  follow(my, "after=" + enc(data ? data.sequence : 0), () => reload());
   // Running times tick without asking the server.
-  every(1000, () => {
+  every(my, 1000, () => {
     for (const n of body.querySelectorAll("[data-started]")) {
       const s = Number(n.dataset.started);
       if (!s || n.dataset.ended) continue;
@@ -310,6 +316,7 @@ function card(title, ...kids) {
 }
 
 async function agentView(name) {
+  const my = scope;
   main.replaceChildren(el("p", { class: "muted" }, "loading " + name + "…"));
   const head = el("div", { id: "agent-head" });
   const actions = el("div", { class: "actions", id: "actions" });
@@ -431,13 +438,14 @@ async function agentView(name) {
   }
 
   await load();
+  if (my !== scope) return;
   main.replaceChildren(head, actions, cards, runsCard,
     el("section", { class: "card" }, el("h2", {}, "Transcript"), transcript),
     el("section", { class: "card" }, el("h2", {}, "Events"),
       el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "time"), el("th", {}, "type"), el("th", {}, "payload"))), events))));
   await loadTranscript();
   const reload = throttle(load, 400);
-  follow("agent=" + enc(name), (e) => {
+  follow(my, "agent=" + enc(name), (e) => {
     if (e) {
       events.prepend(el("tr", {}, el("td", {}, String(e.sequence)), el("td", {}, when(e.timestamp)),
         el("td", {}, e.type), el("td", {}, el("pre", {}, JSON.stringify(e.payload)))));
@@ -445,7 +453,7 @@ async function agentView(name) {
     reload();
   });
   // Messages are not events: the transcript is asked for while the agent lives.
-  every(1000, () => {
+  every(my, 1000, () => {
     if (detail && !["completed", "failed", "cancelled", "closed"].includes(detail.status)) loadTranscript();
   });
 }
@@ -471,6 +479,7 @@ function countsText(j) {
 }
 
 async function jobsView() {
+  const my = scope;
   main.replaceChildren(el("p", { class: "muted" }, "loading jobs…"));
   const body = el("tbody", { id: "jobs" });
   async function load() {
@@ -491,10 +500,11 @@ async function jobsView() {
   }
   const from = await lastSequence();
   await load();
+  if (my !== scope) return;
   main.replaceChildren(el("h1", {}, "Jobs"), el("div", { class: "card" }, el("table", {},
     el("thead", {}, el("tr", {}, ...["job", "owner", "status", "items", "progress", "created"].map((h) => el("th", {}, h)))), body)));
   const reload = throttle(load, 500);
-  follow("type=job.*&after=" + enc(from), () => reload());
+  follow(my, "type=job.*&after=" + enc(from), () => reload());
 }
 
 // Where the event log is now: a page reads its data, then follows from here.
@@ -520,6 +530,7 @@ async function attemptsRow(job, item) {
 }
 
 async function jobView(id) {
+  const my = scope;
   main.replaceChildren(el("p", { class: "muted" }, "loading job " + id + "…"));
   const open = new Set();
   const head = el("div", {});
@@ -568,10 +579,11 @@ async function jobView(id) {
   }
   const from = await lastSequence();
   await load();
+  if (my !== scope) return;
   main.replaceChildren(head, el("section", { class: "card" }, el("h2", {}, "Items"), el("div", { class: "scroll" },
     el("table", {}, el("thead", {}, el("tr", {}, ...["item", "status", "attempts", "worker", "last error", "result"].map((h) => el("th", {}, h)))), items))));
   const reload = throttle(load, 500);
-  follow("type=job.*&after=" + enc(from), (e) => {
+  follow(my, "type=job.*&after=" + enc(from), (e) => {
     if (!e || !e.payload || e.payload.job === undefined || e.payload.job === id) reload();
   });
 }
@@ -579,8 +591,9 @@ async function jobView(id) {
 // ---- routing -------------------------------------------------------------------
 
 async function route() {
-  for (const c of cleanups) c();
-  cleanups = [];
+  for (const c of scope.cleanups) c();
+  scope = { cleanups: [] };
+  const my = scope;
   live.textContent = "offline";
   live.className = "live off";
   const h = location.hash.replace(/^#/, "") || "/";
@@ -600,7 +613,8 @@ async function route() {
     document.title = "brood";
     await treeView();
   }
-  document.body.dataset.ready = h;
+  // Tests wait for this: the view asked for is drawn.
+  if (my === scope) document.body.dataset.ready = h;
 }
 
 window.addEventListener("hashchange", route);

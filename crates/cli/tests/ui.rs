@@ -637,6 +637,30 @@ fn screenshots_of_the_main_pages() {
         s.agent("docs")
     );
 
+    // The listing's spend is the store's: each agent's own and subtree
+    // sums match what its detail says.
+    let listing = s.ok("GET", "/api/ui/tree", Value::Null);
+    for row in listing["agents"].as_array().unwrap() {
+        let name = row["name"].as_str().unwrap();
+        let detail = s.agent(name);
+        for k in ["own", "subtree"] {
+            for f in ["tokens_in", "tokens_out"] {
+                assert_eq!(row[k][f], detail["spend"][k][f], "{name} {k}.{f}");
+            }
+            let (a, b) = (
+                row[k]["cost_usd"].as_f64().unwrap(),
+                detail["spend"][k]["cost_usd"].as_f64().unwrap(),
+            );
+            assert!((a - b).abs() < 1e-9, "{name} {k}.cost_usd: {a} != {b}");
+        }
+    }
+    let lead = &listing["agents"][0];
+    assert_eq!(
+        (lead["name"].as_str(), lead["children"].as_u64()),
+        (Some("review-lead"), Some(4))
+    );
+    assert_eq!(lead["subtree"]["tokens_in"], 1200 + 5400 + 800);
+
     // A job with retries: FAIL-ONCE items pass on their second attempt.
     let marks = tempfile::tempdir().unwrap();
     let worker = agent(&[

@@ -365,3 +365,25 @@ pub(crate) async fn ui_sequence(State(api): State<Api>) -> Response {
         .map_err(store_error);
     answer(StatusCode::OK, r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_badge_is_the_reference_agents_type_else_the_protocol() {
+        let spec = |argv: Value| json!({ "argv": argv });
+        assert_eq!(
+            kind_of(&spec(json!(["brood", "agent", "--type", "code"])), "brood"),
+            "code"
+        );
+        assert_eq!(
+            kind_of(&spec(json!(["brood", "agent", "--type=explore"])), "brood"),
+            "explore"
+        );
+        assert_eq!(kind_of(&spec(json!(["sh", "-c", "true"])), "exec"), "exec");
+        assert_eq!(kind_of(&spec(json!(["x", "--type"])), "brood"), "brood");
+        assert_eq!(kind_of(&Value::Null, "brood"), "brood");
+    }
+}

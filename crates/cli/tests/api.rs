@@ -1270,6 +1270,8 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         &[
             (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
             (200, "GET", "/api/ui/sequence", "/api/ui/sequence", N),
+            (200, "GET", "/api/ui/tree", "/api/ui/tree?live=true", N),
+            (400, "GET", "/api/ui/tree", "/api/ui/tree?live=maybe", N),
             (
                 200,
                 "GET",
@@ -1323,12 +1325,33 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     )
     .await;
     assert!(
-        !r[7]["attempts"].as_array().unwrap().is_empty(),
+        !r[9]["attempts"].as_array().unwrap().is_empty(),
         "j7's item a failed at least once: {}",
-        r[7]
+        r[9]
     );
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
+    // `live=true`: exactly the trees that still hold an unfinished agent.
+    let trees = |rows: &[Value]| -> Vec<(String, bool)> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for a in rows {
+            let unfinished = !["completed", "failed", "cancelled", "closed"]
+                .contains(&a["status"].as_str().unwrap());
+            if a["parent"].is_null() {
+                out.push((a["name"].as_str().unwrap().to_owned(), unfinished));
+            } else if let Some(t) = out.last_mut() {
+                t.1 |= unfinished;
+            }
+        }
+        out
+    };
+    let at_work: Vec<(String, bool)> = trees(rows).into_iter().filter(|t| t.1).collect();
+    assert_eq!(
+        trees(r[2]["agents"].as_array().unwrap()),
+        at_work,
+        "{}",
+        r[2]
+    );
     assert!(
         r[1]["sequence"].as_i64().unwrap() >= r[0]["sequence"].as_i64().unwrap(),
         "{} {}",
@@ -1336,9 +1359,9 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         r[1]
     );
     assert!(
-        r[2]["channel"]["handoff"].is_string(),
+        r[4]["channel"]["handoff"].is_string(),
         "a child's channel: {}",
-        r[2]
+        r[4]
     );
 
     // Not routes at all.

@@ -654,6 +654,18 @@ fn screenshots_of_the_main_pages() {
             assert!((a - b).abs() < 1e-9, "{name} {k}.cost_usd: {a} != {b}");
         }
     }
+    // Only the trees at work: nightly's is finished.
+    let live = s.ok("GET", "/api/ui/tree?live=true", Value::Null);
+    let names: Vec<&str> = live["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"store-tests") && !names.contains(&"nightly"),
+        "{names:?}"
+    );
     let lead = &listing["agents"][0];
     assert_eq!(
         (lead["name"].as_str(), lead["children"].as_u64()),
@@ -694,6 +706,12 @@ fn screenshots_of_the_main_pages() {
     b.wait("[data-row=docs] [data-status]", "failed");
     b.wait("[data-row=ask-user] [data-status]", "blocked");
     b.screenshot(&out.join("tree.png"));
+    // "Only trees at work" hides the finished ones, and shows them again.
+    b.click("#only-live");
+    b.cmd(json!({"op": "wait_gone", "css": "[data-row=nightly]"}));
+    b.wait("[data-row=store-tests]", "store-tests");
+    b.click("#only-live");
+    b.wait("[data-row=nightly]", "nightly");
 
     // The job's page follows its progress live: opened pending, started
     // through the API, completed without a reload.

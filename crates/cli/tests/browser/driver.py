@@ -64,6 +64,13 @@ def run(d, c):
                 return {"text": seen}
             time.sleep(0.1)
         raise TimeoutError(f"{c['css']} {'holding ' + repr(want) if want else 'present'}: last seen {seen!r}")
+    if op == "wait_gone":
+        deadline = time.monotonic() + c.get("timeout", 20)
+        while time.monotonic() < deadline:
+            if text_of(d, c["css"]) is None:
+                return {}
+            time.sleep(0.1)
+        raise TimeoutError(f"{c['css']} is still there")
     if op == "text":
         return {"text": text_of(d, c["css"])}
     if op == "click":

@@ -6,7 +6,7 @@
 //! never a detail per agent. An agent's objects and transcript are read
 //! only when its page is open. Everything comes from the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -79,7 +79,17 @@ fn zero() -> Usage {
 }
 
 /// Every agent the caller may see, parents before children.
-fn tree_rows(api: &Api, caller: &Caller) -> Result<TreeRows, ApiError> {
+/// `GET /api/ui/tree`'s filter.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TreeQuery {
+    /// Only the trees still holding an unfinished agent (default: every
+    /// tree, finished ones too).
+    pub live: Option<bool>,
+}
+
+fn tree_rows(api: &Api, caller: &Caller, live_only: bool) -> Result<TreeRows, ApiError> {
     let sup = api.sup();
     let (store, tenant) = (sup.store(), sup.tenant());
     // Read before the agents, so a change between the two is seen again
@@ -94,7 +104,7 @@ fn tree_rows(api: &Api, caller: &Caller) -> Result<TreeRows, ApiError> {
     }
     // An agent sees its own subtree (as every read narrows it); the
     // operator every root's.
-    let top: Vec<usize> = match caller {
+    let mut top: Vec<usize> = match caller {
         Caller::User { .. } => kids.get(&None).cloned().unwrap_or_default(),
         Caller::Agent(me) => agents
             .iter()
@@ -102,6 +112,16 @@ fn tree_rows(api: &Api, caller: &Caller) -> Result<TreeRows, ApiError> {
             .into_iter()
             .collect(),
     };
+    if live_only {
+        // A history of finished trees grows without end; the trees at work
+        // are what a long-lived daemon's page is opened for.
+        let live: HashSet<&AgentName> = agents
+            .iter()
+            .filter(|a| !a.status.is_finished())
+            .map(|a| &a.root)
+            .collect();
+        top.retain(|&i| live.contains(&agents[i].root));
+    }
     // Pre-order, with an explicit stack (a tree may be 64 deep).
     let mut order = Vec::with_capacity(agents.len());
     let mut stack: Vec<usize> = top.into_iter().rev().collect();
@@ -166,15 +186,22 @@ fn tree_rows(api: &Api, caller: &Caller) -> Result<TreeRows, ApiError> {
 
 #[utoipa::path(
     get, path = "/api/ui/tree", tag = "ui",
+    params(TreeQuery),
     responses(
         (status = 200, description = "Every agent the caller may see, parents before children, siblings in start order, each with its badge, status, running time and spend (own and subtree): the web UI's tree in one request.", body = TreeRows),
+        (status = 400, description = "A malformed filter.", body = ErrorBody),
     )
 )]
 pub(crate) async fn ui_tree(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
+    query: Result<Query<TreeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    answer(StatusCode::OK, tree_rows(&api, &caller))
+    let live = match query {
+        Ok(Query(q)) => q.live.unwrap_or(false),
+        Err(e) => return bad(format!("query: {}", e.body_text())).into_response(),
+    };
+    answer(StatusCode::OK, tree_rows(&api, &caller, live))
 }
 
 /// The newest `agent.start` event's payload: what the current run's launch

@@ -246,9 +246,16 @@ async function treeView() {
     body.replaceChildren(...rows);
   }
 
+  // "Only trees at work": kept in this browser, off by default.
+  const onlyLive = el("input", { type: "checkbox", id: "only-live", onchange: () => {
+    localStorage.setItem("brood.onlyLive", onlyLive.checked ? "1" : "");
+    load();
+  } });
+  onlyLive.checked = localStorage.getItem("brood.onlyLive") === "1";
+
   async function load() {
     try {
-      data = await getJson("/api/ui/tree");
+      data = await getJson("/api/ui/tree" + (onlyLive.checked ? "?live=true" : ""));
       skew = data.now_ms - Date.now();
       render();
       showError("");
@@ -259,7 +266,8 @@ async function treeView() {
 
   await load();
   if (my !== scope) return;
-  main.replaceChildren(el("h1", {}, "Agents"), summary, body);
+  main.replaceChildren(el("h1", {}, "Agents",
+    el("label", { class: "filter" }, onlyLive, "only trees at work")), summary, body);
   const reload = throttle(load, 400);
   // Any agent's change reloads the compact listing (one request, whatever
   // the tree's size); the stream starts where the listing was read.

@@ -56,7 +56,7 @@ def run(d, c):
     if op == "wait":
         # Until the element exists (and holds `text`, when given).
         want = c.get("text")
-        deadline = time.monotonic() + c.get("timeout", 20)
+        deadline = time.monotonic() + c.get("timeout", 40)
         seen = None
         while time.monotonic() < deadline:
             seen = text_of(d, c["css"])
@@ -65,7 +65,7 @@ def run(d, c):
             time.sleep(0.1)
         raise TimeoutError(f"{c['css']} {'holding ' + repr(want) if want else 'present'}: last seen {seen!r}")
     if op == "wait_gone":
-        deadline = time.monotonic() + c.get("timeout", 20)
+        deadline = time.monotonic() + c.get("timeout", 40)
         while time.monotonic() < deadline:
             if text_of(d, c["css"]) is None:
                 return {}

@@ -387,6 +387,16 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     );
     assert_eq!(a.status, 401, "a wrong token: {}", a.body);
 
+    let a = http(s.port, "GET", "/", &[], b"");
+    assert_eq!(a.status, 401, "{}", a.body);
+    let a = http(s.port, "GET", &format!("/?token={}", s.token), &[], b"");
+    assert_eq!(a.status, 303, "{}", a.head);
+    assert!(
+        a.head.to_ascii_lowercase().contains("location: /ui\r\n"),
+        "{}",
+        a.head
+    );
+
     // The first visit's cookie: HttpOnly, SameSite=Strict, the token gone.
     let a = http(s.port, "GET", &format!("/ui?token={}", s.token), &[], b"");
     assert_eq!(a.status, 303, "{}", a.head);

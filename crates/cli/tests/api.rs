@@ -206,6 +206,12 @@ fn agent_requests() -> Value {
             "/api/ui/jobs/j1/items/a/attempts",
             Value::Null
         ),
+        r(
+            "GET",
+            "/api/ui/agents/{name}/artifacts/{sha256}",
+            &format!("/api/ui/agents/quick/artifacts/{}", "0".repeat(64)),
+            Value::Null
+        ),
     ])
 }
 
@@ -1363,6 +1369,84 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         "a child's channel: {}",
         r[4]
     );
+
+    // An artifact a child handed back, downloaded: only by the hash its
+    // channel lists.
+    const ARTIFACT: &str = "/api/ui/agents/{name}/artifacts/{sha256}";
+    let art = agent(&[
+        "--artifact",
+        "notes/a report.md=hello, artifact",
+        "--result",
+        "done",
+    ]);
+    let r = each(
+        &s,
+        &[
+            (
+                201,
+                "POST",
+                SPAWN,
+                SPAWN,
+                json!({"name": "ar", "argv": hang, "await_ready": true}),
+            ),
+            (
+                201,
+                "POST",
+                SPAWN,
+                SPAWN,
+                json!({"name": "ar1", "parent": "ar", "argv": art}),
+            ),
+            (
+                200,
+                "POST",
+                WAIT,
+                "/api/agents/ar1/wait",
+                json!({"timeout_s": 60}),
+            ),
+            (200, "GET", "/api/ui/agents/{name}", "/api/ui/agents/ar1", N),
+        ],
+    )
+    .await;
+    assert_eq!(r[2]["agents"][0]["status"], "completed", "{}", r[2]);
+    let listed = &r[3]["channel"]["artifacts"][0];
+    assert_eq!(listed["name"], "notes/a report.md", "{}", r[3]);
+    let sha = listed["sha256"].as_str().unwrap();
+    let a = s
+        .call(
+            "GET",
+            ARTIFACT,
+            &format!("/api/ui/agents/ar1/artifacts/{sha}"),
+            None,
+        )
+        .await;
+    assert_eq!((a.status, a.body.as_str()), (200, "hello, artifact"));
+    assert!(
+        a.headers
+            .contains("content-disposition: attachment; filename=\"a_report.md\""),
+        "{}",
+        a.headers
+    );
+    each(
+        &s,
+        &[
+            (
+                404,
+                "GET",
+                ARTIFACT,
+                &format!("/api/ui/agents/ar1/artifacts/{}", "0".repeat(64)),
+                N,
+            ),
+            (
+                404,
+                "GET",
+                ARTIFACT,
+                &format!("/api/ui/agents/ar/artifacts/{sha}"),
+                N,
+            ),
+            (200, "POST", CANCEL, "/api/agents/ar/cancel", N),
+        ],
+    )
+    .await;
 
     // Not routes at all.
     let a = raw(&s.unix, "GET", "/api/nothing", &[], b"").await;

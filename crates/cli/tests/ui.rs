@@ -610,6 +610,8 @@ fn screenshots_of_the_main_pages() {
     s.spawn(json!({"name": "review-lead", "argv": lead, "label": "review the release"}));
     let done = |w: &str| {
         agent(&[
+            "--artifact",
+            "findings.md=# Findings\n\n- two small fixes\n",
             "--message",
             &format!("Looked at {w}."),
             "--usage",
@@ -624,7 +626,7 @@ fn screenshots_of_the_main_pages() {
     s.spawn(json!({"name": "store-tests", "parent": "store", "argv": agent(&["--hang"]), "task": "Run the store's conformance suite."}));
     s.spawn(json!({"name": "docs", "parent": "review-lead", "argv": ["sh", "-c", "exit 3"], "protocol": "exec", "task": "Proofread docs/."}));
     s.spawn(
-        json!({"name": "nightly", "argv": done("the nightly build"), "label": "nightly checks"}),
+        json!({"name": "nightly", "argv": agent(&["--usage", "5400,820,0.0391", "--result", "green"]), "label": "nightly checks"}),
     );
     // One that answered and waits for more: blocked.
     s.spawn(json!({"name": "ask-user", "parent": "review-lead", "argv": agent(&["--echo"]), "task": "Ask which release branch to review."}));
@@ -710,6 +712,7 @@ fn screenshots_of_the_main_pages() {
     b.wait("[data-row=store-tests]", "store-tests");
     b.wait("[data-row=docs] [data-status]", "failed");
     b.wait("[data-row=ask-user] [data-status]", "blocked");
+    b.wait("[data-row=nightly] [data-status]", "completed");
     b.screenshot(&out.join("tree.png"));
     // "Only trees at work" hides the finished ones, and shows them again.
     b.click("#only-live");
@@ -748,6 +751,17 @@ fn screenshots_of_the_main_pages() {
     b.wait("#result", "no blocking issue");
     b.wait("#transcript", "Looked at the parser");
     b.wait("#limits", "pids_max");
+    // The artifact it handed back downloads from its page, byte for byte.
+    let got = b.cmd(json!({"op": "js_async", "script":
+        "const done = arguments[arguments.length - 1]; const a = document.querySelector('a[data-artifact=\"findings.md\"]'); fetch(a.href).then(r => r.text().then(t => done([r.status, r.headers.get('content-disposition'), t])));"}));
+    assert_eq!(
+        got["value"],
+        json!([
+            200,
+            "attachment; filename=\"findings.md\"",
+            "# Findings\n\n- two small fixes\n"
+        ])
+    );
     b.screenshot(&out.join("agent.png"));
 
     b.view("#/jobs");

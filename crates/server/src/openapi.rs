@@ -21,7 +21,7 @@ use crate::routes::*;
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,
         job_report, job_retry_failed, job_export, job_evidence, job_replay,
         nodes, metrics, healthz, openapi,
-        ui_tree, ui_sequence, ui_agent, ui_transcript, ui_attempts,
+        ui_tree, ui_sequence, ui_agent, ui_transcript, ui_artifact, ui_attempts,
     ),
     components(schemas(brood_api::Event)),
     modifiers(&Bearer),

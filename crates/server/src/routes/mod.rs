@@ -61,6 +61,7 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/ui/sequence", get(ui_sequence))
         .route("/api/ui/agents/{name}", get(ui_agent))
         .route("/api/ui/agents/{name}/transcript", get(ui_transcript))
+        .route("/api/ui/agents/{name}/artifacts/{sha256}", get(ui_artifact))
         .route("/api/ui/jobs/{id}/items/{item}/attempts", get(ui_attempts))
         .merge(crate::ui::pages())
         .fallback(no_route)

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use brood_api::{
     AgentObjects, ArtifactView, AttemptList, AttemptView, ChannelView, ErrorBody, MessageView,
@@ -24,7 +24,9 @@ use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::agents::read;
-use crate::error::{answer, bad, now_ms};
+use super::path_name;
+use crate::auth::may_see;
+use crate::error::{HttpError, answer, bad, now_ms};
 use crate::state::Api;
 
 /// The most messages one transcript answer carries; the page asks again
@@ -290,6 +292,108 @@ pub(crate) async fn ui_agent(
     read(&api, &caller, &name, |n| objects(&api, n))
 }
 
+/// The name a download is offered under: the artifact's last path segment,
+/// anything but letters, digits, `.`, `-` and `_` replaced (it goes into a
+/// header, and the name is the agent's to choose).
+fn download_name(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let safe: String = last
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.trim_matches('.').is_empty() {
+        "artifact".to_owned()
+    } else {
+        safe
+    }
+}
+
+#[utoipa::path(
+    get, path = "/api/ui/agents/{name}/artifacts/{sha256}", tag = "ui",
+    params(("name" = String, Path, description = "The agent's name."),
+           ("sha256" = String, Path, description = "The artifact's SHA-256, as its channel lists it.")),
+    responses(
+        (status = 200, description = "The file the agent handed back, as an attachment (never shown as a page).", content((String = "application/octet-stream"))),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such agent, or no such artifact in its channel.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn ui_artifact(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path((name, sha256)): Path<(String, String)>,
+) -> Response {
+    let found = path_name(&name).and_then(|n| {
+        may_see(&api, &caller, &n)?;
+        let sup = api.sup();
+        let a = api.view().agent(&n)?;
+        // Only a blob this agent's channel names: the hash alone opens nothing.
+        let artifact = match &a.parent {
+            Some(p) => sup
+                .store()
+                .channel(sup.tenant(), p, &n)
+                .map_err(store_error)?
+                .and_then(|c| c.artifacts.into_iter().find(|f| f.sha256 == sha256)),
+            None => None,
+        };
+        artifact.ok_or_else(|| {
+            HttpError(ApiError::new(
+                Code::NotFound,
+                format!("agent {n} handed back no artifact with sha256 {sha256:?}"),
+            ))
+        })
+    });
+    let artifact = match found {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let path = brood_runtime::channel::blob_path(&api.sup().paths().blobs(), &artifact.sha256);
+    // Off the connection's task: the file may be large and the disk slow.
+    let read = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || std::fs::read(path)).await
+    };
+    let bytes = match read.map_err(std::io::Error::other).and_then(|r| r) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, path = %path.display(), "reading an artifact's blob");
+            return HttpError(ApiError::new(
+                Code::Internal,
+                "the artifact's blob could not be read (see the supervisor's log)",
+            ))
+            .into_response();
+        }
+    };
+    let mut r = (StatusCode::OK, bytes).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    // A download, never a page of this origin: no sniffing, no script.
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}\"",
+        download_name(&artifact.name)
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    r
+}
+
 /// `GET /api/ui/agents/{name}/transcript`'s filter.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -414,5 +518,13 @@ mod tests {
         assert_eq!(kind_of(&spec(json!(["sh", "-c", "true"])), "exec"), "exec");
         assert_eq!(kind_of(&spec(json!(["x", "--type"])), "brood"), "brood");
         assert_eq!(kind_of(&Value::Null, "brood"), "brood");
+    }
+
+    #[test]
+    fn a_download_is_named_safely() {
+        assert_eq!(download_name("notes/a report.md"), "a_report.md");
+        assert_eq!(download_name("x\"; y=\r\n"), "x___y___");
+        assert_eq!(download_name(".."), "artifact");
+        assert_eq!(download_name("ok-1_2.txt"), "ok-1_2.txt");
     }
 }

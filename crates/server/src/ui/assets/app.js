@@ -423,7 +423,8 @@ async function agentView(name) {
         el("h3", {}, "refs.jsonl"), el("pre", {}, ch.refs === null || ch.refs === "" ? "(none)" : ch.refs),
         el("h3", {}, "artifacts"),
         ch.artifacts.length
-          ? el("table", {}, el("tbody", {}, ...ch.artifacts.map((a) => el("tr", {}, el("td", {}, a.name), el("td", {}, a.size + " B"), el("td", { class: "mono" }, a.sha256.slice(0, 16) + "…")))))
+          ? el("table", {}, el("tbody", {}, ...ch.artifacts.map((a) => el("tr", {},
+            el("td", {}, el("a", { href: "/api/ui/agents/" + enc(d.name) + "/artifacts/" + enc(a.sha256), download: "", "data-artifact": a.name }, a.name)), el("td", {}, a.size + " B"), el("td", { class: "mono" }, a.sha256.slice(0, 16) + "…")))))
           : el("p", { class: "muted" }, "none")]
       : [el("p", { class: "muted" }, "a root: no parent's channel"), el("h3", {}, "result"),
         el("pre", { id: "result" }, d.result === null ? "(none yet)" : d.result)];

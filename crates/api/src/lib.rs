@@ -13,6 +13,7 @@ pub mod events;
 pub mod jobs;
 pub mod nodes;
 pub mod sessions;
+pub mod ui;
 
 pub use agents::*;
 pub use error::{ErrorBody, ErrorDetail, http_status};
@@ -20,6 +21,7 @@ pub use events::Event;
 pub use jobs::*;
 pub use nodes::*;
 pub use sessions::*;
+pub use ui::*;
 
 use serde::de::DeserializeOwned;
 

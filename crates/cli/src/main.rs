@@ -803,6 +803,10 @@ async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
             "brood: serving http://{addr} (token in {})",
             brood_server::Token::path(&root).display()
         );
+        eprintln!(
+            "brood: web UI at http://{addr}/ui?token=… (the token of {}; docs/ui.md)",
+            brood_server::Token::path(&root).display()
+        );
         servers.push(tokio::spawn(brood_server::serve_tcp(api, l)));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -187,6 +187,31 @@ fn agent_requests() -> Value {
             "/api/jobs/j1/evidence",
             Value::Null
         ),
+        r("GET", "/api/ui/tree", "/api/ui/tree", Value::Null),
+        r(
+            "GET",
+            "/api/ui/agents/{name}",
+            "/api/ui/agents/p",
+            Value::Null
+        ),
+        r(
+            "GET",
+            "/api/ui/agents/{name}/transcript",
+            "/api/ui/agents/quick/transcript",
+            Value::Null
+        ),
+        r(
+            "GET",
+            "/api/ui/jobs/{id}/items/{item}/attempts",
+            "/api/ui/jobs/j1/items/a/attempts",
+            Value::Null
+        ),
+        r(
+            "GET",
+            "/api/ui/agents/{name}/artifacts/{sha256}",
+            &format!("/api/ui/agents/quick/artifacts/{}", "0".repeat(64)),
+            Value::Null
+        ),
     ])
 }
 
@@ -1168,13 +1193,23 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         // Listing its own children (none) is the one thing it may do here.
         let own = x["method"] == "GET"
             && x["query"] == json!({})
-            && (x["path"] == SPAWN || x["path"] == JOBS);
+            && (x["path"] == SPAWN || x["path"] == JOBS || x["path"] == "/api/ui/tree");
         assert_eq!(
             x["status"],
             if own { 200 } else { 403 },
             "as the agent: {x}"
         );
     }
+    // The UI's tree, read by an agent, is its own subtree only.
+    let tree = theirs.iter().find(|x| x["path"] == "/api/ui/tree").unwrap();
+    let rows: Value = serde_json::from_str(tree["body"].as_str().unwrap()).unwrap();
+    let names: Vec<&str> = rows["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(names, ["py"], "{rows}");
     s.log.lock().unwrap().extend(theirs);
 
     let r = each(
@@ -1230,6 +1265,185 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
                 "/api/events?subtree=ghost&follow=false",
                 N,
             ),
+        ],
+    )
+    .await;
+
+    // The web UI's reads (docs/ui.md): the compact tree, an agent's objects
+    // and transcript.
+    let r = each(
+        &s,
+        &[
+            (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
+            (200, "GET", "/api/ui/sequence", "/api/ui/sequence", N),
+            (200, "GET", "/api/ui/tree", "/api/ui/tree?live=true", N),
+            (400, "GET", "/api/ui/tree", "/api/ui/tree?live=maybe", N),
+            (
+                200,
+                "GET",
+                "/api/ui/agents/{name}",
+                "/api/ui/agents/quick",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/agents/{name}",
+                "/api/ui/agents/ghost",
+                N,
+            ),
+            (
+                200,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/p/transcript?after=0",
+                N,
+            ),
+            (
+                400,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/p/transcript?after=x",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/agents/{name}/transcript",
+                "/api/ui/agents/ghost/transcript",
+                N,
+            ),
+            (
+                200,
+                "GET",
+                "/api/ui/jobs/{id}/items/{item}/attempts",
+                "/api/ui/jobs/j7/items/a/attempts",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/ui/jobs/{id}/items/{item}/attempts",
+                "/api/ui/jobs/ghost/items/a/attempts",
+                N,
+            ),
+        ],
+    )
+    .await;
+    assert!(
+        !r[9]["attempts"].as_array().unwrap().is_empty(),
+        "j7's item a failed at least once: {}",
+        r[9]
+    );
+    let rows = r[0]["agents"].as_array().unwrap();
+    assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
+    // `live=true`: exactly the trees that still hold an unfinished agent.
+    let trees = |rows: &[Value]| -> Vec<(String, bool)> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for a in rows {
+            let unfinished = !["completed", "failed", "cancelled", "closed"]
+                .contains(&a["status"].as_str().unwrap());
+            if a["parent"].is_null() {
+                out.push((a["name"].as_str().unwrap().to_owned(), unfinished));
+            } else if let Some(t) = out.last_mut() {
+                t.1 |= unfinished;
+            }
+        }
+        out
+    };
+    let at_work: Vec<(String, bool)> = trees(rows).into_iter().filter(|t| t.1).collect();
+    assert_eq!(
+        trees(r[2]["agents"].as_array().unwrap()),
+        at_work,
+        "{}",
+        r[2]
+    );
+    assert!(
+        r[1]["sequence"].as_i64().unwrap() >= r[0]["sequence"].as_i64().unwrap(),
+        "{} {}",
+        r[0],
+        r[1]
+    );
+    assert!(
+        r[4]["channel"]["handoff"].is_string(),
+        "a child's channel: {}",
+        r[4]
+    );
+
+    // An artifact a child handed back, downloaded: only by the hash its
+    // channel lists.
+    const ARTIFACT: &str = "/api/ui/agents/{name}/artifacts/{sha256}";
+    let art = agent(&[
+        "--artifact",
+        "notes/a report.md=hello, artifact",
+        "--result",
+        "done",
+    ]);
+    let r = each(
+        &s,
+        &[
+            (
+                201,
+                "POST",
+                SPAWN,
+                SPAWN,
+                json!({"name": "ar", "argv": hang, "await_ready": true}),
+            ),
+            (
+                201,
+                "POST",
+                SPAWN,
+                SPAWN,
+                json!({"name": "ar1", "parent": "ar", "argv": art}),
+            ),
+            (
+                200,
+                "POST",
+                WAIT,
+                "/api/agents/ar1/wait",
+                json!({"timeout_s": 60}),
+            ),
+            (200, "GET", "/api/ui/agents/{name}", "/api/ui/agents/ar1", N),
+        ],
+    )
+    .await;
+    assert_eq!(r[2]["agents"][0]["status"], "completed", "{}", r[2]);
+    let listed = &r[3]["channel"]["artifacts"][0];
+    assert_eq!(listed["name"], "notes/a report.md", "{}", r[3]);
+    let sha = listed["sha256"].as_str().unwrap();
+    let a = s
+        .call(
+            "GET",
+            ARTIFACT,
+            &format!("/api/ui/agents/ar1/artifacts/{sha}"),
+            None,
+        )
+        .await;
+    assert_eq!((a.status, a.body.as_str()), (200, "hello, artifact"));
+    assert!(
+        a.headers
+            .contains("content-disposition: attachment; filename=\"a_report.md\""),
+        "{}",
+        a.headers
+    );
+    each(
+        &s,
+        &[
+            (
+                404,
+                "GET",
+                ARTIFACT,
+                &format!("/api/ui/agents/ar1/artifacts/{}", "0".repeat(64)),
+                N,
+            ),
+            (
+                404,
+                "GET",
+                ARTIFACT,
+                &format!("/api/ui/agents/ar/artifacts/{sha}"),
+                N,
+            ),
+            (200, "POST", CANCEL, "/api/agents/ar/cancel", N),
         ],
     )
     .await;

@@ -2,7 +2,8 @@
 //! its cgroup the agent it belongs to, whatever the request claims (an agent
 //! acts only on its own subtree; anyone else is the operator). On TCP the
 //! caller is the operator if it presents the bearer token of
-//! `$BROOD_ROOT/token`, compared in constant time, and nobody otherwise.
+//! `$BROOD_ROOT/token`, compared in constant time, or the web UI's cookie
+//! that stands for it (`ui::session`), and nobody otherwise.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -18,6 +19,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::HttpError;
 use crate::state::Api;
+use crate::ui::session::ByCookie;
 
 /// How a request arrived, set on each request by the listener.
 #[derive(Clone)]
@@ -99,7 +101,7 @@ impl Token {
         &self.0
     }
 
-    fn matches(&self, presented: &str) -> bool {
+    pub(crate) fn matches(&self, presented: &str) -> bool {
         // Constant time in the presented token's content; its length is not a secret.
         self.0.as_bytes().ct_eq(presented.as_bytes()).into()
     }
@@ -119,6 +121,10 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
             if req.uri().path() == "/healthz" {
                 return next.run(req).await;
             }
+            // The web UI's first visit, `/ui?token=…`: a cookie and a redirect.
+            if let Some(r) = crate::ui::session::login(api.0.token.as_ref(), &req) {
+                return r;
+            }
             let presented = req
                 .headers()
                 .get(AUTHORIZATION)
@@ -129,13 +135,21 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                     // SAFETY: geteuid cannot fail.
                     uid: unsafe { libc::geteuid() },
                 },
-                (_, None) => {
-                    return HttpError(ApiError::new(
-                        Code::Unauthorized,
-                        "this listener needs `Authorization: Bearer <token>` (the token is in $BROOD_ROOT/token)",
-                    ))
-                    .into_response();
-                }
+                // No bearer token: the web UI's cookie may stand for it
+                // (docs/decisions.md "The web UI's cookie").
+                (_, None) => match crate::ui::session::by_cookie(api.0.token.as_ref(), &req) {
+                    ByCookie::Operator => Caller::User {
+                        // SAFETY: geteuid cannot fail.
+                        uid: unsafe { libc::geteuid() },
+                    },
+                    ByCookie::Refused(r) => return r,
+                    ByCookie::Absent => {
+                        return crate::ui::session::unauthorized(
+                            &req,
+                            "this listener needs `Authorization: Bearer <token>` (the token is in $BROOD_ROOT/token); a browser opens /ui?token=<token> once",
+                        );
+                    }
+                },
                 _ => {
                     return HttpError(ApiError::new(
                         Code::Unauthorized,

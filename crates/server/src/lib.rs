@@ -23,6 +23,7 @@ mod mcp;
 pub mod openapi;
 mod routes;
 mod state;
+mod ui;
 
 pub use agent_socket::agent_sockets;
 pub use auth::Token;

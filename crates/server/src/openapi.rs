@@ -21,6 +21,7 @@ use crate::routes::*;
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,
         job_report, job_retry_failed, job_export, job_evidence, job_replay,
         nodes, metrics, healthz, openapi,
+        ui_tree, ui_sequence, ui_agent, ui_transcript, ui_artifact, ui_attempts,
     ),
     components(schemas(brood_api::Event)),
     modifiers(&Bearer),
@@ -31,6 +32,7 @@ use crate::routes::*;
         (name = "events", description = "The event log as server-sent events."),
         (name = "jobs", description = "Batch jobs: one instruction over many items, run by worker agents (SPEC 10)."),
         (name = "service", description = "Health, metrics, the nodes sharing the store, and this document."),
+        (name = "ui", description = "The web UI's compact reads (docs/ui.md): the whole tree in one listing, an agent's objects and transcript, an item's attempts."),
     )
 )]
 struct Doc;

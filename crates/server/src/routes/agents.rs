@@ -138,7 +138,8 @@ pub(crate) async fn list(
     }
 }
 
-fn read<T: serde::Serialize>(
+/// A read of one agent the caller may see: its name checked, then `f`.
+pub(super) fn read<T: serde::Serialize>(
     api: &Api,
     caller: &Caller,
     name: &str,

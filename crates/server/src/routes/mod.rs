@@ -6,12 +6,14 @@ mod job_control;
 mod jobs;
 mod meta;
 mod sessions;
+mod ui;
 
 pub(crate) use agents::*;
 pub(crate) use job_control::*;
 pub(crate) use jobs::*;
 pub(crate) use meta::*;
 pub(crate) use sessions::*;
+pub(crate) use ui::*;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -59,6 +61,13 @@ pub(crate) fn router(api: Api) -> Router {
         // root a stdio `brood mcp` holds for as long as it is connected.
         .route_service("/mcp", crate::mcp::service(api.clone()))
         .route("/api/mcp/session", post(crate::mcp::session))
+        .route("/api/ui/tree", get(ui_tree))
+        .route("/api/ui/sequence", get(ui_sequence))
+        .route("/api/ui/agents/{name}", get(ui_agent))
+        .route("/api/ui/agents/{name}/transcript", get(ui_transcript))
+        .route("/api/ui/agents/{name}/artifacts/{sha256}", get(ui_artifact))
+        .route("/api/ui/jobs/{id}/items/{item}/attempts", get(ui_attempts))
+        .merge(crate::ui::pages())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))

@@ -1,0 +1,838 @@
+//! The web UI (docs/ui.md) in a real browser: the distribution's headless
+//! Chromium, driven through its chromedriver by Selenium
+//! (`tests/browser/driver.py`, all installed by `.ci/setup`), against a real
+//! `brood serve --listen`. The tree appears and follows a child started
+//! through the API without a reload; a cancel from the agent's page, its
+//! confirmation accepted, cancels the subtree and its processes; a page
+//! without the token is refused; a mutation carrying the cookie but not the
+//! cross-site protection is refused, from the page and from another site's
+//! form. And the main pages' screenshots, taken afresh.
+//!
+//! Missing Chromium, chromedriver or Selenium is a failure naming what is
+//! missing, never a skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// What the browser tests need, or a failure naming what is missing.
+fn prerequisites() -> (PathBuf, PathBuf) {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ci-python/bin/python3");
+    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    let mut missing = Vec::new();
+    if chromium.is_none() {
+        missing.push("Chromium (/usr/bin/chromium: Debian's `chromium` package)".to_owned());
+    }
+    if !Path::new(CHROMEDRIVER).exists() {
+        missing.push(format!(
+            "chromedriver ({CHROMEDRIVER}: Debian's `chromium-driver` package)"
+        ));
+    }
+    #[allow(clippy::disallowed_methods)]
+    let selenium = python.exists()
+        && Command::new(&python)
+            .args(["-c", "import selenium"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !selenium {
+        missing.push(format!("Selenium in {}", python.display()));
+    }
+    assert!(
+        missing.is_empty(),
+        "the web UI's browser tests need {}: run `bash .ci/setup`",
+        missing.join(", ")
+    );
+    (python, chromium.unwrap())
+}
+
+/// Headless Chromium behind `driver.py`: one JSON command a line.
+struct Browser {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let (python, chromium) = prerequisites();
+        let profile = tempfile::tempdir().unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/driver.py");
+        #[allow(clippy::disallowed_methods)]
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(chromium)
+            .arg(CHROMEDRIVER)
+            .arg(profile.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut b = Browser {
+            child,
+            stdin,
+            stdout,
+            _profile: profile,
+        };
+        let hello = b.read();
+        assert_eq!(hello["ok"], true, "Chromium did not start: {hello}");
+        b
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "the browser driver ended");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// A command; its answer, which must be ok.
+    fn cmd(&mut self, c: Value) -> Value {
+        let a = self.try_cmd(c.clone());
+        assert_eq!(a["ok"], true, "browser: {c} failed: {}", a["error"]);
+        a
+    }
+
+    fn try_cmd(&mut self, c: Value) -> Value {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        self.read()
+    }
+
+    fn get(&mut self, url: &str) -> Value {
+        self.cmd(json!({"op": "get", "url": url}))
+    }
+
+    /// Waits until `css` exists and its text holds `text`; that text.
+    fn wait(&mut self, css: &str, text: &str) -> String {
+        let a = self.cmd(json!({"op": "wait", "css": css, "text": text, "timeout": 40}));
+        a["text"].as_str().unwrap_or_default().to_owned()
+    }
+
+    fn js(&mut self, script: &str) -> Value {
+        self.cmd(json!({"op": "js", "script": script}))["value"].clone()
+    }
+
+    /// Goes to a view of the page (its hash) and waits until it is drawn.
+    fn view(&mut self, hash: &str) {
+        self.js(&format!(
+            "document.body.dataset.ready = ''; location.hash = {};",
+            json!(hash)
+        ));
+        let want = json!(hash.trim_start_matches('#'));
+        for _ in 0..400 {
+            if self.js("return document.body.dataset.ready;") == want {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the view {hash} was not drawn");
+    }
+
+    fn screenshot(&mut self, path: &Path) {
+        self.cmd(json!({"op": "screenshot", "path": path}));
+        let png = std::fs::read(path).unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+            "{} is not a screenshot",
+            path.display()
+        );
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        for _ in 0..50 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port (bound and released: the daemon binds it next).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `brood serve --listen` on a fresh root: the daemon, its port and token.
+struct Served {
+    _daemon: Daemon,
+    port: u16,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("r");
+        let port = free_port();
+        #[allow(clippy::disallowed_methods)]
+        let child = Command::new(exe())
+            .arg("--root")
+            .arg(&root)
+            .args(["serve", "--grace", "0.3", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let daemon = Daemon(child);
+        LOG.with(|l| *l.borrow_mut() = Some(dir.path().join("serve.log")));
+        // The port is bound before the token is written and the API served.
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && http(port, "GET", "/healthz", &[], b"").status == 200
+            }),
+            "brood serve answers on 127.0.0.1:{port}"
+        );
+        let token = std::fs::read_to_string(root.join("token"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        assert_eq!(token.len(), 64, "the token of {}", root.display());
+        Served {
+            _daemon: daemon,
+            port,
+            token,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// A request with the bearer token.
+    fn api(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let auth = format!("Bearer {}", self.token);
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        let a = http(
+            self.port,
+            method,
+            path,
+            &[("Authorization", &auth)],
+            body.as_bytes(),
+        );
+        (
+            a.status,
+            serde_json::from_str(&a.body).unwrap_or(Value::Null),
+        )
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Value) -> Value {
+        let (status, v) = self.api(method, path, body);
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {v}"
+        );
+        v
+    }
+
+    fn agent(&self, name: &str) -> Value {
+        self.ok("GET", &format!("/api/agents/{name}"), Value::Null)
+    }
+
+    fn spawn(&self, body: Value) -> Value {
+        let mut body = body;
+        body["await_ready"] = json!(true);
+        self.ok("POST", "/api/agents", body)
+    }
+}
+
+thread_local! {
+    /// The daemon's log of the test running on this thread, shown when an
+    /// answer cannot be read.
+    static LOG: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+/// One HTTP/1.1 request over a fresh connection, written by hand.
+fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    try_http(port, method, path, headers, body).unwrap_or_else(|e| {
+        let log = LOG
+            .with(|l| l.borrow().clone())
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+        panic!("{method} {path}: {e}\nserve.log (last lines, newest first):\n{tail}")
+    })
+}
+
+/// [`http`], a failed connection an error.
+fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Answer, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connecting: {e}"))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())
+        .and_then(|()| s.write_all(body))
+        .map_err(|e| format!("writing the request: {e}"))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("reading the answer: {e}"))?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP answer: {out:?}"))?;
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        common::wire::dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok(Answer {
+        status,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    })
+}
+
+fn pid_of(v: &Value) -> i32 {
+    v["pid"].as_i64().unwrap_or_else(|| panic!("no pid: {v}")) as i32
+}
+
+/// Another site: a page on another port whose form posts, the moment it
+/// loads, a cancel to the daemon (the browser carries the daemon's cookie
+/// along, both being 127.0.0.1).
+fn attacker_site(target: String) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(4) {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let page = format!(
+                "<!doctype html><title>evil</title><form id=f method=POST action=\"{target}\"><input name=x value=1></form><script>document.getElementById('f').submit()</script>"
+            );
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_refused() {
+    let s = Served::start();
+    let hang = agent(&["--hang"]);
+    s.spawn(json!({"name": "r", "argv": hang, "label": "a root <b>not bold</b>"}));
+
+    // Without the token: refused, a page for a browser, JSON for the API.
+    let a = http(s.port, "GET", "/ui", &[], b"");
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(a.body.contains("needs its token"), "{}", a.body);
+    let a = http(s.port, "GET", "/api/ui/tree", &[], b"");
+    assert_eq!(a.status, 401, "{}", a.body);
+    let a = http(
+        s.port,
+        "GET",
+        "/ui?token=0123456789abcdef0123456789abcdef",
+        &[],
+        b"",
+    );
+    assert_eq!(a.status, 401, "a wrong token: {}", a.body);
+
+    let a = http(s.port, "GET", "/", &[], b"");
+    assert_eq!(a.status, 401, "{}", a.body);
+    let a = http(s.port, "GET", &format!("/?token={}", s.token), &[], b"");
+    assert_eq!(a.status, 303, "{}", a.head);
+    assert!(
+        a.head.to_ascii_lowercase().contains("location: /ui\r\n"),
+        "{}",
+        a.head
+    );
+
+    // The first visit's cookie: HttpOnly, SameSite=Strict, the token gone.
+    let a = http(s.port, "GET", &format!("/ui?token={}", s.token), &[], b"");
+    assert_eq!(a.status, 303, "{}", a.head);
+    let head = a.head.to_ascii_lowercase();
+    assert!(head.contains("location: /ui\r\n"), "{}", a.head);
+    let cookie_line = head
+        .lines()
+        .find(|l| l.starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {}", a.head))
+        .to_owned();
+    for part in ["httponly", "samesite=strict", "path=/"] {
+        assert!(cookie_line.contains(part), "{cookie_line}");
+    }
+    assert!(
+        !cookie_line.contains(&s.token),
+        "the cookie is not the token"
+    );
+    let cookie = a
+        .head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_owned();
+    // The cookie reads; a mutation with it alone is refused, so is one from
+    // another origin; with the header it acts (the bearer needs none).
+    let a = http(s.port, "GET", "/ui", &[("Cookie", &cookie)], b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    let csp = a
+        .head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-security-policy: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no CSP: {}", a.head));
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &cookie)], b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("\"name\":\"r\""), "{}", a.body);
+    let a = http(
+        s.port,
+        "POST",
+        "/api/agents/r/cancel",
+        &[("Cookie", &cookie)],
+        b"{}",
+    );
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(a.body.contains("X-Brood-Csrf"), "{}", a.body);
+    let a = http(
+        s.port,
+        "POST",
+        "/api/agents/r/cancel",
+        &[
+            ("Cookie", &cookie),
+            ("X-Brood-Csrf", "1"),
+            ("Origin", "http://evil.example"),
+        ],
+        b"{}",
+    );
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert_eq!(s.agent("r")["status"], "running");
+
+    // The browser: refused without the token.
+    let mut b = Browser::start();
+    b.get(&s.url("/ui"));
+    b.wait("body", "needs its token");
+    b.get(&s.url("/ui?token=wrong"));
+    b.wait("body", "wrong");
+    // With it: the address loses the token, the tree appears.
+    let at = b.get(&s.url(&format!("/ui?token={}", s.token)));
+    assert_eq!(at["url"], json!(s.url("/ui")), "the token left the address");
+    b.wait("[data-row=r]", "r");
+    // Agents' text is text: the label's markup is shown, not made.
+    let label = b.wait("[data-row=r] .label", "<b>");
+    assert_eq!(label, "a root <b>not bold</b>");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#tree b').length"),
+        json!(0)
+    );
+    assert_eq!(b.js("return document.cookie"), json!(""), "HttpOnly");
+
+    // A child and a grandchild started through the API appear without a reload.
+    b.js("window.__sameDocument = 42;");
+    s.spawn(json!({"name": "c1", "parent": "r", "argv": hang}));
+    b.wait("[data-row=c1]", "c1");
+    b.wait("[data-row=r] .kids", "1");
+    s.spawn(json!({"name": "c2", "parent": "c1", "argv": hang}));
+    b.wait("[data-row=c2] [data-status]", "running");
+    assert_eq!(b.js("return window.__sameDocument"), json!(42), "no reload");
+
+    // The agent's page: its children, and a child's link back to its parent.
+    b.view("#/agent/r");
+    b.wait("#agent-name", "r");
+    b.wait("#children", "c1");
+    b.click("#children a[data-agent=c1]");
+    b.wait("#agent-name", "c1");
+    b.wait("#parent-link", "r");
+    b.wait("#children", "c2");
+
+    // From the page, without the header: refused; and from another site's form.
+    let r = b.cmd(json!({"op": "js_async", "script":
+        "const done = arguments[arguments.length - 1]; fetch('/api/agents/c2/cancel', {method: 'POST', body: '{}'}).then(r => r.text().then(t => done([r.status, t])));"}));
+    assert_eq!(r["value"][0], 403, "{r}");
+    assert!(
+        r["value"][1].as_str().unwrap().contains("X-Brood-Csrf"),
+        "{r}"
+    );
+    let evil = attacker_site(s.url("/api/agents/c2/cancel"));
+    b.get(&format!("http://127.0.0.1:{evil}/"));
+    let refused = b.wait("body", "error");
+    assert!(
+        refused.contains("Forbidden") || refused.contains("Unauthorized"),
+        "another site's form is refused: {refused}"
+    );
+    assert_eq!(
+        s.agent("c2")["status"],
+        "running",
+        "the forged cancel did nothing"
+    );
+
+    // Cancel from r's page, the confirmation accepted: the whole subtree stops.
+    let pids: Vec<i32> = ["r", "c1", "c2"]
+        .iter()
+        .map(|n| pid_of(&s.agent(n)))
+        .collect();
+    b.get(&s.url("/ui#/agent/r"));
+    b.wait("#agent-name", "r");
+    let asked = b.cmd(json!({"op": "click_confirm", "css": "#cancel", "accept": true}));
+    assert!(
+        asked["asked"].as_str().unwrap().contains("Cancel r"),
+        "{asked}"
+    );
+    assert!(
+        eventually(Duration::from_secs(40), || {
+            ["r", "c1", "c2"]
+                .iter()
+                .all(|n| s.agent(n)["status"] == "cancelled")
+        }),
+        "the subtree is cancelled: {:?}",
+        ["r", "c1", "c2"].map(|n| s.agent(n)["state"].clone())
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || pids.iter().all(|p| !alive(*p))),
+        "every process of the subtree is gone: {pids:?}"
+    );
+    b.wait("#agent-head [data-status]", "cancelled");
+
+    // Resume from the page: a new run of r, with the text as its message.
+    b.cmd(json!({"op": "type", "css": "#input-text", "text": "go on"}));
+    b.click("#resume");
+    assert!(
+        eventually(Duration::from_secs(40), || {
+            let r = s.agent("r");
+            r["status"] == "running" && r["runs"].as_array().is_some_and(|x| x.len() == 2)
+        }),
+        "r resumed: {}",
+        s.agent("r")
+    );
+    b.wait("#agent-head [data-status]", "running");
+
+    // Send input from the page: the transcript shows the answer as it comes.
+    s.spawn(json!({"name": "chat", "argv": agent(&["--echo"])}));
+    b.view("#/agent/chat");
+    b.wait("#agent-name", "chat");
+    let hostile = "<img src=x onerror=\"window.__owned=1\"> hello from the page";
+    b.cmd(json!({"op": "type", "css": "#input-text", "text": hostile}));
+    b.click("#send");
+    b.wait("#transcript", &format!("echo: {hostile}"));
+    // What an agent wrote is text on the page, never markup or script.
+    assert_eq!(
+        b.js("return [document.querySelectorAll('#main img').length, typeof window.__owned]"),
+        json!([0, "undefined"])
+    );
+    b.wait("#agent-head [data-status]", "blocked");
+    b.wait("#events", "agent.input");
+}
+
+impl Browser {
+    fn click(&mut self, css: &str) {
+        self.cmd(json!({"op": "click", "css": css}));
+    }
+}
+
+/// The main pages, afresh: the tree, an agent's page, a job's page, into a
+/// temporary directory, or into `BROOD_UI_SCREENSHOTS` when set (that is
+/// how docs/ui/*.png are made: docs/ui.md).
+#[test]
+fn screenshots_of_the_main_pages() {
+    let s = Served::start();
+    let out_tmp = tempfile::tempdir().unwrap();
+    let out = std::env::var_os("BROOD_UI_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| out_tmp.path().to_path_buf());
+    std::fs::create_dir_all(&out).unwrap();
+
+    let lead = agent(&[
+        "--message",
+        "Splitting the review into three parts: the parser, the store and the docs.",
+        "--usage",
+        "1200,340,0.0123",
+        "--hang",
+    ]);
+    s.spawn(json!({"name": "review-lead", "argv": lead, "label": "review the release"}));
+    let done = |w: &str| {
+        agent(&[
+            "--artifact",
+            "findings.md=# Findings\n\n- two small fixes\n",
+            "--message",
+            &format!("Looked at {w}."),
+            "--usage",
+            "5400,820,0.0391",
+            "--result",
+            &format!("{w}: no blocking issue; two small fixes suggested."),
+        ])
+    };
+    s.spawn(json!({"name": "parser", "parent": "review-lead", "argv": done("the parser"), "task": "Review the parser for panics on bad input.",
+        "policy": {"cost_limit": 0.5, "timeout_s": 600, "resources": {"memory_max": "256M", "pids_max": 64}}}));
+    s.spawn(json!({"name": "store", "parent": "review-lead", "argv": agent(&["--usage", "800,120,0.0042", "--hang"]), "task": "Review the store's transactions."}));
+    s.spawn(json!({"name": "store-tests", "parent": "store", "argv": agent(&["--hang"]), "task": "Run the store's conformance suite."}));
+    s.spawn(json!({"name": "docs", "parent": "review-lead", "argv": ["sh", "-c", "exit 3"], "protocol": "exec", "task": "Proofread docs/."}));
+    s.spawn(
+        json!({"name": "nightly", "argv": agent(&["--usage", "5400,820,0.0391", "--result", "green"]), "label": "nightly checks"}),
+    );
+    // One that answered and waits for more: blocked.
+    s.spawn(json!({"name": "ask-user", "parent": "review-lead", "argv": agent(&["--echo"]), "task": "Ask which release branch to review."}));
+    s.ok(
+        "POST",
+        "/api/agents/ask-user/input",
+        json!({"text": "release-2.4"}),
+    );
+    assert!(
+        eventually(Duration::from_secs(40), || {
+            s.agent("parser")["status"] == "completed" && s.agent("docs")["status"] == "failed"
+        }),
+        "parser {} and docs {} ended",
+        s.agent("parser"),
+        s.agent("docs")
+    );
+
+    // The listing's spend is the store's: each agent's own and subtree
+    // sums match what its detail says.
+    let listing = s.ok("GET", "/api/ui/tree", Value::Null);
+    for row in listing["agents"].as_array().unwrap() {
+        let name = row["name"].as_str().unwrap();
+        let detail = s.agent(name);
+        for k in ["own", "subtree"] {
+            for f in ["tokens_in", "tokens_out"] {
+                assert_eq!(row[k][f], detail["spend"][k][f], "{name} {k}.{f}");
+            }
+            let (a, b) = (
+                row[k]["cost_usd"].as_f64().unwrap(),
+                detail["spend"][k]["cost_usd"].as_f64().unwrap(),
+            );
+            assert!((a - b).abs() < 1e-9, "{name} {k}.cost_usd: {a} != {b}");
+        }
+    }
+    // Only the trees at work: nightly's is finished.
+    let live = s.ok("GET", "/api/ui/tree?live=true", Value::Null);
+    let names: Vec<&str> = live["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"store-tests") && !names.contains(&"nightly"),
+        "{names:?}"
+    );
+    let lead = &listing["agents"][0];
+    assert_eq!(
+        (lead["name"].as_str(), lead["children"].as_u64()),
+        (Some("review-lead"), Some(4))
+    );
+    assert_eq!(lead["subtree"]["tokens_in"], 1200 + 5400 + 800);
+
+    // A job with retries: FAIL-ONCE items pass on their second attempt.
+    let marks = tempfile::tempdir().unwrap();
+    let worker = agent(&[
+        "--job-worker",
+        "--item-delay",
+        "150",
+        "--fail-first",
+        marks.path().to_str().unwrap(),
+        "--fail-marked-only",
+    ]);
+    let input: Vec<Value> = (1..=12)
+        .map(|i| {
+            let t = if i % 4 == 0 {
+                format!("FAIL-ONCE file-{i}")
+            } else {
+                format!("file-{i}")
+            };
+            json!({"text": t})
+        })
+        .collect();
+    s.ok(
+        "POST",
+        "/api/jobs",
+        json!({"id": "summaries", "owner": "review-lead", "instruction": "Summarise {text}",
+               "input": input, "worker": {"argv": worker}, "concurrency": 3, "max_attempts": 3}),
+    );
+
+    let mut b = Browser::start();
+    b.get(&s.url(&format!("/ui?token={}", s.token)));
+    b.wait("[data-row=store-tests]", "store-tests");
+    b.wait("[data-row=docs] [data-status]", "failed");
+    b.wait("[data-row=ask-user] [data-status]", "blocked");
+    b.wait("[data-row=nightly] [data-status]", "completed");
+    b.screenshot(&out.join("tree.png"));
+    // "Only trees at work" hides the finished ones, and shows them again.
+    b.click("#only-live");
+    b.cmd(json!({"op": "wait_gone", "css": "[data-row=nightly]"}));
+    b.wait("[data-row=store-tests]", "store-tests");
+    b.click("#only-live");
+    b.wait("[data-row=nightly]", "nightly");
+
+    // The job's page follows its progress live: opened pending, started
+    // through the API, completed without a reload.
+    b.view("#/job/summaries");
+    b.wait("#job-id", "summaries");
+    b.wait("h1 [data-status]", "pending");
+    b.js("window.__sameDocument = 7;");
+    s.ok("POST", "/api/jobs/summaries/start", Value::Null);
+    b.cmd(json!({"op": "wait", "css": "[data-count=completed] b", "text": "12", "timeout": 90}));
+    b.wait("h1 [data-status]", "completed");
+    assert_eq!(b.js("return window.__sameDocument"), json!(7), "no reload");
+    assert_eq!(
+        b.js("return document.querySelector('[data-item=\"4\"] [data-attempts]').textContent"),
+        json!("2"),
+        "a FAIL-ONCE item shows its two attempts"
+    );
+    // An item's attempts, unfolded: the failed one and the one that passed.
+    b.click("[data-item=\"4\"] button.toggle-attempts");
+    let attempts = b.wait("[data-attempts-of=\"4\"]", "attempt 2");
+    assert!(
+        attempts.contains("attempt 1")
+            && attempts.contains("failed")
+            && attempts.contains("completed"),
+        "{attempts}"
+    );
+    b.screenshot(&out.join("job.png"));
+
+    b.view("#/agent/parser");
+    b.wait("#result", "no blocking issue");
+    b.wait("#transcript", "Looked at the parser");
+    b.wait("#limits", "pids_max");
+    // The artifact it handed back downloads from its page, byte for byte.
+    let got = b.cmd(json!({"op": "js_async", "script":
+        "const done = arguments[arguments.length - 1]; const a = document.querySelector('a[data-artifact=\"findings.md\"]'); fetch(a.href).then(r => r.text().then(t => done([r.status, r.headers.get('content-disposition'), t])));"}));
+    assert_eq!(
+        got["value"],
+        json!([
+            200,
+            "attachment; filename=\"findings.md\"",
+            "# Findings\n\n- two small fixes\n"
+        ])
+    );
+    b.screenshot(&out.join("agent.png"));
+
+    b.view("#/jobs");
+    b.wait("#jobs", "summaries");
+    for f in ["tree.png", "agent.png", "job.png"] {
+        assert!(out.join(f).exists(), "{f} was taken");
+    }
+}
+
+/// A thousand agents: the tree page reads one compact listing and no
+/// agent's detail, and shows every agent, the queued ones as queued.
+#[test]
+fn a_thousand_agents_are_one_listing_and_no_detail() {
+    let s = Served::start();
+    const N: usize = 1000;
+    // Roots that each want a slot: the tenant's 16 run, the rest queue.
+    let auth = format!("Bearer {}", s.token);
+    for i in 0..N {
+        let body =
+            json!({"name": format!("bulk-{i:04}"), "argv": ["sleep", "600"], "protocol": "exec"})
+                .to_string();
+        let key = format!("bulk-{i:04}");
+        let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", &key)];
+        // A thousand connections one after the other on a loaded machine: a
+        // connection the kernel resets is retried under the same key (so it
+        // is never admitted twice), and said.
+        let mut a = try_http(s.port, "POST", "/api/agents", &headers, body.as_bytes());
+        if let Err(e) = &a {
+            eprintln!("POST /api/agents bulk-{i:04}: {e}; retried with its Idempotency-Key");
+            a = try_http(s.port, "POST", "/api/agents", &headers, body.as_bytes());
+        }
+        let a = a.unwrap_or_else(|e| panic!("bulk-{i:04}: {e}"));
+        assert_eq!(a.status, 201, "bulk-{i:04}: {}", a.body);
+    }
+    let t0 = std::time::Instant::now();
+    let (status, listing) = s.api("GET", "/api/ui/tree", Value::Null);
+    assert_eq!(status, 200);
+    assert_eq!(listing["agents"].as_array().unwrap().len(), N);
+    eprintln!("GET /api/ui/tree with {N} agents: {:?}", t0.elapsed());
+
+    let mut b = Browser::start();
+    b.get(&s.url(&format!("/ui?token={}", s.token)));
+    b.wait("[data-row=bulk-0999]", "bulk-0999");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#tree [data-row]').length"),
+        json!(N)
+    );
+    let queued = b.wait("[data-count=queued] b", "");
+    let running = b.wait("[data-count=running] b", "");
+    assert_eq!(
+        queued.parse::<usize>().unwrap() + running.parse::<usize>().unwrap(),
+        N,
+        "every agent is running or queued"
+    );
+    assert!(
+        queued.parse::<usize>().unwrap() > 0,
+        "queued agents show as such"
+    );
+    b.wait("[data-row=bulk-0999] [data-status]", "queued");
+    // What the page asked for: the listing, never an agent's detail.
+    let asked =
+        b.js("return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)");
+    let asked: Vec<&str> = asked
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(asked.contains(&"/api/ui/tree"), "{asked:?}");
+    assert!(
+        !asked.iter().any(|p| p.starts_with("/api/agents")),
+        "the tree fetched an agent's detail: {asked:?}"
+    );
+}

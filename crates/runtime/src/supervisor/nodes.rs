@@ -45,12 +45,15 @@ impl Dispatcher {
         self.deliver_routed_inputs();
     }
 
-    /// Queued records of this supervisor's agents that no live agent
-    /// accounts for (a start whose recording failed when the store was
-    /// unreachable, after its process was killed): ended `failed (lost)`, so
-    /// nothing is left queued for ever. Every agent admitted here is in
-    /// `live` from its admission to its recorded end, so a record missing from
-    /// it has no process behind it.
+    /// Unfinished records of this supervisor's agents that no live agent
+    /// accounts for: a start whose recording failed when the store was
+    /// unreachable (its process killed), a stop whose records could not be
+    /// written (its processes gone). Ended, with the stop's recorded outcome
+    /// or `failed (lost)`, so nothing is left queued or running for ever,
+    /// whoever holds the sweepers' lease. Every agent admitted here is in
+    /// `live` from its admission to its recorded end (claimed and resumed
+    /// ones from the command that hosts them), so a record missing from it
+    /// has no process behind it.
     pub(super) fn end_records_without_agents(&mut self) {
         let mine = match self.store.unfinished_of(std::slice::from_ref(&self.me)) {
             Ok(v) => v,
@@ -60,17 +63,16 @@ impl Dispatcher {
             }
         };
         for a in mine {
-            // A record that says running is the sweepers' (its pid is checked
-            // there, "lost: process is gone"); a queued one has no pid to check.
-            if a.tenant != self.tenant
-                || self.live.contains_key(&a.name)
-                || a.status != Status::Queued
-            {
+            if a.tenant != self.tenant || self.live.contains_key(&a.name) {
                 continue;
             }
+            let outcome = match a.status {
+                Status::Stopping(t) => t,
+                _ => Terminal::Failed(FailReason::Lost),
+            };
             self.end_without_process(
                 &a,
-                Terminal::Failed(FailReason::Lost),
+                outcome,
                 "its supervisor lost track of it (a store write failed); no process runs for it"
                     .into(),
             );

@@ -1065,6 +1065,33 @@ fn agents_run_where_their_parent_or_their_labels_say_and_a_lost_node_s_queue_mov
         ctx_pids(&nodes.roots[2]).is_empty(),
         "node 2 runs nothing of it"
     );
+    // A child of top that finished, resumed through node 1: it runs again
+    // on its parent's node 0, its new run given the resume's input.
+    let (s, v) = nodes.spawn(
+        1,
+        json!({"name": "again", "parent": "top", "argv": agent(&["--result", "first"])}),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert!(eventually(Duration::from_secs(10), || agent_on(
+        &nodes, 1, "again"
+    )["status"]
+        == "completed"));
+    let (s, v) = http(
+        &nodes.roots[1].join("brood.sock"),
+        "POST",
+        "/api/agents/again/resume",
+        Some(&json!({"text": "once more"})),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["node"], ids["z0"], "{v}");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let a = agent_on(&nodes, 2, "again");
+            a["status"] == "completed" && a["runs"].as_array().is_some_and(|r| r.len() == 2)
+        }),
+        "resumed on node 0: {}",
+        agent_on(&nodes, 2, "again")
+    );
     for name in ["top", "busy", "moved"] {
         let (s, v) = http(
             &nodes.roots[0].join("brood.sock"),

@@ -146,16 +146,31 @@ impl Dispatcher {
             .parent
             .clone()
             .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
+        // A resumed run's instruction is the input its resume recorded.
+        let instruction = self
+            .store
+            .messages(&self.tenant, &a.name, &a.session)
+            .map_err(internal)?
+            .into_iter()
+            .rev()
+            .find(|m| m.run == a.run && m.role == "user")
+            .map(|m| m.content);
         let mut live = Live::new(
             a.run.clone(),
             a.session.clone(),
             parent_pair,
             a.protocol,
             policy,
-            None,
+            instruction,
         );
         live.iso_ns = spec["iso"] == "ns";
         live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        // Its budget covers what it and its subtree spent in earlier runs.
+        live.subtree_usd = self
+            .store
+            .spend(&self.tenant, &a.name)
+            .map(|s| s.subtree.cost_usd)
+            .map_err(internal)?;
         live.pending = Some(Pending {
             argv,
             cwd,

@@ -252,13 +252,26 @@ impl Dispatcher {
                     ),
                 ));
             }
+            // A child runs again on its parent's node: here, or (in a
+            // cluster) the node that runs the parent, which claims it.
+            let mut placed: Option<String> = None;
             let parent_live = match &a.parent {
-                Some(p) => {
-                    let l = self.live.get(p).filter(|l| l.stopping.is_none()).ok_or_else(|| {
-                        ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
-                    })?;
-                    Some((l.group.clone(), l.session.clone()))
-                }
+                Some(p) => match self.live.get(p).filter(|l| l.stopping.is_none()) {
+                    Some(l) => Some((l.group.clone(), l.session.clone())),
+                    None => {
+                        let pa = self
+                            .remote_parent(p)
+                            .ok()
+                            .filter(|_| self.cfg.node.is_some())
+                            .ok_or_else(|| {
+                                ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
+                            })?;
+                        let host =
+                            brood_store::placed_for(&pa.supervisor).unwrap_or(&pa.supervisor);
+                        placed = Some(brood_store::placed_on(host));
+                        None
+                    }
+                },
                 None => None,
             };
             let run = new_run_id();
@@ -278,7 +291,7 @@ impl Dispatcher {
                     &self.tenant,
                     name,
                     &run,
-                    &self.me,
+                    placed.as_ref().unwrap_or(&self.me),
                     now_ms(),
                     &quotas,
                     &events,
@@ -296,6 +309,11 @@ impl Dispatcher {
                         .join("messages.jsonl"),
                     crate::objects::message_line(&m),
                 );
+            }
+            if placed.is_some() {
+                // Its parent's node claims it (this write's news wakes it)
+                // and starts the new run with the input just recorded.
+                return Ok(());
             }
             project_agent(&self.projection, &self.paths, &a, None);
             let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
@@ -339,11 +357,14 @@ impl Dispatcher {
             Ok(())
         })();
         match r {
-            Ok(()) => {
-                if let Some(l) = self.live.get_mut(name) {
-                    l.spawn_reply = Some((reply, false));
+            Ok(()) => match self.live.get_mut(name) {
+                Some(l) => l.spawn_reply = Some((reply, false)),
+                // Resumed on another node: as recorded (queued there).
+                None => {
+                    let r = self.agent(name).map(|a| agent_json(&self.store, &a));
+                    self.respond(reply, r);
                 }
-            }
+            },
             Err(e) => self.respond(reply, Err(e)),
         }
     }

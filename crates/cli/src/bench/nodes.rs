@@ -46,7 +46,7 @@ impl Drop for Node {
     }
 }
 
-fn start_node(exe: &str, root: &Path, store: &str) -> Result<Node> {
+fn start_node(exe: &str, root: &Path, store: &str, i: usize) -> Result<Node> {
     std::fs::create_dir_all(root)?;
     #[allow(clippy::disallowed_methods)]
     let child = std::process::Command::new(exe)
@@ -54,7 +54,9 @@ fn start_node(exe: &str, root: &Path, store: &str) -> Result<Node> {
         .arg(root)
         .arg("--store")
         .arg(store)
-        .args(["serve", "--grace", "0.3"])
+        .args(["serve", "--grace", "0.3", "--label"])
+        // Children are placed on a node by this label.
+        .arg(format!("node={i}"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -94,15 +96,24 @@ async fn round(nodes: &[Node], on: &[usize], kids: usize, r: usize, exe: &str) -
     .await?;
     let mut pids = Vec::new();
     for k in 0..kids {
-        let node = &nodes[on[k % on.len()]];
-        let a = call(
-            &node.root,
-            "POST",
-            "/api/agents",
-            Some(hang(format!("{parent}-k{k}"), Some(&parent))),
-        )
-        .await?;
-        pids.push(a["pid"].as_i64().context("a started child has a pid")?);
+        let i = on[k % on.len()];
+        let name = format!("{parent}-k{k}");
+        let mut body = hang(name.clone(), Some(&parent));
+        body["placement"] = json!({"labels": {"node": i.to_string()}});
+        call(&nodes[i].root, "POST", "/api/agents", Some(body)).await?;
+        // Placed on another node than its parent's, it starts once claimed.
+        let t = Instant::now();
+        let pid = loop {
+            let a = call(&nodes[i].root, "GET", &format!("/api/agents/{name}"), None).await?;
+            if let Some(pid) = a["pid"].as_i64() {
+                break pid;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                bail!("round {r}: {name} did not start on node {i}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        pids.push(pid);
     }
     let t = Instant::now();
     call(
@@ -124,7 +135,7 @@ async fn round(nodes: &[Node], on: &[usize], kids: usize, r: usize, exe: &str) -
 pub async fn run(exe: &str, store: &str, rounds: usize, kids: usize) -> Result<Value> {
     let dir = std::env::temp_dir().join(format!("brood-bench-nodes-{}", std::process::id()));
     let nodes: Vec<Node> = (0..3)
-        .map(|i| start_node(exe, &dir.join(format!("n{i}")), store))
+        .map(|i| start_node(exe, &dir.join(format!("n{i}")), store, i))
         .collect::<Result<_>>()?;
     let mut across = Vec::new();
     let mut local = Vec::new();

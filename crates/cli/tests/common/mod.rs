@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
 pub mod anthropic;
+pub mod cluster;
 pub mod model;
 pub mod wire;
 

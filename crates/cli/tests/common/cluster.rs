@@ -1,0 +1,295 @@
+//! A cluster of real `brood serve` nodes on one PostgreSQL, for the many
+//! nodes tests (`many_nodes.rs`, `many_nodes_placement.rs`): nodes started
+//! (in a PID namespace of their own too), their API and CLI, and what runs
+//! where.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use brood_store_conformance::pg::{Fresh, Private};
+use serde_json::{Value, json};
+
+use super::*;
+
+pub fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
+    serve_wrapped(&[], root, store, zone, extra)
+}
+
+/// A node started under `wrap` (a command that runs the rest, as `unshare`).
+pub fn serve_wrapped(
+    wrap: &[&str],
+    root: &Path,
+    store: &str,
+    zone: &str,
+    extra: &[&str],
+) -> Daemon {
+    // The node's log beside its root, so a node that fails says why.
+    let log_path = root.with_extension("log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = match wrap.split_first() {
+        #[allow(clippy::disallowed_methods)]
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe());
+            c
+        }
+        #[allow(clippy::disallowed_methods)]
+        None => Command::new(exe()),
+    };
+    let child = cmd
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(["serve", "--grace", "0.3"])
+        // A fast tick unless the test sets its own.
+        .args(if extra.contains(&"--sweep-every") {
+            &[][..]
+        } else {
+            &["--sweep-every", "0.1"][..]
+        })
+        .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let sock = root.join("brood.sock");
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        }),
+        "brood serve on {} did not start: {}",
+        root.display(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    // The socket is bound before the supervisor starts (and registers the
+    // node): an answer means it is registered. (A node in a PID namespace
+    // of its own cannot tell who calls from outside it: its caller waits
+    // for it in the registry instead.)
+    if wrap.is_empty() {
+        let (status, health) = http(&sock, "GET", "/healthz", None);
+        assert_eq!(status, 200, "{health}");
+    }
+    d
+}
+
+pub fn cli(root: &Path, store: &str, args: &[&str]) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("BROOD_SOCKET")
+        .output()
+        .unwrap()
+}
+
+pub struct Nodes {
+    // Dropped first: the daemons stop before their database goes.
+    pub daemons: Vec<Daemon>,
+    pub roots: Vec<PathBuf>,
+    pub store: String,
+    pub db: Option<Fresh>,
+    // A server of the test's own, stopped after the database it holds.
+    pub server: Option<Private>,
+    pub _dir: tempfile::TempDir,
+}
+
+impl Nodes {
+    pub fn start(n: usize) -> Nodes {
+        Nodes::start_with(n, &[])
+    }
+
+    pub fn start_with(n: usize, extra: &[&str]) -> Nodes {
+        let db = Fresh::new();
+        let mut nodes = Nodes::on(&db.url.clone(), n, extra);
+        nodes.db = Some(db);
+        nodes
+    }
+
+    /// `n` nodes on a PostgreSQL server of the test's own.
+    pub fn on_private_server(n: usize) -> Nodes {
+        let server = Private::new();
+        let mut nodes = Nodes::on(&server.url.clone(), n, &[]);
+        nodes.server = Some(server);
+        nodes
+    }
+
+    pub fn on(store: &str, n: usize, extra: &[&str]) -> Nodes {
+        let dir = tempfile::tempdir().unwrap();
+        let roots: Vec<PathBuf> = (0..n).map(|i| dir.path().join(format!("n{i}"))).collect();
+        let mut daemons = Vec::new();
+        for (i, r) in roots.iter().enumerate() {
+            std::fs::create_dir_all(r).unwrap();
+            daemons.push(serve_with(r, store, &format!("z{i}"), extra));
+        }
+        Nodes {
+            daemons,
+            roots,
+            store: store.to_owned(),
+            db: None,
+            server: None,
+            _dir: dir,
+        }
+    }
+
+    pub fn spawn(&self, node: usize, args: Value) -> (u16, Value) {
+        http(
+            &self.roots[node].join("brood.sock"),
+            "POST",
+            "/api/agents",
+            Some(&args),
+        )
+    }
+}
+
+/// 100 creations under `parent` at once, spread over the nodes, each to run
+/// on the node it is asked through.
+pub fn bomb(nodes: &Nodes, parent: &str) -> Vec<(u16, Value)> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..100)
+            .map(|i| {
+                let nodes = &nodes;
+                sc.spawn(move || {
+                    // Each on the node asked (by its zone), not the parent's.
+                    let node = i % nodes.roots.len();
+                    nodes.spawn(
+                        node,
+                        json!({"parent": parent, "name": format!("{parent}-c{i}"), "argv": agent(&["--hang"]),
+                               "placement": {"labels": {"zone": format!("z{node}")}}}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+pub fn codes(replies: &[(u16, Value)]) -> (Vec<String>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut refused = Vec::new();
+    for (status, v) in replies {
+        if *status == 201 {
+            ok.push(v["name"].as_str().unwrap().to_owned());
+        } else {
+            refused.push(v["error"]["code"].as_str().unwrap_or("?").to_owned());
+        }
+    }
+    (ok, refused)
+}
+
+pub fn ctx_pids(root: &Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            String::from_utf8_lossy(&env)
+                .contains(&format!("CTX_ROOT={}", root.join("ctx").display()))
+        })
+        .collect()
+}
+
+/// A tree spanning three nodes: `top` on node 0, `mid` on node 1 and
+/// `leaf` on node 2 (placed there by their zones, each asked for through
+/// the node it goes to), each running before the next is asked for.
+pub fn spawn_across(nodes: &Nodes, hang: impl Fn(&str, Option<&str>) -> Value) {
+    for (node, name, parent) in [
+        (0, "top", None),
+        (1, "mid", Some("top")),
+        (2, "leaf", Some("mid")),
+    ] {
+        let mut body = hang(name, parent);
+        body["placement"] = json!({"labels": {"zone": format!("z{node}")}});
+        let (s, v) = nodes.spawn(node, body);
+        assert_eq!(s, 201, "{name}: {v}");
+        assert!(
+            eventually(
+                Duration::from_secs(10),
+                || agent_on(nodes, node, name)["status"] == "running"
+            ),
+            "{name} runs: {}",
+            agent_on(nodes, node, name)
+        );
+    }
+}
+
+/// Runs `sql` on the test's database as the administrator.
+pub fn admin_sql(db: &str, sql: &str) {
+    let base = brood_store_conformance::pg::admin_url();
+    let at = base.rfind('/').unwrap();
+    let url = format!("{}/{db}", &base[..at]);
+    let sql = sql.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let task = tokio::spawn(conn);
+            c.batch_execute(&sql).await.unwrap();
+            drop(c);
+            let _ = task.await;
+        });
+    })
+    .join()
+    .unwrap();
+}
+
+pub fn agent_on(nodes: &Nodes, node: usize, name: &str) -> Value {
+    agent_on_root(&nodes.roots[node], name)
+}
+
+/// A node started inside `unshare`: stopped by killing `unshare`, whose
+/// death the kernel passes on to the node as SIGKILL (`--kill-child`), and
+/// with it to its whole PID namespace; `unshare` itself ignores SIGTERM
+/// while it waits for its child.
+pub struct Unshared(pub Daemon);
+
+impl Drop for Unshared {
+    fn drop(&mut self) {
+        // SAFETY: killing the `unshare` this test started.
+        unsafe { libc::kill(self.0.0.id() as i32, libc::SIGKILL) };
+    }
+}
+
+pub fn agent_on_root(root: &Path, name: &str) -> Value {
+    let (s, a) = http(
+        &root.join("brood.sock"),
+        "GET",
+        &format!("/api/agents/{name}"),
+        None,
+    );
+    assert_eq!(s, 200, "{a}");
+    a
+}
+
+/// The node ids of a cluster by their `zone` label.
+pub fn node_ids(nodes: &Nodes) -> std::collections::HashMap<String, String> {
+    let o = cli(&nodes.roots[0], &nodes.store, &["nodes", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        nodes.roots.len(),
+        "{listed}"
+    );
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["labels"]["zone"].as_str().unwrap().to_owned(),
+                n["id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}

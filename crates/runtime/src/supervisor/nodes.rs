@@ -50,7 +50,7 @@ impl Dispatcher {
     /// unreachable (its process killed), a stop whose records could not be
     /// written (its processes gone). Ended, with the stop's recorded outcome
     /// or `failed (lost)`, so nothing is left queued or running for ever,
-    /// whoever holds the sweepers' lease. Every agent admitted here is in
+    /// even on a node that does not hold the sweepers' lease. Every agent admitted here is in
     /// `live` from its admission to its recorded end (claimed and resumed
     /// ones from the command that hosts them), so a record missing from it
     /// has no process behind it.
@@ -62,8 +62,15 @@ impl Dispatcher {
                 return;
             }
         };
+        // The lease holder's orphan sweeper ends its own such records too
+        // (fenced, counted, with a sweep event); a queued one, which has no
+        // pid to check, is ended here whoever holds the lease.
+        let holder = self.sweep.holds_lease();
         for a in mine {
-            if a.tenant != self.tenant || self.live.contains_key(&a.name) {
+            if a.tenant != self.tenant
+                || self.live.contains_key(&a.name)
+                || (holder && a.status != Status::Queued)
+            {
                 continue;
             }
             let outcome = match a.status {
@@ -73,8 +80,10 @@ impl Dispatcher {
             self.end_without_process(
                 &a,
                 outcome,
-                "its supervisor lost track of it (a store write failed); no process runs for it"
-                    .into(),
+                format!(
+                    "its process is gone: supervisor {} holds none for it (a store write failed)",
+                    self.me
+                ),
             );
         }
     }

@@ -94,6 +94,13 @@ pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Dura
     });
 }
 
+impl SweepState {
+    /// Whether this supervisor holds the sweepers' lease now.
+    pub(super) fn holds_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+}
+
 impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;

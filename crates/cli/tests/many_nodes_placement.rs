@@ -21,8 +21,9 @@ use serde_json::json;
 /// minutes apart, nothing but `LISTEN/NOTIFY` can carry a change on one node
 /// to another within the test. An input sent through node 2 to a child node
 /// 1 runs is routed there and delivered; the wait on node 0 for that child
-/// is answered when it ends; a cancel on node 0 reaches the processes of a
-/// tree spanning all three nodes.
+/// is answered when it ends, and its result is in its parent's channel on
+/// node 0's disk; a cancel on node 0 reaches the processes of a tree
+/// spanning all three nodes.
 #[test]
 fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
     let nodes = Nodes::start_with(3, &["--sweep-every", "600", "--node-expiry", "3600"]);
@@ -67,6 +68,22 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
     assert_eq!(v["timed_out"], false, "answered by node 1's news: {v}");
     let quick = agent_on(&nodes, 0, "quick");
     assert_eq!(quick["status"], "completed", "{quick}");
+    // Its parent's node projects what it handed back into its own ctx
+    // tree: the channel of top to quick, on node 0's disk.
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let channel = nodes.roots[0].join(format!(
+        "ctx/home/{uid}/agent/top/session/default/context/child/quick"
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::fs::read_to_string(channel.join("result.md"))
+                .is_ok_and(|r| r.contains("quick's answer"))
+        }),
+        "result.md on the parent's node: {:?}",
+        std::fs::read_dir(&channel).map(|d| d.count())
+    );
+    assert_eq!(read(channel.join("status")).trim(), "done");
 
     let elsewhere: Vec<i32> = ctx_pids(&nodes.roots[1])
         .into_iter()

@@ -56,6 +56,7 @@ mod orphans;
 mod placement;
 mod protocol;
 mod queue;
+mod routed;
 mod shown;
 mod sockets;
 mod stops;

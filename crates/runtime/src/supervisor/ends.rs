@@ -146,19 +146,12 @@ impl Dispatcher {
                 .iter()
                 .filter(|c| Some(*c) != agent.parent.as_ref()),
         );
-        for p in told {
-            // The context pack (SPEC 4): the result, the refs' summaries and the
-            // artifacts they name; never the child's transcript.
-            let pack = crate::channel::pack(result, h);
-            let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result, "refs": pack["refs"], "artifacts": pack["artifacts"]});
-            self.to_agent(
-                p,
-                &ToAgent::Child {
-                    child: agent.name.to_string(),
-                    event,
-                },
-            );
+        let told: Vec<AgentName> = told.cloned().collect();
+        for p in &told {
+            self.tell_of_end(p, agent, result, h);
         }
+        // A parent or customer another node runs hears of it there.
+        self.tell_other_nodes_of_end(agent);
         if let Some(l) = self.live.get_mut(&agent.name)
             && let Some((reply, _)) = l.spawn_reply.take()
         {
@@ -168,6 +161,27 @@ impl Dispatcher {
             .waiters
             .done_with(&agent.name, |n| self.finished_in_store(n));
         self.answer_waiters(done);
+    }
+
+    /// The protocol's `child` event for `p` (a parent or customer that runs
+    /// here): the context pack (SPEC 4), the result, the refs' summaries and
+    /// the artifacts they name; never the child's transcript.
+    pub(super) fn tell_of_end(
+        &mut self,
+        p: &AgentName,
+        agent: &Agent,
+        result: Option<&str>,
+        h: Option<&crate::channel::Harvest>,
+    ) {
+        let pack = crate::channel::pack(result, h);
+        let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result, "refs": pack["refs"], "artifacts": pack["artifacts"]});
+        self.to_agent(
+            p,
+            &ToAgent::Child {
+                child: agent.name.to_string(),
+                event,
+            },
+        );
     }
 
     pub(super) fn finished_in_store(&self, n: &AgentName) -> bool {

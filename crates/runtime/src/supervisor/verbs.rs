@@ -18,52 +18,9 @@ impl Dispatcher {
         self.deliver_input(name, &from, text)
     }
 
-    /// An input for an agent another node runs: posted in the store for its
-    /// host, which delivers it when the news of this write reaches it.
-    fn route_input(&mut self, a: &Agent, from: &str, text: &str) -> ApiResult {
-        let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
-        let takes = a.protocol == Protocol::Brood
-            && matches!(a.status, Status::Running | Status::Blocked)
-            && self.cfg.node.is_some()
-            && host_alive(host, &registered_nodes(self.store.as_ref()));
-        if !takes {
-            return Err(ApiError::new(
-                Code::Conflict,
-                format!(
-                    "agent {} is {} on {host}; it takes no input there (resume it instead)",
-                    a.name,
-                    a.status.api_word()
-                ),
-            ));
-        }
-        self.store
-            .post_input(&self.tenant, &a.name, host, from, text, now_ms())
-            .map_err(internal)?;
-        Ok(json!({"id": format!("routed-{}", a.run), "node": host}))
-    }
-
-    /// Inputs other nodes posted for agents running here, delivered.
-    pub(super) fn deliver_routed_inputs(&mut self) {
-        if self.cfg.node.is_none() {
-            return;
-        }
-        let inputs = match self.store.take_inputs(&self.tenant, &self.me, 256) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "taking the inputs other nodes posted");
-                return;
-            }
-        };
-        for i in inputs {
-            if let Err(e) = self.deliver_input(&i.agent, &i.sender, &i.text) {
-                tracing::warn!(agent = %i.agent, error = %e.message, "an input posted by another node was not delivered");
-            }
-        }
-    }
-
     /// An input for a live agent of this supervisor, recorded and written
     /// to its stdin.
-    fn deliver_input(&mut self, name: &AgentName, from: &str, text: &str) -> ApiResult {
+    pub(super) fn deliver_input(&mut self, name: &AgentName, from: &str, text: &str) -> ApiResult {
         let a = self.agent(name)?;
         let Some(l) = self.live.get(name) else {
             return Err(ApiError::new(

@@ -10,46 +10,10 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use common::wire::*;
 use common::*;
 use serde_json::{Value, json};
-
-/// A free loopback port (bound and released: the daemon binds it next).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(root: &Path, listen: Option<&str>) -> Daemon {
-    let mut args = vec!["serve", "--grace", "0.3"];
-    if let Some(l) = listen {
-        args.extend(["--listen", l]);
-    }
-    #[allow(clippy::disallowed_methods)]
-    let child = Command::new(exe())
-        .arg("--root")
-        .arg(root)
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
-    let sock = root.join("brood.sock");
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        }),
-        "the daemon serves {}",
-        sock.display()
-    );
-    d
-}
 
 /// `brood ARGS` with extra environment, as a user outside any agent.
 fn brood_env(root: &Path, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
@@ -72,7 +36,7 @@ async fn an_idempotent_retry_gets_the_first_answer_across_a_daemon_restart() {
     let to = To::Unix(root.join("brood.sock"));
     let body = json!({"name": "once", "argv": agent(&["--result", "done"])}).to_string();
     let key = [("Idempotency-Key", "create-once-7f3a")];
-    let d = serve(&root, None);
+    let d = serve_daemon(&root, None);
     let first = raw(&to, "POST", "/api/agents", &key, body.as_bytes()).await;
     assert_eq!(first.status, 201, "{}", first.body);
     let w = raw(
@@ -86,7 +50,7 @@ async fn an_idempotent_retry_gets_the_first_answer_across_a_daemon_restart() {
     assert_eq!(w.json()["agents"][0]["status"], "completed", "{}", w.body);
     drop(d); // SIGTERM, and reaped
 
-    let _d = serve(&root, None);
+    let _d = serve_daemon(&root, None);
     let again = raw(&to, "POST", "/api/agents", &key, body.as_bytes()).await;
     assert_eq!(
         (again.status, &again.body),
@@ -126,7 +90,7 @@ fn the_cli_is_a_client_of_the_api_over_tcp_and_the_socket() {
     assert!(!root.join("brood.sock").exists());
 
     let addr = format!("127.0.0.1:{}", free_port());
-    let _d = serve(&root, Some(&addr));
+    let _d = serve_daemon(&root, Some(&addr));
     let token = std::fs::read_to_string(root.join("token"))
         .unwrap()
         .trim()

@@ -83,13 +83,7 @@ fn a_fanout_bomb_over_three_nodes_admits_exactly_eight_and_a_cancel_crosses_them
     );
     // p is cancelled on its node; the children on the other two die too.
     let t = Instant::now();
-    let (s, v) = http(
-        &nodes.roots[0].join("brood.sock"),
-        "POST",
-        "/api/agents/p/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(0, "p");
     assert!(
         eventually(Duration::from_secs(10), || elsewhere
             .iter()
@@ -146,13 +140,7 @@ fn a_tree_size_bomb_over_three_nodes_admits_exactly_what_the_quota_leaves() {
         "only tree-size refusals: {refused:?}"
     );
     assert_eq!((ok.len(), refused.len()), (19, 81), "{ok:?}");
-    let (s, v) = http(
-        &nodes.roots[1].join("brood.sock"),
-        "POST",
-        "/api/agents/t/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(1, "t");
     assert!(eventually(Duration::from_secs(10), || {
         (0..3).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
     }));
@@ -190,13 +178,7 @@ fn a_budget_split_over_three_nodes_admits_exactly_what_it_holds() {
         "only budget refusals: {refused:?}"
     );
     assert_eq!((ok.len(), refused.len()), (4, 96), "{ok:?}");
-    let (s, v) = http(
-        &nodes.roots[2].join("brood.sock"),
-        "POST",
-        "/api/agents/b/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(2, "b");
     assert!(eventually(Duration::from_secs(10), || {
         (0..3).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
     }));
@@ -213,7 +195,7 @@ fn nodes_reconnect_after_the_server_drops_their_connections_and_nothing_is_lost_
     let db = nodes.db.as_ref().unwrap().name.clone();
     creations_survive(&nodes, || {
         // Every connection of every node to this database, ended by the server.
-        admin_sql(
+        brood_store_conformance::pg::admin_on(
             &db,
             &format!(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -375,13 +357,7 @@ fn creations_survive(nodes: &Nodes, disrupt: impl FnOnce()) {
         failed.len(),
         after_drop
     );
-    let (s, v) = http(
-        &nodes.roots[0].join("brood.sock"),
-        "POST",
-        "/api/agents/r/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(0, "r");
 }
 
 /// A node killed with SIGKILL in the middle of a tree spanning three nodes:
@@ -460,13 +436,7 @@ fn a_node_killed_mid_tree_is_declared_lost_and_its_subtree_elsewhere_cancelled()
         })
         .collect();
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
-    let (s, v) = http(
-        &nodes.roots[0].join("brood.sock"),
-        "POST",
-        "/api/agents/top/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(0, "top");
     nodes.daemons.remove(1);
 }
 

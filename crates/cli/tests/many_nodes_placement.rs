@@ -90,13 +90,7 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         .chain(ctx_pids(&nodes.roots[2]))
         .collect();
     assert!(!elsewhere.is_empty());
-    let (s, v) = http(
-        &nodes.roots[0].join("brood.sock"),
-        "POST",
-        "/api/agents/top/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(0, "top");
     assert!(
         eventually(Duration::from_secs(10), || elsewhere
             .iter()
@@ -286,13 +280,7 @@ fn agents_run_where_their_parent_or_their_labels_say_and_a_lost_node_s_queue_mov
         json!({"name": "busy", "argv": agent(&["--hang"]), "await_ready": true}),
     );
     assert_eq!(s, 201, "{v}");
-    let (s, v) = http(
-        &nodes.roots[2].join("brood.sock"),
-        "POST",
-        "/api/agents/on-z2/cancel",
-        None,
-    );
-    assert_eq!(s, 200, "{v}");
+    nodes.cancel(2, "on-z2");
     assert!(eventually(Duration::from_secs(10), || agent_on(
         &nodes, 0, "on-z2"
     )["status"]
@@ -349,12 +337,6 @@ fn agents_run_where_their_parent_or_their_labels_say_and_a_lost_node_s_queue_mov
         agent_on(&nodes, 2, "again")
     );
     for name in ["top", "busy", "moved"] {
-        let (s, v) = http(
-            &nodes.roots[0].join("brood.sock"),
-            "POST",
-            &format!("/api/agents/{name}/cancel"),
-            None,
-        );
-        assert_eq!(s, 200, "{name}: {v}");
+        nodes.cancel(0, name);
     }
 }

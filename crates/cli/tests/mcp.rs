@@ -42,40 +42,6 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(root: &Path, listen: Option<&str>) -> Daemon {
-    let mut args = vec!["serve", "--grace", "0.3"];
-    if let Some(l) = listen {
-        args.extend(["--listen", l]);
-    }
-    #[allow(clippy::disallowed_methods)]
-    let child = Command::new(exe())
-        .arg("--root")
-        .arg(root)
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
-    let sock = root.join("brood.sock");
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        }),
-        "the daemon serves {}",
-        sock.display()
-    );
-    d
-}
-
 /// The session's policy, the operator's for MCP sessions: the runtime's own
 /// tools, no `shell`.
 fn policy_file(dir: &Path) -> PathBuf {
@@ -291,7 +257,7 @@ fn check_session(s: &Value, sock: &Path, p: &str) {
 fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r");
-    let _d = serve(&root, None);
+    let _d = serve_daemon(&root, None);
     let policy = policy_file(dir.path());
     // `brood agent` children (`spawn` without `argv`) replay a script.
     let turns = dir.path().join("turns.json");
@@ -364,7 +330,7 @@ fn a_stdio_session_owns_its_children_with_the_newest_protocol() {
 fn a_stdio_session_with_the_older_2024_11_05_handshake() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r");
-    let _d = serve(&root, None);
+    let _d = serve_daemon(&root, None);
     let policy = policy_file(dir.path());
     let s = session(&stdio_config(&root, &policy, "2024-11-05"));
     assert_eq!(s["protocol_version"], "2024-11-05");
@@ -383,7 +349,7 @@ fn streamable_http_at_mcp_behind_the_token() {
     let root = dir.path().join("r");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _d = serve(&root, Some(&addr));
+    let _d = serve_daemon(&root, Some(&addr));
     let token = std::fs::read_to_string(root.join("token"))
         .unwrap()
         .trim()
@@ -478,7 +444,7 @@ fn brood_mcp_of(client: u32) -> i32 {
 fn killing_the_client_or_brood_mcp_cancels_the_session_subtree() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r");
-    let _d = serve(&root, None);
+    let _d = serve_daemon(&root, None);
     let sock = root.join("brood.sock");
     let policy = policy_file(dir.path());
     for (kill_brood_mcp, k) in [(false, "k0"), (true, "k1")] {
@@ -526,7 +492,7 @@ fn killing_the_client_or_brood_mcp_cancels_the_session_subtree() {
 fn inside_an_agent_the_sessions_children_are_that_agents() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r");
-    let _d = serve(&root, None);
+    let _d = serve_daemon(&root, None);
     let sock = root.join("brood.sock");
     // The MCP client and its `brood mcp` run as the program of agent `host`:
     // on the socket the daemon knows them by their cgroup.

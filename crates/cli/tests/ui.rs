@@ -172,15 +172,6 @@ impl Drop for Browser {
     }
 }
 
-/// A free loopback port (bound and released: the daemon binds it next).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `brood serve --listen` on a fresh root: the daemon, its port and token.
 struct Served {
     _daemon: Daemon,

@@ -16,8 +16,18 @@ pub fn admin_url() -> String {
 /// Runs `sql` as the administrator (on a runtime of its own: callers may be
 /// plain threads or inside one).
 fn admin(sql: &str) {
-    let url = admin_url();
-    let sql = sql.to_owned();
+    run_sql(&admin_url(), sql);
+}
+
+/// Runs `sql` as the administrator on database `db` of the same server.
+pub fn admin_on(db: &str, sql: &str) {
+    let base = admin_url();
+    let at = base.rfind('/').unwrap();
+    run_sql(&format!("{}/{db}", &base[..at]), sql);
+}
+
+fn run_sql(url: &str, sql: &str) {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
     // A thread of its own, so no caller's runtime is in the way.
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -138,6 +138,17 @@ impl Nodes {
         }
     }
 
+    /// Cancels `name` through node `node`'s API.
+    pub fn cancel(&self, node: usize, name: &str) {
+        let (s, v) = http(
+            &self.roots[node].join("brood.sock"),
+            "POST",
+            &format!("/api/agents/{name}/cancel"),
+            None,
+        );
+        assert_eq!(s, 200, "{name}: {v}");
+    }
+
     pub fn spawn(&self, node: usize, args: Value) -> (u16, Value) {
         http(
             &self.roots[node].join("brood.sock"),
@@ -217,31 +228,6 @@ pub fn spawn_across(nodes: &Nodes, hang: impl Fn(&str, Option<&str>) -> Value) {
             agent_on(nodes, node, name)
         );
     }
-}
-
-/// Runs `sql` on the test's database as the administrator.
-pub fn admin_sql(db: &str, sql: &str) {
-    let base = brood_store_conformance::pg::admin_url();
-    let at = base.rfind('/').unwrap();
-    let url = format!("{}/{db}", &base[..at]);
-    let sql = sql.to_owned();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            let task = tokio::spawn(conn);
-            c.batch_execute(&sql).await.unwrap();
-            drop(c);
-            let _ = task.await;
-        });
-    })
-    .join()
-    .unwrap();
 }
 
 pub fn agent_on(nodes: &Nodes, node: usize, name: &str) -> Value {

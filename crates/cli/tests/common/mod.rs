@@ -327,3 +327,40 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16
     };
     (status, v)
 }
+
+/// A free loopback port (bound and released: the daemon binds it next).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `brood serve` on `root` (and `--listen ADDR` when given), its log on the
+/// test's stderr, once its socket accepts.
+pub fn serve_daemon(root: &Path, listen: Option<&str>) -> Daemon {
+    let mut args = vec!["serve", "--grace", "0.3"];
+    if let Some(l) = listen {
+        args.extend(["--listen", l]);
+    }
+    #[allow(clippy::disallowed_methods)]
+    let child = std::process::Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let sock = root.join("brood.sock");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        }),
+        "the daemon serves {}",
+        sock.display()
+    );
+    d
+}

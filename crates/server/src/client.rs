@@ -148,13 +148,21 @@ pub async fn call(
         .await
         .map_err(|e| ClientError(format!("reading the answer to {method} {path}: {e}")))?
         .to_bytes();
-    let body = if bytes.is_empty() {
+    Ok(Answer {
+        status,
+        body: body_value(&bytes),
+    })
+}
+
+/// An answer's body as JSON: `null` when empty, the text as a string when
+/// it is not JSON.
+pub(crate) fn body_value(bytes: &[u8]) -> Value {
+    if bytes.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-    };
-    Ok(Answer { status, body })
+        serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    }
 }
 
 /// One server-sent event.

@@ -83,13 +83,10 @@ impl Backend for InProcess {
             .await
             .map_err(|e| format!("reading the answer to {method} {path}: {e}"))?
             .to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status,
+            body: crate::client::body_value(&bytes),
+        })
     }
 
     async fn owner(&self, ctx: &RequestContext<RoleServer>) -> Result<Option<Owner>, ToolError> {

@@ -212,6 +212,21 @@ pub struct RunEnd {
     pub output: Option<ChannelOutput>,
 }
 
+impl RunEnd {
+    /// The end of a run no process answers for (never started, or gone
+    /// with its supervisor): no exit code, no result, why in `detail`.
+    pub fn without_process(outcome: Terminal, detail: String, now_ms: i64) -> RunEnd {
+        RunEnd {
+            outcome,
+            exit_code: None,
+            result: None,
+            detail: Some(detail),
+            now_ms,
+            output: None,
+        }
+    }
+}
+
 /// One item of [`Store::end_runs`].
 #[derive(Debug, Clone)]
 pub struct EndItem {

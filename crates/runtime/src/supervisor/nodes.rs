@@ -92,14 +92,7 @@ impl Dispatcher {
     /// with `outcome`: the record, its `agent.stop` event, and what follows
     /// an end (waiters, the parent's channel).
     pub(super) fn end_without_process(&mut self, a: &Agent, outcome: Terminal, detail: String) {
-        let end = RunEnd {
-            outcome,
-            exit_code: None,
-            result: None,
-            detail: Some(detail),
-            now_ms: now_ms(),
-            output: None,
-        };
+        let end = RunEnd::without_process(outcome, detail, now_ms());
         let events = [super::ev(
             &a.name,
             Some(&a.run),

@@ -335,14 +335,7 @@ impl Dispatcher {
                     swept: Some((Sweeper::Orphans.as_str(), detail.clone())),
                 },
             )];
-            let end = RunEnd {
-                outcome,
-                exit_code: None,
-                result: None,
-                detail: Some(detail),
-                now_ms: now_ms(),
-                output: None,
-            };
+            let end = RunEnd::without_process(outcome, detail, now_ms());
             let ended = self
                 .store
                 .sweep_end(fence, &a.tenant, &a.name, &end, &events)?;

@@ -332,46 +332,111 @@ fn spawner_thread(
                 Err(_) => return,
             },
         };
-        if in_ns && keeper_died(keeper_pid) {
-            // The kernel killed every process of the namespace with its init,
-            // and a namespace without an init takes no new process. This thread
-            // cannot make another (unshare(2) refuses a second CLONE_NEWPID),
-            // so a new thread takes over with a new keeper in a new namespace,
-            // and this one ends: every agent it started is gone already.
-            keeper.deaths.fetch_add(1, Ordering::AcqRel);
-            keeper.pid.store(0, Ordering::Release);
-            let again = handover.clone();
-            if let Err(mpsc::SendError(HandoverMsg((_, Some(Job::Launch(_, reply)), _)))) =
-                handover.send(HandoverMsg((rx, Some(job), again)))
-            {
-                reply(Err(LaunchError::SpawnerGone));
-            }
+        if in_ns && keeper_gone(keeper_pid) {
+            hand_over(&keeper, keeper_pid, &handover, rx, job);
             return;
         }
         match job {
             Job::CheckKeeper => {}
-            Job::Launch(prep, reply) => reply(match (prep(), &stack) {
-                (Err(e), _) => Err(e),
-                (Ok(spec), Ok(stack)) => launch_here(spec, in_ns, supervisor_pid, stack),
-                (Ok(spec), Err(e)) => Err(LaunchError::Spawn {
+            Job::Launch(prep, reply) => match (prep(), &stack) {
+                (Err(e), _) => reply(Err(e)),
+                (Ok(spec), Ok(stack)) => {
+                    let launched = launch_here(&spec, in_ns, supervisor_pid, stack);
+                    // The keeper was killed between the look above and the
+                    // clone: the namespace refused the child with ENOMEM
+                    // (alloc_pid of a namespace whose init is exiting). The
+                    // same spec starts in the next namespace instead.
+                    if in_ns
+                        && matches!(&launched, Err(LaunchError::Spawn { source, .. })
+                            if source.kind() == io::ErrorKind::OutOfMemory)
+                        && keeper_gone(keeper_pid)
+                    {
+                        let again: Prep = Box::new(move || Ok(spec));
+                        hand_over(
+                            &keeper,
+                            keeper_pid,
+                            &handover,
+                            rx,
+                            Job::Launch(again, reply),
+                        );
+                        return;
+                    }
+                    reply(launched)
+                }
+                (Ok(spec), Err(e)) => reply(Err(LaunchError::Spawn {
                     program: spec.argv.first().cloned().unwrap_or_default(),
                     source: context(
                         "mapping the child stack",
                         io::Error::new(e.kind(), e.to_string()),
                     ),
-                }),
-            }),
+                })),
+            },
         }
     }
 }
 
+/// The kernel killed every process of the namespace with its init, and a
+/// namespace without an init takes no new process. This thread cannot make
+/// another (unshare(2) refuses a second CLONE_NEWPID), so a new thread takes
+/// over the queue and `job` with a new keeper in a new namespace, and this one
+/// ends: every agent it started is gone already.
+fn hand_over(
+    keeper: &KeeperState,
+    keeper_pid: i32,
+    handover: &mpsc::Sender<HandoverMsg>,
+    rx: mpsc::Receiver<Job>,
+    job: Job,
+) {
+    keeper.deaths.fetch_add(1, Ordering::AcqRel);
+    keeper.pid.store(0, Ordering::Release);
+    let again = handover.clone();
+    if let Err(mpsc::SendError(HandoverMsg((_, Some(Job::Launch(_, reply)), _)))) =
+        handover.send(HandoverMsg((rx, Some(job), again)))
+    {
+        reply(Err(LaunchError::SpawnerGone));
+    }
+    // An init that is still exiting waits for the rest of its namespace to be
+    // reaped; reap it once it is done, or leave it to the host if it stalls.
+    for _ in 0..1000 {
+        if reaped(keeper_pid) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Whether the keeper is dead or dying. A namespace stops taking processes as
+/// soon as its init starts to exit (the kernel disables PID allocation before
+/// it kills the rest), well before the init can be reaped, so an exiting
+/// keeper (PF_EXITING in /proc/PID/stat) counts as gone.
+fn keeper_gone(pid: i32) -> bool {
+    reaped(pid) || exiting(pid)
+}
+
 /// Whether the keeper has exited (then it is reaped here: it is the
 /// supervisor's child, and nobody else waits for it).
-fn keeper_died(pid: i32) -> bool {
+fn reaped(pid: i32) -> bool {
     let mut status = 0;
     // SAFETY: waitpid(2) on our own child, without blocking.
     let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
     got == pid || (got < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+}
+
+/// PF_EXITING in the flags field (the 9th) of /proc/PID/stat.
+fn exiting(pid: i32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    // Unreadable (no /proc here, or reaped since): `reaped` answers for it.
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (2nd field) is in parentheses and may hold spaces.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    rest.split_whitespace()
+        .nth(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0)
 }
 
 /// Creates the PID namespace for this thread's future children and forks its init.
@@ -442,7 +507,7 @@ unsafe fn keeper_main(rd: RawFd, wr: RawFd) -> ! {
 }
 
 fn launch_here(
-    spec: LaunchSpec,
+    spec: &LaunchSpec,
     in_ns: bool,
     supervisor_pid: i32,
     stack: &ChildStack,

@@ -22,8 +22,9 @@ use serde_json::json;
 /// to another within the test. An input sent through node 2 to a child node
 /// 1 runs is routed there and delivered; the wait on node 0 for that child
 /// is answered when it ends, and its result is in its parent's channel on
-/// node 0's disk; a cancel on node 0 reaches the processes of a tree
-/// spanning all three nodes.
+/// node 0's disk; closed through node 2, it shows closed on node 1's disk;
+/// a cancel on node 0 reaches the processes of a tree spanning all three
+/// nodes.
 #[test]
 fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
     let nodes = Nodes::start_with(3, &["--sweep-every", "600", "--node-expiry", "3600"]);
@@ -84,6 +85,25 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         std::fs::read_dir(&channel).map(|d| d.count())
     );
     assert_eq!(read(channel.join("status")).trim(), "done");
+    // Closed through node 2, which did not run it: node 1's ctx tree shows
+    // the close as well (its event), not only the store.
+    let (s, v) = http(
+        &nodes.roots[2].join("brood.sock"),
+        "POST",
+        "/api/agents/quick/close",
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    let events = nodes.roots[1].join(format!(
+        "ctx/home/{uid}/agent/quick/session/default/events.jsonl"
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::fs::read_to_string(&events).is_ok_and(|e| e.contains("\"agent.close\""))
+        }),
+        "the close on node 1's disk: {:?}",
+        std::fs::read_to_string(&events)
+    );
 
     let elsewhere: Vec<i32> = ctx_pids(&nodes.roots[1])
         .into_iter()

@@ -186,3 +186,81 @@ pub fn admit_refuses_bad_json(store: &dyn Store) {
     );
     assert_eq!(snapshot(store, &t), before);
 }
+
+/// Admissions racing under one parent, as a store's group commit batches
+/// them: each is exact against the writes of those before it (the fanout
+/// quota admits exactly `max_fanout`), and each fails alone. Half of them
+/// fail late (an event names an agent that does not exist, after the agent,
+/// run, edge and channel rows are written) and must leave nothing behind
+/// while the others commit; the event log stays gapless.
+pub fn concurrent_admissions_are_exact_and_each_fails_alone(store: &dyn Store) {
+    const N: usize = 100;
+    const FANOUT: u32 = 30;
+    let t = tenant("conf-group");
+    let p = running(store, &t, "p", None);
+    let before = all_events(store, &t).len();
+    let q = Quotas {
+        max_fanout: FANOUT,
+        ..Quotas::CEILINGS
+    };
+    let barrier = std::sync::Barrier::new(N);
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..N {
+            let (t, q, barrier, outcomes) = (&t, &q, &barrier, &outcomes);
+            s.spawn(move || {
+                let new = new_agent(t, &format!("c{i}"), Some("p"), "sup-group");
+                let mut events = spawn_events(&new);
+                if i % 2 == 1 {
+                    events.push(event(&name("ghost"), None, "agent.note"));
+                }
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &events);
+                outcomes
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((i, r));
+            });
+        }
+    });
+    let mut admitted = Vec::new();
+    for (i, r) in outcomes
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        let child = name(&format!("c{i}"));
+        match (i % 2, r) {
+            (0, Ok(a)) => {
+                assert_eq!(Some(a), store.agent(&t, &child).unwrap());
+                admitted.push(child);
+            }
+            (_, Err(StoreError::Refused { code, message })) => {
+                assert_eq!(code, Code::QuotaFanout, "c{i}: {message}");
+                assert_eq!(store.agent(&t, &child).unwrap(), None, "c{i}");
+            }
+            (1, Err(StoreError::NotFound { name, .. })) => {
+                assert_eq!(name, "ghost");
+                assert_eq!(store.agent(&t, &child).unwrap(), None, "c{i}");
+            }
+            (_, r) => panic!("creation c{i}: unexpected {r:?}"),
+        }
+    }
+    assert_eq!(
+        admitted.len(),
+        FANOUT as usize,
+        "exactly max_fanout admitted"
+    );
+    let mut kids: Vec<AgentName> = store
+        .children(&t, &p.name)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    kids.sort();
+    admitted.sort();
+    assert_eq!(kids, admitted);
+    let evs = all_events(store, &t);
+    assert_eq!(evs.len(), before + 2 * admitted.len());
+    let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
+}

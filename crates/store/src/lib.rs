@@ -14,6 +14,7 @@
 
 mod checks;
 mod contract;
+mod group;
 // First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
 // the PostgreSQL store assembles its own statements from the same column lists.
 #[macro_use]

@@ -1,8 +1,9 @@
 //! What other nodes post for this one through the store (issue 15): inputs
-//! for the agents it runs, and the ends of their children that other nodes
+//! for the agents it runs; the ends of their children that other nodes
 //! ran, which the parent hears of here as if the child had run here (the
 //! protocol's `child` event, its channel's `status`, `result.md` and
-//! `refs.jsonl` in this node's ctx tree).
+//! `refs.jsonl` in this node's ctx tree); and closes made through another
+//! node of agents this node ran, shown in its ctx tree.
 
 use super::*;
 
@@ -10,6 +11,10 @@ use super::*;
 /// its text names the child. No input's sender looks like it (`user:<uid>`
 /// or an agent's name, which holds no `:`).
 const CHILD_END: &str = "brood:child-end";
+
+/// The sender of an inbox entry that tells an agent's host it was closed
+/// through another node: the host's ctx tree shows it closed too.
+const CLOSED: &str = "brood:closed";
 
 impl Dispatcher {
     /// An input for an agent another node runs: posted in the store for its
@@ -51,6 +56,10 @@ impl Dispatcher {
         for i in inputs {
             if i.sender == CHILD_END {
                 self.on_child_end_elsewhere(&i.agent, &i.text);
+                continue;
+            }
+            if i.sender == CLOSED {
+                self.on_closed_elsewhere(&i.agent);
                 continue;
             }
             if let Err(e) = self.deliver_input(&i.agent, &i.sender, &i.text) {
@@ -133,5 +142,42 @@ impl Dispatcher {
             }
         }
         self.tell_of_end(told, &a, result.as_deref(), Some(&h));
+    }
+
+    /// After a close through this node: the agent's host, when another node,
+    /// shows it closed in its own ctx tree too (the store has it already).
+    pub(super) fn tell_host_of_close(&mut self, a: &Agent) {
+        if self.cfg.node.is_none() {
+            return;
+        }
+        let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
+        if host == self.me.as_str() || !host_alive(host, &registered_nodes(self.store.as_ref())) {
+            return;
+        }
+        if let Err(e) = self
+            .store
+            .post_input(&self.tenant, &a.name, host, CLOSED, "", now_ms())
+        {
+            tracing::warn!(agent = %a.name, host, error = %e, "telling an agent's node of its close");
+        }
+    }
+
+    /// An agent this node ran was closed through another node: its `close`
+    /// event and its status files here, as the close would have written them.
+    fn on_closed_elsewhere(&mut self, name: &AgentName) {
+        let a = match self.store.agent(&self.tenant, name) {
+            Ok(Some(a)) if matches!(a.status, Status::Closed(_)) => a,
+            _ => return,
+        };
+        let close = ev(
+            name,
+            Some(&a.run),
+            &a.session,
+            AgentEvent::Close {
+                agent: name.clone(),
+            },
+        );
+        self.project_events(&[close]);
+        project_agent(&self.projection, &self.paths, &a, None);
     }
 }

@@ -172,6 +172,7 @@ impl Dispatcher {
             .map_err(internal)?;
         self.project_events(&[ev1]);
         project_agent(&self.projection, &self.paths, &a, None);
+        self.tell_host_of_close(&a);
         Ok(agent_json(&self.store, &a))
     }
 

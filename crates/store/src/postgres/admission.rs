@@ -1,18 +1,29 @@
 //! The contract's `Admission` and `Runs` on PostgreSQL, as in `sqlite::store`:
 //! every read-then-write runs in a transaction under its tenant's advisory
-//! lock (`PgStore::write`), so it is exact across nodes. SQLite's group commit
-//! of admissions is an optimisation of its single writer; here each admission
-//! is its own transaction, and admissions in different tenants run at once.
+//! lock (`PgStore::write`), so it is exact across nodes.
+//!
+//! Admissions are group-committed, as on SQLite (`crate::group`): the
+//! tenant's lock is held until the commit, and the commit waits for the WAL
+//! flush (milliseconds on a real disk), so one transaction per admission
+//! bounds a tenant to one flush per admission on every node together. A
+//! node's requesters queue instead, and the one whose turn it is admits what
+//! is queued for that tenant in one transaction, each admission in a
+//! savepoint of its own: they share the lock's wait and one flush. A group
+//! holds one tenant, so it never holds two tenants' locks (no deadlock
+//! between two nodes' groups), and admissions in different tenants still run
+//! at once on the pool's other connections.
 
 use brood_core::{AgentName, Code, Quotas, RunId, Status, TenantId, TenantQuotas, Terminal};
 
 use super::rows::collect;
 use super::steps::{append_events_tx, check_current_run, check_move, must_agent, to_sql_count};
 use super::tx::{admit_tx, end_run_tx, mark_stopping_tx, resume_tx};
-use super::{PgStore, corrupt, not_found, refused};
+use super::{Db, PgStore, Tx, corrupt, not_found, refused};
 use crate::contract::{Admission, Runs};
+use crate::group::Ticket;
 use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL};
 use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
+use std::sync::Arc;
 
 use crate::sqlite::MAX_WALK_DEPTH;
 
@@ -46,10 +57,8 @@ const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms =
      WHERE id = ?2 AND tenant = ?1";
 
 impl Admission for PgStore {
-    // `admit_tx` takes the tenant's lock itself, in the same round trip as
-    // its reads.
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.write_any(|db| admit_tx(db, new, None, events))
+        self.admit_grouped(new, None, events)
     }
 
     fn admit_with_quotas(
@@ -58,7 +67,7 @@ impl Admission for PgStore {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write_any(|db| admit_tx(db, new, Some(quotas), events))
+        self.admit_grouped(new, Some(quotas), events)
     }
 
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
@@ -132,6 +141,92 @@ impl Admission for PgStore {
             Ok(false)
         })
     }
+}
+
+/// The most admissions one group commit takes: about what a burst of
+/// requesters on one node queues behind one flush, few enough that the
+/// tenant's lock is not held long for the other nodes.
+pub(crate) const GROUP_MAX: usize = 64;
+
+/// The savepoint each admission of a group runs in.
+const SAVEPOINT: &str = "admission";
+
+impl PgStore {
+    fn admit_grouped(
+        &self,
+        new: &NewAgent,
+        quotas: Option<&Quotas>,
+        events: &[NewEvent],
+    ) -> Result<Agent> {
+        let lost = |message: String| StoreError::PostgresSetup {
+            target: self.pool.target.clone(),
+            message,
+        };
+        self.admissions
+            .admit(new, quotas, events, |t| self.admit_group(t), &lost)
+    }
+
+    /// Runs `tickets` (all of one tenant) in one transaction: one answer per
+    /// ticket, in order. Alone, the transaction is the admission. Together,
+    /// each runs in its savepoint, after those before it, whose writes it
+    /// sees (so the quota counts stay exact), and a refused or failing one
+    /// rolls back to it alone. If the transaction itself fails (the begin,
+    /// a savepoint that cannot be rolled back, the commit), nothing of the
+    /// group is committed and every admission gets that error, refusals
+    /// included (a retry meets the same refusal). A connection lost under
+    /// the group runs it once more on a new one, as any write does
+    /// (`Pool::with`).
+    fn admit_group(&self, tickets: &[Arc<Ticket>]) -> Vec<Result<Agent>> {
+        if let [t] = tickets {
+            return vec![
+                self.write_any(|db| admit_tx(db, &t.new, t.quotas.as_ref(), &t.events, None)),
+            ];
+        }
+        let ran = self.pool.with(|c| {
+            c.tx(None, |db| {
+                tickets
+                    .iter()
+                    .map(|t| admit_in_savepoint(db, t))
+                    .collect::<Tx<Vec<Tx<Agent>>>>()
+            })
+        });
+        match ran {
+            Ok(answers) => {
+                if answers.iter().any(|a| a.is_ok()) {
+                    self.wrote();
+                }
+                let target = &self.pool.target;
+                answers
+                    .into_iter()
+                    .map(|a| a.map_err(|f| f.at(target)))
+                    .collect()
+            }
+            Err(e) => {
+                let message = format!("group commit of {} admissions failed: {e}", tickets.len());
+                tickets
+                    .iter()
+                    .map(|_| {
+                        Err(StoreError::PostgresSetup {
+                            target: self.pool.target.clone(),
+                            message: message.clone(),
+                        })
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// One admission of a group, in its own savepoint. The outer error means the
+/// savepoint could not be rolled back, so the group's transaction can no
+/// longer be trusted and is abandoned whole.
+fn admit_in_savepoint(db: &Db<'_>, t: &Ticket) -> Tx<Tx<Agent>> {
+    let answer = admit_tx(db, &t.new, t.quotas.as_ref(), &t.events, Some(SAVEPOINT));
+    if answer.is_err() {
+        // After a rollback the savepoint is still open; releasing it closes it.
+        db.batch(&format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"))?;
+    }
+    Ok(answer)
 }
 
 impl Runs for PgStore {

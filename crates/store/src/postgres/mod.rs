@@ -87,6 +87,8 @@ pub struct PgStore {
     /// Set once this store announces its writes to the other nodes
     /// (`Nodes::hear`).
     pub(crate) news: std::sync::OnceLock<news::News>,
+    /// Admissions waiting for their group commit (`admission`).
+    pub(crate) admissions: crate::group::Groups,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -332,6 +334,7 @@ impl PgStore {
         let store = PgStore {
             pool,
             news: std::sync::OnceLock::new(),
+            admissions: crate::group::Groups::new(admission::GROUP_MAX, true),
         };
         store.migrate()?;
         Ok(store)

@@ -17,7 +17,7 @@ use super::steps::{
 };
 use super::{Db, Tx, corrupt, not_found, refused};
 use crate::sqlite::sql::{
-    I_AGENT, I_CHANNEL, I_EDGE, I_EVENT, I_RUN, Q_AGENT, Q_AGENT_EXISTS, Q_FANOUT, Q_LAST_RUN_SEQ,
+    I_AGENT, I_CHANNEL, I_EDGE, I_RUN, Q_AGENT, Q_AGENT_EXISTS, Q_FANOUT, Q_LAST_RUN_SEQ,
     Q_UNFINISHED_OF, U_CHANNEL_RESULT, U_RESUMED, U_STATUS,
 };
 use crate::types::{Agent, NewAgent, NewEvent, RunEnd};
@@ -56,6 +56,15 @@ const Q_SUBTREE_USAGE: &str = "WITH RECURSIVE walk(name, level) AS (\
       CAST(COALESCE(SUM(runs.cost_usd), 0) AS DOUBLE PRECISION) \
      FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name";
 
+// An admission's event, numbered by the server: `?2` counts back from the
+// tenant's next number, which the same round trip has just advanced past the
+// admission's events (`U_TENANT_SEQ`), so the events get the numbers the
+// advance reserved, in order, with no round trip to learn them. The casts
+// type the parameters, which a SELECT list does not.
+const I_EVENT_NUMBERED: &str = "INSERT INTO events (tenant, seq, ts_ms, agent, run, session, kind, payload) \
+     SELECT id, next_seq - CAST(?2 AS BIGINT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS TEXT), \
+      CAST(?6 AS TEXT), CAST(?7 AS TEXT), CAST(?8 AS TEXT) FROM tenants WHERE id = ?1";
+
 // ---- the transactions -----------------------------------------------------------
 
 /// Admission, with the quota checks when `quotas` is given (`admit_with_quotas`)
@@ -63,11 +72,17 @@ const Q_SUBTREE_USAGE: &str = "WITH RECURSIVE walk(name, level) AS (\
 /// anything but the quotas. Every refusal comes before the first write, so a
 /// refused admission leaves the transaction clean (PostgreSQL aborts a
 /// transaction at its first failed statement).
+///
+/// With `savepoint`, the admission is one of a group committed together
+/// (`PgStore::admit_grouped`): it opens that savepoint in its first round
+/// trip and releases it in its last, so a group costs no round trip more per
+/// admission; the caller rolls back to it when this fails.
 pub(crate) fn admit_tx(
     db: &Db<'_>,
     new: &NewAgent,
     quotas: Option<&Quotas>,
     events: &[NewEvent],
+    savepoint: Option<&str>,
 ) -> Tx<Agent> {
     let t = &new.tenant;
     check_json_object(|| format!("spec of agent {}", new.name), &new.spec, false)?;
@@ -83,14 +98,23 @@ pub(crate) fn admit_tx(
     let parent_p: [&(dyn ToSql + Sync); 2] = [&ts, &pname];
     let name_p: [&(dyn ToSql + Sync); 2] = [&ts, &name];
     let customer_p: [&(dyn ToSql + Sync); 2] = [&ts, &cname];
-    let read = db.pipeline(&[
-        (LOCK_TENANT, &lock_p),
+    let open = savepoint.map(|s| format!("SAVEPOINT {s}"));
+    let mut reads: Vec<(&str, Params<'_>)> = Vec::with_capacity(7);
+    if let Some(sql) = &open {
+        reads.push((sql, &[]));
+    }
+    reads.extend([
+        (LOCK_TENANT, &lock_p as Params<'_>),
         (Q_AGENT, &parent_p),
         (Q_AGENT_EXISTS, &name_p),
         (Q_AGENT_EXISTS, &customer_p),
         (Q_FANOUT, &parent_p),
         (Q_TREE_SIZE_UNDER, &parent_p),
-    ])?;
+    ]);
+    let mut read = db.pipeline(&reads)?;
+    if open.is_some() {
+        read.remove(0);
+    }
     let first_bool = |i: usize| -> Tx<bool> {
         match read[i].first() {
             Some(r) => Ok(r.try_get(0)?),
@@ -160,12 +184,11 @@ pub(crate) fn admit_tx(
         }
     }
 
-    // The writes: the tenant's row (made if new) advanced by the events'
-    // numbers, then every insert in one more round trip.
+    // The writes, in one round trip: the tenant's row (made if new) advanced
+    // by the events' numbers, then every insert, each event numbered by the
+    // server from that row (`I_EVENT_NUMBERED`), so no round trip waits for
+    // the number.
     let n = i64::try_from(events.len()).unwrap_or(i64::MAX);
-    let seq: i64 = db
-        .query_one(U_TENANT_SEQ, &[&ts, &n, &new.now_ms])?
-        .try_get(0)?;
     let (root, depth) = match &parent {
         Some(p) => (p.root.clone(), i64::from(p.depth) + 1),
         None => (new.name.clone(), 0),
@@ -202,10 +225,10 @@ pub(crate) fn admit_tx(
         [&ts, &p_name, &p_session, &name, &session, &new.handoff];
     let rows: Vec<EventRow<'_>> = events
         .iter()
-        .zip(seq..)
-        .map(|(e, k)| {
+        .zip((1..=n).rev())
+        .map(|(e, back)| {
             (
-                k,
+                back,
                 e.run.as_ref().map(RunId::as_str),
                 e.agent.as_str(),
                 e.session.as_str(),
@@ -229,13 +252,19 @@ pub(crate) fn admit_tx(
             ]
         })
         .collect();
-    let mut writes: Vec<(&str, Params<'_>)> = vec![(I_AGENT, &agent_p), (I_RUN, &run_p)];
+    let seq_p: [&(dyn ToSql + Sync); 3] = [&ts, &n, &new.now_ms];
+    let mut writes: Vec<(&str, Params<'_>)> =
+        vec![(U_TENANT_SEQ, &seq_p), (I_AGENT, &agent_p), (I_RUN, &run_p)];
     if parent.is_some() {
         writes.push((I_EDGE, &edge_p));
         writes.push((I_CHANNEL, &channel_p));
     }
     for p in &event_ps {
-        writes.push((I_EVENT, p));
+        writes.push((I_EVENT_NUMBERED, p));
+    }
+    let release = savepoint.map(|s| format!("RELEASE {s}"));
+    if let Some(sql) = &release {
+        writes.push((sql, &[]));
     }
     db.pipeline(&writes)?;
     // The row just inserted, built from the values it was inserted with: reading
@@ -259,8 +288,9 @@ pub(crate) fn admit_tx(
     })
 }
 
-/// An event's columns but the tenant and the time: sequence, run, agent,
-/// session, kind, payload.
+/// An admission's event's columns but the tenant and the time: how far back
+/// from the tenant's next number its number is, run, agent, session, kind,
+/// payload.
 type EventRow<'a> = (i64, Option<&'a str>, &'a str, &'a str, &'a str, &'a str);
 
 /// The size of the tree a new child of `$2` joins (its parent's root's).

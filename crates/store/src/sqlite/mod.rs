@@ -31,11 +31,11 @@
 //! records, `steps` the steps transactions share, `tx` the transactions,
 //! `store` the contract's methods and `sweeps` the budgets, lease and sweepers.
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::group::{Groups, Ticket};
 use brood_core::{
     AgentName, CancelReason, Code, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas,
     Terminal,
@@ -127,7 +127,7 @@ pub struct SqliteStore {
     /// For error messages: every error names the file it happened in.
     path: String,
     /// Admissions waiting for their group commit, in arrival order.
-    admissions: Mutex<Admissions>,
+    admissions: Groups,
     /// Copies the WAL back into the database on its own thread; `None` when read
     /// only.
     checkpointer: Option<Checkpointer>,
@@ -237,37 +237,6 @@ fn checkpoint_loop(conn: &Connection, shared: &(Mutex<CheckpointState>, Condvar)
 /// share one commit (the WAL frames of the index pages they all touch are written
 /// once); few enough that the first of them does not wait long for the last.
 const GROUP_MAX: usize = 64;
-
-/// One admission waiting for a group commit. The request is owned because the
-/// thread that runs it (the group's leader) may be another requester's.
-struct Ticket {
-    new: NewAgent,
-    quotas: Option<Quotas>,
-    events: Vec<NewEvent>,
-    state: Mutex<TicketState>,
-    wake: Condvar,
-}
-
-// One per ticket, inside its `Arc`, moved only when answered: boxing the answer
-// would cost an allocation per admission to save nothing.
-#[allow(clippy::large_enum_variant)]
-enum TicketState {
-    Waiting,
-    /// The previous leader handed this ticket's thread the next group.
-    Lead,
-    Done(Result<Agent>),
-}
-
-/// The queue in front of the connection for admissions. It is FIFO, so under many
-/// requesters each waits its turn instead of losing the mutex race again and again
-/// (std's mutex is not fair); and whoever leads takes everything waiting, up to
-/// `GROUP_MAX`, into one transaction, so many requesters share one commit.
-#[derive(Default)]
-struct Admissions {
-    waiting: VecDeque<Arc<Ticket>>,
-    /// A thread is running a group now; new tickets wait for it to hand over.
-    leading: bool,
-}
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -408,7 +377,7 @@ impl SqliteStore {
             readers,
             next_reader: Default::default(),
             path: shown,
-            admissions: Mutex::default(),
+            admissions: Groups::new(GROUP_MAX, false),
             checkpointer: Some(checkpointer),
         })
     }
@@ -457,7 +426,7 @@ impl SqliteStore {
             readers: Vec::new(),
             next_reader: Default::default(),
             path: shown,
-            admissions: Mutex::default(),
+            admissions: Groups::new(GROUP_MAX, false),
             checkpointer: None,
         })
     }
@@ -541,78 +510,30 @@ impl SqliteStore {
         body(&conn).map_err(|f| f.at(&self.path))
     }
 
-    /// Admission through the group commit: queue the request, and either lead the
-    /// next group (the queue was idle, or the previous leader handed over) or wait
-    /// for a leader to run it. Each admission stays all-or-nothing on its own: it
-    /// runs in its own savepoint, inside the group's `BEGIN IMMEDIATE` transaction,
-    /// after the admissions queued before it, whose writes it sees (so the quota
-    /// counts stay exact), and it is answered only once the group has committed.
+    /// Admission through the group commit (`crate::group`). Each admission
+    /// stays all-or-nothing on its own: it runs in its own savepoint, inside
+    /// the group's `BEGIN IMMEDIATE` transaction, after the admissions queued
+    /// before it, whose writes it sees (so the quota counts stay exact), and
+    /// it is answered only once the group has committed.
     fn admit_grouped(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        let me = Arc::new(Ticket {
-            new: new.clone(),
-            quotas: quotas.copied(),
-            events: events.to_vec(),
-            state: Mutex::new(TicketState::Waiting),
-            wake: Condvar::new(),
-        });
-        let lead = {
-            let mut q = lock_ignoring_poison(&self.admissions);
-            q.waiting.push_back(Arc::clone(&me));
-            !std::mem::replace(&mut q.leading, true)
+        let run = |tickets: &[Arc<Ticket>]| {
+            let answers = self.admit_group(tickets);
+            // Counted per admission, not per commit: the frames a commit
+            // writes grow with its group.
+            let admitted = answers.iter().filter(|a| a.is_ok()).count();
+            self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
+            answers
         };
-        if !lead {
-            let mut state = lock_ignoring_poison(&me.state);
-            loop {
-                match std::mem::replace(&mut *state, TicketState::Waiting) {
-                    TicketState::Done(answer) => return answer,
-                    TicketState::Lead => break,
-                    TicketState::Waiting => {
-                        state = me.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
-                    }
-                }
-            }
-        }
-        // This ticket is the oldest waiting one, so the group taken now holds it.
-        let tickets = {
-            let mut q = lock_ignoring_poison(&self.admissions);
-            let n = q.waiting.len().min(GROUP_MAX);
-            q.waiting.drain(..n).collect()
+        let lost = |message: String| StoreError::Sqlite {
+            path: self.path.clone(),
+            source: sqlite_message(message),
         };
-        let mut group = Group {
-            store: self,
-            tickets,
-        };
-        let answers = self.admit_group(&group.tickets);
-        // Counted per admission, not per commit: the frames a commit writes grow
-        // with its group.
-        let admitted = answers.iter().filter(|a| a.is_ok()).count();
-        self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
-        for (t, answer) in group.tickets.iter().zip(answers) {
-            if Arc::ptr_eq(t, &me) {
-                *lock_ignoring_poison(&t.state) = TicketState::Done(answer);
-            } else {
-                answer_ticket(t, answer);
-            }
-        }
-        drop(std::mem::take(&mut group.tickets));
-        drop(group);
-        match std::mem::replace(&mut *lock_ignoring_poison(&me.state), TicketState::Waiting) {
-            TicketState::Done(answer) => answer,
-            // Unreachable: the group held this ticket and every ticket of a group
-            // is answered; say so rather than panic.
-            TicketState::Waiting | TicketState::Lead => Err(StoreError::Sqlite {
-                path: self.path.clone(),
-                source: sqlite_message(format!(
-                    "admission of agent {} led its group commit but got no answer",
-                    new.name
-                )),
-            }),
-        }
+        self.admissions.admit(new, quotas, events, run, &lost)
     }
 
     /// Runs `tickets` in one `BEGIN IMMEDIATE` transaction and commits it: one
@@ -702,11 +623,6 @@ fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn answer_ticket(t: &Ticket, answer: Result<Agent>) {
-    *lock_ignoring_poison(&t.state) = TicketState::Done(answer);
-    t.wake.notify_one();
-}
-
 /// One admission of a group, in its own savepoint. The outer error means the
 /// savepoint itself could not be opened, released or rolled back, so the group's
 /// transaction can no longer be trusted and must be abandoned whole.
@@ -720,41 +636,6 @@ fn admit_in_savepoint(tx: &Transaction<'_>, t: &Ticket) -> rusqlite::Result<Tx<A
     // After a rollback the savepoint is still open; releasing it closes it.
     tx.prepare_cached("RELEASE admission")?.execute([])?;
     Ok(answer)
-}
-
-/// The group a leader took off the queue. Dropping it, however the leader left
-/// (even by a panic), answers any ticket still unanswered and hands the queue to
-/// the oldest waiting ticket, so no requester waits forever.
-struct Group<'a> {
-    store: &'a SqliteStore,
-    tickets: Vec<Arc<Ticket>>,
-}
-
-impl Drop for Group<'_> {
-    fn drop(&mut self) {
-        for t in &self.tickets {
-            let mut state = lock_ignoring_poison(&t.state);
-            if !matches!(*state, TicketState::Done(_)) {
-                *state = TicketState::Done(Err(StoreError::Sqlite {
-                    path: self.store.path.clone(),
-                    source: sqlite_message(format!(
-                        "admission of agent {} was not run: the thread leading its \
-                         group commit panicked",
-                        t.new.name
-                    )),
-                }));
-                t.wake.notify_one();
-            }
-        }
-        let mut q = lock_ignoring_poison(&self.store.admissions);
-        match q.waiting.front() {
-            Some(next) => {
-                *lock_ignoring_poison(&next.state) = TicketState::Lead;
-                next.wake.notify_one();
-            }
-            None => q.leading = false,
-        }
-    }
 }
 
 /// Per-connection settings (they do not stick to the file).

@@ -1,0 +1,199 @@
+//! Group commit of admissions, for both stores: requesters queue, first come
+//! first served, and the thread whose turn it is runs what is queued (up to a
+//! store's maximum) as one transaction, each admission in a savepoint of its
+//! own so that it still succeeds or fails alone. Many requesters then share
+//! one commit, which is what an admission waits on longest (SQLite's WAL
+//! write, PostgreSQL's WAL flush, the latter with the tenant's lock held).
+//!
+//! What a group is run as is the store's (`run`); this module only queues,
+//! hands the lead from one requester to the next, and answers every
+//! requester, even when the leader panics.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use brood_core::Quotas;
+
+use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
+
+/// One admission waiting for a group commit. The request is owned because the
+/// thread that runs it (the group's leader) may be another requester's.
+pub(crate) struct Ticket {
+    pub(crate) new: NewAgent,
+    pub(crate) quotas: Option<Quotas>,
+    pub(crate) events: Vec<NewEvent>,
+    state: Mutex<TicketState>,
+    wake: Condvar,
+}
+
+// One per ticket, inside its `Arc`, moved only when answered: boxing the answer
+// would cost an allocation per admission to save nothing.
+#[allow(clippy::large_enum_variant)]
+enum TicketState {
+    Waiting,
+    /// The previous leader handed this ticket's thread the next group.
+    Lead,
+    Done(Result<Agent>),
+}
+
+/// The queue of admissions in front of a store's writer.
+pub(crate) struct Groups {
+    queue: Mutex<Queue>,
+    /// The most admissions one group takes: enough for a burst of requesters
+    /// to share one commit, few enough that the first of them does not wait
+    /// long for the last.
+    max: usize,
+    /// Whether a group holds one tenant's admissions only. PostgreSQL locks
+    /// each tenant it admits in; one tenant per group means a group never
+    /// holds two tenants' locks, so two nodes' groups cannot deadlock.
+    one_tenant: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Arc<Ticket>>,
+    /// A thread is running a group now; new tickets wait for it to hand over.
+    leading: bool,
+}
+
+impl Groups {
+    pub(crate) fn new(max: usize, one_tenant: bool) -> Groups {
+        Groups {
+            queue: Mutex::new(Queue::default()),
+            max: max.max(1),
+            one_tenant,
+        }
+    }
+
+    /// Queues the admission and either leads the next group (the queue was
+    /// idle, or the previous leader handed over) or waits for a leader to run
+    /// it. `run` runs a group: one answer per ticket, in order, each given only
+    /// once the group has committed (or failed). `lost` makes the error of an
+    /// admission nobody answered (the leader panicked) from its message.
+    pub(crate) fn admit(
+        &self,
+        new: &NewAgent,
+        quotas: Option<&Quotas>,
+        events: &[NewEvent],
+        run: impl FnOnce(&[Arc<Ticket>]) -> Vec<Result<Agent>>,
+        lost: &dyn Fn(String) -> StoreError,
+    ) -> Result<Agent> {
+        let me = Arc::new(Ticket {
+            new: new.clone(),
+            quotas: quotas.copied(),
+            events: events.to_vec(),
+            state: Mutex::new(TicketState::Waiting),
+            wake: Condvar::new(),
+        });
+        let lead = {
+            let mut q = lock(&self.queue);
+            q.waiting.push_back(Arc::clone(&me));
+            !std::mem::replace(&mut q.leading, true)
+        };
+        if !lead {
+            let mut state = lock(&me.state);
+            loop {
+                match std::mem::replace(&mut *state, TicketState::Waiting) {
+                    TicketState::Done(answer) => return answer,
+                    TicketState::Lead => break,
+                    TicketState::Waiting => {
+                        state = me.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+            }
+        }
+        // This ticket is the oldest waiting one, so the group taken now holds it.
+        let mut group = Group {
+            groups: self,
+            tickets: self.take(),
+            lost,
+        };
+        let answers = run(&group.tickets);
+        for (t, answer) in group.tickets.iter().zip(answers) {
+            if Arc::ptr_eq(t, &me) {
+                *lock(&t.state) = TicketState::Done(answer);
+            } else {
+                answer_ticket(t, answer);
+            }
+        }
+        drop(std::mem::take(&mut group.tickets));
+        drop(group);
+        match std::mem::replace(&mut *lock(&me.state), TicketState::Waiting) {
+            TicketState::Done(answer) => answer,
+            // Only if `run` gave fewer answers than tickets: say so rather
+            // than panic.
+            TicketState::Waiting | TicketState::Lead => Err(lost(format!(
+                "admission of agent {} led its group commit but got no answer",
+                new.name
+            ))),
+        }
+    }
+
+    /// The next group: the oldest ticket and those queued after it (of its
+    /// tenant, when groups hold one tenant), in arrival order.
+    fn take(&self) -> Vec<Arc<Ticket>> {
+        let mut q = lock(&self.queue);
+        if !self.one_tenant {
+            let n = q.waiting.len().min(self.max);
+            return q.waiting.drain(..n).collect();
+        }
+        let Some(tenant) = q.waiting.front().map(|t| t.new.tenant.clone()) else {
+            return Vec::new();
+        };
+        let mut taken = Vec::new();
+        let mut rest = VecDeque::with_capacity(q.waiting.len());
+        for t in q.waiting.drain(..) {
+            if taken.len() < self.max && t.new.tenant == tenant {
+                taken.push(t);
+            } else {
+                rest.push_back(t);
+            }
+        }
+        q.waiting = rest;
+        taken
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data behind these mutexes is never left half-updated by a panic (each
+    // update is one assignment), so a poisoned lock is as good as a clean one.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn answer_ticket(t: &Ticket, answer: Result<Agent>) {
+    *lock(&t.state) = TicketState::Done(answer);
+    t.wake.notify_one();
+}
+
+/// The group a leader took off the queue. Dropping it, however the leader left
+/// (even by a panic), answers any ticket still unanswered and hands the queue to
+/// the oldest waiting ticket, so no requester waits forever.
+struct Group<'a> {
+    groups: &'a Groups,
+    tickets: Vec<Arc<Ticket>>,
+    lost: &'a dyn Fn(String) -> StoreError,
+}
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        for t in &self.tickets {
+            let mut state = lock(&t.state);
+            if !matches!(*state, TicketState::Done(_)) {
+                *state = TicketState::Done(Err((self.lost)(format!(
+                    "admission of agent {} was not run: the thread leading its \
+                     group commit panicked",
+                    t.new.name
+                ))));
+                t.wake.notify_one();
+            }
+        }
+        let mut q = lock(&self.groups.queue);
+        match q.waiting.front() {
+            Some(next) => {
+                *lock(&next.state) = TicketState::Lead;
+                next.wake.notify_one();
+            }
+            None => q.leading = false,
+        }
+    }
+}

@@ -264,3 +264,69 @@ pub fn concurrent_admissions_are_exact_and_each_fails_alone(store: &dyn Store) {
     let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
 }
+
+/// A parent's `create_limit` and budget hold against admissions racing under
+/// it, as a group commit decides them together: each counts the children
+/// admitted before it in the same transaction, not only those written.
+pub fn racing_children_keep_create_limit_and_budget(store: &dyn Store) {
+    const N: usize = 40;
+    let t = tenant("conf-group-limits");
+    let q = Quotas::CEILINGS;
+    let parent = |n: &str, policy: &str| {
+        let mut new = new_agent(&t, n, None, "sup-limits");
+        new.spec = format!(r#"{{"argv":["x"],"policy":{policy}}}"#);
+        start(store, &store.admit_with_quotas(&new, &q, &[]).unwrap())
+    };
+    parent("limited", r#"{"create_limit":7}"#);
+    // 1.0 holds six children of 0.15, not seven.
+    parent("budgeted", r#"{"cost_limit":1.0}"#);
+    let barrier = std::sync::Barrier::new(2 * N);
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..2 * N {
+            let (t, q, barrier, outcomes) = (&t, &q, &barrier, &outcomes);
+            s.spawn(move || {
+                let (p, spec) = if i % 2 == 0 {
+                    ("limited", r#"{"argv":["x"]}"#)
+                } else {
+                    ("budgeted", r#"{"argv":["x"],"policy":{"cost_limit":0.15}}"#)
+                };
+                let mut new = new_agent(t, &format!("k{i}"), Some(p), "sup-limits");
+                new.spec = spec.to_owned();
+                let events = spawn_events(&new);
+                barrier.wait();
+                let r = store.admit_with_quotas(&new, q, &events);
+                outcomes
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((p, r));
+            });
+        }
+    });
+    let mut admitted = std::collections::BTreeMap::<&str, usize>::new();
+    for (p, r) in outcomes
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        match r {
+            Ok(_) => *admitted.entry(p).or_default() += 1,
+            Err(StoreError::Refused { code, message }) => {
+                let want = if p == "limited" {
+                    Code::CreateLimit
+                } else {
+                    Code::BudgetExceeded
+                };
+                assert_eq!(code, want, "{p}: {message}");
+            }
+            Err(e) => panic!("a child of {p}: unexpected {e:?}"),
+        }
+    }
+    assert_eq!(admitted.get("limited"), Some(&7), "{admitted:?}");
+    assert_eq!(admitted.get("budgeted"), Some(&6), "{admitted:?}");
+    for (p, n) in [("limited", 7), ("budgeted", 6)] {
+        assert_eq!(store.children(&t, &name(p)).unwrap().len(), n, "{p}");
+    }
+    let evs = all_events(store, &t);
+    let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
+}

@@ -201,6 +201,10 @@ pub const CASES: &[(&str, Case)] = &[
         concurrent_admissions_are_exact_and_each_fails_alone,
     ),
     (
+        "racing_children_keep_create_limit_and_budget",
+        racing_children_keep_create_limit_and_budget,
+    ),
+    (
         "idempotent_replies_keep_the_first_answer_until_they_expire",
         idempotent_replies_keep_the_first_answer_until_they_expire,
     ),
@@ -274,6 +278,7 @@ macro_rules! conformance_tests {
     descendants_are_in_post_order,
     create_limit_is_counted_in_the_admission_transaction,
     concurrent_admissions_are_exact_and_each_fails_alone,
+    racing_children_keep_create_limit_and_budget,
     idempotent_replies_keep_the_first_answer_until_they_expire,
     resume_within_counts_the_parents_fanout,
     jobs_are_created_whole_or_not_at_all,

@@ -67,15 +67,16 @@ impl Groups {
 
     /// Queues the admission and either leads the next group (the queue was
     /// idle, or the previous leader handed over) or waits for a leader to run
-    /// it. `run` runs a group: one answer per ticket, in order, each given only
-    /// once the group has committed (or failed). `lost` makes the error of an
+    /// it. `run` runs a group: one answer per ticket of its final
+    /// `tickets()`, in order, each given only once the group has committed
+    /// (or failed). `lost` makes the error of an
     /// admission nobody answered (the leader panicked) from its message.
     pub(crate) fn admit(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,
         events: &[NewEvent],
-        run: impl FnOnce(&[Arc<Ticket>]) -> Vec<Result<Agent>>,
+        run: impl FnOnce(&mut Group<'_>) -> Vec<Result<Agent>>,
         lost: &dyn Fn(String) -> StoreError,
     ) -> Result<Agent> {
         let me = Arc::new(Ticket {
@@ -105,10 +106,11 @@ impl Groups {
         // This ticket is the oldest waiting one, so the group taken now holds it.
         let mut group = Group {
             groups: self,
-            tickets: self.take(),
+            tickets: Vec::new(),
             lost,
         };
-        let answers = run(&group.tickets);
+        group.take_more();
+        let answers = run(&mut group);
         for (t, answer) in group.tickets.iter().zip(answers) {
             if Arc::ptr_eq(t, &me) {
                 *lock(&t.state) = TicketState::Done(answer);
@@ -128,30 +130,6 @@ impl Groups {
             ))),
         }
     }
-
-    /// The next group: the oldest ticket and those queued after it (of its
-    /// tenant, when groups hold one tenant), in arrival order.
-    fn take(&self) -> Vec<Arc<Ticket>> {
-        let mut q = lock(&self.queue);
-        if !self.one_tenant {
-            let n = q.waiting.len().min(self.max);
-            return q.waiting.drain(..n).collect();
-        }
-        let Some(tenant) = q.waiting.front().map(|t| t.new.tenant.clone()) else {
-            return Vec::new();
-        };
-        let mut taken = Vec::new();
-        let mut rest = VecDeque::with_capacity(q.waiting.len());
-        for t in q.waiting.drain(..) {
-            if taken.len() < self.max && t.new.tenant == tenant {
-                taken.push(t);
-            } else {
-                rest.push_back(t);
-            }
-        }
-        q.waiting = rest;
-        taken
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -168,10 +146,48 @@ fn answer_ticket(t: &Ticket, answer: Result<Agent>) {
 /// The group a leader took off the queue. Dropping it, however the leader left
 /// (even by a panic), answers any ticket still unanswered and hands the queue to
 /// the oldest waiting ticket, so no requester waits forever.
-struct Group<'a> {
+pub(crate) struct Group<'a> {
     groups: &'a Groups,
     tickets: Vec<Arc<Ticket>>,
     lost: &'a dyn Fn(String) -> StoreError,
+}
+
+impl Group<'_> {
+    /// The admissions of the group, in arrival order.
+    pub(crate) fn tickets(&self) -> &[Arc<Ticket>] {
+        &self.tickets
+    }
+
+    /// Adds what was queued since, up to the maximum: first the oldest ticket
+    /// and those after it, then (a store that waited for a lock before it
+    /// ran the group) those that queued meanwhile. With one tenant a group,
+    /// only the first ticket's tenant's.
+    pub(crate) fn take_more(&mut self) {
+        let max = self.groups.max;
+        let mut q = lock(&self.groups.queue);
+        if !self.groups.one_tenant {
+            let n = q.waiting.len().min(max.saturating_sub(self.tickets.len()));
+            self.tickets.extend(q.waiting.drain(..n));
+            return;
+        }
+        let Some(tenant) = self
+            .tickets
+            .first()
+            .or(q.waiting.front())
+            .map(|t| t.new.tenant.clone())
+        else {
+            return;
+        };
+        let mut rest = VecDeque::with_capacity(q.waiting.len());
+        for t in q.waiting.drain(..) {
+            if self.tickets.len() < max && t.new.tenant == tenant {
+                self.tickets.push(t);
+            } else {
+                rest.push_back(t);
+            }
+        }
+        q.waiting = rest;
+    }
 }
 
 impl Drop for Group<'_> {

@@ -15,15 +15,17 @@
 
 use brood_core::{AgentName, Code, Quotas, RunId, Status, TenantId, TenantQuotas, Terminal};
 
+use super::Tx;
+use super::admit::admit_group_tx;
+use super::db::LOCK_TENANT;
 use super::rows::collect;
 use super::steps::{append_events_tx, check_current_run, check_move, must_agent, to_sql_count};
-use super::tx::{admit_tx, end_run_tx, mark_stopping_tx, resume_tx};
-use super::{Db, PgStore, Tx, corrupt, not_found, refused};
+use super::tx::{end_run_tx, mark_stopping_tx, resume_tx};
+use super::{PgStore, corrupt, not_found, refused};
 use crate::contract::{Admission, Runs};
-use crate::group::Ticket;
+use crate::group::Group;
 use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL};
 use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
-use std::sync::Arc;
 
 use crate::sqlite::MAX_WALK_DEPTH;
 
@@ -148,9 +150,6 @@ impl Admission for PgStore {
 /// tenant's lock is not held long for the other nodes.
 pub(crate) const GROUP_MAX: usize = 64;
 
-/// The savepoint each admission of a group runs in.
-const SAVEPOINT: &str = "admission";
-
 impl PgStore {
     fn admit_grouped(
         &self,
@@ -163,71 +162,70 @@ impl PgStore {
             message,
         };
         self.admissions
-            .admit(new, quotas, events, |t| self.admit_group(t), &lost)
+            .admit(new, quotas, events, |g| self.admit_group(g), &lost)
     }
 
-    /// Runs `tickets` (all of one tenant) in one transaction: one answer per
-    /// ticket, in order. Alone, the transaction is the admission. Together,
-    /// each runs in its savepoint, after those before it, whose writes it
-    /// sees (so the quota counts stay exact), and a refused or failing one
-    /// rolls back to it alone. If the transaction itself fails (the begin,
-    /// a savepoint that cannot be rolled back, the commit), nothing of the
-    /// group is committed and every admission gets that error, refusals
-    /// included (a retry meets the same refusal). A connection lost under
-    /// the group runs it once more on a new one, as any write does
+    /// Runs a group (all of one tenant) in one transaction
+    /// (`admit::admit_group_tx`): one answer per ticket, in order. The
+    /// tenant's lock comes first: when another node's group holds it, the
+    /// requesters that queue here meanwhile join this group once it has the
+    /// lock, so the groups grow with the contention instead of queueing
+    /// behind it. If the transaction fails (a write a check did not foresee,
+    /// the commit) and it held more than one admission, each runs again
+    /// alone, so that one admission's failure is its own. A connection lost
+    /// under it runs it once more on a new one, as any write does
     /// (`Pool::with`).
-    fn admit_group(&self, tickets: &[Arc<Ticket>]) -> Vec<Result<Agent>> {
-        if let [t] = tickets {
-            return vec![
-                self.write_any(|db| admit_tx(db, &t.new, t.quotas.as_ref(), &t.events, None)),
-            ];
-        }
+    fn admit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
         let ran = self.pool.with(|c| {
             c.tx(None, |db| {
-                tickets
-                    .iter()
-                    .map(|t| admit_in_savepoint(db, t))
-                    .collect::<Tx<Vec<Tx<Agent>>>>()
+                if let Some(first) = group.tickets().first() {
+                    let key = first.new.tenant.as_str();
+                    let free: bool = db.query_one(TRY_LOCK_TENANT, &[&key])?.try_get(0)?;
+                    if !free {
+                        db.exec(LOCK_TENANT, &[&key])?;
+                        group.take_more();
+                    }
+                }
+                admit_group_tx(db, group.tickets())
             })
         });
+        let tickets = group.tickets();
         match ran {
-            Ok(answers) => {
-                if answers.iter().any(|a| a.is_ok()) {
-                    self.wrote();
-                }
-                let target = &self.pool.target;
-                answers
-                    .into_iter()
-                    .map(|a| a.map_err(|f| f.at(target)))
-                    .collect()
-            }
-            Err(e) => {
-                let message = format!("group commit of {} admissions failed: {e}", tickets.len());
-                tickets
-                    .iter()
-                    .map(|_| {
-                        Err(StoreError::PostgresSetup {
-                            target: self.pool.target.clone(),
-                            message: message.clone(),
-                        })
-                    })
-                    .collect()
-            }
+            Ok(answers) => self.answered(answers),
+            Err(e) if tickets.len() == 1 => vec![Err(e)],
+            Err(_) => tickets
+                .iter()
+                .flat_map(|t| {
+                    let alone = std::slice::from_ref(t);
+                    match self
+                        .pool
+                        .with(|c| c.tx(None, |db| admit_group_tx(db, alone)))
+                    {
+                        Ok(answers) => self.answered(answers),
+                        Err(e) => vec![Err(e)],
+                    }
+                })
+                .collect(),
         }
+    }
+
+    /// A committed group's answers, announced to the other nodes when it
+    /// admitted any.
+    fn answered(&self, answers: Vec<Tx<Agent>>) -> Vec<Result<Agent>> {
+        if answers.iter().any(|a| a.is_ok()) {
+            self.wrote();
+        }
+        let target = &self.pool.target;
+        answers
+            .into_iter()
+            .map(|a| a.map_err(|f| f.at(target)))
+            .collect()
     }
 }
 
-/// One admission of a group, in its own savepoint. The outer error means the
-/// savepoint could not be rolled back, so the group's transaction can no
-/// longer be trusted and is abandoned whole.
-fn admit_in_savepoint(db: &Db<'_>, t: &Ticket) -> Tx<Tx<Agent>> {
-    let answer = admit_tx(db, &t.new, t.quotas.as_ref(), &t.events, Some(SAVEPOINT));
-    if answer.is_err() {
-        // After a rollback the savepoint is still open; releasing it closes it.
-        db.batch(&format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"))?;
-    }
-    Ok(answer)
-}
+/// The tenant's advisory transaction lock if no one holds it (`LOCK_TENANT`
+/// waits for it).
+const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))";
 
 impl Runs for PgStore {
     fn start_run(

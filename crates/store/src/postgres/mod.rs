@@ -32,6 +32,7 @@
 //! `sweeps` and `jobs`.
 
 mod admission;
+mod admit;
 mod db;
 mod jobs;
 mod news;
@@ -58,6 +59,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../schema/postgres/0001_init.sql")),
     (2, include_str!("../schema/postgres/0002_nodes.sql")),
     (3, include_str!("../schema/postgres/0003_inbox.sql")),
+    (
+        4,
+        include_str!("../schema/postgres/0004_admission_writes.sql"),
+    ),
 ];
 
 /// The key of the session advisory lock that serialises migrations.

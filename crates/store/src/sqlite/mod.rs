@@ -35,7 +35,7 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::group::{Groups, Ticket};
+use crate::group::{Group, Groups, Ticket};
 use brood_core::{
     AgentName, CancelReason, Code, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas,
     Terminal,
@@ -521,8 +521,8 @@ impl SqliteStore {
         quotas: Option<&Quotas>,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        let run = |tickets: &[Arc<Ticket>]| {
-            let answers = self.admit_group(tickets);
+        let run = |group: &mut Group<'_>| {
+            let answers = self.admit_group(group.tickets());
             // Counted per admission, not per commit: the frames a commit
             // writes grow with its group.
             let admitted = answers.iter().filter(|a| a.is_ok()).count();

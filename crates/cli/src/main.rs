@@ -387,7 +387,7 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
     if json {
         println!(
             "{}",
-            json!({"agents": r.agents, "files": r.files, "ctx": paths.ctx()})
+            json!({"agents": r.agents, "files": r.files, "artifacts_elsewhere": r.artifacts_elsewhere, "ctx": paths.ctx()})
         );
     } else {
         println!(
@@ -396,6 +396,13 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
             r.files,
             paths.ctx().display()
         );
+        if r.artifacts_elsewhere > 0 {
+            println!(
+                "{} artifacts left out: their bytes are not in this node's blob store \
+                 (children another node ran)",
+                r.artifacts_elsewhere
+            );
+        }
     }
     Ok(0)
 }

@@ -165,3 +165,76 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
     assert!(env.sup.paths().agent_dir(&name("r")).join("log").exists());
     env.sup.cancel(me(), name("r")).await.unwrap();
 }
+
+/// A child another node ran left its artifacts' bytes in that node's blob
+/// store; the store still lists them. A rebuild here leaves those files out,
+/// says so, and rebuilds everything else (it used to stop at the first
+/// missing blob, leaving the rest of the tree unbuilt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
+    let env = start(Duration::from_millis(300));
+    spawn(
+        &env,
+        json!({"name": "r", "argv": agent(&["--hang"]), "await_ready": true}),
+    )
+    .await;
+    spawn(
+        &env,
+        json!({"name": "c", "parent": "r", "argv": agent(&[
+        "--artifact", "kept.md=here\n", "--artifact", "gone.md=elsewhere\n", "--result", "done c"])}),
+    )
+    .await;
+    spawn(
+        &env,
+        json!({"name": "d", "parent": "r", "argv": agent(&["--result", "done d"])}),
+    )
+    .await;
+    env.sup
+        .wait(
+            me(),
+            vec![name("c"), name("d")],
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    env.sup.flush().await;
+    // The bytes of gone.md are not on this machine (as on a node that did
+    // not run c).
+    let gone = env.root().join("blobs/sha256").join(
+        env.sup
+            .store()
+            .channel(env.sup.tenant(), &name("r"), &name("c"))
+            .unwrap()
+            .unwrap()
+            .artifacts
+            .iter()
+            .find(|a| a.name == "gone.md")
+            .unwrap()
+            .sha256
+            .clone(),
+    );
+    std::fs::remove_file(&gone).unwrap();
+    let ctx = env.sup.paths().ctx();
+    std::fs::remove_dir_all(&ctx).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let o = Command::new(exe())
+        .arg("--root")
+        .arg(env.root())
+        .arg("fsck")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("1 artifacts left out"), "{said}");
+    let after = tree(&ctx);
+    let has = |suffix: &str| after.keys().any(|k| k.ends_with(suffix));
+    assert!(
+        has("context/child/c/artifact/kept.md"),
+        "{:?}",
+        after.keys()
+    );
+    assert!(!has("context/child/c/artifact/gone.md"));
+    // Every channel after the missing blob is rebuilt too.
+    assert!(has("context/child/c/result.md") && has("context/child/d/result.md"));
+    env.sup.cancel(me(), name("r")).await.unwrap();
+}

@@ -43,11 +43,15 @@ pub enum RebuildError {
 pub struct Rebuilt {
     pub agents: usize,
     pub files: usize,
+    /// Artifacts whose bytes are not in this node's blob store (a child
+    /// another node ran, sharing the store): left out of `artifact/`.
+    pub artifacts_elsewhere: usize,
 }
 
 struct Out {
     nonce: u64,
     files: usize,
+    elsewhere: usize,
     owner: Option<u32>,
 }
 
@@ -100,6 +104,7 @@ pub fn rebuild(
     let mut out = Out {
         nonce: 0,
         files: 0,
+        elsewhere: 0,
         owner: crate::projection::ctx_owner(),
     };
     crate::agent_socket::remove_stale(&paths.ctx().join("agent"));
@@ -111,6 +116,7 @@ pub fn rebuild(
     Ok(Rebuilt {
         agents: agents.len(),
         files: out.files,
+        artifacts_elsewhere: out.elsewhere,
     })
 }
 
@@ -218,10 +224,22 @@ fn agent(
         })?;
         for art in &ch.artifacts {
             let blob = crate::channel::blob_path(&paths.blobs(), &art.sha256);
-            let bytes = std::fs::read(&blob).map_err(|source| RebuildError::Io {
-                path: blob.clone(),
-                source,
-            })?;
+            let bytes = match std::fs::read(&blob) {
+                Ok(b) => b,
+                // The child ran on another node sharing the store: its bytes
+                // are in that node's blob store. The rest of the tree is
+                // still this node's to rebuild.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    out.elsewhere += 1;
+                    continue;
+                }
+                Err(source) => {
+                    return Err(RebuildError::Io {
+                        path: blob.clone(),
+                        source,
+                    });
+                }
+            };
             out.put(adir.join(&art.name), bytes)?;
         }
     }

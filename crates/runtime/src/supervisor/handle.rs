@@ -89,7 +89,12 @@ impl Supervisor {
             &operator,
             cfg.bin_dir.as_deref(),
         ) {
-            Ok(r) => tracing::info!(agents = r.agents, files = r.files, "ctx tree rebuilt"),
+            Ok(r) => tracing::info!(
+                agents = r.agents,
+                files = r.files,
+                artifacts_elsewhere = r.artifacts_elsewhere,
+                "ctx tree rebuilt"
+            ),
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
         }
         let spawner = Spawner::start(cfg.pid_namespace)?;

@@ -42,6 +42,20 @@ fn tree(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
     out
 }
 
+/// Deletes the ctx tree and runs `brood fsck` on the root: what it printed.
+fn delete_and_fsck(env: &Env, ctx: &Path) -> String {
+    std::fs::remove_dir_all(ctx).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let o = Command::new(exe())
+        .arg("--root")
+        .arg(env.root())
+        .arg("fsck")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 async fn spawn(env: &Env, args: serde_json::Value) {
     api::handle(&env.sup, &me(), "spawn", &args)
         .await
@@ -136,16 +150,7 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
         );
     }
 
-    std::fs::remove_dir_all(&ctx).unwrap();
-    #[allow(clippy::disallowed_methods)]
-    let o = Command::new(exe())
-        .arg("--root")
-        .arg(env.root())
-        .arg("fsck")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let said = String::from_utf8_lossy(&o.stdout);
+    let said = delete_and_fsck(&env, &ctx);
     assert!(said.starts_with("rebuilt 7 agents"), "{said}");
     let after = tree(&ctx);
     let only_before: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
@@ -197,6 +202,12 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
         )
         .await
         .unwrap();
+    // Everything ended, so nothing writes into the tree while it is deleted.
+    env.sup.cancel(me(), name("r")).await.unwrap();
+    env.sup
+        .wait(me(), vec![name("r")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
     env.sup.flush().await;
     // The bytes of gone.md are not on this machine (as on a node that did
     // not run c).
@@ -215,16 +226,7 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
     );
     std::fs::remove_file(&gone).unwrap();
     let ctx = env.sup.paths().ctx();
-    std::fs::remove_dir_all(&ctx).unwrap();
-    #[allow(clippy::disallowed_methods)]
-    let o = Command::new(exe())
-        .arg("--root")
-        .arg(env.root())
-        .arg("fsck")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let said = String::from_utf8_lossy(&o.stdout);
+    let said = delete_and_fsck(&env, &ctx);
     assert!(said.contains("1 artifacts left out"), "{said}");
     let after = tree(&ctx);
     let has = |suffix: &str| after.keys().any(|k| k.ends_with(suffix));
@@ -236,5 +238,4 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
     assert!(!has("context/child/c/artifact/gone.md"));
     // Every channel after the missing blob is rebuilt too.
     assert!(has("context/child/c/result.md") && has("context/child/d/result.md"));
-    env.sup.cancel(me(), name("r")).await.unwrap();
 }

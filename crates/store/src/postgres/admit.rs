@@ -119,19 +119,24 @@ pub(crate) fn admit_group_tx(db: &Db<'_>, tickets: &[Arc<Ticket>]) -> Tx<Vec<Tx<
         })
         .collect();
     let facts = read_facts(db, ts, tickets, &answers)?;
-    let mut admitted: Vec<(usize, Agent)> = Vec::new();
+    // The agents admitted so far, and which ticket each answers.
+    let mut admitted: Vec<Agent> = Vec::new();
+    let mut of_ticket: Vec<usize> = Vec::new();
     for (i, t) in tickets.iter().enumerate() {
         if answers[i].is_some() {
             continue;
         }
-        let pending: Vec<&Agent> = admitted.iter().map(|(_, a)| a).collect();
-        match decide(db, &t.new, t.quotas.as_ref(), &t.events, &facts, &pending) {
-            Ok(a) => admitted.push((i, a)),
+        match decide(db, &t.new, t.quotas.as_ref(), &t.events, &facts, &admitted) {
+            Ok(a) => {
+                admitted.push(a);
+                of_ticket.push(i);
+            }
             Err(e) => answers[i] = Some(Err(e)),
         }
     }
-    write(db, ts, tickets, &facts, &admitted)?;
-    for (i, a) in admitted {
+    let news: Vec<&Ticket> = of_ticket.iter().map(|i| &*tickets[*i]).collect();
+    write(db, ts, &news, &facts, &admitted)?;
+    for (i, a) in of_ticket.into_iter().zip(admitted) {
         answers[i] = Some(Ok(a));
     }
     Ok(answers
@@ -210,7 +215,7 @@ fn decide(
     quotas: Option<&Quotas>,
     events: &[NewEvent],
     facts: &Facts,
-    pending: &[&Agent],
+    pending: &[Agent],
 ) -> Tx<Agent> {
     let t = &new.tenant;
     let exists =
@@ -221,7 +226,7 @@ fn decide(
             let found = facts
                 .parents
                 .get(p.as_str())
-                .or_else(|| pending.iter().find(|a| &a.name == p).copied());
+                .or_else(|| pending.iter().find(|a| &a.name == p));
             let Some(pa) = found else {
                 return Err(refused(
                     Code::ParentMismatch,
@@ -270,7 +275,7 @@ fn decide(
         };
         quota_verdict(new, parent, q, fanout, size)?;
         if let Some(p) = parent {
-            let kids: Vec<&&Agent> = pending
+            let kids: Vec<&Agent> = pending
                 .iter()
                 .filter(|a| a.parent.as_ref() == Some(&p.name))
                 .collect();
@@ -313,20 +318,15 @@ fn count<T>(it: impl Iterator<Item = T>) -> i64 {
     i64::try_from(it.count()).unwrap_or(i64::MAX)
 }
 
-/// Every admitted agent's rows, one statement per table, in one round trip:
-/// the tenant's row (made if new) advanced past all their events first.
-fn write(
-    db: &Db<'_>,
-    ts: &str,
-    tickets: &[Arc<Ticket>],
-    facts: &Facts,
-    admitted: &[(usize, Agent)],
-) -> Tx<()> {
+/// Every admitted agent's rows (`admitted[k]` answers `tickets[k]`), one
+/// statement per table, in one round trip: the tenant's row (made if new)
+/// advanced past all their events first.
+fn write(db: &Db<'_>, ts: &str, tickets: &[&Ticket], facts: &Facts, admitted: &[Agent]) -> Tx<()> {
     if admitted.is_empty() {
         return Ok(());
     }
-    let news: Vec<&NewAgent> = admitted.iter().map(|(i, _)| &tickets[*i].new).collect();
-    let agents: Vec<&Agent> = admitted.iter().map(|(_, a)| a).collect();
+    let news: Vec<&NewAgent> = tickets.iter().map(|t| &t.new).collect();
+    let agents: Vec<&Agent> = admitted.iter().collect();
     let queued = Status::Queued.encode();
     let name: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
     let parent: Vec<Option<&str>> = agents
@@ -392,15 +392,13 @@ fn write(
         &k_handoff,
     ];
     // Events in the group's order, each numbered back from the advanced next number.
-    let evs: Vec<&NewEvent> = admitted
-        .iter()
-        .flat_map(|(i, _)| tickets[*i].events.iter())
-        .collect();
+    let evs: Vec<&NewEvent> = tickets.iter().flat_map(|t| t.events.iter()).collect();
     let n = i64::try_from(evs.len()).unwrap_or(i64::MAX);
     let e_back: Vec<i64> = (1..=n).rev().collect();
-    let e_ts: Vec<i64> = admitted
+    let e_ts: Vec<i64> = tickets
         .iter()
-        .flat_map(|(i, a)| tickets[*i].events.iter().map(|_| a.created_ms))
+        .zip(admitted)
+        .flat_map(|(t, a)| t.events.iter().map(|_| a.created_ms))
         .collect();
     let e_agent: Vec<&str> = evs.iter().map(|e| e.agent.as_str()).collect();
     let e_run: Vec<Option<&str>> = evs

@@ -70,6 +70,10 @@ pub const CASES: &[(&str, Case)] = &[
         "inputs_posted_for_a_host_are_taken_once_in_order",
         inputs_posted_for_a_host_are_taken_once_in_order,
     ),
+    (
+        "blobs_are_kept_in_chunks_and_read_back_whole",
+        blobs_are_kept_in_chunks_and_read_back_whole,
+    ),
     ("admit_root_and_children", admit_root_and_children),
     ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
     (
@@ -288,6 +292,7 @@ macro_rules! conformance_tests {
     nodes_register_heartbeat_and_show_their_load,
     placed_agents_are_claimed_once_by_their_node,
     inputs_posted_for_a_host_are_taken_once_in_order,
+    blobs_are_kept_in_chunks_and_read_back_whole,
     recover_lost_ends_a_lost_nodes_agents_lost);
     };
     (@cases $fresh:expr; $($case:ident),* $(,)?) => {

@@ -191,3 +191,67 @@ pub fn inputs_posted_for_a_host_are_taken_once_in_order(store: &dyn Store) {
         "other tenant"
     );
 }
+
+/// A reader that must not be read: a blob already kept is not read again.
+struct Untouched;
+
+impl std::io::Read for Untouched {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        panic!("a blob the store holds whole was read again")
+    }
+}
+
+pub fn blobs_are_kept_in_chunks_and_read_back_whole(store: &dyn Store) {
+    let t = tenant("conf-blobs");
+    let other = tenant("conf-blobs-other");
+    // Two and a half chunks of bytes that differ from chunk to chunk, so a
+    // chunk read twice or out of order shows.
+    let size = brood_store::BLOB_CHUNK * 5 / 2;
+    let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4099) as u8).collect();
+    let sha = "0f".repeat(32);
+    let read = |t: &TenantId, sha: &str| {
+        let mut out = Vec::new();
+        let whole = store.get_blob(t, sha, &mut out).unwrap();
+        (whole, out)
+    };
+    assert_eq!(read(&t, &sha), (false, Vec::new()), "nothing before a put");
+
+    // A source that ends early: an error naming the blob, nothing readable.
+    let short = &bytes[..brood_store::BLOB_CHUNK + 10];
+    let e = store
+        .put_blob(&t, &sha, size as u64, &mut &short[..])
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::BlobIo { ref sha256, .. } if *sha256 == sha),
+        "{e}"
+    );
+    assert!(e.to_string().contains("ended after"), "{e}");
+    assert_eq!(read(&t, &sha), (false, Vec::new()), "a part is not a blob");
+
+    // A whole put finishes it; it reads back byte for byte, in its tenant only.
+    store
+        .put_blob(&t, &sha, size as u64, &mut &bytes[..])
+        .unwrap();
+    let (whole, got) = read(&t, &sha);
+    assert!(whole);
+    assert!(got == bytes, "the blob reads back as it was put");
+    assert_eq!(read(&other, &sha), (false, Vec::new()), "another tenant's");
+    store
+        .put_blob(&t, &sha, size as u64, &mut Untouched)
+        .unwrap();
+
+    // An empty blob is a blob.
+    let empty = "e3".repeat(32);
+    store.put_blob(&t, &empty, 0, &mut &b""[..]).unwrap();
+    assert_eq!(read(&t, &empty), (true, Vec::new()));
+
+    // A name that is no SHA-256 in lowercase hex is refused, naming it.
+    for bad in ["ABC", &"0F".repeat(32), "../../etc/passwd"] {
+        let e = store.put_blob(&t, bad, 1, &mut &b"x"[..]).unwrap_err();
+        assert!(
+            matches!(e, StoreError::Refused { code: Code::BadRequest, ref message } if message.contains(bad)),
+            "{e}"
+        );
+        assert!(store.get_blob(&t, bad, &mut Vec::new()).is_err());
+    }
+}

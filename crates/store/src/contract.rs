@@ -553,6 +553,41 @@ pub trait Nodes {
     }
 }
 
+/// The bytes of artifacts, shared between the nodes (issue 15): a child's
+/// artifacts are taken into its node's blob store; a parent on another node
+/// reads them through this one. A blob is named by its SHA-256 (lowercase
+/// hex) within a tenant and kept in chunks of at most [`BLOB_CHUNK`] bytes,
+/// each written in a transaction of its own, so a large blob never holds the
+/// store's writer for long. The store does not hash: the reader checks the
+/// bytes against the name.
+pub trait Blobs {
+    /// Keeps the `size` bytes `src` gives as blob `sha256` of `tenant`. The
+    /// blob is readable only once every chunk is written (its head row is
+    /// written last), so a writer that dies midway leaves nothing readable,
+    /// and a later put finishes it. A blob already kept is not read again.
+    /// `src` ending before `size` bytes is an error naming the blob.
+    fn put_blob(
+        &self,
+        tenant: &TenantId,
+        sha256: &str,
+        size: u64,
+        src: &mut dyn std::io::Read,
+    ) -> Result<()>;
+
+    /// Writes blob `sha256` of `tenant` to `dst`, chunk by chunk (at most
+    /// one chunk in memory). False, and nothing written, when the store
+    /// does not hold it whole.
+    fn get_blob(
+        &self,
+        tenant: &TenantId,
+        sha256: &str,
+        dst: &mut dyn std::io::Write,
+    ) -> Result<bool>;
+}
+
+/// The most bytes of a blob one row (and one transaction) holds.
+pub const BLOB_CHUNK: usize = 1 << 20;
+
 /// The store's whole contract: every concern, shared across threads. Every mutating method runs in one transaction and either
 /// does all of what it says or nothing; events it names are appended in the same
 /// transaction, so the event log never disagrees with the records.
@@ -566,6 +601,7 @@ pub trait Store:
     + Idempotency
     + Jobs
     + Nodes
+    + Blobs
     + Send
     + Sync
 {
@@ -581,6 +617,7 @@ impl<
         + Idempotency
         + Jobs
         + Nodes
+        + Blobs
         + Send
         + Sync,
 > Store for T

@@ -12,6 +12,7 @@
 //! `brood_core::Status::transition`; the store refuses an illegal move instead of
 //! writing it.
 
+mod blobs;
 mod checks;
 mod contract;
 mod group;
@@ -23,7 +24,8 @@ pub mod postgres;
 mod types;
 
 pub use contract::{
-    Admission, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+    Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps,
+    Transcripts,
 };
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
@@ -54,10 +56,20 @@ pub fn open_read_only(spec: &str) -> Result<std::sync::Arc<dyn Store>> {
     })
 }
 
+/// The wall clock in milliseconds, for what the store stamps itself (a
+/// migration's, a blob's time); the rest is stamped by the caller.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// Every trait of the contract, for code that calls a concrete store (a
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
     pub use crate::contract::{
-        Admission, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps, Transcripts,
+        Admission, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps,
+        Transcripts,
     };
 }

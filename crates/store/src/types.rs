@@ -32,6 +32,13 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// Reading or writing a blob's bytes on the caller's side (`Blobs`).
+    #[error("blob {sha256}: {source}")]
+    BlobIo {
+        sha256: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("store: corrupt value in {what}: {value:?}")]
     Corrupt { what: &'static str, value: String },
     /// A PostgreSQL store's error; `target` is the server it talks to

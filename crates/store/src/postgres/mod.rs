@@ -33,6 +33,7 @@
 
 mod admission;
 mod admit;
+mod blobs;
 mod db;
 mod jobs;
 mod news;
@@ -63,6 +64,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../schema/postgres/0004_admission_writes.sql"),
     ),
+    (5, include_str!("../schema/postgres/0005_blobs.sql")),
 ];
 
 /// The key of the session advisory lock that serialises migrations.
@@ -429,7 +431,7 @@ fn migrate_locked(c: &mut Conn) -> Tx<()> {
         if done.contains(version) {
             continue;
         }
-        let now = now_ms();
+        let now = crate::now_ms();
         c.tx(None, |db| {
             db.batch(sql)?;
             db.exec(
@@ -440,13 +442,6 @@ fn migrate_locked(c: &mut Conn) -> Tx<()> {
         })?;
     }
     Ok(())
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// host:port/dbname of a connection's settings, never its password.

@@ -58,6 +58,7 @@ mod sweeps;
 mod tests;
 mod tx;
 // After `sql`, whose macros the modules above use.
+mod blobs;
 mod idempotency;
 mod jobs;
 pub(crate) mod nodes;
@@ -80,6 +81,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../schema/0007_jobs.sql")),
     (8, include_str!("../schema/0008_nodes.sql")),
     (9, include_str!("../schema/0009_inbox.sql")),
+    (10, include_str!("../schema/0010_blobs.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

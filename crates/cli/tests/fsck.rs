@@ -172,9 +172,10 @@ async fn a_deleted_tree_is_rebuilt_by_fsck_file_for_file() {
 }
 
 /// A child another node ran left its artifacts' bytes in that node's blob
-/// store; the store still lists them. A rebuild here leaves those files out,
-/// says so, and rebuilds everything else (it used to stop at the first
-/// missing blob, leaving the rest of the tree unbuilt).
+/// store; the store still lists them. A rebuild here fetches the ones that
+/// node shared through the store (checked against their hashes), leaves the
+/// others out, says so, and rebuilds everything else (it used to stop at
+/// the first missing blob, leaving the rest of the tree unbuilt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
     let env = start(Duration::from_millis(300));
@@ -186,7 +187,8 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
     spawn(
         &env,
         json!({"name": "c", "parent": "r", "argv": agent(&[
-        "--artifact", "kept.md=here\n", "--artifact", "gone.md=elsewhere\n", "--result", "done c"])}),
+        "--artifact", "kept.md=here\n", "--artifact", "gone.md=elsewhere\n",
+        "--artifact", "shared.md=in the store\n", "--result", "done c"])}),
     )
     .await;
     spawn(
@@ -209,22 +211,28 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
         .await
         .unwrap();
     env.sup.flush().await;
-    // The bytes of gone.md are not on this machine (as on a node that did
-    // not run c).
-    let gone = env.root().join("blobs/sha256").join(
-        env.sup
-            .store()
-            .channel(env.sup.tenant(), &name("r"), &name("c"))
-            .unwrap()
-            .unwrap()
-            .artifacts
-            .iter()
-            .find(|a| a.name == "gone.md")
-            .unwrap()
-            .sha256
-            .clone(),
-    );
-    std::fs::remove_file(&gone).unwrap();
+    // The bytes of gone.md and shared.md are not on this machine (as on a
+    // node that did not run c); those of shared.md are in the store, put
+    // there as c's node puts them for a parent on another node.
+    let artifacts = env
+        .sup
+        .store()
+        .channel(env.sup.tenant(), &name("r"), &name("c"))
+        .unwrap()
+        .unwrap()
+        .artifacts;
+    let named = |n: &str| artifacts.iter().find(|a| a.name == n).unwrap().clone();
+    let blobs = env.root().join("blobs");
+    brood_runtime::channel::shared::share(
+        env.sup.store().as_ref(),
+        env.sup.tenant(),
+        &blobs,
+        &[named("shared.md")],
+    )
+    .unwrap();
+    for n in ["gone.md", "shared.md"] {
+        std::fs::remove_file(blobs.join("sha256").join(named(n).sha256)).unwrap();
+    }
     let ctx = env.sup.paths().ctx();
     let said = delete_and_fsck(&env, &ctx);
     assert!(said.contains("1 artifacts left out"), "{said}");
@@ -236,6 +244,15 @@ async fn artifacts_whose_bytes_are_elsewhere_do_not_stop_a_rebuild() {
         after.keys()
     );
     assert!(!has("context/child/c/artifact/gone.md"));
+    let shared = after
+        .iter()
+        .find(|(k, _)| k.ends_with("context/child/c/artifact/shared.md"))
+        .and_then(|(_, v)| v.clone());
+    assert_eq!(
+        shared.as_deref(),
+        Some(&b"in the store\n"[..]),
+        "fetched from the store"
+    );
     // Every channel after the missing blob is rebuilt too.
     assert!(has("context/child/c/result.md") && has("context/child/d/result.md"));
 }

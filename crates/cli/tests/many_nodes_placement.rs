@@ -17,12 +17,18 @@ use common::cluster::*;
 use common::*;
 use serde_json::json;
 
+/// Eight chunks of the store's: large enough that fetching them takes
+/// longer than answering a wait.
+const BIG: usize = 8 << 20;
+
 /// News cross nodes at once (issue 15 items 3 and 4): with ticks ten
 /// minutes apart, nothing but `LISTEN/NOTIFY` can carry a change on one node
 /// to another within the test. An input sent through node 2 to a child node
 /// 1 runs is routed there and delivered; the wait on node 0 for that child
-/// is answered when it ends, and its result is in its parent's channel on
-/// node 0's disk; closed through node 2, it shows closed on node 1's disk;
+/// is answered when it ends, by which time its result and its artifacts'
+/// bytes are in its parent's channel on node 0's disk (carried through the
+/// store), and node 2, which neither ran it nor hosts its parent, serves an
+/// artifact's bytes too; closed through node 2, it shows closed on node 1's disk;
 /// a cancel on node 0 reaches the processes of a tree spanning all three
 /// nodes.
 #[test]
@@ -41,7 +47,10 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         1,
         json!({"name": "quick", "parent": "top", "await_ready": true,
                "placement": {"labels": {"zone": "z1"}},
-               "argv": agent(&["--inputs", "1", "--result", "quick's answer"])}),
+               "argv": agent(&["--inputs", "1", "--result", "quick's answer",
+                               "--artifact", "report.txt=quick's report",
+                               "--artifact", "deep/er/notes.txt=line one\nline two\n",
+                               "--artifact-bytes", &format!("big.bin={BIG}")])}),
     );
     assert_eq!(s, 201, "{v}");
     let sock0 = nodes.roots[0].join("brood.sock");
@@ -67,15 +76,22 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
     let (s, v) = waiter.join().unwrap();
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["timed_out"], false, "answered by node 1's news: {v}");
-    let quick = agent_on(&nodes, 0, "quick");
-    assert_eq!(quick["status"], "completed", "{quick}");
     // Its parent's node projects what it handed back into its own ctx
-    // tree: the channel of top to quick, on node 0's disk.
+    // tree: the channel of top to quick, on node 0's disk. The artifacts
+    // are there before the wait is answered, as if quick had run there.
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
     let channel = nodes.roots[0].join(format!(
         "ctx/home/{uid}/agent/top/session/default/context/child/quick"
     ));
+    let big = std::fs::read(channel.join("artifact/big.bin")).unwrap_or_default();
+    assert!(
+        big == brood_testagent::flags::bytes_of_size(BIG),
+        "big.bin in place when the wait is answered, whole and in order ({} bytes)",
+        big.len()
+    );
+    let quick = agent_on(&nodes, 0, "quick");
+    assert_eq!(quick["status"], "completed", "{quick}");
     assert!(
         eventually(Duration::from_secs(10), || {
             std::fs::read_to_string(channel.join("result.md"))
@@ -85,6 +101,34 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         std::fs::read_dir(&channel).map(|d| d.count())
     );
     assert_eq!(read(channel.join("status")).trim(), "done");
+    // The bytes node 1 took, fetched from the store and checked against
+    // their hashes.
+    assert_eq!(read(channel.join("artifact/report.txt")), "quick's report");
+    assert_eq!(
+        read(channel.join("artifact/deep/er/notes.txt")),
+        "line one\nline two\n"
+    );
+    let sock2 = nodes.roots[2].join("brood.sock");
+    let (s, v) = http(&sock2, "GET", "/api/ui/agents/quick", None);
+    assert_eq!(s, 200, "{v}");
+    let report = v["channel"]["artifacts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == "report.txt"))
+        .unwrap_or_else(|| panic!("report.txt among quick's artifacts: {v}"));
+    let (s, bytes) = http(
+        &sock2,
+        "GET",
+        &format!(
+            "/api/ui/agents/quick/artifacts/{}",
+            report["sha256"].as_str().unwrap()
+        ),
+        None,
+    );
+    assert_eq!(
+        (s, bytes),
+        (200, json!("quick's report")),
+        "served by node 2"
+    );
     // Closed through node 2, which did not run it: node 1's ctx tree shows
     // the close as well (its event), not only the store.
     let (s, v) = http(
@@ -104,6 +148,28 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         "the close on node 1's disk: {:?}",
         std::fs::read_to_string(&events)
     );
+
+    // Its parent heard of its end once (the `child` event the test agent
+    // logs to stderr), though both the wait and the news of the end could
+    // tell it.
+    let top_log = nodes.roots[0].join("ctx/agent/top.d/log");
+    // The log holds stderr as it was read, a line split across entries.
+    let told = || {
+        read(&top_log)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["text"].as_str().map(str::to_owned))
+            .collect::<String>()
+            .matches("test-agent: child quick:")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || told() > 0),
+        "{}",
+        read(&top_log)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(told(), 1, "{}", read(&top_log));
 
     let elsewhere: Vec<i32> = ctx_pids(&nodes.roots[1])
         .into_iter()

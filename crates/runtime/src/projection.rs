@@ -333,17 +333,7 @@ fn write_atomic_in(
     owner: Option<u32>,
     mode: u32,
 ) -> io::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    // The thread id keeps writers of one process apart (the projection thread,
-    // the launch, a rebuild), whatever nonces each counts with.
-    // SAFETY: gettid has no preconditions and cannot fail.
-    let tid = unsafe { libc::gettid() };
-    tmp_name.push(format!(".tmp.{}.{tid}.{nonce}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
+    let tmp = temp_beside(path, nonce)?;
     refuse_symlink(path)?;
     // A file that already holds these bytes (with this mode and owner) is
     // left as it is: replacing it would give it a new inode, and a landlock
@@ -358,12 +348,53 @@ fn write_atomic_in(
     {
         return Ok(());
     }
+    replace_with(path, &tmp, owner, mode, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] of the bytes `src` gives (a blob of up to 1 GiB, never
+/// held in memory whole), mode 0644.
+pub fn copy_atomic(
+    path: &Path,
+    src: &mut fs::File,
+    nonce: u64,
+    owner: Option<u32>,
+) -> io::Result<()> {
+    ensure_parent(path, owner)?;
+    refuse_symlink(path)?;
+    let tmp = temp_beside(path, nonce)?;
+    replace_with(path, &tmp, owner, 0o644, |f| io::copy(src, f).map(|_| ()))
+}
+
+/// The temp file a write of `path` goes through, beside it: `.<name>.tmp.<pid>.<tid>.<nonce>`.
+fn temp_beside(path: &Path, nonce: u64) -> io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    // The thread id keeps writers of one process apart (the projection thread,
+    // the launch, a rebuild), whatever nonces each counts with.
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    tmp_name.push(format!(".tmp.{}.{tid}.{nonce}", std::process::id()));
+    Ok(path.with_file_name(tmp_name))
+}
+
+/// Fills a new temp file `tmp` with `fill`, gives it to `owner` and renames
+/// it over `path`; the temp file is gone whatever fails.
+fn replace_with(
+    path: &Path,
+    tmp: &Path,
+    owner: Option<u32>,
+    mode: u32,
+    fill: impl FnOnce(&mut fs::File) -> io::Result<()>,
+) -> io::Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(mode)
-        .open(&tmp)
+        .open(tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tmp.display())))?;
     // The umask may have narrowed the mode; a shim must be executable by
     // everyone whatever the supervisor's umask, so set it exactly.
@@ -376,10 +407,10 @@ fn write_atomic_in(
     // The temp file is new, so ours: give it away without asking whose it is.
     let r = exact
         .and_then(|_| owner.map_or(Ok(()), |u| std::os::unix::fs::fchown(&f, Some(u), Some(u))))
-        .and_then(|_| f.write_all(bytes))
-        .and_then(|_| fs::rename(&tmp, path));
+        .and_then(|_| fill(&mut f))
+        .and_then(|_| fs::rename(tmp, path));
     if r.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
     }
     r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }

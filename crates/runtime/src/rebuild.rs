@@ -43,8 +43,9 @@ pub enum RebuildError {
 pub struct Rebuilt {
     pub agents: usize,
     pub files: usize,
-    /// Artifacts whose bytes are not in this node's blob store (a child
-    /// another node ran, sharing the store): left out of `artifact/`.
+    /// Artifacts whose bytes are neither in this node's blob store nor in
+    /// the shared store (a child another node ran that did not share them):
+    /// left out of `artifact/`.
     pub artifacts_elsewhere: usize,
 }
 
@@ -60,6 +61,14 @@ impl Out {
         self.nonce += 1;
         self.files += 1;
         write_atomic(&path, bytes.as_ref(), self.nonce, self.owner)
+            .map_err(|source| RebuildError::Io { path, source })
+    }
+
+    /// [`Out::put`] of a file's bytes, streamed (an artifact of up to 1 GiB).
+    fn copy(&mut self, path: PathBuf, src: &mut std::fs::File) -> Result<(), RebuildError> {
+        self.nonce += 1;
+        self.files += 1;
+        crate::projection::copy_atomic(&path, src, self.nonce, self.owner)
             .map_err(|source| RebuildError::Io { path, source })
     }
 
@@ -223,24 +232,29 @@ fn agent(
             source,
         })?;
         for art in &ch.artifacts {
-            let blob = crate::channel::blob_path(&paths.blobs(), &art.sha256);
-            let bytes = match std::fs::read(&blob) {
-                Ok(b) => b,
-                // The child ran on another node sharing the store: its bytes
-                // are in that node's blob store. The rest of the tree is
-                // still this node's to rebuild.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A child another node ran: its bytes come from the shared store
+            // when its node put them there (issue 15); otherwise they are on
+            // that node's disk only, and the rest of the tree is still this
+            // node's to rebuild.
+            match crate::channel::shared::fetch_blob(store, &a.tenant, &paths.blobs(), &art.sha256)
+            {
+                Ok(true) => {}
+                Ok(false) => {
                     out.elsewhere += 1;
                     continue;
                 }
-                Err(source) => {
-                    return Err(RebuildError::Io {
-                        path: blob.clone(),
-                        source,
-                    });
+                Err(e) => {
+                    tracing::warn!(agent = %a.name, artifact = %art.name, error = %e, "fetching an artifact's bytes from the store");
+                    out.elsewhere += 1;
+                    continue;
                 }
-            };
-            out.put(adir.join(&art.name), bytes)?;
+            }
+            let blob = crate::channel::blob_path(&paths.blobs(), &art.sha256);
+            let mut src = std::fs::File::open(&blob).map_err(|source| RebuildError::Io {
+                path: blob.clone(),
+                source,
+            })?;
+            out.copy(adir.join(&art.name), &mut src)?;
         }
     }
     Ok(())

@@ -16,7 +16,7 @@
 //! `stops`, `collect`, `sweep`, `sockets`, `identify`, `orphans`, and the small
 //! owned types `waiters` and `queue`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -225,6 +225,9 @@ pub(crate) enum Cmd {
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
     Job(Caller, jobs::JobOp, Reply),
+    /// A child another node ran ended and its artifacts were fetched into
+    /// its parent's channel here (issue 15): the parent hears of it now.
+    EndedElsewhere(Box<routed::EndedElsewhere>),
 }
 
 /// What an agent's IO task reports.
@@ -523,6 +526,14 @@ struct Dispatcher {
     /// The tenant's `max_concurrent` (SPEC 9), refreshed at each admission.
     max_concurrent: u32,
     waiters: Waiters,
+    /// Children of agents here that another node ran, whose artifacts are
+    /// being fetched into their channel (issue 15): a wait for one is
+    /// answered once its files are in place, as if it had run here.
+    fetching: HashSet<AgentName>,
+    /// Such children whose end (of which run) was told to their parent
+    /// here, with the parent: told once, whether the news of it or a wait
+    /// that saw it in the store came first. Kept while the parent lives.
+    ends_told: HashMap<AgentName, (AgentName, RunId)>,
     stops: HashMap<u64, Stop>,
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
@@ -635,6 +646,7 @@ impl Dispatcher {
                 let r = self.on_job(&caller, op);
                 self.respond(reply, r);
             }
+            Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
                     let r = self.wait_result(&w.names, true);

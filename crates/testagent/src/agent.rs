@@ -520,7 +520,8 @@ impl<W: Write> Agent<'_, W> {
         if std::env::var_os("BROOD_ARTIFACTS").is_none_or(|d| d.is_empty()) {
             return Ok(());
         }
-        write_artifacts(&[("lines.txt".to_owned(), format!("{count}\n"))]).map_err(Stop::Failed)?;
+        write_artifacts(&[("lines.txt".to_owned(), format!("{count}\n").into_bytes())])
+            .map_err(Stop::Failed)?;
         let first = count.lines().next().unwrap_or("");
         self.refs.push(json!({
             "path": "artifact/lines.txt",
@@ -775,7 +776,7 @@ fn malformed_line(kind: Malformed) -> Vec<u8> {
 
 /// `--artifact NAME=CONTENT`: each file written into the directory the
 /// supervisor names in `BROOD_ARTIFACTS` (its parent's channel's `artifact/`).
-fn write_artifacts(files: &[(String, String)]) -> Result<(), String> {
+fn write_artifacts(files: &[(String, Vec<u8>)]) -> Result<(), String> {
     let dir = std::env::var_os("BROOD_ARTIFACTS")
         .filter(|d| !d.is_empty())
         .ok_or("--artifact: BROOD_ARTIFACTS is not set (a root has no channel)")?;

@@ -75,9 +75,9 @@ pub struct Flags {
     pub help: bool,
     /// The probes, in command-line order; each adds one line to the result.
     pub probes: Vec<Probe>,
-    /// `--artifact NAME=CONTENT`: files written into `$BROOD_ARTIFACTS` before
-    /// the result.
-    pub artifacts: Vec<(String, String)>,
+    /// `--artifact NAME=CONTENT` and `--artifact-bytes NAME=SIZE`: files
+    /// written into `$BROOD_ARTIFACTS` before the result.
+    pub artifacts: Vec<(String, Vec<u8>)>,
     /// `--ref JSON`: the `refs` of the `done` result, in order.
     pub refs: Vec<Value>,
 }
@@ -221,6 +221,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-bind"
                 | "--probe-cgroup-remount"
                 | "--artifact"
+                | "--artifact-bytes"
                 | "--ref"
                 | "--request"
         );
@@ -328,7 +329,20 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                         "{name}: expected NAME=CONTENT, got {v:?}"
                     )));
                 };
-                f.artifacts.push((n.to_owned(), c.to_owned()));
+                f.artifacts.push((n.to_owned(), c.as_bytes().to_vec()));
+            }
+            "--artifact-bytes" => {
+                let v = value()?;
+                let parsed = v
+                    .split_once('=')
+                    .filter(|(n, _)| !n.is_empty())
+                    .and_then(|(n, size)| Some((n, size.parse::<usize>().ok()?)));
+                let Some((n, size)) = parsed else {
+                    return Err(FlagError(format!(
+                        "{name}: expected NAME=SIZE (bytes), got {v:?}"
+                    )));
+                };
+                f.artifacts.push((n.to_owned(), bytes_of_size(size)));
             }
             "--ref" => {
                 let v = value()?;
@@ -427,6 +441,12 @@ fn parse_spawn_n(flag: &str, v: &str) -> Result<Vec<Map<String, Value>>, FlagErr
             args
         })
         .collect())
+}
+
+/// `--artifact-bytes`' content: `size` bytes that are not text and differ
+/// from one MiB to the next (a chunk swapped or repeated on its way shows).
+pub fn bytes_of_size(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i * 31 + i / 1021) as u8).collect()
 }
 
 #[cfg(test)]

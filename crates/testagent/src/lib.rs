@@ -66,6 +66,7 @@
 //! | `--stderr TEXT` | write TEXT to stderr at start |
 //! | `--ignore-cancel` | keep going after `cancel` |
 //! | `--artifact NAME=CONTENT` | write CONTENT to `$BROOD_ARTIFACTS/NAME` before the result (repeatable) |
+//! | `--artifact-bytes NAME=SIZE` | write SIZE bytes that are not text (`flags::bytes_of_size`) to `$BROOD_ARTIFACTS/NAME` before the result (repeatable) |
 //! | `--ref JSON` | add JSON to the `refs` of the `done` result (repeatable) |
 //! | `--probe-read PATH` | read a file's first block or list a directory: `read PATH: ok\|denied\|error: <errno text>` (repeatable) |
 //! | `--probe-write PATH` | create or append: `write PATH: …` (repeatable) |

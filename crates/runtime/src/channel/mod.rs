@@ -12,6 +12,7 @@
 //! followed, regular files only, bounded) is [`open`]'s.
 
 mod open;
+pub mod shared;
 
 use std::fs::{self, File};
 use std::io;
@@ -146,16 +147,44 @@ pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
         }
     }
     artifacts.sort_by(|a, b| a.name.cmp(&b.name));
-    if let Some(channel) = input.channel {
-        out.pack_artifacts = refs
-            .iter()
-            .filter_map(artifact_named)
-            .filter_map(|n| artifacts.iter().find(|a| a.name == n))
-            .map(|a| pack_artifact(a, channel, &blob_path(input.blobs, &a.sha256)))
-            .collect();
-    }
+    out.pack_artifacts = pack_artifacts(&refs, &artifacts, input.channel, input.blobs);
     out.output.artifacts = artifacts;
     Ok(out)
+}
+
+/// The parent's context pack for a child whose output is recorded (a child
+/// another node ran, issue 15): as [`harvest`] builds it, from the refs'
+/// lines and the artifacts as the channel holds them. An artifact's content
+/// is inlined when its blob is in `blobs`.
+pub fn recorded(output: ChannelOutput, channel: Option<&Path>, blobs: &Path) -> Harvest {
+    let refs: Vec<Value> = output
+        .refs
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    Harvest {
+        pack_refs: refs.iter().map(pack_ref).collect(),
+        pack_artifacts: pack_artifacts(&refs, &output.artifacts, channel, blobs),
+        output,
+    }
+}
+
+/// The artifacts the refs name, for the context pack (none for a root,
+/// which has no channel).
+fn pack_artifacts(
+    refs: &[Value],
+    artifacts: &[Artifact],
+    channel: Option<&Path>,
+    blobs: &Path,
+) -> Vec<Value> {
+    let Some(channel) = channel else {
+        return Vec::new();
+    };
+    refs.iter()
+        .filter_map(artifact_named)
+        .filter_map(|n| artifacts.iter().find(|a| a.name == n))
+        .map(|a| pack_artifact(a, channel, &blob_path(blobs, &a.sha256)))
+        .collect()
 }
 
 /// A ref whose hash must be checked: where its file is, the line's `path` as

@@ -31,6 +31,9 @@ pub(crate) struct Collect {
     channel: Option<PathBuf>,
     policy: Policy,
     confinement: brood_launch::confine::Confinement,
+    /// The parent runs on another node (issue 15): the artifacts' bytes go
+    /// into the shared store before the end is recorded.
+    share: bool,
 }
 
 /// How long reading what a run handed back may take (refs hashed, artifacts
@@ -56,6 +59,12 @@ impl Dispatcher {
         let Some(l) = self.live.get(name) else { return };
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
         let channel = l.channel_dir(&self.paths, name);
+        // A parent not live here runs on another node (or has ended, and
+        // sharing costs only the store's room).
+        let share = self.cfg.node.is_some()
+            && l.parent
+                .as_ref()
+                .is_some_and(|p| !self.live.contains_key(p));
         if refs.is_empty() && channel.is_none() {
             // A root that names no refs: nothing to check or take, no thread.
             let nothing = Some(crate::channel::Harvest::default());
@@ -86,6 +95,7 @@ impl Dispatcher {
                 sandbox: l.sandbox.clone(),
                 ids,
             },
+            share,
         };
         let group = l.group.clone();
         let targets: Vec<(AgentName, Terminal)> = match self
@@ -111,6 +121,7 @@ impl Dispatcher {
     pub(super) fn collect(&self, c: Collect) {
         let blobs = self.paths.blobs();
         let tx = self.tx.clone();
+        let (store, tenant) = (self.store.clone(), self.tenant.clone());
         tokio::spawn(async move {
             let Collect {
                 ending,
@@ -118,7 +129,9 @@ impl Dispatcher {
                 channel,
                 policy,
                 confinement,
+                share,
             } = c;
+            let shared_blobs = blobs.clone();
             let harvest = {
                 let (done_tx, done_rx) = tokio::sync::oneshot::channel();
                 let started = std::thread::Builder::new()
@@ -151,6 +164,30 @@ impl Dispatcher {
                     },
                 }
             };
+            if share
+                && let Ok(h) = &harvest
+                && !h.output.artifacts.is_empty()
+            {
+                let artifacts = h.output.artifacts.clone();
+                let name = ending.name.clone();
+                // Off the runtime's workers: up to 1 GiB to the store. A
+                // failure leaves the bytes on this node's disk only: the
+                // parent's node counts them as elsewhere (`brood fsck`).
+                let shared = tokio::task::spawn_blocking(move || {
+                    crate::channel::shared::share(
+                        store.as_ref(),
+                        &tenant,
+                        &shared_blobs,
+                        &artifacts,
+                    )
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+                if let Err(e) = shared {
+                    tracing::warn!(agent = %name, error = %e, "sharing artifacts with the parent's node");
+                }
+            }
             let _ = tx.send(Cmd::Harvested(Box::new(Harvested { ending, harvest })));
         });
     }

@@ -200,6 +200,8 @@ impl Supervisor {
                 .effective(store.tenant_quotas(&tenant).ok().as_ref())
                 .max_concurrent,
             waiters: Waiters::default(),
+            fetching: HashSet::new(),
+            ends_told: HashMap::new(),
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),

@@ -43,6 +43,10 @@ impl Dispatcher {
         self.declare_lost_nodes();
         self.claim_placed_agents();
         self.deliver_routed_inputs();
+        // A parent gone hears of no more ends.
+        let live = &self.live;
+        self.ends_told
+            .retain(|_, (parent, _)| live.contains_key(parent));
     }
 
     /// Unfinished records of this supervisor's agents that no live agent

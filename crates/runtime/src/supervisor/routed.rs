@@ -1,9 +1,10 @@
 //! What other nodes post for this one through the store (issue 15): inputs
 //! for the agents it runs; the ends of their children that other nodes
 //! ran, which the parent hears of here as if the child had run here (the
-//! protocol's `child` event, its channel's `status`, `result.md` and
-//! `refs.jsonl` in this node's ctx tree); and closes made through another
-//! node of agents this node ran, shown in its ctx tree.
+//! protocol's `child` event, its channel's `status`, `result.md`,
+//! `refs.jsonl` and `artifact/` in this node's ctx tree, the artifacts'
+//! bytes fetched from the store off the dispatcher first); and closes made
+//! through another node of agents this node ran, shown in its ctx tree.
 
 use super::*;
 
@@ -15,6 +16,15 @@ const CHILD_END: &str = "brood:child-end";
 /// The sender of an inbox entry that tells an agent's host it was closed
 /// through another node: the host's ctx tree shows it closed too.
 const CLOSED: &str = "brood:closed";
+
+/// A child's end heard from another node, its artifacts fetched.
+pub(crate) struct EndedElsewhere {
+    told: AgentName,
+    child: Agent,
+    result: Option<String>,
+    harvest: crate::channel::Harvest,
+    placed: crate::channel::shared::Placed,
+}
 
 impl Dispatcher {
     /// An input for an agent another node runs: posted in the store for its
@@ -68,6 +78,44 @@ impl Dispatcher {
         }
     }
 
+    /// Waits for agents hosted elsewhere hear of their end from nobody: the
+    /// store tells, on news and once a tick. A child another node ran whose
+    /// parent runs here is not done for a wait until its artifacts are in
+    /// the parent's channel here, as they would be had it run here: its end
+    /// is told to the parent now if the news of it (the store's inbox) has
+    /// not come yet, which then finds it told.
+    pub(super) fn answer_remote_waits(&mut self) {
+        for n in self.waiters.names() {
+            if self.live.contains_key(&n) || self.fetching.contains(&n) {
+                continue;
+            }
+            let Ok(Some(a)) = self.store.agent(&self.tenant, &n) else {
+                continue;
+            };
+            let Some(p) = a.parent.clone() else { continue };
+            if !a.status.is_finished()
+                || a.supervisor == self.me
+                || !self.live.contains_key(&p)
+                || self.ends_told.get(&n).is_some_and(|(_, run)| *run == a.run)
+            {
+                continue;
+            }
+            let has_artifacts = self
+                .store
+                .channel(&self.tenant, &p, &n)
+                .ok()
+                .flatten()
+                .is_some_and(|c| !c.artifacts.is_empty());
+            if has_artifacts {
+                self.on_child_end_elsewhere(&p, n.as_str());
+            }
+        }
+        let done = self.waiters.done_by(|n| {
+            !self.live.contains_key(n) && !self.fetching.contains(n) && self.finished_in_store(n)
+        });
+        self.answer_waiters(done);
+    }
+
     /// After a recorded end: a parent (or customer) that another node runs
     /// hears of it there, through the store.
     pub(super) fn tell_other_nodes_of_end(&mut self, agent: &Agent) {
@@ -102,8 +150,11 @@ impl Dispatcher {
     }
 
     /// A child another node ran ended: its parent (or customer) here hears
-    /// of it as if it had run here. The artifacts' bytes stay in the child's
-    /// node's blob store: the `child` event names them without content.
+    /// of it as if it had run here. When the parent is here and the child
+    /// handed back artifacts, their bytes are fetched from the store into
+    /// the channel's `artifact/` first, off the dispatcher (they may be
+    /// 1 GiB), and the parent hears of the end once they are in place
+    /// ([`Self::on_ended_elsewhere`]).
     fn on_child_end_elsewhere(&mut self, told: &AgentName, child: &str) {
         let Ok(child) = AgentName::new(child) else {
             tracing::warn!(agent = %told, "a child's end named no valid agent");
@@ -113,35 +164,98 @@ impl Dispatcher {
             Ok(Some(a)) if a.status.is_finished() => a,
             _ => return,
         };
+        // Told once a run, whichever comes first: the news of it or a wait
+        // that saw it in the store.
+        if let Some(p) = a.parent.as_ref().filter(|p| *p == told) {
+            if self
+                .ends_told
+                .get(&a.name)
+                .is_some_and(|(_, run)| *run == a.run)
+            {
+                return;
+            }
+            self.ends_told
+                .insert(a.name.clone(), (p.clone(), a.run.clone()));
+        }
         let channel = a
             .parent
             .as_ref()
             .and_then(|p| self.store.channel(&self.tenant, p, &child).ok().flatten());
         let result = channel.as_ref().and_then(|c| c.result.clone());
-        let refs = channel
-            .as_ref()
-            .and_then(|c| c.refs.clone())
-            .unwrap_or_default();
-        let artifacts = channel.map(|c| c.artifacts).unwrap_or_default();
-        let h = crate::channel::Harvest {
-            pack_refs: refs
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .collect(),
-            pack_artifacts: artifacts
-                .iter()
-                .map(|x| json!({"name": x.name, "sha256": x.sha256, "size": x.size}))
-                .collect(),
-            output: brood_store::ChannelOutput { refs, artifacts },
+        let output = match channel {
+            Some(c) => brood_store::ChannelOutput {
+                refs: c.refs.unwrap_or_default(),
+                artifacts: c.artifacts,
+            },
+            None => brood_store::ChannelOutput::default(),
         };
+        let dir = self.channel_dir_of(&a);
+        let blobs = self.paths.blobs();
+        if a.parent.as_ref() == Some(told)
+            && !output.artifacts.is_empty()
+            && let Some(dir) = dir.clone()
+        {
+            // `artifact/` is the child's, as on the node that ran it.
+            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+            let uid = stored_policy(&spec, &self.operator_policy()).map_or(self.uid, |p| p.uid);
+            self.fetching.insert(a.name.clone());
+            let (store, tenant, tx) = (self.store.clone(), self.tenant.clone(), self.tx.clone());
+            let told = told.clone();
+            tokio::task::spawn_blocking(move || {
+                let placed = crate::channel::shared::place(
+                    store.as_ref(),
+                    &tenant,
+                    &blobs,
+                    &output.artifacts,
+                    &dir,
+                    uid,
+                );
+                let harvest = crate::channel::recorded(output, Some(&dir), &blobs);
+                let _ = tx.send(Cmd::EndedElsewhere(Box::new(EndedElsewhere {
+                    told,
+                    child: a,
+                    result,
+                    harvest,
+                    placed,
+                })));
+            });
+            return;
+        }
+        let harvest = crate::channel::recorded(output, dir.as_deref(), &blobs);
+        self.tell_of_end_elsewhere(told, &a, result.as_deref(), &harvest);
+    }
+
+    /// A child's artifacts are in its parent's channel here (or could not
+    /// be, each named in the log): the parent hears of its end now, and
+    /// waits for the child are answered.
+    pub(super) fn on_ended_elsewhere(&mut self, e: EndedElsewhere) {
+        self.fetching.remove(&e.child.name);
+        if !e.placed.missing.is_empty() {
+            tracing::warn!(
+                agent = %e.child.name,
+                missing = ?e.placed.missing,
+                "artifacts of a child another node ran are not in its channel here"
+            );
+        }
+        self.tell_of_end_elsewhere(&e.told, &e.child, e.result.as_deref(), &e.harvest);
+        self.answer_remote_waits();
+    }
+
+    fn tell_of_end_elsewhere(
+        &mut self,
+        told: &AgentName,
+        a: &Agent,
+        result: Option<&str>,
+        h: &crate::channel::Harvest,
+    ) {
         if a.parent.as_ref() == Some(told) {
-            self.project_channel(&a, result.as_deref());
-            if let Some(dir) = self.channel_dir_of(&a) {
+            self.project_channel(a, result);
+            if let Some(dir) = self.channel_dir_of(a) {
                 self.projection
                     .write(dir.join("refs.jsonl"), h.output.refs.clone());
             }
         }
-        self.tell_of_end(told, &a, result.as_deref(), Some(&h));
+        self.tell_of_end(told, a, result, Some(h));
     }
 
     /// After a close through this node: the agent's host, when another node,

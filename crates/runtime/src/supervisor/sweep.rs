@@ -180,15 +180,6 @@ impl Dispatcher {
         }
     }
 
-    /// Waiters for agents hosted elsewhere hear of their end from nobody: the
-    /// store tells, once a tick.
-    pub(super) fn answer_remote_waits(&mut self) {
-        let done = self
-            .waiters
-            .done_by(|n| !self.live.contains_key(n) && self.finished_in_store(n));
-        self.answer_waiters(done);
-    }
-
     /// The lease, taking it if it is free: an exclusive, non-blocking `flock`
     /// on the lock file, then a new epoch from the store.
     fn hold_lease(&mut self) -> Option<Fence> {

@@ -28,6 +28,18 @@ impl Waiters {
         self.by_id.remove(&id)
     }
 
+    /// Every agent some wait names (once each).
+    pub(super) fn names(&self) -> Vec<AgentName> {
+        let mut v: Vec<AgentName> = self
+            .by_id
+            .values()
+            .flat_map(|w| w.names.iter().cloned())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// The ids of the waits that are done by `done`: every agent they name
     /// passes it.
     pub(super) fn done_by(&self, done: impl Fn(&AgentName) -> bool) -> Vec<u64> {

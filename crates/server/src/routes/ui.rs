@@ -353,14 +353,39 @@ pub(crate) async fn ui_artifact(
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
-    let path = brood_runtime::channel::blob_path(&api.sup().paths().blobs(), &artifact.sha256);
+    let sup = api.sup();
+    let blobs = sup.paths().blobs();
+    let path = brood_runtime::channel::blob_path(&blobs, &artifact.sha256);
     // Off the connection's task: the file may be large and the disk slow.
+    // A child another node ran: its bytes come from the shared store.
     let read = {
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || std::fs::read(path)).await
+        let (path, store, tenant) = (path.clone(), sup.store().clone(), sup.tenant().clone());
+        let sha256 = artifact.sha256.clone();
+        tokio::task::spawn_blocking(move || {
+            if !brood_runtime::channel::shared::fetch_blob(
+                store.as_ref(),
+                &tenant,
+                &blobs,
+                &sha256,
+            )? {
+                return Ok(None);
+            }
+            std::fs::read(path).map(Some)
+        })
+        .await
     };
     let bytes = match read.map_err(std::io::Error::other).and_then(|r| r) {
-        Ok(b) => b,
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return HttpError(ApiError::new(
+                Code::NotFound,
+                format!(
+                    "artifact {} of agent {name}: its bytes are on the node that ran it, which did not share them",
+                    artifact.name
+                ),
+            ))
+            .into_response();
+        }
         Err(e) => {
             tracing::error!(error = %e, path = %path.display(), "reading an artifact's blob");
             return HttpError(ApiError::new(

@@ -22,7 +22,7 @@ pub(crate) const Q_CHUNK: &str =
 
 /// A blob's name is its SHA-256 in lowercase hex, as the blob stores on
 /// disk name their files.
-pub(crate) fn check_name(sha256: &str) -> Result<()> {
+fn check_name(sha256: &str) -> Result<()> {
     let ok = sha256.len() == 64
         && sha256
             .bytes()
@@ -44,9 +44,50 @@ fn io(sha256: &str, source: std::io::Error) -> StoreError {
     }
 }
 
+/// A blob's size and number of chunks, from its head row (none until whole).
+pub(crate) type Head = Option<(i64, i64)>;
+
+/// `Blobs::put_blob` with a store's three steps: `head` (is it whole
+/// already?), `chunk` (write one, in its own transaction) and `finish`
+/// (write the head: size and number of chunks).
+pub(crate) fn put(
+    sha256: &str,
+    size: u64,
+    src: &mut dyn Read,
+    head: impl FnOnce() -> Result<Head>,
+    chunk: impl FnMut(i64, &[u8]) -> Result<()>,
+    finish: impl FnOnce(i64, i64) -> Result<()>,
+) -> Result<()> {
+    check_name(sha256)?;
+    if head()?.is_some() {
+        return Ok(());
+    }
+    let chunks = put_chunks(sha256, size, src, chunk)?;
+    let size = i64::try_from(size).map_err(|_| StoreError::Corrupt {
+        what: "blobs.size",
+        value: size.to_string(),
+    })?;
+    finish(size, chunks)
+}
+
+/// `Blobs::get_blob` with a store's two steps: `head` and `chunk` (read one).
+pub(crate) fn get(
+    sha256: &str,
+    dst: &mut dyn Write,
+    head: impl FnOnce() -> Result<Head>,
+    chunk: impl FnMut(i64) -> Result<Option<Vec<u8>>>,
+) -> Result<bool> {
+    check_name(sha256)?;
+    let Some(head) = head()? else {
+        return Ok(false);
+    };
+    get_chunks(sha256, head, chunk, dst)?;
+    Ok(true)
+}
+
 /// Reads `size` bytes from `src` a chunk at a time, handing each to
 /// `write` with its number; the number of chunks.
-pub(crate) fn put_chunks(
+fn put_chunks(
     sha256: &str,
     size: u64,
     src: &mut dyn Read,
@@ -85,7 +126,7 @@ pub(crate) fn put_chunks(
 
 /// Writes the `chunks` chunks `read` gives to `dst`, in order, checking
 /// that none is missing and that they add up to `size`.
-pub(crate) fn get_chunks(
+fn get_chunks(
     sha256: &str,
     (size, chunks): (i64, i64),
     mut read: impl FnMut(i64) -> Result<Option<Vec<u8>>>,

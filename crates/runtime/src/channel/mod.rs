@@ -357,20 +357,9 @@ pub fn blob_path(blobs: &Path, sha256: &str) -> PathBuf {
 /// rename; an existing blob is kept: same hash, same bytes), reading at most
 /// `cap` bytes.
 pub fn put_blob(blobs: &Path, src: &mut File, cap: u64) -> io::Result<(String, u64)> {
-    let dir = blobs.join("sha256");
-    fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(
-        ".in.{}.{}",
-        std::process::id(),
-        uuid::Uuid::now_v7().simple()
-    ));
+    let (dir, tmp) = blob_temp(blobs)?;
     let r = (|| {
-        let mut out = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)?;
+        let mut out = new_blob_file(&tmp)?;
         let (hex, size) = open::hash_copy(src, cap, Some(&mut out))?;
         let dst = dir.join(&hex);
         if dst.exists() {
@@ -384,6 +373,29 @@ pub fn put_blob(blobs: &Path, src: &mut File, cap: u64) -> io::Result<(String, u
         let _ = fs::remove_file(&tmp);
     }
     r
+}
+
+/// The blob store's directory (made if missing) and a fresh temp file name
+/// in it, for a blob being written: renamed to its hash once whole.
+fn blob_temp(blobs: &Path) -> io::Result<(PathBuf, PathBuf)> {
+    let dir = blobs.join("sha256");
+    fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!(
+        ".in.{}.{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    ));
+    Ok((dir, tmp))
+}
+
+/// Creates the temp file of a blob being written (read-only once renamed).
+fn new_blob_file(tmp: &Path) -> io::Result<File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(tmp)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -11,14 +11,13 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use brood_core::TenantId;
 use brood_store::{Artifact, Store};
 use sha2::{Digest, Sha256};
 
-use super::{blob_path, hex, relative};
+use super::{blob_path, blob_temp, hex, new_blob_file, relative};
 
 /// Puts the blobs of `artifacts` (in this node's blob store) into the shared
 /// store; a blob the store holds already is not sent again. The first
@@ -54,22 +53,10 @@ pub fn fetch_blob(
     if dst.exists() {
         return Ok(true);
     }
-    let dir = blobs.join("sha256");
-    fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(
-        ".in.{}.{}",
-        std::process::id(),
-        uuid::Uuid::now_v7().simple()
-    ));
+    let (_, tmp) = blob_temp(blobs)?;
     let r = (|| {
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)?;
         let mut out = Hashing {
-            file,
+            file: new_blob_file(&tmp)?,
             hash: Sha256::new(),
         };
         if !store

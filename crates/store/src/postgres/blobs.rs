@@ -9,9 +9,9 @@ use std::io::{Read, Write};
 use brood_core::TenantId;
 
 use super::PgStore;
-use crate::blobs::{I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, check_name, get_chunks, put_chunks};
+use crate::blobs::{Head, I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, get, put};
 use crate::contract::Blobs;
-use crate::types::{Result, StoreError};
+use crate::types::Result;
 
 impl Blobs for PgStore {
     fn put_blob(
@@ -21,33 +21,30 @@ impl Blobs for PgStore {
         size: u64,
         src: &mut dyn Read,
     ) -> Result<()> {
-        check_name(sha256)?;
-        if self.blob_head(tenant, sha256)?.is_some() {
-            return Ok(());
-        }
         let t = tenant.as_str();
-        let chunks = put_chunks(sha256, size, src, |seq, bytes| {
-            self.write_quiet(|db| db.exec(U_CHUNK, &[&t, &sha256, &seq, &bytes]))
-                .map(|_| ())
-        })?;
-        let size = i64::try_from(size).map_err(|_| StoreError::Corrupt {
-            what: "blobs.size",
-            value: size.to_string(),
-        })?;
-        let now = crate::now_ms();
-        self.write_quiet(|db| db.exec(I_BLOB, &[&t, &sha256, &size, &chunks, &now]))?;
-        Ok(())
+        put(
+            sha256,
+            size,
+            src,
+            || self.blob_head(t, sha256),
+            |seq, bytes| {
+                self.write_quiet(|db| db.exec(U_CHUNK, &[&t, &sha256, &seq, &bytes]))
+                    .map(drop)
+            },
+            |size, chunks| {
+                let now = crate::now_ms();
+                self.write_quiet(|db| db.exec(I_BLOB, &[&t, &sha256, &size, &chunks, &now]))
+                    .map(drop)
+            },
+        )
     }
 
     fn get_blob(&self, tenant: &TenantId, sha256: &str, dst: &mut dyn Write) -> Result<bool> {
-        check_name(sha256)?;
-        let Some(head) = self.blob_head(tenant, sha256)? else {
-            return Ok(false);
-        };
         let t = tenant.as_str();
-        get_chunks(
+        get(
             sha256,
-            head,
+            dst,
+            || self.blob_head(t, sha256),
             |seq| {
                 self.read(|db| {
                     db.query_opt(Q_CHUNK, &[&t, &sha256, &seq])?
@@ -56,18 +53,14 @@ impl Blobs for PgStore {
                         .map_err(Into::into)
                 })
             },
-            dst,
-        )?;
-        Ok(true)
+        )
     }
 }
 
 impl PgStore {
-    /// A whole blob's size and number of chunks.
-    fn blob_head(&self, tenant: &TenantId, sha256: &str) -> Result<Option<(i64, i64)>> {
-        let t = tenant.as_str();
+    fn blob_head(&self, tenant: &str, sha256: &str) -> Result<Head> {
         self.read(|db| {
-            db.query_opt(Q_BLOB, &[&t, &sha256])?
+            db.query_opt(Q_BLOB, &[&tenant, &sha256])?
                 .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
                 .transpose()
         })

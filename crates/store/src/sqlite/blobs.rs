@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use rusqlite::OptionalExtension;
 
 use super::*;
-use crate::blobs::{I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, check_name, get_chunks, put_chunks};
+use crate::blobs::{Head, I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, get, put};
 use crate::contract::Blobs;
 
 impl Blobs for SqliteStore {
@@ -18,43 +18,36 @@ impl Blobs for SqliteStore {
         size: u64,
         src: &mut dyn Read,
     ) -> Result<()> {
-        check_name(sha256)?;
-        if self.blob_head(tenant, sha256)?.is_some() {
-            return Ok(());
-        }
         let t = tenant.as_str();
-        let chunks = put_chunks(sha256, size, src, |seq, bytes| {
-            self.write(|tx| {
-                tx.prepare_cached(U_CHUNK)?
-                    .execute(rusqlite::params![t, sha256, seq, bytes])?;
-                Ok(())
-            })
-        })?;
-        let size = i64::try_from(size).map_err(|_| StoreError::Corrupt {
-            what: "blobs.size",
-            value: size.to_string(),
-        })?;
-        self.write(|tx| {
-            tx.prepare_cached(I_BLOB)?.execute(rusqlite::params![
-                t,
-                sha256,
-                size,
-                chunks,
-                crate::now_ms()
-            ])?;
-            Ok(())
-        })
+        put(
+            sha256,
+            size,
+            src,
+            || self.blob_head(t, sha256),
+            |seq, bytes| {
+                self.write(|tx| {
+                    tx.prepare_cached(U_CHUNK)?
+                        .execute(rusqlite::params![t, sha256, seq, bytes])?;
+                    Ok(())
+                })
+            },
+            |size, chunks| {
+                self.write(|tx| {
+                    let now = crate::now_ms();
+                    tx.prepare_cached(I_BLOB)?
+                        .execute(rusqlite::params![t, sha256, size, chunks, now])?;
+                    Ok(())
+                })
+            },
+        )
     }
 
     fn get_blob(&self, tenant: &TenantId, sha256: &str, dst: &mut dyn Write) -> Result<bool> {
-        check_name(sha256)?;
-        let Some(head) = self.blob_head(tenant, sha256)? else {
-            return Ok(false);
-        };
         let t = tenant.as_str();
-        get_chunks(
+        get(
             sha256,
-            head,
+            dst,
+            || self.blob_head(t, sha256),
             |seq| {
                 self.read(|c| {
                     Ok(c.prepare_cached(Q_CHUNK)?
@@ -62,18 +55,15 @@ impl Blobs for SqliteStore {
                         .optional()?)
                 })
             },
-            dst,
-        )?;
-        Ok(true)
+        )
     }
 }
 
 impl SqliteStore {
-    /// A whole blob's size and number of chunks.
-    fn blob_head(&self, tenant: &TenantId, sha256: &str) -> Result<Option<(i64, i64)>> {
+    fn blob_head(&self, tenant: &str, sha256: &str) -> Result<Head> {
         self.read(|c| {
             Ok(c.prepare_cached(Q_BLOB)?
-                .query_row((tenant.as_str(), sha256), |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row((tenant, sha256), |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?)
         })
     }

@@ -8,8 +8,6 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
-#[path = "../../runtime/tests/support/redis.rs"]
-mod redis_support;
 
 use std::time::Duration;
 
@@ -18,7 +16,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
-    let server = redis_support::server();
+    let server = common::redis::server();
     let url = server.url();
     let env = start_with(Duration::from_millis(300), |c| {
         c.slots = Some(url.clone());
@@ -26,8 +24,8 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
         c.sweep_every = Some(Duration::from_millis(50));
     });
     let key = format!("brood:slots:{}", env.sup.tenant());
-    let get = || redis_support::raw(server.addr, &["GET", &key]);
-    redis_support::raw(server.addr, &["DEL", &key]);
+    let get = || common::redis::raw(server.addr, &["GET", &key]);
+    common::redis::raw(server.addr, &["DEL", &key]);
     env.sup
         .store()
         .set_tenant_quota(env.sup.tenant(), "max_concurrent", 3)
@@ -39,7 +37,7 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
     }
     assert_eq!(get(), "2", "two started agents hold two slots");
     // Knocked out of true: the counter says the tenant is far past full.
-    redis_support::raw(server.addr, &["SET", &key, "50"]);
+    common::redis::raw(server.addr, &["SET", &key, "50"]);
     let c = env
         .sup
         .spawn(me(), req("c", agent(&["--hang"])))

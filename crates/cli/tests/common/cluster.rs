@@ -1,16 +1,52 @@
-//! A cluster of real `brood serve` nodes on one PostgreSQL, for the many
-//! nodes tests (`many_nodes.rs`, `many_nodes_placement.rs`): nodes started
-//! (in a PID namespace of their own too), their API and CLI, and what runs
-//! where.
+//! A cluster of real `brood serve` nodes on one PostgreSQL and one Redis
+//! (the tenant's concurrency slots), for the many nodes tests
+//! (`many_nodes.rs`, `many_nodes_placement.rs`): nodes started (in a PID
+//! namespace of their own too), their API and CLI, and what runs where.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use brood_store_conformance::pg::{Fresh, Private};
 use serde_json::{Value, json};
 
 use super::*;
+
+/// The Redis slot counter the nodes on `store` share: a database of its own
+/// on the tests' Redis for each store (each test's cluster), emptied when
+/// first handed out, since the counter's key is the tenant's and the
+/// clusters of tests running at once have the same tenants.
+pub struct SharedSlots {
+    pub addr: SocketAddr,
+    pub db: u32,
+    pub url: String,
+}
+
+pub fn slots_for(store: &str) -> SharedSlots {
+    static SERVER: OnceLock<Arc<redis::Server>> = OnceLock::new();
+    static STORES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let server = SERVER.get_or_init(redis::server);
+    let mut stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
+    let (i, new) = match stores.iter().position(|s| s == store) {
+        Some(i) => (i, false),
+        None => {
+            stores.push(store.to_owned());
+            (stores.len() - 1, true)
+        }
+    };
+    // Databases 1 to 15 (a Redis has 16); 0 is the slot tests'.
+    let db = 1 + (i as u32 % 15);
+    if new {
+        redis::raw_in(server.addr, db, &["FLUSHDB"]);
+    }
+    SharedSlots {
+        addr: server.addr,
+        db,
+        url: format!("{}/{db}", server.url()),
+    }
+}
 
 pub fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
     serve_wrapped(&[], root, store, zone, extra)
@@ -50,6 +86,7 @@ pub fn serve_wrapped(
             &["--sweep-every", "0.1"][..]
         })
         .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
+        .args(["--slots", &slots_for(store).url])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)

@@ -5,6 +5,9 @@
 pub mod anthropic;
 pub mod cluster;
 pub mod model;
+// The real Redis of the slot-counter tests, shared with brood-runtime's.
+#[path = "../../../runtime/tests/support/redis.rs"]
+pub mod redis;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

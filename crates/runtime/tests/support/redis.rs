@@ -144,15 +144,27 @@ fn spawn_server() -> Server {
 /// One command over a fresh raw connection, independent of the client under
 /// test; returns the reply's first line, or the bulk string's content.
 pub fn raw(addr: SocketAddr, args: &[&str]) -> String {
+    raw_in(addr, 0, args)
+}
+
+/// [`raw`] in database `db` (a test that shares the server keeps its keys
+/// apart from the others').
+pub fn raw_in(addr: SocketAddr, db: u32, args: &[&str]) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut req = format!("*{}\r\n", args.len());
     for a in args {
         req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
     }
+    let db = db.to_string();
+    let select = format!("*2\r\n$6\r\nSELECT\r\n${}\r\n{db}\r\n", db.len());
+    s.write_all(select.as_bytes()).unwrap();
     s.write_all(req.as_bytes()).unwrap();
     let mut r = BufReader::new(s);
     let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "+OK", "SELECT {db}");
+    line.clear();
     r.read_line(&mut line).unwrap();
     let line = line.trim_end().to_owned();
     if line.starts_with('$') && line != "$-1" {

@@ -157,7 +157,7 @@ fn concurrency_slots_hold_across_three_nodes_sharing_one_redis() {
     let nodes = Nodes::start(3);
     let slots = slots_for(&nodes.store);
     let key = "brood:slots:user-0";
-    let count = || common::redis::raw_in(slots.addr, slots.db, &["GET", key]);
+    let count = || common::redis::held(slots.addr, slots.db, key).to_string();
     let o = cli(
         &nodes.roots[0],
         &nodes.store,
@@ -209,7 +209,9 @@ fn concurrency_slots_hold_across_three_nodes_sharing_one_redis() {
     );
     // Every slot given back: a count of 0 leaves no key.
     assert!(
-        eventually(Duration::from_secs(5), || count() == "$-1"),
+        eventually(Duration::from_secs(5), || {
+            common::redis::raw_in(slots.addr, slots.db, &["EXISTS", key]) == ":0"
+        }),
         "{}",
         count()
     );

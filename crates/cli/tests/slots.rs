@@ -24,7 +24,7 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
         c.sweep_every = Some(Duration::from_millis(50));
     });
     let key = format!("brood:slots:{}", env.sup.tenant());
-    let get = || common::redis::raw(server.addr, &["GET", &key]);
+    let get = || common::redis::held(server.addr, 0, &key).to_string();
     common::redis::raw(server.addr, &["DEL", &key]);
     env.sup
         .store()
@@ -36,16 +36,17 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
         env.sup.spawn(me(), r).await.unwrap();
     }
     assert_eq!(get(), "2", "two started agents hold two slots");
-    // Knocked out of true: the counter says the tenant is far past full.
-    common::redis::raw(server.addr, &["SET", &key, "50"]);
+    // Knocked out of true: a supervisor that is gone (no process answers to
+    // its id) left 50 slots held, far past full.
+    common::redis::raw(server.addr, &["HSET", &key, "s1-0", "50"]);
     let c = env
         .sup
         .spawn(me(), req("c", agent(&["--hang"])))
         .await
         .unwrap();
     assert_eq!(c["status"], "queued", "{c}");
-    // The reconciler counts the store's started agents (2), repairs the
-    // counter, and the queued agent takes the free slot.
+    // The reconciler gives back the gone supervisor's share, and the queued
+    // agent takes the free slot.
     assert!(
         eventually(Duration::from_secs(10), || show(&env, "c")["status"]
             == "running"),
@@ -67,7 +68,9 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
         .unwrap();
     // Every slot given back: a count of 0 leaves no key.
     assert!(
-        eventually(Duration::from_secs(5), || get() == "$-1"),
+        eventually(Duration::from_secs(5), || {
+            common::redis::raw(server.addr, &["EXISTS", &key]) == ":0"
+        }),
         "counter left at {}",
         get()
     );

@@ -63,21 +63,34 @@ pub trait Slots: Send + Sync {
     fn release(&self, tenant: &TenantId) -> Result<(), SlotError>;
     /// The slots `tenant` holds according to the counter.
     fn count(&self, tenant: &TenantId) -> Result<u64, SlotError>;
-    /// Sets the counter to `actual`, the store's truth, and returns the drift it
-    /// found: the counter's old value minus `actual` (positive: the counter
-    /// over-counted and was refusing starts it should have allowed).
+    /// Sets this supervisor's share of the count to `actual` (the slots its
+    /// own started agents hold, which it alone knows exactly) and returns
+    /// the drift it found: the share's old value minus `actual` (positive:
+    /// the counter over-counted and was refusing starts it should have
+    /// allowed).
     fn repair(&self, tenant: &TenantId, actual: u64) -> Result<i64, SlotError>;
+    /// Gives back the shares of the supervisors `alive` says are gone (their
+    /// agents died with them); the slots freed. A counter of one supervisor
+    /// has no other shares.
+    fn forget_holders(
+        &self,
+        tenant: &TenantId,
+        alive: &dyn Fn(&str) -> bool,
+    ) -> Result<u64, SlotError> {
+        let _ = (tenant, alive);
+        Ok(0)
+    }
     /// Which counter this is, for logs and `brood status` (no credentials).
     fn describe(&self) -> String;
 }
 
 /// The counter for a configured URL: none is [`Embedded`], `redis://` is
 /// [`Redis`] (checked with a PING, so a wrong address fails at start, not at the
-/// first spawn).
-pub fn open(url: Option<&str>) -> Result<Arc<dyn Slots>, SlotError> {
+/// first spawn), holding its slots as `holder` (the supervisor's id).
+pub fn open(url: Option<&str>, holder: &str) -> Result<Arc<dyn Slots>, SlotError> {
     match url {
         None => Ok(Arc::new(Embedded::new())),
-        Some(url) => Ok(Arc::new(Redis::connect(url)?)),
+        Some(url) => Ok(Arc::new(Redis::connect(url, holder)?)),
     }
 }
 
@@ -159,59 +172,89 @@ impl Slots for Embedded {
 // Redis
 // ---------------------------------------------------------------------------
 
-/// Takes a slot if fewer than ARGV[1] are held, refreshing the expiry (ARGV[2]
-/// seconds) either way. A script rather than INCR then DECR: it is one round trip
-/// and atomic, so concurrent acquirers never see each other's transient overshoot
-/// (with INCR/DECR two callers racing for the last slot can both be refused while
-/// a slot is free), and a supervisor dying between the two commands cannot leave
-/// the overshoot behind. A value that is not a number makes INCR fail, which
-/// surfaces as an error naming the command.
+/// Sums a tenant's shares (the fields of its hash) into `held`. A share that
+/// is not a number fails the script, which surfaces as an error naming it.
+const SUM: &str = "\
+local held = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+  held = held + tonumber(v)
+end
+";
+
+/// Takes a slot for holder ARGV[3] if fewer than ARGV[1] are held by all
+/// holders together, refreshing the expiry (ARGV[2] seconds). A script: one
+/// round trip and atomic, so two supervisors racing for the last slot never
+/// both get it, nor both lose it while it is free.
 const ACQUIRE: &str = "\
-local n = redis.call('INCR', KEYS[1])
-if n > tonumber(ARGV[1]) then
-  if n == 1 then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('DECR', KEYS[1])
+if held >= tonumber(ARGV[1]) then
+  if held > 0 then
     redis.call('EXPIRE', KEYS[1], ARGV[2])
   end
   return 0
 end
+redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1";
 
-/// Gives a slot back, never below 0, refreshing the expiry; returns the new count.
-/// A script so the check and the decrement are one atomic step. A count reaching
-/// 0 deletes the key, as the embedded map drops the tenant: only tenants holding
-/// slots have a key.
+/// Gives holder ARGV[2]'s slot back, never below 0, refreshing the expiry
+/// (ARGV[1]); returns its new share. A share reaching 0 is removed, and the
+/// last one the key with it, as the embedded map drops the tenant: only
+/// tenants holding slots have a key.
 const RELEASE: &str = "\
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+local n = tonumber(redis.call('HGET', KEYS[1], ARGV[2]) or '0')
 if not n then
-  return redis.error_reply(KEYS[1] .. ' does not hold a count')
+  return redis.error_reply(KEYS[1] .. ' ' .. ARGV[2] .. ' does not hold a count')
 end
 if n > 1 then
-  n = redis.call('DECR', KEYS[1])
+  n = redis.call('HINCRBY', KEYS[1], ARGV[2], -1)
   redis.call('EXPIRE', KEYS[1], ARGV[1])
   return n
 end
-redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[1], ARGV[2])
 return 0";
 
-/// Sets the count to ARGV[1] with the expiry ARGV[2] (0: deletes the key);
-/// returns the old count (0 for a missing key or one holding garbage). One script,
-/// so no acquire can slip between the read and the write and vanish without being
-/// counted as drift.
+/// Sets holder ARGV[3]'s share to ARGV[1] with the expiry ARGV[2] (0: removes
+/// it); returns the old share (0 for none, or one holding garbage). One script,
+/// so no acquire of the holder's can slip between the read and the write. A
+/// key that is no hash (one count, as brood kept before shares, or garbage)
+/// is dropped first: every supervisor's repair then writes its share back.
 const REPAIR: &str = "\
-local old = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-if ARGV[1] == '0' then
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then
   redis.call('DEL', KEYS[1])
+end
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[3]) or '0') or 0
+if ARGV[1] == '0' then
+  redis.call('HDEL', KEYS[1], ARGV[3])
 else
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  redis.call('HSET', KEYS[1], ARGV[3], ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
 end
 return old";
 
-/// A counter in Redis, shared by every supervisor pointed at the same server: key
-/// `brood:slots:<tenant>`, expiring [`DEFAULT_TTL`] after its last write.
+/// The holders of a tenant's shares, one a line.
+const HOLDERS: &str = "return table.concat(redis.call('HKEYS', KEYS[1]), '\\n')";
+
+/// Removes the shares of holders ARGV[1..]; returns the slots they held.
+const FORGET: &str = "\
+local freed = 0
+for i = 1, #ARGV do
+  freed = freed + (tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0') or 0)
+  redis.call('HDEL', KEYS[1], ARGV[i])
+end
+return freed";
+
+/// A counter in Redis, shared by every supervisor pointed at the same server: a
+/// hash at key `brood:slots:<tenant>` with one field a supervisor (its id), the
+/// slots it holds, expiring [`DEFAULT_TTL`] after its last write. The count is
+/// the sum of the shares. Shares rather than one number so that the count can
+/// be set right without a race: each supervisor repairs its own share from
+/// its own live agents (exact: its acquires and releases are its own), and
+/// the shares of supervisors that are gone are given back
+/// ([`Slots::forget_holders`]). One number repaired from the store's count
+/// of started agents would miss the starts other supervisors have in flight
+/// (a slot taken, the start not recorded yet) and let the tenant past its
+/// limit.
 ///
 /// The client is a minimal RESP2 one (PING, SELECT, GET, EVAL) rather than the
 /// `redis` crate: `redis` 1.8.1 (the newest stable) with `default-features =
@@ -227,6 +270,8 @@ pub struct Redis {
     /// The URL as configured, for errors and [`Slots::describe`].
     url: String,
     addr: Addr,
+    /// The field of this supervisor's share.
+    holder: String,
     ttl: Duration,
     timeout: Duration,
     conn: Mutex<Option<Conn>>,
@@ -242,12 +287,13 @@ struct Addr {
 
 impl Redis {
     /// Parses `redis://host[:port][/db]` (port 6379, db 0 by default), connects and
-    /// checks the server answers PING.
-    pub fn connect(url: &str) -> Result<Redis, SlotError> {
+    /// checks the server answers PING; its slots are held as `holder`.
+    pub fn connect(url: &str, holder: &str) -> Result<Redis, SlotError> {
         let addr = parse_url(url)?;
         let redis = Redis {
             url: url.to_owned(),
             addr,
+            holder: holder.to_owned(),
             ttl: DEFAULT_TTL,
             timeout: DEFAULT_TIMEOUT,
             conn: Mutex::new(None),
@@ -264,7 +310,7 @@ impl Redis {
         self
     }
 
-    /// The Redis key holding `tenant`'s count.
+    /// The Redis key holding `tenant`'s shares.
     pub fn key(tenant: &TenantId) -> String {
         format!("brood:slots:{tenant}")
     }
@@ -385,6 +431,19 @@ impl Redis {
             other => Err(self.error(command, format!("unexpected reply {other:?}"))),
         }
     }
+
+    /// [`Redis::eval`] of a script whose answer is text.
+    fn eval_text(
+        &self,
+        command: &'static str,
+        script: &str,
+        key: &str,
+    ) -> Result<String, SlotError> {
+        match self.call(command, &[b"EVAL", script.as_bytes(), b"1", key.as_bytes()])? {
+            Reply::Bulk(v) => Ok(String::from_utf8_lossy(&v.unwrap_or_default()).into_owned()),
+            other => Err(self.error(command, format!("unexpected reply {other:?}"))),
+        }
+    }
 }
 
 impl Slots for Redis {
@@ -392,9 +451,9 @@ impl Slots for Redis {
         let max = max.to_string();
         let got = self.eval(
             "EVAL acquire",
-            ACQUIRE,
+            &format!("{SUM}{ACQUIRE}"),
             &Redis::key(tenant),
-            &[&max, &self.ttl_secs()],
+            &[&max, &self.ttl_secs(), &self.holder],
         )?;
         Ok(got == 1)
     }
@@ -404,27 +463,22 @@ impl Slots for Redis {
             "EVAL release",
             RELEASE,
             &Redis::key(tenant),
-            &[&self.ttl_secs()],
+            &[&self.ttl_secs(), &self.holder],
         )?;
         Ok(())
     }
 
     fn count(&self, tenant: &TenantId) -> Result<u64, SlotError> {
-        let key = Redis::key(tenant);
-        match self.call("GET", &[b"GET", key.as_bytes()])? {
-            Reply::Bulk(None) => Ok(0),
-            Reply::Bulk(Some(v)) => {
-                let text = String::from_utf8_lossy(&v);
-                let n: i64 = text
-                    .parse()
-                    .map_err(|_| self.error("GET", format!("{key} holds {text:?}, not a count")))?;
-                // A negative count means more releases than acquires were recorded:
-                // as far as the counter knows nothing is held. The reconciler
-                // repairs the value itself.
-                Ok(u64::try_from(n).unwrap_or(0))
-            }
-            other => Err(self.error("GET", format!("unexpected reply {other:?}"))),
-        }
+        let held = self.eval(
+            "EVAL count",
+            &format!("{SUM}return held"),
+            &Redis::key(tenant),
+            &[],
+        )?;
+        // A negative share means more releases than acquires were recorded:
+        // as far as the counter knows nothing is held. The reconciler repairs
+        // the share itself.
+        Ok(u64::try_from(held).unwrap_or(0))
     }
 
     fn repair(&self, tenant: &TenantId, actual: u64) -> Result<i64, SlotError> {
@@ -432,9 +486,27 @@ impl Slots for Redis {
             "EVAL repair",
             REPAIR,
             &Redis::key(tenant),
-            &[&actual.to_string(), &self.ttl_secs()],
+            &[&actual.to_string(), &self.ttl_secs(), &self.holder],
         )?;
         Ok(drift(old, actual))
+    }
+
+    fn forget_holders(
+        &self,
+        tenant: &TenantId,
+        alive: &dyn Fn(&str) -> bool,
+    ) -> Result<u64, SlotError> {
+        let key = Redis::key(tenant);
+        let holders = self.eval_text("EVAL holders", HOLDERS, &key)?;
+        let gone: Vec<&str> = holders
+            .lines()
+            .filter(|h| !h.is_empty() && *h != self.holder && !alive(h))
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let freed = self.eval("EVAL forget", FORGET, &key, &gone)?;
+        Ok(u64::try_from(freed).unwrap_or(0))
     }
 
     fn describe(&self) -> String {

@@ -66,7 +66,12 @@ impl Drop for Tenant {
 }
 
 fn redis(server: &Server) -> Arc<dyn Slots> {
-    slots::open(Some(&server.url())).unwrap()
+    redis_as(server, "s-test")
+}
+
+/// The counter of the supervisor `holder`.
+fn redis_as(server: &Server, holder: &str) -> Arc<dyn Slots> {
+    slots::open(Some(&server.url()), holder).unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -180,7 +185,7 @@ fn drift(slots: &dyn Slots, t: &TenantId, knock: &dyn Fn()) {
 
 #[test]
 fn embedded_behaviour() {
-    let slots = slots::open(None).unwrap();
+    let slots = slots::open(None, "s-test").unwrap();
     assert!(slots.describe().contains("embedded"));
     behaviour(
         slots.as_ref(),
@@ -191,7 +196,7 @@ fn embedded_behaviour() {
 
 #[test]
 fn embedded_hundred_threads_eight_slots() {
-    let slots = slots::open(None).unwrap();
+    let slots = slots::open(None, "s-test").unwrap();
     contend(&Tenant::new("ec", None).id, |_| slots.clone());
 }
 
@@ -243,13 +248,13 @@ fn redis_hundred_threads_eight_slots() {
     contend(&Tenant::new("rc", Some(&server)).id, |_| slots.clone());
 }
 
-/// Several supervisors: each thread its own connection, so the atomicity comes
-/// from the server-side script, not from the client's mutex.
+/// Several supervisors: each thread its own connection and share, so the
+/// atomicity comes from the server-side script, not from the client's mutex.
 #[test]
 fn redis_hundred_connections_eight_slots() {
     let server = server();
     let t = Tenant::new("rcc", Some(&server));
-    contend(&t.id, |_| redis(&server));
+    contend(&t.id, |i| redis_as(&server, &format!("s-{i}")));
 }
 
 #[test]
@@ -258,15 +263,15 @@ fn redis_repair() {
     let slots = redis(&server);
     let t = Tenant::new("rr", Some(&server));
     drift(slots.as_ref(), &t.id, &|| {
-        assert_eq!(raw(server.addr, &["SET", &t.key(), "50"]), "+OK");
+        assert_eq!(raw(server.addr, &["HSET", &t.key(), "s-test", "50"]), ":0");
     });
     assert_eq!(
         raw(server.addr, &["EXISTS", &t.key()]),
         ":0",
         "repair to 0 deletes the key"
     );
-    // A key holding garbage: writes fail naming the command and the URL; repair
-    // overwrites it.
+    // A key holding garbage (or the one count of an older brood): calls fail
+    // naming the command and the URL; repair drops it and writes its share.
     raw(server.addr, &["SET", &t.key(), "garbage"]);
     for err in [
         slots.acquire(&t.id, 5).unwrap_err(),
@@ -279,6 +284,47 @@ fn redis_repair() {
     }
     assert_eq!(slots.repair(&t.id, 1).unwrap(), -1);
     assert_eq!(slots.count(&t.id).unwrap(), 1);
+}
+
+/// Each supervisor holds a share; the count is their sum. A supervisor's
+/// repair sets its own share only, whatever the others hold (a start another
+/// one has in flight is never repaired away), and the shares of supervisors
+/// that are gone are given back, the caller's own never.
+#[test]
+fn redis_shares_are_repaired_by_their_holder_and_given_back_when_it_is_gone() {
+    let server = server();
+    let t = Tenant::new("rs", Some(&server));
+    let (a, b, c) = (
+        redis_as(&server, "s-a"),
+        redis_as(&server, "s-b"),
+        redis_as(&server, "s-c"),
+    );
+    for _ in 0..2 {
+        assert!(a.acquire(&t.id, 6).unwrap());
+    }
+    for _ in 0..3 {
+        assert!(b.acquire(&t.id, 6).unwrap());
+    }
+    assert!(c.acquire(&t.id, 6).unwrap());
+    assert_eq!(a.count(&t.id).unwrap(), 6);
+    assert!(!c.acquire(&t.id, 6).unwrap(), "six held among three");
+    // a repairs its share to what it holds: b's and c's are untouched.
+    assert_eq!(a.repair(&t.id, 1).unwrap(), 1);
+    assert_eq!(b.count(&t.id).unwrap(), 5);
+    // b's own release takes from b's share only.
+    b.release(&t.id).unwrap();
+    assert_eq!(raw(server.addr, &["HGET", &t.key(), "s-b"]), "2");
+    // c is gone: a gives its share back; b is alive, a is the caller.
+    let freed = a.forget_holders(&t.id, &|h| h == "s-b").unwrap();
+    assert_eq!(freed, 1);
+    assert_eq!(a.count(&t.id).unwrap(), 3);
+    assert_eq!(raw(server.addr, &["HEXISTS", &t.key(), "s-a"]), ":1");
+    assert_eq!(a.forget_holders(&t.id, &|_| true).unwrap(), 0);
+    // The embedded counter has no other holders.
+    assert_eq!(
+        Embedded::new().forget_holders(&t.id, &|_| false).unwrap(),
+        0
+    );
 }
 
 #[test]
@@ -313,7 +359,7 @@ fn redis_writes_refresh_the_expiry() {
     assert!((1..=default).contains(&ttl()), "after repair: {}", ttl());
 
     // A shorter expiry is honoured, and an expired counter is simply 0.
-    let short = Redis::connect(&server.url())
+    let short = Redis::connect(&server.url(), "s-test")
         .unwrap()
         .with_ttl(Duration::from_secs(1));
     assert!(short.acquire(&t.id, 10).unwrap());
@@ -328,7 +374,7 @@ fn redis_writes_refresh_the_expiry() {
 #[test]
 fn redis_bad_urls_and_dead_servers_are_clear_errors() {
     fn err(url: &str) -> String {
-        match slots::open(Some(url)) {
+        match slots::open(Some(url), "s-test") {
             Ok(s) => panic!("{url} opened as {}", s.describe()),
             Err(e) => e.to_string(),
         }
@@ -384,7 +430,7 @@ fn redis_bad_urls_and_dead_servers_are_clear_errors() {
     assert!(msg.contains(&url) && msg.contains("SELECT"), "{msg}");
     // One that does.
     let t = Tenant::new("rdb", None);
-    let db1 = slots::open(Some(&format!("{}/1", server.url()))).unwrap();
+    let db1 = slots::open(Some(&format!("{}/1", server.url())), "s-test").unwrap();
     assert!(db1.acquire(&t.id, 1).unwrap());
     assert_eq!(
         raw(server.addr, &["EXISTS", &t.key()]),
@@ -469,7 +515,7 @@ fn redis_reconnects_once_after_a_lost_connection() {
     let server = server();
     let proxy = Proxy::start(server.addr);
     let url = format!("redis://{}", proxy.addr);
-    let slots = slots::open(Some(&url)).unwrap();
+    let slots = slots::open(Some(&url), "s-test").unwrap();
     let t = Tenant::new("rx", Some(&server));
     assert!(slots.acquire(&t.id, 5).unwrap());
     assert_eq!(
@@ -503,7 +549,7 @@ fn redis_reconnects_once_after_a_lost_connection() {
         }) => format!("{u} {command}"),
         other => panic!("{other:?}"),
     };
-    assert_eq!(msg, format!("{url} GET"));
+    assert_eq!(msg, format!("{url} EVAL count"));
     proxy.refuse.store(false, Ordering::SeqCst);
     assert_eq!(slots.count(&t.id).unwrap(), 1, "back once Redis is");
 }

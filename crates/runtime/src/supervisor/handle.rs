@@ -27,7 +27,7 @@ impl Supervisor {
         let me = supervisor_id(std::process::id() as i32)
             .unwrap_or_else(|| format!("s{}-0", std::process::id()));
         let projection = Projection::start().map_err(StartError::Projection)?;
-        let slots = crate::slots::open(cfg.slots.as_deref())?;
+        let slots = crate::slots::open(cfg.slots.as_deref(), &me)?;
 
         // Cgroups: detect, reap what an earlier incarnation left, open ours.
         let instance = crate::paths::instance_key(&paths.root);

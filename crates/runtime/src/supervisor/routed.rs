@@ -85,7 +85,12 @@ impl Dispatcher {
     /// is told to the parent now if the news of it (the store's inbox) has
     /// not come yet, which then finds it told.
     pub(super) fn answer_remote_waits(&mut self) {
-        for n in self.waiters.names() {
+        // Only nodes run a child away from its parent.
+        let names = match self.cfg.node {
+            Some(_) => self.waiters.names(),
+            None => Vec::new(),
+        };
+        for n in names {
             if self.live.contains_key(&n) || self.fetching.contains(&n) {
                 continue;
             }

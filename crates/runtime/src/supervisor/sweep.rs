@@ -148,28 +148,9 @@ impl Dispatcher {
     /// supervisor for itself; a shared (Redis) counter from the store's count of
     /// the tenant's started, unfinished agents, by the lease holder only.
     fn reconcile_slots(&mut self, holder: bool) {
-        let shared = self.cfg.slots.is_some();
-        let actual = if shared {
-            if !holder {
-                return;
-            }
-            let started = match self.store.agents(&self.tenant, false) {
-                Ok(v) => v.iter().filter(|a| a.status != Status::Queued).count(),
-                Err(e) => {
-                    tracing::error!(error = %e, "counting started agents failed");
-                    return;
-                }
-            };
-            // Ours that hold a slot but whose start is not recorded yet.
-            let launching = self
-                .live
-                .values()
-                .filter(|l| l.launching && l.pid.is_none())
-                .count();
-            started + launching
-        } else {
-            self.slots_used()
-        };
+        // This supervisor's share: what its own started agents hold. Exact,
+        // since its acquires and releases are made on this loop too.
+        let actual = self.slots_used();
         match self.slots.repair(&self.tenant, actual as u64) {
             Ok(0) => {}
             Ok(drift) => {
@@ -177,6 +158,22 @@ impl Dispatcher {
                 self.metrics.sweeper_action(Sweeper::Reconcile);
             }
             Err(e) => tracing::warn!(error = %e, "repairing the slot counter failed"),
+        }
+        // The shares of supervisors that are gone (their agents died with
+        // them), given back by the lease holder of a shared counter.
+        if holder && self.cfg.slots.is_some() {
+            let nodes = registered_nodes(self.store.as_ref());
+            let alive = |id: &str| host_alive(id, &nodes);
+            match self.slots.forget_holders(&self.tenant, &alive) {
+                Ok(0) => {}
+                Ok(freed) => {
+                    tracing::warn!(freed, counter = %self.slots.describe(), "slots held by supervisors that are gone; given back");
+                    self.metrics.sweeper_action(Sweeper::Reconcile);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "giving back the slots of supervisors that are gone failed")
+                }
+            }
         }
     }
 

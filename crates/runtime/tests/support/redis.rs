@@ -147,6 +147,15 @@ pub fn raw(addr: SocketAddr, args: &[&str]) -> String {
     raw_in(addr, 0, args)
 }
 
+/// The slots a tenant's key holds in database `db`: the sum of its shares.
+pub fn held(addr: SocketAddr, db: u32, key: &str) -> u64 {
+    let sum = "local t = 0 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do t = t + tonumber(v) end return t";
+    let r = raw_in(addr, db, &["EVAL", sum, "1", key]);
+    r.strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{key}: {r}"))
+}
+
 /// [`raw`] in database `db` (a test that shares the server keeps its keys
 /// apart from the others').
 pub fn raw_in(addr: SocketAddr, db: u32, args: &[&str]) -> String {

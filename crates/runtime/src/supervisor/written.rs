@@ -1,0 +1,98 @@
+//! What the dispatcher writes into the ctx tree (SPEC 3) as agents change:
+//! their status files, their parent's channel to them, their events; and
+//! events appended to the store and projected in one call.
+
+use super::*;
+
+/// Writes an agent's status into its control files, session `state` and its
+/// parent's channel `status`: the one place the ABI mapping reaches the disk.
+pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Option<i32>) {
+    // A finished temp agent's object is gone (or going): only its session.
+    for (path, text) in status_files(paths, a, pid, !crate::objects::object_removed(a)) {
+        proj.write(path, text);
+    }
+}
+
+/// The files that follow an agent's status: `status` and `pid` in its object
+/// (when `object`), `state` and `updated_at` in its session.
+pub(crate) fn status_files(
+    paths: &Paths,
+    a: &Agent,
+    pid: Option<i32>,
+    object: bool,
+) -> Vec<(PathBuf, String)> {
+    let abi = a.status.abi();
+    let mut v = Vec::with_capacity(4);
+    if object {
+        let dir = paths.agent_dir(&a.name);
+        v.push((dir.join("status"), format!("{}\n", abi.process.as_str())));
+        v.push((
+            dir.join("pid"),
+            match pid {
+                Some(p) if a.status.is_live() => format!("{p}\n"),
+                _ => "\n".to_owned(),
+            },
+        ));
+    }
+    let sdir = paths.session_dir(&a.name, &a.session);
+    v.push((sdir.join("state"), format!("{}\n", abi.session.as_str())));
+    v.push((sdir.join("updated_at"), format!("{}\n", a.updated_ms)));
+    v
+}
+
+impl Dispatcher {
+    pub(super) fn channel_dir_of(&self, a: &Agent) -> Option<PathBuf> {
+        let p = a.parent.as_ref()?;
+        // The parent's session is known while either side is live; the store is
+        // asked only otherwise (this runs for every agent of a large stop).
+        let known = self
+            .live
+            .get(&a.name)
+            .and_then(|l| l.parent_session.clone())
+            .or_else(|| self.live.get(p).map(|pl| pl.session.clone()));
+        let psess = match known {
+            Some(s) => s,
+            None => self
+                .store
+                .agent(&self.tenant, p)
+                .ok()
+                .flatten()
+                .map(|pa| pa.session)?,
+        };
+        Some(self.paths.channel_dir(p, &psess, &a.name))
+    }
+
+    /// Channel `status` (and `result.md` once terminal) in the parent's session.
+    pub(super) fn project_channel(&self, a: &Agent, result: Option<&str>) {
+        let Some(dir) = self.channel_dir_of(a) else {
+            return;
+        };
+        self.projection.write(
+            dir.join("status"),
+            format!("{}\n", a.status.abi().channel.as_str()),
+        );
+        if a.status.is_finished()
+            && let Some(r) = result
+        {
+            // SPEC 4: result.md never holds a NUL byte.
+            self.projection
+                .write(dir.join("result.md"), crate::objects::result_text(r));
+        }
+    }
+
+    pub(super) fn project_events(&self, events: &[NewEvent]) {
+        for e in events {
+            let dir = self.paths.session_dir(&e.agent, &e.session);
+            let mut line = e.payload.clone().into_bytes();
+            line.push(b'\n');
+            self.projection.append(dir.join("events.jsonl"), line);
+        }
+    }
+
+    pub(super) fn append_events(&self, events: &[NewEvent]) {
+        match self.store.append_events(&self.tenant, events, now_ms()) {
+            Ok(_) => self.project_events(events),
+            Err(e) => tracing::error!(error = %e, "appending events failed"),
+        }
+    }
+}

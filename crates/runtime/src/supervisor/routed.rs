@@ -85,40 +85,51 @@ impl Dispatcher {
     /// is told to the parent now if the news of it (the store's inbox) has
     /// not come yet, which then finds it told.
     pub(super) fn answer_remote_waits(&mut self) {
-        // Only nodes run a child away from its parent.
-        let names = match self.cfg.node {
-            Some(_) => self.waiters.names(),
-            None => Vec::new(),
-        };
-        for n in names {
+        // Each waited-for agent read once: ended elsewhere, or not.
+        let mut ended = HashSet::new();
+        for n in self.waiters.names() {
             if self.live.contains_key(&n) || self.fetching.contains(&n) {
                 continue;
             }
-            let Ok(Some(a)) = self.store.agent(&self.tenant, &n) else {
-                continue;
+            let a = match self.store.agent(&self.tenant, &n) {
+                Ok(Some(a)) if a.status.is_finished() => a,
+                _ => continue,
             };
-            let Some(p) = a.parent.clone() else { continue };
-            if !a.status.is_finished()
-                || a.supervisor == self.me
-                || !self.live.contains_key(&p)
-                || self.ends_told.get(&n).is_some_and(|(_, run)| *run == a.run)
-            {
+            if self.end_told_early(&a) {
+                // Its artifacts are on their way: not done yet.
                 continue;
             }
-            let has_artifacts = self
-                .store
-                .channel(&self.tenant, &p, &n)
-                .ok()
-                .flatten()
-                .is_some_and(|c| !c.artifacts.is_empty());
-            if has_artifacts {
-                self.on_child_end_elsewhere(&p, n.as_str());
-            }
+            ended.insert(n);
         }
-        let done = self.waiters.done_by(|n| {
-            !self.live.contains_key(n) && !self.fetching.contains(n) && self.finished_in_store(n)
-        });
+        let done = self.waiters.done_by(|n| ended.contains(n));
         self.answer_waiters(done);
+    }
+
+    /// Whether `a`'s end (another node's child of an agent here, with
+    /// artifacts, the news of it not come yet) was told to its parent now,
+    /// which fetches the artifacts first.
+    fn end_told_early(&mut self, a: &Agent) -> bool {
+        let Some(p) = a.parent.clone() else {
+            return false;
+        };
+        // Only nodes run a child away from its parent.
+        if self.cfg.node.is_none()
+            || a.supervisor == self.me
+            || !self.live.contains_key(&p)
+            || self.ends_told.get(&a.name).is_some_and(|(_, run)| *run == a.run)
+        {
+            return false;
+        }
+        let has_artifacts = self
+            .store
+            .channel(&self.tenant, &p, &a.name)
+            .ok()
+            .flatten()
+            .is_some_and(|c| !c.artifacts.is_empty());
+        if has_artifacts {
+            self.on_child_end_elsewhere(&p, a.name.as_str());
+        }
+        self.fetching.contains(&a.name)
     }
 
     /// After a recorded end: a parent (or customer) that another node runs

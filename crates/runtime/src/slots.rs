@@ -1,14 +1,16 @@
 //! Concurrency-slot counters (SPEC 9): how many started processes each tenant has.
 //!
-//! The store is the truth; a counter is the fast path the dispatcher consults at
-//! every start and end, one call (one round trip) each. A reconciler recomputes the
-//! count from the store every [`RECONCILE_PERIOD`] and calls [`Slots::repair`], so
-//! whatever drift a crash, a lost reply or a dead supervisor leaves behind is
-//! corrected within one period.
+//! The supervisors' own agents are the truth; a counter is the fast path the
+//! dispatcher consults at every start and end, one call (one round trip) each. A
+//! reconciler recomputes each supervisor's share from its live agents every
+//! [`RECONCILE_PERIOD`] and calls [`Slots::repair`], and gives back the shares of
+//! supervisors that are gone ([`Slots::forget_holders`], judged from the store's
+//! registry and the process table), so whatever drift a crash, a lost reply or a
+//! dead supervisor leaves behind is corrected within one period.
 //!
 //! * [`Embedded`]: an in-process map, the default (one supervisor).
-//! * [`Redis`]: `brood:slots:<tenant>` in a Redis server shared by several
-//!   supervisors, spoken to over one blocking connection with a minimal RESP2
+//! * [`Redis`]: `brood:slots:<tenant>`, a share a supervisor, in a Redis server
+//!   shared by several supervisors, spoken to over one blocking connection with a minimal RESP2
 //!   client (see [`Redis`] for why not the `redis` crate).
 //!
 //! [`open`] picks one from the configured URL.
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use brood_core::TenantId;
 
-/// How often the reconciler recomputes the counts from the store (SPEC 9).
+/// How often the reconciler recomputes the counts (SPEC 9).
 pub const RECONCILE_PERIOD: Duration = Duration::from_secs(30);
 
 /// How long a Redis counter outlives its last write: three reconcile periods. A

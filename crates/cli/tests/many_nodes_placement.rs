@@ -109,6 +109,13 @@ fn news_carry_a_child_s_end_and_a_cancel_across_nodes_without_a_tick() {
         "line one\nline two\n"
     );
     let sock2 = nodes.roots[2].join("brood.sock");
+    // The web UI's tree through node 2 shows the agents of every node.
+    let (s, v) = http(&sock2, "GET", "/api/ui/tree", None);
+    assert_eq!(s, 200, "{v}");
+    let rows = v["agents"].as_array().cloned().unwrap_or_default();
+    for name in ["top", "mid", "leaf", "quick"] {
+        assert!(rows.iter().any(|r| r["name"] == name), "{name} in {v}");
+    }
     let (s, v) = http(&sock2, "GET", "/api/ui/agents/quick", None);
     assert_eq!(s, 200, "{v}");
     let report = v["channel"]["artifacts"]

@@ -116,7 +116,10 @@ impl Dispatcher {
         if self.cfg.node.is_none()
             || a.supervisor == self.me
             || !self.live.contains_key(&p)
-            || self.ends_told.get(&a.name).is_some_and(|(_, run)| *run == a.run)
+            || self
+                .ends_told
+                .get(&a.name)
+                .is_some_and(|(_, run)| *run == a.run)
         {
             return false;
         }

@@ -101,6 +101,15 @@ pub fn resume_makes_a_new_run_and_keeps_messages(store: &dyn Store) {
         "the old run keeps its result"
     );
     assert_eq!((runs[1].outcome, runs[1].created_ms), (None, at));
+    // The tenant's runs, each agent's in order: root's one and a's two, and
+    // nothing of another tenant's.
+    let mut all = store.runs(&t, &name("root")).unwrap();
+    all.extend(runs.iter().cloned());
+    let mut listed = store.tenant_runs(&t).unwrap();
+    let by_agent = |x: &Run, y: &Run| (x.agent.as_str(), x.seq).cmp(&(y.agent.as_str(), y.seq));
+    listed.sort_by(by_agent);
+    all.sort_by(by_agent);
+    assert_eq!(listed, all);
     let ch = store.channel(&t, &name("root"), &a.name).unwrap().unwrap();
     assert_eq!((ch.result, ch.status), (None, Status::Queued));
     assert!(ch.refs.is_none() && ch.artifacts.is_empty());

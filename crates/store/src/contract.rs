@@ -236,6 +236,11 @@ pub trait Records {
 
     fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>>;
 
+    /// Every run of every agent of the tenant, each agent's in order: one
+    /// read for a whole listing's usage (the web UI's tree), where a read an
+    /// agent would be a round trip each on a networked store.
+    fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>>;
+
     /// All agents of the tenant (`all`), or only unfinished ones; by creation order.
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>>;
 

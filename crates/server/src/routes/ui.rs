@@ -133,13 +133,20 @@ fn tree_rows(api: &Api, caller: &Caller, live_only: bool) -> Result<TreeRows, Ap
             stack.extend(k.iter().rev());
         }
     }
+    // Every run in one read, not one read an agent (a round trip each on
+    // PostgreSQL).
+    let all_runs = store.tenant_runs(tenant).map_err(store_error)?;
+    let mut runs_of: HashMap<&str, Vec<&brood_store::Run>> = HashMap::new();
+    for r in &all_runs {
+        runs_of.entry(r.agent.as_str()).or_default().push(r);
+    }
     let mut rows = Vec::with_capacity(order.len());
     let mut at: HashMap<&str, usize> = HashMap::with_capacity(order.len());
     for &i in &order {
         let a = &agents[i];
-        let runs = store.runs(tenant, &a.name).map_err(store_error)?;
+        let runs = runs_of.get(a.name.as_str()).map_or(&[][..], Vec::as_slice);
         let mut own = zero();
-        for r in &runs {
+        for r in runs {
             add(
                 &mut own,
                 &Usage {

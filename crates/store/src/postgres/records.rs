@@ -28,7 +28,7 @@ use super::{PgStore, Tx, corrupt, not_found, refused};
 use crate::contract::{Idempotency, Records, Recovery, Transcripts};
 use crate::sqlite::sql::{
     I_MESSAGE, Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_LAST_MESSAGE_SEQ,
-    Q_MESSAGES, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS,
+    Q_MESSAGES, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS, Q_TENANT_RUNS,
 };
 use crate::types::{
     Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend, Usage,
@@ -284,6 +284,10 @@ impl Records for PgStore {
 
     fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>> {
         self.read(|db| collect(db, Q_RUNS, &[&tenant.as_str(), &name.as_str()], run_from))
+    }
+
+    fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>> {
+        self.read(|db| collect(db, Q_TENANT_RUNS, &[&tenant.as_str()], run_from))
     }
 
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {

@@ -187,6 +187,11 @@ pub(crate) const Q_RUNS: &str = concat!(
     run_cols!(),
     " FROM runs WHERE tenant = ?1 AND agent = ?2 ORDER BY seq"
 );
+pub(crate) const Q_TENANT_RUNS: &str = concat!(
+    "SELECT ",
+    run_cols!(),
+    " FROM runs WHERE tenant = ?1 ORDER BY agent, seq"
+);
 pub(crate) const Q_LAST_RUN_SEQ: &str =
     "SELECT COALESCE(MAX(seq), 0) FROM runs WHERE tenant = ?1 AND agent = ?2";
 pub(crate) const Q_RUN_OF_AGENT: &str =
@@ -271,6 +276,7 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("supervisors_with_unfinished", Q_SUPERVISORS_WITH_UNFINISHED),
     ("run", Q_RUN),
     ("runs", Q_RUNS),
+    ("tenant_runs", Q_TENANT_RUNS),
     ("last_run_seq", Q_LAST_RUN_SEQ),
     ("channel", Q_CHANNEL),
     ("messages", Q_MESSAGES),

@@ -398,6 +398,10 @@ impl Records for SqliteStore {
         self.read(|conn| collect(conn, Q_RUNS, (tenant.as_str(), name.as_str()), run_from))
     }
 
+    fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>> {
+        self.read(|conn| collect(conn, Q_TENANT_RUNS, [tenant.as_str()], run_from))
+    }
+
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {
         let sql = if all {
             Q_AGENTS_ALL

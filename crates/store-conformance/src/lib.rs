@@ -74,6 +74,10 @@ pub const CASES: &[(&str, Case)] = &[
         "blobs_are_kept_in_chunks_and_read_back_whole",
         blobs_are_kept_in_chunks_and_read_back_whole,
     ),
+    (
+        "slot_shares_count_every_holder_and_hold_under_racing",
+        slot_shares_count_every_holder_and_hold_under_racing,
+    ),
     ("admit_root_and_children", admit_root_and_children),
     ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
     (
@@ -293,6 +297,7 @@ macro_rules! conformance_tests {
     placed_agents_are_claimed_once_by_their_node,
     inputs_posted_for_a_host_are_taken_once_in_order,
     blobs_are_kept_in_chunks_and_read_back_whole,
+    slot_shares_count_every_holder_and_hold_under_racing,
     recover_lost_ends_a_lost_nodes_agents_lost);
     };
     (@cases $fresh:expr; $($case:ident),* $(,)?) => {

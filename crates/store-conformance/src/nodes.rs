@@ -255,3 +255,65 @@ pub fn blobs_are_kept_in_chunks_and_read_back_whole(store: &dyn Store) {
         assert!(store.get_blob(&t, bad, &mut Vec::new()).is_err());
     }
 }
+
+pub fn slot_shares_count_every_holder_and_hold_under_racing(store: &dyn Store) {
+    let t = tenant("conf-slots");
+    let other = tenant("conf-slots-other");
+    let sum = |t: &TenantId| -> u64 { store.slot_shares(t).unwrap().iter().map(|s| s.1).sum() };
+    // 60 acquires racing over six holders for 8 slots: exactly 8 taken.
+    let won: usize = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..60)
+            .map(|i| {
+                let t = &t;
+                sc.spawn(move || store.slot_acquire(t, &format!("h{}", i % 6), 8).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
+    });
+    assert_eq!((won, sum(&t)), (8, 8));
+    assert!(!store.slot_acquire(&t, "h0", 8).unwrap(), "full");
+    assert!(
+        store.slot_acquire(&other, "h0", 1).unwrap(),
+        "tenants apart"
+    );
+    // Each holder's release and repair touch its own share only.
+    let shares = store.slot_shares(&t).unwrap();
+    let (h, n) = shares.iter().find(|s| s.1 > 0).cloned().unwrap();
+    store.slot_release(&t, &h).unwrap();
+    assert_eq!(sum(&t), 7);
+    assert!(
+        store.slot_acquire(&t, "h0", 8).unwrap(),
+        "a slot given back is free"
+    );
+    store.slot_release(&t, "nobody").unwrap();
+    assert_eq!(sum(&t), 8, "a release of nothing changes nothing");
+    let before = store.slot_repair(&t, "h9", 2).unwrap();
+    assert_eq!(
+        (before, sum(&t)),
+        (0, 10),
+        "a repair sets its holder's share"
+    );
+    assert_eq!(store.slot_repair(&t, "h9", 0).unwrap(), 2);
+    assert!(
+        store.slot_shares(&t).unwrap().iter().all(|s| s.0 != "h9"),
+        "0 removes it"
+    );
+    // The shares of holders that are gone, given back whole.
+    let gone: Vec<String> = store
+        .slot_shares(&t)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.0)
+        .filter(|x| *x != h)
+        .collect();
+    let left = store
+        .slot_shares(&t)
+        .unwrap()
+        .iter()
+        .find(|s| s.0 == h)
+        .map_or(0, |s| s.1);
+    let freed = store.slot_forget(&t, &gone).unwrap();
+    assert!(n > 0);
+    assert_eq!((freed, sum(&t)), (8 - left, left));
+    assert_eq!(sum(&other), 1);
+}

@@ -590,6 +590,31 @@ pub trait Blobs {
     ) -> Result<bool>;
 }
 
+/// The tenant's concurrency slots (SPEC 9) counted in the store, for nodes
+/// that share no Redis (issue 15): one share a holder (a supervisor's id),
+/// the slots its started agents hold; the count is their sum. Each call is
+/// one transaction, exact under any concurrency: on PostgreSQL under an
+/// advisory lock of the tenant's slots (not the tenant's own, which
+/// admissions take).
+pub trait SlotShares {
+    /// Takes a slot for `holder` if the tenant's shares sum to less than
+    /// `max`; false, and nothing written, otherwise.
+    fn slot_acquire(&self, tenant: &TenantId, holder: &str, max: u32) -> Result<bool>;
+
+    /// Gives `holder`'s slot back, never below 0 (a share at 0 is removed).
+    fn slot_release(&self, tenant: &TenantId, holder: &str) -> Result<()>;
+
+    /// Sets `holder`'s share to `actual` (0 removes it); its old value.
+    fn slot_repair(&self, tenant: &TenantId, holder: &str, actual: u64) -> Result<u64>;
+
+    /// Every share of the tenant, by holder.
+    fn slot_shares(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
+
+    /// Removes the shares of `holders` (supervisors that are gone); the
+    /// slots they held.
+    fn slot_forget(&self, tenant: &TenantId, holders: &[String]) -> Result<u64>;
+}
+
 /// The most bytes of a blob one row (and one transaction) holds.
 pub const BLOB_CHUNK: usize = 1 << 20;
 
@@ -607,6 +632,7 @@ pub trait Store:
     + Jobs
     + Nodes
     + Blobs
+    + SlotShares
     + Send
     + Sync
 {
@@ -623,6 +649,7 @@ impl<
         + Jobs
         + Nodes
         + Blobs
+        + SlotShares
         + Send
         + Sync,
 > Store for T

@@ -16,6 +16,7 @@ mod blobs;
 mod checks;
 mod contract;
 mod group;
+mod shares;
 // First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
 // the PostgreSQL store assembles its own statements from the same column lists.
 #[macro_use]
@@ -24,8 +25,8 @@ pub mod postgres;
 mod types;
 
 pub use contract::{
-    Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps,
-    Transcripts,
+    Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, SlotShares,
+    Store, Sweeps, Transcripts,
 };
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
@@ -69,7 +70,7 @@ pub(crate) fn now_ms() -> i64 {
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
     pub use crate::contract::{
-        Admission, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, Store, Sweeps,
-        Transcripts,
+        Admission, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, SlotShares, Store,
+        Sweeps, Transcripts,
     };
 }

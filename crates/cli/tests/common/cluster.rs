@@ -48,6 +48,19 @@ pub fn slots_for(store: &str) -> SharedSlots {
     }
 }
 
+/// Among a node's extra arguments: no Redis for this node (the tenant's
+/// slots are then counted in the store, as nodes sharing no Redis do).
+pub const NO_REDIS: &str = "--no-redis";
+
+/// `--slots <the cluster's Redis>`, unless the test gives its own or none.
+fn slots_args(store: &str, extra: &[&str]) -> Vec<String> {
+    if extra.contains(&NO_REDIS) || extra.contains(&"--slots") {
+        Vec::new()
+    } else {
+        vec!["--slots".into(), slots_for(store).url]
+    }
+}
+
 pub fn serve_with(root: &Path, store: &str, zone: &str, extra: &[&str]) -> Daemon {
     serve_wrapped(&[], root, store, zone, extra)
 }
@@ -86,8 +99,8 @@ pub fn serve_wrapped(
             &["--sweep-every", "0.1"][..]
         })
         .args(["--label", &format!("zone={zone}"), "--capacity", "50"])
-        .args(["--slots", &slots_for(store).url])
-        .args(extra)
+        .args(slots_args(store, extra))
+        .args(extra.iter().filter(|a| **a != NO_REDIS))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -27,7 +27,12 @@ impl Supervisor {
         let me = supervisor_id(std::process::id() as i32)
             .unwrap_or_else(|| format!("s{}-0", std::process::id()));
         let projection = Projection::start().map_err(StartError::Projection)?;
-        let slots = crate::slots::open(cfg.slots.as_deref(), &me)?;
+        // Nodes that share a store but no Redis count the tenant's slots in
+        // the store, so `max_concurrent` holds across all of them.
+        let slots: Arc<dyn crate::slots::Slots> = match (&cfg.slots, &cfg.node) {
+            (None, Some(_)) => Arc::new(crate::slots::StoreShares::new(store.clone(), &me)),
+            _ => crate::slots::open(cfg.slots.as_deref(), &me)?,
+        };
 
         // Cgroups: detect, reap what an earlier incarnation left, open ours.
         let instance = crate::paths::instance_key(&paths.root);

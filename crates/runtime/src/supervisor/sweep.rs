@@ -160,8 +160,9 @@ impl Dispatcher {
             Err(e) => tracing::warn!(error = %e, "repairing the slot counter failed"),
         }
         // The shares of supervisors that are gone (their agents died with
-        // them), given back by the lease holder of a shared counter.
-        if holder && self.cfg.slots.is_some() {
+        // them), given back by the lease holder of a shared counter (Redis,
+        // or the store's shares of nodes).
+        if holder && (self.cfg.slots.is_some() || self.cfg.node.is_some()) {
             let nodes = registered_nodes(self.store.as_ref());
             let alive = |id: &str| host_alive(id, &nodes);
             match self.slots.forget_holders(&self.tenant, &alive) {

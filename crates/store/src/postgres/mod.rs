@@ -40,6 +40,7 @@ mod news;
 mod nodes;
 mod records;
 mod rows;
+mod shares;
 mod steps;
 mod sweeps;
 mod tx;
@@ -65,6 +66,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../schema/postgres/0004_admission_writes.sql"),
     ),
     (5, include_str!("../schema/postgres/0005_blobs.sql")),
+    (6, include_str!("../schema/postgres/0006_slot_shares.sql")),
 ];
 
 /// The key of the session advisory lock that serialises migrations.

@@ -62,6 +62,7 @@ mod blobs;
 mod idempotency;
 mod jobs;
 pub(crate) mod nodes;
+mod shares;
 
 use rows::*;
 use sql::*;
@@ -82,6 +83,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../schema/0008_nodes.sql")),
     (9, include_str!("../schema/0009_inbox.sql")),
     (10, include_str!("../schema/0010_blobs.sql")),
+    (11, include_str!("../schema/0011_slot_shares.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

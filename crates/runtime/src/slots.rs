@@ -104,6 +104,18 @@ pub fn open(url: Option<&str>, holder: &str) -> Result<Arc<dyn Slots>, SlotError
     }
 }
 
+/// The holders among `holders` that are gone: never the caller (`me`), nor
+/// one `alive` vouches for.
+fn gone<'a>(
+    holders: impl Iterator<Item = &'a str>,
+    me: &str,
+    alive: &dyn Fn(&str) -> bool,
+) -> Vec<&'a str> {
+    holders
+        .filter(|h| !h.is_empty() && *h != me && !alive(h))
+        .collect()
+}
+
 /// Drift as the trait reports it: old minus actual, saturating rather than
 /// wrapping for counts no real tree reaches.
 fn drift(old: i64, actual: u64) -> i64 {
@@ -241,13 +253,13 @@ impl Slots for StoreShares {
         tenant: &TenantId,
         alive: &dyn Fn(&str) -> bool,
     ) -> Result<u64, SlotError> {
-        let gone: Vec<String> = self
+        let shares = self
             .store
             .slot_shares(tenant)
-            .map_err(Self::failed("shares"))?
+            .map_err(Self::failed("shares"))?;
+        let gone: Vec<String> = gone(shares.iter().map(|s| s.0.as_str()), &self.holder, alive)
             .into_iter()
-            .map(|s| s.0)
-            .filter(|h| *h != self.holder && !alive(h))
+            .map(str::to_owned)
             .collect();
         if gone.is_empty() {
             return Ok(0);
@@ -592,10 +604,7 @@ impl Slots for Redis {
     ) -> Result<u64, SlotError> {
         let key = Redis::key(tenant);
         let holders = self.eval_text("EVAL holders", HOLDERS, &key)?;
-        let gone: Vec<&str> = holders
-            .lines()
-            .filter(|h| !h.is_empty() && *h != self.holder && !alive(h))
-            .collect();
+        let gone = gone(holders.lines(), &self.holder, alive);
         if gone.is_empty() {
             return Ok(0);
         }

@@ -228,7 +228,9 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
     };
     std::fs::create_dir_all(&dir)?;
     let mut cfg = Config::new(dir.clone());
-    cfg.agent_sockets = Some(brood_server::agent_sockets());
+    // The agents' ways in as `brood serve` gives them (a door each, served
+    // on a task), so a spawn is timed as deployed.
+    brood_server::Entrances::new().install(&mut cfg);
     cfg.grace = Duration::from_secs(3);
     // A thousand live agents under one root: the bench's own root gets the
     // platform ceilings as its defaults.

@@ -120,16 +120,16 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     )?;
 
     let mut cfg = Config::new(root.clone());
-    cfg.agent_sockets = Some(brood_server::agent_sockets());
+    let entrances = brood_server::Entrances::new();
+    entrances.install(&mut cfg);
     cfg.grace = Duration::from_secs(1);
     cfg.bin_dir = crate::bin_dir();
     let sock = cfg.socket.clone();
     let listener = brood_server::bind_unix(&sock).await?;
     let sup = Supervisor::start(cfg).context("starting the supervisor")?;
-    let server = tokio::spawn(brood_server::serve_unix(
-        brood_server::Api::new(sup.clone(), None),
-        listener,
-    ));
+    let api = brood_server::Api::new(sup.clone(), None);
+    entrances.serve(&api);
+    let server = tokio::spawn(brood_server::serve_unix(api, listener));
     // Whatever happens, the supervisor is shut down: nothing of the demo outlives it.
     let shown = show_trees(&sup, &data, &slow).await;
     let shown = match shown {

@@ -137,7 +137,7 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         } else {
             "the supervisor: not in a PID namespace of its own; agents are kept from it by dropped capabilities and landlock's scoping of signals".into()
         },
-        "the control socket: callers identified from the cgroup of the peer's pid, so an agent acts only as itself".into(),
+        "the control socket: callers identified from the cgroup of the peer's pid (or the door they came through), so an agent acts only as itself".into(),
         if cg {
             "collecting a result: the child's whole group is killed and emptied before its refs and artifacts are read; each is opened with openat2 following no link anywhere, only if it is a regular file, at most 1 GiB, within 60 s, on a thread confined with the child's ids, capabilities and landlock ruleset".into()
         } else {
@@ -157,7 +157,17 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
         },
         "iso = ns: a private mount namespace from the policy's mounts (and an empty network namespace for network none)".into(),
         "tools: the runtime refuses create send wait close resume job unless granted; without shell or code_exec only the agent's own program may run".into(),
-        "seccomp: not used by this version".into(),
+        if layers.iter().any(|(n, ok, _)| n == "seccomp" && *ok) {
+            "sockets: an agent that is not network: all may make no UNIX, UDP, raw or netlink socket nor an io_uring (a seccomp filter); network none: no socket at all; it reaches its own supervisor through its door (docs/security.md)".into()
+        } else {
+            "sockets NOT filtered: no seccomp filters here; a policy limiting the network cannot start without --allow-weaker-sandbox".into()
+        },
+        if veiled {
+            "other trees: an agent whose grants reach the ctx tree sees only its own part of it (a mount namespace of its own); /proc shows an agent its own processes only (hidepid=ptraceable)".into()
+        } else {
+            "other trees: landlock only (no veil here): an agent granted a path above the ctx tree reads other agents' files, and /proc is the host's".into()
+        },
+        "callers: the operator is a caller the kernel proves outside every agent of every brood daemon on the host (uid, cgroups, PID and user namespaces); the TCP token counts only from such a process".into(),
     ];
     let out = json!({
         "root": root.display().to_string(),

@@ -519,7 +519,8 @@ async fn real_main(cli: Cli) -> Result<i32> {
             argv,
         } => {
             let mut cfg = Config::new(root_of(&root));
-            cfg.agent_sockets = Some(brood_server::agent_sockets());
+            let entrances = brood_server::Entrances::new();
+            entrances.install(&mut cfg);
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
             cfg.quotas = load_config(&cli_config, &root)?;
@@ -539,7 +540,10 @@ async fn real_main(cli: Cli) -> Result<i32> {
                 }))?),
                 None => None,
             };
-            run_root(cfg, name, protocol, task, argv, policy, iso, json).await
+            run_root(
+                cfg, entrances, name, protocol, task, argv, policy, iso, json,
+            )
+            .await
         }
         Cmd::Serve {
             grace: g,
@@ -574,7 +578,8 @@ async fn real_main(cli: Cli) -> Result<i32> {
                 node.labels.insert(k.to_owned(), v.to_owned());
             }
             cfg.node = Some(node);
-            cfg.agent_sockets = Some(brood_server::agent_sockets());
+            let entrances = brood_server::Entrances::new();
+            entrances.install(&mut cfg);
             cfg.grace = grace(g)?;
             if !(sweep_every.is_finite() && sweep_every > 0.0) {
                 bail!(Exit(
@@ -590,7 +595,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
-            serve(cfg, listen).await
+            serve(cfg, entrances, listen).await
         }
         Cmd::Spawn {
             parent,
@@ -679,6 +684,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
 #[allow(clippy::too_many_arguments)]
 async fn run_root(
     cfg: Config,
+    entrances: brood_server::Entrances,
     name: Option<brood_core::AgentName>,
     protocol: brood_store::Protocol,
     task: String,
@@ -689,10 +695,9 @@ async fn run_root(
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
     let (sup, listener) = host(cfg).await?;
-    let server = tokio::spawn(brood_server::serve_unix(
-        brood_server::Api::new(sup.clone(), None),
-        listener,
-    ));
+    let api = brood_server::Api::new(sup.clone(), None);
+    entrances.serve(&api);
+    let server = tokio::spawn(brood_server::serve_unix(api, listener));
     let req = SpawnRequest {
         customer: None,
         label: None,
@@ -768,7 +773,11 @@ async fn host(cfg: Config) -> Result<(Supervisor, tokio::net::UnixListener)> {
     Ok((sup, listener))
 }
 
-async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
+async fn serve(
+    cfg: Config,
+    entrances: brood_server::Entrances,
+    listen: Option<String>,
+) -> Result<i32> {
     let sock = cfg.socket.clone();
     let root = cfg.root.clone();
     // The TCP listener is bound before anything starts, so a bad address is
@@ -795,6 +804,7 @@ async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
     };
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), token);
+    entrances.serve(&api);
     eprintln!(
         "brood: serving {} ({})",
         sock.display(),

@@ -25,7 +25,7 @@ impl Remote {
     ) -> Result<Remote> {
         let ep = match url {
             Some(u) => Endpoint::from_url(u, token.clone()).map_err(|e| Exit(2, e))?,
-            None => Endpoint::Unix(socket_for(root)),
+            None => endpoint_for(root),
         };
         Ok(Remote { ep })
     }
@@ -60,7 +60,7 @@ impl Remote {
     pub(crate) async fn read(&self, path: &str) -> Result<Option<Value>> {
         match client::call(&self.ep, "GET", path, None, None).await {
             Ok(a) => ok(a).map(Some),
-            Err(_) if matches!(self.ep, Endpoint::Unix(_)) => Ok(None),
+            Err(_) if matches!(self.ep, Endpoint::Unix(_) | Endpoint::Door(_)) => Ok(None),
             Err(e) => Err(self.unreachable(&e).into()),
         }
     }
@@ -93,6 +93,18 @@ pub(crate) fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T> {
         )
         .into()
     })
+}
+
+/// Where the API is without `--url`: inside an agent (no `--root` given),
+/// through the door it was given, else its control socket.
+pub(crate) fn endpoint_for(root: &Option<PathBuf>) -> Endpoint {
+    if root.is_none()
+        && let Some(door) = brood_server::door::inherited()
+    {
+        use std::os::fd::AsRawFd;
+        return Endpoint::Door(door.as_raw_fd());
+    }
+    Endpoint::Unix(socket_for(root))
 }
 
 /// The control socket to talk to: inside an agent, the one it was given.

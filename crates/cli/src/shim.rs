@@ -20,7 +20,7 @@ pub(crate) async fn shim(
     let name = brood_core::AgentName::new(name)
         .map_err(|e| Exit(2, format!("{name:?} is not an agent name: {e}")))?;
     let sock = brood_runtime::paths::Paths::new(root_of(root), unsafe_uid()).agent_socket(&name);
-    let stream = tokio::net::UnixStream::connect(&sock).await.map_err(|e| {
+    let unreachable = |e: &dyn std::fmt::Display| {
         Exit(
             2,
             format!(
@@ -28,7 +28,18 @@ pub(crate) async fn shim(
                 sock.display()
             ),
         )
-    })?;
+    };
+    // Inside an agent (no --root given), through its door: an agent whose
+    // policy is not `network: all` may not make a socket of its own.
+    let stream = match brood_server::door::inherited().filter(|_| root.is_none()) {
+        Some(door) => brood_server::door::open(door, &format!("sock:{name}"))
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .and_then(tokio::net::UnixStream::from_std)
+            .map_err(|e| unreachable(&e))?,
+        None => tokio::net::UnixStream::connect(&sock)
+            .await
+            .map_err(|e| unreachable(&e))?,
+    };
     let input = if text.is_empty() {
         // Blocking is fine here: this command does nothing else meanwhile.
         let mut s = String::new();

@@ -287,7 +287,13 @@ pub(crate) async fn events(
                 crate::remote::ok(answer)?;
                 return Ok(0);
             }
-            Err(e) if !matches!(r.endpoint(), brood_server::client::Endpoint::Unix(_)) => {
+            Err(e)
+                if !matches!(
+                    r.endpoint(),
+                    brood_server::client::Endpoint::Unix(_)
+                        | brood_server::client::Endpoint::Door(_)
+                ) =>
+            {
                 return Err(Exit(1, format!("no brood supervisor answers ({e})")).into());
             }
             Err(_) => break,

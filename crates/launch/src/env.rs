@@ -27,6 +27,9 @@ pub struct Identity {
     /// The `artifact/` directory of its parent's channel to it, the one place
     /// of the parent's tree it may write (SPEC 4); `None` for a root.
     pub artifacts: Option<String>,
+    /// The descriptor of its door to the supervisor, when it has one
+    /// (`crate::spawn::DOOR_FD`).
+    pub door: Option<i32>,
 }
 
 /// The base variables an agent gets besides its identity.
@@ -88,6 +91,10 @@ pub fn build(id: &Identity, base: &Base, caller: &[(String, String)]) -> Vec<(Os
             "BROOD_ARTIFACTS".into(),
             id.artifacts.clone().unwrap_or_default(),
         ),
+        (
+            "BROOD_DOOR".into(),
+            id.door.map(|d| d.to_string()).unwrap_or_default(),
+        ),
         ("HOME".into(), base.home.clone()),
         ("PATH".into(), base.path.clone()),
         ("LANG".into(), base.lang.clone()),
@@ -123,6 +130,7 @@ mod tests {
             ctx_root: "/c".into(),
             ctx_home: "/c/home/0".into(),
             artifacts: Some("/c/home/0/agent/p/session/default/context/child/a/artifact".into()),
+            door: Some(3),
         }
     }
 
@@ -140,6 +148,7 @@ mod tests {
             &[
                 ("BROOD_AGENT".into(), "evil".into()),
                 ("CTX_AGENT".into(), "evil".into()),
+                ("BROOD_DOOR".into(), "9".into()),
                 ("TERM".into(), "xterm".into()),
                 ("FOO".into(), "bar".into()),
             ],
@@ -152,6 +161,7 @@ mod tests {
         assert_eq!(get("BROOD_AGENT").as_deref(), Some("a"));
         assert_eq!(get("CTX_AGENT").as_deref(), Some("a"));
         assert_eq!(get("BROOD_CUSTOMER").as_deref(), Some("p"));
+        assert_eq!(get("BROOD_DOOR").as_deref(), Some("3"));
         assert_eq!(get("TERM").as_deref(), Some("xterm"));
         assert_eq!(get("FOO").as_deref(), Some("bar"));
         assert_eq!(env.iter().filter(|(k, _)| k == "BROOD_AGENT").count(), 1);

@@ -60,17 +60,8 @@ pub fn can_unshare(flag: libc::c_int) -> Result<(), String> {
 /// The seccomp mode of this process and whether filters can be installed
 /// (prctl(2) `PR_GET_SECCOMP`; filters need kernel `CONFIG_SECCOMP_FILTER`).
 pub fn seccomp() -> Result<String, String> {
-    // SAFETY: PR_GET_SECCOMP takes no pointers.
-    let r = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error().to_string());
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let filter = status.lines().any(|l| l.starts_with("Seccomp_filters:"));
-    Ok(format!(
-        "available (this process: mode {r}{})",
-        if filter { ", filters supported" } else { "" }
-    ))
+    crate::sandbox::seccomp_available()?;
+    Ok("filters that refuse a call with an errno: the socket filter of policies that are not network: all".into())
 }
 
 #[cfg(test)]

@@ -47,6 +47,8 @@ fn spec_for(argv: &[&str], sandbox: Option<Prepared>) -> LaunchSpec {
         ns: None,
         veil: None,
         stdin_prelude: Vec::new(),
+        door: None,
+        view: None,
     }
 }
 

@@ -25,6 +25,8 @@ fn spec(argv: &[&str], prelude: &[u8]) -> LaunchSpec {
         ns: None,
         veil: None,
         stdin_prelude: prelude.to_vec(),
+        door: None,
+        view: None,
     }
 }
 

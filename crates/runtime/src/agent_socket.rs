@@ -35,6 +35,13 @@ pub const MAX_CLIENT_ID: usize = 128;
 pub type SocketHost =
     Arc<dyn Fn(Supervisor, AgentName, RunId, PathBuf, Access) -> Listener + Send + Sync>;
 
+/// Serves one run's door (docs/security.md "The door"): called by the
+/// dispatcher (so it must not block) with the supervisor's end of the socket
+/// pair whose other end the agent holds; serving stops when the returned
+/// [`Listener`] is closed or every process holding the other end is gone.
+pub type DoorHost =
+    Arc<dyn Fn(Supervisor, AgentName, RunId, std::os::fd::OwnedFd) -> Listener + Send + Sync>;
+
 /// Where the dispatcher sends a request's reply frames.
 pub type Out = mpsc::UnboundedSender<Value>;
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use brood_core::policy::{Mode, Network, Policy};
 use brood_launch::cgroup::Limits;
 use brood_launch::ns::{MountSpec, NsSpec};
-use brood_launch::sandbox::{FsAccess, SandboxSpec};
+use brood_launch::sandbox::{FsAccess, SandboxSpec, Sockets};
 
 use crate::lower::{self, Access};
 
@@ -98,10 +98,17 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
     if let Some(b) = cx.brood {
         exec.push(b.to_path_buf());
     }
-    let (net_connect, net_bind) = match &policy.network {
-        Network::All => (None, None),
-        Network::None => (Some(Vec::new()), Some(Vec::new())),
-        Network::Connect(ports) => (Some(ports.iter().copied().collect()), Some(Vec::new())),
+    // Sockets are granted by family, not hidden one by one (issue 24): only
+    // `network: all` may make a UNIX, UDP, raw or netlink socket; a port list
+    // grants TCP, whose ports landlock then checks.
+    let (net_connect, net_bind, sockets) = match &policy.network {
+        Network::All => (None, None, Sockets::Any),
+        Network::None => (Some(Vec::new()), Some(Vec::new()), Sockets::None),
+        Network::Connect(ports) => (
+            Some(ports.iter().copied().collect()),
+            Some(Vec::new()),
+            Sockets::Tcp,
+        ),
     };
     SandboxSpec {
         fs,
@@ -113,6 +120,8 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
         no_new_privs: true,
         drop_caps: cx.root,
         allow_weaker: cx.allow_weaker,
+        sockets,
+        proc_root: None,
     }
 }
 

@@ -45,6 +45,8 @@ pub fn ctx_owner() -> Option<u32> {
 pub fn mode_of(path: &Path) -> u32 {
     match path.file_name().and_then(|n| n.to_str()) {
         Some("messages.jsonl" | "latest.md") => 0o640,
+        // Environment values may be secrets (issue 24): their owner only.
+        Some("env") => 0o600,
         _ => 0o644,
     }
 }

@@ -122,6 +122,10 @@ pub struct Config {
     /// What binds and serves the per-agent sockets (SPEC 8; brood-server's
     /// `agent_sockets`). `None`: agents get no socket.
     pub agent_sockets: Option<crate::agent_socket::SocketHost>,
+    /// What serves the agents' doors (their one way to this supervisor that
+    /// needs no socket(2); brood-server's `Entrances`). `None`: agents get
+    /// no door.
+    pub doors: Option<crate::agent_socket::DoorHost>,
     /// This supervisor as a node of the cluster sharing its store (issue 15):
     /// registered at start, heartbeating on the sweepers' tick, gone when it
     /// shuts down. `None` (`brood run`, tests): not a node.
@@ -159,6 +163,7 @@ impl Config {
             sweep_every: Some(Duration::from_secs(1)),
             hooks: Hooks::default(),
             agent_sockets: None,
+            doors: None,
             node: None,
         }
     }
@@ -202,7 +207,7 @@ pub(crate) enum Cmd {
     Cancel(Caller, AgentName, Reply),
     Close(Caller, AgentName, Reply),
     Resume(Caller, AgentName, Option<String>, Reply),
-    Identify(i32, oneshot::Sender<Option<Caller>>),
+    Identify(i32, u32, oneshot::Sender<Result<Caller, String>>),
     /// A creation refused before it reached the dispatcher (a malformed request).
     Refused(Option<AgentName>, Option<String>, ApiError),
     Shutdown(oneshot::Sender<()>),
@@ -372,6 +377,8 @@ struct Live {
     ns_root: Option<PathBuf>,
     /// It or an ancestor has resource limits: its processes join the limit groups.
     limited: bool,
+    /// The supervisor's side of its run's door, served while it lives.
+    door: Option<crate::agent_socket::Listener>,
     /// What to start once a concurrency slot is free (SPEC 9: `queued`).
     pending: Option<Pending>,
     /// Its launch was handed to the spawner (it holds a concurrency slot).
@@ -451,6 +458,7 @@ impl Live {
             iso_ns: false,
             ns_root: None,
             limited: false,
+            door: None,
             pending: None,
             launching: false,
             unrecorded: None,
@@ -482,6 +490,9 @@ struct Dispatcher {
     info: HostInfo,
     /// The operator's identity: what a root agent holds.
     uid: u32,
+    /// `/proc/self/cgroup` of this process: where it sits on each hierarchy,
+    /// what a caller's groups are compared with (`identify`).
+    own_cgroups: String,
     /// This binary, executable by every agent (so it can call `brood spawn`).
     brood_exe: Option<PathBuf>,
     gid: u32,
@@ -516,7 +527,7 @@ struct Dispatcher {
     /// `None` when brood is not root (it cannot mount).
     veil: Option<crate::veil::Veil>,
     /// The veiled mount namespace agents join, once made.
-    veil_ns: Option<Arc<brood_launch::veil::VeilNamespace>>,
+    veil_ns: crate::veil::VeilCache,
     /// Bumped after each command (see `Supervisor::changed`).
     changed: watch::Sender<u64>,
     /// The jobs this supervisor runs and their workers (SPEC 10).
@@ -587,8 +598,8 @@ impl Dispatcher {
             Cmd::Refused(parent, requested, e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
             }
-            Cmd::Identify(pid, reply) => {
-                let _ = reply.send(self.identify(pid));
+            Cmd::Identify(pid, uid, reply) => {
+                let _ = reply.send(self.identify(pid, uid));
             }
             Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
             Cmd::Agent(name, run, e) => self.on_agent(name, run, e),

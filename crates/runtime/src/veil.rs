@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use brood_core::policy::Policy;
-use brood_launch::veil::{self, MountLine, PreparedVeil, VeilError, VeilSpec};
+use brood_launch::veil::{self, MountLine, PreparedVeil, VeilError, VeilNamespace, VeilSpec};
 
 use crate::paths::Paths;
 
@@ -59,6 +59,8 @@ impl Veil {
             root: root.clone(),
             keep: KEEP.iter().map(OsString::from).collect(),
             files,
+            // Agents see their own processes only (issue 24).
+            proc: Some(PathBuf::from("/proc")),
         };
         Ok(Veil {
             mounts,
@@ -154,6 +156,49 @@ impl Veil {
             out.push(format!("{} (store file outside the root)", f.display()));
         }
         out
+    }
+}
+
+/// The veiled namespace agents join, shared by the launches: made on the
+/// spawner's thread, whose children land in the keeper's PID namespace, so
+/// that the namespace's own `/proc` numbers processes as the agents do; and
+/// made again when what the veil hides changed or the keeper (and with it
+/// the PID namespace) was replaced.
+#[derive(Clone, Default)]
+pub struct VeilCache(Arc<std::sync::Mutex<Option<Made>>>);
+
+/// A namespace made, with the key of what it was made for.
+type Made = (u64, Arc<VeilNamespace>);
+
+impl VeilCache {
+    /// The namespace for `veil` as things stand; call it on the spawner's
+    /// thread.
+    pub fn get(&self, veil: &Veil) -> Result<Arc<VeilNamespace>, String> {
+        let prepared = veil.prepare().map_err(|e| e.to_string())?;
+        // The PID namespace this thread's children are born in (proc(5)
+        // /proc/thread-self/ns/pid_for_children).
+        let pidns = std::fs::read_link("/proc/thread-self/ns/pid_for_children")
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            prepared.signature().hash(&mut h);
+            pidns.hash(&mut h);
+            h.finish()
+        };
+        let mut made = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((k, ns)) = made.as_ref()
+            && *k == key
+        {
+            return Ok(ns.clone());
+        }
+        let ns = Arc::new(veil::make_namespace(&prepared).map_err(|e| e.to_string())?);
+        *made = Some((key, ns.clone()));
+        Ok(ns)
     }
 }
 

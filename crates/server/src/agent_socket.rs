@@ -19,25 +19,22 @@ use brood_core::{AgentName, RunId};
 use brood_proto::{Frame, Framer, MAX_LINE};
 use brood_runtime::Caller;
 use brood_runtime::Supervisor;
-use brood_runtime::agent_socket::{
-    Access, Listener, MAX_CLIENT_ID, Request, SocketHost, error_frame,
-};
+use brood_runtime::agent_socket::{Access, MAX_CLIENT_ID, Request, SocketHost, error_frame};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::door::Handoff;
+
 /// The host the runtime calls when an agent's socket should exist
 /// (`Config::agent_sockets`): binds and serves it on a task of its own (the
 /// bind, the accepts and the final unlink all happen there, off the
-/// dispatcher) until the returned `Listener` is closed or dropped.
+/// dispatcher) until the returned `Listener` is closed or dropped. For a
+/// supervisor whose agents also have doors, [`crate::Entrances`] sets both.
 pub fn agent_sockets() -> SocketHost {
-    Arc::new(|sup, name, run, path, access| {
-        let (stop_tx, stop_rx) = oneshot::channel();
-        tokio::spawn(serve(sup, name, run, path, Arc::new(access), stop_rx));
-        Listener::new(stop_tx)
-    })
+    crate::door::Entrances::new().sockets()
 }
 
 /// The agent's owner, as its spec records it (the `owner` control file).
@@ -76,13 +73,16 @@ fn bind(path: &Path) -> std::io::Result<(UnixListener, u64)> {
     Ok((l, ino))
 }
 
-async fn serve(
+/// Binds and serves one agent's socket until `stop`; connections that came
+/// through a door arrive on `doors`, their caller already known.
+pub(crate) async fn serve(
     sup: Supervisor,
     name: AgentName,
     run: RunId,
     path: PathBuf,
     access: Arc<Access>,
     mut stop: oneshot::Receiver<()>,
+    mut doors: mpsc::UnboundedReceiver<Handoff>,
 ) {
     let (listener, ino) = match bind(&path) {
         Ok(l) => l,
@@ -94,11 +94,19 @@ async fn serve(
     loop {
         tokio::select! {
             _ = &mut stop => break,
+            Some((stream, caller)) = doors.recv() => {
+                let (sup, name, run, access) = (sup.clone(), name.clone(), run.clone(), access.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = connection(sup, name, run, access, stream, Some(caller)).await {
+                        tracing::debug!(error = %e, "agent socket connection ended");
+                    }
+                });
+            }
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     let (sup, name, run, access) = (sup.clone(), name.clone(), run.clone(), access.clone());
                     tokio::spawn(async move {
-                        if let Err(e) = connection(sup, name, run, access, stream).await {
+                        if let Err(e) = connection(sup, name, run, access, stream, None).await {
                             tracing::debug!(error = %e, "agent socket connection ended");
                         }
                     });
@@ -138,11 +146,18 @@ async fn connection(
     run: RunId,
     access: Arc<Access>,
     stream: UnixStream,
+    through_door: Option<Caller>,
 ) -> std::io::Result<()> {
-    let cred = stream.peer_cred()?;
-    let identified = match cred.pid() {
-        Some(pid) => sup.identify(pid, cred.uid()).await.map_err(|e| e.message),
-        None => Err("the kernel gave no pid for the caller".to_owned()),
+    let identified = match through_door {
+        // A door is its agent's: whoever holds it is that agent.
+        Some(c) => Ok(c),
+        None => {
+            let cred = stream.peer_cred()?;
+            match cred.pid() {
+                Some(pid) => sup.identify(pid, cred.uid()).await.map_err(|e| e.message),
+                None => Err("the kernel gave no pid for the caller".to_owned()),
+            }
+        }
     };
     let (mut rd, mut wr) = stream.into_split();
     let caller = match identified {

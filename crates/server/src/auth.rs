@@ -27,8 +27,9 @@ pub(crate) enum Conn {
     /// The Unix socket, with the caller the peer's credentials identified
     /// (or why it could not be).
     Unix(Result<Caller, ApiError>),
-    /// The loopback TCP listener: the token decides.
-    Tcp,
+    /// The loopback TCP listener: the token decides, if the process that
+    /// presents it is outside every agent ([`TcpPeer`]).
+    Tcp(std::sync::Arc<TcpPeer>),
     /// A request the server makes itself on behalf of a caller it already
     /// authenticated (the MCP tools at `/mcp` call the API's routes).
     Inner(Caller),
@@ -116,7 +117,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
         Some(Conn::Unix(Ok(c))) => c,
         Some(Conn::Unix(Err(e))) => return HttpError(e).into_response(),
         Some(Conn::Inner(c)) => c,
-        Some(Conn::Tcp) => {
+        Some(Conn::Tcp(peer)) => {
             // Liveness probes need no token.
             if req.uri().path() == "/healthz" {
                 return next.run(req).await;
@@ -130,7 +131,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                 .get(AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
-            match (&api.0.token, presented) {
+            let operator = match (&api.0.token, presented) {
                 (Some(t), Some(p)) if t.matches(p.trim()) => Caller::User {
                     // SAFETY: geteuid cannot fail.
                     uid: unsafe { libc::geteuid() },
@@ -157,7 +158,13 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                     ))
                     .into_response();
                 }
+            };
+            // The token (or the cookie that stands for it) is the operator's
+            // only in the operator's hands.
+            if let Err(why) = peer.verify(&api).await {
+                return HttpError(ApiError::new(Code::Forbidden, why)).into_response();
             }
+            operator
         }
         None => {
             return HttpError(ApiError::new(
@@ -206,5 +213,53 @@ pub(crate) fn caller_label(c: &Caller) -> String {
     match c {
         Caller::User { uid } => format!("user:{uid}"),
         Caller::Agent(a) => format!("agent:{a}"),
+    }
+}
+
+/// The client of one TCP connection, and whether it was found to be outside
+/// every agent (worked out once, by the first request that presents the
+/// token).
+pub(crate) struct TcpPeer {
+    peer: std::net::SocketAddr,
+    local: std::net::SocketAddr,
+    verdict: tokio::sync::OnceCell<Result<(), String>>,
+}
+
+impl TcpPeer {
+    pub(crate) fn new(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> TcpPeer {
+        TcpPeer {
+            peer,
+            local,
+            verdict: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// `Ok` when every process holding the client's socket is identified
+    /// as the operator (crate::peer); the reason otherwise.
+    async fn verify(&self, api: &Api) -> Result<(), String> {
+        self.verdict
+            .get_or_init(|| async {
+                let (peer, local) = (self.peer, self.local);
+                let found = tokio::task::spawn_blocking(move || crate::peer::holders(peer, local))
+                    .await
+                    .map_err(|e| format!("looking for the client's process failed: {e}"))?;
+                let (pids, uid) = found.map_err(|e| {
+                    format!("the token is taken only from a process outside every agent, and {e}")
+                })?;
+                for pid in pids {
+                    match api.sup().identify(pid, uid).await {
+                        Ok(Caller::User { .. }) => {}
+                        Ok(Caller::Agent(a)) => {
+                            return Err(format!(
+                                "the bearer token is the operator's; agent {a} (pid {pid}) may not use it"
+                            ));
+                        }
+                        Err(e) => return Err(format!("the bearer token is refused: {}", e.message)),
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .clone()
     }
 }

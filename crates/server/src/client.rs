@@ -15,6 +15,9 @@ use tokio::net::{TcpStream, UnixStream};
 #[derive(Debug, Clone)]
 pub enum Endpoint {
     Unix(PathBuf),
+    /// The door this process inherited (inside an agent: `BROOD_DOOR`,
+    /// crate::door), with the tag that says where it leads.
+    Door(std::os::fd::RawFd),
     /// `host:port`, and the token to present.
     Tcp {
         addr: String,
@@ -43,6 +46,7 @@ impl Endpoint {
     fn describe(&self) -> String {
         match self {
             Endpoint::Unix(p) => p.display().to_string(),
+            Endpoint::Door(fd) => format!("the agent's door (descriptor {fd})"),
             Endpoint::Tcp { addr, .. } => format!("http://{addr}"),
         }
     }
@@ -85,6 +89,14 @@ async fn connect(ep: &Endpoint) -> Result<Sender, ClientError> {
     }
     Ok(match ep {
         Endpoint::Unix(p) => handshake!(UnixStream::connect(p).await.map_err(|e| fail(&e))?),
+        Endpoint::Door(fd) => {
+            // SAFETY: the descriptor is the door this process inherited and
+            // keeps open for its whole life (crate::door::inherited).
+            let door = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+            let s = crate::door::open(door, "api").map_err(|e| fail(&e))?;
+            s.set_nonblocking(true).map_err(|e| fail(&e))?;
+            handshake!(UnixStream::from_std(s).map_err(|e| fail(&e))?)
+        }
         Endpoint::Tcp { addr, .. } => {
             handshake!(
                 TcpStream::connect(addr.as_str())
@@ -103,7 +115,7 @@ fn request(
     idempotency_key: Option<&str>,
 ) -> Result<Request<Full<Bytes>>, ClientError> {
     let host = match ep {
-        Endpoint::Unix(_) => "brood".to_owned(),
+        Endpoint::Unix(_) | Endpoint::Door(_) => "brood".to_owned(),
         Endpoint::Tcp { addr, .. } => addr.clone(),
     };
     let mut b = Request::builder()

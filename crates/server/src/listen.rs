@@ -106,10 +106,18 @@ pub async fn serve_tcp(api: Api, listener: TcpListener) {
     let router = api.router();
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 let router = router.clone();
-                tokio::spawn(connection(router, stream, Conn::Tcp));
+                let local = match stream.local_addr() {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a TCP connection without a local address");
+                        continue;
+                    }
+                };
+                let conn = Conn::Tcp(std::sync::Arc::new(crate::auth::TcpPeer::new(peer, local)));
+                tokio::spawn(connection(router, stream, conn));
             }
             Err(e) => {
                 tracing::error!(error = %e, "accept on the TCP listener failed");
@@ -119,7 +127,7 @@ pub async fn serve_tcp(api: Api, listener: TcpListener) {
     }
 }
 
-async fn connection<S>(router: Router, stream: S, conn: Conn)
+pub(crate) async fn connection<S>(router: Router, stream: S, conn: Conn)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

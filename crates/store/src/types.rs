@@ -25,6 +25,13 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// Making the store's files private to their owner.
+    #[error("store {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("store {path}: migration {version} failed: {source}")]
     Migration {
         path: String,

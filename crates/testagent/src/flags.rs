@@ -108,6 +108,18 @@ pub enum Probe {
     /// group, and raise that group's limit: the way around a covered
     /// `/sys/fs/cgroup` that a process with no capabilities still has.
     CgroupRemount(String),
+    /// `--probe-unix PATH`: connect to a UNIX socket by path.
+    Unix(PathBuf),
+    /// `--probe-abstract NAME`: connect to the abstract UNIX socket `\0NAME`.
+    Abstract(String),
+    /// `--probe-udp PORT`: send a UDP datagram to 127.0.0.1:PORT.
+    Udp(u16),
+    /// `--probe-families`: which socket families and types socket(2) creates.
+    Families,
+    /// `--probe-io-uring`: whether io_uring_setup(2) succeeds.
+    IoUring,
+    /// `--probe-brood-socket PATH`: ask the brood daemon on PATH for a root.
+    BroodSocket(PathBuf),
 }
 
 /// `--usage TIN,TOUT,COST`.
@@ -152,6 +164,8 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --result TEXT  --error TEXT  --no-result  --crash  --exit CODE
   --probe-read PATH  --probe-write PATH  --probe-exec PATH (repeatable)
   --probe-connect PORT  --probe-bind PORT (repeatable)  --probe-caps
+  --probe-unix PATH  --probe-abstract NAME  --probe-udp PORT
+  --probe-brood-socket PATH (repeatable)  --probe-families  --probe-io-uring
   --fork-bomb N  --memory-hog MB
   --request OP=JSON (repeatable)  --await-job ID
   --job-worker [--item-delay MS] [--one-item] [--fail-first DIR [--fail-marked-only]]
@@ -220,6 +234,10 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-connect"
                 | "--probe-bind"
                 | "--probe-cgroup-remount"
+                | "--probe-unix"
+                | "--probe-abstract"
+                | "--probe-udp"
+                | "--probe-brood-socket"
                 | "--artifact"
                 | "--artifact-bytes"
                 | "--ref"
@@ -283,11 +301,17 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--probe-exec" => f.probes.push(Probe::Exec(path(name, value()?)?)),
             "--probe-connect" => f.probes.push(Probe::Connect(number(name, &value()?)?)),
             "--probe-bind" => f.probes.push(Probe::Bind(number(name, &value()?)?)),
+            "--probe-unix" => f.probes.push(Probe::Unix(path(name, value()?)?)),
+            "--probe-abstract" => f.probes.push(Probe::Abstract(value()?)),
+            "--probe-udp" => f.probes.push(Probe::Udp(number(name, &value()?)?)),
+            "--probe-brood-socket" => f.probes.push(Probe::BroodSocket(path(name, value()?)?)),
             "--fork-bomb" => f.probes.push(Probe::ForkBomb(number(name, &value()?)?)),
             "--memory-hog" => f.probes.push(Probe::MemoryHog(number(name, &value()?)?)),
             _ if inline.is_some() => {
                 return Err(FlagError(format!("{name} takes no value")));
             }
+            "--probe-families" => f.probes.push(Probe::Families),
+            "--probe-io-uring" => f.probes.push(Probe::IoUring),
             "--history" => f.history = true,
             "--echo" => f.echo = true,
             "--echo-quiet" => f.echo_quiet = true,

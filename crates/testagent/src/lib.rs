@@ -94,6 +94,7 @@ mod count;
 pub mod flags;
 pub mod probe;
 mod procs;
+mod sockets;
 pub mod text;
 
 use std::io::{Read, Write};

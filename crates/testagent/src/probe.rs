@@ -38,6 +38,12 @@ pub fn run(p: &Probe) -> String {
         Probe::MemoryHog(mb) => memory_hog(*mb),
         Probe::Caps => caps_line(fs::read_to_string("/proc/self/status")),
         Probe::CgroupRemount(c) => line("cgroup-remount", c, cgroup_remount(c)),
+        Probe::Unix(path) => crate::sockets::unix(path),
+        Probe::Abstract(name) => crate::sockets::abstract_unix(name),
+        Probe::Udp(port) => crate::sockets::udp(*port),
+        Probe::Families => crate::sockets::families(),
+        Probe::IoUring => crate::sockets::io_uring(),
+        Probe::BroodSocket(path) => crate::sockets::brood_socket(path),
     }
 }
 

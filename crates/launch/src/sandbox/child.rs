@@ -17,6 +17,7 @@ pub(crate) enum ChildStep {
     Capset = 4,
     NoNewPrivs = 5,
     Landlock = 6,
+    Seccomp = 7,
 }
 
 impl ChildStep {
@@ -28,6 +29,7 @@ impl ChildStep {
             4 => ChildStep::Capset,
             5 => ChildStep::NoNewPrivs,
             6 => ChildStep::Landlock,
+            7 => ChildStep::Seccomp,
             _ => return None,
         })
     }
@@ -47,6 +49,7 @@ impl ChildStep {
             ChildStep::Capset => "capabilities: emptying the process's sets (capset)",
             ChildStep::NoNewPrivs => "no_new_privs (prctl PR_SET_NO_NEW_PRIVS)",
             ChildStep::Landlock => "landlock (landlock_restrict_self)",
+            ChildStep::Seccomp => "the socket filter (seccomp SECCOMP_SET_MODE_FILTER)",
         }
     }
 }
@@ -61,6 +64,9 @@ pub(crate) struct ChildPlan {
     pub(super) last_cap: libc::c_int,
     pub(super) no_new_privs: bool,
     /// Write end of a close-on-exec pipe where a failing step writes its number.
+    /// The socket filter's instructions (`struct sock_filter`) and their
+    /// count, or a null pointer for none; owned by the `Prepared`.
+    pub(super) filter: (*const libc::sock_filter, usize),
     pub(super) report_fd: RawFd,
 }
 
@@ -140,6 +146,26 @@ impl ChildPlan {
                 && libc::syscall(libc::SYS_landlock_restrict_self, self.ruleset_fd, 0u32) != 0
             {
                 return Err(fail(ChildStep::Landlock));
+            }
+            // seccomp(2): the socket filter, last, so that nothing above is
+            // filtered; no_new_privs is set, so no privilege is needed. The
+            // program lives in the parent's memory, which the child shares
+            // until exec (CLONE_VM), and the kernel copies it.
+            let (filter, len) = self.filter;
+            if !filter.is_null() {
+                let prog = libc::sock_fprog {
+                    len: len as libc::c_ushort,
+                    filter: filter.cast_mut(),
+                };
+                if libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+                {
+                    return Err(fail(ChildStep::Seccomp));
+                }
             }
         }
         Ok(())

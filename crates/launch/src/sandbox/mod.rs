@@ -110,6 +110,7 @@ use std::sync::Arc;
 mod caps;
 mod child;
 mod rules;
+mod sockets;
 #[cfg(test)]
 mod tests;
 
@@ -117,6 +118,9 @@ pub(crate) use caps::capset_empty_this_thread;
 use caps::{CapPlan, plan_caps};
 pub(crate) use child::{ChildPlan, ChildStep};
 use rules::{build_ruleset, plan_layers};
+use seccompiler::BpfProgram;
+pub use sockets::Sockets;
+pub use sockets::available as seccomp_available;
 
 /// Read files and list directories (`Ro`), or every filesystem right (`Rw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +164,24 @@ pub struct SandboxSpec {
     /// Start even when a layer the spec needs is missing on this host, recording
     /// it in [`Enforced::weaker`] (`--allow-weaker-sandbox`).
     pub allow_weaker: bool,
+    /// Which sockets the agent may create (`sockets`, a seccomp filter).
+    pub sockets: Sockets,
+    /// The `/proc` the agent will see, when it is not the host's (the
+    /// veil's, `crate::veil`): the base set's `/proc` rule is anchored there.
+    pub proc_root: Option<ProcRoot>,
 }
+
+/// A directory descriptor of the `/proc` an agent sees (an `O_PATH` one).
+#[derive(Debug, Clone)]
+pub struct ProcRoot(pub Arc<OwnedFd>);
+
+impl PartialEq for ProcRoot {
+    fn eq(&self, other: &ProcRoot) -> bool {
+        self.0.as_raw_fd() == other.0.as_raw_fd()
+    }
+}
+
+impl Eq for ProcRoot {}
 
 impl Default for SandboxSpec {
     fn default() -> Self {
@@ -174,6 +195,8 @@ impl Default for SandboxSpec {
             no_new_privs: true,
             drop_caps: true,
             allow_weaker: false,
+            sockets: Sockets::Any,
+            proc_root: None,
         }
     }
 }
@@ -196,6 +219,9 @@ pub struct Enforced {
     /// One line per layer the spec asked for that this host cannot enforce,
     /// naming the layer; non-empty only with [`SandboxSpec::allow_weaker`].
     pub weaker: Vec<String>,
+    /// Which sockets the agent may create ([`Sockets::Any`] also when the
+    /// filter is a missing layer the operator allowed).
+    pub sockets: Sockets,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -269,6 +295,8 @@ struct Inner {
     ruleset: Option<OwnedFd>,
     caps: Option<CapPlan>,
     no_new_privs: bool,
+    /// The socket filter's instructions, read by the child (`ChildPlan`).
+    sockets: Option<BpfProgram>,
     enforced: Enforced,
 }
 
@@ -296,6 +324,11 @@ impl Prepared {
             drop_bset: caps.is_some_and(|c| c.drop_bset),
             last_cap: caps.map_or(0, |c| c.last_cap as libc::c_int),
             no_new_privs: self.inner.no_new_privs,
+            filter: self
+                .inner
+                .sockets
+                .as_ref()
+                .map_or((std::ptr::null(), 0), |p| (p.as_ptr().cast(), p.len())),
             report_fd,
         }
     }
@@ -332,6 +365,7 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
     } else {
         None
     };
+    let (sockets, socket_filter) = plan_sockets(spec, &mut weaker)?;
     let caps_weaker = weaker.iter().any(|w| w.starts_with("capabilities"));
     let enforced = Enforced {
         landlock_abi: layers.abi,
@@ -341,13 +375,44 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
         caps_dropped: caps.is_some() && !caps_weaker,
         no_new_privs: spec.no_new_privs,
         weaker,
+        sockets,
     };
     Ok(Prepared {
         inner: Arc::new(Inner {
             ruleset,
             caps,
             no_new_privs: spec.no_new_privs,
+            sockets: socket_filter,
             enforced,
         }),
     })
+}
+
+/// The socket filter of `spec`: what is enforced and the program, failing
+/// closed when the kernel has no seccomp filters (unless allowed weaker).
+fn plan_sockets(
+    spec: &SandboxSpec,
+    weaker: &mut Vec<String>,
+) -> Result<(Sockets, Option<BpfProgram>), SandboxError> {
+    if spec.sockets == Sockets::Any {
+        return Ok((Sockets::Any, None));
+    }
+    if !spec.no_new_privs {
+        // seccomp(2): without no_new_privs installing a filter needs
+        // CAP_SYS_ADMIN, which an agent no longer has.
+        return Err(SandboxError::Invalid(
+            "a socket filter needs no_new_privs".into(),
+        ));
+    }
+    if let Err(reason) = sockets::available() {
+        if spec.allow_weaker {
+            weaker.push(format!("seccomp: {reason}"));
+            return Ok((Sockets::Any, None));
+        }
+        return Err(SandboxError::Layer {
+            layer: "seccomp",
+            reason,
+        });
+    }
+    Ok((spec.sockets, sockets::compile(spec.sockets)?))
 }

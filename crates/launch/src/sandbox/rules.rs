@@ -196,7 +196,15 @@ pub(super) fn build_ruleset(spec: &SandboxSpec, layers: &Layers) -> Result<Owned
     let mut created = ruleset.create().map_err(landlock_err)?;
     let file_rights = AccessFs::from_file(abi);
     for g in grants(spec, abi) {
-        let file = match open_path(&g.path) {
+        // The base set's /proc is the veil's own proc(5) when there is one:
+        // a rule on the host's would not reach the agent's.
+        let opened = match &spec.proc_root {
+            Some(root) if g.origin == Origin::Base && g.path == Path::new("/proc") => {
+                root.0.try_clone().map(File::from)
+            }
+            _ => open_path(&g.path),
+        };
+        let file = match opened {
             Ok(f) => f,
             Err(e) if g.origin == Origin::Base && e.kind() == io::ErrorKind::NotFound => continue,
             // A file rule on a path that does not exist (or vanished since the

@@ -25,6 +25,10 @@ pub(super) struct Child {
     /// NULL: no veil. Points into the `Arc` the spec holds until the spawn returns.
     pub(super) veil: *const crate::veil::VeilNamespace,
     pub(super) plan: Option<ChildPlan>,
+    /// The door, to be placed at `DOOR_FD`; -1 for none.
+    pub(super) door: RawFd,
+    /// NULL: no view of its own. Points into the spec, alive until exec.
+    pub(super) view: *const crate::veil::PreparedView,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
     pub(super) errno: AtomicI32,
     /// Set by the child just before execve: a child that ends before that
@@ -246,6 +250,10 @@ pub(super) fn child_setup(c: &Child) -> io::Result<()> {
         if !c.veil.is_null() {
             crate::veil::join_in_child(&*c.veil)?;
         }
+        // Its own view of the ctx tree, in a copy of the veil's namespace.
+        if !c.view.is_null() {
+            crate::veil::apply_view_in_child(&*c.view)?;
+        }
         // The working directory after the veil: one taken before would keep a
         // covered directory reachable as `.`.
         if !c.cwd.is_null() && libc::chdir(c.cwd) != 0 {
@@ -259,6 +267,19 @@ pub(super) fn child_setup(c: &Child) -> io::Result<()> {
         // ChildPlan::apply).
         if let Some(plan) = &c.plan {
             plan.apply()?;
+        }
+        // The door last: the sandbox marked every descriptor from 3 up
+        // close-on-exec, and dup2 gives the copy a clear flag (dup2(2)); a door
+        // already at DOOR_FD only needs its flag cleared.
+        if c.door >= 0 {
+            let placed = if c.door == DOOR_FD {
+                libc::fcntl(DOOR_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(c.door, DOOR_FD)
+            };
+            if placed < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
     }
     Ok(())

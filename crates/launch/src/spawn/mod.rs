@@ -75,10 +75,21 @@ pub struct LaunchSpec {
     /// (`crate::veil`), joined before `ns` and the sandbox. Shared by every
     /// launch while the veil's signature stays the same.
     pub veil: Option<std::sync::Arc<crate::veil::VeilNamespace>>,
+    /// The agent's own view of the ctx tree, made in a mount namespace of
+    /// its own after it joins the veil (`crate::veil::view`).
+    pub view: Option<crate::veil::PreparedView>,
     /// Written to the child's stdin before it starts, as far as the pipe takes
     /// it without blocking ([`Launched::stdin_written`] says how far).
     pub stdin_prelude: Vec<u8>,
+    /// The agent's end of its door to the supervisor (a UNIX socket pair,
+    /// docs/security.md): placed at [`DOOR_FD`] in the child, inherited by
+    /// every process of the agent, the one way to its supervisor that needs
+    /// no `socket(2)`.
+    pub door: Option<OwnedFd>,
 }
+
+/// Where the child finds its door (`BROOD_DOOR`).
+pub const DOOR_FD: RawFd = 3;
 
 /// How many extra `cgroup.procs` files a launch may join (one per v1 hierarchy).
 pub const MAX_EXTRA_PROCS: usize = 8;
@@ -517,6 +528,11 @@ fn launch_here(
             .as_ref()
             .map_or(std::ptr::null(), std::sync::Arc::as_ptr),
         plan,
+        door: spec.door.as_ref().map_or(-1, |d| d.as_raw_fd()),
+        view: spec
+            .view
+            .as_ref()
+            .map_or(std::ptr::null(), |v| v as *const crate::veil::PreparedView),
         errno: AtomicI32::new(0),
         at_exec: std::sync::atomic::AtomicBool::new(false),
     };
@@ -543,6 +559,12 @@ fn launch_here(
             .as_ref()
             .and_then(|v| v.child_failure())
             .map(|e| io::Error::new(err.kind(), e.to_string()))
+            .or_else(|| {
+                spec.view
+                    .as_ref()
+                    .and_then(|v| v.child_failure())
+                    .map(|e| io::Error::new(err.kind(), e.to_string()))
+            })
             .or_else(|| {
                 spec.ns
                     .as_ref()

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 
 use super::{MAX_KEEP, MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE, PreparedVeil, Step};
 
-
 /// Applies the veil in the child (see the module docs for the steps).
 ///
 /// # Safety
@@ -138,6 +137,22 @@ unsafe fn cover_and_seal(
                 return Err(fail(Step::File, i));
             }
         }
+        if let Some((at, _)) = &p.proc {
+            // proc(5): a new instance; `hidepid=ptraceable` hides every
+            // process the viewer may not ptrace (PTRACE_MODE_READ_FSCREDS),
+            // with no exception for a group (`invisible` lets members of
+            // `gid=`, by default root's group, which agents are in, see all).
+            if libc::mount(
+                c"proc".as_ptr(),
+                at.as_ptr(),
+                c"proc".as_ptr(),
+                hide,
+                c"hidepid=ptraceable".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(fail(Step::Proc, 0));
+            }
+        }
         // Read-only for good: the superblock, so the empty file is read-only
         // wherever it is bound, and nothing can be made next to the kept entries.
         if libc::mount(
@@ -153,4 +168,3 @@ unsafe fn cover_and_seal(
     }
     Ok(())
 }
-

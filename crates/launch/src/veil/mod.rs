@@ -16,7 +16,14 @@
 //!   the store, its WAL and shared memory, the sweeper lock, the blobs and the
 //!   configuration are gone from view;
 //! * a store kept outside the root (and its WAL, shared memory and sweeper
-//!   lock) is covered file by file with an empty read-only file.
+//!   lock) is covered file by file with an empty read-only file;
+//! * `/proc` is a fresh proc(5) mounted with `hidepid=ptraceable` (issue 24):
+//!   a process sees only the processes it may ptrace, and landlock lets a
+//!   sandboxed process ptrace only its own domain, so an agent sees its own
+//!   processes and none of the supervisor's, the host's or another agent's
+//!   (their command lines and environments included). The sandbox's `/proc`
+//!   rule is anchored on this mount ([`VeilNamespace::proc_root`]), not on
+//!   the host's.
 //!
 //! A covered path cannot be uncovered from inside: the agent holds no
 //! `CAP_SYS_ADMIN` for `umount2(2)`, and a user namespace it makes gets copies
@@ -82,6 +89,9 @@ pub struct VeilSpec {
     /// Files outside `root` covered by an empty read-only file; missing ones
     /// are skipped.
     pub files: Vec<PathBuf>,
+    /// Where proc(5) is mounted (`/proc`), to cover with a fresh one that
+    /// hides other processes; `None` leaves the host's.
+    pub proc: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,10 +137,11 @@ enum Step {
     Keep = 6,
     File = 7,
     Seal = 8,
+    Proc = 9,
 }
 
 impl Step {
-    const ALL: [Step; 8] = [
+    const ALL: [Step; 9] = [
         Step::Unshare,
         Step::MakePrivate,
         Step::Cover,
@@ -139,6 +150,7 @@ impl Step {
         Step::Keep,
         Step::File,
         Step::Seal,
+        Step::Proc,
     ];
 
     fn describe(self) -> &'static str {
@@ -151,6 +163,7 @@ impl Step {
             Step::Keep => "bind mount (MS_BIND) back into the tmpfs:",
             Step::File => "bind mount of an empty file over",
             Step::Seal => "remounting read-only the tmpfs over",
+            Step::Proc => "mount -t proc -o hidepid=ptraceable over",
         }
     }
 }
@@ -178,6 +191,7 @@ pub struct PreparedVeil {
     kept: Vec<Kept>,
     empty: CString,
     files: Vec<(CString, PathBuf)>,
+    proc: Option<(CString, PathBuf)>,
     /// The failing step, index and errno, written by the child (it shares the
     /// supervisor's memory, `crate::spawn`).
     failure: AtomicU64,
@@ -415,6 +429,17 @@ pub fn prepare_with(spec: &VeilSpec, mounts: &[MountLine]) -> Result<PreparedVei
             }
         }
     }
+    let proc = match &spec.proc {
+        Some(p) => {
+            absolute_plain(
+                p,
+                "proc's mount point must be an absolute path without . or ..",
+            )?;
+            want_private(p)?;
+            Some((cstring(p)?, p.clone()))
+        }
+        None => None,
+    };
     let signature = {
         use std::hash::{Hash, Hasher};
         use std::os::unix::fs::MetadataExt;
@@ -434,6 +459,7 @@ pub fn prepare_with(spec: &VeilSpec, mounts: &[MountLine]) -> Result<PreparedVei
         for (_, m) in &private {
             m.hash(&mut h);
         }
+        spec.proc.hash(&mut h);
         h.finish()
     };
     let inodes = kept.len() + 4;
@@ -449,6 +475,7 @@ pub fn prepare_with(spec: &VeilSpec, mounts: &[MountLine]) -> Result<PreparedVei
         kept,
         empty: cstring(&spec.root.join(EMPTY))?,
         files,
+        proc,
         failure: AtomicU64::new(0),
     })
 }
@@ -481,6 +508,7 @@ impl PreparedVeil {
                 .or_else(|| Some(self.root_shown.join(EMPTY))),
             Step::File => self.files.get(index).map(|p| p.1.clone()),
             Step::Unshare | Step::Root | Step::Seal => Some(self.root_shown.clone()),
+            Step::Proc => self.proc.as_ref().map(|p| p.1.clone()),
         };
         Some(VeilError::Child {
             step: step.describe(),
@@ -506,6 +534,8 @@ mod child;
 mod namespace;
 #[cfg(test)]
 mod tests;
+mod view;
 
 pub use child::apply_in_child;
 pub use namespace::{VeilNamespace, join_in_child, make_namespace};
+pub use view::{MAX_VIEW_KEEP, PreparedView, ViewSpec, apply_view_in_child, prepare_view};

@@ -3,6 +3,7 @@
 //! of its namespace, and joined by each agent between clone and exec.
 
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
@@ -12,6 +13,9 @@ use super::{PreparedVeil, VeilError, apply_in_child};
 #[derive(Debug)]
 pub struct VeilNamespace {
     fd: std::os::fd::OwnedFd,
+    /// The root of the namespace's own `/proc`, when the veil covers it:
+    /// what the sandbox anchors its `/proc` rule on.
+    proc: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     signature: u64,
     hidden: Vec<String>,
     /// The errno of a failed `setns`, written by a spawned child (it shares
@@ -23,6 +27,12 @@ impl VeilNamespace {
     /// The signature of the preparation it was made from.
     pub fn signature(&self) -> u64 {
         self.signature
+    }
+
+    /// The namespace's own `/proc` (an `O_PATH` descriptor of its root),
+    /// when the veil covers the host's.
+    pub fn proc_root(&self) -> Option<std::sync::Arc<std::os::fd::OwnedFd>> {
+        self.proc.clone()
     }
 
     /// What is hidden, for `meta.json` and `brood doctor`.
@@ -140,6 +150,30 @@ pub fn make_namespace(p: &PreparedVeil) -> Result<VeilNamespace, VeilError> {
     }
     let path = format!("/proc/{pid}/ns/mnt");
     let fd = std::fs::File::open(&path).map(std::os::fd::OwnedFd::from);
+    // Its /proc, reached through the child's root (proc(5) /proc/PID/root),
+    // while the child still lives in the namespace.
+    let proc = match &p.proc {
+        Some((_, at)) => {
+            let inside =
+                PathBuf::from(format!("/proc/{pid}/root")).join(at.strip_prefix("/").unwrap_or(at));
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(&inside);
+            match opened {
+                Ok(f) => Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(f))),
+                Err(e) => {
+                    finish(pid);
+                    return Err(VeilError::Io {
+                        op: "opening the veil's /proc at",
+                        path: inside,
+                        source: e,
+                    });
+                }
+            }
+        }
+        None => None,
+    };
     finish(pid);
     let fd = fd.map_err(|e| VeilError::Io {
         op: "opening",
@@ -148,6 +182,7 @@ pub fn make_namespace(p: &PreparedVeil) -> Result<VeilNamespace, VeilError> {
     })?;
     Ok(VeilNamespace {
         fd,
+        proc,
         signature: p.signature,
         hidden: p.describe(),
         failed: std::sync::atomic::AtomicI32::new(0),

@@ -98,6 +98,7 @@ fn kept_entries_are_plain_names_and_missing_ones_are_skipped() {
             dir.path().join("brood.db"),
             PathBuf::from("/nonexistent/x.db"),
         ],
+        proc: None,
     };
     let p = prepare_with(&spec, &m).unwrap();
     assert_eq!(p.kept.len(), 1, "only ctx exists");

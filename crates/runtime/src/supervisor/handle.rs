@@ -14,6 +14,14 @@ impl Supervisor {
         for d in [paths.root.clone(), paths.ctx(), paths.root.join("ns")] {
             std::fs::create_dir_all(&d).map_err(|source| StartError::Dir { path: d, source })?;
         }
+        // The root is the daemon user's alone (issue 24): no other local user
+        // reaches the store, the ctx tree or the blobs beneath it. Agents run
+        // as that user (or root without capabilities), so they pass; what
+        // they may see inside is the veil's and the sandbox's to decide.
+        private_dir(&paths.root).map_err(|source| StartError::Dir {
+            path: paths.root.clone(),
+            source,
+        })?;
         // `ctx/` itself belongs to the tree's owner like everything in it, so
         // an agent (uid 0 without capabilities) can neither add an entry
         // beside `agent/` and `home/` nor rename them.
@@ -196,6 +204,9 @@ impl Supervisor {
             meta,
             info: info.clone(),
             uid,
+            // What identify compares callers' groups with: read once, the
+            // groups a process is in do not change under it.
+            own_cgroups: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
             brood_exe: std::env::current_exe().ok(),
             gid: unsafe_getegid(),
             groups: supplementary_groups(),
@@ -215,7 +226,7 @@ impl Supervisor {
             slots,
             netns_pool: None,
             veil,
-            veil_ns: None,
+            veil_ns: crate::veil::VeilCache::default(),
             changed: changed_tx,
             jobs: jobs::Runner::default(),
             news_queued,
@@ -323,24 +334,15 @@ impl Supervisor {
     /// no live agent accounts for (`supervisor::identify`).
     pub async fn identify(&self, pid: i32, uid: u32) -> Result<Caller, ApiError> {
         let (tx, rx) = oneshot::channel();
-        let nobody = || {
-            ApiError::new(
-                Code::Forbidden,
-                format!(
-                    "the caller (pid {pid}) is inside an agent tree but belongs to no live agent"
-                ),
-            )
-        };
-        if self.tx.send(Cmd::Identify(pid, tx)).is_err() {
+        if self.tx.send(Cmd::Identify(pid, uid, tx)).is_err() {
             return Err(ApiError::new(
                 Code::Internal,
                 "the supervisor is shutting down",
             ));
         }
         match rx.await {
-            Ok(Some(Caller::User { .. })) => Ok(Caller::User { uid }),
-            Ok(Some(a)) => Ok(a),
-            Ok(None) => Err(nobody()),
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(why)) => Err(ApiError::new(Code::Forbidden, why)),
             Err(_) => Err(ApiError::new(
                 Code::Internal,
                 "the supervisor is shutting down",
@@ -390,4 +392,15 @@ impl Supervisor {
     pub fn view(&self) -> crate::view::View {
         crate::view::View::new(self.store.clone(), self.tenant.clone())
     }
+}
+
+/// Gives `dir` mode 0700 when this process owns it; a root that belongs to
+/// someone else is theirs to protect, and is left as it is.
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let md = std::fs::metadata(dir)?;
+    if md.uid() == unsafe_geteuid() && md.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }

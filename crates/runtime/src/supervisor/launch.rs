@@ -134,25 +134,12 @@ impl Dispatcher {
             }
             _ => None,
         };
-        // The veiled namespace every agent joins, made again only when what
-        // it hides changed (brood_launch::veil).
-        let veil = match &self.veil {
-            Some(v) => match v.prepare() {
-                Ok(p) => match &self.veil_ns {
-                    Some(made) if made.signature() == p.signature() => Some(made.clone()),
-                    _ => match brood_launch::veil::make_namespace(&p) {
-                        Ok(made) => {
-                            let made = Arc::new(made);
-                            self.veil_ns = Some(made.clone());
-                            Some(made)
-                        }
-                        Err(e) => return fail(&self.tx, format!("{e}")),
-                    },
-                },
-                Err(e) => return fail(&self.tx, format!("{e}")),
-            },
-            None => None,
-        };
+        // The veiled namespace every agent joins, got (and made again when
+        // what it hides changed) on the spawner's thread (crate::veil).
+        let veil = self
+            .veil
+            .as_ref()
+            .map(|v| (v.clone(), self.veil_ns.clone()));
         let iso_ns = self.live.get(name).is_some_and(|l| l.iso_ns);
         let channel = self
             .live
@@ -200,6 +187,24 @@ impl Dispatcher {
             }
             _ => None,
         };
+        let mut door_listener = None;
+        // The run's door to this supervisor (docs/security.md "The door"):
+        // the agent's end goes to its process, this end to the door's host.
+        // A pair that cannot be made leaves the agent without one: it can
+        // still speak its protocol, and says so when it tries the door.
+        let door = match &self.cfg.doors {
+            Some(host) => match door_pair() {
+                Ok((ours, theirs)) => {
+                    door_listener = Some(host(self.handle(), name.clone(), run.clone(), ours));
+                    Some(theirs)
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "making the agent's door failed");
+                    None
+                }
+            },
+            None => None,
+        };
         let Some(l) = self.live.get_mut(name) else {
             return;
         };
@@ -236,6 +241,7 @@ impl Dispatcher {
         };
         // The run's clock starts now; its children must end before its deadline.
         l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
+        l.door = door_listener;
         let policy_env: Vec<(String, String)> = l
             .policy
             .env
@@ -256,6 +262,7 @@ impl Dispatcher {
             ctx_root: self.paths.ctx().to_string_lossy().into_owned(),
             ctx_home: self.paths.home().to_string_lossy().into_owned(),
             artifacts: artifacts.as_ref().map(|d| d.to_string_lossy().into_owned()),
+            door: door.as_ref().map(|_| brood_launch::spawn::DOOR_FD),
         };
         let prep = Prep {
             argv: argv.to_vec(),
@@ -275,10 +282,19 @@ impl Dispatcher {
             allow_weaker: self.cfg.allow_weaker_sandbox,
             objects: self.paths.ctx().join("agent"),
             own_object: self.paths.agent_dir(name),
+            // Its own view of the ctx tree, when its grants would reach
+            // other agents' parts of it (decided once the sandbox is
+            // lowered); agents of `iso = ns` build their whole tree anew.
+            view: (self.veil.is_some() && !iso_ns).then(|| ViewPlan {
+                ctx: self.paths.ctx(),
+                own_home: self.paths.home().join("agent").join(name.as_str()),
+                own_session: self.paths.session_dir(name, &l.session),
+            }),
             ns,
             veil,
             containment: self.meta["containment"].clone(),
             limits_missing,
+            door,
         };
         l.init = init;
         let tx = self.tx.clone();
@@ -562,10 +578,12 @@ struct Prep {
     allow_weaker: bool,
     objects: PathBuf,
     own_object: PathBuf,
+    view: Option<ViewPlan>,
     ns: Option<NsPlan>,
-    veil: Option<Arc<brood_launch::veil::VeilNamespace>>,
+    veil: Option<(crate::veil::Veil, crate::veil::VeilCache)>,
     containment: Value,
     limits_missing: bool,
+    door: Option<std::os::fd::OwnedFd>,
 }
 
 /// What a launch made that the dispatcher keeps: its group (to stop and
@@ -588,6 +606,10 @@ impl Prep {
     }
 
     fn prepare(self, made: &mut Made) -> Result<LaunchSpec, String> {
+        let veil = match &self.veil {
+            Some((v, cache)) => Some(cache.get(v)?),
+            None => None,
+        };
         let (procs, extra_procs) = match &self.group {
             Some(plan) => {
                 let cg = &plan.cgroups;
@@ -653,6 +675,16 @@ impl Prep {
                 artifacts: self.artifacts.as_deref(),
             },
         );
+        let mut sandbox_spec = sandbox_spec;
+        // The veil's own /proc is what the agent sees (brood_launch::veil).
+        sandbox_spec.proc_root = veil
+            .as_ref()
+            .and_then(|v| v.proc_root())
+            .map(brood_launch::sandbox::ProcRoot);
+        let view = match &self.view {
+            Some(plan) if plan.reached_by(&sandbox_spec) => Some(self.view_of(plan)?),
+            _ => None,
+        };
         let sandbox =
             brood_launch::sandbox::prepare(&sandbox_spec).map_err(|e| format!("sandbox: {e}"))?;
         made.sandbox = Some(sandbox.clone());
@@ -681,9 +713,11 @@ impl Prep {
             "scoped": enforced.scoped,
             "capabilities_dropped": enforced.caps_dropped,
             "no_new_privs": enforced.no_new_privs,
+            "sockets": enforced.sockets.describe(),
             "weaker": enforced.weaker,
             "allow_weaker_sandbox": self.allow_weaker,
-            "veil": self.veil.as_ref().map(|v| v.describe()),
+            "veil": veil.as_ref().map(|v| v.describe()),
+            "ctx_view": view.is_some(),
             "limits_not_enforced": self.limits_missing,
             },
         });
@@ -696,8 +730,71 @@ impl Prep {
             sandbox: Some(sandbox),
             extra_procs,
             ns,
-            veil: self.veil,
+            veil,
+            view,
             stdin_prelude: self.stdin_prelude,
+            door: self.door,
         })
+    }
+}
+
+/// A door's two ends: a `SOCK_SEQPACKET` pair, so that each client's message
+/// (a tag and a descriptor) arrives whole even when several processes of the
+/// agent use the door at once.
+fn door_pair() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(Into::into)
+}
+
+/// Where an agent's own view of the ctx tree comes from (`brood_launch::veil::view`).
+struct ViewPlan {
+    ctx: PathBuf,
+    /// `ctx/home/<uid>/agent/<name>`: its sessions and the channels to its
+    /// children.
+    own_home: PathBuf,
+    /// The session of this run, made now if the projection has not yet.
+    own_session: PathBuf,
+}
+
+impl ViewPlan {
+    /// Whether a grant of the sandbox reaches the ctx tree beyond what the
+    /// agent may see there anyway: a rule at or above `ctx`, or one inside it
+    /// on another agent's part.
+    fn reached_by(&self, spec: &brood_launch::sandbox::SandboxSpec) -> bool {
+        spec.fs.iter().map(|(p, _)| p).chain(&spec.exec).any(|p| {
+            self.ctx.starts_with(p)
+                || (p.starts_with(&self.ctx)
+                    && !p.starts_with(&self.own_home)
+                    && !p.starts_with(self.ctx.join("agent")))
+        })
+    }
+}
+
+impl Prep {
+    /// The view of `plan`: its object and sessions read-only, its parent's
+    /// channel to it read-only with the channel's `artifact/` writable.
+    fn view_of(&self, plan: &ViewPlan) -> Result<brood_launch::veil::PreparedView, String> {
+        crate::projection::make_dirs(&plan.own_session, crate::projection::ctx_owner())
+            .map_err(|e| format!("creating its session directory: {e}"))?;
+        let mut keep = vec![
+            (self.own_object.clone(), false),
+            (plan.own_home.clone(), false),
+        ];
+        if let Some(dir) = &self.artifacts {
+            if let Some(channel) = dir.parent() {
+                keep.push((channel.to_path_buf(), false));
+            }
+            keep.push((dir.clone(), true));
+        }
+        brood_launch::veil::prepare_view(&brood_launch::veil::ViewSpec {
+            ctx: plan.ctx.clone(),
+            keep,
+        })
+        .map_err(|e| format!("its view of the ctx tree: {e}"))
     }
 }

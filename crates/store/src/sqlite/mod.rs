@@ -326,6 +326,10 @@ impl SqliteStore {
             path: shown.clone(),
             source,
         };
+        private_files(path).map_err(|e| StoreError::Io {
+            path: shown.clone(),
+            source: e,
+        })?;
         let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -738,6 +742,38 @@ fn migrate(conn: &mut Connection, path: &str) -> Result<()> {
             tx.commit()
         };
         apply(conn).map_err(|e| failed(version, e))?;
+    }
+    Ok(())
+}
+
+/// Creates the store file with mode 0600 when it does not exist, and takes
+/// group and other bits off it and its WAL and shared memory when it does
+/// (issue 24: environment values are in it). SQLite gives the WAL and the
+/// shared-memory file the database's own mode when it creates them.
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        let p = std::path::PathBuf::from(name);
+        match std::fs::metadata(&p) {
+            Ok(md) if md.is_file() && md.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

@@ -2,8 +2,14 @@
 //! (whatever the policy hides stays hidden from it), in a process group of
 //! its own, killed whole when it outlives its timeout or the agent is
 //! cancelled; its output is kept up to a cap and the rest counted.
+//!
+//! The pipes are read in the same loop that watches the clock (poll(2)), so
+//! a process that left the group (`setsid`) and holds them open cannot keep
+//! the tool past its timeout: once the group is gone, what is still open is
+//! read for [`LINGER`] at most and then left (issue 24).
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,33 +72,54 @@ pub fn run(name: &str, args: &Value, settings: &Settings, cancel: &CancelFlag) -
             let _ = w.write_all(code.as_bytes());
         });
     }
-    let out = drain(child.stdout.take());
-    let err = drain(child.stderr.take());
+    let mut out = Pipe::new(child.stdout.take());
+    let mut err = Pipe::new(child.stderr.take());
     let pgid = child.id() as i32;
     let start = Instant::now();
-    let (status, why) = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break (Some(s), None);
+    let mut ended: Option<(Option<std::process::ExitStatus>, Option<String>, Instant)> = None;
+    let mut held = false;
+    loop {
+        wait_readable(&[out.fd(), err.fd()], Duration::from_millis(10));
+        out.read_some();
+        err.read_some();
+        if ended.is_none() {
+            if let Ok(Some(s)) = child.try_wait() {
+                // SAFETY: the group's leader is gone; whatever it left in
+                // its group goes too.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                ended = Some((Some(s), None, Instant::now()));
+            } else {
+                let why = if cancel.is_set() {
+                    Some("the agent was cancelled".to_owned())
+                } else if start.elapsed() > Duration::from_secs(timeout) {
+                    Some(format!("it ran past its {timeout} s timeout"))
+                } else {
+                    None
+                };
+                if let Some(w) = why {
+                    // SAFETY: signalling the process group this tool started.
+                    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                    let _ = child.wait();
+                    ended = Some((None, Some(w), Instant::now()));
+                }
+            }
         }
-        let why = if cancel.is_set() {
-            Some("the agent was cancelled".to_owned())
-        } else if start.elapsed() > Duration::from_secs(timeout) {
-            Some(format!("it ran past its {timeout} s timeout"))
-        } else {
-            None
-        };
-        if let Some(w) = why {
-            // SAFETY: signalling the process group this tool started.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            let _ = child.wait();
-            break (None, Some(w));
+        if let Some((_, _, at)) = &ended {
+            if out.done && err.done {
+                break;
+            }
+            if at.elapsed() > LINGER {
+                // A process outside the group (setsid) holds the pipes.
+                held = true;
+                break;
+            }
         }
-        std::thread::sleep(Duration::from_millis(10));
+    }
+    let Some((status, why, _)) = ended else {
+        return Err("the tool's loop ended without its program".into());
     };
-    // SAFETY: the group's leader is gone; whatever it left behind goes too.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    let (out, out_more) = out.join().unwrap_or_default();
-    let (err, err_more) = err.join().unwrap_or_default();
+    let (out, out_more) = (out.kept, out.dropped);
+    let (err, err_more) = (err.kept, err.dropped);
     let mut text = match (&status, &why) {
         (_, Some(w)) => format!("killed: {w}\n"),
         (Some(s), None) => match s.code() {
@@ -113,30 +140,101 @@ pub fn run(name: &str, args: &Value, settings: &Settings, cancel: &CancelFlag) -
             text.push('\n');
         }
     }
+    if held {
+        text.push_str(
+            "[a process that left the command's group (setsid) still holds its output open; not waited for]\n",
+        );
+    }
     Ok(text)
 }
 
-/// Reads a pipe to its end on a thread: the first half of the result cap,
-/// and how many bytes beyond it were dropped.
-fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<(Vec<u8>, usize)> {
-    std::thread::spawn(move || {
-        let Some(mut r) = r else {
-            return (Vec::new(), 0);
+/// How long output is still read once the command's group is gone.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// One output pipe, read without blocking: the first half of the result
+/// cap kept, the rest counted.
+struct Pipe<R> {
+    r: Option<R>,
+    kept: Vec<u8>,
+    dropped: usize,
+    done: bool,
+}
+
+impl<R: Read + AsRawFd> Pipe<R> {
+    fn new(r: Option<R>) -> Pipe<R> {
+        if let Some(r) = &r {
+            let fd = r.as_raw_fd();
+            // SAFETY: fcntl(2) on a descriptor this process owns.
+            unsafe {
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
+        let done = r.is_none();
+        Pipe {
+            r,
+            kept: Vec::new(),
+            dropped: 0,
+            done,
+        }
+    }
+
+    fn fd(&self) -> Option<i32> {
+        (!self.done)
+            .then(|| self.r.as_ref().map(|r| r.as_raw_fd()))
+            .flatten()
+    }
+
+    /// Reads what is there now.
+    fn read_some(&mut self) {
+        let Some(r) = self.r.as_mut().filter(|_| !self.done) else {
+            return;
         };
         let keep = MAX_RESULT / 2;
-        let mut kept = Vec::new();
-        let mut dropped = 0usize;
         let mut buf = [0u8; 8192];
         loop {
             match r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => {
+                    self.done = true;
+                    return;
+                }
                 Ok(n) => {
-                    let room = keep.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                    dropped += n - n.min(room);
+                    let room = keep.saturating_sub(self.kept.len());
+                    self.kept.extend_from_slice(&buf[..n.min(room)]);
+                    self.dropped += n - n.min(room);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.done = true;
+                    return;
                 }
             }
         }
-        (kept, dropped)
-    })
+    }
+}
+
+/// Waits until one of the descriptors has something (or at most `limit`).
+fn wait_readable(fds: &[Option<i32>], limit: Duration) {
+    let mut fds: Vec<libc::pollfd> = fds
+        .iter()
+        .flatten()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.is_empty() {
+        std::thread::sleep(limit);
+        return;
+    }
+    // SAFETY: poll(2) on pollfds of descriptors this process owns.
+    unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            limit.as_millis() as i32,
+        )
+    };
 }

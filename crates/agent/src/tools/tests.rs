@@ -160,6 +160,29 @@ fn shell_and_code_exec_report_status_output_and_timeouts() {
         json!({"command": "sleep 30 & sleep 30", "timeout_s": 1}),
     );
     assert!(r.starts_with("killed: it ran past its 1 s timeout"), "{r}");
+    // A process that left the group (setsid) and holds the pipes does not
+    // keep the tool past its timeout (issue 24): the tool answers, says so,
+    // and the test would hang here (its thread never answering) otherwise.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = call(
+            "shell",
+            json!({"command": "setsid sleep 600 & echo pid=$!; sleep 600", "timeout_s": 1}),
+        );
+        let _ = tx.send(r);
+    });
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the shell tool hung on a setsid'd process holding its pipes");
+    assert!(r.starts_with("killed: it ran past its 1 s timeout"), "{r}");
+    assert!(r.contains("still holds its output open"), "{r}");
+    let pid: i32 = r
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("the background pid");
+    // SAFETY: killing the sleep this test made escape.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
     // Output beyond the cap is counted, not kept.
     let r = call(
         "shell",

@@ -19,7 +19,7 @@ mod render;
 mod shim;
 mod verbs;
 
-use quota::{QuotaCmd, load_config, quota};
+use quota::{QuotaCmd, load_platform, quota};
 use shim::shim;
 
 use std::path::{Path, PathBuf};
@@ -522,7 +522,9 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.agent_sockets = Some(brood_server::agent_sockets());
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
-            cfg.quotas = load_config(&cli_config, &root)?;
+            let platform = load_platform(&cli_config, &root)?;
+            cfg.quotas = platform.quotas;
+            cfg.limits = platform.limits;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
@@ -586,7 +588,9 @@ async fn real_main(cli: Cli) -> Result<i32> {
             }
             cfg.sweep_every = Some(Duration::from_secs_f64(sweep_every));
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
-            cfg.quotas = load_config(&cli_config, &root)?;
+            let platform = load_platform(&cli_config, &root)?;
+            cfg.quotas = platform.quotas;
+            cfg.limits = platform.limits;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();

@@ -9,7 +9,9 @@
 //! executable file, found, for a bare name, in the `PATH` the agent will
 //! get (its environment's, else the supervisor's, as the launcher looks it
 //! up), on a filesystem that allows exec; `root` is a directory; each mount
-//! source exists. The agent's permissions are its policy's uid, gid and
+//! source exists. Neither the directory nor the program may lie under what
+//! the veil hides from every agent (`$BROOD_ROOT` but its `ctx/`, the
+//! cgroup hierarchies, the store's files): the agent would not find them. The agent's permissions are its policy's uid, gid and
 //! groups read against the mode bits, without capabilities (agents have
 //! none): an ACL granting more is not read, and a script's interpreter is
 //! not looked for, since that would mean opening the file the caller named.
@@ -31,6 +33,7 @@ use serde_json::Value;
 
 use crate::api::{ApiError, Caller, SpawnRequest};
 use crate::limits::{Limits, Rates};
+use crate::veil::Veil;
 
 fn bad(m: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, m)
@@ -46,6 +49,8 @@ pub struct Door {
     base_path: String,
     /// What the operator holds (a root's policy is derived from it).
     operator: Policy,
+    /// What every agent's mount namespace hides (a root supervisor's).
+    veil: Option<Veil>,
 }
 
 /// Who the new agent will be, as far as the filesystem is concerned.
@@ -53,6 +58,26 @@ struct Agent<'a> {
     uid: u32,
     gid: u32,
     groups: &'a std::collections::BTreeSet<u32>,
+    /// What its mount namespace hides.
+    veil: Option<&'a Veil>,
+}
+
+impl Agent<'_> {
+    /// What of brood's machinery hides `host` from the agent: the path as
+    /// given (its directory resolved) or the file it leads to.
+    fn hidden(&self, host: &Path) -> Option<String> {
+        let veil = self.veil?;
+        let mut at = Vec::new();
+        if let (Some(dir), Some(name)) = (host.parent(), host.file_name())
+            && let Ok(d) = std::fs::canonicalize(dir)
+        {
+            at.push(d.join(name));
+        }
+        if let Ok(c) = std::fs::canonicalize(host) {
+            at.push(c);
+        }
+        at.iter().find_map(|p| veil.reserved(p))
+    }
 }
 
 /// Where the agent's paths lead: the host's tree, or a private mount table.
@@ -74,12 +99,13 @@ enum Seen {
 }
 
 impl Door {
-    pub fn new(limits: Limits, base_path: String, operator: Policy) -> Door {
+    pub fn new(limits: Limits, base_path: String, operator: Policy, veil: Option<Veil>) -> Door {
         Door {
             limits,
             rates: Rates::default(),
             base_path,
             operator,
+            veil,
         }
     }
 
@@ -90,7 +116,7 @@ impl Door {
         use crate::supervisor::{supplementary_groups, unsafe_getegid, unsafe_geteuid};
         let base = brood_launch::env::Base::from_supervisor(bin_dir);
         let operator = Policy::operator(unsafe_geteuid(), unsafe_getegid(), supplementary_groups());
-        Door::new(limits, base.path, operator)
+        Door::new(limits, base.path, operator, None)
     }
 
     pub fn limits(&self) -> &Limits {
@@ -158,6 +184,7 @@ impl Door {
             uid: policy.uid,
             gid: policy.gid,
             groups: &policy.groups,
+            veil: self.veil.as_ref(),
         };
         if let Some(cwd) = &req.cwd {
             check_cwd(cwd, &view, &who)?;
@@ -193,6 +220,7 @@ impl Door {
             uid: policy.uid,
             gid: policy.gid,
             groups: &policy.groups,
+            veil: self.veil.as_ref(),
         };
         let path = policy
             .env
@@ -326,6 +354,11 @@ fn check_cwd(cwd: &str, view: &View<'_>, who: &Agent<'_>) -> Result<(), ApiError
             who.uid
         )));
     }
+    if let Some(what) = who.hidden(&host) {
+        return Err(bad(format!(
+            "cwd: {cwd:?} is inside {what}, hidden from every agent"
+        )));
+    }
     reachable(&host, who).map_err(|e| bad(format!("cwd: {cwd:?}: {e}")))
 }
 
@@ -397,6 +430,12 @@ fn check_program(
         )));
     }
     reachable(&host, who).map_err(|e| bad(format!("{field}: {prog:?}: {e}")))?;
+    if let Some(what) = who.hidden(&host) {
+        return Err(bad(format!(
+            "{field}: {prog:?} ({}) is inside {what}, hidden from every agent",
+            shown.as_str()
+        )));
+    }
     let mounted_noexec = match view {
         View::Host => noexec(&host),
         View::Ns { mounts, .. } => {
@@ -434,6 +473,7 @@ mod tests {
             uid,
             gid,
             groups: &groups,
+            veil: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display().to_string();

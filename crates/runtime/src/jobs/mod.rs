@@ -81,11 +81,17 @@ pub fn create_at(
 }
 
 /// Returns the heap glibc keeps after a large input was read and freed
-/// (its arenas otherwise stay with the process: issue 24 saw 28 MB become
-/// 454 MB and stay).
+/// (issue 24 saw 28 MB become 454 MB and stay). `malloc_trim` gives back
+/// the top of the main heap and the free chunks of every arena, but not the
+/// top of a thread's own arena, where the rows of a blocking thread went:
+/// glibc shrinks that only when a chunk of 64 KiB or more is freed into it
+/// (`heap_trim`), which rows never are. One such chunk, taken and freed
+/// here on the thread that did the work, makes it shrink.
 fn give_back() {
-    // SAFETY: malloc_trim only releases free memory at the top of glibc's
-    // heaps and arenas; it touches no memory in use.
+    let nudge: Vec<u8> = Vec::with_capacity(96 * 1024);
+    drop(std::hint::black_box(nudge));
+    // SAFETY: malloc_trim only releases memory that is free; it touches no
+    // memory in use.
     unsafe {
         libc::malloc_trim(0);
     }

@@ -186,6 +186,7 @@ impl Supervisor {
             cfg.limits,
             base.path.clone(),
             operator.clone(),
+            veil.clone(),
         ));
         let disp = Dispatcher {
             cfg,

@@ -490,10 +490,11 @@ mod tests {
         let e = check_cwd(&f, &View::Host, &who).unwrap_err();
         assert!(e.message.contains("not a directory"), "{}", e.message);
         // Not executable, then executable.
-        let e = check_program("argv[0]", &[f.clone()], "", &View::Host, &who).unwrap_err();
+        let e =
+            check_program("argv[0]", std::slice::from_ref(&f), "", &View::Host, &who).unwrap_err();
         assert!(e.message.contains("not executable"), "{}", e.message);
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
-        check_program("argv[0]", &[f.clone()], "", &View::Host, &who).unwrap();
+        check_program("argv[0]", std::slice::from_ref(&f), "", &View::Host, &who).unwrap();
         // A bare name: found in the PATH given, not elsewhere.
         check_program("argv[0]", &["f".into()], &d, &View::Host, &who).unwrap();
         let e = check_program(
@@ -511,7 +512,8 @@ mod tests {
         );
         let e = check_program("argv[0]", &["./f".into()], &d, &View::Host, &who).unwrap_err();
         assert!(e.message.contains("relative path"), "{}", e.message);
-        let e = check_program("argv[0]", &[d.clone()], "", &View::Host, &who).unwrap_err();
+        let e =
+            check_program("argv[0]", std::slice::from_ref(&d), "", &View::Host, &who).unwrap_err();
         assert!(e.message.contains("not a regular file"), "{}", e.message);
     }
 

@@ -38,9 +38,10 @@ impl Default for Limits {
             items_per_job: 100_000,
             jobs_per_tenant: 1_000,
             items_per_tenant: 1_000_000,
-            // `brood bench cascade` creates 1,001 agents as fast as they start
-            // (about 700 a second here): the burst holds a whole round, the
-            // rate refills faster than the benchmark's next.
+            // A spawn to `ready` takes about 2.4 ms (docs/benchmarks.md), so a
+            // caller that waits for each start, as every benchmark does,
+            // makes about 400 a second; `brood bench cascade`'s rounds of
+            // 1,001 agents fit the burst whole.
             agents_per_second: 500.0,
             agents_burst: 2_000,
         }

@@ -149,7 +149,8 @@ mod tests {
             assert!(check_id(id).unwrap_err().message.starts_with("id:"), "{id}");
         }
         check_id(&"x".repeat(ID_MAX)).unwrap();
-        let cases: Vec<(&str, Box<dyn Fn(&mut api::JobBody)>)> = vec![
+        type Set = Box<dyn Fn(&mut api::JobBody)>;
+        let cases: Vec<(&str, Set)> = vec![
             ("concurrency", Box::new(|b| b.concurrency = Some(u32::MAX))),
             ("concurrency", Box::new(|b| b.concurrency = Some(0))),
             ("max_attempts", Box::new(|b| b.max_attempts = Some(101))),

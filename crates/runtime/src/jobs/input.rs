@@ -380,7 +380,7 @@ mod tests {
             .chain((0..10).map(|i| format!("{i}\n")))
             .collect();
         let jl: String = (0..10).map(|i| format!("{{\"t\": {i}}}\n")).collect();
-        let arr = format!("[{}]", vec!["{}"; 10].join(","));
+        let arr = format!("[{}]", ["{}"; 10].join(","));
         let value = json!(vec![json!({}); 10]);
         for input in [json!(csv), json!(jl), json!(arr), value] {
             assert_eq!(read(&input, None, None, 10).unwrap().len(), 10);

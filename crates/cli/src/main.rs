@@ -692,6 +692,26 @@ async fn run_root(
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
+    // The supervisor refuses a relative program (its directory is not the
+    // caller's); here the caller is this process, so `./tool` is resolved
+    // against the directory `brood run` was started in.
+    let mut argv = argv;
+    if let Some(p) = argv.first_mut()
+        && !p.starts_with('/')
+        && p.contains('/')
+    {
+        let mut abs = std::env::current_dir()?;
+        for c in std::path::Path::new(&*p).components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    abs.pop();
+                }
+                std::path::Component::Normal(n) => abs.push(n),
+                _ => {}
+            }
+        }
+        *p = abs.display().to_string();
+    }
     let (sup, listener) = host(cfg).await?;
     let server = tokio::spawn(brood_server::serve_unix(
         brood_server::Api::new(sup.clone(), None),

@@ -11,6 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "api/limits.rs"]
+mod limits;
 
 use std::path::{Path, PathBuf};
 
@@ -1462,59 +1464,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
 
     // The work one request may cause (issue 24), on a second daemon with
     // small limits; its answers are checked with the first's.
-    let tight = Served::start(|cfg| {
-        cfg.limits.items_per_job = 3;
-        cfg.limits.jobs_per_tenant = 2;
-    })
-    .await;
-    let rows = |n: usize| {
-        std::iter::once("t\n".to_owned())
-            .chain((0..n).map(|i| format!("{i}\n")))
-            .collect::<String>()
-    };
-    let tj = |id: &str, n: usize| json!({"id": id, "owner": "o", "instruction": "Say {t}", "input": rows(n)});
-    each(
-        &tight,
-        &[(
-            201,
-            "POST",
-            SPAWN,
-            SPAWN,
-            json!({"name": "o", "argv": hang, "await_ready": true}),
-        )],
-    )
-    .await;
-    // Recorded by a process with the default limits: more items than this
-    // daemon lets a job hold, so its replay is refused.
-    let big: brood_api::JobBody = serde_json::from_value(tj("big", 4)).unwrap();
-    brood_runtime::jobs::create(
-        tight.env.sup.store().as_ref(),
-        tight.env.sup.tenant(),
-        &me(),
-        big,
-        1,
-    )
-    .unwrap();
-    let r = each(
-        &tight,
-        &[
-            (413, "POST", JOBS, JOBS, tj("t1", 4)),
-            (
-                413,
-                "POST",
-                rp,
-                "/api/jobs/big/replay",
-                json!({"id": "bigr"}),
-            ),
-            (201, "POST", JOBS, JOBS, tj("t2", 1)),
-            (429, "POST", JOBS, JOBS, tj("t3", 1)),
-            (429, "POST", rp, "/api/jobs/t2/replay", json!({"id": "t2r"})),
-        ],
-    )
-    .await;
-    assert_eq!(code(&r[0]), "TooLarge", "{}", r[0]);
-    assert_eq!(code(&r[3]), "QuotaJobs", "{}", r[3]);
-    let tight_log: Vec<Value> = tight.log.lock().unwrap().drain(..).collect();
+    let tight_log = limits::exercised(&hang, rp).await;
     s.log.lock().unwrap().extend(tight_log);
 
     // The independent validators: the document, and every answer against it.

@@ -389,68 +389,64 @@ fn check_program(
     let Some(prog) = argv.first() else {
         return Err(bad(format!("{field}: argv must name a program")));
     };
-    // The host path the launcher will exec, and the path the agent sees.
-    let shown: AbsPath = if prog.starts_with('/') {
-        AbsPath::new(field, prog).map_err(|e| bad(e.to_string()))?
+    // The path the launcher will exec (absolute), then where it lies on the
+    // host: itself, or with `iso = ns` what the mount table puts there.
+    let shown: String = if prog.starts_with('/') {
+        prog.clone()
     } else if prog.contains('/') {
         return Err(bad(format!(
             "{field}: {prog:?} is a relative path; give the program's absolute path \
              (the supervisor does not run in the caller's directory)"
         )));
     } else {
-        let found = search(prog, path).ok_or_else(|| {
-            bad(format!(
-                "{field}: {prog:?} is not found in the agent's PATH ({path}); give an absolute path or set PATH in env"
-            ))
-        })?;
-        let s = found.to_string_lossy();
-        AbsPath::new(field, &s).map_err(|e| bad(e.to_string()))?
+        search(prog, path)
+            .ok_or_else(|| {
+                bad(format!(
+                    "{field}: {prog:?} is not found in the agent's PATH ({path}); give an absolute path or set PATH in env"
+                ))
+            })?
+            .to_string_lossy()
+            .into_owned()
     };
-    let host = match seen(view, &shown) {
-        Seen::At(h) => h,
-        Seen::ScratchRoot | Seen::Outside => {
-            return Err(bad(format!(
-                "{field}: {prog:?} ({}) is outside the agent's mount table",
-                shown.as_str()
-            )));
+    let (host, mount) = match view {
+        View::Host => (PathBuf::from(&shown), None),
+        View::Ns { mounts, .. } => {
+            let at = AbsPath::new(field, &shown).map_err(|e| bad(e.to_string()))?;
+            let mount = mounts
+                .iter()
+                .filter(|m| at.is_within(&m.target))
+                .max_by_key(|m| m.target.as_str().len());
+            match seen(view, &at) {
+                Seen::At(h) => (h, mount),
+                Seen::ScratchRoot | Seen::Outside => {
+                    return Err(bad(format!(
+                        "{field}: {prog:?} ({shown}) is outside the agent's mount table"
+                    )));
+                }
+            }
         }
     };
     let m = std::fs::metadata(&host).map_err(|e| bad(format!("{field}: {prog:?} {}", why(&e))))?;
     if !m.is_file() {
         return Err(bad(format!(
-            "{field}: {prog:?} ({}) is not a regular file",
-            shown.as_str()
+            "{field}: {prog:?} ({shown}) is not a regular file"
         )));
     }
     if !may(&m, who, 1) {
         return Err(bad(format!(
-            "{field}: {prog:?} ({}) is not executable by the agent (uid {})",
-            shown.as_str(),
+            "{field}: {prog:?} ({shown}) is not executable by the agent (uid {})",
             who.uid
         )));
     }
     reachable(&host, who).map_err(|e| bad(format!("{field}: {prog:?}: {e}")))?;
     if let Some(what) = who.hidden(&host) {
         return Err(bad(format!(
-            "{field}: {prog:?} ({}) is inside {what}, hidden from every agent",
-            shown.as_str()
+            "{field}: {prog:?} ({shown}) is inside {what}, hidden from every agent"
         )));
     }
-    let mounted_noexec = match view {
-        View::Host => noexec(&host),
-        View::Ns { mounts, .. } => {
-            noexec(&host)
-                || mounts
-                    .iter()
-                    .filter(|m| shown.is_within(&m.target))
-                    .max_by_key(|m| m.target.as_str().len())
-                    .is_some_and(|m| m.opts.noexec)
-        }
-    };
-    if mounted_noexec {
+    if noexec(&host) || mount.is_some_and(|m| m.opts.noexec) {
         return Err(bad(format!(
-            "{field}: {prog:?} ({}) is on a filesystem mounted noexec",
-            shown.as_str()
+            "{field}: {prog:?} ({shown}) is on a filesystem mounted noexec"
         )));
     }
     Ok(())
@@ -495,6 +491,10 @@ mod tests {
         assert!(e.message.contains("not executable"), "{}", e.message);
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
         check_program("argv[0]", std::slice::from_ref(&f), "", &View::Host, &who).unwrap();
+        // An absolute path is taken as the kernel takes it, `.` and `..` too.
+        let roundabout = format!("{d}/./x/../f");
+        std::fs::create_dir(dir.path().join("x")).unwrap();
+        check_program("argv[0]", &[roundabout], "", &View::Host, &who).unwrap();
         // A bare name: found in the PATH given, not elsewhere.
         check_program("argv[0]", &["f".into()], &d, &View::Host, &who).unwrap();
         let e = check_program(

@@ -44,7 +44,7 @@ struct Cli {
     /// State directory ($BROOD_ROOT; default $XDG_STATE_HOME/brood or ~/.local/state/brood).
     #[arg(long, global = true, env = "BROOD_ROOT")]
     root: Option<PathBuf>,
-    /// Platform configuration (quota defaults and ceilings); default $BROOD_ROOT/config.toml.
+    /// Platform configuration (quota defaults and ceilings, `[limits]`); default $BROOD_ROOT/config.toml.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     /// The store: a SQLite file (default $BROOD_ROOT/brood.db) or a PostgreSQL

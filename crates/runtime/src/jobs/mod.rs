@@ -1,8 +1,11 @@
 //! Jobs (SPEC 10), the runtime's side: a creation checked whole before
 //! anything is written (the input read into rows with their ids, the
 //! instruction's columns found in it, the output schema compiled, the
-//! owner and the limits), then recorded in one store transaction with its
-//! `job.created` event; and the views every surface shows.
+//! owner, every field in its range and the worker's program: `checks`,
+//! and the tenant's limits), then recorded in one store transaction with
+//! its `job.created` event; and the views every surface shows. A creation
+//! blocks (it reads the input and writes every item): the surfaces run it
+//! on a blocking thread (issue 24).
 //!
 //! A job is created `pending`; running it (items to workers, reports,
 //! retries) is the supervisor's (`supervisor::jobs`). Replays, exports and

@@ -20,7 +20,10 @@ pub struct SpawnBody {
     /// parent) and may name no other; the operator's agents without one are roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
-    /// The program and its arguments.
+    /// The program and its arguments: the program an absolute path to an
+    /// executable file, or a bare name found in the agent's `PATH`; no NUL
+    /// byte anywhere.
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     /// `exec` (a plain program: the task on stdin, stdout its result) or
     /// `brood` (brood's JSON-lines protocol, the default here).
@@ -33,8 +36,10 @@ pub struct SpawnBody {
     /// Extra environment; `BROOD_*` and `CTX_*` are the runtime's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
-    /// The working directory.
+    /// The working directory: an absolute path to an existing directory the
+    /// agent may enter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^/")]
     pub cwd: Option<String>,
     /// The session (default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -35,8 +35,9 @@ impl ErrorBody {
 
 /// SPEC 11's status for a code: 400 malformed, 401 no or wrong token, 403
 /// refused (attenuation, another agent's subtree), 404 unknown, 409 conflict
-/// or name taken, 413 body too large, 422 an idempotency key reused with
-/// another body, 429 quota or budget, 501 not built yet, 503 unavailable.
+/// or name taken, 413 body (or a job's items) over its limit, 422 an
+/// idempotency key reused with another body, 429 quota, budget or rate,
+/// 501 not built yet, 503 unavailable.
 pub fn http_status(code: Code) -> u16 {
     match code {
         Code::BadRequest | Code::InvalidName => 400,
@@ -50,7 +51,10 @@ pub fn http_status(code: Code) -> u16 {
         | Code::QuotaTreeSize
         | Code::QuotaConcurrent
         | Code::CreateLimit
-        | Code::BudgetExceeded => 429,
+        | Code::BudgetExceeded
+        | Code::RateLimited
+        | Code::QuotaJobs
+        | Code::QuotaItems => 429,
         Code::NotImplemented => 501,
         Code::Unavailable => 503,
         Code::Internal => 500,

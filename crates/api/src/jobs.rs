@@ -14,8 +14,10 @@ pub struct WorkerBody {
     /// The reference agent's type (`brood agent --type`), when `argv` is not given.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    /// The worker program (default: `brood agent`).
+    /// The worker program (default: `brood agent`): an absolute path, or a
+    /// name found in the workers' `PATH`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
     pub argv: Option<Vec<String>>,
     /// The workers' policy (no more than the owner holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -29,8 +31,10 @@ pub struct WorkerBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobBody {
-    /// The job's id (brood picks one when absent).
+    /// The job's id (brood picks one when absent): a letter or digit, then
+    /// letters, digits, `-` and `_`, at most 52.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,51}$")]
     pub id: Option<String>,
     /// The agent the job belongs to (its workers are its children). An agent
     /// calling for itself leaves it out.
@@ -39,7 +43,9 @@ pub struct JobBody {
     /// The template: `{column}` fills in a field of the item's row, `{{` and
     /// `}}` are literal braces.
     pub instruction: String,
-    /// CSV with headers or JSON lines as text, or an array of objects.
+    /// CSV with headers or JSON lines as text, or an array of objects (at
+    /// most `items_per_job` rows, 100,000 unless the platform says
+    /// otherwise); never a file path.
     #[schema(value_type = Object)]
     pub input: Value,
     /// `csv`, `json` or `jsonl` (guessed from the text when absent).
@@ -54,17 +60,21 @@ pub struct JobBody {
     pub output_schema: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<WorkerBody>,
-    /// Workers at once (default 8).
+    /// Workers at once (default 8; 1 to 1024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1024)]
     pub concurrency: Option<u32>,
-    /// Attempts per item (default 3).
+    /// Attempts per item (default 3; 1 to 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: Option<u32>,
-    /// Seconds an attempt may take (default 1800).
+    /// Seconds an attempt may take (default 1800; 1 to 315360000, ten years).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 315360000)]
     pub item_timeout_s: Option<u64>,
-    /// Seconds the whole job may take.
+    /// Seconds the whole job may take (1 to 315360000, ten years).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 315360000)]
     pub max_runtime_s: Option<u64>,
 }
 

@@ -19,7 +19,7 @@ mod render;
 mod shim;
 mod verbs;
 
-use quota::{QuotaCmd, load_config, quota};
+use quota::{QuotaCmd, load_platform, quota};
 use shim::shim;
 
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ struct Cli {
     /// State directory ($BROOD_ROOT; default $XDG_STATE_HOME/brood or ~/.local/state/brood).
     #[arg(long, global = true, env = "BROOD_ROOT")]
     root: Option<PathBuf>,
-    /// Platform configuration (quota defaults and ceilings); default $BROOD_ROOT/config.toml.
+    /// Platform configuration (quota defaults and ceilings, `[limits]`); default $BROOD_ROOT/config.toml.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     /// The store: a SQLite file (default $BROOD_ROOT/brood.db) or a PostgreSQL
@@ -523,7 +523,9 @@ async fn real_main(cli: Cli) -> Result<i32> {
             entrances.install(&mut cfg);
             cfg.grace = grace(g)?;
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
-            cfg.quotas = load_config(&cli_config, &root)?;
+            let platform = load_platform(&cli_config, &root)?;
+            cfg.quotas = platform.quotas;
+            cfg.limits = platform.limits;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
@@ -591,7 +593,9 @@ async fn real_main(cli: Cli) -> Result<i32> {
             }
             cfg.sweep_every = Some(Duration::from_secs_f64(sweep_every));
             cfg.allow_weaker_sandbox = allow_weaker_sandbox;
-            cfg.quotas = load_config(&cli_config, &root)?;
+            let platform = load_platform(&cli_config, &root)?;
+            cfg.quotas = platform.quotas;
+            cfg.limits = platform.limits;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
@@ -694,6 +698,26 @@ async fn run_root(
     json_out: bool,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
+    // The supervisor refuses a relative program (its directory is not the
+    // caller's); here the caller is this process, so `./tool` is resolved
+    // against the directory `brood run` was started in.
+    let mut argv = argv;
+    if let Some(p) = argv.first_mut()
+        && !p.starts_with('/')
+        && p.contains('/')
+    {
+        let mut abs = std::env::current_dir()?;
+        for c in std::path::Path::new(&*p).components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    abs.pop();
+                }
+                std::path::Component::Normal(n) => abs.push(n),
+                _ => {}
+            }
+        }
+        *p = abs.display().to_string();
+    }
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), None);
     entrances.serve(&api);

@@ -25,15 +25,23 @@ pub(crate) enum QuotaCmd {
     },
 }
 
-/// The platform configuration: `--config`, else `$BROOD_ROOT/config.toml`.
+/// The platform configuration's quotas: `--config`, else `$BROOD_ROOT/config.toml`.
 pub(crate) fn load_config(
     config: &Option<PathBuf>,
     root: &Option<PathBuf>,
 ) -> Result<brood_core::quota::QuotaConfig> {
+    load_platform(config, root).map(|p| p.quotas)
+}
+
+/// The whole platform configuration (quotas and `[limits]`).
+pub(crate) fn load_platform(
+    config: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> Result<brood_runtime::config::Platform> {
     let path = config
         .clone()
         .unwrap_or_else(|| root_of(root).join("config.toml"));
-    brood_runtime::config::load(&path).map_err(|e| Exit(2, e.to_string()).into())
+    brood_runtime::config::load_platform(&path).map_err(|e| Exit(2, e.to_string()).into())
 }
 
 pub(crate) fn quota(

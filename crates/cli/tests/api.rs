@@ -11,6 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "api/limits.rs"]
+mod limits;
 
 use std::path::{Path, PathBuf};
 
@@ -1459,6 +1461,11 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
             .unwrap()
             .contains("DELETE")
     );
+
+    // The work one request may cause (issue 24), on a second daemon with
+    // small limits; its answers are checked with the first's.
+    let tight_log = limits::exercised(&hang, rp).await;
+    s.log.lock().unwrap().extend(tight_log);
 
     // The independent validators: the document, and every answer against it.
     let spec = dir.path().join("openapi.json");

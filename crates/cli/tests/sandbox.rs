@@ -384,9 +384,11 @@ async fn a_named_root_becomes_the_agents_slash() {
         "read /marker: ok",
         "{a}"
     );
-    // A root the policy hides is refused before anything starts.
+    // A root the policy hides is refused before anything starts (its
+    // program mounted, so the door finds it and admission decides).
     let args = json!({"name": "hidden-root", "argv": agent(&[]), "iso": "ns", "root": r,
-        "policy": {"files": [{"path": "/", "mode": "ro"}, {"path": r, "mode": "hidden"}]}});
+        "policy": {"files": [{"path": "/", "mode": "ro"}, {"path": r, "mode": "hidden"}],
+                   "mounts": mounts}});
     let e = brood_runtime::api::handle(&env.sup, &me(), "spawn", &args)
         .await
         .unwrap_err();

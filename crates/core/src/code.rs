@@ -57,10 +57,17 @@ pub enum Code {
     NotImplemented,
     /// The runtime cannot take the request now (shutting down).
     Unavailable,
+    /// A caller asked faster than its rate (agents created a second): it may
+    /// ask again after the time the answer gives (issue 24).
+    RateLimited,
+    /// The tenant's unfinished jobs are at their limit (issue 24).
+    QuotaJobs,
+    /// The items of the tenant's unfinished jobs are at their limit (issue 24).
+    QuotaItems,
 }
 
 impl Code {
-    pub const ALL: [Code; 34] = [
+    pub const ALL: [Code; 37] = [
         Code::InvalidName,
         Code::ParentMismatch,
         Code::UnsupportedLifecycle,
@@ -95,6 +102,9 @@ impl Code {
         Code::IdempotencyMismatch,
         Code::NotImplemented,
         Code::Unavailable,
+        Code::RateLimited,
+        Code::QuotaJobs,
+        Code::QuotaItems,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +143,9 @@ impl Code {
             Code::IdempotencyMismatch => "IdempotencyMismatch",
             Code::NotImplemented => "NotImplemented",
             Code::Unavailable => "Unavailable",
+            Code::RateLimited => "RateLimited",
+            Code::QuotaJobs => "QuotaJobs",
+            Code::QuotaItems => "QuotaItems",
         }
     }
 

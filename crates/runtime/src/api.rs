@@ -17,6 +17,9 @@ use crate::supervisor::{JobOp, Supervisor, to_json};
 pub struct ApiError {
     pub code: Code,
     pub message: String,
+    /// When a rate refused the request: the seconds after which asking again
+    /// may succeed (HTTP's `Retry-After`).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -24,10 +27,21 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
+
+    /// The same refusal, saying when to ask again.
+    pub fn retry_after(mut self, secs: u64) -> ApiError {
+        self.retry_after_s = Some(secs);
+        self
+    }
     pub fn to_json(&self) -> Value {
-        json!({"code": self.code.as_str(), "reason": self.code.as_str(), "message": self.message})
+        let mut v = json!({"code": self.code.as_str(), "reason": self.code.as_str(), "message": self.message});
+        if let Some(secs) = self.retry_after_s {
+            v["retry_after_s"] = secs.into();
+        }
+        v
     }
 }
 
@@ -137,9 +151,7 @@ impl SpawnRequest {
             })
             .transpose()
         };
-        if b.argv.is_empty() {
-            return Err(bad("argv: must name a program"));
-        }
+        check_argv("argv", &b.argv)?;
         let protocol = match b.protocol.as_deref() {
             None => Protocol::Brood,
             Some(p) => Protocol::parse(p)
@@ -147,8 +159,22 @@ impl SpawnRequest {
         };
         let mut env = Vec::new();
         for (k, v) in b.env.unwrap_or_default() {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(bad(format!("env.{k}: not a valid variable")));
+            // The policy's own `env` rules (brood-core): the variables end up
+            // in one environment and one control file, a line each.
+            if k.is_empty()
+                || k.contains('=')
+                || k.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(bad(format!(
+                    "env.{}: not a variable name (no \"=\", whitespace or control characters)",
+                    k.escape_debug()
+                )));
+            }
+            if v.contains('\0') || v.contains('\n') {
+                // The value is not echoed: environment values are often secrets.
+                return Err(bad(format!(
+                    "env.{k}: the value must not contain a NUL byte or a newline"
+                )));
             }
             if brood_launch::env::is_reserved(&k) {
                 return Err(bad(format!(
@@ -171,6 +197,29 @@ impl SpawnRequest {
                 )));
             }
         };
+        let task = b.task.unwrap_or_default();
+        if task.contains('\0') {
+            return Err(bad("task: must not contain a NUL byte"));
+        }
+        let cwd = match b.cwd {
+            None => None,
+            Some(c) => Some(
+                brood_core::policy::AbsPath::new("cwd", &c)
+                    .map_err(|e| bad(e.to_string()))?
+                    .as_str()
+                    .to_owned(),
+            ),
+        };
+        if let Some(p) = &b.placement {
+            for (k, v) in &p.labels {
+                if k.is_empty() || format!("{k}{v}").chars().any(char::is_control) {
+                    return Err(bad(format!(
+                        "placement.labels.{}: a label needs a name, and neither may hold control characters",
+                        k.escape_debug()
+                    )));
+                }
+            }
+        }
         Ok(SpawnRequest {
             placement: b.placement.map(|p| p.labels),
             name: name_of("name", b.name)?,
@@ -178,9 +227,9 @@ impl SpawnRequest {
             customer: name_of("customer", b.customer)?,
             argv: b.argv,
             protocol,
-            task: b.task.unwrap_or_default(),
+            task,
             env,
-            cwd: b.cwd,
+            cwd,
             session,
             await_ready: b.await_ready.unwrap_or(false),
             policy: b.policy.filter(|p| !p.is_null()),
@@ -209,6 +258,30 @@ impl SpawnRequest {
     }
 }
 
+/// A program and its arguments as `execve` takes them: a program named,
+/// no NUL byte anywhere (C strings end there), and a program path that is
+/// absolute or a bare name looked up in the agent's `PATH`: a relative
+/// path would be resolved against the supervisor's directory, not the
+/// caller's. `field` is `argv` or `worker.argv`.
+pub fn check_argv(field: &str, argv: &[String]) -> Result<(), ApiError> {
+    let Some(prog) = argv.first() else {
+        return Err(bad(format!("{field}: must name a program")));
+    };
+    if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+        return Err(bad(format!("{field}[{i}]: must not contain a NUL byte")));
+    }
+    if prog.is_empty() {
+        return Err(bad(format!("{field}[0]: the program must not be empty")));
+    }
+    if !prog.starts_with('/') && prog.contains('/') {
+        return Err(bad(format!(
+            "{field}[0]: {prog:?} is a relative path; give the program's absolute path \
+             (the supervisor does not run in the caller's directory)"
+        )));
+    }
+    Ok(())
+}
+
 fn names_arg(args: &Value) -> Result<Vec<AgentName>, ApiError> {
     if let Some(Value::Array(a)) = args.get("names") {
         a.iter()
@@ -220,6 +293,20 @@ fn names_arg(args: &Value) -> Result<Vec<AgentName>, ApiError> {
     } else {
         Ok(vec![name_arg(args, "name")?])
     }
+}
+
+/// `f` on a blocking thread: work that reads or writes much (a job's items)
+/// holds no async thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a blocking task did not finish");
+        Err(ApiError::new(
+            Code::Internal,
+            "the request failed (see the supervisor's log)",
+        ))
+    })
 }
 
 /// Serves one verb. `op` names are the protocol's (`spawn send wait close cancel
@@ -296,15 +383,22 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
         // SPEC 10's protocol ops: an agent creates its own jobs and reads them.
         "job.create" => {
             let body: brood_api::JobBody = brood_api::parse_value(args.clone()).map_err(bad)?;
-            let store = sup.store().as_ref();
-            let job = crate::jobs::create(
-                store,
-                sup.tenant(),
-                caller,
-                body,
-                crate::supervisor::now_ms(),
-            )?;
-            crate::jobs::view(store, &job).map(|v| to_json(&v))
+            // The input read and every item written on a blocking thread
+            // (issue 24), as over HTTP.
+            let (sup, caller) = (sup.clone(), caller.clone());
+            blocking(move || {
+                let store = sup.store().as_ref();
+                let job = crate::jobs::create_at(
+                    store,
+                    sup.tenant(),
+                    &caller,
+                    body,
+                    crate::supervisor::now_ms(),
+                    sup.door(),
+                )?;
+                crate::jobs::view(store, &job).map(|v| to_json(&v))
+            })
+            .await
         }
         "job.get" => {
             let id = args
@@ -369,19 +463,25 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                 m.remove("job");
             }
             let body: brood_api::ReplayBody = brood_api::parse_value(rest).map_err(bad)?;
-            let store = sup.store().as_ref();
-            let job = crate::jobs::replay(
-                store,
-                sup.tenant(),
-                caller,
-                &id,
-                &body,
-                crate::supervisor::now_ms(),
-            )?;
+            let job = {
+                let (sup, caller, body) = (sup.clone(), caller.clone(), body.clone());
+                blocking(move || {
+                    crate::jobs::replay_at(
+                        sup.store().as_ref(),
+                        sup.tenant(),
+                        &caller,
+                        &id,
+                        &body,
+                        crate::supervisor::now_ms(),
+                        sup.door(),
+                    )
+                })
+                .await?
+            };
             if body.start == Some(true) {
                 return sup.job(caller.clone(), JobOp::Start(job.id)).await;
             }
-            crate::jobs::view(store, &job).map(|v| to_json(&v))
+            crate::jobs::view(sup.store().as_ref(), &job).map(|v| to_json(&v))
         }
         other if other.starts_with("job.") => Err(ApiError::new(
             Code::NotImplemented,

@@ -9,13 +9,30 @@
 //!
 //! [quotas.ceilings]      # the most a tenant's own values may reach
 //! max_concurrent = 4096
+//!
+//! [limits]               # the work one request or caller may cause (issue 24)
+//! items_per_job = 100000        # 413 beyond
+//! jobs_per_tenant = 1000        # unfinished jobs at once; 429 beyond
+//! items_per_tenant = 1000000    # items in unfinished jobs; 429 beyond
+//! agents_per_second = 500       # creations per caller, sustained
+//! agents_burst = 2000           # ... and at once; 429 with Retry-After beyond
 //! ```
-//! Every key is optional; a missing file means SPEC 9's table. An unknown table or
-//! key is an error naming it, so a typo never silently changes nothing.
+//! Every key is optional; a missing file means SPEC 9's table and
+//! [`Limits::default`]. An unknown table or key is an error naming it, so a
+//! typo never silently changes nothing.
 
 use std::path::Path;
 
 use brood_core::quota::QuotaConfig;
+
+use crate::limits::Limits;
+
+/// Everything the configuration file sets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Platform {
+    pub quotas: QuotaConfig,
+    pub limits: Limits,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -31,10 +48,15 @@ pub enum ConfigError {
 
 /// Reads the quota configuration; a missing file is the defaults.
 pub fn load(path: &Path) -> Result<QuotaConfig, ConfigError> {
+    load_platform(path).map(|p| p.quotas)
+}
+
+/// Reads the whole configuration; a missing file is the defaults.
+pub fn load_platform(path: &Path) -> Result<Platform, ConfigError> {
     let shown = path.display().to_string();
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(QuotaConfig::default()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Platform::default()),
         Err(source) => {
             return Err(ConfigError::Read {
                 path: shown,
@@ -42,21 +64,31 @@ pub fn load(path: &Path) -> Result<QuotaConfig, ConfigError> {
             });
         }
     };
-    parse(&text).map_err(|message| ConfigError::Invalid {
+    parse_platform(&text).map_err(|message| ConfigError::Invalid {
         path: shown,
         message,
     })
 }
 
-/// Parses the text of a configuration file.
+/// Parses the text of a configuration file: its quotas.
 pub fn parse(text: &str) -> Result<QuotaConfig, String> {
+    parse_platform(text).map(|p| p.quotas)
+}
+
+/// Parses the text of a configuration file.
+pub fn parse_platform(text: &str) -> Result<Platform, String> {
     let doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
     let mut defaults = Vec::new();
     let mut ceilings = Vec::new();
+    let mut limits = Limits::default();
     for (k, v) in &doc {
+        if k == "limits" {
+            limits = parse_limits(v)?;
+            continue;
+        }
         if k != "quotas" {
             return Err(format!(
-                "unknown table or key {k:?} (expected [quotas.defaults] or [quotas.ceilings])"
+                "unknown table or key {k:?} (expected [quotas.defaults], [quotas.ceilings] or [limits])"
             ));
         }
         let t = v.as_table().ok_or("quotas must be a table")?;
@@ -86,7 +118,43 @@ pub fn parse(text: &str) -> Result<QuotaConfig, String> {
     }
     let d: Vec<(&str, u32)> = defaults.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let c: Vec<(&str, u32)> = ceilings.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    QuotaConfig::from_pairs(&d, &c).map_err(|e| e.to_string())
+    let quotas = QuotaConfig::from_pairs(&d, &c).map_err(|e| e.to_string())?;
+    Ok(Platform { quotas, limits })
+}
+
+/// `[limits]`: each key a whole number of at least 1 (`agents_per_second`
+/// may be a fraction), so no limit can be switched off by a 0.
+fn parse_limits(v: &toml::Value) -> Result<Limits, String> {
+    let t = v.as_table().ok_or("limits must be a table")?;
+    let mut l = Limits::default();
+    for (key, val) in t {
+        let whole = |max: i64| {
+            val.as_integer()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| format!("limits.{key} must be a whole number from 1 to {max}"))
+        };
+        match key.as_str() {
+            "items_per_job" => l.items_per_job = whole(i64::from(u32::MAX))? as u32,
+            "jobs_per_tenant" => l.jobs_per_tenant = whole(i64::from(u32::MAX))? as u32,
+            "items_per_tenant" => l.items_per_tenant = whole(i64::MAX)? as u64,
+            "agents_burst" => l.agents_burst = whole(i64::from(u32::MAX))? as u32,
+            "agents_per_second" => {
+                let n = val
+                    .as_float()
+                    .or_else(|| val.as_integer().map(|i| i as f64))
+                    .filter(|n| n.is_finite() && *n > 0.0)
+                    .ok_or("limits.agents_per_second must be a number above 0")?;
+                l.agents_per_second = n;
+            }
+            other => {
+                return Err(format!(
+                    "unknown key limits.{other} (expected items_per_job, jobs_per_tenant, \
+                     items_per_tenant, agents_per_second or agents_burst)"
+                ));
+            }
+        }
+    }
+    Ok(l)
 }
 
 #[cfg(test)]
@@ -115,5 +183,27 @@ mod tests {
                 .unwrap_err()
                 .contains("max_depth")
         );
+    }
+
+    #[test]
+    fn limits_are_read_and_refused_by_name() {
+        assert_eq!(parse_platform("").unwrap().limits, Limits::default());
+        let p = parse_platform(
+            "[limits]\nitems_per_job = 10\nagents_per_second = 0.5\nagents_burst = 2\n",
+        )
+        .unwrap();
+        assert_eq!(p.limits.items_per_job, 10);
+        assert_eq!(p.limits.agents_per_second, 0.5);
+        assert_eq!(p.limits.agents_burst, 2);
+        assert_eq!(p.limits.jobs_per_tenant, Limits::default().jobs_per_tenant);
+        for bad in [
+            "[limits]\nitems_per_job = 0\n",
+            "[limits]\nitems_per_jobs = 5\n",
+            "[limits]\nagents_per_second = 0\n",
+            "[limits]\njobs_per_tenant = \"x\"\n",
+        ] {
+            let e = parse_platform(bad).unwrap_err();
+            assert!(e.contains("limits."), "{bad}: {e}");
+        }
     }
 }

@@ -3,7 +3,11 @@
 //! * [`supervisor`]: the dispatcher loop, admission, lifecycle, fate sharing.
 //! * `io`: one task per agent process (protocol frames, stderr, exit).
 //! * [`lower`]: a policy's file rules lowered into landlock grants.
-//! * [`config`]: the platform configuration file (quotas).
+//! * [`config`]: the platform configuration file (quotas, limits).
+//! * [`door`]: what a creation names on the filesystem, checked before it is
+//!   admitted (issue 24).
+//! * [`limits`]: the work one request or caller may cause, and the callers'
+//!   rates.
 //! * [`api`]: the verbs every surface shares, and their errors.
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`agent_socket`]: the per-agent sockets (`ctx/agent/<name>.sock`, SPEC 8).
@@ -27,9 +31,11 @@ pub mod agentruntime;
 pub mod api;
 pub mod channel;
 pub mod config;
+pub mod door;
 pub mod enforce;
 mod io;
 pub mod jobs;
+pub mod limits;
 pub mod lower;
 pub mod metrics;
 pub mod nodes;

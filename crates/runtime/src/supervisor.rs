@@ -106,6 +106,8 @@ pub struct Config {
     pub allow_weaker_sandbox: bool,
     /// Quota defaults and ceilings (SPEC 9), from `config.toml`.
     pub quotas: brood_core::quota::QuotaConfig,
+    /// The work one request or caller may cause (issue 24), from `config.toml`'s `[limits]`.
+    pub limits: crate::limits::Limits,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -156,6 +158,7 @@ impl Config {
             cgroups: true,
             allow_weaker_sandbox: false,
             quotas: brood_core::quota::QuotaConfig::default(),
+            limits: crate::limits::Limits::default(),
             socket,
             bin_dir: None,
             store: None,
@@ -264,6 +267,9 @@ pub struct Supervisor {
     info: HostInfo,
     projection: Projection,
     metrics: Arc<crate::metrics::Metrics>,
+    /// What a creation is checked against before the dispatcher sees it:
+    /// the callers' rates, the paths it names (issue 24).
+    door: Arc<crate::door::Door>,
     me: String,
     /// Bumped after every command the dispatcher handled: whoever streams the
     /// event log (SSE) reads the store again then instead of polling it.
@@ -304,13 +310,13 @@ pub(crate) fn not_found(name: &AgentName) -> ApiError {
     ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
 }
 
-fn unsafe_getegid() -> u32 {
+pub(crate) fn unsafe_getegid() -> u32 {
     // SAFETY: getegid has no preconditions and cannot fail.
     unsafe { libc::getegid() }
 }
 
 /// The supervisor's supplementary groups (getgroups(2)).
-fn supplementary_groups() -> std::collections::BTreeSet<u32> {
+pub(crate) fn supplementary_groups() -> std::collections::BTreeSet<u32> {
     let mut buf = vec![0 as libc::gid_t; 256];
     // SAFETY: the buffer holds 256 entries and we pass its length.
     let n = unsafe { libc::getgroups(buf.len() as libc::c_int, buf.as_mut_ptr()) };
@@ -318,7 +324,7 @@ fn supplementary_groups() -> std::collections::BTreeSet<u32> {
     buf.into_iter().collect()
 }
 
-fn unsafe_geteuid() -> u32 {
+pub(crate) fn unsafe_geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -517,6 +523,8 @@ struct Dispatcher {
     sweep: sweep::SweepState,
     /// The per-agent sockets (SPEC 8) of agents that can take input.
     sockets: sockets::Sockets,
+    /// The handles' door (rates, the creation's paths), shared with them.
+    door: Arc<crate::door::Door>,
     metrics: Arc<crate::metrics::Metrics>,
     /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
     slots: Arc<dyn crate::slots::Slots>,
@@ -792,6 +800,7 @@ impl Dispatcher {
             info: self.info.clone(),
             projection: self.projection.clone(),
             metrics: self.metrics.clone(),
+            door: self.door.clone(),
             me: self.me.clone(),
             changed: self.changed.subscribe(),
         }

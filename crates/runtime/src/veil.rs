@@ -119,7 +119,8 @@ impl Veil {
         Ok(())
     }
 
-    fn reserved(&self, p: &Path) -> Option<String> {
+    /// What of brood's machinery `p` (a canonical path) is, if any.
+    pub fn reserved(&self, p: &Path) -> Option<String> {
         if let Some(c) = self.spec.covers.iter().find(|c| p.starts_with(c)) {
             return Some(format!("the cgroup hierarchy {}", c.display()));
         }

@@ -33,10 +33,52 @@ fn too_large() -> HttpError {
     ))
 }
 
+/// A body read within the limits but not parsed yet: for a route that
+/// parses it off the async threads (a job's input may be a 1 MiB CSV).
+pub(crate) struct RawBody {
+    pub bytes: Bytes,
+}
+
+impl RawBody {
+    /// The body as `T`, `{}` when empty, the failing field named.
+    pub(crate) fn parse<T: DeserializeOwned>(&self) -> Result<T, HttpError> {
+        let text: &[u8] = if self.bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &self.bytes
+        };
+        brood_api::parse(text).map_err(bad)
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(RawBody {
+            bytes: read(req).await?,
+        })
+    }
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = HttpError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let raw = RawBody {
+            bytes: read(req).await?,
+        };
+        let value = raw.parse()?;
+        Ok(Body {
+            value,
+            bytes: raw.bytes,
+        })
+    }
+}
+
+/// The body's bytes, within [`LIMIT`] and [`READ_TIMEOUT`].
+async fn read(req: Request) -> Result<Bytes, HttpError> {
+    {
         if let Some(len) = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -66,12 +108,6 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             }
             Ok(Ok(b)) => b,
         };
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
-        let value = brood_api::parse(text).map_err(bad)?;
-        Ok(Body { value, bytes })
+        Ok(bytes)
     }
 }

@@ -22,10 +22,15 @@ impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(brood_api::http_status(self.0.code))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        json(
+        let mut r = json(
             status,
             &brood_api::ErrorBody::new(self.0.code, self.0.message),
-        )
+        );
+        if let Some(secs) = self.0.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
     }
 }
 

@@ -352,12 +352,19 @@ fn store_floor(dir: &Path, n: usize) -> Result<Floor> {
     let workers: Vec<AgentName> = (1..=8)
         .map(|w| AgentName::new(&format!("{id}-w{w}")))
         .collect::<Result<_, _>>()?;
+    // Never run (the floor only times the store), but a creation's worker
+    // program must resolve: this binary's test agent, as the real run's.
+    let exe = std::env::current_exe()
+        .context("the brood binary")?
+        .display()
+        .to_string();
+    let worker = vec![exe, "test-agent".into(), "--job-worker".into()];
     let t0 = Instant::now();
     crate::api(brood_runtime::jobs::create(
         &store,
         &tenant,
         &me,
-        body(id, owner.as_str(), n, vec!["x".into()], 8),
+        body(id, owner.as_str(), n, worker, 8),
         now_ms(),
     ))
     .context("creating the floor's job")?;

@@ -99,18 +99,70 @@ pub(super) fn check_cost_limit(cost: Option<f64>) -> Result<(), PolicyError> {
     }
 }
 
+/// The largest whole number a policy holds: the store's integer columns are
+/// signed 64-bit (SQLite's INTEGER, PostgreSQL's BIGINT), and a larger number
+/// in an agent's spec would be read back as a float (issue 24).
+pub const WHOLE_MAX: u64 = i64::MAX as u64;
+
+/// The longest `timeout_s`: ten years. A run's deadline is its start in
+/// milliseconds plus `1000 * timeout_s`, computed in the store's signed
+/// 64-bit integers; this keeps it far inside them (issue 24).
+pub const TIMEOUT_MAX: u64 = 10 * 365 * 24 * 3600;
+
+/// The largest `pids_max`: the kernel's `PID_MAX_LIMIT` (2^22); `pids.max`
+/// refuses more, so a larger limit could only fail at launch.
+pub const PIDS_MAX: u64 = 1 << 22;
+
 pub(super) fn check_window(window: Option<u64>) -> Result<(), PolicyError> {
-    if window == Some(0) {
-        return Err(PolicyError::new("window", "0: must be at least 1 token"));
+    match window {
+        Some(0) => Err(PolicyError::new("window", "0: must be at least 1 token")),
+        Some(w) if w > WHOLE_MAX => Err(PolicyError::new(
+            "window",
+            format!("{w}: must be at most {WHOLE_MAX}"),
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 pub(super) fn check_timeout(timeout: Option<u64>) -> Result<(), PolicyError> {
-    if timeout == Some(0) {
-        return Err(PolicyError::new(
+    match timeout {
+        Some(0) => Err(PolicyError::new(
             "timeout_s",
             "0: must be at least 1 second (leave it out for no timeout)",
+        )),
+        Some(t) if t > TIMEOUT_MAX => Err(PolicyError::new(
+            "timeout_s",
+            format!("{t}: must be at most {TIMEOUT_MAX} (ten years; leave it out for no timeout)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `(uid_t) -1` and `(gid_t) -1` mean "leave unchanged" to `setresuid(2)`
+/// and `setresgid(2)`, and `setgroups(2)` refuses them: as an agent's
+/// identity they would keep the supervisor's, or fail at launch.
+pub(super) fn check_ids(
+    uid: Option<u32>,
+    gid: Option<u32>,
+    groups: Option<&BTreeSet<u32>>,
+) -> Result<(), PolicyError> {
+    let none = u32::MAX;
+    if uid == Some(none) {
+        return Err(PolicyError::new(
+            "uid",
+            format!("{none}: (uid_t) -1 is not a user id"),
+        ));
+    }
+    if gid == Some(none) {
+        return Err(PolicyError::new(
+            "gid",
+            format!("{none}: (gid_t) -1 is not a group id"),
+        ));
+    }
+    if groups.is_some_and(|g| g.contains(&none)) {
+        return Err(PolicyError::new(
+            "groups",
+            format!("{none}: (gid_t) -1 is not a group id"),
         ));
     }
     Ok(())
@@ -128,10 +180,26 @@ pub(super) fn check_resources(r: &Resources) -> Result<(), PolicyError> {
             "0: must be at least 1 byte (leave it out for no limit)",
         ));
     }
+    if let Some(m) = r.memory_max
+        && m > WHOLE_MAX
+    {
+        return Err(PolicyError::new(
+            "resources.memory_max",
+            format!("{m}: must be at most {WHOLE_MAX} bytes"),
+        ));
+    }
     if r.pids_max == Some(0) {
         return Err(PolicyError::new(
             "resources.pids_max",
             "0: must be at least 1 (leave it out for no limit)",
+        ));
+    }
+    if let Some(p) = r.pids_max
+        && p > PIDS_MAX
+    {
+        return Err(PolicyError::new(
+            "resources.pids_max",
+            format!("{p}: must be at most {PIDS_MAX} (the kernel's PID_MAX_LIMIT)"),
         ));
     }
     if let Some(w) = r.cpu_weight

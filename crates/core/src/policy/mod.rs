@@ -72,8 +72,8 @@ mod parts;
 #[cfg(test)]
 mod tests;
 
-pub use check::check_word;
 use check::*;
+pub use check::{PIDS_MAX, TIMEOUT_MAX, WHOLE_MAX, check_word};
 pub use parts::*;
 
 /// A field of a policy that was wrong, and how.
@@ -193,6 +193,7 @@ impl Policy {
         check_window(self.window)?;
         check_timeout(self.timeout_s)?;
         check_resources(&self.resources)?;
+        check_ids(Some(self.uid), Some(self.gid), Some(&self.groups))?;
         check_env(&self.env)?;
         if let Some(models) = &self.models {
             check_words("models", models)?;
@@ -253,6 +254,7 @@ impl PolicyRequest {
         check_window(self.window)?;
         check_timeout(self.timeout_s)?;
         check_resources(&self.resources)?;
+        check_ids(self.uid, self.gid, self.groups.as_ref())?;
         if let Some(env) = &self.env {
             check_env(env)?;
         }

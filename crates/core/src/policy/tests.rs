@@ -620,3 +620,71 @@ proptest! {
         }
     }
 }
+
+/// Issue 24: numbers the store's signed 64-bit integers and the kernel hold,
+/// and no `(uid_t) -1`, refused naming the field.
+#[test]
+fn numbers_beyond_the_store_and_the_kernel_are_refused() {
+    let refused = |r: PolicyRequest, field: &str, says: &str| {
+        let e = r.normalise().unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.to_string().contains(says), "{field}: {e}");
+    };
+    let base = PolicyRequest::default;
+    refused(
+        PolicyRequest {
+            timeout_s: Some(u64::MAX),
+            ..base()
+        },
+        "timeout_s",
+        "at most 315360000",
+    );
+    refused(
+        PolicyRequest {
+            window: Some(WHOLE_MAX + 1),
+            ..base()
+        },
+        "window",
+        "at most 9223372036854775807",
+    );
+    let mut r = base();
+    r.resources.memory_max = Some(WHOLE_MAX + 1);
+    refused(r, "resources.memory_max", "at most");
+    let mut r = base();
+    r.resources.pids_max = Some(PIDS_MAX + 1);
+    refused(r, "resources.pids_max", "at most 4194304");
+    refused(
+        PolicyRequest {
+            uid: Some(u32::MAX),
+            ..base()
+        },
+        "uid",
+        "not a user id",
+    );
+    refused(
+        PolicyRequest {
+            gid: Some(u32::MAX),
+            ..base()
+        },
+        "gid",
+        "not a group id",
+    );
+    refused(
+        PolicyRequest {
+            groups: Some([u32::MAX].into()),
+            ..base()
+        },
+        "groups",
+        "not a group id",
+    );
+    // The largest of each is taken.
+    let mut r = PolicyRequest {
+        timeout_s: Some(TIMEOUT_MAX),
+        window: Some(WHOLE_MAX),
+        uid: Some(u32::MAX - 1),
+        ..base()
+    };
+    r.resources.memory_max = Some(WHOLE_MAX);
+    r.resources.pids_max = Some(PIDS_MAX);
+    r.normalise().unwrap();
+}

@@ -1,16 +1,21 @@
 //! Jobs (SPEC 10), the runtime's side: a creation checked whole before
 //! anything is written (the input read into rows with their ids, the
 //! instruction's columns found in it, the output schema compiled, the
-//! owner and the limits), then recorded in one store transaction with its
-//! `job.created` event; and the views every surface shows.
+//! owner, every field in its range and the worker's program: `checks`,
+//! and the tenant's limits), then recorded in one store transaction with
+//! its `job.created` event; and the views every surface shows. A creation
+//! blocks (it reads the input and writes every item): the surfaces run it
+//! on a blocking thread (issue 24).
 //!
 //! A job is created `pending`; running it (items to workers, reports,
 //! retries) is the supervisor's (`supervisor::jobs`). Replays, exports and
 //! evidence bundles are read from the store and need no supervisor.
 
+pub mod checks;
 pub mod evidence;
 pub mod export;
 pub mod input;
+pub mod schema;
 pub mod template;
 
 use std::collections::BTreeMap;
@@ -21,6 +26,7 @@ use brood_store::{Job, JobItem, NewEvent, NewItem, NewJob, Store};
 use serde_json::{Value, json};
 
 use crate::api::{ApiError, Caller};
+use crate::door::Door;
 
 /// SPEC 10's defaults.
 pub const DEFAULT_CONCURRENCY: u32 = 8;
@@ -31,7 +37,7 @@ fn bad(m: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, m)
 }
 
-fn store_error(e: brood_store::StoreError) -> ApiError {
+pub(crate) fn store_error(e: brood_store::StoreError) -> ApiError {
     match e {
         brood_store::StoreError::Refused { code, message } => ApiError::new(code, message),
         brood_store::StoreError::NotFound { name, .. } => {
@@ -44,30 +50,63 @@ fn store_error(e: brood_store::StoreError) -> ApiError {
     }
 }
 
-/// A job id: letters, digits, `-` and `_`, at most 64 characters.
-fn check_id(id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(bad(format!(
-            "id: {id:?} is not a job id (letters, digits, - and _, at most 64)"
-        )))
-    }
-}
+use checks::check_id;
 
-/// Checks a creation and records it: the job (`pending`) and its items, or
-/// nothing.
+/// [`create_at`] with this process's door and the default limits (for
+/// in-process callers: the demo, benchmarks, tests).
 pub fn create(
     store: &dyn Store,
     tenant: &TenantId,
     caller: &Caller,
     body: api::JobBody,
     now_ms: i64,
+) -> Result<Job, ApiError> {
+    let door = Door::for_process(crate::limits::Limits::default(), None);
+    create_at(store, tenant, caller, body, now_ms, &door)
+}
+
+/// Checks a creation whole at `door` (its fields, its input within the item
+/// limit, its worker's program, the tenant's limits) and records it: the job
+/// (`pending`) and its items, or nothing. It blocks (it reads the whole
+/// input and writes every item): callers run it off the async threads, and
+/// the memory a large input took is given back to the system after it.
+pub fn create_at(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    body: api::JobBody,
+    now_ms: i64,
+    door: &Door,
+) -> Result<Job, ApiError> {
+    let r = create_checked(store, tenant, caller, body, now_ms, door);
+    give_back();
+    r
+}
+
+/// Returns the heap glibc keeps after a large input was read and freed
+/// (issue 24 saw 28 MB become 454 MB and stay). `malloc_trim` gives back
+/// the top of the main heap and the free chunks of every arena, but not the
+/// top of a thread's own arena, where the rows of a blocking thread went:
+/// glibc shrinks that only when a chunk of 64 KiB or more is freed into it
+/// (`heap_trim`), which rows never are. One such chunk, taken and freed
+/// here on the thread that did the work, makes it shrink.
+fn give_back() {
+    let nudge: Vec<u8> = Vec::with_capacity(96 * 1024);
+    drop(std::hint::black_box(nudge));
+    // SAFETY: malloc_trim only releases memory that is free; it touches no
+    // memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn create_checked(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    body: api::JobBody,
+    now_ms: i64,
+    door: &Door,
 ) -> Result<Job, ApiError> {
     // The owner: an agent owns its own jobs; the operator names one.
     let owner = match (caller, &body.owner) {
@@ -101,7 +140,15 @@ pub fn create(
                 .ok_or_else(|| bad(format!("input_format: {f:?} is not csv, json or jsonl")))?,
         ),
     };
-    let rows = input::read(&body.input, format, body.id_column.as_deref()).map_err(bad)?;
+    checks::check_fields(&body)?;
+    let limit = door.limits().items_per_job;
+    let rows =
+        input::read(&body.input, format, body.id_column.as_deref(), limit).map_err(
+            |e| match e {
+                input::InputError::TooMany { .. } => ApiError::new(Code::TooLarge, e.to_string()),
+                input::InputError::Bad(m) => bad(m),
+            },
+        )?;
     let wanted = template::columns(&body.instruction).map_err(bad)?;
     let mut known: Vec<&str> = Vec::new();
     for r in &rows {
@@ -122,14 +169,13 @@ pub fn create(
     if let Some(schema) = &body.output_schema {
         compile_schema(schema).map_err(|e| bad(format!("output_schema: {e}")))?;
     }
-    let positive = |what: &str, v: Option<u64>| match v {
-        Some(0) => Err(bad(format!("{what}: must be at least 1"))),
-        _ => Ok(()),
-    };
-    positive("concurrency", body.concurrency.map(u64::from))?;
-    positive("max_attempts", body.max_attempts.map(u64::from))?;
-    positive("item_timeout_s", body.item_timeout_s)?;
-    positive("max_runtime_s", body.max_runtime_s)?;
+    if let Some(w) = &body.worker {
+        if let Some(argv) = &w.argv {
+            door.check_worker(store, tenant, &owner, argv, w.policy.as_ref())?;
+        } else if let Some(p) = w.policy.as_ref().filter(|p| !p.is_null()) {
+            brood_proto::policy::from_value(p).map_err(|e| bad(format!("worker.policy: {e}")))?;
+        }
+    }
     let spec = json!({
         "instruction": body.instruction,
         "id_column": body.id_column,
@@ -166,6 +212,10 @@ pub fn create(
         source: None,
         created_ms: now_ms,
     };
+    let _one = checks::CREATING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    checks::check_tenant(store, tenant, door.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
         .map_err(store_error)
@@ -181,6 +231,20 @@ pub fn replay(
     source: &str,
     body: &api::ReplayBody,
     now_ms: i64,
+) -> Result<Job, ApiError> {
+    let door = Door::for_process(crate::limits::Limits::default(), None);
+    replay_at(store, tenant, caller, source, body, now_ms, &door)
+}
+
+/// [`replay`] within `door`'s limits (the tenant's, and items per job).
+pub fn replay_at(
+    store: &dyn Store,
+    tenant: &TenantId,
+    caller: &Caller,
+    source: &str,
+    body: &api::ReplayBody,
+    now_ms: i64,
+    door: &Door,
 ) -> Result<Job, ApiError> {
     let src = get(store, tenant, caller, source)?;
     let only_failed = body.failed_only.unwrap_or(false);
@@ -200,6 +264,16 @@ pub fn replay(
             "job {source} has no {}items to replay",
             if only_failed { "failed " } else { "" }
         )));
+    }
+    let limit = door.limits().items_per_job;
+    if items.len() > limit as usize {
+        return Err(ApiError::new(
+            Code::TooLarge,
+            format!(
+                "job {source} has {} items to replay; a job holds at most items_per_job = {limit}",
+                items.len()
+            ),
+        ));
     }
     let id = match &body.id {
         Some(i) => {
@@ -225,6 +299,10 @@ pub fn replay(
         source: Some(src.id.clone()),
         created_ms: now_ms,
     };
+    let _one = checks::CREATING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    checks::check_tenant(store, tenant, door.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
         .map_err(store_error)
@@ -310,34 +388,7 @@ pub fn evidence_bundle(store: &dyn Store, job: &Job) -> Result<api::EvidenceBund
     })
 }
 
-/// A JSON Schema, compiled (draft 2020-12 unless it says otherwise).
-pub fn compile_schema(schema: &Value) -> Result<(), String> {
-    let mut schemas = boon::Schemas::new();
-    let mut compiler = boon::Compiler::new();
-    compiler
-        .add_resource("brood:output_schema", schema.clone())
-        .map_err(|e| e.to_string())?;
-    compiler
-        .compile("brood:output_schema", &mut schemas)
-        .map(drop)
-        .map_err(|e| e.to_string())
-}
-
-/// Whether `value` satisfies `schema`; the first violations when not.
-pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
-    let mut schemas = boon::Schemas::new();
-    let mut compiler = boon::Compiler::new();
-    compiler
-        .add_resource("brood:output_schema", schema.clone())
-        .map_err(|e| e.to_string())?;
-    let id = compiler
-        .compile("brood:output_schema", &mut schemas)
-        .map_err(|e| e.to_string())?;
-    schemas.validate(value, id).map_err(|e| {
-        let text = e.to_string();
-        text.chars().take(500).collect()
-    })
-}
+pub use schema::{compile as compile_schema, validate};
 
 /// A job as the surfaces show it, with its counts.
 pub fn view(store: &dyn Store, job: &Job) -> Result<api::JobView, ApiError> {

@@ -190,6 +190,12 @@ impl Supervisor {
             }
         }
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
+        let door = Arc::new(crate::door::Door::new(
+            cfg.limits,
+            base.path.clone(),
+            operator.clone(),
+            veil.clone(),
+        ));
         let disp = Dispatcher {
             cfg,
             tx: tx.clone(),
@@ -223,6 +229,7 @@ impl Supervisor {
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
             metrics: metrics.clone(),
+            door: door.clone(),
             slots,
             netns_pool: None,
             veil,
@@ -243,6 +250,7 @@ impl Supervisor {
             info,
             projection,
             metrics,
+            door,
             me: disp_me,
             changed,
         })
@@ -281,8 +289,47 @@ impl Supervisor {
             .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?
     }
 
+    /// Creates an agent: the caller's rate taken, what the request names on
+    /// the filesystem checked off the async threads (`door`), then admission
+    /// on the dispatcher. A refusal at the door is counted and noted in the
+    /// would-be parent's log like any refused creation; one for the rate only
+    /// counted, so a flood writes nothing.
     pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
+        if let Err(e) = self.door.rate(&caller) {
+            self.metrics.refusal(e.code);
+            return Err(e);
+        }
+        let (door, store, tenant) = (self.door.clone(), self.store.clone(), self.tenant.clone());
+        let (c2, req) = (caller.clone(), req);
+        let checked = tokio::task::spawn_blocking(move || {
+            let r = door.check_spawn(store.as_ref(), &tenant, &c2, &req);
+            (r, req)
+        })
+        .await;
+        let req = match checked {
+            Ok((Ok(()), req)) => req,
+            Ok((Err(e), req)) => {
+                let parent = match &caller {
+                    Caller::Agent(me) => Some(me.clone()),
+                    Caller::User { .. } => req.parent.clone(),
+                };
+                self.refused(parent, req.name.as_ref().map(|n| n.to_string()), e.clone());
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the door's check of a creation did not finish");
+                return Err(ApiError::new(
+                    Code::Internal,
+                    "checking the creation failed (see the supervisor's log)",
+                ));
+            }
+        };
         self.call(|r| Cmd::Spawn(caller, Box::new(req), r)).await
+    }
+
+    /// The door's limits and checks, for the surfaces that create jobs.
+    pub fn door(&self) -> &Arc<crate::door::Door> {
+        &self.door
     }
     pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
         self.call(|r| Cmd::Send(caller, name, text, r)).await

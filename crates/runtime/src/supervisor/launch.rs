@@ -276,7 +276,14 @@ impl Dispatcher {
             policy_file: self.paths.policy_file(name),
             artifacts,
             handoff,
-            program_path: self.base.path.clone(),
+            // The PATH the launcher looks the program up in (the agent's
+            // own), so the sandbox grants exec on the file that runs.
+            program_path: l
+                .policy
+                .env
+                .get("PATH")
+                .cloned()
+                .unwrap_or_else(|| self.base.path.clone()),
             brood_exe: self.brood_exe.clone(),
             root: self.uid == 0,
             allow_weaker: self.cfg.allow_weaker_sandbox,

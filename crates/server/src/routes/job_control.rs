@@ -251,7 +251,9 @@ pub(crate) async fn job_evidence(
         (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
         (status = 404, description = "No such job.", body = ErrorBody),
         (status = 409, description = "The new id is taken, or (with `start`) its owner is not running.", body = ErrorBody),
+        (status = 413, description = "More items than items_per_job.", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
+        (status = 429, description = "The tenant's unfinished jobs or their items are at jobs_per_tenant or items_per_tenant.", body = ErrorBody),
     )
 )]
 pub(crate) async fn job_replay(
@@ -269,14 +271,29 @@ pub(crate) async fn job_replay(
     idempotency::once(&api, &caller, &headers, &route, &bytes, || async {
         let sup = api.sup();
         let store = sup.store().clone();
-        let made = brood_runtime::jobs::replay(
-            store.as_ref(),
-            sup.tenant(),
-            &caller,
-            &id,
-            &value,
-            now_ms(),
-        );
+        // Every item copied in one write: on a blocking thread, like a creation.
+        let made = {
+            let (sup, caller, id, value) = (sup.clone(), caller.clone(), id.clone(), value.clone());
+            tokio::task::spawn_blocking(move || {
+                brood_runtime::jobs::replay_at(
+                    sup.store().as_ref(),
+                    sup.tenant(),
+                    &caller,
+                    &id,
+                    &value,
+                    now_ms(),
+                    sup.door(),
+                )
+            })
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "replaying a job did not finish");
+                Err(brood_runtime::ApiError::new(
+                    brood_core::Code::Internal,
+                    "replaying the job failed (see the supervisor's log)",
+                ))
+            })
+        };
         let r = match made {
             Ok(job) if value.start == Some(true) => {
                 sup.job(caller.clone(), JobOp::Start(job.id)).await

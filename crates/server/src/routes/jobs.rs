@@ -12,7 +12,7 @@ use brood_runtime::{ApiError, Caller};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::body::Body;
+use crate::body::{Body, RawBody};
 use crate::error::{HttpError, answer, bad, json, now_ms};
 use crate::idempotency;
 use crate::state::Api;
@@ -23,23 +23,26 @@ use crate::state::Api;
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
         (status = 201, description = "Created, pending, with every item.", body = JobView),
-        (status = 400, description = "Malformed: the input (empty, a missing id column, a duplicate id, a bad line), an instruction naming an unknown column, an invalid schema, a bad limit.", body = ErrorBody),
+        (status = 400, description = "Malformed: the input (empty, a missing id column, a duplicate id, a bad line, a NUL byte, a file path), an instruction naming an unknown column, an invalid schema or one referring outside itself, a limit out of its range, a worker program that does not resolve.", body = ErrorBody),
         (status = 403, description = "An agent creating a job for another agent.", body = ErrorBody),
         (status = 404, description = "No such owner.", body = ErrorBody),
         (status = 409, description = "The id is taken.", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB, or more items than items_per_job.", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
+        (status = 429, description = "The tenant's unfinished jobs or their items are at jobs_per_tenant or items_per_tenant.", body = ErrorBody),
     )
 )]
 pub(crate) async fn job_create(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Result<Body<JobBody>, HttpError>,
+    body: Result<RawBody, HttpError>,
 ) -> Response {
-    let Body { value, bytes } = match body {
+    let raw = match body {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
+    let bytes = raw.bytes.clone();
     idempotency::once(
         &api,
         &caller,
@@ -47,16 +50,38 @@ pub(crate) async fn job_create(
         "POST /api/jobs",
         &bytes,
         || async {
-            let sup = api.sup();
-            let r = brood_runtime::jobs::create(
-                sup.store().as_ref(),
-                sup.tenant(),
-                &caller,
-                value,
-                now_ms(),
-            )
-            .and_then(|j| brood_runtime::jobs::view(sup.store().as_ref(), &j));
-            answer(StatusCode::CREATED, r)
+            // The body parsed, the input read and every item written on a
+            // blocking thread: a large input holds no async thread, so
+            // `/healthz` and every other request keep answering (issue 24).
+            let sup = api.sup().clone();
+            let caller = caller.clone();
+            let made = tokio::task::spawn_blocking(move || {
+                let value: JobBody = raw.parse()?;
+                let store = sup.store().as_ref();
+                brood_runtime::jobs::create_at(
+                    store,
+                    sup.tenant(),
+                    &caller,
+                    value,
+                    now_ms(),
+                    sup.door(),
+                )
+                .and_then(|j| brood_runtime::jobs::view(store, &j))
+                .map_err(HttpError)
+            })
+            .await;
+            match made {
+                Ok(Ok(v)) => json(StatusCode::CREATED, &v),
+                Ok(Err(e)) => e.into_response(),
+                Err(e) => {
+                    tracing::error!(error = %e, "creating a job did not finish");
+                    HttpError(ApiError::new(
+                        Code::Internal,
+                        "creating the job failed (see the supervisor's log)",
+                    ))
+                    .into_response()
+                }
+            }
         },
     )
     .await

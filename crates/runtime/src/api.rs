@@ -394,7 +394,7 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                     &caller,
                     body,
                     crate::supervisor::now_ms(),
-                    sup.door(),
+                    sup.intake(),
                 )?;
                 crate::jobs::view(store, &job).map(|v| to_json(&v))
             })
@@ -473,7 +473,7 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                         &id,
                         &body,
                         crate::supervisor::now_ms(),
-                        sup.door(),
+                        sup.intake(),
                     )
                 })
                 .await?

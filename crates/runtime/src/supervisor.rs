@@ -269,7 +269,7 @@ pub struct Supervisor {
     metrics: Arc<crate::metrics::Metrics>,
     /// What a creation is checked against before the dispatcher sees it:
     /// the callers' rates, the paths it names (issue 24).
-    door: Arc<crate::door::Door>,
+    intake: Arc<crate::intake::Intake>,
     me: String,
     /// Bumped after every command the dispatcher handled: whoever streams the
     /// event log (SSE) reads the store again then instead of polling it.
@@ -523,8 +523,8 @@ struct Dispatcher {
     sweep: sweep::SweepState,
     /// The per-agent sockets (SPEC 8) of agents that can take input.
     sockets: sockets::Sockets,
-    /// The handles' door (rates, the creation's paths), shared with them.
-    door: Arc<crate::door::Door>,
+    /// The handles' intake (rates, the creation's paths), shared with them.
+    intake: Arc<crate::intake::Intake>,
     metrics: Arc<crate::metrics::Metrics>,
     /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
     slots: Arc<dyn crate::slots::Slots>,
@@ -800,7 +800,7 @@ impl Dispatcher {
             info: self.info.clone(),
             projection: self.projection.clone(),
             metrics: self.metrics.clone(),
-            door: self.door.clone(),
+            intake: self.intake.clone(),
             me: self.me.clone(),
             changed: self.changed.subscribe(),
         }

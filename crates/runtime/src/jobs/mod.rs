@@ -26,7 +26,7 @@ use brood_store::{Job, JobItem, NewEvent, NewItem, NewJob, Store};
 use serde_json::{Value, json};
 
 use crate::api::{ApiError, Caller};
-use crate::door::Door;
+use crate::intake::Intake;
 
 /// SPEC 10's defaults.
 pub const DEFAULT_CONCURRENCY: u32 = 8;
@@ -52,7 +52,7 @@ pub(crate) fn store_error(e: brood_store::StoreError) -> ApiError {
 
 use checks::check_id;
 
-/// [`create_at`] with this process's door and the default limits (for
+/// [`create_at`] with this process's intake and the default limits (for
 /// in-process callers: the demo, benchmarks, tests).
 pub fn create(
     store: &dyn Store,
@@ -61,11 +61,11 @@ pub fn create(
     body: api::JobBody,
     now_ms: i64,
 ) -> Result<Job, ApiError> {
-    let door = Door::for_process(crate::limits::Limits::default(), None);
-    create_at(store, tenant, caller, body, now_ms, &door)
+    let intake = Intake::for_process(crate::limits::Limits::default(), None);
+    create_at(store, tenant, caller, body, now_ms, &intake)
 }
 
-/// Checks a creation whole at `door` (its fields, its input within the item
+/// Checks a creation whole at `intake` (its fields, its input within the item
 /// limit, its worker's program, the tenant's limits) and records it: the job
 /// (`pending`) and its items, or nothing. It blocks (it reads the whole
 /// input and writes every item): callers run it off the async threads, and
@@ -76,9 +76,9 @@ pub fn create_at(
     caller: &Caller,
     body: api::JobBody,
     now_ms: i64,
-    door: &Door,
+    intake: &Intake,
 ) -> Result<Job, ApiError> {
-    let r = create_checked(store, tenant, caller, body, now_ms, door);
+    let r = create_checked(store, tenant, caller, body, now_ms, intake);
     give_back();
     r
 }
@@ -106,7 +106,7 @@ fn create_checked(
     caller: &Caller,
     body: api::JobBody,
     now_ms: i64,
-    door: &Door,
+    intake: &Intake,
 ) -> Result<Job, ApiError> {
     // The owner: an agent owns its own jobs; the operator names one.
     let owner = match (caller, &body.owner) {
@@ -141,7 +141,7 @@ fn create_checked(
         ),
     };
     checks::check_fields(&body)?;
-    let limit = door.limits().items_per_job;
+    let limit = intake.limits().items_per_job;
     let rows =
         input::read(&body.input, format, body.id_column.as_deref(), limit).map_err(
             |e| match e {
@@ -171,7 +171,7 @@ fn create_checked(
     }
     if let Some(w) = &body.worker {
         if let Some(argv) = &w.argv {
-            door.check_worker(store, tenant, &owner, argv, w.policy.as_ref())?;
+            intake.check_worker(store, tenant, &owner, argv, w.policy.as_ref())?;
         } else if let Some(p) = w.policy.as_ref().filter(|p| !p.is_null()) {
             brood_proto::policy::from_value(p).map_err(|e| bad(format!("worker.policy: {e}")))?;
         }
@@ -215,7 +215,7 @@ fn create_checked(
     let _one = checks::CREATING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    checks::check_tenant(store, tenant, door.limits(), items.len())?;
+    checks::check_tenant(store, tenant, intake.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
         .map_err(store_error)
@@ -232,11 +232,11 @@ pub fn replay(
     body: &api::ReplayBody,
     now_ms: i64,
 ) -> Result<Job, ApiError> {
-    let door = Door::for_process(crate::limits::Limits::default(), None);
-    replay_at(store, tenant, caller, source, body, now_ms, &door)
+    let intake = Intake::for_process(crate::limits::Limits::default(), None);
+    replay_at(store, tenant, caller, source, body, now_ms, &intake)
 }
 
-/// [`replay`] within `door`'s limits (the tenant's, and items per job).
+/// [`replay`] within `intake`'s limits (the tenant's, and items per job).
 pub fn replay_at(
     store: &dyn Store,
     tenant: &TenantId,
@@ -244,7 +244,7 @@ pub fn replay_at(
     source: &str,
     body: &api::ReplayBody,
     now_ms: i64,
-    door: &Door,
+    intake: &Intake,
 ) -> Result<Job, ApiError> {
     let src = get(store, tenant, caller, source)?;
     let only_failed = body.failed_only.unwrap_or(false);
@@ -265,7 +265,7 @@ pub fn replay_at(
             if only_failed { "failed " } else { "" }
         )));
     }
-    let limit = door.limits().items_per_job;
+    let limit = intake.limits().items_per_job;
     if items.len() > limit as usize {
         return Err(ApiError::new(
             Code::TooLarge,
@@ -302,7 +302,7 @@ pub fn replay_at(
     let _one = checks::CREATING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    checks::check_tenant(store, tenant, door.limits(), items.len())?;
+    checks::check_tenant(store, tenant, intake.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
         .map_err(store_error)

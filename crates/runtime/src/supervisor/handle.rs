@@ -190,7 +190,7 @@ impl Supervisor {
             }
         }
         let base = Base::from_supervisor(cfg.bin_dir.as_ref().and_then(|p| p.to_str()));
-        let door = Arc::new(crate::door::Door::new(
+        let intake = Arc::new(crate::intake::Intake::new(
             cfg.limits,
             base.path.clone(),
             operator.clone(),
@@ -229,7 +229,7 @@ impl Supervisor {
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
             metrics: metrics.clone(),
-            door: door.clone(),
+            intake: intake.clone(),
             slots,
             netns_pool: None,
             veil,
@@ -250,7 +250,7 @@ impl Supervisor {
             info,
             projection,
             metrics,
-            door,
+            intake,
             me: disp_me,
             changed,
         })
@@ -290,19 +290,20 @@ impl Supervisor {
     }
 
     /// Creates an agent: the caller's rate taken, what the request names on
-    /// the filesystem checked off the async threads (`door`), then admission
-    /// on the dispatcher. A refusal at the door is counted and noted in the
+    /// the filesystem checked off the async threads (`intake`), then admission
+    /// on the dispatcher. A refusal at the intake is counted and noted in the
     /// would-be parent's log like any refused creation; one for the rate only
     /// counted, so a flood writes nothing.
     pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
-        if let Err(e) = self.door.rate(&caller) {
+        if let Err(e) = self.intake.rate(&caller) {
             self.metrics.refusal(e.code);
             return Err(e);
         }
-        let (door, store, tenant) = (self.door.clone(), self.store.clone(), self.tenant.clone());
+        let (intake, store, tenant) =
+            (self.intake.clone(), self.store.clone(), self.tenant.clone());
         let (c2, req) = (caller.clone(), req);
         let checked = tokio::task::spawn_blocking(move || {
-            let r = door.check_spawn(store.as_ref(), &tenant, &c2, &req);
+            let r = intake.check_spawn(store.as_ref(), &tenant, &c2, &req);
             (r, req)
         })
         .await;
@@ -317,7 +318,7 @@ impl Supervisor {
                 return Err(e);
             }
             Err(e) => {
-                tracing::error!(error = %e, "the door's check of a creation did not finish");
+                tracing::error!(error = %e, "the intake's check of a creation did not finish");
                 return Err(ApiError::new(
                     Code::Internal,
                     "checking the creation failed (see the supervisor's log)",
@@ -327,9 +328,9 @@ impl Supervisor {
         self.call(|r| Cmd::Spawn(caller, Box::new(req), r)).await
     }
 
-    /// The door's limits and checks, for the surfaces that create jobs.
-    pub fn door(&self) -> &Arc<crate::door::Door> {
-        &self.door
+    /// The intake's limits and checks, for the surfaces that create jobs.
+    pub fn intake(&self) -> &Arc<crate::intake::Intake> {
+        &self.intake
     }
     pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
         self.call(|r| Cmd::Send(caller, name, text, r)).await

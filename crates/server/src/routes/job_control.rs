@@ -282,7 +282,7 @@ pub(crate) async fn job_replay(
                     &id,
                     &value,
                     now_ms(),
-                    sup.door(),
+                    sup.intake(),
                 )
             })
             .await

@@ -64,7 +64,7 @@ pub(crate) async fn job_create(
                     &caller,
                     value,
                     now_ms(),
-                    sup.door(),
+                    sup.intake(),
                 )
                 .and_then(|j| brood_runtime::jobs::view(store, &j))
                 .map_err(HttpError)

@@ -1,6 +1,6 @@
-//! The door (issue 24): what a creation names on the filesystem, checked
-//! before anything is recorded, so nothing admitted fails later for a
-//! reason that could have been seen here. Each refusal is a `BadRequest`
+//! The intake (issue 24, "checked at the door"): what a creation names on
+//! the filesystem, checked before anything is recorded, so nothing admitted
+//! fails later for a reason that could have been seen here. Each refusal is a `BadRequest`
 //! naming the field (`cwd`, `argv[0]`, `root`, `policy.mounts[i].source`).
 //!
 //! What is checked, in the view the agent will have (the host's, or with
@@ -39,10 +39,10 @@ fn bad(m: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, m)
 }
 
-/// The door's state: the limits, the callers' rates, and what an agent's
+/// The intake's state: the limits, the callers' rates, and what an agent's
 /// environment starts from.
 #[derive(Debug)]
-pub struct Door {
+pub struct Intake {
     limits: Limits,
     rates: Rates,
     /// The `PATH` an agent gets when its environment sets none.
@@ -98,9 +98,9 @@ enum Seen {
     Outside,
 }
 
-impl Door {
-    pub fn new(limits: Limits, base_path: String, operator: Policy, veil: Option<Veil>) -> Door {
-        Door {
+impl Intake {
+    pub fn new(limits: Limits, base_path: String, operator: Policy, veil: Option<Veil>) -> Intake {
+        Intake {
             limits,
             rates: Rates::default(),
             base_path,
@@ -109,14 +109,14 @@ impl Door {
         }
     }
 
-    /// The door of this process as a supervisor would have it: its ids as
+    /// The intake of this process as a supervisor would have it: its ids as
     /// the operator's, the `PATH` its agents get (`bin_dir` first). For
     /// in-process callers that create jobs without a supervisor's handle.
-    pub fn for_process(limits: Limits, bin_dir: Option<&str>) -> Door {
+    pub fn for_process(limits: Limits, bin_dir: Option<&str>) -> Intake {
         use crate::supervisor::{supplementary_groups, unsafe_getegid, unsafe_geteuid};
         let base = brood_launch::env::Base::from_supervisor(bin_dir);
         let operator = Policy::operator(unsafe_geteuid(), unsafe_getegid(), supplementary_groups());
-        Door::new(limits, base.path, operator, None)
+        Intake::new(limits, base.path, operator, None)
     }
 
     pub fn limits(&self) -> &Limits {

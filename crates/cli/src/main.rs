@@ -129,6 +129,13 @@ enum Cmd {
         /// node lost (its agents end `failed (lost)`).
         #[arg(long, default_value_t = 10.0)]
         node_expiry: f64,
+        /// Seconds without a request after which a web UI session ends
+        /// (docs/ui.md).
+        #[arg(long, default_value_t = 3600.0)]
+        ui_session_idle: f64,
+        /// Seconds after its login at which a web UI session ends, however busy.
+        #[arg(long, default_value_t = 43200.0)]
+        ui_session_max: f64,
     },
     /// The nodes sharing this store (`brood serve` processes): their address,
     /// labels, capacity, load and last heartbeat (docs/many-nodes.md).
@@ -549,6 +556,8 @@ async fn real_main(cli: Cli) -> Result<i32> {
             labels,
             capacity,
             node_expiry,
+            ui_session_idle,
+            ui_session_max,
         } => {
             let mut cfg = Config::new(root_of(&root));
             if !(node_expiry.is_finite() && node_expiry > 0.0) {
@@ -590,7 +599,22 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
-            serve(cfg, listen).await
+            let mut ui = brood_server::UiLimits::default();
+            for (flag, v, at) in [
+                ("--ui-session-idle", ui_session_idle, &mut ui.idle),
+                ("--ui-session-max", ui_session_max, &mut ui.max),
+            ] {
+                if !(v.is_finite() && v > 0.0 && v <= 30.0 * 86400.0) {
+                    bail!(Exit(
+                        2,
+                        format!(
+                            "{flag} must be a number of seconds above 0 and at most 30 days, not {v}"
+                        )
+                    ));
+                }
+                *at = Duration::from_secs_f64(v);
+            }
+            serve(cfg, listen, ui).await
         }
         Cmd::Spawn {
             parent,
@@ -768,7 +792,7 @@ async fn host(cfg: Config) -> Result<(Supervisor, tokio::net::UnixListener)> {
     Ok((sup, listener))
 }
 
-async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
+async fn serve(cfg: Config, listen: Option<String>, ui: brood_server::UiLimits) -> Result<i32> {
     let sock = cfg.socket.clone();
     let root = cfg.root.clone();
     // The TCP listener is bound before anything starts, so a bad address is
@@ -795,6 +819,7 @@ async fn serve(cfg: Config, listen: Option<String>) -> Result<i32> {
     };
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), token);
+    api.set_ui_limits(ui);
     eprintln!(
         "brood: serving {} ({})",
         sock.display(),

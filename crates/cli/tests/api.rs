@@ -1276,6 +1276,8 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         &[
             (200, "GET", "/api/ui/tree", "/api/ui/tree", N),
             (200, "GET", "/api/ui/sequence", "/api/ui/sequence", N),
+            // A logout without a UI session ends nothing, and says so the same.
+            (204, "POST", "/api/ui/logout", "/api/ui/logout", N),
             (200, "GET", "/api/ui/tree", "/api/ui/tree?live=true", N),
             (400, "GET", "/api/ui/tree", "/api/ui/tree?live=maybe", N),
             (

@@ -20,8 +20,10 @@ mod events;
 mod idempotency;
 mod listen;
 mod mcp;
+mod narrow;
 pub mod openapi;
 mod routes;
+mod secret;
 mod state;
 mod ui;
 
@@ -29,4 +31,6 @@ pub use agent_socket::agent_sockets;
 pub use auth::Token;
 pub use events::{EventLimits, event_json};
 pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};
+pub use narrow::HEADER as MCP_SESSION_HEADER;
 pub use state::Api;
+pub use ui::session::UiLimits;

@@ -212,6 +212,10 @@ fn agent_requests() -> Value {
             &format!("/api/ui/agents/quick/artifacts/{}", "0".repeat(64)),
             Value::Null
         ),
+        // What describes the host or every tree is the operator's (issue 24).
+        r("GET", "/metrics", "/metrics", Value::Null),
+        r("GET", "/api/nodes", "/api/nodes", Value::Null),
+        r("GET", "/api/ui/sequence", "/api/ui/sequence", Value::Null),
     ])
 }
 

@@ -17,6 +17,7 @@ mod quota;
 mod remote;
 mod render;
 mod shim;
+mod store_url;
 mod verbs;
 
 use quota::{QuotaCmd, load_config, quota};
@@ -29,7 +30,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use brood_core::Code;
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View};
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use remote::Remote;
 use serde_json::{Value, json};
 
@@ -49,9 +51,15 @@ struct Cli {
     config: Option<PathBuf>,
     /// The store: a SQLite file (default $BROOD_ROOT/brood.db) or a PostgreSQL
     /// server (`postgres://user@host:port/db`). Supervisors with roots of their
-    /// own may share one store; one of them runs the sweepers.
-    #[arg(long, global = true, env = "BROOD_STORE")]
+    /// own may share one store; one of them runs the sweepers. A URL with a
+    /// password is refused here (every local process reads a command line):
+    /// give it in $BROOD_STORE or with --store-file.
+    #[arg(long, global = true, env = "BROOD_STORE", hide_env_values = true)]
     store: Option<PathBuf>,
+    /// A file (mode 0600 when it holds a password) whose first line is the
+    /// store's URL, read once at start-up.
+    #[arg(long, global = true, env = "BROOD_STORE_FILE")]
+    store_file: Option<PathBuf>,
     /// The concurrency-slot counter: embedded when absent, or
     /// `redis://host[:port][/db]` shared by the supervisors of one store.
     #[arg(long, global = true, env = "BROOD_SLOTS")]
@@ -312,7 +320,18 @@ fn main() -> ExitCode {
         let code = brood_agent::main(&raw[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // Only a URL typed on the command line is visible in /proc/<pid>/cmdline.
+    let store_on_command_line = matches.value_source("store") == Some(ValueSource::CommandLine);
+    if std::env::var_os("BROOD_STORE").is_some() {
+        // Read once (just now, by clap); nothing this process starts inherits it.
+        // SAFETY: no other thread exists yet (the runtime is built below).
+        unsafe { std::env::remove_var("BROOD_STORE") };
+    }
     if let Cmd::TestAgent { args } = &cli.cmd {
         let exe = std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())
@@ -343,7 +362,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(real_main(cli)) {
+    match rt.block_on(real_main(cli, store_on_command_line)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             if let Some(x) = e.downcast_ref::<Exit>() {
@@ -425,7 +444,7 @@ fn store_file(root: &Option<PathBuf>) -> PathBuf {
 
 pub(crate) fn view(root: &Option<PathBuf>) -> Result<View> {
     let db = store_file(root);
-    View::open(&db).with_context(|| format!("reading the store {}", db.display()))
+    View::open(&db).with_context(|| format!("reading the store {}", store_url::shown(&db)))
 }
 
 /// `--store` as given, if it was (a file or `postgres://…`).
@@ -508,7 +527,12 @@ pub(crate) fn wait_code_of(state: &str) -> i32 {
         .unwrap_or(1)
 }
 
-async fn real_main(cli: Cli) -> Result<i32> {
+async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
+    cli.store = store_url::choose(
+        cli.store.take(),
+        store_on_command_line,
+        cli.store_file.take(),
+    )?;
     let root = cli.root.clone();
     let remote = Remote::new(&root, &cli.url, &cli.token)?;
     let _ = STORE.set(cli.store.clone());

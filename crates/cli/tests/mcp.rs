@@ -651,6 +651,65 @@ fn a_stdio_session_reaches_nothing_outside_its_own_subtree() {
     assert_eq!(ok(&s["own_jobs"], "own jobs")["jobs"], json!([]));
 }
 
+/// `/mcp` over HTTP is confined like any API caller: an agent that speaks
+/// MCP to the daemon's socket reaches its own subtree only, whatever tool
+/// it aims at another tree.
+#[test]
+fn an_agent_over_http_mcp_is_confined_like_any_api_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let sock = root.join("brood.sock");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "victim", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/jobs",
+        Some(&json!({"id": "vjob", "owner": "victim", "instruction": "x {a}", "input": [{"a": 1}]})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let cfg = json!({"transport": "http_unix", "socket": sock, "agent": agent(&[]),
+                     "victim": "victim", "victim_job": "vjob"});
+    let argv = json!([python(), script(), "confined", cfg.to_string()]);
+    let (c, a) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "host", "argv": argv, "protocol": "exec"})),
+    );
+    assert_eq!(c, 201, "{a}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/host/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let s: Value = serde_json::from_str(w["agents"][0]["result"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {w}"));
+    assert_eq!(ok(&s["own_spawn"], "own spawn")["parent"], "host", "{s}");
+    for (what, r) in s["attacks"].as_object().unwrap() {
+        refused_403(r, what);
+    }
+    for n in ["stolen-c", "forged-c"] {
+        let (c, v) = http(&sock, "GET", &format!("/api/agents/{n}"), None);
+        assert_eq!(c, 404, "{n} was made: {v}");
+    }
+    let (_, kids) = http(&sock, "GET", "/api/agents/victim/children", None);
+    assert_eq!(kids["agents"], json!([]), "{kids}");
+    let (_, jobs) = http(&sock, "GET", "/api/jobs", None);
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 1, "{jobs}");
+    let trees = ok(&s["own_tree"], "own tree")["trees"].clone();
+    assert_eq!(trees.as_array().unwrap().len(), 1, "{trees}");
+    assert_eq!(trees[0]["name"], "host", "{trees}");
+}
+
 /// The first event of `POST /api/mcp/session`, and the connection holding it.
 fn open_session(sock: &Path) -> (std::os::unix::net::UnixStream, Value) {
     let mut c = std::os::unix::net::UnixStream::connect(sock).unwrap();

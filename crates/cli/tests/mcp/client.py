@@ -7,7 +7,7 @@ with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
     client.py inside CONFIG_JSON    (as a brood agent's program) spawn and wait for a child
     client.py confined CONFIG_JSON  every tool aimed at another tree, then at its own
 
-CONFIG: {"transport": "stdio"|"http", "brood": EXE, "root": DIR, "url": URL,
+CONFIG: {"transport": "stdio"|"http"|"http_unix", "brood": EXE, "socket": SOCK, "root": DIR, "url": URL,
 "token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
 the test agent]}. Every tool result is reported as it came, so the Rust test
 asserts on what the client saw.
@@ -22,6 +22,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 import mcp.client.session as client_session
+import httpx2
 import mcp_types as types
 
 
@@ -39,6 +40,12 @@ def connect(cfg):
             args=["--root", cfg["root"], "mcp"] + cfg.get("mcp_args", []),
             env={"BROOD_LOG": "info"},
         )
+    elif cfg["transport"] == "http_unix":
+        # `/mcp` on the control socket: the daemon knows the caller by its
+        # credentials (inside an agent: that agent).
+        http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=cfg["socket"]),
+                                  timeout=httpx2.Timeout(60.0))
+        server = streamable_http_client("http://brood/mcp", http_client=http)
     else:
         http = create_mcp_http_client(headers={"Authorization": "Bearer " + cfg["token"]})
         server = streamable_http_client(cfg["url"], http_client=http)

@@ -292,6 +292,37 @@ fn serve_env(root: &Path, env: &[(&str, &str)], args: &[&str]) -> Daemon {
     d
 }
 
+/// `brood ARGS serve` that must exit at once: its exit code and stderr. A
+/// daemon that starts instead (the attack got through) is stopped and the
+/// test fails, rather than waiting on it.
+fn refused_at_start(root: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let err = root.with_extension("stderr");
+    #[allow(clippy::disallowed_methods)]
+    let mut c = Command::new(exe())
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .arg("serve")
+        .env_remove("BROOD_STORE")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let _ = eventually(Duration::from_secs(20), || {
+        status = c.try_wait().unwrap();
+        status.is_some()
+    });
+    let Some(status) = status else {
+        drop(Daemon(c));
+        panic!(
+            "brood serve {args:?} started: {}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    };
+    (status.code(), std::fs::read_to_string(&err).unwrap())
+}
+
 /// A PostgreSQL URL of `db` with a password in it (trust auth ignores it;
 /// the test server's own, when it has one).
 fn with_password(url: &str) -> String {
@@ -313,16 +344,8 @@ fn a_store_password_is_refused_on_the_command_line_and_taken_from_env_or_file() 
     let url = with_password(&db.url);
 
     // On the command line: refused before anything starts, saying where to put it.
-    #[allow(clippy::disallowed_methods)]
-    let o = Command::new(exe())
-        .arg("--root")
-        .arg(dir.path().join("r0"))
-        .args(["--store", &url, "serve"])
-        .env_remove("BROOD_STORE")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let (code, err) = refused_at_start(&dir.path().join("r0"), &["--store", &url]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("password"), "{err}");
     assert!(
         err.contains("BROOD_STORE") && err.contains("--store-file"),
@@ -363,22 +386,12 @@ fn a_store_password_is_refused_on_the_command_line_and_taken_from_env_or_file() 
     let f = dir.path().join("store.url");
     std::fs::write(&f, format!("{url}\n")).unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
-    #[allow(clippy::disallowed_methods)]
-    let o = Command::new(exe())
-        .arg("--root")
-        .arg(dir.path().join("r2"))
-        .arg("--store-file")
-        .arg(&f)
-        .arg("serve")
-        .env_remove("BROOD_STORE")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let f_arg = f.display().to_string();
+    let (code, err) = refused_at_start(&dir.path().join("r2"), &["--store-file", &f_arg]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("chmod 600"), "{err}");
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
     let r2 = dir.path().join("r2");
-    let f_arg = f.display().to_string();
     let _d2 = serve_env(&r2, &[], &["--store-file", &f_arg]);
     let (c, v) = status_of(&r2.join("brood.sock"), "in-pg");
     assert_eq!(c, 200, "{v}");

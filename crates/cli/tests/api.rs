@@ -1342,11 +1342,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
     // The UI's logout: without a UI session it ends nothing, and answers the same.
-    each(
-        &s,
-        &[(204, "POST", "/api/ui/logout", "/api/ui/logout", N)],
-    )
-    .await;
+    each(&s, &[(204, "POST", "/api/ui/logout", "/api/ui/logout", N)]).await;
     // `live=true`: exactly the trees that still hold an unfinished agent.
     let trees = |rows: &[Value]| -> Vec<(String, bool)> {
         let mut out: Vec<(String, bool)> = Vec::new();

@@ -671,7 +671,9 @@ fn an_agent_over_http_mcp_is_confined_like_any_api_caller() {
         &sock,
         "POST",
         "/api/jobs",
-        Some(&json!({"id": "vjob", "owner": "victim", "instruction": "x {a}", "input": [{"a": 1}]})),
+        Some(
+            &json!({"id": "vjob", "owner": "victim", "instruction": "x {a}", "input": [{"a": 1}]}),
+        ),
     );
     assert_eq!(c, 201, "{v}");
     let cfg = json!({"transport": "http_unix", "socket": sock, "agent": agent(&[]),

@@ -17,6 +17,7 @@ mod quota;
 mod remote;
 mod render;
 mod shim;
+mod store_url;
 mod verbs;
 
 use quota::{QuotaCmd, load_platform, quota};
@@ -29,7 +30,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use brood_core::Code;
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor, View};
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use remote::Remote;
 use serde_json::{Value, json};
 
@@ -49,9 +51,15 @@ struct Cli {
     config: Option<PathBuf>,
     /// The store: a SQLite file (default $BROOD_ROOT/brood.db) or a PostgreSQL
     /// server (`postgres://user@host:port/db`). Supervisors with roots of their
-    /// own may share one store; one of them runs the sweepers.
-    #[arg(long, global = true, env = "BROOD_STORE")]
+    /// own may share one store; one of them runs the sweepers. A URL with a
+    /// password is refused here (every local process reads a command line):
+    /// give it in $BROOD_STORE or with --store-file.
+    #[arg(long, global = true, env = "BROOD_STORE", hide_env_values = true)]
     store: Option<PathBuf>,
+    /// A file (mode 0600 when it holds a password) whose first line is the
+    /// store's URL, read once at start-up.
+    #[arg(long, global = true, env = "BROOD_STORE_FILE")]
+    store_file: Option<PathBuf>,
     /// The concurrency-slot counter: embedded when absent, or
     /// `redis://host[:port][/db]` shared by the supervisors of one store.
     #[arg(long, global = true, env = "BROOD_SLOTS")]
@@ -129,6 +137,13 @@ enum Cmd {
         /// node lost (its agents end `failed (lost)`).
         #[arg(long, default_value_t = 10.0)]
         node_expiry: f64,
+        /// Seconds without a request after which a web UI session ends
+        /// (docs/ui.md).
+        #[arg(long, default_value_t = 3600.0)]
+        ui_session_idle: f64,
+        /// Seconds after its login at which a web UI session ends, however busy.
+        #[arg(long, default_value_t = 43200.0)]
+        ui_session_max: f64,
     },
     /// The nodes sharing this store (`brood serve` processes): their address,
     /// labels, capacity, load and last heartbeat (docs/many-nodes.md).
@@ -305,7 +320,18 @@ fn main() -> ExitCode {
         let code = brood_agent::main(&raw[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // Only a URL typed on the command line is visible in /proc/<pid>/cmdline.
+    let store_on_command_line = matches.value_source("store") == Some(ValueSource::CommandLine);
+    if std::env::var_os("BROOD_STORE").is_some() {
+        // Read once (just now, by clap); nothing this process starts inherits it.
+        // SAFETY: no other thread exists yet (the runtime is built below).
+        unsafe { std::env::remove_var("BROOD_STORE") };
+    }
     if let Cmd::TestAgent { args } = &cli.cmd {
         let exe = std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())
@@ -336,7 +362,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(real_main(cli)) {
+    match rt.block_on(real_main(cli, store_on_command_line)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             if let Some(x) = e.downcast_ref::<Exit>() {
@@ -418,7 +444,7 @@ fn store_file(root: &Option<PathBuf>) -> PathBuf {
 
 pub(crate) fn view(root: &Option<PathBuf>) -> Result<View> {
     let db = store_file(root);
-    View::open(&db).with_context(|| format!("reading the store {}", db.display()))
+    View::open(&db).with_context(|| format!("reading the store {}", store_url::shown(&db)))
 }
 
 /// `--store` as given, if it was (a file or `postgres://…`).
@@ -501,7 +527,12 @@ pub(crate) fn wait_code_of(state: &str) -> i32 {
         .unwrap_or(1)
 }
 
-async fn real_main(cli: Cli) -> Result<i32> {
+async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
+    cli.store = store_url::choose(
+        cli.store.take(),
+        store_on_command_line,
+        cli.store_file.take(),
+    )?;
     let root = cli.root.clone();
     let remote = Remote::new(&root, &cli.url, &cli.token)?;
     let _ = STORE.set(cli.store.clone());
@@ -555,6 +586,8 @@ async fn real_main(cli: Cli) -> Result<i32> {
             labels,
             capacity,
             node_expiry,
+            ui_session_idle,
+            ui_session_max,
         } => {
             let mut cfg = Config::new(root_of(&root));
             if !(node_expiry.is_finite() && node_expiry > 0.0) {
@@ -599,7 +632,22 @@ async fn real_main(cli: Cli) -> Result<i32> {
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();
-            serve(cfg, entrances, listen).await
+            let mut ui = brood_server::UiLimits::default();
+            for (flag, v, at) in [
+                ("--ui-session-idle", ui_session_idle, &mut ui.idle),
+                ("--ui-session-max", ui_session_max, &mut ui.max),
+            ] {
+                if !(v.is_finite() && v > 0.0 && v <= 30.0 * 86400.0) {
+                    bail!(Exit(
+                        2,
+                        format!(
+                            "{flag} must be a number of seconds above 0 and at most 30 days, not {v}"
+                        )
+                    ));
+                }
+                *at = Duration::from_secs_f64(v);
+            }
+            serve(cfg, entrances, listen, ui).await
         }
         Cmd::Spawn {
             parent,
@@ -801,6 +849,7 @@ async fn serve(
     cfg: Config,
     entrances: brood_server::Entrances,
     listen: Option<String>,
+    ui: brood_server::UiLimits,
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
     let root = cfg.root.clone();
@@ -828,6 +877,7 @@ async fn serve(
     };
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), token);
+    api.set_ui_limits(ui);
     entrances.serve(&api);
     eprintln!(
         "brood: serving {} ({})",

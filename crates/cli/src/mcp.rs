@@ -6,7 +6,10 @@
 //! daemon cancels the root, and with it everything the session spawned,
 //! when the connection closes, however this process ended. Inside an agent
 //! the daemon answers with that agent instead, and the session's children
-//! are the agent's own. And `brood mcp-root`, the program a session root
+//! are the agent's own. Every tool call carries the capability the daemon
+//! gave with the root, so the daemon takes it as that root, confined to its
+//! subtree, never as the operator this process is on the socket. And
+//! `brood mcp-root`, the program a session root
 //! runs: it says `ready` and lives until it is cancelled.
 //!
 //! stdout is the MCP stream: logs go to stderr (the tracing subscriber's
@@ -27,12 +30,21 @@ use tokio::sync::{OnceCell, oneshot};
 
 use crate::Exit;
 
+/// The session the daemon gave: who it works for, and the capability that
+/// makes every tool call act as that root (none inside an agent, where the
+/// daemon knows the caller as that agent already).
+#[derive(Clone)]
+struct Session {
+    owner: Owner,
+    capability: Option<String>,
+}
+
 /// The stdio session's way to the daemon.
 struct Stdio {
     ep: Endpoint,
     /// The operator's policy for MCP sessions (`--policy`), the root's.
     policy: Option<Value>,
-    owner: OnceCell<Owner>,
+    session: OnceCell<Session>,
     /// The task holding the session's stream open.
     hold: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -40,7 +52,7 @@ struct Stdio {
 impl Stdio {
     /// Asks the daemon for the session's owner and keeps the answer's stream
     /// open in a task of its own.
-    async fn open(&self, client: Option<String>) -> Result<Owner, ToolError> {
+    async fn open(&self, client: Option<String>) -> Result<Session, ToolError> {
         let (tx, rx) = oneshot::channel::<Result<Value, ToolError>>();
         let tx = Arc::new(Mutex::new(Some(tx)));
         let send = {
@@ -107,20 +119,49 @@ impl Stdio {
         })??;
         let name = v["owner"].as_str().unwrap_or_default().to_owned();
         let root = v["root"].as_bool().unwrap_or(false);
+        let capability = v["capability"].as_str().map(str::to_owned);
+        if root && capability.is_none() {
+            // Without it the tools would act as the operator: refuse them all.
+            return Err(ToolError::new(
+                "Internal",
+                "the daemon made the session's root but gave no capability to act as it; \
+                 is it an older brood?",
+            ));
+        }
         tracing::info!(owner = %name, root, "MCP session opened");
-        Ok(Owner {
-            name,
-            as_parent: root,
+        Ok(Session {
+            owner: Owner {
+                name,
+                as_parent: root,
+            },
+            capability,
         })
+    }
+
+    /// The session, opened on first need; the client's name is the
+    /// handshake's `clientInfo`, or (protocols without a handshake) the one
+    /// each request carries.
+    async fn session(&self, ctx: &RequestContext<RoleServer>) -> Result<Session, ToolError> {
+        let client = ctx
+            .peer
+            .peer_info()
+            .map(|i| i.client_info.name.clone())
+            .or_else(|| ctx.meta.client_info().map(|i| i.name));
+        self.session
+            .get_or_try_init(|| self.open(client))
+            .await
+            .cloned()
     }
 
     /// The session is over: its root (if it made one) is cancelled now,
     /// rather than when the daemon notices the connection closing.
     async fn end(&self) {
-        if let Some(o) = self.owner.get()
-            && o.as_parent
+        // As the operator who made the root (no capability): a root is
+        // nobody's descendant, so it cannot cancel itself.
+        if let Some(s) = self.session.get()
+            && s.owner.as_parent
         {
-            let path = format!("/api/agents/{}/cancel", o.name);
+            let path = format!("/api/agents/{}/cancel", s.owner.name);
             if let Err(e) = client::call(&self.ep, "POST", &path, Some(&json!({})), None).await {
                 tracing::warn!(error = %e, "cancelling the MCP session's root");
             }
@@ -136,12 +177,29 @@ impl Stdio {
 impl Backend for Stdio {
     async fn call(
         &self,
-        _ctx: &RequestContext<RoleServer>,
+        ctx: &RequestContext<RoleServer>,
         method: &str,
         path: &str,
         body: Option<Value>,
     ) -> Result<Answer, String> {
-        client::call(&self.ep, method, path, body.as_ref(), None)
+        // Every call acts as the session's root, so the session is opened
+        // first: a call made before it would act as the operator.
+        let session = match self.session(ctx).await {
+            Ok(s) => s,
+            Err(e) => {
+                return Ok(Answer {
+                    status: 503,
+                    body: json!({"error": {"code": e.code, "reason": e.code, "message": e.message}}),
+                });
+            }
+        };
+        let headers: Vec<(&str, &str)> = session
+            .capability
+            .as_deref()
+            .map(|c| (brood_server::MCP_SESSION_HEADER, c))
+            .into_iter()
+            .collect();
+        client::call_with(&self.ep, method, path, body.as_ref(), None, &headers)
             .await
             .map(|a| Answer {
                 status: a.status,
@@ -151,17 +209,7 @@ impl Backend for Stdio {
     }
 
     async fn owner(&self, ctx: &RequestContext<RoleServer>) -> Result<Option<Owner>, ToolError> {
-        // The handshake's `clientInfo`, or (protocols without a handshake)
-        // the one each request carries.
-        let client = ctx
-            .peer
-            .peer_info()
-            .map(|i| i.client_info.name.clone())
-            .or_else(|| ctx.meta.client_info().map(|i| i.name));
-        self.owner
-            .get_or_try_init(|| self.open(client))
-            .await
-            .map(|o| Some(o.clone()))
+        self.session(ctx).await.map(|s| Some(s.owner))
     }
 }
 
@@ -175,7 +223,7 @@ pub(crate) async fn serve(
     let backend = Arc::new(Stdio {
         ep,
         policy,
-        owner: OnceCell::new(),
+        session: OnceCell::new(),
         hold: Mutex::new(None),
     });
     let brood = std::env::current_exe()

@@ -109,7 +109,7 @@ pub(crate) fn quota(
                 std::fs::create_dir_all(dir)?;
             }
             let store = brood_store::open(&spec)
-                .with_context(|| format!("opening the store {}", db.display()))?;
+                .with_context(|| format!("opening the store {}", crate::store_url::shown(&db)))?;
             store
                 .set_tenant_quota(&tenant, &key, value)
                 .map_err(|e| Exit(2, e.to_string()))?;

@@ -214,6 +214,10 @@ fn agent_requests() -> Value {
             &format!("/api/ui/agents/quick/artifacts/{}", "0".repeat(64)),
             Value::Null
         ),
+        // What describes the host or every tree is the operator's (issue 24).
+        r("GET", "/metrics", "/metrics", Value::Null),
+        r("GET", "/api/nodes", "/api/nodes", Value::Null),
+        r("GET", "/api/ui/sequence", "/api/ui/sequence", Value::Null),
     ])
 }
 
@@ -1339,6 +1343,8 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
     );
     let rows = r[0]["agents"].as_array().unwrap();
     assert!(rows.iter().any(|a| a["name"] == "p"), "{}", r[0]);
+    // The UI's logout: without a UI session it ends nothing, and answers the same.
+    each(&s, &[(204, "POST", "/api/ui/logout", "/api/ui/logout", N)]).await;
     // `live=true`: exactly the trees that still hold an unfinished agent.
     let trees = |rows: &[Value]| -> Vec<(String, bool)> {
         let mut out: Vec<(String, bool)> = Vec::new();

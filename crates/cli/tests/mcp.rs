@@ -6,7 +6,10 @@
 //! child and waits for its result, cancels a subtree (its processes gone),
 //! and is refused a child that asks more than the session holds; killing
 //! the client, or `brood mcp` itself, with SIGKILL cancels the session's
-//! subtree. The client script is `tests/mcp/client.py`.
+//! subtree. A stdio session is confined to its root's subtree (issue 24):
+//! every tool aimed at another tree is refused and creates nothing, and the
+//! capability that confines it only narrows and dies with the session. The
+//! client script is `tests/mcp/client.py`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -63,10 +66,15 @@ fn stdio_config(root: &Path, policy: &Path, mode: &str) -> Value {
 
 /// Runs the client's `session` scenario and returns what it saw.
 fn session(cfg: &Value) -> Value {
+    scenario("session", cfg)
+}
+
+/// Runs one of the client's scenarios and returns what it saw.
+fn scenario(what: &str, cfg: &Value) -> Value {
     #[allow(clippy::disallowed_methods)]
     let o = Command::new(python())
         .arg(script())
-        .arg("session")
+        .arg(what)
         .arg(cfg.to_string())
         .output()
         .unwrap();
@@ -235,9 +243,14 @@ fn check_session(s: &Value, sock: &Path, p: &str) {
         assert_eq!(status(sock, n), "cancelled");
     }
 
-    // Refusals are tool errors naming the API's code.
-    refused(&s["refused"], "ToolExpansion");
-    if !s["refused_direct"].is_null() {
+    // Refusals are tool errors naming the API's code. Over stdio the session
+    // acts as its root, which creates only its own children (as any agent);
+    // over HTTP the operator names any parent, and the child of `-h` asking
+    // for more than `-h` holds is refused by attenuation.
+    if s["refused_direct"].is_null() {
+        refused(&s["refused"], "ToolExpansion");
+    } else {
+        refused(&s["refused"], "ParentMismatch");
         refused(&s["refused_direct"], "ToolExpansion");
     }
     refused(&s["bad_args"], "BadRequest");
@@ -533,4 +546,322 @@ fn inside_an_agent_the_sessions_children_are_that_agents() {
         .collect();
     assert_eq!(roots.len(), 1, "{all}");
     assert_eq!(roots[0]["name"], "host");
+}
+
+/// Whether a tool result is a refusal the API answers 403 (`Forbidden`,
+/// `ParentMismatch`).
+fn refused_403(r: &Value, what: &str) {
+    assert_eq!(r["is_error"], true, "{what} got through: {r}");
+    let code = r["structured"]["error"]["code"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        matches!(code, "Forbidden" | "ParentMismatch"),
+        "{what}: refused with {code}, not a 403: {r}"
+    );
+}
+
+/// Issue 24 attack 3: a stdio session (`brood mcp --policy narrow.json`)
+/// driven by a hostile model aims every tool at another tree (an operator's
+/// root and its job). Each is refused (403, as a tool error) and nothing is
+/// made, sent or changed there; its own subtree still works, and is all it
+/// sees. Before the fix `brood mcp` called the socket as the operator: the
+/// spawn under `victim` made a child with the victim's rights, and every
+/// read answered.
+#[test]
+fn a_stdio_session_reaches_nothing_outside_its_own_subtree() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let sock = root.join("brood.sock");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "victim", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/jobs",
+        Some(
+            &json!({"id": "vjob", "owner": "victim", "instruction": "x {a}", "input": [{"a": 1}]}),
+        ),
+    );
+    assert_eq!(c, 201, "{v}");
+    let policy = policy_file(dir.path());
+    let mut cfg = stdio_config(&root, &policy, "auto");
+    cfg["victim"] = json!("victim");
+    cfg["victim_job"] = json!("vjob");
+    let s = scenario("confined", &cfg);
+
+    let own = ok(&s["own_spawn"], "own spawn");
+    let session_root = own["parent"].as_str().unwrap().to_owned();
+    assert!(session_root.starts_with("test-client-"), "{own}");
+    for (what, r) in s["attacks"].as_object().unwrap() {
+        refused_403(r, what);
+    }
+    // Nothing was made, sent or changed in the other tree.
+    for n in ["stolen-c", "forged-c"] {
+        let (c, v) = http(&sock, "GET", &format!("/api/agents/{n}"), None);
+        assert_eq!(c, 404, "{n} was made: {v}");
+    }
+    let (_, kids) = http(&sock, "GET", "/api/agents/victim/children", None);
+    assert_eq!(kids["agents"], json!([]), "{kids}");
+    assert_eq!(status(&sock, "victim"), "running");
+    let (_, jobs) = http(&sock, "GET", "/api/jobs", None);
+    let ids: Vec<&str> = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["vjob"], "{jobs}");
+    assert_eq!(jobs["jobs"][0]["status"], "pending", "{jobs}");
+    let (_, ev) = http(&sock, "GET", "/api/events?agent=victim&follow=false", None);
+    assert!(
+        !ev.to_string().contains("agent.input"),
+        "the victim got an input: {ev}"
+    );
+
+    // Its own subtree answers, and is all it sees.
+    let w = ok(&s["own_wait"], "own wait");
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    ok(&s["own_show"], "own show");
+    let trees = ok(&s["own_tree"], "own tree")["trees"].clone();
+    assert_eq!(trees.as_array().unwrap().len(), 1, "{trees}");
+    assert_eq!(trees[0]["name"], json!(session_root), "{trees}");
+    let listed: Vec<&str> = ok(&s["own_list"], "own list")["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(listed, ["own-c"], "{}", s["own_list"]);
+    let events = ok(&s["own_events"], "own events")["events"].clone();
+    assert!(!events.as_array().unwrap().is_empty(), "{events}");
+    for e in events.as_array().unwrap() {
+        let a = e["agent"].as_str().unwrap_or_default();
+        assert!(
+            a == session_root || a == "own-c",
+            "another tree's event: {e}"
+        );
+    }
+    assert_eq!(ok(&s["own_jobs"], "own jobs")["jobs"], json!([]));
+}
+
+/// `/mcp` over HTTP is confined like any API caller: an agent that speaks
+/// MCP to the daemon's socket reaches its own subtree only, whatever tool
+/// it aims at another tree.
+#[test]
+fn an_agent_over_http_mcp_is_confined_like_any_api_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let sock = root.join("brood.sock");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "victim", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/jobs",
+        Some(
+            &json!({"id": "vjob", "owner": "victim", "instruction": "x {a}", "input": [{"a": 1}]}),
+        ),
+    );
+    assert_eq!(c, 201, "{v}");
+    let cfg = json!({"transport": "http_unix", "socket": sock, "agent": agent(&[]),
+                     "victim": "victim", "victim_job": "vjob"});
+    let argv = json!([python(), script(), "confined", cfg.to_string()]);
+    let (c, a) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "host", "argv": argv, "protocol": "exec"})),
+    );
+    assert_eq!(c, 201, "{a}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/host/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    let s: Value = serde_json::from_str(w["agents"][0]["result"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {w}"));
+    assert_eq!(ok(&s["own_spawn"], "own spawn")["parent"], "host", "{s}");
+    for (what, r) in s["attacks"].as_object().unwrap() {
+        refused_403(r, what);
+    }
+    for n in ["stolen-c", "forged-c"] {
+        let (c, v) = http(&sock, "GET", &format!("/api/agents/{n}"), None);
+        assert_eq!(c, 404, "{n} was made: {v}");
+    }
+    let (_, kids) = http(&sock, "GET", "/api/agents/victim/children", None);
+    assert_eq!(kids["agents"], json!([]), "{kids}");
+    let (_, jobs) = http(&sock, "GET", "/api/jobs", None);
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 1, "{jobs}");
+    let trees = ok(&s["own_tree"], "own tree")["trees"].clone();
+    assert_eq!(trees.as_array().unwrap().len(), 1, "{trees}");
+    assert_eq!(trees[0]["name"], "host", "{trees}");
+}
+
+/// The first event of `POST /api/mcp/session`, and the connection holding it.
+fn open_session(sock: &Path) -> (std::os::unix::net::UnixStream, Value) {
+    let mut c = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    let body = json!({"client": "cap-test"}).to_string();
+    write!(
+        c,
+        "POST /api/mcp/session HTTP/1.1\r\nHost: brood\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the session's stream ended"
+        );
+        if let Some(d) = line.trim_end().strip_prefix("data: ") {
+            return (c, serde_json::from_str(d).unwrap());
+        }
+    }
+}
+
+/// One request on the socket with these extra header lines: status and body.
+fn http_with(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    extra: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: brood\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        serde_json::from_str(rest).unwrap_or(Value::String(rest.to_owned())),
+    )
+}
+
+/// The capability behind a stdio session, at the HTTP level: it makes the
+/// operator its root (confined), a forged one is refused rather than
+/// ignored, an agent that stole a live one gets nothing from it (a
+/// capability only narrows), and it is refused once its session ends.
+#[test]
+fn the_session_capability_only_narrows_and_dies_with_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let sock = root.join("brood.sock");
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "victim", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let (held, first) = open_session(&sock);
+    let owner = first["owner"].as_str().unwrap().to_owned();
+    let cap = first["capability"].as_str().unwrap().to_owned();
+    assert_eq!(cap.len(), 64, "{first}");
+    let with = format!("X-Brood-Session: {cap}\r\n");
+
+    // The operator with it is the session root: its own subtree only.
+    let (c, v) = http_with(&sock, "GET", &format!("/api/agents/{owner}"), &with, None);
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = http_with(&sock, "GET", "/api/agents/victim", &with, None);
+    assert_eq!(c, 403, "{v}");
+    let spawn = |parent: &str, name: &str| json!({"parent": parent, "name": name, "argv": agent(&["--result", "x"])});
+    let (c, v) = http_with(
+        &sock,
+        "POST",
+        "/api/agents",
+        &with,
+        Some(&spawn("victim", "under-victim")),
+    );
+    assert_eq!(
+        (c, v["error"]["code"].as_str()),
+        (403, Some("ParentMismatch")),
+        "{v}"
+    );
+    let (c, v) = http_with(
+        &sock,
+        "POST",
+        "/api/agents",
+        &with,
+        Some(&spawn(&owner, "mine")),
+    );
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(v["parent"], json!(owner), "{v}");
+    let (c, v) = http_with(&sock, "GET", "/metrics", &with, None);
+    assert_eq!(c, 403, "the host's metrics are not the root's: {v}");
+    // A forged capability is refused, never ignored (which would leave the
+    // operator's rights).
+    let (c, v) = http_with(
+        &sock,
+        "GET",
+        "/api/agents/victim",
+        &format!("X-Brood-Session: {}\r\n", "0".repeat(64)),
+        None,
+    );
+    assert_eq!(c, 403, "{v}");
+    assert!(v.to_string().contains("no open MCP session"), "{v}");
+
+    // An agent of another tree that stole the live capability gains nothing.
+    let curl = format!(
+        "curl -s -w ' %{{http_code}}' --unix-socket \"$BROOD_SOCKET\" -H 'X-Brood-Session: {cap}' http://brood/api/agents/{owner}"
+    );
+    let (c, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "thief", "argv": ["sh", "-c", curl], "protocol": "exec"})),
+    );
+    assert_eq!(c, 201, "{v}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/thief/wait",
+        Some(&json!({"timeout_s": 30})),
+    );
+    let said = w["agents"][0]["result"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(said.ends_with(" 403"), "the thief: {w}");
+    assert!(said.contains("only narrows"), "the thief: {said}");
+
+    // The session ends with its connection: the capability is dead, the root cancelled.
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            http_with(&sock, "GET", &format!("/api/agents/{owner}"), &with, None).0 == 403
+        }),
+        "the capability outlived its session"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || status(&sock, &owner)
+            == "cancelled"),
+        "the session root {owner} is {}",
+        status(&sock, &owner)
+    );
 }

@@ -190,11 +190,15 @@ async fn a_resume_that_would_make_the_requester_its_own_ancestor_is_a_cycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
     let env = start(Duration::from_millis(300));
-    for n in ["p", "x", "y"] {
-        env.sup
-            .spawn(me(), req(n, agent(&["--hang"])))
-            .await
-            .unwrap();
+    // x and y are in p's tree: a customer lies in the requester's own tree.
+    env.sup
+        .spawn(me(), req("p", agent(&["--hang"])))
+        .await
+        .unwrap();
+    for n in ["x", "y"] {
+        let mut r = req(n, agent(&["--hang"]));
+        r.parent = Some(name("p"));
+        env.sup.spawn(me(), r).await.unwrap();
     }
     let spawn = |name: &str, customer: &str| json!({"parent": "p", "name": name, "customer": customer, "argv": agent(&["--hang"])});
     // Its own customer.
@@ -218,14 +222,50 @@ async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
         .unwrap_err();
     assert_eq!(e.code, Code::Cycle, "{e}");
     assert!(e.message.contains("x -> y -> x"), "{e}");
-    // A customer elsewhere in the tenant is fine, and recorded.
+    // A customer elsewhere in the tree is fine, and recorded.
     c.execute_batch("UPDATE agents SET customer = NULL WHERE name IN ('x', 'y');")
         .unwrap();
     api::handle(&env.sup, &me(), "spawn", &spawn("k", "x"))
         .await
         .unwrap();
     assert_eq!(show(&env, "k")["customer"], "x");
-    for n in ["p", "x", "y"] {
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_in_another_tree_is_refused_even_for_the_operator() {
+    let env = start(Duration::from_millis(300));
+    for n in ["p", "other"] {
+        env.sup
+            .spawn(me(), req(n, agent(&["--hang"])))
+            .await
+            .unwrap();
+    }
+    // Under p, naming the root of another tree: refused, nothing made.
+    let e = api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &json!({"parent": "p", "name": "c", "customer": "other", "argv": agent(&["--hang"])}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::Forbidden, "{e}");
+    assert!(e.message.contains("customer other"), "{e}");
+    assert!(env.sup.view().agent(&name("c")).is_err(), "nothing written");
+    // A root names no customer: it has no tree yet.
+    let e = api::handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &json!({"name": "r", "customer": "p", "argv": agent(&["--hang"])}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::Forbidden, "{e}");
+    assert!(e.message.contains("customer p"), "{e}");
+    assert!(env.sup.view().agent(&name("r")).is_err(), "nothing written");
+    for n in ["p", "other"] {
         env.sup.cancel(me(), name(n)).await.unwrap();
     }
 }

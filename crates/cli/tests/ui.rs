@@ -6,7 +6,9 @@
 //! confirmation accepted, cancels the subtree and its processes; a page
 //! without the token is refused; a mutation carrying the cookie but not the
 //! cross-site protection is refused, from the page and from another site's
-//! form. And the main pages' screenshots, taken afresh.
+//! form; a logout from the page ends the session, and the cookie copied
+//! before it is refused; sessions end when idle and when old. And the main
+//! pages' screenshots, taken afresh.
 //!
 //! Missing Chromium, chromedriver or Selenium is a failure naming what is
 //! missing, never a skip.
@@ -182,6 +184,11 @@ struct Served {
 
 impl Served {
     fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// [`Served::start`] with more flags for `brood serve`.
+    fn start_with(extra: &[&str]) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("r");
         let port = free_port();
@@ -191,6 +198,7 @@ impl Served {
             .arg(&root)
             .args(["serve", "--grace", "0.3", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
             .spawn()
@@ -571,6 +579,119 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     );
     b.wait("#agent-head [data-status]", "blocked");
     b.wait("#events", "agent.input");
+
+    // Log out from the page: the session ends, the page asks for the token
+    // again, and the cookie a thief copied from the profile before is refused.
+    let stolen = b.cmd(json!({"op": "cookies"}))["cookies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("brood_ui"))
+        })
+        .map(|c| {
+            format!(
+                "{}={}",
+                c["name"].as_str().unwrap(),
+                c["value"].as_str().unwrap()
+            )
+        })
+        .expect("the browser keeps the UI's cookie");
+    assert_ne!(stolen, cookie, "each login is a session of its own");
+    let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &stolen)], b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    b.click("#logout");
+    b.wait("body", "needs its token");
+    let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &stolen)], b"");
+    assert_eq!(a.status, 401, "the stolen cookie after logout: {}", a.body);
+    assert!(a.body.contains("session has ended"), "{}", a.body);
+    b.get(&s.url("/ui"));
+    b.wait("body", "needs its token");
+    // Another session (the first visit's above) is not touched.
+    let a = http(s.port, "GET", "/api/ui/tree", &[("Cookie", &cookie)], b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+/// The cookie of `/ui?token=…`'s answer, as `name=value`.
+fn login(s: &Served) -> String {
+    let a = http(s.port, "GET", &format!("/ui?token={}", s.token), &[], b"");
+    assert_eq!(a.status, 303, "{}", a.head);
+    a.head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no cookie: {}", a.head))
+        .to_owned()
+}
+
+/// The UI's sessions (issue 24): random, kept by the daemon, ended by a
+/// logout (a cookie copied before it is refused after), by idleness and by
+/// age, each refusal a 401 naming why.
+#[test]
+fn a_ui_session_ends_at_logout_when_idle_and_when_old() {
+    let s = Served::start_with(&["--ui-session-idle", "3", "--ui-session-max", "8"]);
+    let tree = |c: &str| http(s.port, "GET", "/api/ui/tree", &[("Cookie", c)], b"");
+
+    // Random: two logins, two cookies, neither derived from the token.
+    let (a, b) = (login(&s), login(&s));
+    assert_ne!(a, b);
+    assert!(!a.contains(&s.token) && !b.contains(&s.token));
+    assert_eq!(tree(&a).status, 200);
+
+    // Logout: a mutation like any other (the cross-site header needed),
+    // then the cookie is refused, the other session untouched.
+    let out = http(s.port, "POST", "/api/ui/logout", &[("Cookie", &a)], b"{}");
+    assert_eq!(out.status, 403, "{}", out.body);
+    assert_eq!(tree(&a).status, 200, "a refused logout ends nothing");
+    let out = http(
+        s.port,
+        "POST",
+        "/api/ui/logout",
+        &[("Cookie", &a), ("X-Brood-Csrf", "1")],
+        b"{}",
+    );
+    assert_eq!(out.status, 204, "{}", out.body);
+    let clear = out.head.to_ascii_lowercase();
+    assert!(
+        clear.contains("max-age=0"),
+        "the browser drops it: {}",
+        out.head
+    );
+    let after = tree(&a);
+    assert_eq!(after.status, 401, "{}", after.body);
+    assert!(after.body.contains("session has ended"), "{}", after.body);
+    assert_eq!(tree(&b).status, 200);
+
+    // Idle: unused for longer than --ui-session-idle, it is gone.
+    std::thread::sleep(Duration::from_millis(3500));
+    let idle = tree(&b);
+    assert_eq!(idle.status, 401, "{}", idle.body);
+    assert!(idle.body.contains("3 s without a request"), "{}", idle.body);
+
+    // Old: used every half second (never idle), it still ends at
+    // --ui-session-max; before that it answered.
+    let c = login(&s);
+    let mut answered = 0;
+    let ended = loop {
+        let a = tree(&c);
+        if a.status != 200 {
+            break a;
+        }
+        answered += 1;
+        assert!(answered < 60, "the session outlived --ui-session-max");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(ended.status, 401, "{}", ended.body);
+    assert!(
+        answered >= 2,
+        "the session answered before it ended: {answered}"
+    );
+    assert!(ended.body.contains("8 s since it began"), "{}", ended.body);
 }
 
 impl Browser {

@@ -148,8 +148,9 @@ impl<B: Backend> ServerHandler for Tools<B> {
             .with_instructions(
                 "brood runs sandboxed, budgeted child agents owned by this session: \
                  `spawn` starts one and returns its name at once, `wait` (bounded) \
-                 returns results, `cancel` stops a subtree. Children die when the \
-                 session ends.",
+                 returns results, `cancel` stops a subtree. A `brood mcp` (stdio) \
+                 session's children die when the session ends; over HTTP (`/mcp`) \
+                 a child lives until it ends, is cancelled or its parent ends.",
             )
     }
 

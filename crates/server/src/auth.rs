@@ -2,8 +2,9 @@
 //! its cgroup the agent it belongs to, whatever the request claims (an agent
 //! acts only on its own subtree; anyone else is the operator). On TCP the
 //! caller is the operator if it presents the bearer token of
-//! `$BROOD_ROOT/token`, compared in constant time, or the web UI's cookie
-//! that stands for it (`ui::session`), and nobody otherwise.
+//! `$BROOD_ROOT/token`, compared in constant time, or the web UI's session
+//! cookie that stands for it (`ui::session`), and nobody otherwise. Either
+//! may then be narrowed to a stdio MCP session's root (`narrow`).
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -123,7 +124,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                 return next.run(req).await;
             }
             // The web UI's first visit, `/ui?token=…`: a cookie and a redirect.
-            if let Some(r) = crate::ui::session::login(api.0.token.as_ref(), &req) {
+            if let Some(r) = crate::ui::session::login(&api, &req) {
                 return r;
             }
             let presented = req
@@ -138,7 +139,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                 },
                 // No bearer token: the web UI's cookie may stand for it
                 // (docs/decisions.md "The web UI's cookie").
-                (_, None) => match crate::ui::session::by_cookie(api.0.token.as_ref(), &req) {
+                (_, None) => match crate::ui::session::by_cookie(&api, &req) {
                     ByCookie::Operator => Caller::User {
                         // SAFETY: geteuid cannot fail.
                         uid: unsafe { libc::geteuid() },
@@ -173,6 +174,11 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
             ))
             .into_response();
         }
+    };
+    // A stdio MCP session's requests act as its root (`narrow`): only ever narrower.
+    let caller = match crate::narrow::narrow(&api, req.headers(), caller) {
+        Ok(c) => c,
+        Err(e) => return HttpError(e).into_response(),
     };
     req.extensions_mut().insert(caller);
     next.run(req).await

@@ -147,8 +147,27 @@ pub async fn call(
     body: Option<&Value>,
     idempotency_key: Option<&str>,
 ) -> Result<Answer, ClientError> {
+    call_with(ep, method, path, body, idempotency_key, &[]).await
+}
+
+/// [`call`] with more header lines (a stdio MCP session's capability).
+pub async fn call_with(
+    ep: &Endpoint,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    idempotency_key: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Result<Answer, ClientError> {
     let mut send = connect(ep).await?;
-    let req = request(ep, method, path, body, idempotency_key)?;
+    let mut req = request(ep, method, path, body, idempotency_key)?;
+    for (k, v) in headers {
+        let name = hyper::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| ClientError(format!("header {k:?}: {e}")))?;
+        let value = hyper::header::HeaderValue::from_str(v)
+            .map_err(|e| ClientError(format!("header {k:?}: {e}")))?;
+        req.headers_mut().insert(name, value);
+    }
     let resp = send
         .send_request(req)
         .await

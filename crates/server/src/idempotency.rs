@@ -1,9 +1,12 @@
 //! `Idempotency-Key` (SPEC 11): a mutation sent with a key keeps its first
-//! answer in the store for [`TTL`]; a repeat with the same key, caller, route
+//! answer in the store for [`TTL_MS`]; a repeat with the same key, caller, route
 //! and body gets that answer (marked `Idempotent-Replayed: true`) without the
 //! mutation being done again, even after the daemon restarted; the same key
 //! with another request is refused with 422. Two repeats in flight at once
 //! are taken one after the other, so the second sees the first's answer.
+//! A key is its caller's own (issue 24): the same key from another caller is
+//! another key, so no caller can squat a key another will use, and a 422
+//! only ever names the caller's own earlier request.
 //! Answers with a 5xx or 429 status are not kept: the mutation did not
 //! happen, and a retry should try it again.
 
@@ -80,26 +83,32 @@ where
                 .into_response();
         }
     };
-    let scope = format!("{} {route}", caller_label(caller));
+    let who = caller_label(caller);
+    let scope = format!("{who} {route}");
     let hash: String = Sha256::digest(body)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let sup = api.sup();
-    let lock = api.0.in_flight.lock_for(&key);
+    // In flight, too, a key is its caller's: another caller's never waits on it.
+    let flight = format!("{who}\n{key}");
+    let lock = api.0.in_flight.lock_for(&flight);
     let answer = {
         let _held = lock.lock().await;
-        match sup.store().idempotent_reply(sup.tenant(), &key, now_ms()) {
+        match sup
+            .store()
+            .idempotent_reply(sup.tenant(), &who, &key, now_ms())
+        {
             Err(e) => store_error(e).into_response(),
             Ok(Some(kept)) => replay(&kept, &scope, &hash),
             Ok(None) => {
                 let resp = f().await;
-                keep(api, &key, &scope, &hash, resp).await
+                keep(api, &who, &key, &scope, &hash, resp).await
             }
         }
     };
     drop(lock);
-    api.0.in_flight.release(&key);
+    api.0.in_flight.release(&flight);
     answer
 }
 
@@ -121,7 +130,14 @@ fn replay(kept: &IdempotentReply, scope: &str, hash: &str) -> Response {
     r
 }
 
-async fn keep(api: &Api, key: &str, scope: &str, hash: &str, resp: Response) -> Response {
+async fn keep(
+    api: &Api,
+    caller: &str,
+    key: &str,
+    scope: &str,
+    hash: &str,
+    resp: Response,
+) -> Response {
     let status = resp.status();
     if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
         return resp;
@@ -138,6 +154,7 @@ async fn keep(api: &Api, key: &str, scope: &str, hash: &str, resp: Response) -> 
     let now = now_ms();
     let reply = IdempotentReply {
         tenant: api.sup().tenant().clone(),
+        caller: caller.to_owned(),
         key: key.to_owned(),
         scope: scope.to_owned(),
         request_hash: hash.to_owned(),

@@ -21,9 +21,11 @@ mod events;
 mod idempotency;
 mod listen;
 mod mcp;
+mod narrow;
 pub mod openapi;
 mod peer;
 mod routes;
+mod secret;
 mod state;
 mod ui;
 
@@ -32,4 +34,6 @@ pub use auth::Token;
 pub use door::Entrances;
 pub use events::{EventLimits, event_json};
 pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};
+pub use narrow::HEADER as MCP_SESSION_HEADER;
 pub use state::Api;
+pub use ui::session::UiLimits;

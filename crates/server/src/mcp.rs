@@ -9,6 +9,10 @@
 //! connection closes, whatever ended the client (exit, EOF on stdin,
 //! SIGKILL: the kernel closes its socket either way). The client's good
 //! will is not needed (docs/decisions.md "MCP sessions own their children").
+//! Its tools act as that root, not as the operator who made it: the first
+//! event carries a capability that `narrow` turns into `Caller::Agent(root)`
+//! for as long as the stream is held (docs/decisions.md "MCP sessions are
+//! confined").
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -197,6 +201,7 @@ pub(crate) async fn session(
     let (held, released) = tokio::sync::oneshot::channel::<()>();
     let (answer, spawned) = tokio::sync::oneshot::channel();
     let sup = api.sup().clone();
+    let root = agent.clone();
     tokio::spawn(async move {
         let r = sup.spawn(caller.clone(), req).await;
         let made = r.is_ok();
@@ -220,18 +225,48 @@ pub(crate) async fn session(
             );
         }
     };
-    let first = json!({"owner": name, "root": true, "agent": v});
+    // The session's tools act as its root, never as the operator who made
+    // it (`narrow`): the capability they carry is good while this stream is.
+    let capability = match api.0.mcp_sessions.issue(&root) {
+        Ok(c) => Revoked {
+            api: api.clone(),
+            cap: c,
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "making an MCP session's capability");
+            // Dropping `held` cancels the root just made.
+            return HttpError(ApiError::new(
+                Code::Internal,
+                "the session's capability could not be made (see the supervisor's log)",
+            ))
+            .into_response();
+        }
+    };
+    let first = json!({"owner": name, "root": true, "agent": v, "capability": capability.cap});
     // One event, then nothing but the keep-alives, for as long as the
-    // client holds on; the stream owns `held`, so dropping it ends the session.
+    // client holds on; the stream owns `held` and the capability, so
+    // dropping it ends the session and refuses the capability.
     let stream = futures_util::stream::once(async move {
         Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
     })
     .chain(futures_util::stream::pending())
     .map(move |e| {
-        let _session = &held;
+        let _session = (&held, &capability);
         e
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(HOLD_KEEP_ALIVE))
         .into_response()
+}
+
+/// A session's capability, refused from the moment its stream is dropped.
+struct Revoked {
+    api: Api,
+    cap: String,
+}
+
+impl Drop for Revoked {
+    fn drop(&mut self) {
+        self.api.0.mcp_sessions.revoke(&self.cap);
+    }
 }

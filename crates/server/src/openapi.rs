@@ -22,6 +22,7 @@ use crate::routes::*;
         job_report, job_retry_failed, job_export, job_evidence, job_replay,
         nodes, metrics, healthz, openapi,
         ui_tree, ui_sequence, ui_agent, ui_transcript, ui_artifact, ui_attempts,
+        crate::ui::session::logout,
     ),
     components(schemas(brood_api::Event)),
     modifiers(&Bearer),

@@ -9,6 +9,7 @@ use brood_runtime::{Supervisor, View};
 use crate::auth::Token;
 use crate::events::{EventLimits, Hub};
 use crate::idempotency::InFlight;
+use crate::ui::session::UiLimits;
 
 /// The HTTP API in front of one supervisor. Cheap to clone.
 #[derive(Clone)]
@@ -20,6 +21,10 @@ pub(crate) struct Inner {
     /// What a TCP caller must present; `None` when no TCP listener was asked for.
     pub token: Option<Token>,
     pub in_flight: InFlight,
+    /// The open stdio MCP sessions' capabilities (`narrow`).
+    pub mcp_sessions: crate::narrow::Sessions,
+    /// The web UI's sessions (`ui::session`).
+    pub ui_sessions: crate::ui::session::UiSessions,
 }
 
 impl Api {
@@ -37,7 +42,14 @@ impl Api {
             hub,
             token,
             in_flight: InFlight::default(),
+            mcp_sessions: Default::default(),
+            ui_sessions: Default::default(),
         }))
+    }
+
+    /// How long the web UI's sessions last (default: [`UiLimits::default`]).
+    pub fn set_ui_limits(&self, limits: UiLimits) {
+        self.0.ui_sessions.set_limits(limits);
     }
 
     /// The router, every route of SPEC 11, with authentication in front.

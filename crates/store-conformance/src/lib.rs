@@ -217,6 +217,10 @@ pub const CASES: &[(&str, Case)] = &[
         idempotent_replies_keep_the_first_answer_until_they_expire,
     ),
     (
+        "idempotency_keys_are_the_callers_own",
+        idempotency_keys_are_the_callers_own,
+    ),
+    (
         "jobs_are_created_whole_or_not_at_all",
         jobs_are_created_whole_or_not_at_all,
     ),
@@ -288,6 +292,7 @@ macro_rules! conformance_tests {
     concurrent_admissions_are_exact_and_each_fails_alone,
     racing_children_keep_create_limit_and_budget,
     idempotent_replies_keep_the_first_answer_until_they_expire,
+    idempotency_keys_are_the_callers_own,
     resume_within_counts_the_parents_fanout,
     jobs_are_created_whole_or_not_at_all,
     job_status_follows_its_machine,

@@ -356,15 +356,19 @@ pub trait Sweeps {
 /// until it expires, so a retry after a lost reply or a restart is answered
 /// without doing the mutation twice.
 pub trait Idempotency {
-    /// The answer kept under `key` in `tenant`, unless it expired before `now_ms`.
+    /// The answer kept under `caller`'s `key` in `tenant`, unless it
+    /// expired before `now_ms`. Keys are per caller: another caller's `key`
+    /// is never found.
     fn idempotent_reply(
         &self,
         tenant: &TenantId,
+        caller: &str,
         key: &str,
         now_ms: i64,
     ) -> Result<Option<IdempotentReply>>;
 
-    /// Keeps `reply` unless an unexpired answer is already kept under its key,
+    /// Keeps `reply` unless an unexpired answer is already kept under its
+    /// caller's key,
     /// in one transaction that also forgets the tenant's expired keys; returns
     /// whichever answer is kept (the first one wins a race).
     fn keep_idempotent_reply(

@@ -290,6 +290,9 @@ pub struct Fence {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IdempotentReply {
     pub tenant: TenantId,
+    /// Who sent it (`user:<uid>`, `agent:<name>`): a key is its caller's
+    /// own, so the same key from another caller is another key (issue 24).
+    pub caller: String,
     pub key: String,
     /// Who asked and what (`<caller> <METHOD> <path>`): the same key from
     /// another caller or for another route is a different request.

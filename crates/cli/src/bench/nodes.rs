@@ -52,8 +52,8 @@ fn start_node(exe: &str, root: &Path, store: &str, i: usize) -> Result<Node> {
     let child = std::process::Command::new(exe)
         .arg("--root")
         .arg(root)
-        .arg("--store")
-        .arg(store)
+        // Never on the command line, where any local process reads a password.
+        .env("BROOD_STORE", store)
         .args(["serve", "--grace", "0.3", "--label"])
         // Children are placed on a node by this label.
         .arg(format!("node={i}"))

@@ -53,6 +53,9 @@ def run(d, c):
         return {"url": d.current_url, "title": d.title}
     if op == "url":
         return {"url": d.current_url}
+    if op == "cookies":
+        # What the browser keeps, HttpOnly ones too (a thief's view of the profile).
+        return {"cookies": d.get_cookies()}
     if op == "wait":
         # Until the element exists (and holds `text`, when given).
         want = c.get("text")

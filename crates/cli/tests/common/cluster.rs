@@ -86,11 +86,12 @@ pub fn serve_wrapped(
         #[allow(clippy::disallowed_methods)]
         None => Command::new(exe()),
     };
+    // The store's URL (with the test server's password) in the environment:
+    // a command line holding a password is refused (issue 24).
     let child = cmd
         .arg("--root")
         .arg(root)
-        .arg("--store")
-        .arg(store)
+        .env("BROOD_STORE", store)
         .args(["serve", "--grace", "0.3"])
         // A fast tick unless the test sets its own.
         .args(if extra.contains(&"--sweep-every") {
@@ -131,8 +132,7 @@ pub fn cli(root: &Path, store: &str, args: &[&str]) -> std::process::Output {
     Command::new(exe())
         .arg("--root")
         .arg(root)
-        .arg("--store")
-        .arg(store)
+        .env("BROOD_STORE", store)
         .args(args)
         .env_remove("BROOD_SOCKET")
         .output()

@@ -5,8 +5,9 @@ with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
     client.py hold CONFIG_JSON      connect, spawn a hanging tree, print it as a
                                     JSON line, then wait to be killed
     client.py inside CONFIG_JSON    (as a brood agent's program) spawn and wait for a child
+    client.py confined CONFIG_JSON  every tool aimed at another tree, then at its own
 
-CONFIG: {"transport": "stdio"|"http", "brood": EXE, "root": DIR, "url": URL,
+CONFIG: {"transport": "stdio"|"http"|"http_unix", "brood": EXE, "socket": SOCK, "root": DIR, "url": URL,
 "token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
 the test agent]}. Every tool result is reported as it came, so the Rust test
 asserts on what the client saw.
@@ -21,6 +22,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 import mcp.client.session as client_session
+import httpx2
 import mcp_types as types
 
 
@@ -38,6 +40,12 @@ def connect(cfg):
             args=["--root", cfg["root"], "mcp"] + cfg.get("mcp_args", []),
             env={"BROOD_LOG": "info"},
         )
+    elif cfg["transport"] == "http_unix":
+        # `/mcp` on the control socket: the daemon knows the caller by its
+        # credentials (inside an agent: that agent).
+        http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=cfg["socket"]),
+                                  timeout=httpx2.Timeout(60.0))
+        server = streamable_http_client("http://brood/mcp", http_client=http)
     else:
         http = create_mcp_http_client(headers={"Authorization": "Bearer " + cfg["token"]})
         server = streamable_http_client(cfg["url"], http_client=http)
@@ -179,6 +187,48 @@ async def session(cfg):
     print(json.dumps(out))
 
 
+async def confined(cfg):
+    """A session driven by a hostile model: every tool aimed at another tree
+    (`victim`, its job `vjob`), then the same tools on its own subtree."""
+    out = {}
+    v = cfg["victim"]
+    child = cfg["agent"] + ["--result", "x"]
+    async with connect(cfg) as client:
+        out["own_spawn"] = await call(client, "spawn", {"task": "mine", "name": "own-c", "argv": child})
+        attacks = {
+            "spawn_parent": ("spawn", {"task": "steal its rights", "name": "stolen-c", "parent": v, "argv": child}),
+            "spawn_customer": ("spawn", {"task": "forge its input", "name": "forged-c", "customer": v, "argv": child}),
+            "send": ("send", {"agent": v, "text": "forged input"}),
+            "show": ("show", {"agent": v}),
+            "tree": ("tree", {"root": v}),
+            "list": ("list", {"parent": v}),
+            "events": ("events", {"agent": v}),
+            "wait": ("wait", {"agents": [v], "timeout_s": 1}),
+            "cancel": ("cancel", {"agent": v}),
+            "close": ("close", {"agent": v}),
+            "resume": ("resume", {"agent": v}),
+            "job_create": ("job_create", {"id": "stolen-job", "owner": v, "instruction": "x {a}",
+                                          "input": [{"a": 1}], "worker": {"argv": child}, "start": True}),
+            "job_show": ("job_show", {"id": cfg["victim_job"]}),
+            "job_start": ("job_start", {"id": cfg["victim_job"]}),
+            "job_cancel": ("job_cancel", {"id": cfg["victim_job"]}),
+            "job_retry": ("job_retry", {"id": cfg["victim_job"]}),
+            "job_export": ("job_export", {"id": cfg["victim_job"]}),
+            "job_replay": ("job_replay", {"id": cfg["victim_job"], "new_id": "replayed-job"}),
+        }
+        out["attacks"] = {}
+        for k, (tool, args) in attacks.items():
+            out["attacks"][k] = await call(client, tool, args)
+        # What it may still do: its own subtree, and only that.
+        out["own_wait"] = await call(client, "wait", {"agents": ["own-c"], "timeout_s": 20})
+        out["own_show"] = await call(client, "show", {"agent": "own-c"})
+        out["own_tree"] = await call(client, "tree", {})
+        out["own_list"] = await call(client, "list", {"all": True})
+        out["own_events"] = await call(client, "events", {})
+        out["own_jobs"] = await call(client, "job_show", {})
+    print(json.dumps(out))
+
+
 async def hold(cfg):
     async with connect(cfg) as client:
         child, shows = await hanging_tree(client, cfg, cfg["prefix"])
@@ -200,4 +250,4 @@ async def inside(cfg):
 
 if __name__ == "__main__":
     what, cfg = sys.argv[1], json.loads(sys.argv[2])
-    asyncio.run({"session": session, "hold": hold, "inside": inside}[what](cfg))
+    asyncio.run({"session": session, "hold": hold, "inside": inside, "confined": confined}[what](cfg))

@@ -331,6 +331,11 @@ impl Dispatcher {
             }
         }
         if let Some(c) = &req.customer {
+            // The tree first, so a refused customer's chain (another tree's
+            // agents) is never walked nor named; its own customer is a cycle.
+            if c != &name {
+                self.check_customer_tree(parent.as_ref(), c)?;
+            }
             self.check_customer(&name, c)?;
         }
         // Another node runs it when its labels say so or its parent runs
@@ -532,6 +537,44 @@ impl Dispatcher {
         }
         project_agent(&self.projection, &self.paths, agent, None);
         self.project_channel(agent, None);
+    }
+
+    /// A customer lies in the new agent's own tree: the same root as its
+    /// parent (issue 24). Without it an agent could name another tree's agent
+    /// and have its child's result, whatever it says, delivered on that
+    /// agent's stdin. A root has no tree yet, so it names no customer. A
+    /// customer that does not exist is left to the store's admission.
+    pub(super) fn check_customer_tree(
+        &self,
+        parent: Option<&AgentName>,
+        customer: &AgentName,
+    ) -> Result<(), ApiError> {
+        let Some(p) = parent else {
+            return Err(ApiError::new(
+                Code::Forbidden,
+                format!(
+                    "customer {customer}: a root agent has no tree to name a customer in; \
+                     a customer must lie in the new agent's own tree"
+                ),
+            ));
+        };
+        let Some(c) = self.store.agent(&self.tenant, customer).map_err(internal)? else {
+            return Ok(());
+        };
+        let root = match self.store.agent(&self.tenant, p).map_err(internal)? {
+            Some(pa) => pa.root,
+            None => return Err(not_found(p)),
+        };
+        if c.root != root {
+            return Err(ApiError::new(
+                Code::Forbidden,
+                format!(
+                    "customer {customer} is outside the tree of the parent {p} (root {root}); \
+                     a customer must lie in the new agent's own tree"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// SPEC 9 cycles, for a customer: the new agent `name` naming `customer` must

@@ -1,12 +1,15 @@
 //! The routes about the service itself: health, metrics, the OpenAPI
-//! document; JSON errors for unknown paths and methods.
+//! document; JSON errors for unknown paths and methods. What describes the
+//! host or every tree (`/metrics`, `/api/nodes`) is the operator's: an
+//! agent caller is answered 403 ([`operator_only`]).
 
+use axum::Extension;
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use brood_api::{ErrorBody, Health};
 use brood_core::Code;
-use brood_runtime::ApiError;
+use brood_runtime::{ApiError, Caller};
 
 use crate::error::{HttpError, json};
 use crate::state::Api;
@@ -29,9 +32,18 @@ pub(crate) async fn healthz(State(api): State<Api>) -> Response {
 
 #[utoipa::path(
     get, path = "/metrics", tag = "service",
-    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain", body = String))
+    responses(
+        (status = 200, description = "Prometheus text exposition.", content_type = "text/plain", body = String),
+        (status = 403, description = "The caller is an agent: the metrics count every tree.", body = ErrorBody),
+    )
 )]
-pub(crate) async fn metrics(State(api): State<Api>) -> Response {
+pub(crate) async fn metrics(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    if let Err(e) = operator_only(&caller, "/metrics", "counts every tree's agents") {
+        return e.into_response();
+    }
     let mut r = api.sup().metrics_text().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -55,14 +67,35 @@ pub(crate) async fn openapi() -> Response {
 
 #[utoipa::path(
     get, path = "/api/nodes", tag = "service",
-    responses((status = 200, description = "The nodes sharing this store (brood serve processes): address, labels, capacity, load and heartbeat.", body = brood_api::NodeList))
+    responses(
+        (status = 200, description = "The nodes sharing this store (brood serve processes): address, labels, capacity, load and heartbeat.", body = brood_api::NodeList),
+        (status = 403, description = "The caller is an agent: the nodes describe the host.", body = ErrorBody),
+    )
 )]
-pub(crate) async fn nodes(State(api): State<Api>) -> Response {
+pub(crate) async fn nodes(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    if let Err(e) = operator_only(&caller, "/api/nodes", "names the host's listeners") {
+        return e.into_response();
+    }
     let sup = api.sup();
     crate::error::answer(
         StatusCode::OK,
         brood_runtime::nodes::list(sup.store().as_ref(), crate::error::now_ms()),
     )
+}
+
+/// A route that describes the host or every tree answers an agent 403
+/// (issue 24): an agent learns about its own subtree only.
+pub(crate) fn operator_only(caller: &Caller, route: &str, why: &str) -> Result<(), HttpError> {
+    match caller {
+        Caller::User { .. } => Ok(()),
+        Caller::Agent(me) => Err(HttpError(ApiError::new(
+            Code::Forbidden,
+            format!("{route} {why}: it is the operator's, not agent {me}'s"),
+        ))),
+    }
 }
 
 pub(crate) async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {

@@ -519,9 +519,18 @@ pub(crate) async fn ui_attempts(
     get, path = "/api/ui/sequence", tag = "ui",
     responses(
         (status = 200, description = "The sequence of the tenant's last event: a page reads its data, then follows `/api/events?after=` it.", body = Sequence),
+        (status = 403, description = "The caller is an agent: the sequence moves with every tree's events.", body = ErrorBody),
     )
 )]
-pub(crate) async fn ui_sequence(State(api): State<Api>) -> Response {
+pub(crate) async fn ui_sequence(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    // The tenant's last sequence moves with every tree's events.
+    if let Err(e) = super::operator_only(&caller, "/api/ui/sequence", "follows every tree's events")
+    {
+        return e.into_response();
+    }
     let sup = api.sup();
     let r = sup
         .store()

@@ -37,6 +37,7 @@ pub(crate) fn pages() -> Router<Api> {
         .route("/ui", get(index))
         .route("/ui/app.js", get(script))
         .route("/ui/style.css", get(style))
+        .route("/api/ui/logout", axum::routing::post(session::logout))
 }
 
 /// A UI file with the headers every one of them carries.

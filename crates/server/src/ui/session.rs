@@ -1,12 +1,16 @@
 //! The web UI's session on the TCP listener (docs/ui.md, docs/decisions.md
-//! "The web UI's cookie"). A browser cannot send the bearer header on a page
-//! load, so the first visit carries the token once in the URL
-//! (`/ui?token=…`): it is checked in constant time, answered with a cookie
-//! and a redirect to the URL without it. The cookie then stands for the
-//! token: `HttpOnly` (no script reads it), `SameSite=Strict` (no other site's
-//! request carries it), its value a hash of the token (so the cookie is not
-//! the bearer token itself) and its name the port's (two daemons on one host
-//! do not overwrite each other's).
+//! "The web UI's cookie" and "The web UI's sessions"). A browser cannot send
+//! the bearer header on a page load, so the first visit carries the token
+//! once in the URL (`/ui?token=…`): it is checked in constant time, answered
+//! with a cookie and a redirect to the URL without it. The cookie then
+//! stands for the token: `HttpOnly` (no script reads it), `SameSite=Strict`
+//! (no other site's request carries it) and its name the port's (two daemons
+//! on one host do not overwrite each other's). Its value is a session of its
+//! own (issue 24): 256 random bits from the kernel, kept by the server (only
+//! its hash, in memory), ended by `POST /api/ui/logout`, after
+//! [`UiLimits::idle`] without a request and after [`UiLimits::max`] whatever
+//! happens, and by a restart of the daemon. A cookie read off a disk or a
+//! proxy log is worth nothing once its session ended.
 //!
 //! A mutation the cookie authenticates must also carry `X-Brood-Csrf: 1`,
 //! which no cross-site form can send and no cross-origin script can send
@@ -14,17 +18,20 @@
 //! `Sec-Fetch-Site` and `Origin`, when the browser sends them, must say the
 //! request came from this origin.
 
-use axum::extract::Request;
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
 use axum::http::header::{COOKIE, HOST, LOCATION, ORIGIN, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use brood_core::Code;
 use brood_runtime::ApiError;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
-use crate::auth::Token;
 use crate::error::HttpError;
+use crate::secret::{digest, new_secret};
+use crate::state::Api;
 
 /// The header a cookie-authenticated mutation must carry.
 pub(crate) const CSRF_HEADER: &str = "x-brood-csrf";
@@ -54,13 +61,105 @@ fn cookie_name(headers: &HeaderMap) -> String {
     }
 }
 
-/// The cookie's value for a token: a hash, so what the browser keeps is
-/// not the bearer token.
-fn cookie_value(token: &str) -> String {
-    Sha256::digest(format!("brood-ui-cookie\n{token}").as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// How long a UI session lasts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UiLimits {
+    /// Ended after this long without a request.
+    pub idle: Duration,
+    /// Ended this long after the login, however busy.
+    pub max: Duration,
+}
+
+impl Default for UiLimits {
+    /// An hour idle, twelve in all: a working day at the dashboard logs in
+    /// once or twice, and a cookie left behind is dead within the hour.
+    fn default() -> Self {
+        UiLimits {
+            idle: Duration::from_secs(3600),
+            max: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+/// At most this many sessions at once; the least recently used goes first.
+/// Only a token holder makes one, so this bounds a runaway script, not an
+/// attacker.
+const MAX_SESSIONS: usize = 256;
+
+struct Times {
+    made: Instant,
+    used: Instant,
+}
+
+/// The UI's sessions, kept server-side: each cookie's digest and its times.
+#[derive(Default)]
+pub(crate) struct UiSessions(Mutex<(UiLimits, HashMap<[u8; 32], Times>)>);
+
+impl UiSessions {
+    pub(crate) fn set_limits(&self, limits: UiLimits) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).0 = limits;
+    }
+
+    fn limits(&self) -> UiLimits {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    /// A new session: its cookie value.
+    fn open(&self) -> std::io::Result<String> {
+        let value = new_secret()?;
+        let now = Instant::now();
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (limits, map) = &mut *g;
+        let limits = *limits;
+        map.retain(|_, t| live(&limits, t, now));
+        while map.len() >= MAX_SESSIONS {
+            let Some(oldest) = map.iter().min_by_key(|(_, t)| t.used).map(|(k, _)| *k) else {
+                break;
+            };
+            map.remove(&oldest);
+        }
+        map.insert(
+            digest(&value),
+            Times {
+                made: now,
+                used: now,
+            },
+        );
+        Ok(value)
+    }
+
+    /// Whether `value` is a live session, which this request then uses;
+    /// an ended one is forgotten.
+    fn check(&self, value: &str) -> bool {
+        let now = Instant::now();
+        let key = digest(value);
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (limits, map) = &mut *g;
+        let limits = *limits;
+        match map.get_mut(&key) {
+            Some(t) if live(&limits, t, now) => {
+                t.used = now;
+                true
+            }
+            Some(_) => {
+                map.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn close(&self, value: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .remove(&digest(value));
+    }
+}
+
+fn live(limits: &UiLimits, t: &Times, now: Instant) -> bool {
+    now.duration_since(t.used) < limits.idle && now.duration_since(t.made) < limits.max
 }
 
 fn presented_cookie(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -81,7 +180,8 @@ pub(crate) fn is_page(path: &str) -> bool {
 
 /// `GET /?token=…` or `GET /ui?token=…`: the first visit. `None` when the
 /// request is not one.
-pub(crate) fn login(token: Option<&Token>, req: &Request) -> Option<Response> {
+pub(crate) fn login(api: &Api, req: &Request) -> Option<Response> {
+    let token = api.0.token.as_ref();
     let path = req.uri().path();
     if req.method() != Method::GET || !(path == "/" || path == "/ui") {
         return None;
@@ -99,13 +199,21 @@ pub(crate) fn login(token: Option<&Token>, req: &Request) -> Option<Response> {
             "The token in this address is wrong. Open the address again with the token of $BROOD_ROOT/token.",
         ));
     }
-    let Some(t) = token else {
-        return Some(refused_page("this listener has no token"));
+    let sessions = &api.0.ui_sessions;
+    let value = match sessions.open() {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(error = %e, "making a UI session");
+            return Some(refused_page(
+                "the session could not be made (see the daemon's log)",
+            ));
+        }
     };
+    // The browser forgets it at the session's absolute end, as the server does.
     let cookie = format!(
-        "{}={}; HttpOnly; SameSite=Strict; Path=/",
+        "{}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
         cookie_name(req.headers()),
-        cookie_value(t.as_str())
+        sessions.limits().max.as_secs()
     );
     let mut r = StatusCode::SEE_OTHER.into_response();
     let h = r.headers_mut();
@@ -123,19 +231,23 @@ pub(crate) fn login(token: Option<&Token>, req: &Request) -> Option<Response> {
 }
 
 /// The cookie's verdict on a TCP request without a bearer token.
-pub(crate) fn by_cookie(token: Option<&Token>, req: &Request) -> ByCookie {
+pub(crate) fn by_cookie(api: &Api, req: &Request) -> ByCookie {
     let headers = req.headers();
     let Some(presented) = presented_cookie(headers, &cookie_name(headers)) else {
         return ByCookie::Absent;
     };
-    let Some(t) = token else {
+    if api.0.token.is_none() {
         return ByCookie::Absent;
-    };
-    let want = cookie_value(t.as_str());
-    if !bool::from(want.as_bytes().ct_eq(presented.as_bytes())) {
+    }
+    if !api.0.ui_sessions.check(&presented) {
+        let l = api.0.ui_sessions.limits();
         return ByCookie::Refused(unauthorized(
             req,
-            "the UI's cookie is not this daemon's token's (its token changed?): open /ui?token=… again",
+            &format!(
+                "the UI's session has ended (logged out, {} without a request, {} since it began, or the daemon restarted): open /ui?token=… again",
+                span(l.idle),
+                span(l.max)
+            ),
         ));
     }
     let m = req.method();
@@ -152,6 +264,43 @@ pub(crate) fn by_cookie(token: Option<&Token>, req: &Request) -> ByCookie {
             .into_response(),
         ),
     }
+}
+
+/// A limit as people say it.
+fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 && s.is_multiple_of(3600) {
+        format!("{} h", s / 3600)
+    } else if s >= 60 && s.is_multiple_of(60) {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
+#[utoipa::path(
+    post, path = "/api/ui/logout", tag = "ui",
+    responses(
+        (status = 204, description = "The UI's session of the cookie sent (if any) has ended; the browser is told to forget the cookie. A cookie-authenticated logout needs `X-Brood-Csrf: 1` like every mutation."),
+    )
+)]
+/// `POST /api/ui/logout`: the session of the cookie sent ends now, and the
+/// browser is told to drop it. Behind the same authentication as every
+/// route (so a cookie-authenticated logout needs the cross-site header).
+pub(crate) async fn logout(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let name = cookie_name(&headers);
+    if let Some(v) = presented_cookie(&headers, &name) {
+        api.0.ui_sessions.close(&v);
+    }
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert("cache-control", HeaderValue::from_static("no-store"));
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{name}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
+    )) {
+        h.insert(SET_COOKIE, v);
+    }
+    r
 }
 
 /// Why a cookie-authenticated mutation may come from another site, if it may.
@@ -207,15 +356,12 @@ mod tests {
     }
 
     #[test]
-    fn the_cookie_is_named_after_the_port_and_is_not_the_token() {
+    fn the_cookie_is_named_after_the_port() {
         assert_eq!(
             cookie_name(&headers(&[("host", "127.0.0.1:8420")])),
             "brood_ui_8420"
         );
         assert_eq!(cookie_name(&headers(&[("host", "x:a")])), "brood_ui");
-        let v = cookie_value("abc");
-        assert_eq!(v.len(), 64);
-        assert!(!v.contains("abc"));
         assert_eq!(
             presented_cookie(&headers(&[("cookie", "a=1; brood_ui_1=xyz")]), "brood_ui_1"),
             Some("xyz".to_owned())
@@ -237,5 +383,37 @@ mod tests {
         h.insert("origin", HeaderValue::from_static("http://127.0.0.1:9"));
         h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
         assert_eq!(cross_site(&h), None);
+    }
+
+    #[test]
+    fn a_session_is_random_and_ends_at_logout_idle_or_its_age() {
+        let s = UiSessions::default();
+        let a = s.open().unwrap();
+        let b = s.open().unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert!(s.check(&a) && s.check(&b));
+        assert!(!s.check("0123"), "not a session");
+        s.close(&a);
+        assert!(!s.check(&a), "logged out");
+        assert!(s.check(&b), "the other lives on");
+        s.set_limits(UiLimits {
+            idle: Duration::ZERO,
+            max: Duration::from_secs(60),
+        });
+        assert!(!s.check(&b), "idle past the limit");
+        s.set_limits(UiLimits {
+            idle: Duration::from_secs(60),
+            max: Duration::ZERO,
+        });
+        let c = s.open().unwrap();
+        assert!(!s.check(&c), "older than the limit");
+    }
+
+    #[test]
+    fn limits_read_as_people_say_them() {
+        assert_eq!(span(Duration::from_secs(3600)), "1 h");
+        assert_eq!(span(Duration::from_secs(1800)), "30 min");
+        assert_eq!(span(Duration::from_secs(2)), "2 s");
     }
 }

@@ -67,6 +67,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (5, include_str!("../schema/postgres/0005_blobs.sql")),
     (6, include_str!("../schema/postgres/0006_slot_shares.sql")),
+    (
+        7,
+        include_str!("../schema/postgres/0007_idempotency_callers.sql"),
+    ),
 ];
 
 /// The key of the session advisory lock that serialises migrations.

@@ -126,15 +126,15 @@ const Q_SUBTREE_USAGE: &str = concat!(
 );
 
 // The idempotency keys (`sqlite::idempotency`'s statements, private there).
-const Q_REPLY: &str = "SELECT key, scope, request_hash, status, body, created_ms, expires_ms \
-     FROM idempotency WHERE tenant = ?1 AND key = ?2 AND expires_ms > ?3";
+const Q_REPLY: &str = "SELECT caller, key, scope, request_hash, status, body, created_ms, expires_ms \
+     FROM idempotency WHERE tenant = ?1 AND caller = ?2 AND key = ?3 AND expires_ms > ?4";
 const D_EXPIRED: &str = "DELETE FROM idempotency WHERE tenant = ?1 AND expires_ms <= ?2";
 // SQLite's `INSERT OR IGNORE`. A key another transaction is inserting makes
 // this one wait for it and then do nothing, so the read after it sees the
 // first answer (the tenant's lock already queues them; this holds without it).
 const I_REPLY: &str = "INSERT INTO idempotency \
-     (tenant, key, scope, request_hash, status, body, created_ms, expires_ms) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (tenant, key) DO NOTHING";
+     (tenant, caller, key, scope, request_hash, status, body, created_ms, expires_ms) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (tenant, caller, key) DO NOTHING";
 
 fn usage_row(r: &Row) -> Tx<Usage> {
     Ok(Usage {
@@ -147,13 +147,14 @@ fn usage_row(r: &Row) -> Tx<Usage> {
 fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
     Ok(IdempotentReply {
         tenant: tenant.clone(),
-        key: r.try_get(0)?,
-        scope: r.try_get(1)?,
-        request_hash: r.try_get(2)?,
-        status: narrow(r, 3, "idempotency.status")?,
-        body: r.try_get(4)?,
-        created_ms: r.try_get(5)?,
-        expires_ms: r.try_get(6)?,
+        caller: r.try_get(0)?,
+        key: r.try_get(1)?,
+        scope: r.try_get(2)?,
+        request_hash: r.try_get(3)?,
+        status: narrow(r, 4, "idempotency.status")?,
+        body: r.try_get(5)?,
+        created_ms: r.try_get(6)?,
+        expires_ms: r.try_get(7)?,
     })
 }
 
@@ -430,11 +431,12 @@ impl Idempotency for PgStore {
     fn idempotent_reply(
         &self,
         tenant: &TenantId,
+        caller: &str,
         key: &str,
         now_ms: i64,
     ) -> Result<Option<IdempotentReply>> {
         self.read(|db| {
-            db.query_opt(Q_REPLY, &[&tenant.as_str(), &key, &now_ms])?
+            db.query_opt(Q_REPLY, &[&tenant.as_str(), &caller, &key, &now_ms])?
                 .map(|r| reply_row(tenant, &r))
                 .transpose()
         })
@@ -453,6 +455,7 @@ impl Idempotency for PgStore {
                 I_REPLY,
                 &[
                     &t,
+                    &reply.caller,
                     &reply.key,
                     &reply.scope,
                     &reply.request_hash,
@@ -462,7 +465,10 @@ impl Idempotency for PgStore {
                     &reply.expires_ms,
                 ],
             )?;
-            reply_row(tenant, &db.query_one(Q_REPLY, &[&t, &reply.key, &now_ms])?)
+            reply_row(
+                tenant,
+                &db.query_one(Q_REPLY, &[&t, &reply.caller, &reply.key, &now_ms])?,
+            )
         })
     }
 }

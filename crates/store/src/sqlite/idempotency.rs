@@ -7,23 +7,24 @@ use super::*;
 use crate::contract::Idempotency;
 use crate::types::IdempotentReply;
 
-const Q_REPLY: &str = "SELECT key, scope, request_hash, status, body, created_ms, expires_ms \
-     FROM idempotency WHERE tenant = ?1 AND key = ?2 AND expires_ms > ?3";
+const Q_REPLY: &str = "SELECT caller, key, scope, request_hash, status, body, created_ms, expires_ms \
+     FROM idempotency WHERE tenant = ?1 AND caller = ?2 AND key = ?3 AND expires_ms > ?4";
 const D_EXPIRED: &str = "DELETE FROM idempotency WHERE tenant = ?1 AND expires_ms <= ?2";
 const I_REPLY: &str = "INSERT OR IGNORE INTO idempotency \
-     (tenant, key, scope, request_hash, status, body, created_ms, expires_ms) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+     (tenant, caller, key, scope, request_hash, status, body, created_ms, expires_ms) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 
 fn reply_row(tenant: &TenantId, r: &rusqlite::Row<'_>) -> rusqlite::Result<IdempotentReply> {
     Ok(IdempotentReply {
         tenant: tenant.clone(),
-        key: r.get(0)?,
-        scope: r.get(1)?,
-        request_hash: r.get(2)?,
-        status: r.get(3)?,
-        body: r.get(4)?,
-        created_ms: r.get(5)?,
-        expires_ms: r.get(6)?,
+        caller: r.get(0)?,
+        key: r.get(1)?,
+        scope: r.get(2)?,
+        request_hash: r.get(3)?,
+        status: r.get(4)?,
+        body: r.get(5)?,
+        created_ms: r.get(6)?,
+        expires_ms: r.get(7)?,
     })
 }
 
@@ -31,13 +32,16 @@ impl Idempotency for SqliteStore {
     fn idempotent_reply(
         &self,
         tenant: &TenantId,
+        caller: &str,
         key: &str,
         now_ms: i64,
     ) -> Result<Option<IdempotentReply>> {
         self.read(|conn| {
             Ok(conn
                 .prepare_cached(Q_REPLY)?
-                .query_row((tenant.as_str(), key, now_ms), |r| reply_row(tenant, r))
+                .query_row((tenant.as_str(), caller, key, now_ms), |r| {
+                    reply_row(tenant, r)
+                })
                 .optional()?)
         })
     }
@@ -53,6 +57,7 @@ impl Idempotency for SqliteStore {
                 .execute((tenant.as_str(), now_ms))?;
             tx.prepare_cached(I_REPLY)?.execute((
                 tenant.as_str(),
+                &reply.caller,
                 &reply.key,
                 &reply.scope,
                 &reply.request_hash,
@@ -63,7 +68,7 @@ impl Idempotency for SqliteStore {
             ))?;
             Ok(tx
                 .prepare_cached(Q_REPLY)?
-                .query_row((tenant.as_str(), &reply.key, now_ms), |r| {
+                .query_row((tenant.as_str(), &reply.caller, &reply.key, now_ms), |r| {
                     reply_row(tenant, r)
                 })?)
         })

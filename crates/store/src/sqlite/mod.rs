@@ -84,6 +84,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../schema/0009_inbox.sql")),
     (10, include_str!("../schema/0010_blobs.sql")),
     (11, include_str!("../schema/0011_slot_shares.sql")),
+    (12, include_str!("../schema/0012_idempotency_callers.sql")),
 ];
 
 /// How many migrations this build embeds (and so the schema version of a store

@@ -626,5 +626,18 @@ async function route() {
   if (my === scope) document.body.dataset.ready = h;
 }
 
+// Log out: the daemon ends this browser's session and drops its cookie;
+// the page then shows what a visit without the token shows.
+document.getElementById("logout").addEventListener("click", async () => {
+  try {
+    await post("/api/ui/logout", {});
+  } catch (e) {
+    showError("log out: " + e.message);
+    return;
+  }
+  for (const c of scope.cleanups) c();
+  location.replace("/ui");
+});
+
 window.addEventListener("hashchange", route);
 route();

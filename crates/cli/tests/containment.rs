@@ -472,3 +472,85 @@ fn another_tree_is_out_of_sight_even_with_the_whole_filesystem() {
     );
     assert!(out.contains("own=0"), "{out}");
 }
+
+/// `cmd` run as the local user `nobody` (runuser(1)): its exit status and
+/// output.
+fn as_nobody(cmd: &str) -> std::process::Output {
+    #[allow(clippy::disallowed_methods)]
+    std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "/bin/sh", "-c", cmd])
+        .output()
+        .expect("runuser (util-linux) runs")
+}
+
+#[test]
+fn another_local_user_reads_nothing_of_the_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Every directory above the root may be entered by anyone, so only the
+    // root's own modes stand between the user and the files.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let secret = "sk-local-user-9f2b";
+    let (s, v) = http(
+        &root.join("brood.sock"),
+        "POST",
+        "/api/agents",
+        Some(
+            &json!({"name": "keyed", "argv": ["/bin/sleep", "600"], "protocol": "exec",
+                     "policy": {"env": {"OPENAI_API_KEY": secret}}}),
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
+    let env_file = root.join("ctx/agent/keyed.d/env");
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(
+            &env_file
+        )
+        .is_ok_and(|t| t.contains(secret))),
+        "the env file is written (the operator reads it)"
+    );
+    let db = root.join("brood.db");
+    assert!(std::fs::read(&db).is_ok_and(|b| !b.is_empty()));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o700, "the root");
+    assert_eq!(mode(&db), 0o600, "the store");
+    let wal = root.join("brood.db-wal");
+    if wal.exists() {
+        assert_eq!(mode(&wal), 0o600, "the store's WAL");
+    }
+    assert_eq!(mode(&env_file), 0o600, "an agent's env file");
+    for target in [&db, &wal, &env_file, &root.join("token"), &root.join("ctx")] {
+        let o = as_nobody(&format!("cat {0} || ls {0}", target.display()));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !o.status.success() && !out.contains(secret),
+            "nobody read {}: {}",
+            target.display(),
+            text(&o)
+        );
+    }
+    // Nor can it reach the daemon: the socket is beneath the root.
+    let o = as_nobody(&format!("{} --root {} ps", exe(), root.display()));
+    assert!(
+        !o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("keyed"),
+        "{}",
+        text(&o)
+    );
+    // (and that user can run brood at all, so the refusal above was the root's)
+    let o = as_nobody(&format!("{} --version", exe()));
+    assert!(o.status.success(), "{}", text(&o));
+    // The positive control: the same user reads a file of the same tempdir
+    // that is not beneath the root.
+    let beside = dir.path().join("beside.txt");
+    std::fs::write(&beside, "readable").unwrap();
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = as_nobody(&format!("cat {}", beside.display()));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "readable",
+        "{}",
+        text(&o)
+    );
+}

@@ -268,16 +268,28 @@ fn an_agent_is_never_another_daemons_operator() {
         .unwrap()
         .trim()
         .to_owned();
+    // One of B's agents that takes input on its own socket (SPEC 8).
+    let (s, v) = http(
+        &root_b.join("brood.sock"),
+        "POST",
+        "/api/agents",
+        Some(
+            &json!({"name": "victim", "argv": agent(&["--echo"]), "protocol": "brood", "await_ready": true}),
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
     let before = agents_of(&root_b);
     let b_sock = root_b.join("brood.sock");
     let b = b_sock.display().to_string();
     // An agent of A with the whole network (so it may make UNIX and TCP
-    // sockets at all), three ways into B: B's control socket by path, the
-    // brood CLI on B's root, and B's TCP listener with B's own token.
+    // sockets at all), four ways into B: B's control socket by path, the
+    // brood CLI on B's root, B's TCP listener with B's own token, and the
+    // socket of B's agent (through its shim's client).
     let script = format!(
         "{exe} test-agent --probe-brood-socket {b} --result x >/dev/null </dev/null; \
          {exe} --root {rb} spawn --name intruder2 -- /bin/sleep 600; echo spawn=$?; \
-         {exe} --url http://{listen} --token {token} spawn --name intruder3 -- /bin/sleep 600; echo tcp=$?",
+         {exe} --url http://{listen} --token {token} spawn --name intruder3 -- /bin/sleep 600; echo tcp=$?; \
+         {exe} --root {rb} shim victim forged-input 2>&1; echo shim=$?",
         exe = exe(),
         rb = root_b.display(),
     );
@@ -302,6 +314,20 @@ fn an_agent_is_never_another_daemons_operator() {
     assert!(
         out.contains("spawn=3"),
         "B's socket took the agent for its operator:\n{out}\n{w}"
+    );
+    assert!(
+        out.contains("shim=1")
+            && out.contains("EACCES")
+            && out.contains("not this supervisor's operator"),
+        "B's agent socket took A's agent for its operator:\n{out}"
+    );
+    let said = std::fs::read_to_string(
+        root_b.join("ctx/home/0/agent/victim/session/default/messages.jsonl"),
+    )
+    .unwrap_or_default();
+    assert!(
+        !said.contains("forged-input"),
+        "the forged input reached B's agent: {said}"
     );
     assert!(
         out.contains("tcp=3"),

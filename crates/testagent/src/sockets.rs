@@ -168,13 +168,19 @@ fn post_agent(path: &Path) -> io::Result<u16> {
         r#"{{"name":"intruder-{}","argv":["/bin/sh","-c","sleep 600"]}}"#,
         std::process::id()
     );
-    write!(
-        s,
+    let req = format!(
         "POST /api/agents HTTP/1.1\r\nHost: brood\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )?;
+    );
+    // A refusal may come, and the connection close, before the body is
+    // written: what was answered decides, not the write.
+    let wrote = s.write_all(req.as_bytes());
     let mut answer = String::new();
-    s.read_to_string(&mut answer)?;
+    let read = s.read_to_string(&mut answer);
+    if answer.is_empty() {
+        wrote?;
+        read?;
+    }
     answer
         .split_whitespace()
         .nth(1)

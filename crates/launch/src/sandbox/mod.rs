@@ -296,7 +296,7 @@ struct Inner {
     caps: Option<CapPlan>,
     no_new_privs: bool,
     /// The socket filter's instructions, read by the child (`ChildPlan`).
-    sockets: Option<BpfProgram>,
+    sockets: Option<Arc<BpfProgram>>,
     enforced: Enforced,
 }
 
@@ -393,7 +393,7 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
 fn plan_sockets(
     spec: &SandboxSpec,
     weaker: &mut Vec<String>,
-) -> Result<(Sockets, Option<BpfProgram>), SandboxError> {
+) -> Result<(Sockets, Option<Arc<BpfProgram>>), SandboxError> {
     if spec.sockets == Sockets::Any {
         return Ok((Sockets::Any, None));
     }
@@ -414,5 +414,5 @@ fn plan_sockets(
             reason,
         });
     }
-    Ok((spec.sockets, sockets::compile(spec.sockets)?))
+    Ok((spec.sockets, sockets::program(spec.sockets)?))
 }

@@ -37,6 +37,8 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
+use std::sync::{Arc, OnceLock};
+
 use super::SandboxError;
 
 /// Which sockets an agent may create.
@@ -66,8 +68,30 @@ impl Sockets {
 #[cfg(target_arch = "x86_64")]
 const X32_SYSCALL_BIT: i64 = 0x4000_0000;
 
+/// The seccomp-bpf program for `sockets`, or `None` when nothing is
+/// filtered; built once per mode for the life of the process (there are
+/// two programs, and every launch of an agent with a port list or no
+/// network needs one).
+pub(crate) fn program(sockets: Sockets) -> Result<Option<Arc<BpfProgram>>, SandboxError> {
+    static TCP: OnceLock<Arc<BpfProgram>> = OnceLock::new();
+    static NONE: OnceLock<Arc<BpfProgram>> = OnceLock::new();
+    let cell = match sockets {
+        Sockets::Any => return Ok(None),
+        Sockets::Tcp => &TCP,
+        Sockets::None => &NONE,
+    };
+    if let Some(p) = cell.get() {
+        return Ok(Some(p.clone()));
+    }
+    let built = Arc::new(compile(sockets)?.ok_or_else(|| SandboxError::Layer {
+        layer: "seccomp",
+        reason: "no socket filter was built".into(),
+    })?);
+    Ok(Some(cell.get_or_init(|| built).clone()))
+}
+
 /// The seccomp-bpf program for `sockets`, or `None` when nothing is filtered.
-pub(crate) fn compile(sockets: Sockets) -> Result<Option<BpfProgram>, SandboxError> {
+fn compile(sockets: Sockets) -> Result<Option<BpfProgram>, SandboxError> {
     let bad = |e: seccompiler::BackendError| SandboxError::Layer {
         layer: "seccomp",
         reason: format!("building the socket filter: {e}"),
@@ -142,8 +166,13 @@ pub(crate) fn compile(sockets: Sockets) -> Result<Option<BpfProgram>, SandboxErr
 }
 
 /// Whether this kernel can install a seccomp filter that returns an errno
-/// (seccomp(2) `SECCOMP_GET_ACTION_AVAIL`).
+/// (seccomp(2) `SECCOMP_GET_ACTION_AVAIL`), asked once.
 pub fn available() -> Result<(), String> {
+    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
+    ANSWER.get_or_init(ask_available).clone()
+}
+
+fn ask_available() -> Result<(), String> {
     let action: u32 = libc::SECCOMP_RET_ERRNO;
     // SAFETY: seccomp(2) reading a u32 from a stack value.
     let r = unsafe {

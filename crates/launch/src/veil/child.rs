@@ -30,10 +30,20 @@ pub unsafe fn apply_in_child(p: &PreparedVeil) -> io::Result<()> {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             return Err(fail(Step::Unshare, 0));
         }
-        for (i, (m, _)) in p.private.iter().enumerate() {
-            if libc::mount(null, m.as_ptr(), null, libc::MS_PRIVATE, ptr::null()) != 0 {
-                return Err(fail(Step::MakePrivate, i));
-            }
+        // Every mount private, once: the namespace is made once and copied
+        // by each agent that gets a view of its own (`view`); a copy of a
+        // shared mount joins its peer group, so with shared mounts every
+        // view would grow the host's peer groups and make each later mount
+        // operation walk them (mount_namespaces(7) "Shared subtrees").
+        if libc::mount(
+            null,
+            c"/".as_ptr(),
+            null,
+            libc::MS_REC | libc::MS_PRIVATE,
+            ptr::null(),
+        ) != 0
+        {
+            return Err(fail(Step::MakePrivate, 0));
         }
         // Detached copies of what is kept, while the paths still name it.
         let mut copies = [-1 as libc::c_int; MAX_KEEP];

@@ -52,10 +52,12 @@
 //! forked child with raw syscalls only, in this order:
 //!
 //! 1. `unshare(CLONE_NEWNS)` (unshare(2)), after the child joined its cgroups.
-//! 2. `mount(MS_PRIVATE)` of each mount that gets something mounted on it, so
-//!    nothing propagates back into the host's table (mount_namespaces(7)
-//!    "Shared subtrees"). Only those few mounts, not `MS_REC` on `/`: the same
-//!    effect for a fraction of the work.
+//! 2. `mount(MS_REC | MS_PRIVATE)` of `/`, so nothing propagates back into
+//!    the host's table (mount_namespaces(7) "Shared subtrees"), and so the
+//!    copies that agents' own views make of this namespace (`view`) join no
+//!    peer group of the host's: with shared mounts every view would grow
+//!    those groups and make each later mount operation walk them. Done once
+//!    per namespace, not per agent.
 //! 3. tmpfs(5) `ro,nosuid,nodev,noexec` on each cgroup cover.
 //! 4. `open_tree(OPEN_TREE_CLONE)` (open_tree(2)) of each kept entry of
 //!    `$BROOD_ROOT`: a detached copy of its mount, taken while the path still
@@ -183,7 +185,6 @@ struct Kept {
 pub struct PreparedVeil {
     /// See [`PreparedVeil::signature`].
     signature: u64,
-    private: Vec<(CString, PathBuf)>,
     covers: Vec<(CString, PathBuf)>,
     root: CString,
     root_shown: PathBuf,
@@ -467,7 +468,6 @@ pub fn prepare_with(spec: &VeilSpec, mounts: &[MountLine]) -> Result<PreparedVei
         .map_err(|_| bad("tmpfs options", &spec.root))?;
     Ok(PreparedVeil {
         signature,
-        private,
         covers,
         root: cstring(&spec.root)?,
         root_shown: spec.root.clone(),
@@ -499,7 +499,7 @@ impl PreparedVeil {
         let index = ((w >> 32) & 0xffff) as usize;
         let errno = (w & 0xffff_ffff) as i32;
         let path = match step {
-            Step::MakePrivate => self.private.get(index).map(|p| p.1.clone()),
+            Step::MakePrivate => Some(PathBuf::from("/")),
             Step::Cover => self.covers.get(index).map(|p| p.1.clone()),
             Step::MountPoint | Step::Keep => self
                 .kept

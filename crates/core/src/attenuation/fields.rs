@@ -90,7 +90,8 @@ pub(super) fn resources(p: &Policy, c: &Policy) -> Result<(), Refusal> {
     let (pr, cr) = (&p.resources, &c.resources);
     no_higher("resources.memory_max", cr.memory_max, pr.memory_max)?;
     no_higher("resources.pids_max", cr.pids_max, pr.pids_max)?;
-    no_higher("resources.cpu_weight", cr.cpu_weight, pr.cpu_weight)
+    no_higher("resources.cpu_weight", cr.cpu_weight, pr.cpu_weight)?;
+    no_higher("resources.disk_max", cr.disk_max, pr.disk_max)
 }
 
 pub(super) fn timeout(parent: &ParentView<'_>, c: &Policy) -> Result<(), Refusal> {

@@ -19,7 +19,7 @@
 //! | `cost_limit` | dollars, a number ≥ 0 |
 //! | `window`, `timeout_s` | whole numbers ≥ 1 |
 //! | `depth_limit`, `create_limit`, `uid`, `gid` | whole numbers (32 bits) |
-//! | `resources` | `{memory_max, pids_max, cpu_weight}`, each optional; `memory_max` is bytes or a string of digits with `K`, `M`, `G` or `T` (powers of 1024, as cgroups read them) |
+//! | `resources` | `{memory_max, pids_max, cpu_weight, disk_max}`, each optional; `memory_max` and `disk_max` are bytes or a string of digits with `K`, `M`, `G` or `T` (powers of 1024, as cgroups read them) |
 //! | `groups` | array of group ids |
 //! | `env` | object of string values |
 //! | `path` | `"a:b:c"` or an array of tiers |
@@ -116,6 +116,14 @@ fn toml_to_json(field: &str, v: &toml::Value) -> Result<Value, PolicyError> {
             Value::Object(obj)
         }
     })
+}
+
+/// Reads a number of bytes as a policy writes one (`resources.memory_max`,
+/// `resources.disk_max`): a whole number, or digits with `K`, `M`, `G` or
+/// `T` (powers of 1024). For the configuration file's defaults, so they are
+/// written the way a policy writes them; `field` names the value in errors.
+pub fn read_bytes(field: &str, v: &Value) -> Result<u64, PolicyError> {
+    bytes(field, v)
 }
 
 /// Reads a policy already parsed as JSON (for example the `capabilities` of a
@@ -225,6 +233,7 @@ pub fn to_json(p: &Policy) -> Value {
         ("memory_max", p.resources.memory_max),
         ("pids_max", p.resources.pids_max),
         ("cpu_weight", p.resources.cpu_weight),
+        ("disk_max", p.resources.disk_max),
     ] {
         if let Some(v) = v {
             r.insert(k.into(), v.into());

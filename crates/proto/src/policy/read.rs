@@ -206,7 +206,11 @@ pub(super) fn network(v: &Value) -> Result<Network, PolicyError> {
 
 pub(super) fn resources(v: &Value) -> Result<Resources, PolicyError> {
     let o = object("resources", v)?;
-    only_keys("resources", o, &["memory_max", "pids_max", "cpu_weight"])?;
+    only_keys(
+        "resources",
+        o,
+        &["memory_max", "pids_max", "cpu_weight", "disk_max"],
+    )?;
     let mut r = Resources::default();
     for (k, x) in o {
         if x.is_null() {
@@ -215,6 +219,7 @@ pub(super) fn resources(v: &Value) -> Result<Resources, PolicyError> {
         let f = format!("resources.{k}");
         match k.as_str() {
             "memory_max" => r.memory_max = Some(bytes(&f, x)?),
+            "disk_max" => r.disk_max = Some(bytes(&f, x)?),
             "pids_max" => r.pids_max = Some(whole(&f, x)?),
             _ => r.cpu_weight = Some(whole(&f, x)?),
         }

@@ -46,6 +46,7 @@ fn expected() -> PolicyRequest {
             memory_max: Some(256 << 20),
             pids_max: Some(64),
             cpu_weight: Some(50),
+            disk_max: Some(2 << 30),
         },
         uid: Some(1000),
         gid: Some(1000),
@@ -79,7 +80,7 @@ const JSON: &str = r#"{
     "depth_limit": 2,
     "create_limit": 4,
     "timeout_s": 600,
-    "resources": {"memory_max": "256M", "pids_max": 64, "cpu_weight": 50},
+    "resources": {"memory_max": "256M", "pids_max": 64, "cpu_weight": 50, "disk_max": "2G"},
     "uid": 1000,
     "gid": 1000,
     "groups": [1000, 27],
@@ -118,6 +119,7 @@ const TOML: &str = r#"
     memory_max = "256m"
     pids_max = 64
     cpu_weight = 50
+    disk_max = 2147483648
 
     [env]
     LANG = "C.UTF-8"
@@ -162,7 +164,7 @@ fn a_document_may_give_some_fields_only() {
 }
 
 #[test]
-fn memory_sizes_are_bytes_or_suffixed_digits() {
+fn memory_and_disk_sizes_are_bytes_or_suffixed_digits() {
     for (text, want) in [
         (r#"1024"#, 1024),
         (r#""1024""#, 1024),
@@ -171,12 +173,10 @@ fn memory_sizes_are_bytes_or_suffixed_digits() {
         (r#""1G""#, 1 << 30),
         (r#""2t""#, 2 << 40),
     ] {
-        let doc = format!(r#"{{"resources": {{"memory_max": {text}}}}}"#);
-        assert_eq!(
-            parse_json(&doc).unwrap().resources.memory_max,
-            Some(want),
-            "{text}"
-        );
+        let doc = format!(r#"{{"resources": {{"memory_max": {text}, "disk_max": {text}}}}}"#);
+        let r = parse_json(&doc).unwrap().resources;
+        assert_eq!(r.memory_max, Some(want), "{text}");
+        assert_eq!(r.disk_max, Some(want), "{text}");
     }
 }
 
@@ -369,7 +369,27 @@ fn every_bad_value_is_refused_naming_its_field() {
         (
             r#"{"resources": {"cpu_weight": 0}}"#,
             "resources.cpu_weight",
-            "from 1 to 10000",
+            "must be from 1",
+        ),
+        (
+            r#"{"resources": {"disk_max": "1Q"}}"#,
+            "resources.disk_max",
+            "digits with K, M, G or T",
+        ),
+        (
+            r#"{"resources": {"disk_max": 0}}"#,
+            "resources.disk_max",
+            "at least 1 byte",
+        ),
+        (
+            r#"{"resources": {"disk_max": "9223372036854775808"}}"#,
+            "resources.disk_max",
+            "at most 9223372036854775807 bytes",
+        ),
+        (
+            r#"{"resources": {"disk_max": -5}}"#,
+            "resources.disk_max",
+            "must be a whole number, at least 0",
         ),
         (
             r#"{"resources": {"io_max": 1}}"#,

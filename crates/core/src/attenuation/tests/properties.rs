@@ -153,7 +153,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
             set_of(GROUPS.to_vec()),
             subsequence(rule_universe(), 0..=4),
             any_env(),
-            (limit(), limit(), limit()),
+            (limit(), limit(), limit(), limit()),
             opt(select(vec![10u64, 100, 1000]).boxed()),
             opt(set_of(strings(&TOOLS))),
         ),
@@ -171,7 +171,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
     )
         .prop_map(
             |(
-                (uid, gid, groups, rules, env, (m, pids, cpu), timeout_s, tools),
+                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
                 (files, mounts, network, models, path, window, cost_limit, depth, create),
             )| {
                 Policy {
@@ -188,6 +188,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
                         memory_max: m,
                         pids_max: pids,
                         cpu_weight: cpu,
+                        disk_max: disk,
                     },
                     uid,
                     gid,
@@ -464,6 +465,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                 narrow_limit(p.resources.memory_max),
                 narrow_limit(p.resources.pids_max),
                 narrow_limit(p.resources.cpu_weight),
+                narrow_limit(p.resources.disk_max),
             ),
             narrow(
                 timeout,
@@ -488,7 +490,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
     )
         .prop_map(
             |(
-                (uid, gid, groups, rules, env, (m, pids, cpu), timeout_s, tools),
+                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
                 (files, mounts, network, models, path, window, cost_limit, depth, create),
             )| {
                 Policy {
@@ -505,6 +507,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                         memory_max: m,
                         pids_max: pids,
                         cpu_weight: cpu,
+                        disk_max: disk,
                     },
                     uid,
                     gid,
@@ -679,7 +682,8 @@ fn within(p: &Policy, l: &Live, c: &Policy, paths: &[AbsPath]) -> Vec<Code> {
     need(
         at_most(cr.memory_max, pr.memory_max)
             && at_most(cr.pids_max, pr.pids_max)
-            && at_most(cr.cpu_weight, pr.cpu_weight),
+            && at_most(cr.cpu_weight, pr.cpu_weight)
+            && at_most(cr.disk_max, pr.disk_max),
         Code::PolicyExpansion,
     );
     let end = c.timeout_s.map(|t| NOW + t);

@@ -557,6 +557,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             let platform = load_platform(&cli_config, &root)?;
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
+            cfg.resource_defaults = platform.resources;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
@@ -629,6 +630,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             let platform = load_platform(&cli_config, &root)?;
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
+            cfg.resource_defaults = platform.resources;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();

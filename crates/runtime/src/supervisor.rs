@@ -108,6 +108,10 @@ pub struct Config {
     pub quotas: brood_core::quota::QuotaConfig,
     /// The work one request or caller may cause (issue 24), from `config.toml`'s `[limits]`.
     pub limits: crate::limits::Limits,
+    /// The resource limits an agent gets when neither its policy nor an
+    /// ancestor's sets them (issue 24: `disk_max`), from `config.toml`'s
+    /// `[resources]`.
+    pub resource_defaults: crate::config::ResourceDefaults,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -159,6 +163,7 @@ impl Config {
             allow_weaker_sandbox: false,
             quotas: brood_core::quota::QuotaConfig::default(),
             limits: crate::limits::Limits::default(),
+            resource_defaults: crate::config::ResourceDefaults::default(),
             socket,
             bin_dir: None,
             store: None,

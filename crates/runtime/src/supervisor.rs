@@ -42,6 +42,7 @@ use crate::projection::Projection;
 
 mod admit;
 mod collect;
+mod disk;
 mod ends;
 mod handle;
 mod hosts;
@@ -240,6 +241,9 @@ pub(crate) enum Cmd {
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
     Job(Caller, jobs::JobOp, Reply),
+    /// The running agents' `artifact/` measured against their `disk_max`:
+    /// those over it (issue 24).
+    DiskChecked(Vec<disk::DiskOver>),
     /// A child another node ran ended and its artifacts were fetched into
     /// its parent's channel here (issue 15): the parent hears of it now.
     EndedElsewhere(Box<routed::EndedElsewhere>),
@@ -637,6 +641,7 @@ impl Dispatcher {
                 self.respond(reply, r);
             }
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
+            Cmd::DiskChecked(over) => self.on_disk_checked(over),
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
                     let r = self.wait_result(&w.names, true);

@@ -67,6 +67,15 @@ impl Dispatcher {
         };
         self.project_events(&events);
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
+        // A run that recorded no result hands nothing back (issue 24): what
+        // it left in its channel's `artifact/` goes once its group is empty.
+        let clear = match &harvest {
+            None => self
+                .live
+                .get(name)
+                .and_then(|l| l.channel_dir(&self.paths, name)),
+            Some(_) => None,
+        };
         let group = self.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
@@ -76,9 +85,9 @@ impl Dispatcher {
             .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
             .unwrap_or(false);
         if unfinished {
-            self.stop_descendants(name, group);
+            self.stop_descendants(name, group, clear);
         } else {
-            self.remove_group(group);
+            self.remove_group_then_clear(group, clear);
         }
     }
 

@@ -16,7 +16,8 @@
 //!   also removes leftovers of runs whose result was never recorded;
 //! - a child asks for more disk than its parent holds: refused with the
 //!   resources' code, naming the field; the platform's default applies to a
-//!   root that sets none and binds its children.
+//!   root that sets none and binds its children, and comes from the
+//!   configuration file the `brood` command reads.
 
 // Test helpers outside #[test] functions may panic like the tests themselves.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -406,4 +407,52 @@ async fn a_child_asking_more_disk_than_its_parent_is_refused() {
     for n in ["p", "big"] {
         env.sup.cancel(me(), name(n)).await.unwrap();
     }
+}
+
+/// The platform's default comes from the configuration file the `brood`
+/// command reads (`[resources] disk_max`): a root run with no policy holds
+/// it, shows it, and runs under it; a bad value stops the command, naming
+/// the key.
+#[test]
+fn the_configured_default_reaches_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[resources]\ndisk_max = \"64K\"\n",
+    )
+    .unwrap();
+    // `ulimit -f` counts 512-byte blocks: 64 KiB are 128.
+    let o = brood(
+        dir.path(),
+        &[
+            "run",
+            "--name",
+            "w",
+            "--protocol",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "ulimit -f",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "128\n");
+    let o = brood(dir.path(), &["show", "w", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["policy"]["resources"]["disk_max"], 65536, "{v}");
+
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[resources]\ndisk_max = 0\n",
+    )
+    .unwrap();
+    let o = brood(dir.path(), &["run", "--protocol", "exec", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("resources.disk_max: 0: must be at least 1 byte"),
+        "{}",
+        text(&o)
+    );
 }

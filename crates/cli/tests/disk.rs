@@ -456,3 +456,53 @@ fn the_configured_default_reaches_the_agent() {
         text(&o)
     );
 }
+
+/// A run that ends by itself without a result (here it exits) hands nothing
+/// back: what it wrote in `artifact/` goes, set aside at its end and removed
+/// once its group is empty, while a resume started at once keeps what the
+/// next run writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_a_result_leaves_nothing_and_its_resume_keeps_its_own() {
+    let env = start(GRACE);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    parent(&env, None, Some(&d)).await;
+    let script = r#"if [ -e "$DIR/second" ]; then head -c 1000 /dev/zero > "$BROOD_ARTIFACTS/new"; echo > "$DIR/wrote-new"
+        else touch "$DIR/second"; head -c 100000 /dev/urandom > "$BROOD_ARTIFACTS/old"; exit 3; fi"#;
+    spawn_child(
+        &env,
+        "c",
+        shell_then_agent(script, &["--hang"]),
+        None,
+        &[("DIR", &d)],
+    )
+    .await;
+    let v = wait_for(&env, "c").await;
+    assert_eq!(
+        (v["status"].as_str(), v["reason"].as_str()),
+        (Some("failed"), Some("exited_without_result")),
+        "{v}"
+    );
+    env.sup
+        .resume(me(), name("c"), Some("again".into()))
+        .await
+        .expect("resume");
+    let ch = channel(&env, "c");
+    let settled = eventually_async(Duration::from_secs(10), || {
+        dir.path().join("wrote-new").exists()
+            && entries(&ch.join("artifact")) == ["new"]
+            && entries(&ch).iter().all(|e| !e.starts_with(".artifact."))
+    })
+    .await;
+    assert!(
+        settled,
+        "artifact/: {:?}, channel: {:?}",
+        entries(&ch.join("artifact")),
+        entries(&ch)
+    );
+    assert_eq!(
+        std::fs::metadata(ch.join("artifact/new")).unwrap().len(),
+        1000
+    );
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}

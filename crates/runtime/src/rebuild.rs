@@ -11,7 +11,8 @@
 //!
 //! A finished child's `artifact/` holds what its channel records and nothing
 //! else (issue 24 item 6): whatever a refused, stopped or crashed run left
-//! there, and whatever the recorded ones were replaced by, is removed
+//! there (or set aside beside it, `.artifact.<run>`), and whatever the
+//! recorded ones were replaced by, is removed
 //! (`channel::clear`, never following a link) before the recorded artifacts
 //! are written from their blobs. A running child's is its own to write and is
 //! left alone. Temp files of blobs that a dead supervisor was writing are
@@ -262,6 +263,17 @@ fn agent(
                     source,
                 })?;
             out.leftovers += cleared.entries;
+            // What a run without a result left set aside, had its
+            // supervisor no time to remove it. Best effort: a live
+            // supervisor may be removing the same directory now.
+            for name in crate::channel::clear::set_aside_in(&cdir) {
+                match crate::channel::clear::remove_set_aside(&cdir, &name) {
+                    Ok(c) => out.leftovers += c.entries,
+                    Err(e) => {
+                        tracing::warn!(channel = %cdir.display(), error = %e, "removing a set-aside artifact/")
+                    }
+                }
+            }
         }
         for art in &ch.artifacts {
             // A child another node ran: its bytes come from the shared store

@@ -15,6 +15,12 @@
 //!   unwritable (mode 000) is given back `0700` before it is entered or
 //!   emptied: a supervisor run by a user owns what its agents made, a root
 //!   one may change any mode.
+//! * **A later run is never touched.** A run that ends without a result
+//!   while processes of its group may still live has its `artifact/` set
+//!   aside at once ([`set_aside`]: renamed `.artifact.<run>`, an empty
+//!   `artifact/` made in its place), and only the set-aside directory is
+//!   emptied and removed once the group is dead ([`remove_set_aside`]): a
+//!   resume that starts meanwhile writes into the new one.
 //! * **Its depth does not exhaust descriptors.** At most [`HELD`] directories
 //!   are open at once; a directory deeper than that is moved up to
 //!   `artifact/` under a fresh name and emptied from there, so a chain of a
@@ -46,16 +52,87 @@ pub struct Cleared {
 /// `keep`, and the directories that hold them. A missing `artifact/` is
 /// nothing to do.
 pub fn clear(channel: &Path, keep: &BTreeSet<String>) -> io::Result<Cleared> {
-    let ch = rustix::fs::open(
+    empty_named(channel, c"artifact", keep, false)
+}
+
+/// Where [`set_aside`] moves a run's `artifact/`: a name no artifact has
+/// (the child writes only below `artifact/`).
+const SET_ASIDE: &str = ".artifact.";
+
+/// Moves `channel/artifact` aside as `.artifact.<tag>` (one `rename(2)`, on
+/// the dispatcher) and makes an empty `artifact/` in its place, with the
+/// owner the old one had: what a run that ended left is out of the way of
+/// the next run at once, and [`remove_set_aside`] removes it once its group
+/// is dead. `None` when there is no `artifact/`.
+pub fn set_aside(channel: &Path, tag: &str) -> io::Result<Option<String>> {
+    let ch = open_channel(channel)?;
+    let old = match rustix::fs::statat(&ch, c"artifact", AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(named(&channel.join("artifact"), e)),
+    };
+    let name = format!("{SET_ASIDE}{tag}");
+    rustix::fs::renameat_with(&ch, c"artifact", &ch, name.as_str(), RenameFlags::NOREPLACE)
+        .map_err(|e| named(&channel.join(&name), e))?;
+    rustix::fs::mkdirat(&ch, c"artifact", Mode::from_raw_mode(0o755))
+        .map_err(|e| named(&channel.join("artifact"), e))?;
+    rustix::fs::chownat(
+        &ch,
+        c"artifact",
+        Some(rustix::fs::Uid::from_raw(old.st_uid)),
+        Some(rustix::fs::Gid::from_raw(old.st_gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| named(&channel.join("artifact"), e))?;
+    Ok(Some(name))
+}
+
+/// Empties and removes what [`set_aside`] moved aside (the run's group
+/// being dead).
+pub fn remove_set_aside(channel: &Path, name: &str) -> io::Result<Cleared> {
+    let c = CString::new(name).map_err(|_| io::Error::other("a NUL in a set-aside name"))?;
+    empty_named(channel, &c, &BTreeSet::new(), true)
+}
+
+/// The directories [`set_aside`] left in `channel` (a supervisor that died
+/// before removing them), for `brood fsck`.
+pub fn set_aside_in(channel: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(channel) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(SET_ASIDE))
+        .collect()
+}
+
+fn open_channel(channel: &Path) -> io::Result<OwnedFd> {
+    rustix::fs::open(
         channel,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| named(channel, e))?;
-    let root = match open_dir(ch.as_fd(), c"artifact") {
+    .map_err(|e| named(channel, e))
+}
+
+/// Empties `channel/<dir>` of all but `keep`, and removes it when `remove`.
+fn empty_named(
+    channel: &Path,
+    dir: &std::ffi::CStr,
+    keep: &BTreeSet<String>,
+    remove: bool,
+) -> io::Result<Cleared> {
+    let ch = open_channel(channel)?;
+    let shown = channel.join(dir.to_string_lossy().as_ref());
+    let root = match open_dir(ch.as_fd(), dir) {
         Ok(d) => d,
         Err(Errno::NOENT) => return Ok(Cleared::default()),
-        Err(e) => return Err(named(&channel.join("artifact"), e)),
+        // The child may have shut its own `artifact/`: given back `0700`.
+        Err(Errno::ACCESS) => {
+            rustix::fs::chmodat(&ch, dir, Mode::from_raw_mode(0o700), AtFlags::empty())
+                .map_err(|e| named(&shown, e))?;
+            open_dir(ch.as_fd(), dir).map_err(|e| named(&shown, e))?
+        }
+        Err(e) => return Err(named(&shown, e)),
     };
     let mut holds: BTreeSet<String> = BTreeSet::new();
     for k in keep {
@@ -73,16 +150,24 @@ pub fn clear(channel: &Path, keep: &BTreeSet<String>) -> io::Result<Cleared> {
         spill: 0,
         done: Cleared::default(),
     };
-    c.empty(&root, Some(""), 0)
-        .map_err(|e| named(&channel.join("artifact"), e))?;
+    c.empty(&root, Some(""), 0).map_err(|e| named(&shown, e))?;
     while let Some(name) = c.moved.pop() {
-        let sub = open_dir(root.as_fd(), &name).map_err(|e| named(channel, e))?;
-        c.empty(&sub, None, 1).map_err(|e| named(channel, e))?;
+        let sub = open_dir(root.as_fd(), &name).map_err(|e| named(&shown, e))?;
+        c.empty(&sub, None, 1).map_err(|e| named(&shown, e))?;
         drop(sub);
         c.remove(root.as_fd(), &name, true)
-            .map_err(|e| named(channel, e))?;
+            .map_err(|e| named(&shown, e))?;
     }
-    Ok(c.done)
+    let mut done = c.done;
+    drop(root);
+    if remove {
+        match rustix::fs::unlinkat(&ch, dir, AtFlags::REMOVEDIR) {
+            Ok(()) => done.entries += 1,
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(named(&shown, e)),
+        }
+    }
+    Ok(done)
 }
 
 struct Clearing<'a> {
@@ -364,5 +449,37 @@ mod tests {
             tree(d.path()),
             ["kept.txt", "sub", "sub/inner", "sub/inner/kept.txt"]
         );
+    }
+
+    /// Set aside, the old `artifact/` is out of the next run's way at once
+    /// (a new, empty one has its owner), and removing it later touches
+    /// nothing the next run wrote.
+    #[test]
+    fn a_set_aside_artifact_goes_and_the_next_runs_stays() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("artifact");
+        fs::create_dir_all(a.join("sub")).unwrap();
+        fs::write(a.join("sub/old"), "old").unwrap();
+        std::os::unix::fs::chown(&a, Some(4321), Some(4321)).unwrap();
+        let name = set_aside(d.path(), "run-1").unwrap().unwrap();
+        assert_eq!(name, ".artifact.run-1");
+        assert!(tree(d.path()).is_empty());
+        let st = fs::metadata(&a).unwrap();
+        assert_eq!(
+            (
+                std::os::unix::fs::MetadataExt::uid(&st),
+                std::os::unix::fs::MetadataExt::gid(&st)
+            ),
+            (4321, 4321)
+        );
+        fs::write(a.join("new"), "the next run's").unwrap();
+        assert_eq!(set_aside_in(d.path()), std::slice::from_ref(&name));
+        let done = remove_set_aside(d.path(), &name).unwrap();
+        assert_eq!(done.entries, 3, "sub/old, sub and the directory itself");
+        assert_eq!(tree(d.path()), ["new"]);
+        assert!(set_aside_in(d.path()).is_empty());
+        // Nothing to set aside: nothing done.
+        let e = tempfile::tempdir().unwrap();
+        assert_eq!(set_aside(e.path(), "x").unwrap(), None);
     }
 }

@@ -6,7 +6,9 @@
 //! subtree with it. And what a run leaves in its channel's `artifact/` when
 //! it ends without a recorded result is removed once its group is empty
 //! (`channel::clear`), so no stop, crash or refusal keeps bytes that no
-//! record accounts for.
+//! record accounts for: a stopped run's before its end is recorded, a run
+//! that ended by itself (its group perhaps still alive) set aside at once
+//! and removed once the group is empty, so a resume never loses a byte.
 //!
 //! The kernel bounds each file (`RLIMIT_FSIZE`, set at launch); this bounds
 //! the sum over the one directory a child hands back through. Its writable
@@ -82,25 +84,59 @@ impl Dispatcher {
 
     /// The `artifact/` directories of the stopped targets this supervisor
     /// hosts: they record no result, so what they wrote there goes.
-    pub(super) fn channels_of(&self, targets: &[(AgentName, Terminal)]) -> Vec<PathBuf> {
+    pub(super) fn channels_of(&self, targets: &[(AgentName, Terminal)]) -> Vec<ToClear> {
         targets
             .iter()
             .filter_map(|(n, _)| self.live.get(n)?.channel_dir(&self.paths, n))
+            .map(|channel| ToClear {
+                channel,
+                set_aside: None,
+            })
             .collect()
+    }
+
+    /// The `artifact/` of `name`'s run, which ended without a result, set
+    /// aside now (one rename) for removal once its group is empty.
+    pub(super) fn set_aside_artifacts(&self, name: &AgentName) -> Option<ToClear> {
+        let l = self.live.get(name)?;
+        let channel = l.channel_dir(&self.paths, name)?;
+        match crate::channel::clear::set_aside(&channel, l.run.as_str()) {
+            Ok(Some(name)) => Some(ToClear {
+                channel,
+                set_aside: Some(name),
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(agent = %name, error = %e, "setting artifact/ aside; left for brood fsck");
+                None
+            }
+        }
     }
 }
 
-/// Empties each channel's `artifact/` (the runs' groups are dead by now),
-/// on a blocking thread; a failure is logged, naming the channel, and left
-/// for `brood fsck`.
-pub(super) async fn clear_channels(dirs: Vec<PathBuf>) {
+/// A channel's `artifact/` to empty once a group is: in place (a stop's
+/// targets, before their ends are recorded), or the directory a run's was
+/// set aside as, to remove.
+#[derive(Debug, Clone)]
+pub(super) struct ToClear {
+    channel: PathBuf,
+    set_aside: Option<String>,
+}
+
+/// Empties each (the runs' groups are dead by now), on a blocking thread;
+/// a failure is logged, naming the channel, and left for `brood fsck`.
+pub(super) async fn clear_channels(dirs: Vec<ToClear>) {
     if dirs.is_empty() {
         return;
     }
     let done = tokio::task::spawn_blocking(move || {
-        for dir in dirs {
-            if let Err(e) = crate::channel::clear::clear(&dir, &Default::default()) {
-                tracing::warn!(channel = %dir.display(), error = %e, "emptying artifact/ of a run without a result");
+        for d in dirs {
+            let r = match &d.set_aside {
+                None => crate::channel::clear::clear(&d.channel, &Default::default()),
+                Some(name) => crate::channel::clear::remove_set_aside(&d.channel, name),
+            };
+            if let Err(e) = r {
+                tracing::warn!(channel = %d.channel.display(), error = %e, "emptying artifact/ of a run without a result");
             }
         }
     })

@@ -68,12 +68,10 @@ impl Dispatcher {
         self.project_events(&events);
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
         // A run that recorded no result hands nothing back (issue 24): what
-        // it left in its channel's `artifact/` goes once its group is empty.
+        // it left in its channel's `artifact/` is set aside now, out of a
+        // resume's way, and goes once its group is empty.
         let clear = match &harvest {
-            None => self
-                .live
-                .get(name)
-                .and_then(|l| l.channel_dir(&self.paths, name)),
+            None => self.set_aside_artifacts(name),
             Some(_) => None,
         };
         let group = self.live.get_mut(name).and_then(|l| l.group.take());

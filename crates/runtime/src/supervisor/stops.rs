@@ -21,7 +21,7 @@ pub(super) struct Stop {
     /// Channels whose `artifact/` is emptied once the group is: the
     /// targets' (a stopped run hands nothing back), and that of a run which
     /// ended without a result and left these descendants.
-    clear: Vec<PathBuf>,
+    clear: Vec<super::disk::ToClear>,
 }
 
 /// SIGTERM (when `term`) to every process of the group's subtree, up to `grace`
@@ -75,7 +75,11 @@ impl Dispatcher {
     /// `clear`, a channel whose run recorded no result. Without cgroups it
     /// is emptied at once: the run's process has exited, and that weaker
     /// mode cannot see the rest (docs/decisions.md, the fallback).
-    pub(super) fn remove_group_then_clear(&self, group: Option<Group>, clear: Option<PathBuf>) {
+    pub(super) fn remove_group_then_clear(
+        &self,
+        group: Option<Group>,
+        clear: Option<super::disk::ToClear>,
+    ) {
         let (Some(g), Some(cg)) = (group, self.cgroups.clone()) else {
             if let Some(dir) = clear {
                 tokio::spawn(super::disk::clear_channels(vec![dir]));
@@ -102,7 +106,7 @@ impl Dispatcher {
         &mut self,
         parent: &AgentName,
         group: Option<Group>,
-        clear: Option<PathBuf>,
+        clear: Option<super::disk::ToClear>,
     ) {
         let plan = match self.store.descendants_post_order(&self.tenant, parent) {
             Ok(p) => p,
@@ -165,7 +169,7 @@ impl Dispatcher {
         mut targets: Vec<(AgentName, Terminal)>,
         group: Option<Group>,
         then: Option<Box<Collect>>,
-        also: Vec<PathBuf>,
+        also: Vec<super::disk::ToClear>,
     ) {
         let id = self.id();
         // Agents hosted by another supervisor sharing the store get the intent
@@ -250,7 +254,7 @@ impl Dispatcher {
         pgids: Vec<i32>,
         term: bool,
         delay: Duration,
-        clear: Vec<PathBuf>,
+        clear: Vec<super::disk::ToClear>,
     ) {
         let cg = self.cgroups.clone();
         let tx = self.tx.clone();

@@ -144,6 +144,12 @@ pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
     let Some(ch) = input.channel else {
         return gathered;
     };
+    // Abandoned, the run has ended without it and its `artifact/` was set
+    // aside then (`supervisor::disk`): the one there now may be a resumed
+    // run's, and is not this collection's to touch.
+    if input.abandoned.load(Ordering::Acquire) {
+        return gathered;
+    }
     let keep: BTreeSet<String> = match &gathered {
         Ok(h) => h.output.artifacts.iter().map(|a| a.name.clone()).collect(),
         Err(_) => BTreeSet::new(),
@@ -707,8 +713,10 @@ mod tests {
         assert_eq!(blob_files(&blobs).len(), 2, "{:?}", blob_files(&blobs));
     }
 
-    /// A collection the supervisor stopped waiting for keeps nothing, even
-    /// when it would have been accepted.
+    /// A collection the supervisor stopped waiting for keeps nothing in the
+    /// blob store, even when it would have been accepted, and leaves
+    /// `artifact/` alone (the supervisor set the run's aside when it ended
+    /// it; what is there now may be a resumed run's).
     #[test]
     fn an_abandoned_collection_keeps_nothing() {
         let d = tempfile::tempdir().unwrap();
@@ -720,6 +728,6 @@ mod tests {
             .0;
         assert!(e.contains("abandoned"), "{e}");
         assert_eq!(blob_files(&blobs), Vec::<String>::new());
-        assert_eq!(artifact_dir(&ch), Vec::<String>::new());
+        assert_eq!(artifact_dir(&ch), ["a.txt"]);
     }
 }

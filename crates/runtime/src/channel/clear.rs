@@ -17,8 +17,8 @@
 //!   one may change any mode.
 //! * **A later run is never touched.** A run that ends without a result
 //!   while processes of its group may still live has its `artifact/` set
-//!   aside at once ([`set_aside`]: renamed `.artifact.<run>`, an empty
-//!   `artifact/` made in its place), and only the set-aside directory is
+//!   aside at once ([`set_aside`]: exchanged, atomically, with a new empty
+//!   directory, so it becomes `.artifact.<run>`), and only the set-aside is
 //!   emptied and removed once the group is dead ([`remove_set_aside`]): a
 //!   resume that starts meanwhile writes into the new one.
 //! * **Its depth does not exhaust descriptors.** At most [`HELD`] directories
@@ -59,11 +59,12 @@ pub fn clear(channel: &Path, keep: &BTreeSet<String>) -> io::Result<Cleared> {
 /// (the child writes only below `artifact/`).
 const SET_ASIDE: &str = ".artifact.";
 
-/// Moves `channel/artifact` aside as `.artifact.<tag>` (one `rename(2)`, on
-/// the dispatcher) and makes an empty `artifact/` in its place, with the
-/// owner the old one had: what a run that ended left is out of the way of
-/// the next run at once, and [`remove_set_aside`] removes it once its group
-/// is dead. `None` when there is no `artifact/`.
+/// Moves `channel/artifact` aside as `.artifact.<tag>` and puts an empty
+/// `artifact/`, with the owner the old one had, in its place, in one atomic
+/// `renameat2(RENAME_EXCHANGE)` (no moment without an `artifact/`): what a
+/// run that ended left is out of the way of the next run at once, and
+/// [`remove_set_aside`] removes it once its group is dead. `None` when there
+/// is no `artifact/`.
 pub fn set_aside(channel: &Path, tag: &str) -> io::Result<Option<String>> {
     let ch = open_channel(channel)?;
     let old = match rustix::fs::statat(&ch, c"artifact", AtFlags::SYMLINK_NOFOLLOW) {
@@ -72,18 +73,23 @@ pub fn set_aside(channel: &Path, tag: &str) -> io::Result<Option<String>> {
         Err(e) => return Err(named(&channel.join("artifact"), e)),
     };
     let name = format!("{SET_ASIDE}{tag}");
-    rustix::fs::renameat_with(&ch, c"artifact", &ch, name.as_str(), RenameFlags::NOREPLACE)
-        .map_err(|e| named(&channel.join(&name), e))?;
-    rustix::fs::mkdirat(&ch, c"artifact", Mode::from_raw_mode(0o755))
-        .map_err(|e| named(&channel.join("artifact"), e))?;
-    rustix::fs::chownat(
+    let shown = channel.join(&name);
+    rustix::fs::mkdirat(&ch, name.as_str(), Mode::from_raw_mode(0o755))
+        .map_err(|e| named(&shown, e))?;
+    let swapped = rustix::fs::chownat(
         &ch,
-        c"artifact",
+        name.as_str(),
         Some(rustix::fs::Uid::from_raw(old.st_uid)),
         Some(rustix::fs::Gid::from_raw(old.st_gid)),
         AtFlags::SYMLINK_NOFOLLOW,
     )
-    .map_err(|e| named(&channel.join("artifact"), e))?;
+    .and_then(|()| {
+        rustix::fs::renameat_with(&ch, c"artifact", &ch, name.as_str(), RenameFlags::EXCHANGE)
+    });
+    if let Err(e) = swapped {
+        let _ = rustix::fs::unlinkat(&ch, name.as_str(), AtFlags::REMOVEDIR);
+        return Err(named(&shown, e));
+    }
     Ok(Some(name))
 }
 

@@ -65,15 +65,16 @@ impl Dispatcher {
                 return;
             }
         };
-        self.project_events(&events);
-        self.after_end(&agent, result.as_deref(), harvest.as_ref());
         // A run that recorded no result hands nothing back (issue 24): what
-        // it left in its channel's `artifact/` is set aside now, out of a
-        // resume's way, and goes once its group is empty.
+        // it left in its channel's `artifact/` is set aside now, before
+        // anyone hears of the end (so a resume finds an empty one), and goes
+        // once its group is empty.
         let clear = match &harvest {
             None => self.set_aside_artifacts(name),
             Some(_) => None,
         };
+        self.project_events(&events);
+        self.after_end(&agent, result.as_deref(), harvest.as_ref());
         let group = self.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.

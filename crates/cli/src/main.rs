@@ -413,7 +413,9 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
     if json {
         println!(
             "{}",
-            json!({"agents": r.agents, "files": r.files, "artifacts_elsewhere": r.artifacts_elsewhere, "ctx": paths.ctx()})
+            json!({"agents": r.agents, "files": r.files, "artifacts_elsewhere": r.artifacts_elsewhere,
+                   "leftovers_removed": r.leftovers_removed, "blob_temps_removed": r.blob_temps_removed,
+                   "ctx": paths.ctx()})
         );
     } else {
         println!(
@@ -427,6 +429,13 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
                 "{} artifacts left out: their bytes are not in this node's blob store \
                  (children another node ran)",
                 r.artifacts_elsewhere
+            );
+        }
+        if r.leftovers_removed > 0 || r.blob_temps_removed > 0 {
+            println!(
+                "removed {} leftovers from finished children's artifact/ (no record accounts \
+                 for them) and {} unfinished blob files",
+                r.leftovers_removed, r.blob_temps_removed
             );
         }
     }
@@ -557,6 +566,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             let platform = load_platform(&cli_config, &root)?;
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
+            cfg.resource_defaults = platform.resources;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
@@ -629,6 +639,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             let platform = load_platform(&cli_config, &root)?;
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
+            cfg.resource_defaults = platform.resources;
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();

@@ -8,8 +8,15 @@
 //! Each time the run ends (never stays `running`): refused as `failed`
 //! naming the ref, or, for what is simply not an artifact, completed without
 //! it. No refusal shows a digest the child could not compute. The grandchild
-//! is dead before anything is read. The store passes `PRAGMA
+//! is dead before anything is read. What the run leaves in its `artifact/`
+//! and in the blob store is exactly what its channel records: nothing of a
+//! refused result (issue 24 item 6). The store passes `PRAGMA
 //! integrity_check`, and the supervisor goes on serving.
+//!
+//! The sparse file is planted under a parent whose `disk_max` is 20 GiB:
+//! under the default (1 GiB) the kernel refuses to make it at all
+//! (`RLIMIT_FSIZE`, `disk.rs`), and the collection's own bound is what these
+//! tests are about.
 
 // Test helpers outside #[test] functions may panic like the tests themselves.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -116,6 +123,12 @@ async fn hands_back(plant: Plant, narrow: bool) {
     let vars: Vec<(String, String)> = vec![("DIR".into(), d.display().to_string())];
     let mut p = req("p", agent(&["--hang"]));
     p.env = vars.clone();
+    if matches!(
+        plant,
+        Plant::ATenGibSparseArtifact | Plant::ATenGibSparseRef
+    ) {
+        p.policy = Some(json!({"resources": {"disk_max": "20G"}}));
+    }
     env.sup.spawn(me(), p).await.expect("spawn p");
 
     let mut flags: Vec<String> = vec!["--result".into(), "handed back".into()];
@@ -167,14 +180,46 @@ async fn hands_back(plant: Plant, narrow: bool) {
         }
     }
     // Nothing of a FIFO was taken; what was taken is a file.
-    let names: Vec<String> = stored_channel(&env, "c")
-        .artifacts
-        .into_iter()
-        .map(|a| a.name)
-        .collect();
+    let recorded = stored_channel(&env, "c").artifacts;
+    let names: Vec<String> = recorded.iter().map(|a| a.name.clone()).collect();
     assert!(
         !names.iter().any(|n| n == "fifo" || n == "big"),
         "{names:?}"
+    );
+    // artifact/ holds what the channel records and nothing else (no FIFO,
+    // no link, no sparse file, nothing of a refused result), and so does
+    // the blob store.
+    let adir = env
+        .sup
+        .paths()
+        .channel_dir(
+            &name("p"),
+            &brood_core::SessionName::default_session(),
+            &name("c"),
+        )
+        .join("artifact");
+    let mut left: Vec<String> = std::fs::read_dir(&adir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left, names,
+        "{plant:?}: artifact/ keeps what no record accounts for"
+    );
+    let mut blobs: Vec<String> = std::fs::read_dir(env.sup.paths().blobs().join("sha256"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    blobs.sort();
+    let mut want: Vec<String> = recorded.iter().map(|a| a.sha256.clone()).collect();
+    want.sort();
+    want.dedup();
+    assert_eq!(
+        blobs, want,
+        "{plant:?}: the blob store keeps what no record accounts for"
     );
 
     if matches!(plant, Plant::ASwappingGrandchild) {

@@ -48,6 +48,7 @@ fn spec_for(argv: &[&str], sandbox: Option<Prepared>) -> LaunchSpec {
         veil: None,
         stdin_prelude: Vec::new(),
         door: None,
+        file_size_max: None,
         view: None,
     }
 }

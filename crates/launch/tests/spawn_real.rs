@@ -26,6 +26,7 @@ fn spec(argv: &[&str], prelude: &[u8]) -> LaunchSpec {
         veil: None,
         stdin_prelude: prelude.to_vec(),
         door: None,
+        file_size_max: None,
         view: None,
     }
 }
@@ -166,4 +167,40 @@ fn an_exec_failure_names_the_program_and_the_errno() {
         .to_string();
     assert!(e.contains("/nonexistent/brood-program"), "{e}");
     assert!(e.contains("No such file"), "{e}");
+}
+
+/// `file_size_max` is the kernel's `RLIMIT_FSIZE` on the child and what it
+/// starts, soft and hard (issue 24): a shell that writes past it is killed
+/// by `SIGXFSZ` and its file stops at the limit; one that ignores the
+/// signal gets `EFBIG` (`File too large`). (That an agent cannot raise it
+/// back, having no `CAP_SYS_RESOURCE`, is brood-cli's `disk.rs`.)
+#[test]
+fn no_file_the_child_writes_grows_past_file_size_max() {
+    let dir = tempfile::tempdir().unwrap();
+    let (killed, ignored) = (dir.path().join("killed"), dir.path().join("ignored"));
+    let script = format!(
+        "ulimit -f; ulimit -H -f; \
+         head -c 3000 /dev/zero > {k}; echo \"head: $?\"; \
+         (trap '' XFSZ; head -c 3000 /dev/zero > {i}) 2>&1; exit 0",
+        k = killed.display(),
+        i = ignored.display(),
+    );
+    let mut s = spec(&["/bin/sh", "-c", &script], b"");
+    s.file_size_max = Some(1024);
+    let l = spawner().launch_blocking(s).unwrap();
+    drop(l.stdin);
+    let (code, out) = finish(l.pid, l.stdout);
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    // `ulimit -f` counts 512-byte blocks: 1024 bytes are 2.
+    assert_eq!(&lines[..2], ["2", "2"], "{out}");
+    // 128 + SIGXFSZ: the shell's report of a child the signal killed.
+    assert_eq!(lines[2], format!("head: {}", 128 + libc::SIGXFSZ), "{out}");
+    assert!(
+        lines[3].contains("File too large"),
+        "ignoring SIGXFSZ, the write fails with EFBIG: {out}"
+    );
+    for f in [&killed, &ignored] {
+        assert_eq!(std::fs::metadata(f).unwrap().len(), 1024, "{}", f.display());
+    }
 }

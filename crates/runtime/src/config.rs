@@ -16,10 +16,13 @@
 //! items_per_tenant = 1000000    # items in unfinished jobs; 429 beyond
 //! agents_per_second = 500       # creations per caller, sustained
 //! agents_burst = 2000           # ... and at once; 429 with Retry-After beyond
+//!
+//! [resources]            # what an agent gets when neither its policy nor an ancestor's says
+//! disk_max = "1G"               # bytes it may write (issue 24), as a policy writes them
 //! ```
-//! Every key is optional; a missing file means SPEC 9's table and
-//! [`Limits::default`]. An unknown table or key is an error naming it, so a
-//! typo never silently changes nothing.
+//! Every key is optional; a missing file means SPEC 9's table,
+//! [`Limits::default`] and [`ResourceDefaults::default`]. An unknown table or
+//! key is an error naming it, so a typo never silently changes nothing.
 
 use std::path::Path;
 
@@ -32,6 +35,34 @@ use crate::limits::Limits;
 pub struct Platform {
     pub quotas: QuotaConfig,
     pub limits: Limits,
+    pub resources: ResourceDefaults,
+}
+
+/// `[resources]`: the limits an agent gets when neither its policy nor any
+/// ancestor's sets them (issue 24 item 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceDefaults {
+    /// `resources.disk_max` in bytes: the largest file an agent may write
+    /// and the most its channel's `artifact/` may hold. There is no "off":
+    /// an operator who wants more gives a root a larger `disk_max` or raises
+    /// this (up to 2^63−1).
+    pub disk_max: u64,
+}
+
+/// 1 GiB: the size past which collection already refused a child's
+/// artifacts (`channel::MAX_ARTIFACT_BYTES`), so no run that could hand
+/// something back before is cut short by the default; far above what an
+/// agent's source files, logs and reports take; and small enough that the
+/// default tree (64 agents, `quotas.defaults.max_tree_size`) cannot fill a
+/// disk of ordinary size through one file each.
+pub const DEFAULT_DISK_MAX: u64 = 1 << 30;
+
+impl Default for ResourceDefaults {
+    fn default() -> ResourceDefaults {
+        ResourceDefaults {
+            disk_max: DEFAULT_DISK_MAX,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,14 +112,20 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
     let mut defaults = Vec::new();
     let mut ceilings = Vec::new();
     let mut limits = Limits::default();
+    let mut resources = ResourceDefaults::default();
     for (k, v) in &doc {
         if k == "limits" {
             limits = parse_limits(v)?;
             continue;
         }
+        if k == "resources" {
+            resources = parse_resources(v)?;
+            continue;
+        }
         if k != "quotas" {
             return Err(format!(
-                "unknown table or key {k:?} (expected [quotas.defaults], [quotas.ceilings] or [limits])"
+                "unknown table or key {k:?} (expected [quotas.defaults], [quotas.ceilings], \
+                 [limits] or [resources])"
             ));
         }
         let t = v.as_table().ok_or("quotas must be a table")?;
@@ -119,7 +156,55 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
     let d: Vec<(&str, u32)> = defaults.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let c: Vec<(&str, u32)> = ceilings.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let quotas = QuotaConfig::from_pairs(&d, &c).map_err(|e| e.to_string())?;
-    Ok(Platform { quotas, limits })
+    Ok(Platform {
+        quotas,
+        limits,
+        resources,
+    })
+}
+
+/// `[resources]`: `disk_max`, bytes as a policy writes them (a whole
+/// number, or digits with `K M G T`), from 1 to 2^63−1, checked as a
+/// policy's `resources.disk_max` is.
+fn parse_resources(v: &toml::Value) -> Result<ResourceDefaults, String> {
+    let t = v.as_table().ok_or("resources must be a table")?;
+    let mut r = ResourceDefaults::default();
+    for (key, val) in t {
+        match key.as_str() {
+            "disk_max" => {
+                let field = "resources.disk_max";
+                let json = match val {
+                    toml::Value::Integer(i) => serde_json::Value::from(*i),
+                    toml::Value::String(s) => serde_json::Value::from(s.as_str()),
+                    other => {
+                        return Err(format!(
+                            "{field} must be a number of bytes or digits with K, M, G or T, not {}",
+                            other.type_str()
+                        ));
+                    }
+                };
+                let said =
+                    |e: brood_core::policy::PolicyError| format!("{}: {}", e.field, e.message);
+                let n = brood_proto::policy::read_bytes(field, &json).map_err(said)?;
+                // The policy's own range check, so the default is a value a
+                // policy could hold.
+                brood_core::policy::PolicyRequest {
+                    resources: brood_core::policy::Resources {
+                        disk_max: Some(n),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }
+                .normalise()
+                .map_err(said)?;
+                r.disk_max = n;
+            }
+            other => {
+                return Err(format!("unknown key resources.{other} (expected disk_max)"));
+            }
+        }
+    }
+    Ok(r)
 }
 
 /// `[limits]`: each key a whole number of at least 1 (`agents_per_second`
@@ -182,6 +267,61 @@ mod tests {
             parse("[quotas.defaults]\nmax_depth = -1\n")
                 .unwrap_err()
                 .contains("max_depth")
+        );
+    }
+
+    #[test]
+    fn the_disk_default_is_a_gib_and_is_read_as_a_policy_writes_bytes() {
+        let p = parse_platform("").unwrap();
+        assert_eq!(p.resources.disk_max, 1 << 30);
+        for (text, want) in [
+            ("[resources]\ndisk_max = 4096\n", 4096),
+            ("[resources]\ndisk_max = \"10G\"\n", 10 << 30),
+            ("[resources]\ndisk_max = \"512m\"\n", 512 << 20),
+        ] {
+            assert_eq!(
+                parse_platform(text).unwrap().resources.disk_max,
+                want,
+                "{text}"
+            );
+        }
+        for (bad, says) in [
+            (
+                "[resources]\ndisk_max = 0\n",
+                "resources.disk_max: 0: must be at least 1 byte",
+            ),
+            (
+                "[resources]\ndisk_max = -1\n",
+                "resources.disk_max: -1: must be a whole number",
+            ),
+            (
+                "[resources]\ndisk_max = \"1Q\"\n",
+                "resources.disk_max: \"1Q\"",
+            ),
+            (
+                "[resources]\ndisk_max = 1.5\n",
+                "resources.disk_max must be a number of bytes",
+            ),
+            (
+                "[resources]\ndisk_max = 9223372036854775807\n[resources.x]\n",
+                "unknown key resources.x",
+            ),
+            (
+                "[resources]\ndisk_mx = 5\n",
+                "unknown key resources.disk_mx",
+            ),
+            ("[resource]\n", "[resources]"),
+        ] {
+            let e = parse_platform(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // The largest a policy may hold is taken.
+        assert_eq!(
+            parse_platform("[resources]\ndisk_max = 9223372036854775807\n")
+                .unwrap()
+                .resources
+                .disk_max,
+            i64::MAX as u64
         );
     }
 

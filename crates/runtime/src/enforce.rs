@@ -179,6 +179,15 @@ pub fn limits(policy: &Policy) -> Limits {
     }
 }
 
+/// The largest file the agent may write (`RLIMIT_FSIZE`): its policy's
+/// `disk_max`, or `default` (the platform's) for a policy recorded before
+/// admission filled one in. The kernel enforces it on every write of the
+/// agent and of everything it starts, whatever the file; what it does not
+/// bound (the total over many files) is docs/security.md's "Disk".
+pub fn file_size_max(policy: &Policy, default: u64) -> u64 {
+    policy.resources.disk_max.unwrap_or(default)
+}
+
 /// Finds a program in `path` as execvp would (the agent's own `PATH`).
 pub fn resolve(program: &str, path: &str) -> PathBuf {
     if program.contains('/') {

@@ -9,6 +9,15 @@
 //! stderr, not kept in the store) is left as it is, and created empty if
 //! missing. A finished `temp` agent has no object (nor shim) to rebuild.
 //!
+//! A finished child's `artifact/` holds what its channel records and nothing
+//! else (issue 24 item 6): whatever a refused, stopped or crashed run left
+//! there (or set aside beside it, `.artifact.<run>`), and whatever the
+//! recorded ones were replaced by, is removed
+//! (`channel::clear`, never following a link) before the recorded artifacts
+//! are written from their blobs. A running child's is its own to write and is
+//! left alone. Temp files of blobs that a dead supervisor was writing are
+//! removed from the blob store.
+//!
 //! Per-agent sockets (`agent/<name>.sock`, SPEC 8) are not files of the store:
 //! a live supervisor binds them. A socket nobody answers on is a leftover of a
 //! dead supervisor, and the rebuild removes it; one that answers is left alone.
@@ -47,12 +56,18 @@ pub struct Rebuilt {
     /// the shared store (a child another node ran that did not share them):
     /// left out of `artifact/`.
     pub artifacts_elsewhere: usize,
+    /// Entries removed from finished children's `artifact/` that no record
+    /// accounts for (a refused or never recorded result's leftovers).
+    pub leftovers_removed: u64,
+    /// Temp files of blobs a dead supervisor was writing, removed.
+    pub blob_temps_removed: usize,
 }
 
 struct Out {
     nonce: u64,
     files: usize,
     elsewhere: usize,
+    leftovers: u64,
     owner: Option<u32>,
 }
 
@@ -114,9 +129,16 @@ pub fn rebuild(
         nonce: 0,
         files: 0,
         elsewhere: 0,
+        leftovers: 0,
         owner: crate::projection::ctx_owner(),
     };
     crate::agent_socket::remove_stale(&paths.ctx().join("agent"));
+    let blobs = paths.blobs();
+    let blob_temps_removed =
+        crate::channel::remove_stale_temps(&blobs).map_err(|source| RebuildError::Io {
+            path: blobs.join("sha256"),
+            source,
+        })?;
     let agents = store.agents(tenant, true)?;
     let program = objects::shim_program(bin_dir);
     for a in &agents {
@@ -126,6 +148,8 @@ pub fn rebuild(
         agents: agents.len(),
         files: out.files,
         artifacts_elsewhere: out.elsewhere,
+        leftovers_removed: out.leftovers,
+        blob_temps_removed,
     })
 }
 
@@ -231,6 +255,26 @@ fn agent(
             path: adir.clone(),
             source,
         })?;
+        if a.status.is_finished() {
+            let keep = ch.artifacts.iter().map(|a| a.name.clone()).collect();
+            let cleared =
+                crate::channel::clear::clear(&cdir, &keep).map_err(|source| RebuildError::Io {
+                    path: adir.clone(),
+                    source,
+                })?;
+            out.leftovers += cleared.entries;
+            // What a run without a result left set aside, had its
+            // supervisor no time to remove it. Best effort: a live
+            // supervisor may be removing the same directory now.
+            for name in crate::channel::clear::set_aside_in(&cdir) {
+                match crate::channel::clear::remove_set_aside(&cdir, &name) {
+                    Ok(c) => out.leftovers += c.entries,
+                    Err(e) => {
+                        tracing::warn!(channel = %cdir.display(), error = %e, "removing a set-aside artifact/")
+                    }
+                }
+            }
+        }
         for art in &ch.artifacts {
             // A child another node ran: its bytes come from the shared store
             // when its node put them there (issue 15); otherwise they are on

@@ -42,6 +42,7 @@ use crate::projection::Projection;
 
 mod admit;
 mod collect;
+mod disk;
 mod ends;
 mod handle;
 mod hosts;
@@ -108,6 +109,10 @@ pub struct Config {
     pub quotas: brood_core::quota::QuotaConfig,
     /// The work one request or caller may cause (issue 24), from `config.toml`'s `[limits]`.
     pub limits: crate::limits::Limits,
+    /// The resource limits an agent gets when neither its policy nor an
+    /// ancestor's sets them (issue 24: `disk_max`), from `config.toml`'s
+    /// `[resources]`.
+    pub resource_defaults: crate::config::ResourceDefaults,
     /// The control socket agents are told about (`BROOD_SOCKET`).
     pub socket: PathBuf,
     /// A directory put first on agents' `PATH` (where the `brood` binary is).
@@ -159,6 +164,7 @@ impl Config {
             allow_weaker_sandbox: false,
             quotas: brood_core::quota::QuotaConfig::default(),
             limits: crate::limits::Limits::default(),
+            resource_defaults: crate::config::ResourceDefaults::default(),
             socket,
             bin_dir: None,
             store: None,
@@ -235,6 +241,9 @@ pub(crate) enum Cmd {
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
     Job(Caller, jobs::JobOp, Reply),
+    /// The running agents' `artifact/` measured against their `disk_max`:
+    /// those over it (issue 24).
+    DiskChecked(Vec<disk::DiskOver>),
     /// A child another node ran ended and its artifacts were fetched into
     /// its parent's channel here (issue 15): the parent hears of it now.
     EndedElsewhere(Box<routed::EndedElsewhere>),
@@ -632,6 +641,7 @@ impl Dispatcher {
                 self.respond(reply, r);
             }
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
+            Cmd::DiskChecked(over) => self.on_disk_checked(over),
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
                     let r = self.wait_result(&w.names, true);

@@ -100,6 +100,9 @@ pub enum Probe {
     ForkBomb(u32),
     /// `--memory-hog MB`: allocate and touch MB MiB.
     MemoryHog(u64),
+    /// `--write-bytes PATH=SIZE`: write SIZE bytes to PATH with `SIGXFSZ`
+    /// ignored, so a file-size limit shows as the error it is (`EFBIG`).
+    WriteBytes(PathBuf, u64),
     /// `--probe-caps`: capabilities and no_new_privs from /proc/self/status.
     Caps,
     /// `--probe-cgroup-remount CONTROLLER`: in a forked child, make a user,
@@ -166,7 +169,7 @@ A protocol-speaking agent for tests. Reads init from stdin, sends ready, then:
   --probe-connect PORT  --probe-bind PORT (repeatable)  --probe-caps
   --probe-unix PATH  --probe-abstract NAME  --probe-udp PORT
   --probe-brood-socket PATH (repeatable)  --probe-families  --probe-io-uring
-  --fork-bomb N  --memory-hog MB
+  --fork-bomb N  --memory-hog MB  --write-bytes PATH=SIZE (repeatable)
   --request OP=JSON (repeatable)  --await-job ID
   --job-worker [--item-delay MS] [--one-item] [--fail-first DIR [--fail-marked-only]]
 ";
@@ -240,6 +243,7 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
                 | "--probe-brood-socket"
                 | "--artifact"
                 | "--artifact-bytes"
+                | "--write-bytes"
                 | "--ref"
                 | "--request"
         );
@@ -307,6 +311,19 @@ pub fn parse(args: &[String]) -> Result<Flags, FlagError> {
             "--probe-brood-socket" => f.probes.push(Probe::BroodSocket(path(name, value()?)?)),
             "--fork-bomb" => f.probes.push(Probe::ForkBomb(number(name, &value()?)?)),
             "--memory-hog" => f.probes.push(Probe::MemoryHog(number(name, &value()?)?)),
+            "--write-bytes" => {
+                let v = value()?;
+                let parsed = v
+                    .rsplit_once('=')
+                    .filter(|(p, _)| !p.is_empty())
+                    .and_then(|(p, size)| Some((p, size.parse::<u64>().ok()?)));
+                let Some((p, size)) = parsed else {
+                    return Err(FlagError(format!(
+                        "{name}: expected PATH=SIZE (bytes), got {v:?}"
+                    )));
+                };
+                f.probes.push(Probe::WriteBytes(PathBuf::from(p), size));
+            }
             _ if inline.is_some() => {
                 return Err(FlagError(format!("{name} takes no value")));
             }
@@ -599,6 +616,8 @@ mod tests {
             "/bin/sh",
             "--memory-hog",
             "64",
+            "--write-bytes",
+            "/tmp/a=b=5",
             "--probe-bind",
             "0",
             "--probe-connect",
@@ -616,6 +635,7 @@ mod tests {
                 Probe::Write("/tmp/w".into()),
                 Probe::Exec("/bin/sh".into()),
                 Probe::MemoryHog(64),
+                Probe::WriteBytes("/tmp/a=b".into(), 5),
                 Probe::Bind(0),
                 Probe::Connect(9),
             ]
@@ -632,6 +652,8 @@ mod tests {
         assert!(err(&["--probe-bind", "-1"]).starts_with("--probe-bind: expected a whole number"));
         assert!(err(&["--fork-bomb", "many"]).starts_with("--fork-bomb: expected a whole number"));
         assert!(err(&["--memory-hog", "1.5"]).starts_with("--memory-hog: expected a whole number"));
+        assert!(err(&["--write-bytes", "/tmp/x"]).starts_with("--write-bytes: expected PATH=SIZE"));
+        assert!(err(&["--write-bytes", "=5"]).starts_with("--write-bytes: expected PATH=SIZE"));
         assert_eq!(
             err(&["--probe-read", ""]),
             "--probe-read: expected a path, got an empty string"

@@ -76,6 +76,7 @@
 //! | `--probe-caps` | `caps: CapEff=… CapPrm=… CapBnd=… CapAmb=… NoNewPrivs=…` from /proc/self/status |
 //! | `--fork-bomb N` | fork idling children until N or a failure: `fork-bomb: forked N` or `fork-bomb: stopped at K: <errno text>`; the children idle until the supervisor kills the cgroup, the agent finishes |
 //! | `--memory-hog MB` | allocate and touch MB MiB in 1 MiB steps: `memory-hog: touched MB MiB` (or `stopped at K MiB: …`); killed by the OOM killer it reports nothing, the supervisor records why |
+//! | `--write-bytes PATH=SIZE` | write SIZE non-zero bytes to PATH with `SIGXFSZ` ignored: `write-bytes PATH: wrote SIZE bytes` or `stopped at N bytes: <errno text>` (`File too large` past `RLIMIT_FSIZE`) |
 //!
 //! `denied` means the kernel refused with `EACCES` or `EPERM`.
 //!

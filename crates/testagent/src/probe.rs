@@ -6,8 +6,9 @@
 //! Each line is `<what> <target>: <outcome>` where the outcome is `ok`,
 //! `denied` (the action failed with `EACCES` or `EPERM`, which is how landlock,
 //! capabilities and DAC refuse), or `error: <errno text>` for anything else
-//! (a missing file, a refused connection). `--fork-bomb`, `--memory-hog` and
-//! `--probe-caps` report what they measured instead; see [`Probe`].
+//! (a missing file, a refused connection). `--fork-bomb`, `--memory-hog`,
+//! `--write-bytes` and `--probe-caps` report what they measured instead; see
+//! [`Probe`].
 
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -36,6 +37,7 @@ pub fn run(p: &Probe) -> String {
         Probe::Bind(port) => line("bind", port, bind(*port)),
         Probe::ForkBomb(n) => fork_bomb_line(*n, &fork_bomb(*n)),
         Probe::MemoryHog(mb) => memory_hog(*mb),
+        Probe::WriteBytes(path, size) => write_bytes(path, *size),
         Probe::Caps => caps_line(fs::read_to_string("/proc/self/status")),
         Probe::CgroupRemount(c) => line("cgroup-remount", c, cgroup_remount(c)),
         Probe::Unix(path) => crate::sockets::unix(path),
@@ -312,6 +314,33 @@ fn memory_hog(mb: u64) -> String {
     format!("memory-hog: touched {mb} MiB")
 }
 
+/// `--write-bytes PATH=SIZE`: creates (or truncates) PATH and writes SIZE
+/// bytes that are not zero (so nothing is sparse) in 64 KiB steps, with
+/// `SIGXFSZ` ignored so that a file-size limit (`RLIMIT_FSIZE`) is reported
+/// rather than fatal: `write-bytes PATH: wrote SIZE bytes`, or `write-bytes
+/// PATH: stopped at N bytes: <errno text>` (`File too large` for `EFBIG`).
+fn write_bytes(path: &Path, size: u64) -> String {
+    // SAFETY: signal(2) with SIG_IGN; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let shown = path.display();
+    let mut f = match File::create(path) {
+        Ok(f) => f,
+        Err(e) => return format!("write-bytes {shown}: {}", outcome(&Err(e))),
+    };
+    let chunk = vec![0xa5u8; 64 * 1024];
+    let mut written = 0u64;
+    while written < size {
+        let n = (size - written).min(chunk.len() as u64) as usize;
+        match f.write(&chunk[..n]) {
+            Ok(0) => return format!("write-bytes {shown}: stopped at {written} bytes: wrote 0"),
+            Ok(k) => written += k as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return format!("write-bytes {shown}: stopped at {written} bytes: {e}"),
+        }
+    }
+    format!("write-bytes {shown}: wrote {written} bytes")
+}
+
 /// `caps: CapEff=… CapPrm=… CapBnd=… CapAmb=… NoNewPrivs=…` from the text of
 /// `/proc/self/status` (`?` for a field it lacks), or how reading it failed.
 pub fn caps_line(status: io::Result<String>) -> String {
@@ -434,6 +463,19 @@ mod tests {
         drop(l);
         assert_eq!(run(&Probe::Bind(0)), "bind 0: ok");
         assert_eq!(run(&Probe::MemoryHog(3)), "memory-hog: touched 3 MiB");
+        let w = d.join("written");
+        assert_eq!(
+            run(&Probe::WriteBytes(w.clone(), 100_000)),
+            format!("write-bytes {}: wrote 100000 bytes", w.display())
+        );
+        assert_eq!(fs::metadata(&w).unwrap().len(), 100_000);
+        assert_eq!(
+            run(&Probe::WriteBytes(missing.join("x"), 1)),
+            format!(
+                "write-bytes {}: error: No such file or directory (os error 2)",
+                missing.join("x").display()
+            )
+        );
         assert!(run(&Probe::Caps).starts_with("caps: CapEff="));
         let (pids, e) = fork_bomb(3);
         assert_eq!(fork_bomb_line(3, &(pids.clone(), e)), "fork-bomb: forked 3");

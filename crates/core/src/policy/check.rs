@@ -210,6 +210,23 @@ pub(super) fn check_resources(r: &Resources) -> Result<(), PolicyError> {
             format!("{w}: must be from 1 to {CPU_WEIGHT_MAX}"),
         ));
     }
+    // A limit of 0 bytes could not even let the agent write its first line
+    // of a file; there is no "no limit" either (the platform's default
+    // applies when none is given), so the range is 1 to WHOLE_MAX.
+    if r.disk_max == Some(0) {
+        return Err(PolicyError::new(
+            "resources.disk_max",
+            "0: must be at least 1 byte (leave it out for the platform's default)",
+        ));
+    }
+    if let Some(d) = r.disk_max
+        && d > WHOLE_MAX
+    {
+        return Err(PolicyError::new(
+            "resources.disk_max",
+            format!("{d}: must be at most {WHOLE_MAX} bytes"),
+        ));
+    }
     Ok(())
 }
 

@@ -59,7 +59,7 @@
 //!   ancestor's limit, so the child can never spend more than its parent may.
 //!   Inheriting the parent's limit instead would ask for a reservation the parent
 //!   can almost never make (its own spend already counts against it);
-//! - `resources` inherits each of its three limits separately;
+//! - `resources` inherits each of its four limits separately;
 //! - `create_limit` and `timeout_s` are inherited verbatim here, and narrowed to
 //!   what the parent has left by [`crate::attenuation::derive`], which needs the
 //!   parent's live state (creates used, deadline) that a policy does not hold.
@@ -298,6 +298,7 @@ pub fn effective(parent: &Policy, req: &PolicyRequest) -> Policy {
             memory_max: r.memory_max.or(p.memory_max),
             pids_max: r.pids_max.or(p.pids_max),
             cpu_weight: r.cpu_weight.or(p.cpu_weight),
+            disk_max: r.disk_max.or(p.disk_max),
         },
         uid: req.uid.unwrap_or(parent.uid),
         gid: req.gid.unwrap_or(parent.gid),

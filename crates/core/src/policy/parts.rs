@@ -310,7 +310,8 @@ impl Network {
     }
 }
 
-/// Cgroup limits; `None` is no limit.
+/// Resource limits; `None` is no limit (for `disk_max`, the platform's
+/// default applies: the runtime fills it in at admission).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Resources {
     /// Bytes (`memory.max`).
@@ -319,6 +320,10 @@ pub struct Resources {
     pub pids_max: Option<u64>,
     /// Relative CPU share, 1 to 10000 (`cpu.weight`).
     pub cpu_weight: Option<u64>,
+    /// Bytes the agent may write: the size of any one file it writes
+    /// (`RLIMIT_FSIZE`), and the total it hands back in its channel's
+    /// `artifact/` (issue 24).
+    pub disk_max: Option<u64>,
 }
 
 /// The classes of a [`Rule`].

@@ -357,6 +357,17 @@ fn normalise_sorts_and_refuses_what_types_allow() {
         ),
         (
             Policy {
+                resources: Resources {
+                    disk_max: Some(0),
+                    ..Resources::default()
+                },
+                ..base.clone()
+            },
+            "resources.disk_max",
+            "0: must be at least 1 byte",
+        ),
+        (
+            Policy {
                 env: [("".into(), "v".into())].into(),
                 ..base.clone()
             },
@@ -490,6 +501,7 @@ fn effective_inherits_what_the_request_leaves_out() {
         memory_max: Some(1 << 30),
         pids_max: Some(100),
         cpu_weight: Some(100),
+        disk_max: Some(1 << 20),
     };
     parent.env = [("A".to_owned(), "1".to_owned())].into();
 
@@ -531,6 +543,7 @@ fn effective_inherits_what_the_request_leaves_out() {
             memory_max: Some(1 << 30),
             pids_max: Some(10),
             cpu_weight: Some(100),
+            disk_max: Some(1 << 20),
         }
     );
 
@@ -653,6 +666,9 @@ fn numbers_beyond_the_store_and_the_kernel_are_refused() {
     let mut r = base();
     r.resources.pids_max = Some(PIDS_MAX + 1);
     refused(r, "resources.pids_max", "at most 4194304");
+    let mut r = base();
+    r.resources.disk_max = Some(WHOLE_MAX + 1);
+    refused(r, "resources.disk_max", "at most 9223372036854775807 bytes");
     refused(
         PolicyRequest {
             uid: Some(u32::MAX),
@@ -686,5 +702,6 @@ fn numbers_beyond_the_store_and_the_kernel_are_refused() {
     };
     r.resources.memory_max = Some(WHOLE_MAX);
     r.resources.pids_max = Some(PIDS_MAX);
+    r.resources.disk_max = Some(WHOLE_MAX);
     r.normalise().unwrap();
 }

@@ -27,6 +27,8 @@ pub(super) struct Child {
     pub(super) plan: Option<ChildPlan>,
     /// The door, to be placed at `DOOR_FD`; -1 for none.
     pub(super) door: RawFd,
+    /// `RLIMIT_FSIZE` to set with `prlimit64(2)`; `None`: inherited.
+    pub(super) file_size: Option<KernelRlimit>,
     /// NULL: no view of its own. Points into the spec, alive until exec.
     pub(super) view: *const crate::veil::PreparedView,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
@@ -194,6 +196,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
+/// The kernel's `struct rlimit64` for prlimit64(2): two 64-bit limits,
+/// whatever glibc's `rlim_t` is.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KernelRlimit {
+    pub(super) cur: u64,
+    pub(super) max: u64,
+}
+
 /// The kernel's `struct sigaction` for rt_sigaction(2) (not glibc's, whose
 /// layout differs): `SIG_DFL` with no flags is all zeroes.
 #[repr(C)]
@@ -261,6 +272,21 @@ pub(super) fn child_setup(c: &Child) -> io::Result<()> {
         }
         if let Some(ns) = c.ns {
             ns.apply()?;
+        }
+        // The largest file the agent may write (its policy's `disk_max`),
+        // after the steps above, which make mount points but write no file,
+        // and before any of its code runs. The raw syscall on a value the
+        // parent prepared: glibc's setrlimit is a wrapper like the others.
+        if let Some(limit) = &c.file_size
+            && libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                libc::RLIMIT_FSIZE,
+                limit as *const KernelRlimit,
+                std::ptr::null_mut::<KernelRlimit>(),
+            ) != 0
+        {
+            return Err(io::Error::last_os_error());
         }
         // Last, so the steps above still run with the supervisor's rights; none of
         // the sandbox's credential changes clears PR_SET_PDEATHSIG (see

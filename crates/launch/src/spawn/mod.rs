@@ -86,6 +86,12 @@ pub struct LaunchSpec {
     /// every process of the agent, the one way to its supervisor that needs
     /// no `socket(2)`.
     pub door: Option<OwnedFd>,
+    /// `RLIMIT_FSIZE`, soft and hard, in bytes: no file the process or
+    /// anything it starts writes grows past it (`write` gets `EFBIG`, and
+    /// `SIGXFSZ` unless ignored). Set in the child before exec; lowering a
+    /// limit needs no privilege and raising the hard one needs
+    /// `CAP_SYS_RESOURCE`, which agents do not hold. `None`: inherited.
+    pub file_size_max: Option<u64>,
 }
 
 /// Where the child finds its door (`BROOD_DOOR`).
@@ -529,6 +535,9 @@ fn launch_here(
             .map_or(std::ptr::null(), std::sync::Arc::as_ptr),
         plan,
         door: spec.door.as_ref().map_or(-1, |d| d.as_raw_fd()),
+        file_size: spec
+            .file_size_max
+            .map(|n| child::KernelRlimit { cur: n, max: n }),
         view: spec
             .view
             .as_ref()

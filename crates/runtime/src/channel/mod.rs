@@ -9,21 +9,29 @@
 //! [`harvest`] reads files (hashes, copies), so the supervisor runs it off the
 //! dispatcher, once a run that ended with a result has exited and its group is
 //! dead and empty. How the child's files are opened (as the child, no link
-//! followed, regular files only, bounded) is [`open`]'s.
+//! followed, regular files only, bounded) is [`open`]'s; how the blobs are
+//! staged and committed whole, [`blobs`]'; how `artifact/` is emptied of what
+//! no record accounts for, [`clear`]'s; how a running child's `artifact/` is
+//! measured against its `disk_max`, [`usage`]'s.
 
+mod blobs;
+pub mod clear;
 mod open;
 pub mod shared;
+pub mod usage;
 
-use std::fs::{self, File};
-use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::collections::BTreeSet;
+use std::fs;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use brood_core::policy::{AbsPath, Mode, Policy};
 use brood_launch::confine::Confinement;
 use brood_store::{Artifact, ChannelOutput};
 use serde_json::{Map, Value, json};
 
+use blobs::{Staged, blob_temp, new_blob_file};
+pub use blobs::{blob_path, remove_stale_temps};
 pub use open::{MAX_DEPTH, MAX_REF_BYTES};
 
 /// The kinds a reference may have (SPEC 4); the first is the default.
@@ -37,8 +45,9 @@ pub const REF_KINDS: &[&str] = &[
 ];
 
 /// At most this many files are taken from one `artifact/` directory, and at most
-/// this many bytes in all: a child cannot make its parent's supervisor copy an
-/// unbounded tree. Past either bound the result is refused, naming the bound.
+/// this many bytes in all (or the child's `resources.disk_max`, when lower):
+/// a child cannot make its parent's supervisor copy an unbounded tree. Past
+/// either bound the result is refused, naming the bound.
 pub const MAX_ARTIFACTS: usize = 1000;
 pub const MAX_ARTIFACT_BYTES: u64 = 1 << 30;
 
@@ -60,6 +69,9 @@ pub struct Input<'a> {
     pub blobs: &'a Path,
     /// Whose rights the child's files are opened with: the child's own.
     pub confinement: Confinement,
+    /// Set when the supervisor stopped waiting (the collection's time
+    /// limit): whatever this harvest then finds, it keeps nothing.
+    pub abandoned: &'a AtomicBool,
 }
 
 /// What a run hands back: recorded on the channel (`output`) and delivered to
@@ -83,12 +95,76 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// The most a result's artifacts may hold together: the child's `disk_max`
+/// when it is lower than [`MAX_ARTIFACT_BYTES`], and how a refusal names it.
+#[derive(Debug, Clone)]
+pub struct ArtifactCap {
+    pub bytes: u64,
+    pub named: String,
+}
+
+impl ArtifactCap {
+    pub fn of(policy: &Policy) -> ArtifactCap {
+        match policy.resources.disk_max {
+            Some(d) if d <= MAX_ARTIFACT_BYTES => ArtifactCap {
+                bytes: d,
+                named: format!("resources.disk_max, {d} bytes"),
+            },
+            _ => ArtifactCap {
+                bytes: MAX_ARTIFACT_BYTES,
+                named: format!("{MAX_ARTIFACT_BYTES} bytes"),
+            },
+        }
+    }
+}
+
 /// Checks the refs, takes the artifacts into the blob store and builds the
 /// parent's context pack. A bad ref line, a ref or artifact that is not a
-/// regular file the child could read, or an artifact past the bounds refuses
-/// the whole result, naming the line or file; an IO failure of the blob store
-/// too, since a result whose artifacts could not be kept cannot be rebuilt.
+/// regular file the child could read, or artifacts past the bounds (in all
+/// at most [`ArtifactCap::of`] the child's policy) refuse the whole result,
+/// naming the line or file; an IO failure of the blob store too, since a
+/// result whose artifacts could not be kept cannot be rebuilt.
+///
+/// A refused result leaves nothing behind (issue 24 item 6): its blobs were
+/// only staged, and are removed; its `artifact/` is emptied. An accepted one
+/// leaves in `artifact/` exactly the artifacts recorded (what was not taken,
+/// a link, a FIFO, a name that is not UTF-8, goes), as a rebuild writes it.
+/// The child's group is dead by now, so nothing it started can write more.
 pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
+    let mut staged = Staged::new(input.blobs);
+    let gathered = gather(input, &mut staged).and_then(|h| {
+        if input.abandoned.load(Ordering::Acquire) {
+            return Err(Refused("the collection was abandoned".into()));
+        }
+        staged
+            .commit()
+            .map_err(|e| Refused(format!("keeping the artifacts in the blob store: {e}")))?;
+        Ok(h)
+    });
+    let Some(ch) = input.channel else {
+        return gathered;
+    };
+    // Abandoned, the run has ended without it and its `artifact/` was set
+    // aside then (`supervisor::disk`): the one there now may be a resumed
+    // run's, and is not this collection's to touch.
+    if input.abandoned.load(Ordering::Acquire) {
+        return gathered;
+    }
+    let keep: BTreeSet<String> = match &gathered {
+        Ok(h) => h.output.artifacts.iter().map(|a| a.name.clone()).collect(),
+        Err(_) => BTreeSet::new(),
+    };
+    if let Err(e) = clear::clear(ch, &keep) {
+        tracing::warn!(channel = %ch.display(), error = %e, "emptying artifact/ of what was not recorded");
+    }
+    let mut out = gathered?;
+    out.pack_artifacts =
+        pack_artifacts(&out.pack_refs, &out.output.artifacts, Some(ch), input.blobs);
+    Ok(out)
+}
+
+/// [`harvest`] up to the blobs: the refs checked, the artifacts staged.
+fn gather(input: &Input<'_>, staged: &mut Staged) -> Result<Harvest, Refused> {
     let (refs, checks) = check_refs(input.refs, input.channel.is_some(), input.policy)?;
     let mut out = Harvest::default();
     out.output.refs = refs.iter().map(|r| format!("{r}\n")).collect();
@@ -104,7 +180,8 @@ pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
         None => None,
     };
     let targets = checks.iter().map(|c| c.target.clone()).collect();
-    let rx = open::spawn_opener(input.confinement.clone(), channel, targets)
+    let cap = ArtifactCap::of(input.policy);
+    let rx = open::spawn_opener(input.confinement.clone(), channel, targets, cap.clone())
         .map_err(|e| Refused(format!("collecting the result: starting the opener: {e}")))?;
     let gone = || Refused("collecting the result: the opener stopped without an answer".into());
     for c in &checks {
@@ -135,8 +212,9 @@ pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
     loop {
         match rx.recv().map_err(|_| gone())? {
             open::Got::Artifact(name, mut o) => {
-                let left = MAX_ARTIFACT_BYTES.saturating_sub(total);
-                let (sha256, size) = put_blob(input.blobs, &mut o.file, left)
+                let left = cap.bytes.saturating_sub(total);
+                let (sha256, size) = staged
+                    .stage(&mut o.file, left)
                     .map_err(|e| Refused(format!("artifact/{name}: {e}")))?;
                 total += size;
                 artifacts.push(Artifact { name, sha256, size });
@@ -147,7 +225,6 @@ pub fn harvest(input: &Input<'_>) -> Result<Harvest, Refused> {
         }
     }
     artifacts.sort_by(|a, b| a.name.cmp(&b.name));
-    out.pack_artifacts = pack_artifacts(&refs, &artifacts, input.channel, input.blobs);
     out.output.artifacts = artifacts;
     Ok(out)
 }
@@ -348,56 +425,6 @@ pub fn pack(result: Option<&str>, h: Option<&Harvest>) -> Value {
     })
 }
 
-/// `blobs/sha256/<hex>`.
-pub fn blob_path(blobs: &Path, sha256: &str) -> PathBuf {
-    blobs.join("sha256").join(sha256)
-}
-
-/// Copies an open file into the blob store under its hash (temp file, then
-/// rename; an existing blob is kept: same hash, same bytes), reading at most
-/// `cap` bytes.
-pub fn put_blob(blobs: &Path, src: &mut File, cap: u64) -> io::Result<(String, u64)> {
-    let (dir, tmp) = blob_temp(blobs)?;
-    let r = (|| {
-        let mut out = new_blob_file(&tmp)?;
-        let (hex, size) = open::hash_copy(src, cap, Some(&mut out))?;
-        let dst = dir.join(&hex);
-        if dst.exists() {
-            fs::remove_file(&tmp)?;
-        } else {
-            fs::rename(&tmp, &dst)?;
-        }
-        Ok((hex, size))
-    })();
-    if r.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    r
-}
-
-/// The blob store's directory (made if missing) and a fresh temp file name
-/// in it, for a blob being written: renamed to its hash once whole.
-fn blob_temp(blobs: &Path) -> io::Result<(PathBuf, PathBuf)> {
-    let dir = blobs.join("sha256");
-    fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(
-        ".in.{}.{}",
-        std::process::id(),
-        uuid::Uuid::now_v7().simple()
-    ));
-    Ok((dir, tmp))
-}
-
-/// Creates the temp file of a blob being written (read-only once renamed).
-fn new_blob_file(tmp: &Path) -> io::Result<File> {
-    fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o444)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(tmp)
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -406,6 +433,7 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use std::ffi::CString;
+    use std::fs::File;
 
     fn operator() -> Policy {
         Policy::operator(0, 0, Default::default())
@@ -419,13 +447,45 @@ mod tests {
     }
 
     fn run(refs: &[Value], ch: Option<&Path>, blobs: &Path) -> Result<Harvest, Refused> {
+        run_as(&operator(), refs, ch, blobs, &AtomicBool::new(false))
+    }
+
+    fn run_as(
+        policy: &Policy,
+        refs: &[Value],
+        ch: Option<&Path>,
+        blobs: &Path,
+        abandoned: &AtomicBool,
+    ) -> Result<Harvest, Refused> {
         harvest(&Input {
             refs,
             channel: ch,
-            policy: &operator(),
+            policy,
             blobs,
             confinement: unconfined(),
+            abandoned,
         })
+    }
+
+    /// Every file in the blob store, temp files included.
+    fn blob_files(blobs: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(blobs.join("sha256"))
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn artifact_dir(ch: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(ch.join("artifact"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     fn sha256_of(p: &Path) -> String {
@@ -502,15 +562,18 @@ mod tests {
     fn a_ref_that_is_not_a_plain_regular_file_is_refused_without_reading() {
         let d = tempfile::tempdir().unwrap();
         let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
-        fs::create_dir_all(ch.join("artifact")).unwrap();
         let secret_dir = d.path().join("secret");
         fs::create_dir(&secret_dir).unwrap();
         fs::write(secret_dir.join("s.txt"), "hello\n").unwrap();
-        mkfifo(&ch.join("artifact/fifo"));
-        std::os::unix::fs::symlink(&secret_dir, ch.join("artifact/dir")).unwrap();
         std::os::unix::fs::symlink(&secret_dir, d.path().join("outside-link")).unwrap();
-        let sparse = ch.join("artifact/sparse");
-        File::create(&sparse).unwrap().set_len(10 << 30).unwrap();
+        // Planted again before each case: a refusal empties artifact/.
+        let plant = || {
+            fs::create_dir_all(ch.join("artifact")).unwrap();
+            mkfifo(&ch.join("artifact/fifo"));
+            std::os::unix::fs::symlink(&secret_dir, ch.join("artifact/dir")).unwrap();
+            let sparse = ch.join("artifact/sparse");
+            File::create(&sparse).unwrap().set_len(10 << 30).unwrap();
+        };
         let abs_link = d.path().join("outside-link/s.txt");
         let cases = [
             ("/dev/zero".to_owned(), "a character device"),
@@ -521,6 +584,7 @@ mod tests {
             ("artifact".to_owned(), "a directory"),
         ];
         for (path, why) in cases {
+            plant();
             let r = json!({"path": path, "summary": "s", "hash": SOME_HASH});
             let e = run(&[r], Some(&ch), &blobs).unwrap_err().0;
             assert!(
@@ -528,7 +592,17 @@ mod tests {
                 "{path}: {e}"
             );
             assert!(!e.contains(&SOME_HASH[7..20]), "{e}");
+            assert_eq!(
+                artifact_dir(&ch),
+                Vec::<String>::new(),
+                "{path}: left behind"
+            );
         }
+        assert_eq!(
+            fs::read_to_string(secret_dir.join("s.txt")).unwrap(),
+            "hello\n",
+            "what a link pointed at stays"
+        );
     }
 
     #[test]
@@ -590,5 +664,70 @@ mod tests {
             .map(|d| d.count())
             .unwrap_or(0);
         assert_eq!(kept, 0);
+    }
+
+    /// Issue 24: the artifacts together are bounded by the child's
+    /// `disk_max`; a result refused after some of them were copied leaves
+    /// no blob, whole or temp, and an empty `artifact/`.
+    #[test]
+    fn a_result_over_disk_max_is_refused_and_leaves_nothing_behind() {
+        let d = tempfile::tempdir().unwrap();
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        fs::create_dir_all(ch.join("artifact/sub")).unwrap();
+        fs::write(ch.join("artifact/a"), "123456").unwrap();
+        fs::write(ch.join("artifact/b"), "abcdef").unwrap();
+        fs::write(ch.join("artifact/sub/c"), "xyz").unwrap();
+        let mut small = operator();
+        small.resources.disk_max = Some(10);
+        let e = run_as(&small, &[], Some(&ch), &blobs, &AtomicBool::new(false))
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            e,
+            "the artifacts exceed resources.disk_max, 10 bytes (at artifact/b)"
+        );
+        assert_eq!(blob_files(&blobs), Vec::<String>::new());
+        assert_eq!(artifact_dir(&ch), Vec::<String>::new());
+    }
+
+    /// Accepted, `artifact/` keeps what was recorded and nothing else: a
+    /// link and a FIFO, which are not artifacts, go.
+    #[test]
+    fn an_accepted_result_keeps_only_its_recorded_artifacts() {
+        let d = tempfile::tempdir().unwrap();
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        fs::create_dir_all(ch.join("artifact/sub")).unwrap();
+        fs::write(ch.join("artifact/a.txt"), "alpha").unwrap();
+        fs::write(ch.join("artifact/sub/b.txt"), "beta").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", ch.join("artifact/link")).unwrap();
+        mkfifo(&ch.join("artifact/fifo"));
+        let mut roomy = operator();
+        roomy.resources.disk_max = Some(1 << 20);
+        let h = run_as(&roomy, &[], Some(&ch), &blobs, &AtomicBool::new(false)).unwrap();
+        assert_eq!(h.output.artifacts.len(), 2);
+        assert_eq!(artifact_dir(&ch), ["a.txt", "sub"]);
+        assert_eq!(
+            fs::read_to_string(ch.join("artifact/sub/b.txt")).unwrap(),
+            "beta"
+        );
+        assert_eq!(blob_files(&blobs).len(), 2, "{:?}", blob_files(&blobs));
+    }
+
+    /// A collection the supervisor stopped waiting for keeps nothing in the
+    /// blob store, even when it would have been accepted, and leaves
+    /// `artifact/` alone (the supervisor set the run's aside when it ended
+    /// it; what is there now may be a resumed run's).
+    #[test]
+    fn an_abandoned_collection_keeps_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (ch, blobs) = (d.path().join("ch"), d.path().join("blobs"));
+        fs::create_dir_all(ch.join("artifact")).unwrap();
+        fs::write(ch.join("artifact/a.txt"), "alpha").unwrap();
+        let e = run_as(&operator(), &[], Some(&ch), &blobs, &AtomicBool::new(true))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("abandoned"), "{e}");
+        assert_eq!(blob_files(&blobs), Vec::<String>::new());
+        assert_eq!(artifact_dir(&ch), ["a.txt"]);
     }
 }

@@ -15,7 +15,8 @@
 //!   `/dev/zero`, a socket or a directory is refused, naming what it is.
 //! * **Bounded.** A ref's file is hashed up to [`MAX_REF_BYTES`]; the
 //!   artifacts, at most [`super::MAX_ARTIFACTS`] files of
-//!   [`super::MAX_ARTIFACT_BYTES`] in all, nested at most [`MAX_DEPTH`] deep.
+//!   [`super::MAX_ARTIFACT_BYTES`] (or the child's `disk_max`, when lower:
+//!   [`super::ArtifactCap`]) in all, nested at most [`MAX_DEPTH`] deep.
 //!   Sizes are checked from `fstat` before a byte is read (a 10 GiB sparse file
 //!   costs nothing) and again while reading.
 //! * **The child's rights.** The opening runs on a thread confined as the
@@ -34,7 +35,7 @@ use brood_launch::confine::{Confinement, spawn_confined};
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use super::{MAX_ARTIFACT_BYTES, MAX_ARTIFACTS};
+use super::{ArtifactCap, MAX_ARTIFACTS};
 
 /// A ref's file is hashed only up to this size: past it the result is refused.
 pub const MAX_REF_BYTES: u64 = 1 << 30;
@@ -79,18 +80,20 @@ pub fn channel_dir(path: &Path) -> std::io::Result<OwnedFd> {
 }
 
 /// Starts the opener on a thread confined by `c`: the refs' files, then the
-/// channel's artifacts when `channel` is given. Stops early when the receiver
-/// is dropped (the collector refused the result).
+/// channel's artifacts when `channel` is given, at most `cap` bytes of them.
+/// Stops early when the receiver is dropped (the collector refused the
+/// result).
 pub fn spawn_opener(
     c: Confinement,
     channel: Option<OwnedFd>,
     refs: Vec<RefTarget>,
+    cap: ArtifactCap,
 ) -> std::io::Result<Receiver<Got>> {
     // Two in flight: the opener stays one file ahead of the collector, and a
     // walk of a thousand artifacts never holds a thousand descriptors.
     let (tx, rx) = sync_channel(2);
     let failed = tx.clone();
-    let handle = spawn_confined(c, move || open_all(&tx, channel.as_ref(), &refs))?;
+    let handle = spawn_confined(c, move || open_all(&tx, channel.as_ref(), &refs, &cap))?;
     // The confinement itself may fail (then nothing was opened): say so on the
     // queue, from a watcher, so the collector never waits on a dead opener.
     std::thread::Builder::new()
@@ -106,7 +109,12 @@ pub fn spawn_opener(
     Ok(rx)
 }
 
-fn open_all(tx: &SyncSender<Got>, channel: Option<&OwnedFd>, refs: &[RefTarget]) {
+fn open_all(
+    tx: &SyncSender<Got>,
+    channel: Option<&OwnedFd>,
+    refs: &[RefTarget],
+    cap: &ArtifactCap,
+) {
     for r in refs {
         let dir = if r.path.is_absolute() {
             None
@@ -137,6 +145,7 @@ fn open_all(tx: &SyncSender<Got>, channel: Option<&OwnedFd>, refs: &[RefTarget])
         tx,
         files: 0,
         bytes: 0,
+        cap,
     };
     let last = match walk.dir(dir, Path::new(""), 0) {
         Ok(true) => Got::End,
@@ -150,6 +159,7 @@ struct Walk<'a> {
     tx: &'a SyncSender<Got>,
     files: usize,
     bytes: u64,
+    cap: &'a ArtifactCap,
 }
 
 impl Walk<'_> {
@@ -201,7 +211,7 @@ impl Walk<'_> {
                             "artifact/ holds more than {MAX_ARTIFACTS} files; at most {MAX_ARTIFACTS} are taken"
                         ));
                     }
-                    let left = MAX_ARTIFACT_BYTES.saturating_sub(self.bytes);
+                    let left = self.cap.bytes.saturating_sub(self.bytes);
                     let o = open_regular(
                         Some(dir.as_fd()),
                         Path::new(text),
@@ -211,7 +221,8 @@ impl Walk<'_> {
                     .map_err(|e| {
                         if e.contains("bytes; at most") {
                             format!(
-                                "the artifacts exceed {MAX_ARTIFACT_BYTES} bytes (at {})",
+                                "the artifacts exceed {} (at {})",
+                                self.cap.named,
                                 shown(&path)
                             )
                         } else {

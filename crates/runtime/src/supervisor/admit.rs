@@ -94,6 +94,18 @@ impl Dispatcher {
         Policy::operator(self.uid, self.gid, self.groups.clone())
     }
 
+    /// `policy` with the platform's `disk_max` where neither it nor an
+    /// ancestor set one (issue 24 item 6): every agent's writes are bounded,
+    /// and its children inherit the bound like any other limit. Filled in
+    /// before the attenuation check, which a parent without one (recorded
+    /// before there was a default) then passes.
+    fn with_disk_default(&self, mut policy: Policy) -> Policy {
+        if policy.resources.disk_max.is_none() {
+            policy.resources.disk_max = Some(self.cfg.resource_defaults.disk_max);
+        }
+        policy
+    }
+
     /// The effective policy of a new agent, or the refusal naming the first check
     /// it fails (SPEC 5's order). A root is checked against the operator, a child
     /// against its parent's effective policy and live state.
@@ -126,7 +138,7 @@ impl Dispatcher {
                 deadline_unix_s: deadline,
                 now_unix_s: now,
             };
-            let child = brood_core::attenuation::derive(&view, &preq);
+            let child = self.with_disk_default(brood_core::attenuation::derive(&view, &preq));
             brood_core::attenuation::check(&view, &child)
                 .map_err(|r| ApiError::new(r.code, r.message))?;
             return Ok(child);
@@ -140,7 +152,7 @@ impl Dispatcher {
                     deadline_unix_s: l.deadline_unix_s,
                     now_unix_s: now,
                 };
-                let child = brood_core::attenuation::derive(&view, &preq);
+                let child = self.with_disk_default(brood_core::attenuation::derive(&view, &preq));
                 brood_core::attenuation::check(&view, &child)
                     .map_err(|r| ApiError::new(r.code, r.message))?;
                 Ok(child)
@@ -168,7 +180,7 @@ impl Dispatcher {
                     deadline_unix_s: None,
                     now_unix_s: now,
                 };
-                let root = brood_core::policy::effective(&op, &preq);
+                let root = self.with_disk_default(brood_core::policy::effective(&op, &preq));
                 brood_core::attenuation::check(&view, &root)
                     .map_err(|r| ApiError::new(r.code, r.message))?;
                 Ok(root)

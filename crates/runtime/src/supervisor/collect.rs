@@ -132,8 +132,13 @@ impl Dispatcher {
                 share,
             } = c;
             let shared_blobs = blobs.clone();
+            // Set once the time limit passes: the collector then keeps
+            // nothing of what it finds (no blob, no artifact), since the run
+            // has ended without it.
+            let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let harvest = {
                 let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                let flag = abandoned.clone();
                 let started = std::thread::Builder::new()
                     .name("brood-collect".into())
                     .spawn(move || {
@@ -143,6 +148,7 @@ impl Dispatcher {
                             policy: &policy,
                             blobs: &blobs,
                             confinement,
+                            abandoned: &flag,
                         });
                         let _ = done_tx.send(h);
                     });
@@ -156,11 +162,15 @@ impl Dispatcher {
                             "not collected: the collector failed without an answer".into(),
                         )),
                         // The thread is left to end on its own (every read
-                        // it makes is bounded); the run ends now.
-                        Err(_) => Err(crate::channel::Refused(format!(
-                            "not collected within {} s",
-                            COLLECT_LIMIT.as_secs()
-                        ))),
+                        // it makes is bounded), keeping nothing; the run
+                        // ends now.
+                        Err(_) => {
+                            abandoned.store(true, std::sync::atomic::Ordering::Release);
+                            Err(crate::channel::Refused(format!(
+                                "not collected within {} s",
+                                COLLECT_LIMIT.as_secs()
+                            )))
+                        }
                     },
                 }
             };

@@ -65,6 +65,14 @@ impl Dispatcher {
                 return;
             }
         };
+        // A run that recorded no result hands nothing back (issue 24): what
+        // it left in its channel's `artifact/` is set aside now, before
+        // anyone hears of the end (so a resume finds an empty one), and goes
+        // once its group is empty.
+        let clear = match &harvest {
+            None => self.set_aside_artifacts(name),
+            Some(_) => None,
+        };
         self.project_events(&events);
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
         let group = self.live.get_mut(name).and_then(|l| l.group.take());
@@ -76,9 +84,9 @@ impl Dispatcher {
             .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
             .unwrap_or(false);
         if unfinished {
-            self.stop_descendants(name, group);
+            self.stop_descendants(name, group, clear);
         } else {
-            self.remove_group(group);
+            self.remove_group_then_clear(group, clear);
         }
     }
 

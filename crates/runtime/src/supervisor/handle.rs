@@ -106,6 +106,8 @@ impl Supervisor {
                 agents = r.agents,
                 files = r.files,
                 artifacts_elsewhere = r.artifacts_elsewhere,
+                leftovers_removed = r.leftovers_removed,
+                blob_temps_removed = r.blob_temps_removed,
                 "ctx tree rebuilt"
             ),
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),

@@ -302,6 +302,10 @@ impl Dispatcher {
             containment: self.meta["containment"].clone(),
             limits_missing,
             door,
+            file_size_max: crate::enforce::file_size_max(
+                &l.policy,
+                self.cfg.resource_defaults.disk_max,
+            ),
         };
         l.init = init;
         let tx = self.tx.clone();
@@ -591,6 +595,7 @@ struct Prep {
     containment: Value,
     limits_missing: bool,
     door: Option<std::os::fd::OwnedFd>,
+    file_size_max: u64,
 }
 
 /// What a launch made that the dispatcher keeps: its group (to stop and
@@ -741,6 +746,7 @@ impl Prep {
             view,
             stdin_prelude: self.stdin_prelude,
             door: self.door,
+            file_size_max: Some(self.file_size_max),
         })
     }
 }

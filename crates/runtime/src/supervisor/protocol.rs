@@ -127,6 +127,21 @@ impl Dispatcher {
                     return;
                 }
                 let (outcome, result, mut detail) = outcome_of(l, status);
+                // A file past RLIMIT_FSIZE: the kernel's SIGXFSZ, for the
+                // policy's disk_max (issue 24).
+                if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGXFSZ {
+                    let w = format!(
+                        "killed by SIGXFSZ: a file it wrote reached the policy's disk_max ({} bytes)",
+                        crate::enforce::file_size_max(
+                            &l.policy,
+                            self.cfg.resource_defaults.disk_max
+                        )
+                    );
+                    detail = Some(match detail {
+                        Some(d) => format!("{w}; {d}"),
+                        None => w,
+                    });
+                }
                 // A kill by the kernel for a limit of the policy says which limit
                 // (read before the group is removed).
                 if libc::WIFSIGNALED(status)

@@ -1,8 +1,9 @@
 //! Stops (SPEC 6 "Parent death"): the intent recorded for every target, the
 //! whole subtree signalled at once, its group emptied off the dispatcher
 //! (SIGTERM, the grace, `cgroup.kill`, confirmed empty, removed; retried with
-//! backoff when that fails, the agents staying `stopping`), then the records
-//! and events written in post-order.
+//! backoff when that fails, the agents staying `stopping`), the stopped
+//! runs' `artifact/` emptied (they hand nothing back, issue 24), then the
+//! records and events written in post-order.
 
 use super::*;
 
@@ -17,6 +18,10 @@ pub(super) struct Stop {
     /// A result to collect once the group is empty (the agent whose run ended
     /// with it heads the group; its descendants were the targets).
     then: Option<Box<Collect>>,
+    /// Channels whose `artifact/` is emptied once the group is: the
+    /// targets' (a stopped run hands nothing back), and that of a run which
+    /// ended without a result and left these descendants.
+    clear: Vec<super::disk::ToClear>,
 }
 
 /// SIGTERM (when `term`) to every process of the group's subtree, up to `grace`
@@ -63,20 +68,46 @@ pub(super) async fn empty_group(
 
 impl Dispatcher {
     pub(super) fn remove_group(&self, group: Option<Group>) {
+        self.remove_group_then_clear(group, None);
+    }
+
+    /// [`Self::remove_group`], then (the group empty) the `artifact/` of
+    /// `clear`, a channel whose run recorded no result. Without cgroups it
+    /// is emptied at once: the run's process has exited, and that weaker
+    /// mode cannot see the rest (docs/decisions.md, the fallback).
+    pub(super) fn remove_group_then_clear(
+        &self,
+        group: Option<Group>,
+        clear: Option<super::disk::ToClear>,
+    ) {
         let (Some(g), Some(cg)) = (group, self.cgroups.clone()) else {
+            if let Some(dir) = clear {
+                tokio::spawn(super::disk::clear_channels(vec![dir]));
+            }
             return;
         };
         let grace = self.cfg.grace;
         tokio::spawn(async move {
-            if let Err(e) = empty_group(&cg, &g, grace, false).await {
-                tracing::error!(group = %g.dir.display(), error = %e, "removing a cgroup failed");
+            match empty_group(&cg, &g, grace, false).await {
+                Ok(()) => super::disk::clear_channels(clear.into_iter().collect()).await,
+                // Not emptied: what it left stays for `brood fsck`, which
+                // runs once nothing of it lives.
+                Err(e) => {
+                    tracing::error!(group = %g.dir.display(), error = %e, "removing a cgroup failed")
+                }
             }
         });
     }
 
     /// Parent death (SPEC 6 steps 1-5) for the descendants of an agent whose run
     /// already ended (its own record is written: that is the recorded intent).
-    pub(super) fn stop_descendants(&mut self, parent: &AgentName, group: Option<Group>) {
+    /// `clear`: the parent's own channel, when its run recorded no result.
+    pub(super) fn stop_descendants(
+        &mut self,
+        parent: &AgentName,
+        group: Option<Group>,
+        clear: Option<super::disk::ToClear>,
+    ) {
         let plan = match self.store.descendants_post_order(&self.tenant, parent) {
             Ok(p) => p,
             Err(e) => {
@@ -91,7 +122,7 @@ impl Dispatcher {
             .filter(|a| !a.status.is_finished())
             .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
             .collect();
-        self.begin_stop(targets, group);
+        self.begin_stop_clearing(targets, group, None, clear.into_iter().collect());
     }
 
     /// Stops an agent and its whole subtree: the agent with `outcome`, every
@@ -124,9 +155,21 @@ impl Dispatcher {
     /// is empty.
     pub(super) fn begin_stop_then(
         &mut self,
+        targets: Vec<(AgentName, Terminal)>,
+        group: Option<Group>,
+        then: Option<Box<Collect>>,
+    ) {
+        self.begin_stop_clearing(targets, group, then, Vec::new());
+    }
+
+    /// [`Self::begin_stop_then`], emptying `also` (besides the targets'
+    /// channels) once the group is empty.
+    pub(super) fn begin_stop_clearing(
+        &mut self,
         mut targets: Vec<(AgentName, Terminal)>,
         group: Option<Group>,
         then: Option<Box<Collect>>,
+        also: Vec<super::disk::ToClear>,
     ) {
         let id = self.id();
         // Agents hosted by another supervisor sharing the store get the intent
@@ -184,6 +227,8 @@ impl Dispatcher {
             // own process group.
             pgids.push(p);
         }
+        let mut clear = self.channels_of(&targets);
+        clear.extend(also);
         self.stops.insert(
             id,
             Stop {
@@ -191,14 +236,17 @@ impl Dispatcher {
                 group: group.clone(),
                 attempts: 0,
                 then,
+                clear: clear.clone(),
             },
         );
-        self.empty_for_stop(id, group, pgids, true, Duration::ZERO);
+        self.empty_for_stop(id, group, pgids, true, Duration::ZERO, clear);
     }
 
     /// Empties a stop's group (SIGTERM first when `term`, then the grace,
     /// `cgroup.kill`, confirmed empty, removed) after `delay`, off the
-    /// dispatcher, and reports `StopDone` with the outcome.
+    /// dispatcher, then the `artifact/` of `clear`, and reports `StopDone`
+    /// with the outcome: by the time the ends are recorded, nothing the
+    /// stopped runs wrote there is left.
     pub(super) fn empty_for_stop(
         &self,
         id: u64,
@@ -206,6 +254,7 @@ impl Dispatcher {
         pgids: Vec<i32>,
         term: bool,
         delay: Duration,
+        clear: Vec<super::disk::ToClear>,
     ) {
         let cg = self.cgroups.clone();
         let tx = self.tx.clone();
@@ -257,6 +306,9 @@ impl Dispatcher {
                 elapsed_us = t_sig.elapsed().as_micros() as u64,
                 "stop: group emptied"
             );
+            if emptied.is_ok() {
+                super::disk::clear_channels(clear).await;
+            }
             let _ = tx.send(Cmd::StopDone(id, emptied));
         });
     }
@@ -321,8 +373,9 @@ impl Dispatcher {
         let delay =
             Duration::from_millis(100u64 << stop.attempts.min(7)).min(Duration::from_secs(10));
         let group = stop.group.clone();
+        let clear = stop.clear.clone();
         self.stops.insert(id, stop);
-        self.empty_for_stop(id, group, Vec::new(), false, delay);
+        self.empty_for_stop(id, group, Vec::new(), false, delay, clear);
     }
 
     /// Every process of a stop is gone: write the records and the event pairs in

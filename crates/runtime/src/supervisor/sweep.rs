@@ -77,6 +77,9 @@ pub(super) struct SweepState {
     pub(super) orphan_zombies: std::collections::HashSet<i32>,
     /// Keeper deaths already reported.
     pub(super) keeper_deaths: u64,
+    /// A measure of the running agents' `artifact/` is under way
+    /// (`supervisor::disk`).
+    pub(super) disk_busy: bool,
 }
 
 /// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
@@ -111,6 +114,9 @@ impl Dispatcher {
         }
         self.reap_orphans();
         self.watch_keeper();
+        // Every supervisor for the agents it hosts, lease or not: only it
+        // can stop their processes.
+        self.watch_disk();
         let ticks = self.sweep.ticks;
         if let Some(fence) = self.hold_lease() {
             let r = (|| -> Result<(), StoreError> {

@@ -1,0 +1,190 @@
+//! The supervisor hosted by this process: `brood run` (a root supervised
+//! in-process until it ends, with its control socket) and `brood serve` (the
+//! daemon, on its socket and, when asked, loopback TCP).
+
+use anyhow::{Context, Result};
+use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
+use serde_json::{Value, json};
+
+use crate::{Exit, api, render, unsafe_uid, wait_code};
+
+/// Runs a root agent with an in-process supervisor and its control socket.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_root(
+    cfg: Config,
+    entrances: brood_server::Entrances,
+    name: Option<brood_core::AgentName>,
+    protocol: brood_store::Protocol,
+    task: String,
+    argv: Vec<String>,
+    policy: Option<Value>,
+    iso: brood_core::Iso,
+    json_out: bool,
+) -> Result<i32> {
+    let sock = cfg.socket.clone();
+    // The supervisor refuses a relative program (its directory is not the
+    // caller's); here the caller is this process, so `./tool` is resolved
+    // against the directory `brood run` was started in.
+    let mut argv = argv;
+    if let Some(p) = argv.first_mut()
+        && !p.starts_with('/')
+        && p.contains('/')
+    {
+        let mut abs = std::env::current_dir()?;
+        for c in std::path::Path::new(&*p).components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    abs.pop();
+                }
+                std::path::Component::Normal(n) => abs.push(n),
+                _ => {}
+            }
+        }
+        *p = abs.display().to_string();
+    }
+    let (sup, listener) = host(cfg).await?;
+    let api = brood_server::Api::new(sup.clone(), None);
+    entrances.serve(&api);
+    let server = tokio::spawn(brood_server::serve_unix(api, listener));
+    let req = SpawnRequest {
+        customer: None,
+        label: None,
+        placement: None,
+        name,
+        parent: None,
+        argv,
+        protocol,
+        task,
+        env: Vec::new(),
+        cwd: None,
+        session: brood_core::SessionName::default_session(),
+        await_ready: false,
+        policy,
+        life: brood_core::Life::Owned,
+        iso,
+        root: None,
+    };
+    // Whatever happens to the run, the supervisor is shut down: no process, group
+    // or socket of this run outlives it.
+    let outcome = supervise_root(&sup, req).await;
+    sup.shutdown().await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock);
+    let (a, tree) = outcome?;
+    if json_out {
+        println!("{}", json!({"agent": a, "tree": tree.trees.first()}));
+    } else {
+        if let Some(res) = a["result"].as_str() {
+            print!("{res}");
+            if !res.ends_with('\n') && !res.is_empty() {
+                println!();
+            }
+        }
+        if let Some(t) = tree.trees.first() {
+            eprint!("{}", render::tree(t));
+        }
+    }
+    Ok(wait_code(&a))
+}
+
+/// Starts the root, waits for it (Ctrl-C cancels it), and returns its record and
+/// its tree.
+async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, brood_api::Trees)> {
+    let me = Caller::User { uid: unsafe_uid() };
+    let started = api(sup.spawn(me.clone(), req).await)?;
+    let name = brood_core::AgentName::new(started["name"].as_str().unwrap_or(""))
+        .map_err(|e| Exit(1, e.to_string()))?;
+    // Ctrl-C cancels the tree (and then we report it like any other end).
+    let sup2 = sup.clone();
+    let n2 = name.clone();
+    let me2 = me.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = sup2.cancel(me2, n2).await;
+        }
+    });
+    let r = api(sup.wait(me, vec![name.clone()], None).await)?;
+    let a = r["agents"][0].clone();
+    let tree = api(sup.view().tree(Some(&name)))?;
+    Ok((a, tree))
+}
+
+/// A supervisor for `cfg` with its control socket bound (the socket first, so a
+/// root another supervisor already serves is refused before anything starts).
+async fn host(cfg: Config) -> Result<(Supervisor, tokio::net::UnixListener)> {
+    std::fs::create_dir_all(&cfg.root)
+        .with_context(|| format!("creating the root {}", cfg.root.display()))?;
+    let listener = brood_server::bind_unix(&cfg.socket)
+        .await
+        .with_context(|| format!("binding the control socket {}", cfg.socket.display()))?;
+    let sup = Supervisor::start(cfg).context("starting the supervisor")?;
+    Ok((sup, listener))
+}
+
+pub(crate) async fn serve(
+    cfg: Config,
+    entrances: brood_server::Entrances,
+    listen: Option<String>,
+    ui: brood_server::UiLimits,
+) -> Result<i32> {
+    let sock = cfg.socket.clone();
+    let root = cfg.root.clone();
+    // The TCP listener is bound before anything starts, so a bad address is
+    // refused without side effects.
+    let tcp = match &listen {
+        Some(addr) => Some(
+            brood_server::bind_tcp(addr)
+                .await
+                .map_err(|e| Exit(2, format!("binding --listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    // The token is there before anyone can connect.
+    let token = match &tcp {
+        Some(_) => {
+            std::fs::create_dir_all(&root)
+                .with_context(|| format!("creating the root {}", root.display()))?;
+            Some(
+                brood_server::Token::load_or_create(&root)
+                    .map_err(|e| Exit(1, format!("the API token: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let (sup, listener) = host(cfg).await?;
+    let api = brood_server::Api::new(sup.clone(), token);
+    api.set_ui_limits(ui);
+    entrances.serve(&api);
+    eprintln!(
+        "brood: serving {} ({})",
+        sock.display(),
+        sup.host_info().containment
+    );
+    let mut servers = vec![tokio::spawn(brood_server::serve_unix(
+        api.clone(),
+        listener,
+    ))];
+    if let Some(l) = tcp {
+        let addr = l.local_addr()?;
+        eprintln!(
+            "brood: serving http://{addr} (token in {})",
+            brood_server::Token::path(&root).display()
+        );
+        eprintln!(
+            "brood: web UI at http://{addr}/ui?token=… (the token of {}; docs/ui.md)",
+            brood_server::Token::path(&root).display()
+        );
+        servers.push(tokio::spawn(brood_server::serve_tcp(api, l)));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    sup.shutdown().await;
+    for s in servers {
+        s.abort();
+    }
+    let _ = std::fs::remove_file(&sock);
+    Ok(0)
+}

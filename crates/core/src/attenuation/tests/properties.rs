@@ -136,6 +136,12 @@ fn any_env() -> BoxedStrategy<BTreeMap<String, String>> {
         .boxed()
 }
 
+fn any_secrets() -> BoxedStrategy<BTreeSet<String>> {
+    subsequence(vec!["S1", "S2", "S3"], 0..=3)
+        .prop_map(|ks| ks.into_iter().map(str::to_owned).collect())
+        .boxed()
+}
+
 fn any_path(tiers: Vec<String>) -> BoxedStrategy<Vec<String>> {
     let n = tiers.len();
     subsequence(tiers, 0..=n).prop_shuffle().boxed()
@@ -167,12 +173,13 @@ fn any_policy() -> BoxedStrategy<Policy> {
             opt(select(vec![0.0, 1.0, 2.5, 10.0]).boxed()),
             opt((0u32..4).boxed()),
             opt((0u32..5).boxed()),
+            any_secrets(),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create),
+                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
             )| {
                 Policy {
                     tools,
@@ -194,6 +201,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
                     gid,
                     groups,
                     env,
+                    secrets,
                     models,
                     path,
                     rules,
@@ -442,6 +450,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
         None => opt((0u32..4).boxed()),
     };
     let n_env = p.env.len();
+    let n_secrets = p.secrets.len();
     let n_groups = p.groups.len();
     let n_path = p.path.len();
     (
@@ -486,12 +495,18 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
             narrow(cost, opt(select(vec![0.0, 1.0, 5.0, 50.0]).boxed())),
             narrow(depth, opt((0u32..5).boxed())),
             narrow(create, opt((0u32..6).boxed())),
+            narrow(
+                subsequence(p.secrets.iter().cloned().collect::<Vec<_>>(), 0..=n_secrets)
+                    .prop_map(|v| v.into_iter().collect())
+                    .boxed(),
+                any_secrets(),
+            ),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create),
+                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
             )| {
                 Policy {
                     tools,
@@ -513,6 +528,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                     gid,
                     groups,
                     env,
+                    secrets,
                     models,
                     path,
                     rules,
@@ -678,6 +694,7 @@ fn within(p: &Policy, l: &Live, c: &Policy, paths: &[AbsPath]) -> Vec<Code> {
         c.env.iter().all(|kv| penv.contains(&kv)),
         Code::PolicyExpansion,
     );
+    need(c.secrets.is_subset(&p.secrets), Code::PolicyExpansion);
     let (cr, pr) = (&c.resources, &p.resources);
     need(
         at_most(cr.memory_max, pr.memory_max)

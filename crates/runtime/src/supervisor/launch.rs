@@ -645,7 +645,7 @@ impl Prep {
             }
             None => (None, Vec::new()),
         };
-        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&self.policy));
+        let policy_text = crate::objects::policy_text(&self.policy);
         crate::projection::write_atomic(
             &self.policy_file,
             policy_text.as_bytes(),

@@ -8,19 +8,34 @@ use serde_json::{Value, json};
 
 use crate::{Exit, api, render, unsafe_uid, wait_code};
 
+/// The root `brood run` starts, as its command line gave it.
+pub(crate) struct Root {
+    pub(crate) name: Option<brood_core::AgentName>,
+    pub(crate) protocol: brood_store::Protocol,
+    pub(crate) task: String,
+    pub(crate) argv: Vec<String>,
+    pub(crate) policy: Option<Value>,
+    /// `--secret` values, read from this process's environment.
+    pub(crate) secrets: brood_api::Secrets,
+    pub(crate) iso: brood_core::Iso,
+}
+
 /// Runs a root agent with an in-process supervisor and its control socket.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_root(
     cfg: Config,
     entrances: brood_server::Entrances,
-    name: Option<brood_core::AgentName>,
-    protocol: brood_store::Protocol,
-    task: String,
-    argv: Vec<String>,
-    policy: Option<Value>,
-    iso: brood_core::Iso,
+    root: Root,
     json_out: bool,
 ) -> Result<i32> {
+    let Root {
+        name,
+        protocol,
+        task,
+        argv,
+        policy,
+        secrets,
+        iso,
+    } = root;
     let sock = cfg.socket.clone();
     // The supervisor refuses a relative program (its directory is not the
     // caller's); here the caller is this process, so `./tool` is resolved
@@ -56,6 +71,7 @@ pub(crate) async fn run_root(
         protocol,
         task,
         env: Vec::new(),
+        secrets,
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: false,

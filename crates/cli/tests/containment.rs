@@ -582,3 +582,43 @@ fn another_local_user_reads_nothing_of_the_root() {
         text(&o)
     );
 }
+
+#[test]
+fn iso_ns_with_network_none_makes_no_socket_either() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a");
+    let _a = serve_daemon(&root, None);
+    // The host's /var/run is in its mount table, so PostgreSQL's socket is
+    // there by path: only the filter stands between them.
+    let mut mounts = system_mounts();
+    mounts.push("/var/run\t/var/run\tro\tbind,nosuid,nodev".to_owned());
+    let argv = agent(&[
+        "--probe-families",
+        "--probe-unix",
+        pg_socket(),
+        "--probe-udp",
+        "53",
+    ]);
+    let sock = root.join("brood.sock");
+    let body = json!({"name": "isolated", "argv": argv, "protocol": "brood", "iso": "ns",
+                      "policy": {"mounts": mounts, "network": "none"}});
+    let (s, v) = http(&sock, "POST", "/api/agents", Some(&body));
+    assert_eq!(s, 201, "{v}");
+    let (_, w) = http(
+        &sock,
+        "POST",
+        "/api/agents/isolated/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    let r = w["agents"][0]["result"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+    assert_eq!(line(&r, "families:"), "families: socketpair/AF_UNIX", "{r}");
+    assert!(
+        line(&r, &format!("unix {PG_SOCKET}:")).ends_with(": denied"),
+        "{r}"
+    );
+    assert!(line(&r, "udp 53:").ends_with(": denied"), "{r}");
+}

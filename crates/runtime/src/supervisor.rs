@@ -352,6 +352,11 @@ struct Live {
     error: Option<String>,
     protocol_error: Option<String>,
     exec_out: Vec<u8>,
+    /// What the agent streamed (`chunk`) since its last whole message of
+    /// this turn, recorded as its message at the turn's end or its `done`.
+    unsaid: String,
+    /// It sent an assistant message of its own in this turn.
+    said_this_turn: bool,
     stderr_tail: String,
     exit: Option<i32>,
     /// Set when a stop (cancel or parent death) covers this agent.
@@ -454,6 +459,8 @@ impl Live {
             error: None,
             protocol_error: None,
             exec_out: Vec::new(),
+            unsaid: String::new(),
+            said_this_turn: false,
             stderr_tail: String::new(),
             exit: None,
             stopping: None,

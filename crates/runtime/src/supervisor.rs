@@ -302,7 +302,16 @@ fn new_run_id() -> RunId {
 }
 
 pub(crate) fn internal(e: StoreError) -> ApiError {
-    tracing::error!(error = %e, "store error");
+    // A refusal, an unknown name or a state conflict is the caller's error,
+    // answered with its code: not the supervisor's to log as one of its own.
+    match &e {
+        StoreError::Refused { .. }
+        | StoreError::NotFound { .. }
+        | StoreError::Transition { .. } => {
+            tracing::debug!(error = %e, "a request the store refused")
+        }
+        _ => tracing::error!(error = %e, "store error"),
+    }
     match e {
         StoreError::Refused { code, message } => ApiError::new(code, message),
         StoreError::NotFound { name, .. } => {

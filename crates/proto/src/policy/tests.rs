@@ -1,7 +1,7 @@
 //! The policy reader's tests: every field from JSON and from TOML, every
 //! bad value refused naming its field, and `to_json` read back.
 
-use super::*;
+use super::{DOCUMENT, FIELDS, Network, Policy, PolicyRequest, parse_json, parse_toml, to_json};
 use brood_core::policy::{AbsPath, FileRule, Mode, MountEntry, Resources, Rule, effective};
 use std::collections::BTreeSet;
 

@@ -183,6 +183,8 @@ impl Dispatcher {
             FromAgent::Ready => {
                 l.ready = true;
                 let reply = l.spawn_reply.take();
+                let news = l.ready_news.take();
+                self.tell_ready(name, news);
                 self.sock_ready(name);
                 if let Some((reply, true)) = reply {
                     let r = self.agent(name).map(|a| agent_json(&self.store, &a));

@@ -269,3 +269,26 @@ pub struct Health {
     /// How processes are contained here (cgroup v2, hybrid, ...).
     pub containment: String,
 }
+
+/// One piece of what an agent wrote to its stderr, as its log keeps it
+/// (`ctx/agent/<name>.d/log`, a JSON line each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogEntry {
+    /// When the supervisor read it (milliseconds since the epoch).
+    pub ts_ms: i64,
+    /// The run that wrote it.
+    pub run: String,
+    /// `stderr`.
+    pub stream: String,
+    pub text: String,
+}
+
+/// `GET /api/agents/{name}/log`: entries of the agent's log, and where to
+/// ask again from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentLog {
+    pub entries: Vec<LogEntry>,
+    /// The byte offset after the last entry given: ask again with
+    /// `after=next` for what is written later.
+    pub next: u64,
+}

@@ -57,12 +57,20 @@ pub(crate) enum Cmd {
         /// How the program talks to brood: `exec` (a plain program: the task on
         /// stdin, stdout is its result, exit 0 is success), `brood` (brood's
         /// JSON-lines protocol), or `auto`: `brood` for brood's own agents
-        /// (`brood test-agent ...`), `exec` for anything else.
+        /// (`brood test-agent ...`), `exec` for anything else; a program run
+        /// so whose output starts with the protocol's `{"type":"ready"}` is
+        /// reported as a mistake, not a result (pass --protocol brood).
         #[arg(long, default_value = "auto")]
         protocol: String,
-        /// The task (handoff) given to the agent.
-        #[arg(long, default_value = "")]
-        task: String,
+        /// The task (handoff) given to the agent; `-` reads it from stdin.
+        /// Without --task, a pipe or file on stdin is the task (`echo hi |
+        /// brood run -- cat`); a terminal is not read.
+        #[arg(long)]
+        task: Option<String>,
+        /// The program's working directory (default: the current directory;
+        /// with --iso ns, the agent's own root).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
         /// Seconds between SIGTERM and SIGKILL when a subtree is stopped.
         #[arg(long, default_value_t = 3.0)]
         grace: f64,
@@ -144,9 +152,15 @@ pub(crate) enum Cmd {
         /// `exec`, `brood` or `auto` (see `brood run --help`).
         #[arg(long, default_value = "auto")]
         protocol: String,
-        #[arg(long, default_value = "")]
-        task: String,
-        /// Return only once the agent said `ready`.
+        /// The task; `-` reads it from stdin. Without --task, a pipe or file
+        /// on stdin is the task (not a terminal, and not inside an agent).
+        #[arg(long)]
+        task: Option<String>,
+        /// The program's working directory (default: the current directory;
+        /// with --iso ns, the agent's own root).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Return only once the agent said `ready` (or ended), wherever it runs.
         #[arg(long)]
         ready: bool,
         /// The child's policy, a JSON or TOML file; fields left out are
@@ -183,6 +197,17 @@ pub(crate) enum Cmd {
     /// Show one agent: parent, status, reason, pid, cgroup, runs, timestamps.
     Show {
         name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print an agent's output (its transcript's messages, or an exec
+    /// agent's result) on stdout and its log (what it wrote to stderr) on
+    /// stderr; -f follows them until it ends.
+    Logs {
+        name: String,
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// One JSON object a line: {"message":…}, {"log":…}, {"result":…}.
         #[arg(long)]
         json: bool,
     },

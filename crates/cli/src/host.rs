@@ -8,55 +8,33 @@ use serde_json::{Value, json};
 
 use crate::{Exit, api, render, unsafe_uid, wait_code};
 
-/// The root `brood run` starts, as its command line gave it.
-pub(crate) struct Root {
-    pub(crate) name: Option<brood_core::AgentName>,
-    pub(crate) protocol: brood_store::Protocol,
-    pub(crate) task: String,
-    pub(crate) argv: Vec<String>,
-    pub(crate) policy: Option<Value>,
-    /// `--secret` values, read from this process's environment.
-    pub(crate) secrets: brood_api::Secrets,
-    pub(crate) iso: brood_core::Iso,
+/// What `brood run` starts: the program (its path already resolved against
+/// the caller's directory), its task, directory and protocol.
+pub(crate) struct Start {
+    pub name: Option<brood_core::AgentName>,
+    pub protocol: brood_store::Protocol,
+    /// `--protocol auto` chose `exec` (the program is not one of brood's own).
+    pub guessed: bool,
+    pub task: String,
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    /// The directory is the caller's, not one given with `--cwd`.
+    pub cwd_defaulted: bool,
+    pub policy: Option<Value>,
+    /// `--secret` values, read from this process's environment (issue 25).
+    pub secrets: brood_api::Secrets,
+    pub iso: brood_core::Iso,
 }
 
 /// Runs a root agent with an in-process supervisor and its control socket.
 pub(crate) async fn run_root(
     cfg: Config,
     entrances: brood_server::Entrances,
-    root: Root,
+    start: Start,
     json_out: bool,
 ) -> Result<i32> {
-    let Root {
-        name,
-        protocol,
-        task,
-        argv,
-        policy,
-        secrets,
-        iso,
-    } = root;
     let sock = cfg.socket.clone();
-    // The supervisor refuses a relative program (its directory is not the
-    // caller's); here the caller is this process, so `./tool` is resolved
-    // against the directory `brood run` was started in.
-    let mut argv = argv;
-    if let Some(p) = argv.first_mut()
-        && !p.starts_with('/')
-        && p.contains('/')
-    {
-        let mut abs = std::env::current_dir()?;
-        for c in std::path::Path::new(&*p).components() {
-            match c {
-                std::path::Component::ParentDir => {
-                    abs.pop();
-                }
-                std::path::Component::Normal(n) => abs.push(n),
-                _ => {}
-            }
-        }
-        *p = abs.display().to_string();
-    }
+    let root = cfg.root.clone();
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), None);
     entrances.serve(&api);
@@ -65,19 +43,19 @@ pub(crate) async fn run_root(
         customer: None,
         label: None,
         placement: None,
-        name,
+        name: start.name,
         parent: None,
-        argv,
-        protocol,
-        task,
+        argv: start.argv,
+        protocol: start.protocol,
+        task: start.task,
         env: Vec::new(),
-        secrets,
-        cwd: None,
+        secrets: start.secrets,
+        cwd: start.cwd,
         session: brood_core::SessionName::default_session(),
         await_ready: false,
-        policy,
+        policy: start.policy,
         life: brood_core::Life::Owned,
-        iso,
+        iso: start.iso,
         root: None,
     };
     // Whatever happens to the run, the supervisor is shut down: no process, group
@@ -86,11 +64,19 @@ pub(crate) async fn run_root(
     sup.shutdown().await;
     server.abort();
     let _ = std::fs::remove_file(&sock);
-    let (a, tree) = outcome?;
+    let (a, tree) = outcome.map_err(|e| crate::start::cwd_hint(e, start.cwd_defaulted))?;
+    let agent: Option<brood_api::Agent> = serde_json::from_value(a.clone()).ok();
+    // A brood-protocol agent that `auto` ran as a plain program answered
+    // the task with its handshake: that is no result.
+    let handshake = start.guessed
+        && a["status"] == "completed"
+        && a["result"].as_str().is_some_and(crate::start::is_handshake);
     if json_out {
         println!("{}", json!({"agent": a, "tree": tree.trees.first()}));
     } else {
-        if let Some(res) = a["result"].as_str() {
+        if let Some(res) = a["result"].as_str()
+            && !handshake
+        {
             print!("{res}");
             if !res.ends_with('\n') && !res.is_empty() {
                 println!();
@@ -98,6 +84,26 @@ pub(crate) async fn run_root(
         }
         if let Some(t) = tree.trees.first() {
             eprint!("{}", render::tree(t));
+        }
+    }
+    if handshake {
+        return Err(Exit(
+            1,
+            format!(
+                "{} answered with brood's protocol handshake ({{\"type\":\"ready\"}} on its first line): \
+                 it speaks the brood protocol, but --protocol auto ran it as a plain program \
+                 (auto picks brood only for brood's own agents); run it with --protocol brood",
+                a["name"].as_str().unwrap_or("the agent")
+            ),
+        )
+        .into());
+    }
+    if let Some(agent) = &agent
+        && agent.status == "failed"
+    {
+        match crate::logs::Source::local(root) {
+            Ok(src) => crate::logs::explain_failures(&src, std::slice::from_ref(agent)).await,
+            Err(_) => eprint!("{}", crate::logs::why_failed(agent, None)),
         }
     }
     Ok(wait_code(&a))

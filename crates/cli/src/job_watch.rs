@@ -91,6 +91,9 @@ pub async fn watch(r: &Remote, id: &str) -> Result<i32> {
                 if tty {
                     println!("{}", crate::job::line(&j));
                 }
+                if j.counts.get("failed").copied().unwrap_or(0) > 0 {
+                    failed_attempts(r, id).await;
+                }
                 return Ok(match j.status.as_str() {
                     "completed" => 0,
                     "failed" => 1,
@@ -99,5 +102,52 @@ pub async fn watch(r: &Remote, id: &str) -> Result<i32> {
             }
             _ => tokio::time::sleep(POLL).await,
         }
+    }
+}
+
+/// The failed items printed in full, at most this many.
+const SHOWN_FAILED: usize = 10;
+
+/// Why each failed item failed, attempt by attempt, on stderr (issue 25:
+/// the worker's own detail is in each attempt's error).
+async fn failed_attempts(r: &Remote, id: &str) {
+    let Ok(v) = r
+        .call("GET", &format!("/api/jobs/{id}/items?status=failed"), None)
+        .await
+    else {
+        return;
+    };
+    let Ok(l) = typed::<brood_api::ItemList>(&v) else {
+        return;
+    };
+    for it in l.items.iter().take(SHOWN_FAILED) {
+        eprintln!("brood: item {} failed:", it.id);
+        let path = format!("/api/ui/jobs/{id}/items/{}/attempts", it.id);
+        let attempts = match r.call("GET", &path, None).await {
+            Ok(v) => typed::<brood_api::AttemptList>(&v).map(|a| a.attempts),
+            Err(e) => Err(e),
+        };
+        match attempts {
+            Ok(a) => {
+                for at in a.iter().filter(|a| a.outcome == "failed") {
+                    eprintln!(
+                        "  attempt {}{}: {}",
+                        at.number,
+                        at.worker
+                            .as_ref()
+                            .map(|w| format!(" ({w})"))
+                            .unwrap_or_default(),
+                        at.error.as_deref().unwrap_or("-").trim_end()
+                    );
+                }
+            }
+            Err(_) => eprintln!("  {}", it.last_error.as_deref().unwrap_or("-")),
+        }
+    }
+    if l.items.len() > SHOWN_FAILED {
+        eprintln!(
+            "brood: … and {} more failed items (brood job items {id} --status failed)",
+            l.items.len() - SHOWN_FAILED
+        );
     }
 }

@@ -14,11 +14,13 @@ mod doctor;
 mod host;
 mod job;
 mod job_watch;
+mod logs;
 mod mcp;
 mod quota;
 mod remote;
 mod render;
 mod shim;
+mod start;
 mod store_url;
 mod verbs;
 
@@ -232,6 +234,12 @@ fn parse_protocol(p: &str, argv: &[String]) -> Result<brood_store::Protocol> {
     })
 }
 
+/// Whether `--protocol auto` chose `exec` for `argv` (a guess the result
+/// may show wrong: see `start::is_handshake`).
+fn protocol_guessed(word: &str, argv: &[String]) -> bool {
+    word == "auto" && !speaks_brood(argv)
+}
+
 /// Whether `argv` starts one of brood's own protocol agents.
 fn speaks_brood(argv: &[String]) -> bool {
     let (Some(program), Some(verb)) = (argv.first(), argv.get(1)) else {
@@ -281,6 +289,16 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         store_on_command_line,
         cli.store_file.take(),
     )?;
+    // A relative root (or store file) is made absolute once, here: the
+    // supervisor, its agents' mounts and every later path are built from it.
+    if let Some(r) = &cli.root {
+        cli.root = Some(start::absolute(r)?);
+    }
+    if let Some(s) = &cli.store
+        && !brood_store::is_postgres_url(&s.to_string_lossy())
+    {
+        cli.store = Some(start::absolute(s)?);
+    }
     let root = cli.root.clone();
     let remote = Remote::new(&root, &cli.url, &cli.token)?;
     let _ = STORE.set(cli.store.clone());
@@ -290,13 +308,14 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             name,
             protocol,
             task,
+            cwd,
             grace: g,
             policy,
             iso,
             secrets,
             allow_weaker_sandbox,
             json,
-            argv,
+            mut argv,
         } => {
             let secrets = secrets_from_env(&secrets)?;
             let mut cfg = Config::new(root_of(&root));
@@ -312,7 +331,8 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             cfg.bin_dir = bin_dir();
-            let protocol = parse_protocol(&protocol, &argv)?;
+            let protocol_word = protocol;
+            let protocol = parse_protocol(&protocol_word, &argv)?;
             let iso = match iso.as_deref() {
                 None => brood_core::Iso::None,
                 Some(i) => brood_core::Iso::parse(i)
@@ -324,21 +344,20 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
                 }))?),
                 None => None,
             };
-            run_root(
-                cfg,
-                entrances,
-                host::Root {
-                    name,
-                    protocol,
-                    task,
-                    argv,
-                    policy,
-                    secrets,
-                    iso,
-                },
-                json,
-            )
-            .await
+            start::resolve_program(&mut argv)?;
+            let start = host::Start {
+                guessed: protocol_guessed(&protocol_word, &argv),
+                cwd_defaulted: cwd.is_none(),
+                cwd: start::workdir(cwd.as_deref(), iso == brood_core::Iso::Ns)?,
+                task: start::task(task)?,
+                name,
+                protocol,
+                argv,
+                policy,
+                secrets,
+                iso,
+            };
+            run_root(cfg, entrances, start, json).await
         }
         Cmd::Serve {
             grace: g,
@@ -419,18 +438,26 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             label,
             protocol,
             task,
+            cwd,
             ready,
             policy,
             iso,
             secrets,
             json,
-            argv,
+            mut argv,
         } => {
             let secrets = secrets_from_env(&secrets)?;
             let protocol = parse_protocol(&protocol, &argv)?.as_str();
             let policy = policy.as_deref().map(read_policy).transpose()?;
+            start::resolve_program(&mut argv)?;
+            let task = start::task(task)?;
+            let cwd_defaulted = cwd.is_none();
+            let workdir = start::workdir(cwd.as_deref(), iso.as_deref() == Some("ns"))?;
             let mut body =
                 json!({"argv": argv, "protocol": protocol, "task": task, "await_ready": ready});
+            if let Some(d) = workdir {
+                body["cwd"] = json!(d);
+            }
             for (k, v) in [
                 ("parent", parent),
                 ("customer", customer),
@@ -448,8 +475,11 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             if !secrets.is_empty() {
                 body["secrets"] = serde_json::to_value(&secrets)?;
             }
-            verbs::spawn(&remote, verbs::Spawn { body, json }).await
+            verbs::spawn(&remote, verbs::Spawn { body, json })
+                .await
+                .map_err(|e| start::cwd_hint(e, cwd_defaulted))
         }
+        Cmd::Logs { name, follow, json } => logs::logs(&remote, &root, &name, follow, json).await,
         Cmd::Ps { all, json } => verbs::ps(&remote, &root, all, json).await,
         Cmd::Nodes { json } => verbs::nodes(&remote, &root, json).await,
         Cmd::Tree { name, json } => verbs::tree(&remote, &root, name, json).await,

@@ -1,7 +1,7 @@
 //! Rendering for people: tables, trees, key-value pages, from the API's
 //! types (`brood_api`). Programs use `--json`.
 
-use brood_api::{Agent, AgentDetail, Spend, TreeNode};
+use brood_api::{Agent, AgentDetail, MessageView, Spend, TreeNode};
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".to_owned(), T::to_string)
@@ -105,9 +105,65 @@ fn spend_text(sp: &Spend) -> String {
     )
 }
 
-/// `show`: one field per line.
-pub fn show(d: &AgentDetail) -> String {
+/// A civil date (year, month, day) from days since 1970-01-01 (the
+/// proleptic Gregorian calendar; H. Hinnant's `civil_from_days`).
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// A span of milliseconds as people say it: `3 s`, `5 min`, `2 h`, `4 d`.
+fn span(ms: i64) -> String {
+    let s = ms / 1000;
+    match s {
+        _ if s < 120 => format!("{s} s"),
+        _ if s < 7200 => format!("{} min", s / 60),
+        _ if s < 172_800 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+/// An instant (milliseconds since the epoch) as `2026-11-26 07:31:02 UTC
+/// (3 s ago)`, `now_ms` being now.
+pub fn when(ms: i64, now_ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (y, mo, d) = civil(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    let ago = if now_ms >= ms {
+        format!("{} ago", span(now_ms - ms))
+    } else {
+        format!("in {}", span(ms - now_ms))
+    };
+    format!(
+        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02} UTC ({ago})",
+        t / 3600,
+        t % 3600 / 60,
+        t % 60
+    )
+}
+
+/// What `show` prints below the record: the transcript's tail and the log's.
+pub struct Tails<'a> {
+    pub messages: &'a [MessageView],
+    pub log: &'a [String],
+    pub now_ms: i64,
+}
+
+/// The messages `show` prints, and how much of each.
+const SHOWN_MESSAGES: usize = 5;
+const SHOWN_CHARS: usize = 200;
+
+/// `show`: one field per line, then the transcript's and the log's tails.
+pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
     let a = &d.agent;
+    let at = |ms: Option<i64>| ms.map_or_else(|| "-".to_owned(), |m| when(m, tails.now_ms));
     let fields: [(&str, String); 22] = [
         ("name", a.name.clone()),
         ("parent", opt(&a.parent)),
@@ -124,10 +180,10 @@ pub fn show(d: &AgentDetail) -> String {
         ("allow_weaker_sandbox", d.allow_weaker_sandbox.to_string()),
         ("depth", a.depth.to_string()),
         ("exit_code", opt(&a.exit_code)),
-        ("created_ms", a.created_ms.to_string()),
-        ("started_ms", opt(&a.started_ms)),
-        ("ended_ms", opt(&a.ended_ms)),
-        ("updated_ms", a.updated_ms.to_string()),
+        ("created", at(Some(a.created_ms))),
+        ("started", at(a.started_ms)),
+        ("ended", at(a.ended_ms)),
+        ("updated", at(Some(a.updated_ms))),
         ("tokens_in", opt(&a.tokens_in)),
         ("tokens_out", opt(&a.tokens_out)),
         ("cost_usd", opt(&a.cost_usd)),
@@ -177,6 +233,32 @@ pub fn show(d: &AgentDetail) -> String {
             opt(&r.exit_code)
         ));
     }
+    if !tails.messages.is_empty() {
+        let from = tails.messages.len().saturating_sub(SHOWN_MESSAGES);
+        out.push_str(&format!(
+            "transcript (the last {} of {} messages; brood logs {}):\n",
+            tails.messages.len() - from,
+            tails.messages.len(),
+            a.name
+        ));
+        for m in &tails.messages[from..] {
+            let one: String = m.content.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut cut: String = one.chars().take(SHOWN_CHARS).collect();
+            if cut.len() < one.len() {
+                cut.push('…');
+            }
+            out.push_str(&format!("  {}: {cut}\n", m.role));
+        }
+    }
+    if !tails.log.is_empty() {
+        out.push_str(&format!(
+            "log (the end of its stderr, ctx/agent/{}.d/log; brood logs {}):\n",
+            a.name, a.name
+        ));
+        for l in tails.log {
+            out.push_str(&format!("  {l}\n"));
+        }
+    }
     out
 }
 
@@ -204,6 +286,19 @@ mod tests {
                "spend": {"own": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
                          "subtree": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}},
                "children": []})
+    }
+
+    #[test]
+    fn instants_read_as_dates_and_ages() {
+        assert_eq!(when(0, 3000), "1970-01-01 00:00:00 UTC (3 s ago)");
+        // 2026-11-26 07:31:02 UTC.
+        let t = 1_795_678_262_000;
+        assert_eq!(when(t, t + 300_000), "2026-11-26 07:31:02 UTC (5 min ago)");
+        assert_eq!(when(t, t - 2000), "2026-11-26 07:31:02 UTC (in 2 s)");
+        assert_eq!(
+            when(951_782_400_000, 951_782_400_000),
+            "2000-02-29 00:00:00 UTC (0 s ago)"
+        );
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub(crate) async fn wait(
             .unwrap_or_default();
         println!("{}\t{}{}", a.name, a.status, reason);
     }
+    // Why, where the user is: the detail and the end of the stderr.
+    crate::logs::explain_failures(&crate::logs::Source::Api(r), &agents).await;
     if timed_out {
         return Ok(2);
     }
@@ -222,15 +224,47 @@ pub(crate) async fn show(
     json_out: bool,
 ) -> Result<i32> {
     let name = checked(name)?;
-    let d: brood_api::AgentDetail = match r.read(&format!("/api/agents/{name}")).await? {
-        Some(v) => typed(&v)?,
-        None => api(view(root)?.show(&name))?,
+    let (d, src): (brood_api::AgentDetail, _) = match r.read(&format!("/api/agents/{name}")).await?
+    {
+        Some(v) => (typed(&v)?, crate::logs::Source::Api(r)),
+        None => (
+            api(view(root)?.show(&name))?,
+            crate::logs::Source::local(crate::root_of(root))?,
+        ),
     };
     if json_out {
         println!("{}", to_value(&d));
-    } else {
-        print!("{}", render::show(&d));
+        return Ok(0);
     }
+    // The tails are extras: a record that reads is shown even when they do not.
+    let mut messages = Vec::new();
+    while let Ok(page) = src
+        .transcript(
+            &d.agent,
+            messages
+                .last()
+                .map_or(0, |m: &brood_api::MessageView| m.seq),
+        )
+        .await
+    {
+        if page.is_empty() {
+            break;
+        }
+        messages.extend(page);
+    }
+    let log = match src.log(&name, 0, Some(4 * crate::logs::TAIL_LINES)).await {
+        Ok(l) => crate::logs::last_lines(&l.entries, None, crate::logs::TAIL_LINES),
+        Err(_) => Vec::new(),
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let tails = render::Tails {
+        messages: &messages,
+        log: &log,
+        now_ms,
+    };
+    print!("{}", render::show(&d, &tails));
     Ok(0)
 }
 

@@ -78,6 +78,12 @@ fn agent_requests() -> Value {
             Value::Null
         ),
         r(
+            "GET",
+            "/api/agents/{name}/log",
+            "/api/agents/p/log",
+            Value::Null
+        ),
+        r(
             "POST",
             "/api/agents/{name}/input",
             "/api/agents/quick/input",
@@ -488,6 +494,41 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
             (200, "GET", "/api/tree", "/api/tree?root=f", N),
             (400, "GET", "/api/tree", "/api/tree?rot=f", N),
             (404, "GET", "/api/tree", "/api/tree?root=ghost", N),
+            (
+                200,
+                "GET",
+                "/api/agents/{name}/log",
+                "/api/agents/f/log?tail=5",
+                N,
+            ),
+            (
+                200,
+                "GET",
+                "/api/agents/{name}/log",
+                "/api/agents/f/log?after=0",
+                N,
+            ),
+            (
+                400,
+                "GET",
+                "/api/agents/{name}/log",
+                "/api/agents/f/log?tail=5000",
+                N,
+            ),
+            (
+                400,
+                "GET",
+                "/api/agents/{name}/log",
+                "/api/agents/f/log?after=-1",
+                N,
+            ),
+            (
+                404,
+                "GET",
+                "/api/agents/{name}/log",
+                "/api/agents/ghost/log",
+                N,
+            ),
         ],
     )
     .await;

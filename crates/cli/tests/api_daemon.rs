@@ -200,3 +200,39 @@ fn the_cli_is_a_client_of_the_api_over_tcp_and_the_socket() {
     let _ = follow.kill();
     let _ = follow.wait();
 }
+
+/// Issue 25 item 9: a client's error (a taken name, an unknown agent) is
+/// answered with its code and is not logged as the daemon's own error.
+#[test]
+fn a_clients_error_is_not_logged_as_the_daemons() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let log = dir.path().join("daemon.log");
+    #[allow(clippy::disallowed_methods)]
+    let child = Command::new(exe())
+        .arg("--root")
+        .arg(&root)
+        .args(["serve", "--grace", "0.3"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _d = Daemon(child);
+    let sock = root.join("brood.sock");
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || sock.exists()),
+        "the daemon's socket"
+    );
+    let body = json!({"name": "x", "argv": ["/bin/sleep", "30"], "protocol": "exec"});
+    assert_eq!(http(&sock, "POST", "/api/agents", Some(&body)).0, 201);
+    assert_eq!(http(&sock, "POST", "/api/agents", Some(&body)).0, 409);
+    assert_eq!(
+        http(&sock, "POST", "/api/agents/nosuch/cancel", Some(&json!({}))).0,
+        404
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("ERROR"),
+        "the daemon logged a client's error as its own:\n{text}"
+    );
+}

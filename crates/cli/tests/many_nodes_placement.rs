@@ -15,7 +15,7 @@ use std::time::Duration;
 use brood_store_conformance::pg::Fresh;
 use common::cluster::*;
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Eight chunks of the store's: large enough that fetching them takes
 /// longer than answering a wait.
@@ -432,4 +432,73 @@ fn agents_run_where_their_parent_or_their_labels_say_and_a_lost_node_s_queue_mov
     for name in ["top", "busy", "moved"] {
         nodes.cancel(0, name);
     }
+}
+
+/// `spawn --ready` through a node that does not run the agent (issue 25
+/// item 9): answered once the agent said `ready` on the node that runs it,
+/// or once it ended, never `queued` at once. The agent touches a file just
+/// before it says `ready`, a second after it starts: the answer comes after
+/// the file is there. Through the API with labels, and through the CLI for
+/// a child of an agent another node runs.
+#[test]
+fn spawn_ready_through_another_node_waits_for_ready_there() {
+    let nodes = Nodes::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let late = |marker: &std::path::Path| {
+        format!(
+            "read -r init; sleep 1; touch {}; echo '{{\"type\":\"ready\"}}'; read -r x",
+            marker.display()
+        )
+    };
+    let m1 = dir.path().join("late-ready");
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "late", "protocol": "brood", "await_ready": true,
+               "argv": ["sh", "-c", late(&m1)],
+               "placement": {"labels": {"zone": "z2"}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(m1.exists(), "answered before the agent said ready: {v}");
+    let ids: Vec<Value> = (0..3)
+        .map(|i| agent_on(&nodes, i, "late")["node"].clone())
+        .collect();
+    assert!(ids.iter().all(|n| *n == ids[0]), "{ids:?}");
+
+    // The CLI through node 0, for a child of `late` (which runs on node 2).
+    let m2 = dir.path().join("kid-ready");
+    let o = cli(
+        &nodes.roots[0],
+        &nodes.store,
+        &[
+            "spawn",
+            "--ready",
+            "--parent",
+            "late",
+            "--name",
+            "kid",
+            "--protocol",
+            "brood",
+            "--",
+            "sh",
+            "-c",
+            &late(&m2),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let line = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(line.starts_with("kid\trunning\t"), "{line}");
+    assert!(m2.exists(), "answered before the child said ready: {line}");
+    assert_eq!(agent_on(&nodes, 0, "kid")["node"], ids[0]);
+
+    // An agent that ends before it is ready: answered with its end.
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "never", "protocol": "brood", "await_ready": true,
+               "argv": ["sh", "-c", "read -r init; exit 3"],
+               "placement": {"labels": {"zone": "z1"}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "failed", "{v}");
+    nodes.cancel(0, "late");
 }

@@ -189,3 +189,68 @@ async fn crash_and_exit_code_and_error_and_exec_outcomes() {
     assert_eq!(by("exec-bad")["state"], "failed:exit_code");
     assert_eq!(by("exec-bad")["exit_code"], 3);
 }
+
+/// Issue 25 item 8: a child speaking the seed's sub-agent protocol exactly
+/// (`init`, `ready`, `chunk`s, `done` with `response` and usage; seed 004)
+/// has what it said in its session's transcript, once: its response as the
+/// assistant's message, whether or not `done` repeats what it streamed; a
+/// child that only streams gets its chunks as its message; a child that
+/// sends its words whole is not recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_protocol_childs_words_land_in_its_transcript_once() {
+    let env = start(Duration::from_millis(500));
+    let seed = |chunks: &[&str], response: &str| -> Vec<String> {
+        let mut script = String::from("read init; echo '{\"type\":\"ready\"}'; ");
+        for c in chunks {
+            script.push_str(&format!(
+                "echo '{{\"type\":\"chunk\",\"delta\":\"{c}\"}}'; "
+            ));
+        }
+        script.push_str(&format!(
+            "echo '{{\"type\":\"done\",\"result\":{{\"success\":true,\"response\":\"{response}\",\"tokensIn\":100,\"tokensOut\":50,\"costUsd\":0.001,\"durationMs\":800}}}}'"
+        ));
+        vec!["sh".into(), "-c".into(), script]
+    };
+    for r in [
+        req("repeats", seed(&["Hello, ", "world"], "Hello, world")),
+        req(
+            "summarises",
+            seed(&["step one. ", "step two."], "Done: two steps"),
+        ),
+        req("streams", seed(&["only ", "chunks"], "")),
+        req(
+            "whole",
+            agent(&["--message", "said whole", "--result", "said whole"]),
+        ),
+    ] {
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    let names = ["repeats", "summarises", "streams", "whole"];
+    let w = env
+        .sup
+        .wait(
+            me(),
+            names.map(name).to_vec(),
+            Some(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    for a in w["agents"].as_array().unwrap() {
+        assert_eq!(a["state"], "completed", "{a}");
+    }
+    env.sup.flush().await;
+    let said = |n: &str| -> Vec<String> {
+        json_lines(session_dir(&env, n).join("messages.jsonl"))
+            .into_iter()
+            .filter(|m| m["role"] == "assistant")
+            .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(said("repeats"), ["Hello, world"]);
+    assert_eq!(said("summarises"), ["Done: two steps"]);
+    assert_eq!(said("streams"), ["only chunks"]);
+    assert_eq!(said("whole"), ["said whole"]);
+    // Its cost is counted as before (the `done`'s figures).
+    let a = show(&env, "repeats");
+    assert_eq!(a["cost_usd"], 0.001, "{a}");
+}

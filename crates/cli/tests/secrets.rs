@@ -3,7 +3,7 @@
 //! environment and is then looked for everywhere brood writes or answers:
 //! the store's files (`brood.db`, its WAL and shared memory, as bytes),
 //! every file of the root (the ctx tree, the blobs), the daemon's log at
-//! `trace`, `brood show`, `brood events`, every read of the API and the web
+//! `trace`, `brood show`, `brood logs`, `brood events`, every read of the API and the web
 //! UI, the MCP `show` tool, idempotent answers kept in the store (and their
 //! requests' hashes). A child inherits a secret only
 //! when its policy names it, a child naming one its parent lacks is refused,
@@ -255,11 +255,12 @@ fn surfaces(root: &Path, names: &[&str]) -> Vec<(String, String)> {
             format!("/api/sessions/{n}"),
             format!("/api/ui/agents/{n}"),
             format!("/api/ui/agents/{n}/transcript"),
+            format!("/api/agents/{n}/log"),
         ] {
             let (_, v) = http(&sock, "GET", &path, None);
             out.push((path, v.to_string()));
         }
-        for args in [vec!["show", n], vec!["show", n, "--json"]] {
+        for args in [vec!["show", n], vec!["show", n, "--json"], vec!["logs", n]] {
             let o = brood(root, &args);
             assert!(o.status.success(), "brood {args:?}: {}", text(&o));
             out.push((format!("brood {}", args.join(" ")), text(&o)));

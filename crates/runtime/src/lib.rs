@@ -36,6 +36,7 @@ pub mod intake;
 mod io;
 pub mod jobs;
 pub mod limits;
+pub mod logs;
 pub mod lower;
 pub mod metrics;
 pub mod nodes;

@@ -310,7 +310,16 @@ fn new_run_id() -> RunId {
 }
 
 pub(crate) fn internal(e: StoreError) -> ApiError {
-    tracing::error!(error = %e, "store error");
+    // A refusal, an unknown name or a state conflict is the caller's error,
+    // answered with its code: not the supervisor's to log as one of its own.
+    match &e {
+        StoreError::Refused { .. }
+        | StoreError::NotFound { .. }
+        | StoreError::Transition { .. } => {
+            tracing::debug!(error = %e, "a request the store refused")
+        }
+        _ => tracing::error!(error = %e, "store error"),
+    }
     match e {
         StoreError::Refused { code, message } => ApiError::new(code, message),
         StoreError::NotFound { name, .. } => {
@@ -360,6 +369,11 @@ struct Live {
     error: Option<String>,
     protocol_error: Option<String>,
     exec_out: Vec<u8>,
+    /// What the agent streamed (`chunk`) since its last whole message of
+    /// this turn, recorded as its message at the turn's end or its `done`.
+    unsaid: String,
+    /// It sent an assistant message of its own in this turn.
+    said_this_turn: bool,
     stderr_tail: String,
     exit: Option<i32>,
     /// Set when a stop (cancel or parent death) covers this agent.
@@ -367,6 +381,9 @@ struct Live {
     /// Cancelled while its launch was in flight: kill whatever starts.
     cancelled_before_start: bool,
     spawn_reply: Option<(Reply, bool)>,
+    /// The node that admitted it for this one and holds a `--ready` spawn
+    /// open: told when it is ready (routed.rs).
+    ready_news: Option<String>,
     /// What a resumed run is told to do (its new input); the original task otherwise.
     instruction: Option<String>,
     /// The init frame of the run being launched (protocol agents), until
@@ -467,11 +484,14 @@ impl Live {
             error: None,
             protocol_error: None,
             exec_out: Vec::new(),
+            unsaid: String::new(),
+            said_this_turn: false,
             stderr_tail: String::new(),
             exit: None,
             stopping: None,
             cancelled_before_start: false,
             spawn_reply: None,
+            ready_news: None,
             instruction,
             init: None,
             policy,
@@ -540,6 +560,8 @@ struct Dispatcher {
     /// here, with the parent: told once, whether the news of it or a wait
     /// that saw it in the store came first. Kept while the parent lives.
     ends_told: HashMap<AgentName, (AgentName, RunId)>,
+    /// `--ready` spawns placed on another node, answered when it is ready.
+    ready_waits: Vec<(AgentName, Reply)>,
     stops: HashMap<u64, Stop>,
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
@@ -873,11 +895,18 @@ fn outcome_of(l: &Live, status: i32) -> (Terminal, Option<String>, Option<String
     match l.protocol {
         Protocol::Exec => {
             let out = String::from_utf8_lossy(&l.exec_out).into_owned();
+            // What it wrote to stderr is most often why (issue 25): it goes
+            // with the detail to every surface that shows one (a job's
+            // attempt too), not only to the log.
+            let with_tail = |d: String| match l.stderr_tail.trim_end() {
+                "" => d,
+                t => format!("{d}; stderr tail: {t}"),
+            };
             if signalled {
                 (
                     Terminal::Failed(FailReason::Crashed),
                     Some(out),
-                    Some(sig_detail()),
+                    Some(with_tail(sig_detail())),
                 )
             } else if exit_code(status) == Some(0) {
                 (Terminal::Completed, Some(out), None)
@@ -885,7 +914,10 @@ fn outcome_of(l: &Live, status: i32) -> (Terminal, Option<String>, Option<String
                 (
                     Terminal::Failed(FailReason::ExitCode),
                     Some(out),
-                    Some(format!("exit code {}", exit_code(status).unwrap_or(-1))),
+                    Some(with_tail(format!(
+                        "exit code {}",
+                        exit_code(status).unwrap_or(-1)
+                    ))),
                 )
             }
         }

@@ -15,7 +15,7 @@ use crate::routes::*;
         license(name = "Apache-2.0")
     ),
     paths(
-        spawn, list, show, input, wait, resume, close, cancel, children, descendants, tree,
+        spawn, list, show, input, wait, resume, close, cancel, children, descendants, log, tree,
         session, session_children, session_parent, session_tree,
         crate::events::events,
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,

@@ -1,7 +1,7 @@
 //! The attenuation check's table tests: one refusal per way of going too
 //! far, in the order of the checks, and the parent's live state.
 
-use super::*;
+use super::{Code, ParentView, Policy, PolicyRequest, check, derive};
 use crate::policy::{AbsPath, FileRule, Mode, MountEntry, Network, Resources, Rule};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,7 +91,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    use Code::*;
+    use crate::Code::*;
     vec![
         Case {
             step: 1,

@@ -1,12 +1,14 @@
 //! The sandbox's decisions tested without the matching kernel, and its
 //! ruleset built on this one.
 
+use std::io;
 use std::path::Path;
 
 use landlock::{ABI, Access, AccessFs, AccessNet};
 
+use super::rules::plan_layers;
 use super::rules::{Origin, grants};
-use super::*;
+use super::{BASE_LOADERS, ChildStep, FsAccess, SandboxError, SandboxSpec, prepare};
 
 fn spec() -> SandboxSpec {
     SandboxSpec::default()

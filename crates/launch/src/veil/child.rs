@@ -4,7 +4,6 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::Ordering;
 
 use super::{MAX_KEEP, MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE, PreparedVeil, Step};
 
@@ -15,14 +14,8 @@ use super::{MAX_KEEP, MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE, PreparedVeil, St
 /// own `fs_struct` (no `CLONE_FS`) and still holds `CAP_SYS_ADMIN`; raw
 /// syscalls on memory `p` owns, nothing else.
 pub unsafe fn apply_in_child(p: &PreparedVeil) -> io::Result<()> {
-    p.failure.store(0, Ordering::Release);
-    let fail = |step: Step, index: usize| -> io::Error {
-        let e = io::Error::last_os_error();
-        let errno = e.raw_os_error().unwrap_or(0) as u32 as u64;
-        let w = ((step as u64) << 48) | (((index as u64) & 0xffff) << 32) | errno;
-        p.failure.store(w, Ordering::Release);
-        e
-    };
+    p.failure.clear();
+    let fail = |step: Step, index: usize| p.failure.record(step as u8, index);
     let null = ptr::null::<libc::c_char>();
     // SAFETY (whole block): raw syscalls with pointers to C strings owned by
     // `p`, which outlives the child's use of them (the spawner waits for exec).

@@ -195,13 +195,53 @@ pub struct PreparedVeil {
     proc: Option<(CString, PathBuf)>,
     /// The failing step, index and errno, written by the child (it shares the
     /// supervisor's memory, `crate::spawn`).
-    failure: AtomicU64,
+    failure: StepFailure,
 }
 
 fn bad(what: &'static str, p: &Path) -> VeilError {
     VeilError::BadPath {
         what,
         path: p.to_path_buf(),
+    }
+}
+
+/// Which step of a child's work failed, on which of its paths, and the
+/// errno: one word in memory the child shares with the supervisor
+/// (`CLONE_VM`, or written back through a pipe by a forked child).
+#[derive(Debug, Default)]
+pub(crate) struct StepFailure(AtomicU64);
+
+impl StepFailure {
+    /// In the child: forgets an earlier child's failure.
+    pub(crate) fn clear(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+
+    /// In the child: records `step` (non-zero) and `index` with the last OS
+    /// error, and returns that error.
+    pub(crate) fn record(&self, step: u8, index: usize) -> io::Error {
+        let e = io::Error::last_os_error();
+        let errno = e.raw_os_error().unwrap_or(0) as u32 as u64;
+        self.store((u64::from(step) << 48) | (((index as u64) & 0xffff) << 32) | errno);
+        e
+    }
+
+    pub(crate) fn word(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn store(&self, word: u64) {
+        self.0.store(word, Ordering::Release);
+    }
+
+    /// The step's number, the index and the errno, if a step failed.
+    pub(crate) fn read(&self) -> Option<(u64, usize, i32)> {
+        let w = self.word();
+        (w != 0).then_some((
+            w >> 48,
+            ((w >> 32) & 0xffff) as usize,
+            (w & 0xffff_ffff) as i32,
+        ))
     }
 }
 
@@ -476,7 +516,7 @@ pub fn prepare_with(spec: &VeilSpec, mounts: &[MountLine]) -> Result<PreparedVei
         empty: cstring(&spec.root.join(EMPTY))?,
         files,
         proc,
-        failure: AtomicU64::new(0),
+        failure: StepFailure::default(),
     })
 }
 
@@ -491,13 +531,8 @@ impl PreparedVeil {
     /// After a spawn failed: which step of [`apply_in_child`] failed, on which
     /// path, with the errno; `None` if every veil step succeeded.
     pub fn child_failure(&self) -> Option<VeilError> {
-        let w = self.failure.load(Ordering::Acquire);
-        if w == 0 {
-            return None;
-        }
-        let step = Step::ALL.into_iter().find(|s| *s as u64 == w >> 48)?;
-        let index = ((w >> 32) & 0xffff) as usize;
-        let errno = (w & 0xffff_ffff) as i32;
+        let (step, index, errno) = self.failure.read()?;
+        let step = Step::ALL.into_iter().find(|s| *s as u64 == step)?;
         let path = match step {
             Step::MakePrivate => Some(PathBuf::from("/")),
             Step::Cover => self.covers.get(index).map(|p| p.1.clone()),

@@ -95,7 +95,7 @@ pub fn make_namespace(p: &PreparedVeil) -> Result<VeilNamespace, VeilError> {
             );
             let word = match apply_in_child(p) {
                 Ok(()) => 0u64,
-                Err(_) => p.failure.load(Ordering::Acquire).max(1),
+                Err(_) => p.failure.word().max(1),
             };
             let b = word.to_ne_bytes();
             libc::write(report[1], b.as_ptr().cast(), b.len());
@@ -143,7 +143,7 @@ pub fn make_namespace(p: &PreparedVeil) -> Result<VeilNamespace, VeilError> {
     let word = u64::from_ne_bytes(b);
     if word != 0 {
         finish(pid);
-        p.failure.store(word, Ordering::Release);
+        p.failure.store(word);
         return Err(p.child_failure().unwrap_or_else(|| {
             io_err("making the veil's namespace of", io::Error::other("failed"))
         }));

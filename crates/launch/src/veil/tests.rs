@@ -1,7 +1,11 @@
 //! The veil's preparation tested on temporary directories and a parsed
 //! mount table; its namespace made for real on this machine.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use super::{
+    MountLine, VeilError, VeilSpec, cgroup_covers, containing_mount, parse_mountinfo, prepare_with,
+};
 
 fn line(point: &str, fstype: &str) -> MountLine {
     MountLine {

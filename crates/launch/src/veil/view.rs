@@ -31,9 +31,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE, VeilError};
+use super::{MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE, StepFailure, VeilError, cstring};
 
 /// At most this many directories are bound back (the child keeps their
 /// detached copies in a fixed array: it may not allocate).
@@ -60,7 +59,7 @@ pub struct PreparedView {
     /// Mount points to make in the tmpfs, parents first.
     dirs: Vec<CString>,
     /// The failing step and index, and the errno, written by the child.
-    failure: AtomicU64,
+    failure: StepFailure,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,13 +99,6 @@ impl Step {
             Step::Seal => "remounting read-only the tmpfs over",
         }
     }
-}
-
-fn cstring(p: &Path) -> Result<CString, VeilError> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| VeilError::BadPath {
-        what: "a path with a NUL byte",
-        path: p.to_path_buf(),
-    })
 }
 
 /// Checks the spec against the filesystem and builds what the child needs.
@@ -169,7 +161,7 @@ pub fn prepare_view(spec: &ViewSpec) -> Result<PreparedView, VeilError> {
         ctx_shown: spec.ctx.clone(),
         keep,
         dirs: dirs.iter().map(|d| cstring(d)).collect::<Result<_, _>>()?,
-        failure: AtomicU64::new(0),
+        failure: StepFailure::default(),
     })
 }
 
@@ -177,13 +169,8 @@ impl PreparedView {
     /// After a spawn failed: which step of [`apply_view_in_child`] failed, on
     /// which path, with the errno; `None` if every step succeeded.
     pub fn child_failure(&self) -> Option<VeilError> {
-        let w = self.failure.load(Ordering::Acquire);
-        if w == 0 {
-            return None;
-        }
-        let step = Step::ALL.into_iter().find(|s| *s as u64 == w >> 48)?;
-        let index = ((w >> 32) & 0xffff) as usize;
-        let errno = (w & 0xffff_ffff) as i32;
+        let (step, index, errno) = self.failure.read()?;
+        let step = Step::ALL.into_iter().find(|s| *s as u64 == step)?;
         let path = match step {
             Step::Copy | Step::Place | Step::ReadOnly => self.keep.get(index).map(|k| k.2.clone()),
             Step::MountPoint => self
@@ -207,14 +194,8 @@ impl PreparedView {
 /// joined the veil, has its own `fs_struct` and still holds `CAP_SYS_ADMIN`;
 /// raw syscalls on memory `p` owns, nothing else.
 pub unsafe fn apply_view_in_child(p: &PreparedView) -> io::Result<()> {
-    p.failure.store(0, Ordering::Release);
-    let fail = |step: Step, index: usize| -> io::Error {
-        let e = io::Error::last_os_error();
-        let errno = e.raw_os_error().unwrap_or(0) as u32 as u64;
-        let w = ((step as u64) << 48) | (((index as u64) & 0xffff) << 32) | errno;
-        p.failure.store(w, Ordering::Release);
-        e
-    };
+    p.failure.clear();
+    let fail = |step: Step, index: usize| p.failure.record(step as u8, index);
     let null = ptr::null::<libc::c_char>();
     let hide = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     let mut copies = [-1 as libc::c_int; MAX_VIEW_KEEP];

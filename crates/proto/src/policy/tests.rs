@@ -1,7 +1,10 @@
 //! The policy reader's tests: every field from JSON and from TOML, every
 //! bad value refused naming its field, and `to_json` read back.
 
-use super::*;
+use super::{
+    DOCUMENT, FIELDS, Network, Policy, PolicyRequest, from_value, hide_env, parse_json, parse_toml,
+    shown, to_json,
+};
 use brood_core::policy::{AbsPath, FileRule, Mode, MountEntry, Resources, Rule, effective};
 use std::collections::BTreeSet;
 

@@ -215,7 +215,13 @@ impl Dispatcher {
             .and_then(|()| self.admit(&caller, req));
         match admitted {
             Ok(Some((name, await_ready))) => match self.live.get_mut(&name) {
-                Some(l) if l.pending.is_none() => l.spawn_reply = Some((reply, await_ready)),
+                // Launching, or (with `--ready`) waiting for a slot: the
+                // launch answers (at `ready` for `--ready`).
+                Some(l) if l.pending.is_none() || await_ready => {
+                    l.spawn_reply = Some((reply, await_ready))
+                }
+                // Placed on another node: that node tells when it is ready.
+                None if await_ready => self.wait_ready_elsewhere(name, reply),
                 // Waiting for a slot, or placed on another node: say so now
                 // rather than hold the caller.
                 _ => {
@@ -405,6 +411,9 @@ impl Dispatcher {
             "policy": brood_proto::policy::to_json(&policy),
             // Kept so a lost node's queue is placed again by the same labels.
             "placement": req.placement,
+            // A `--ready` spawn placed on another node: the node to tell
+            // when it is ready (routed.rs), whichever node hosts it.
+            "ready_news": (req.await_ready && host != self.me).then(|| self.me.clone()),
         });
         let now = now_ms();
         let mut events = vec![ev(
@@ -479,7 +488,7 @@ impl Dispatcher {
         if brood_store::placed_for(&agent.supervisor).is_some() {
             // Admitted here for another node to run: that node claims it
             // (this write's news wakes it), projects it and starts it.
-            return Ok(Some((name, false)));
+            return Ok(Some((name, req.await_ready)));
         }
         self.project_admitted(
             &agent,

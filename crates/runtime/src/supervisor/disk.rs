@@ -15,7 +15,11 @@
 //! paths outside the channel are bounded per file only (docs/security.md,
 //! "Disk").
 
-use super::*;
+use std::path::PathBuf;
+
+use brood_core::{AgentName, FailReason, RunId, Terminal};
+
+use super::{Cmd, Dispatcher};
 
 /// One running agent's `artifact/` found over its limit: why, in words
 /// naming the limit.

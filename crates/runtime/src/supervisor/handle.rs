@@ -226,6 +226,7 @@ impl Supervisor {
             waiters: Waiters::default(),
             fetching: HashSet::new(),
             ends_told: HashMap::new(),
+            ready_waits: Vec::new(),
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),

@@ -513,6 +513,12 @@ impl Dispatcher {
                 }
             }
         }
+        // A plain program is ready once started.
+        if protocol != Protocol::Brood
+            && let Some(news) = self.live.get_mut(&name).and_then(|l| l.ready_news.take())
+        {
+            self.tell_ready(&name, Some(news));
+        }
         if let Some(l) = self.live.get_mut(&name)
             && let Some((reply, await_ready)) = l.spawn_reply.take()
         {

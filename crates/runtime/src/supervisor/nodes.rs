@@ -30,6 +30,7 @@ impl Dispatcher {
     pub(super) fn on_news(&mut self) {
         self.claim_placed_agents();
         self.deliver_routed_inputs();
+        self.answer_ready_waits(None);
         self.carry_out_recorded_stops();
         self.answer_remote_waits();
     }
@@ -43,6 +44,7 @@ impl Dispatcher {
         self.declare_lost_nodes();
         self.claim_placed_agents();
         self.deliver_routed_inputs();
+        self.answer_ready_waits(None);
         // A parent gone hears of no more ends.
         let live = &self.live;
         self.ends_told

@@ -167,6 +167,10 @@ impl Dispatcher {
         live.secrets = secrets;
         live.iso_ns = spec["iso"] == "ns";
         live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        live.ready_news = spec["ready_news"]
+            .as_str()
+            .filter(|n| *n != self.me)
+            .map(str::to_owned);
         // Its budget covers what it and its subtree spent in earlier runs.
         live.subtree_usd = self
             .store

@@ -183,37 +183,31 @@ impl Dispatcher {
             FromAgent::Ready => {
                 l.ready = true;
                 let reply = l.spawn_reply.take();
+                let news = l.ready_news.take();
+                self.tell_ready(name, news);
                 self.sock_ready(name);
                 if let Some((reply, true)) = reply {
                     let r = self.agent(name).map(|a| agent_json(&self.store, &a));
                     self.respond(reply, r);
                 }
             }
-            FromAgent::Chunk { delta } => self.sock_chunk(name, run, &delta),
+            FromAgent::Chunk { delta } => {
+                // Kept until the turn's whole message: a child that only
+                // streams (the seed's sub-agent protocol) has its words
+                // recorded at its `done` or the end of its turn.
+                if l.unsaid.len() + delta.len() <= MAX_UNSAID {
+                    l.unsaid.push_str(&delta);
+                }
+                self.sock_chunk(name, run, &delta)
+            }
             FromAgent::Pong | FromAgent::Unknown => {}
             FromAgent::Message { role, content } => {
-                match self.store.append_message(
-                    &self.tenant,
-                    name,
-                    &session,
-                    run,
-                    &role,
-                    &content,
-                    now_ms(),
-                ) {
-                    Ok(m) => {
-                        let dir = self.paths.session_dir(name, &session);
-                        self.projection
-                            .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
-                        if crate::objects::is_agent_message(&role) {
-                            self.projection.write(dir.join("latest.md"), content);
-                        }
-                        self.sock_message(name, &m);
-                    }
-                    Err(e) => {
-                        tracing::error!(agent = %name, error = %e, "recording a message failed")
-                    }
+                if crate::objects::is_agent_message(&role) {
+                    // The whole message the chunks were streaming.
+                    l.unsaid.clear();
+                    l.said_this_turn = true;
                 }
+                self.record_message(name, run, &session, &role, content);
             }
             FromAgent::Usage {
                 tokens_in,
@@ -236,6 +230,11 @@ impl Dispatcher {
                         reason: reason.clone(),
                     },
                 );
+                if to == Status::Blocked {
+                    // The turn is over: what it streamed without a message is
+                    // its message.
+                    self.say_unsaid(name, run, &session, None);
+                }
                 match self.store.set_status(
                     &self.tenant,
                     name,
@@ -269,7 +268,9 @@ impl Dispatcher {
                 if l.done.is_none() && l.error.is_none() {
                     // The final figures count like a last `usage` (SPEC 7).
                     let (ti, to, c) = (result.tokens_in, result.tokens_out, result.cost_usd);
+                    let response = result.response.clone();
                     l.done = Some(result);
+                    self.say_unsaid(name, run, &session, Some(response));
                     if ti > 0 || to > 0 || c > 0.0 {
                         self.on_usage(name, run, ti, to, c);
                     }
@@ -311,5 +312,67 @@ impl Dispatcher {
             tracing::error!(agent = %name, error = %e, "recording usage failed");
         }
         self.add_spend(name, delta);
+    }
+}
+
+/// At most this much streamed text is kept for the transcript until the
+/// turn's message (a protocol line is at most 1 MiB).
+const MAX_UNSAID: usize = 1 << 20;
+
+impl Dispatcher {
+    /// Records one message of the agent's session: the store, then the
+    /// projection's `messages.jsonl` (and `latest.md` for the agent's own),
+    /// then the followers of its socket.
+    fn record_message(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        session: &SessionName,
+        role: &str,
+        content: String,
+    ) {
+        match self
+            .store
+            .append_message(&self.tenant, name, session, run, role, &content, now_ms())
+        {
+            Ok(m) => {
+                let dir = self.paths.session_dir(name, session);
+                self.projection
+                    .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
+                if crate::objects::is_agent_message(role) {
+                    self.projection.write(dir.join("latest.md"), content);
+                }
+                self.sock_message(name, &m);
+            }
+            Err(e) => tracing::error!(agent = %name, error = %e, "recording a message failed"),
+        }
+    }
+
+    /// What the agent streamed in this turn without sending it as a whole
+    /// message becomes the assistant's message (issue 25 item 8): at its
+    /// `done`, the response it gives (or, when that is empty, what it
+    /// streamed), once, so a `done` that repeats its chunks is one message.
+    fn say_unsaid(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        session: &SessionName,
+        response: Option<String>,
+    ) {
+        let Some(l) = self.live.get_mut(name) else {
+            return;
+        };
+        let streamed = std::mem::take(&mut l.unsaid);
+        let said = std::mem::take(&mut l.said_this_turn);
+        if said {
+            // It sent its words whole: the response repeats them.
+            return;
+        }
+        let content = match response {
+            Some(r) if !r.is_empty() => r,
+            _ if !streamed.is_empty() => streamed,
+            _ => return,
+        };
+        self.record_message(name, run, session, "assistant", content);
     }
 }

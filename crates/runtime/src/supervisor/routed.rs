@@ -17,6 +17,10 @@ const CHILD_END: &str = "brood:child-end";
 /// through another node: the host's ctx tree shows it closed too.
 const CLOSED: &str = "brood:closed";
 
+/// The sender of an inbox entry that tells the node holding a `--ready`
+/// spawn open that the agent it placed elsewhere is ready.
+const READY: &str = "brood:ready";
+
 /// A child's end heard from another node, its artifacts fetched.
 pub(crate) struct EndedElsewhere {
     told: AgentName,
@@ -51,6 +55,59 @@ impl Dispatcher {
         Ok(json!({"id": format!("routed-{}", a.run), "node": host}))
     }
 
+    /// A `--ready` spawn admitted here for another node: answered when
+    /// that node says the agent is ready, or when the store shows it ended
+    /// (issue 25: it used to be answered `queued` at once).
+    pub(super) fn wait_ready_elsewhere(&mut self, name: AgentName, reply: Reply) {
+        self.ready_waits.push((name, reply));
+        self.answer_ready_waits(None);
+    }
+
+    /// Answers the `--ready` spawns waiting for `ready` (told by its host),
+    /// and those whose agent ended (read in the store), each with the
+    /// agent as it is now. At each tick and each news of another node.
+    pub(super) fn answer_ready_waits(&mut self, ready: Option<&AgentName>) {
+        if self.ready_waits.is_empty() {
+            return;
+        }
+        let mut still = Vec::new();
+        for (name, reply) in std::mem::take(&mut self.ready_waits) {
+            let a = match self.store.agent(&self.tenant, &name) {
+                Ok(Some(a)) => a,
+                Ok(None) => {
+                    let gone = ApiError::new(Code::NotFound, format!("no agent named {name:?}"));
+                    self.respond(reply, Err(gone));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "reading an agent placed elsewhere");
+                    still.push((name, reply));
+                    continue;
+                }
+            };
+            if ready == Some(&name) || a.status.is_finished() {
+                self.respond(reply, Ok(agent_json(&self.store, &a)));
+            } else {
+                still.push((name, reply));
+            }
+        }
+        self.ready_waits = still;
+    }
+
+    /// Tells the node holding a `--ready` spawn of `name` open that it is
+    /// ready (through the store's inbox, as inputs between nodes go).
+    pub(super) fn tell_ready(&self, name: &AgentName, node: Option<String>) {
+        let Some(node) = node else {
+            return;
+        };
+        if let Err(e) = self
+            .store
+            .post_input(&self.tenant, name, &node, READY, "", now_ms())
+        {
+            tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
+        }
+    }
+
     /// Inputs other nodes posted for agents running here, delivered.
     pub(super) fn deliver_routed_inputs(&mut self) {
         if self.cfg.node.is_none() {
@@ -70,6 +127,10 @@ impl Dispatcher {
             }
             if i.sender == CLOSED {
                 self.on_closed_elsewhere(&i.agent);
+                continue;
+            }
+            if i.sender == READY {
+                self.answer_ready_waits(Some(&i.agent));
                 continue;
             }
             if let Err(e) = self.deliver_input(&i.agent, &i.sender, &i.text) {

@@ -457,3 +457,60 @@ pub(crate) async fn tree(
         Err(e) => e.into_response(),
     }
 }
+
+/// `GET /api/agents/{name}/log`'s filter.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct LogQuery {
+    /// Only what lies after this byte offset of the log (default: from its
+    /// start); the answer's `next` is where to ask again from.
+    #[param(minimum = 0)]
+    pub after: Option<u64>,
+    /// Only the last `tail` entries (at most 1000), whatever `after` says.
+    #[param(minimum = 0, maximum = 1000)]
+    pub tail: Option<usize>,
+}
+
+#[utoipa::path(
+    get, path = "/api/agents/{name}/log", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name."), LogQuery),
+    responses(
+        (status = 200, description = "What the agent wrote to its stderr (its log, `ctx/agent/<name>.d/log`, every run), after `after` (at most 1 MiB of it an answer) or its last `tail` entries. The log is kept by the node that ran the agent: on another node's supervisor the answer is empty.", body = brood_api::AgentLog),
+        (status = 400, description = "A malformed filter.", body = ErrorBody),
+        (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
+        (status = 404, description = "No such agent.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn log(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    query: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => return bad(format!("query: {}", e.body_text())).into_response(),
+    };
+    if let Some(t) = q.tail
+        && t > brood_runtime::logs::TAIL_MAX
+    {
+        return bad(format!(
+            "tail: at most {} entries, not {t}",
+            brood_runtime::logs::TAIL_MAX
+        ))
+        .into_response();
+    }
+    read(&api, &caller, &name, |n| {
+        // Unknown names are refused here, not answered with an empty log.
+        api.view().agent(n)?;
+        let path = api.sup().paths().agent_dir(n).join("log");
+        brood_runtime::logs::read(&path, q.after.unwrap_or(0), q.tail).map_err(|e| {
+            tracing::warn!(agent = %n, error = %e, "reading an agent's log");
+            ApiError::new(
+                brood_core::Code::Internal,
+                format!("the log of {n} could not be read (see the supervisor's log)"),
+            )
+        })
+    })
+}

@@ -35,6 +35,7 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/agents/{name}/cancel", post(cancel))
         .route("/api/agents/{name}/children", get(children))
         .route("/api/agents/{name}/descendants", get(descendants))
+        .route("/api/agents/{name}/log", get(log))
         .route("/api/tree", get(tree))
         .route("/api/sessions/tree", get(session_tree))
         .route("/api/sessions/{id}", get(session))

@@ -2,7 +2,13 @@
 //! against an oracle that decides each field its own way (mostly by brute
 //! force over a finite universe) rather than the way `check` does.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::{
+    AbsPath, Code, FileRule, Mode, MountEntry, NOW, Network, ParentView, Policy, PolicyRequest,
+    Resources, Rule, ap, check, derive, fr, rule,
+};
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::strategy::ValueTree;

@@ -224,7 +224,8 @@ impl Dispatcher {
     /// jobs that are done, progress.
     pub(crate) fn drive_jobs(&mut self) {
         for w in std::mem::take(&mut self.jobs.gone) {
-            self.fail_work(&w, "the worker ended without reporting");
+            let why = self.worker_end(&w);
+            self.fail_work(&w, &why);
             if let Some(work) = self.jobs.workers.remove(&w) {
                 if work.own
                     && let Some(run) = self.jobs.runs.get_mut(&work.job)
@@ -239,6 +240,25 @@ impl Dispatcher {
             self.maybe_finish(&job);
             self.emit_progress(&job, false);
         }
+    }
+
+    /// Why a worker that held an item ended without reporting, as its
+    /// record says (issue 25: the real cause, e.g. the reference agent's
+    /// `no provider`, is in the worker's detail and stderr tail, and an
+    /// attempt's error is where a job's owner looks).
+    fn worker_end(&self, w: &AgentName) -> String {
+        let base = "the worker ended without reporting";
+        let Ok(Some(a)) = self.store.agent(&self.tenant, w) else {
+            return base.to_owned();
+        };
+        let mut why = format!("{base}: {w} {}", a.status.api_word());
+        if let Some(r) = a.status.reason() {
+            why.push_str(&format!(" ({r})"));
+        }
+        if let Some(d) = a.detail.as_deref().filter(|d| !d.is_empty()) {
+            why.push_str(&format!(": {d}"));
+        }
+        why
     }
 
     /// Attempts past their `item_timeout_s` fail and their workers stop; a

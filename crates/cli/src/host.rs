@@ -26,7 +26,10 @@ pub(crate) struct Start {
     pub iso: brood_core::Iso,
 }
 
-/// Runs a root agent with an in-process supervisor and its control socket.
+/// Runs a root agent: with the daemon that serves the root, as its client,
+/// when one answers on its socket (issue 25: `brood run` and `brood serve`
+/// on one root); otherwise with an in-process supervisor and its control
+/// socket.
 pub(crate) async fn run_root(
     cfg: Config,
     entrances: brood_server::Entrances,
@@ -35,6 +38,10 @@ pub(crate) async fn run_root(
 ) -> Result<i32> {
     let sock = cfg.socket.clone();
     let root = cfg.root.clone();
+    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+        let remote = crate::remote::Remote::at(&sock);
+        return run_with_daemon(&remote, start, json_out).await;
+    }
     let (sup, listener) = host(cfg).await?;
     let api = brood_server::Api::new(sup.clone(), None);
     entrances.serve(&api);
@@ -65,10 +72,86 @@ pub(crate) async fn run_root(
     server.abort();
     let _ = std::fs::remove_file(&sock);
     let (a, tree) = outcome.map_err(|e| crate::start::cwd_hint(e, start.cwd_defaulted))?;
+    let src = crate::logs::Source::local(root);
+    report(a, tree, start.guessed, json_out, src.ok()).await
+}
+
+/// `brood run` through the daemon serving the root: the same root, its end
+/// waited for, its result and tree printed as an in-process run prints
+/// them; Ctrl-C cancels it.
+async fn run_with_daemon(r: &crate::remote::Remote, start: Start, json_out: bool) -> Result<i32> {
+    let mut body = json!({
+        "argv": start.argv,
+        "protocol": start.protocol.as_str(),
+        "task": start.task,
+        "iso": start.iso.as_str(),
+    });
+    if let Some(n) = &start.name {
+        body["name"] = json!(n.as_str());
+    }
+    if let Some(c) = &start.cwd {
+        body["cwd"] = json!(c);
+    }
+    if let Some(p) = start.policy {
+        body["policy"] = p;
+    }
+    // The values go in the request (never stored, issue 25), as `brood
+    // spawn --secret` sends them.
+    if !start.secrets.is_empty() {
+        body["secrets"] = serde_json::to_value(&start.secrets)?;
+    }
+    let started = r
+        .call("POST", "/api/agents", Some(body))
+        .await
+        .map_err(|e| crate::start::cwd_hint(e, start.cwd_defaulted))?;
+    let name = started["name"].as_str().unwrap_or_default().to_owned();
+    // Ctrl-C cancels the tree (and then we report it like any other end).
+    let ep = r.endpoint().clone();
+    let n2 = name.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let path = format!("/api/agents/{n2}/cancel");
+            let _ = brood_server::client::call(&ep, "POST", &path, Some(&json!({})), None).await;
+        }
+    });
+    let a = loop {
+        let w = r
+            .call(
+                "POST",
+                &format!("/api/agents/{name}/wait"),
+                Some(json!({"timeout_s": 3600.0})),
+            )
+            .await?;
+        if w["timed_out"] != true {
+            break w["agents"][0].clone();
+        }
+    };
+    let tree: brood_api::Trees = crate::remote::typed(
+        &r.call("GET", &format!("/api/tree?root={name}"), None)
+            .await?,
+    )?;
+    report(
+        a,
+        tree,
+        start.guessed,
+        json_out,
+        Some(crate::logs::Source::Api(r)),
+    )
+    .await
+}
+
+/// What `brood run` prints of a root that ended, and its exit code.
+async fn report(
+    a: Value,
+    tree: brood_api::Trees,
+    guessed: bool,
+    json_out: bool,
+    src: Option<crate::logs::Source<'_>>,
+) -> Result<i32> {
     let agent: Option<brood_api::Agent> = serde_json::from_value(a.clone()).ok();
     // A brood-protocol agent that `auto` ran as a plain program answered
     // the task with its handshake: that is no result.
-    let handshake = start.guessed
+    let handshake = guessed
         && a["status"] == "completed"
         && a["result"].as_str().is_some_and(crate::start::is_handshake);
     if json_out {
@@ -101,9 +184,9 @@ pub(crate) async fn run_root(
     if let Some(agent) = &agent
         && agent.status == "failed"
     {
-        match crate::logs::Source::local(root) {
-            Ok(src) => crate::logs::explain_failures(&src, std::slice::from_ref(agent)).await,
-            Err(_) => eprint!("{}", crate::logs::why_failed(agent, None)),
+        match &src {
+            Some(src) => crate::logs::explain_failures(src, std::slice::from_ref(agent)).await,
+            None => eprint!("{}", crate::logs::why_failed(agent, None)),
         }
     }
     Ok(wait_code(&a))

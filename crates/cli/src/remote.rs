@@ -30,6 +30,13 @@ impl Remote {
         Ok(Remote { ep })
     }
 
+    /// The control socket at `sock`.
+    pub(crate) fn at(sock: &std::path::Path) -> Remote {
+        Remote {
+            ep: Endpoint::Unix(sock.to_path_buf()),
+        }
+    }
+
     pub(crate) fn endpoint(&self) -> &Endpoint {
         &self.ep
     }

@@ -443,3 +443,59 @@ fn a_jobs_failed_attempts_carry_their_workers_cause() {
     let o = brood(root, &["job", "items", "j"]);
     assert!(out(&o).contains("no provider"), "{}", text(&o));
 }
+
+/// Issue 25 item 4: `brood run` on a root a daemon serves is that daemon's
+/// client (it used to refuse), prints what an in-process run prints, and
+/// the daemon keeps the record.
+#[test]
+fn run_on_a_served_root_is_the_daemons_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let _d = serve_daemon(&root, None);
+    let r = root.display().to_string();
+    let o = brood_in(
+        dir.path(),
+        &[
+            "--root",
+            &r,
+            "run",
+            "--name",
+            "via",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from $PWD",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(out(&o), format!("hello from {}\n", dir.path().display()));
+    assert!(err(&o).contains("via"), "the tree on stderr: {}", text(&o));
+    let o = brood_in(
+        dir.path(),
+        &[
+            "--root",
+            &r,
+            "run",
+            "--name",
+            "oops",
+            "--",
+            "sh",
+            "-c",
+            "echo bad >&2; exit 3",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        err(&o).contains("exit_code") && err(&o).contains("bad"),
+        "{}",
+        text(&o)
+    );
+    // The daemon ran both: they are its agents, still there after the runs.
+    let names = agents(&root);
+    assert!(
+        names.contains(&"via".to_owned()) && names.contains(&"oops".to_owned()),
+        "{names:?}"
+    );
+}

@@ -614,6 +614,26 @@ fn brood_run_passes_a_secret_from_its_own_environment_only() {
         "{}",
         text(&o)
     );
+
+    // On a root a daemon serves, `brood run` is its client: the value goes
+    // in the request, and the daemon writes it nowhere either.
+    let served = dir.path().join("served");
+    let log = dir.path().join("daemon.log");
+    let _d = serve_logged(&served, &log);
+    let o = brood_env(&served, &[(KEY, &secret)], &args);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&sha(&secret)),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains(&secret), "{}", text(&o));
+    assert!(!store_files(&served).is_empty());
+    assert_eq!(files_holding(&served, &secret), Vec::<PathBuf>::new());
+    assert!(
+        !read(&log).contains(&secret),
+        "the daemon's log holds the secret"
+    );
 }
 
 #[test]

@@ -91,7 +91,13 @@ fn granted_tools() -> Result<Option<BTreeSet<String>>, String> {
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("reading the policy {}: {e}", PathBuf::from(&path).display()))?;
-    let p = brood_proto::policy::parse_json(&text).map_err(|e| format!("the policy: {e}"))?;
+    // Only `tools` is read: the file is the policy as brood shows it, whose
+    // `env` values are hidden (`null`, issue 25) and would not read back as
+    // a policy; the agent's own values are in its environment.
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("the policy: not JSON: {e}"))?;
+    let tools = serde_json::json!({"tools": doc.get("tools")});
+    let p = brood_proto::policy::from_value(&tools).map_err(|e| format!("the policy: {e}"))?;
     Ok(p.tools)
 }
 

@@ -33,9 +33,20 @@ pub struct SpawnBody {
     /// The task (handoff) given to the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
-    /// Extra environment; `BROOD_*` and `CTX_*` are the runtime's.
+    /// Extra environment; `BROOD_*` and `CTX_*` are the runtime's. Its
+    /// values are recorded with the policy and never shown: every surface
+    /// shows `null` in their place (give a credential in `secrets`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
+    /// Secret variables, name to value, for a root (issue 25): each name is
+    /// added to the policy's `secrets` and its value put in the agent's
+    /// environment at launch. A value is held in the supervisor's memory
+    /// only: never stored, echoed, logged or shown (`resume` needs it again).
+    /// A child gets its parent's values, never new ones: giving any with a
+    /// `parent` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub secrets: Option<crate::Secrets>,
     /// The working directory: an absolute path to an existing directory the
     /// agent may enter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,6 +118,12 @@ pub struct WaitBody {
 pub struct ResumeBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// A root's secret values again (see `SpawnBody.secrets`): each name its
+    /// policy's `secrets` holds, since no value outlives the run it was
+    /// given for. A child's come from its parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub secrets: Option<crate::Secrets>,
 }
 
 /// `close` and `cancel` take no arguments; an empty body or `{}`.

@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod jobs;
 pub mod nodes;
+pub mod secrets;
 pub mod sessions;
 pub mod ui;
 
@@ -20,6 +21,7 @@ pub use error::{ErrorBody, ErrorDetail, http_status};
 pub use events::Event;
 pub use jobs::*;
 pub use nodes::*;
+pub use secrets::Secrets;
 pub use sessions::*;
 pub use ui::*;
 

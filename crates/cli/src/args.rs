@@ -81,6 +81,11 @@ pub(crate) enum Cmd {
         /// `ns`: a private mount namespace built from the policy's mounts.
         #[arg(long)]
         iso: Option<String>,
+        /// Pass the variable NAME of this environment to the agent as a
+        /// secret (repeatable): its value reaches the agent's environment
+        /// and is never stored, shown or logged (docs/security.md "Secrets").
+        #[arg(long = "secret", value_name = "NAME")]
+        secrets: Vec<String>,
         /// Start agents even when a sandbox layer their policy needs is missing
         /// here; what was not enforced is recorded in each agent's meta.json.
         #[arg(long)]
@@ -165,6 +170,12 @@ pub(crate) enum Cmd {
         /// `ns`: a private mount namespace built from the policy's mounts.
         #[arg(long)]
         iso: Option<String>,
+        /// Pass the variable NAME of this environment to a root as a secret
+        /// (repeatable; a child gets its parent's instead): its value reaches
+        /// the agent's environment and is never stored, shown or logged
+        /// (docs/security.md "Secrets").
+        #[arg(long = "secret", value_name = "NAME")]
+        secrets: Vec<String>,
         #[arg(long)]
         json: bool,
         #[arg(last = true, required = true)]
@@ -216,7 +227,14 @@ pub(crate) enum Cmd {
     /// Release a finished agent (nothing more can be sent to it but resume).
     Close { name: String },
     /// Start a new run of a finished agent on the same session.
-    Resume { name: String, text: Option<String> },
+    Resume {
+        name: String,
+        text: Option<String>,
+        /// A root's secret NAME again, from this environment (repeatable):
+        /// no secret's value outlives the run it was given for.
+        #[arg(long = "secret", value_name = "NAME")]
+        secrets: Vec<String>,
+    },
     /// Rebuild the whole ctx tree (agent objects, sessions, channels) from the store.
     Fsck {
         #[arg(long)]
@@ -286,6 +304,11 @@ pub(crate) enum Cmd {
         /// `brood agent` children that `spawn` starts without `argv`.
         #[arg(long)]
         agent_config: Option<PathBuf>,
+        /// Give the session root the variable NAME of this environment as a
+        /// secret (repeatable), which its children inherit (a model key):
+        /// never stored, shown or logged (docs/security.md "Secrets").
+        #[arg(long = "secret", value_name = "NAME")]
+        secrets: Vec<String>,
     },
     /// What an MCP session root runs: it lives until cancelled.
     #[command(hide = true, name = "mcp-root")]

@@ -211,6 +211,7 @@ fn req(
         protocol: brood_store::Protocol::Brood,
         task: String::new(),
         env: Vec::new(),
+        secrets: brood_api::Secrets::new(),
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: ready,

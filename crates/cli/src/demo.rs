@@ -49,6 +49,7 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         protocol: brood_store::Protocol::Brood,
         task: task.to_owned(),
         env: Vec::new(),
+        secrets: brood_api::Secrets::new(),
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: true,

@@ -21,6 +21,8 @@ pub(crate) struct Start {
     /// The directory is the caller's, not one given with `--cwd`.
     pub cwd_defaulted: bool,
     pub policy: Option<Value>,
+    /// `--secret` values, read from this process's environment (issue 25).
+    pub secrets: brood_api::Secrets,
     pub iso: brood_core::Iso,
 }
 
@@ -54,6 +56,7 @@ pub(crate) async fn run_root(
         protocol: start.protocol,
         task: start.task,
         env: Vec::new(),
+        secrets: start.secrets,
         cwd: start.cwd,
         session: brood_core::SessionName::default_session(),
         await_ready: false,
@@ -91,6 +94,11 @@ async fn run_with_daemon(r: &crate::remote::Remote, start: Start, json_out: bool
     }
     if let Some(p) = start.policy {
         body["policy"] = p;
+    }
+    // The values go in the request (never stored, issue 25), as `brood
+    // spawn --secret` sends them.
+    if !start.secrets.is_empty() {
+        body["secrets"] = serde_json::to_value(&start.secrets)?;
     }
     let started = r
         .call("POST", "/api/agents", Some(body))

@@ -312,10 +312,12 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             grace: g,
             policy,
             iso,
+            secrets,
             allow_weaker_sandbox,
             json,
             mut argv,
         } => {
+            let secrets = secrets_from_env(&secrets)?;
             let mut cfg = Config::new(root_of(&root));
             let entrances = brood_server::Entrances::new();
             entrances.install(&mut cfg);
@@ -352,6 +354,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
                 protocol,
                 argv,
                 policy,
+                secrets,
                 iso,
             };
             run_root(cfg, entrances, start, json).await
@@ -439,9 +442,11 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             ready,
             policy,
             iso,
+            secrets,
             json,
             mut argv,
         } => {
+            let secrets = secrets_from_env(&secrets)?;
             let protocol = parse_protocol(&protocol, &argv)?.as_str();
             let policy = policy.as_deref().map(read_policy).transpose()?;
             start::resolve_program(&mut argv)?;
@@ -467,6 +472,9 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             if let Some(p) = policy {
                 body["policy"] = p;
             }
+            if !secrets.is_empty() {
+                body["secrets"] = serde_json::to_value(&secrets)?;
+            }
             verbs::spawn(&remote, verbs::Spawn { body, json })
                 .await
                 .map_err(|e| start::cwd_hint(e, cwd_defaulted))
@@ -484,8 +492,20 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         } => verbs::wait(&remote, &names, timeout, json).await,
         Cmd::Cancel { name } => verbs::act(&remote, "cancel", &name, None).await,
         Cmd::Close { name } => verbs::act(&remote, "close", &name, None).await,
-        Cmd::Resume { name, text } => {
-            let body = text.map(|t| json!({ "text": t }));
+        Cmd::Resume {
+            name,
+            text,
+            secrets,
+        } => {
+            let secrets = secrets_from_env(&secrets)?;
+            let mut body = json!({});
+            if let Some(t) = text {
+                body["text"] = json!(t);
+            }
+            if !secrets.is_empty() {
+                body["secrets"] = serde_json::to_value(&secrets)?;
+            }
+            let body = (body != json!({})).then_some(body);
             verbs::act(&remote, "resume", &name, body).await
         }
         Cmd::Events {
@@ -507,7 +527,9 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         Cmd::Mcp {
             policy,
             agent_config,
+            secrets,
         } => {
+            let secrets = secrets_from_env(&secrets)?;
             let policy = policy.as_deref().map(read_policy).transpose()?;
             let home = root_of(&root)
                 .join("ctx/home")
@@ -516,7 +538,13 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
                 Some(c) => vec!["--config".to_owned(), c.to_string_lossy().into_owned()],
                 None => Vec::new(),
             };
-            mcp::serve(remote.endpoint().clone(), policy, home, agent_args).await
+            mcp::serve(
+                remote.endpoint().clone(),
+                mcp::Root { policy, secrets },
+                home,
+                agent_args,
+            )
+            .await
         }
         Cmd::TestAgent { .. } | Cmd::Agent { .. } | Cmd::McpRoot => Ok(0),
     }
@@ -539,6 +567,36 @@ fn read_policy(path: &Path) -> Result<Value> {
             .map_err(|e| Exit(2, format!("policy file {}: {e}", path.display())))?
     };
     Ok(v)
+}
+
+/// The values of `--secret NAME`s, each read from this process's own
+/// environment (issue 25). A name that is not set (or not UTF-8) is refused
+/// naming it, before anything is asked of the supervisor; a value is never
+/// printed.
+fn secrets_from_env(names: &[String]) -> Result<brood_api::Secrets> {
+    let mut out = brood_api::Secrets::new();
+    for n in names {
+        if n.is_empty() || n.contains('=') || n.contains('\0') {
+            return Err(Exit(2, format!("--secret {n:?}: not a variable name")).into());
+        }
+        match std::env::var(n) {
+            Ok(v) => out.insert(n.clone(), v),
+            Err(std::env::VarError::NotPresent) => {
+                return Err(Exit(
+                    2,
+                    format!(
+                        "--secret {n}: {n} is not set in this environment \
+                         (export {n}=... first; its value is passed to the agent, never stored)"
+                    ),
+                )
+                .into());
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(Exit(2, format!("--secret {n}: its value is not UTF-8")).into());
+            }
+        }
+    }
+    Ok(out)
 }
 
 pub(crate) fn unsafe_uid() -> u32 {

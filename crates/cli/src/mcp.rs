@@ -39,11 +39,18 @@ struct Session {
     capability: Option<String>,
 }
 
+/// What `brood mcp` asks for its session root: the operator's policy
+/// (`--policy`) and secrets (`--secret`), which its children inherit.
+pub(crate) struct Root {
+    pub(crate) policy: Option<Value>,
+    pub(crate) secrets: brood_api::Secrets,
+}
+
 /// The stdio session's way to the daemon.
 struct Stdio {
     ep: Endpoint,
-    /// The operator's policy for MCP sessions (`--policy`), the root's.
-    policy: Option<Value>,
+    /// The session root's policy and secrets.
+    root: Root,
     session: OnceCell<Session>,
     /// The task holding the session's stream open.
     hold: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -66,7 +73,11 @@ impl Stdio {
             }
         };
         let ep = self.ep.clone();
-        let body = json!({"client": client, "policy": self.policy});
+        let mut body = json!({"client": client, "policy": self.root.policy});
+        if !self.root.secrets.is_empty() {
+            body["secrets"] = serde_json::to_value(&self.root.secrets)
+                .map_err(|e| ToolError::new("Internal", e.to_string()))?;
+        }
         let task = tokio::spawn(async move {
             let first = send.clone();
             // Whether the daemon made a root this stream holds (inside an
@@ -216,13 +227,13 @@ impl Backend for Stdio {
 /// `brood mcp`: serves the tools on stdin/stdout until the client goes.
 pub(crate) async fn serve(
     ep: Endpoint,
-    policy: Option<Value>,
+    root: Root,
     home: PathBuf,
     agent_args: Vec<String>,
 ) -> Result<i32> {
     let backend = Arc::new(Stdio {
         ep,
-        policy,
+        root,
         session: OnceCell::new(),
         hold: Mutex::new(None),
     });

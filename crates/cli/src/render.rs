@@ -211,7 +211,14 @@ pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
     if let Some(p) = d.policy.as_object() {
         out.push_str("policy:\n");
         for (k, v) in p {
-            let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            let v = match (k.as_str(), v.as_object()) {
+                // Its names: the API shows no value (issue 25).
+                ("env", Some(env)) if !env.is_empty() => format!(
+                    "{} (values not shown)",
+                    env.keys().cloned().collect::<Vec<_>>().join(" ")
+                ),
+                _ => v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+            };
             out.push_str(&format!("  {k:<13} {v}\n"));
         }
     }

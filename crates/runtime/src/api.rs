@@ -75,6 +75,11 @@ pub struct SpawnRequest {
     pub protocol: Protocol,
     pub task: String,
     pub env: Vec<(String, String)>,
+    /// Secret values the caller gives a root (issue 25): each name joins
+    /// the policy's `secrets`; the values live in the supervisor's memory
+    /// only. A child's come from its parent, so a request with a parent
+    /// that gives any is refused.
+    pub secrets: brood_api::Secrets,
     pub cwd: Option<String>,
     pub session: SessionName,
     /// Reply only once the agent said `ready` (or ended), not as soon as it started.
@@ -131,6 +136,18 @@ fn opt_name_arg(args: &Value, key: &str) -> Result<Option<AgentName>, ApiError> 
     }
 }
 
+/// Secret values as a caller gives them (`POST /api/agents`, `resume`):
+/// names as a policy's `env` names them, values without NUL. Neither error
+/// shows a value.
+pub fn check_secrets(secrets: &brood_api::Secrets) -> Result<(), ApiError> {
+    for (k, v) in secrets.pairs() {
+        brood_core::policy::check_var_name("secrets", k)
+            .and_then(|()| brood_core::policy::check_secret_value(&format!("secrets.{k}"), v))
+            .map_err(|e| bad(format!("{}: {}", e.field, e.message)))?;
+    }
+    Ok(())
+}
+
 impl SpawnRequest {
     /// Parses the `spawn` arguments of the protocol: `brood_api::SpawnBody`
     /// as JSON, its wrong field named.
@@ -183,6 +200,8 @@ impl SpawnRequest {
             }
             env.push((k, v));
         }
+        let secrets = b.secrets.unwrap_or_default();
+        check_secrets(&secrets)?;
         let session = match b.session.as_deref() {
             None => SessionName::default_session(),
             Some(s) => SessionName::new(s)
@@ -229,6 +248,7 @@ impl SpawnRequest {
             protocol,
             task,
             env,
+            secrets,
             cwd,
             session,
             await_ready: b.await_ready.unwrap_or(false),

@@ -49,6 +49,6 @@ pub mod supervisor;
 pub mod veil;
 pub mod view;
 
-pub use api::{ApiError, ApiResult, Caller, SpawnRequest};
+pub use api::{ApiError, ApiResult, Caller, SpawnRequest, check_secrets};
 pub use supervisor::{Config, Hooks, HostInfo, JobOp, NodeConfig, StartError, Supervisor, Sweeper};
 pub use view::View;

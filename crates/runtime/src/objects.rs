@@ -82,11 +82,16 @@ pub fn control_files(a: &Agent, policy: &Policy, spec: &Value) -> Vec<(&'static 
             "window",
             line(policy.window.map(|w| w.to_string()).unwrap_or_default()),
         ),
-        (
-            "policy",
-            format!("{:#}\n", brood_proto::policy::to_json(policy)),
-        ),
+        ("policy", policy_text(policy)),
     ]
+}
+
+/// The `policy` control file, which is also the agent's `$BROOD_POLICY`:
+/// the policy as every surface shows it, `env` values hidden (issue 25). The
+/// agent has its values in its environment; the file is `0644`, readable
+/// by the tree's owner and by whatever reads the ctx tree later.
+pub fn policy_text(policy: &Policy) -> String {
+    format!("{:#}\n", brood_proto::policy::shown(policy))
 }
 
 /// The program a shim runs: `<bin_dir>/brood` when the supervisor knows where

@@ -59,6 +59,7 @@ mod placement;
 mod protocol;
 mod queue;
 mod routed;
+mod secrets;
 mod shown;
 mod sockets;
 mod stops;
@@ -215,7 +216,14 @@ pub(crate) enum Cmd {
     Wait(Caller, Vec<AgentName>, Option<Duration>, Reply),
     Cancel(Caller, AgentName, Reply),
     Close(Caller, AgentName, Reply),
-    Resume(Caller, AgentName, Option<String>, Reply),
+    /// A resume, with a root's secret values given again (issue 25).
+    Resume(
+        Caller,
+        AgentName,
+        Option<String>,
+        Box<brood_api::Secrets>,
+        Reply,
+    ),
     Identify(i32, u32, oneshot::Sender<Result<Caller, String>>),
     /// A creation refused before it reached the dispatcher (a malformed request).
     Refused(Option<AgentName>, Option<String>, ApiError),
@@ -383,6 +391,11 @@ struct Live {
     init: Option<Vec<u8>>,
     /// The agent's effective policy (SPEC 5), checked at admission.
     policy: Policy,
+    /// The values of its policy's `secrets` (issue 25), held here and in
+    /// its process's environment only: from its caller for a root, from its
+    /// parent's for a child. Gone with the live entry, so a new run needs
+    /// them again.
+    secrets: brood_api::Secrets,
     /// Children created by this run so far: what the attenuation check of its
     /// next child needs (SPEC 5 create_limit).
     creates_used: u32,
@@ -482,6 +495,7 @@ impl Live {
             instruction,
             init: None,
             policy,
+            secrets: brood_api::Secrets::new(),
             creates_used: 0,
             run_usd: 0.0,
             subtree_usd: 0.0,
@@ -633,7 +647,9 @@ impl Dispatcher {
                 let r = self.on_close(&caller, &name);
                 self.respond(reply, r);
             }
-            Cmd::Resume(caller, name, text, reply) => self.on_resume(&caller, &name, text, reply),
+            Cmd::Resume(caller, name, text, secrets, reply) => {
+                self.on_resume(&caller, &name, text, *secrets, reply)
+            }
             Cmd::Refused(parent, requested, e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
             }

@@ -103,7 +103,9 @@ impl View {
         let a = self.agent(name)?;
         // The effective policy and lifecycle recorded at admission (SPEC 5).
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-        let policy = spec.get("policy").cloned().unwrap_or(json!({}));
+        let mut policy = spec.get("policy").cloned().unwrap_or(json!({}));
+        // The names of `env` and `secrets`, never a value (issue 25).
+        brood_proto::policy::hide_env(&mut policy);
         let word = |k: &str, default: &str| {
             spec.get(k)
                 .and_then(Value::as_str)

@@ -9,6 +9,10 @@
 //! only ever names the caller's own earlier request.
 //! Answers with a 5xx or 429 status are not kept: the mutation did not
 //! happen, and a retry should try it again.
+//! The request's hash is kept too; a body carrying secret values (issue 25:
+//! `secrets` of a creation or a resume) is hashed with their names in place
+//! of the values ([`fingerprint`]), so the store never holds even a hash of
+//! a value that could be checked against a guess.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -85,7 +89,7 @@ where
     };
     let who = caller_label(caller);
     let scope = format!("{who} {route}");
-    let hash: String = Sha256::digest(body)
+    let hash: String = Sha256::digest(fingerprint(body))
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
@@ -110,6 +114,26 @@ where
     drop(lock);
     api.0.in_flight.release(&flight);
     answer
+}
+
+/// What a request's hash is taken over: its bytes, or, when it is a JSON
+/// object with `secrets`, the object with each secret's value left out
+/// (its names, sorted, in its place). Two requests that differ only in a
+/// secret's value are then the same request, which is what a repeat is.
+fn fingerprint(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let Ok(serde_json::Value::Object(mut o)) = serde_json::from_slice(body) else {
+        return body.into();
+    };
+    let Some(secrets) = o.get_mut("secrets") else {
+        return body.into();
+    };
+    if let Some(m) = secrets.as_object() {
+        *secrets = m.keys().cloned().map(serde_json::Value::String).collect();
+    } else {
+        // Not a map of values (and refused as such): nothing of it is kept.
+        *secrets = serde_json::Value::Null;
+    }
+    serde_json::Value::Object(o).to_string().into_bytes().into()
 }
 
 fn replay(kept: &IdempotentReply, scope: &str, hash: &str) -> Response {
@@ -168,4 +192,22 @@ async fn keep(
         tracing::error!(error = %e, key, "keeping an idempotent answer failed");
     }
     Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+
+    #[test]
+    fn a_secrets_value_is_not_in_what_is_hashed() {
+        let a = br#"{"argv": ["x"], "secrets": {"KEY": "sk-one", "B": "2"}}"#;
+        let b = br#"{"argv": ["x"], "secrets": {"KEY": "sk-two", "B": "3"}}"#;
+        let fa = fingerprint(a);
+        assert!(!String::from_utf8_lossy(&fa).contains("sk-one"));
+        assert_eq!(fa, fingerprint(b));
+        let plain = br#"{"argv": ["x"], "task": "secrets"}"#;
+        assert_eq!(&*fingerprint(plain), &plain[..], "other bodies as they are");
+        let odd = br#"{"argv": ["x"], "secrets": "sk-one"}"#;
+        assert!(!String::from_utf8_lossy(&fingerprint(odd)).contains("sk-one"));
+    }
 }

@@ -142,6 +142,10 @@ pub(crate) struct SessionBody {
     /// The session's policy (SPEC 5 fields), the operator's for MCP sessions.
     #[serde(default)]
     policy: Option<Value>,
+    /// The session root's secret values (`brood mcp --secret`), which its
+    /// children inherit; never stored, shown or logged (issue 25).
+    #[serde(default)]
+    secrets: Option<brood_api::Secrets>,
 }
 
 /// `POST /api/mcp/session`: as an event stream, one event with the agent the
@@ -160,6 +164,16 @@ pub(crate) async fn session(
         Err(e) => return e.into_response(),
     };
     if let Caller::Agent(me) = &caller {
+        if let Some(k) = body.secrets.as_ref().and_then(|s| s.names().next()) {
+            return HttpError(ApiError::new(
+                Code::BadRequest,
+                format!(
+                    "secrets.{k}: an agent's MCP session works as the agent itself, \
+                     whose secrets are its own; it is given none"
+                ),
+            ))
+            .into_response();
+        }
         let first = json!({"owner": me.as_str(), "root": false});
         let stream = futures_util::stream::once(async move {
             Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
@@ -188,6 +202,7 @@ pub(crate) async fn session(
         "label": "mcp session",
         "await_ready": true,
         "policy": body.policy,
+        "secrets": body.secrets,
     });
     let req = match serde_json::from_value::<brood_api::SpawnBody>(spawn)
         .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))

@@ -9,10 +9,11 @@ use super::cap;
 use crate::io::{Halt, Io};
 use crate::settings::Settings;
 
-/// SPEC 13's capabilities, and `env` (brood's addition): the variables the
-/// child's policy passes, so a parent can keep a key from a child that does
-/// not need it. Each is checked against the parent's at admission.
-const CAPABILITIES: [&str; 7] = [
+/// SPEC 13's capabilities, and `env` and `secrets` (brood's additions): the
+/// variables the child's policy passes, so a parent can keep a key from a
+/// child that does not need it. Each is checked against the parent's at
+/// admission.
+const CAPABILITIES: [&str; 8] = [
     "tools",
     "cost_limit",
     "files",
@@ -20,6 +21,7 @@ const CAPABILITIES: [&str; 7] = [
     "create_limit",
     "depth_limit",
     "env",
+    "secrets",
 ];
 
 pub fn run(name: &str, args: &Value, settings: &Settings, io: &mut Io) -> Result<String, Halt> {

@@ -83,6 +83,7 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         protocol: brood_store::Protocol::Brood,
         task: format!("task of {name}"),
         env: Vec::new(),
+        secrets: brood_api::Secrets::new(),
         cwd: None,
         session: brood_core::SessionName::default_session(),
         await_ready: true,

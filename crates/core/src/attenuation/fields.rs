@@ -67,6 +67,19 @@ pub(super) fn env(p: &Policy, c: &Policy) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// A child passes on only secrets its parent holds (their values are the
+/// parent's, copied at launch); the names are compared, there are no values
+/// in a policy to compare.
+pub(super) fn secrets(p: &Policy, c: &Policy) -> Result<(), Refusal> {
+    match c.secrets.iter().find(|k| !p.secrets.contains(*k)) {
+        Some(k) => refuse(
+            Code::PolicyExpansion,
+            format!("secrets.{k}: the parent holds no secret {k}"),
+        ),
+        None => Ok(()),
+    }
+}
+
 /// A limit where `None` is "no limit": the child's must be no higher.
 pub(super) fn no_higher(
     field: &str,

@@ -13,7 +13,7 @@
 //! The order is part of the contract: a child failing several checks is refused
 //! with the code of the earliest. SPEC 5 gives the order of the checks that have
 //! codes; the fields SPEC 5 lists without a code of their own (`env`,
-//! `resources`, `timeout_s`) are reported as `PolicyExpansion` and run right
+//! `secrets`, `resources`, `timeout_s`) are reported as `PolicyExpansion` and run right
 //! after the rules, so that all `PolicyExpansion` checks are together and the
 //! codes appear in the order [`Code`] declares them.
 //!
@@ -23,6 +23,7 @@
 //! | 2 | `groups` | `GroupExpansion` | a subset |
 //! | 3 | `rules` | `PolicyExpansion` | each covered by one parent rule ([`Rule::covers`](crate::policy::Rule::covers)) |
 //! | 4 | `env` | `PolicyExpansion` | a subset, names and values |
+//! | 4a | `secrets` | `PolicyExpansion` | a subset of the names (issue 25: the values are the parent's) |
 //! | 5 | `resources` | `PolicyExpansion` | each limit no higher (`None` is no limit) |
 //! | 6 | `timeout_s` | `PolicyExpansion` | ending by the parent's deadline, and no longer than the parent's own `timeout_s` |
 //! | 7 | `tools` | `ToolExpansion` | a subset (`None`, every tool, only under `None`) |
@@ -136,6 +137,7 @@ pub fn check(parent: &ParentView<'_>, child: &Policy) -> Result<(), Refusal> {
     groups(p, child)?;
     rules(p, child)?;
     env(p, child)?;
+    secrets(p, child)?;
     resources(p, child)?;
     timeout(parent, child)?;
     tools(p, child)?;

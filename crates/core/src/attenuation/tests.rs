@@ -58,6 +58,7 @@ fn parent() -> Policy {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
+        secrets: names(&["KEY1", "KEY2"]),
         models: Some(names(&["m1", "m2"])),
         path: vec!["x".into(), "y".into(), "z".into()],
         rules: vec![
@@ -138,6 +139,14 @@ fn cases() -> Vec<Case> {
             says: "env.A: the value differs",
             edit: |c| {
                 c.env.insert("A".into(), "secret".into());
+            },
+        },
+        Case {
+            step: 4,
+            code: PolicyExpansion,
+            says: "secrets.KEY3: the parent holds no secret KEY3",
+            edit: |c| {
+                c.secrets.insert("KEY3".into());
             },
         },
         Case {
@@ -433,6 +442,7 @@ fn narrowing_in_every_field_is_admitted() {
         gid: 1000,
         groups: BTreeSet::new(),
         env: [("B".to_owned(), "2".to_owned())].into(),
+        secrets: names(&["KEY2"]),
         models: Some(names(&["m2"])),
         path: vec!["x".into(), "z".into()],
         rules: vec![
@@ -450,6 +460,7 @@ fn narrowing_in_every_field_is_admitted() {
         path: vec![],
         rules: vec![],
         env: BTreeMap::new(),
+        secrets: BTreeSet::new(),
         ..child
     };
     assert_eq!(check(&v, &none), Ok(()));

@@ -230,29 +230,36 @@ pub(super) fn check_resources(r: &Resources) -> Result<(), PolicyError> {
     Ok(())
 }
 
-/// Names must be usable in `KEY=VALUE` lines and in `execve`'s environment: not
-/// empty, no `=`, no whitespace or control characters (NUL included). Values
-/// may hold anything but NUL (which `execve` cannot carry) and newline (which
-/// would split the `env` control file's line).
+/// A variable's name (of `env` or `secrets`; `field` names where it was
+/// given): usable in `KEY=VALUE` lines and in `execve`'s environment, so not
+/// empty, no `=`, no whitespace or control characters (NUL included), and not
+/// one of the runtime's own (`BROOD_*`, `CTX_*`), which would be dropped at
+/// launch, so it is refused where the mistake is made.
+pub fn check_var_name(field: &str, k: &str) -> Result<(), PolicyError> {
+    if k.is_empty() {
+        return Err(PolicyError::new(field, "\"\": a name must not be empty"));
+    }
+    if k.contains('=') || k.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(PolicyError::new(
+            field,
+            format!("{k:?}: a name must not contain \"=\", whitespace or control characters"),
+        ));
+    }
+    if k.starts_with("BROOD_") || k.starts_with("CTX_") {
+        return Err(PolicyError::new(
+            format!("{field}.{k}"),
+            "BROOD_* and CTX_* are set by the runtime (the agent's identity); choose another name",
+        ));
+    }
+    Ok(())
+}
+
+/// Names as [`check_var_name`] says. Values may hold anything but NUL (which
+/// `execve` cannot carry) and newline (which would split the `env` control
+/// file's line).
 pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), PolicyError> {
     for (k, v) in env {
-        if k.is_empty() {
-            return Err(PolicyError::new("env", "\"\": a name must not be empty"));
-        }
-        if k.contains('=') || k.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(PolicyError::new(
-                "env",
-                format!("{k:?}: a name must not contain \"=\", whitespace or control characters"),
-            ));
-        }
-        // The runtime sets these itself; one given here would be dropped at
-        // launch, so it is refused where the mistake is made.
-        if k.starts_with("BROOD_") || k.starts_with("CTX_") {
-            return Err(PolicyError::new(
-                format!("env.{k}"),
-                "BROOD_* and CTX_* are set by the runtime (the agent's identity); choose another name",
-            ));
-        }
+        check_var_name("env", k)?;
         if v.contains('\0') || v.contains('\n') {
             // The value itself is not echoed: environment values are often secrets.
             return Err(PolicyError::new(
@@ -260,6 +267,42 @@ pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), PolicyErro
                 "the value must not contain NUL or newline",
             ));
         }
+    }
+    Ok(())
+}
+
+/// A secret is named like a variable of `env`, and one name is passed one
+/// way: a name both in `env` (a value in the policy) and in `secrets` (a
+/// value from the caller) would leave the agent's value to an order nobody
+/// wrote down.
+pub(super) fn check_secrets(
+    secrets: &BTreeSet<String>,
+    env: Option<&BTreeMap<String, String>>,
+) -> Result<(), PolicyError> {
+    for k in secrets {
+        check_var_name("secrets", k)?;
+        if env.is_some_and(|e| e.contains_key(k)) {
+            return Err(PolicyError::new(
+                format!("secrets.{k}"),
+                format!(
+                    "{k} is also in env; pass a variable one way: its value in env, or its name in secrets"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A secret's value as the caller gives it (`field` names it): anything but
+/// NUL, which `execve` cannot carry. A newline is allowed (a PEM key has
+/// them): a secret's value is never written to a line of any file. The value
+/// itself is never echoed.
+pub fn check_secret_value(field: &str, v: &str) -> Result<(), PolicyError> {
+    if v.contains('\0') {
+        return Err(PolicyError::new(
+            field,
+            "the value must not contain a NUL byte (the value is not shown)",
+        ));
     }
     Ok(())
 }

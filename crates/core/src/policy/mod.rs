@@ -63,6 +63,18 @@
 //! - `create_limit` and `timeout_s` are inherited verbatim here, and narrowed to
 //!   what the parent has left by [`crate::attenuation::derive`], which needs the
 //!   parent's live state (creates used, deadline) that a policy does not hold.
+//!
+//! # Secrets
+//!
+//! `secrets` names variables whose values the policy does not hold (issue
+//! 25): a root's come from the caller that starts it (`brood run --secret
+//! NAME` reads NAME from its own environment), a child's from its parent's
+//! values, never from anyone else. So a policy, and everything written from
+//! one (the store, the ctx tree, the API), holds only the names. A name is
+//! in `env` or in `secrets`, never both. Like `env`, a request that gives
+//! `secrets` replaces the parent's list, and one that leaves it out inherits
+//! it; a child's names must be a subset of its parent's
+//! ([`crate::attenuation`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -73,7 +85,7 @@ mod parts;
 mod tests;
 
 use check::*;
-pub use check::{PIDS_MAX, TIMEOUT_MAX, WHOLE_MAX, check_word};
+pub use check::{PIDS_MAX, TIMEOUT_MAX, WHOLE_MAX, check_secret_value, check_var_name, check_word};
 pub use parts::*;
 
 /// A field of a policy that was wrong, and how.
@@ -130,6 +142,11 @@ pub struct Policy {
     pub groups: BTreeSet<u32>,
     /// Variables passed in, after brood's own (SPEC 5).
     pub env: BTreeMap<String, String>,
+    /// Variables passed in whose values are not in the policy (issue 25):
+    /// names only. A root's values come from its caller at launch, a
+    /// child's from its parent's; the supervisor holds them in memory and
+    /// writes them nowhere. See "Secrets" in the module docs.
+    pub secrets: BTreeSet<String>,
     /// Models it may use; `None` is any.
     pub models: Option<BTreeSet<String>>,
     /// Ordered tool tiers (`a:b:c` split).
@@ -162,6 +179,7 @@ impl Policy {
             gid,
             groups,
             env: BTreeMap::new(),
+            secrets: BTreeSet::new(),
             models: None,
             path: Vec::new(),
             rules: Vec::new(),
@@ -195,6 +213,7 @@ impl Policy {
         check_resources(&self.resources)?;
         check_ids(Some(self.uid), Some(self.gid), Some(&self.groups))?;
         check_env(&self.env)?;
+        check_secrets(&self.secrets, Some(&self.env))?;
         if let Some(models) = &self.models {
             check_words("models", models)?;
         }
@@ -230,6 +249,8 @@ pub struct PolicyRequest {
     pub groups: Option<BTreeSet<u32>>,
     /// Replaces the parent's environment as a whole when given.
     pub env: Option<BTreeMap<String, String>>,
+    /// Replaces the parent's secret names as a whole when given.
+    pub secrets: Option<BTreeSet<String>>,
     pub models: Option<BTreeSet<String>>,
     pub path: Option<Vec<String>>,
     pub rules: Option<Vec<Rule>>,
@@ -257,6 +278,9 @@ impl PolicyRequest {
         check_ids(self.uid, self.gid, self.groups.as_ref())?;
         if let Some(env) = &self.env {
             check_env(env)?;
+        }
+        if let Some(secrets) = &self.secrets {
+            check_secrets(secrets, self.env.as_ref())?;
         }
         if let Some(models) = &self.models {
             check_words("models", models)?;
@@ -304,6 +328,10 @@ pub fn effective(parent: &Policy, req: &PolicyRequest) -> Policy {
         gid: req.gid.unwrap_or(parent.gid),
         groups: req.groups.clone().unwrap_or_else(|| parent.groups.clone()),
         env: req.env.clone().unwrap_or_else(|| parent.env.clone()),
+        secrets: req
+            .secrets
+            .clone()
+            .unwrap_or_else(|| parent.secrets.clone()),
         models: req.models.clone().or_else(|| parent.models.clone()),
         path: req.path.clone().unwrap_or_else(|| parent.path.clone()),
         rules: req.rules.clone().unwrap_or_else(|| parent.rules.clone()),

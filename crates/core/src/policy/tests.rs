@@ -408,6 +408,31 @@ fn normalise_sorts_and_refuses_what_types_allow() {
         ),
         (
             Policy {
+                secrets: ["A=B".to_owned()].into(),
+                ..base.clone()
+            },
+            "secrets",
+            "must not contain \"=\"",
+        ),
+        (
+            Policy {
+                secrets: ["CTX_KEY".to_owned()].into(),
+                ..base.clone()
+            },
+            "secrets.CTX_KEY",
+            "set by the runtime",
+        ),
+        (
+            Policy {
+                env: [("KEY".into(), "v".into())].into(),
+                secrets: ["KEY".to_owned()].into(),
+                ..base.clone()
+            },
+            "secrets.KEY",
+            "also in env",
+        ),
+        (
+            Policy {
                 tools: Some(["a b".to_owned()].into()),
                 ..base.clone()
             },
@@ -504,8 +529,10 @@ fn effective_inherits_what_the_request_leaves_out() {
         disk_max: Some(1 << 20),
     };
     parent.env = [("A".to_owned(), "1".to_owned())].into();
+    parent.secrets = ["KEY".to_owned()].into();
 
     let child = effective(&parent, &PolicyRequest::default());
+    assert_eq!(child.secrets, parent.secrets, "secrets are inherited");
     assert_eq!(child.depth_limit, Some(2));
     assert_eq!(
         child.cost_limit, None,
@@ -533,6 +560,15 @@ fn effective_inherits_what_the_request_leaves_out() {
         ..PolicyRequest::default()
     };
     let child = effective(&parent, &req);
+    assert_eq!(child.secrets, parent.secrets);
+    let without = PolicyRequest {
+        secrets: Some(BTreeSet::new()),
+        ..PolicyRequest::default()
+    };
+    assert!(
+        effective(&parent, &without).secrets.is_empty(),
+        "an empty list keeps every secret from the child"
+    );
     assert_eq!(child.tools, Some(["a".to_owned()].into()));
     assert!(child.files.is_empty());
     assert_eq!(child.depth_limit, Some(0));
@@ -578,6 +614,15 @@ fn a_request_is_normalised_like_a_policy() {
     .normalise()
     .unwrap_err();
     assert_eq!(e.field, "cost_limit");
+    let e = PolicyRequest {
+        env: Some([("KEY".into(), "v".into())].into()),
+        secrets: Some(["KEY".to_owned()].into()),
+        ..PolicyRequest::default()
+    }
+    .normalise()
+    .unwrap_err();
+    assert_eq!(e.field, "secrets.KEY");
+    assert!(e.message.contains("also in env"), "{e}");
 }
 
 proptest! {

@@ -22,6 +22,7 @@
 //! | `resources` | `{memory_max, pids_max, cpu_weight, disk_max}`, each optional; `memory_max` and `disk_max` are bytes or a string of digits with `K`, `M`, `G` or `T` (powers of 1024, as cgroups read them) |
 //! | `groups` | array of group ids |
 //! | `env` | object of string values |
+//! | `secrets` | array of variable names (their values are never in a policy: issue 25) |
 //! | `path` | `"a:b:c"` or an array of tiers |
 //! | `rules` | array of `allow <subject> <class>:<name> <perm>` strings |
 //!
@@ -35,6 +36,15 @@
 //! (unlimited, or an unknown window), which are left out. Read back and derived
 //! from a parent holding the same or no limits in those fields (an operator, or
 //! the policy itself), it gives the same policy.
+//!
+//! # Showing
+//!
+//! [`shown`] is what every surface shows (the API, `brood show`, the UI, the
+//! agent's policy file): [`to_json`] with each `env` value replaced by
+//! `null`, since a value there is often a credential (issue 25). Reading a
+//! shown policy back refuses the `null`s, naming the variable, rather than
+//! passing a wrong value. [`hide_env`] does the same to a policy document
+//! already in JSON (a stored spec's).
 
 use brood_core::policy::{Network, Policy, PolicyError, PolicyRequest};
 use serde_json::{Map, Number, Value};
@@ -46,7 +56,7 @@ use read::*;
 const DOCUMENT: &str = "(document)";
 
 const FIELDS: &str = "tools files mounts network cost_limit window depth_limit create_limit \
-                      timeout_s resources uid gid groups env models path rules";
+                      timeout_s resources uid gid groups env secrets models path rules";
 
 /// Reads a JSON policy.
 pub fn parse_json(text: &str) -> Result<PolicyRequest, PolicyError> {
@@ -152,6 +162,7 @@ pub fn from_value(v: &Value) -> Result<PolicyRequest, PolicyError> {
             "gid" => req.gid = Some(whole32(f, val)?),
             "groups" => req.groups = Some(groups(val)?),
             "env" => req.env = Some(env(val)?),
+            "secrets" => req.secrets = Some(secrets(val)?),
             "models" => req.models = Some(words(f, val)?),
             "path" => req.path = Some(path(val)?),
             "rules" => req.rules = Some(rules(val)?),
@@ -257,6 +268,7 @@ pub fn to_json(p: &Policy) -> Value {
                 .collect(),
         ),
     );
+    m.insert("secrets".into(), strings(&mut p.secrets.iter()));
     if let Some(models) = &p.models {
         m.insert("models".into(), strings(&mut models.iter()));
     }
@@ -266,6 +278,23 @@ pub fn to_json(p: &Policy) -> Value {
         Value::Array(p.rules.iter().map(|r| r.to_text().into()).collect()),
     );
     Value::Object(m)
+}
+
+/// The policy as every surface shows it (module docs, "Showing").
+pub fn shown(p: &Policy) -> Value {
+    let mut v = to_json(p);
+    hide_env(&mut v);
+    v
+}
+
+/// Replaces each value of a policy document's `env` with `null` (module
+/// docs, "Showing"); anything else is left as it is.
+pub fn hide_env(policy: &mut Value) {
+    if let Some(env) = policy.get_mut("env").and_then(Value::as_object_mut) {
+        for v in env.values_mut() {
+            *v = Value::Null;
+        }
+    }
 }
 
 #[cfg(test)]

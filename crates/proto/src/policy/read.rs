@@ -271,13 +271,27 @@ pub(super) fn groups(v: &Value) -> Result<BTreeSet<u32>, PolicyError> {
 }
 
 pub(super) fn env(v: &Value) -> Result<BTreeMap<String, String>, PolicyError> {
-    object("env", v)?
-        .iter()
+    // Neither the document nor a value is echoed: values are often secrets.
+    let Value::Object(o) = v else {
+        return Err(PolicyError::new(
+            "env",
+            format!(
+                "must be an object of names to values, not {} (not shown)",
+                kind(v)
+            ),
+        ));
+    };
+    o.iter()
         .map(|(k, x)| {
             let f = format!("env.{}", k.escape_debug());
-            // Values are not echoed: they are often secrets.
             match x {
                 Value::String(s) => Ok((k.clone(), s.clone())),
+                // What a shown policy holds in place of a value (issue 25).
+                Value::Null => Err(PolicyError::new(
+                    f,
+                    "null: values are hidden where a policy is shown (brood show, the API, \
+                     the policy file); give the value itself, or name the variable in secrets",
+                )),
                 _ => Err(PolicyError::new(
                     f,
                     format!("must be a string, not {}", kind(x)),
@@ -285,6 +299,34 @@ pub(super) fn env(v: &Value) -> Result<BTreeMap<String, String>, PolicyError> {
             }
         })
         .collect()
+}
+
+/// `secrets`: names only (issue 25). A document that puts values here (an
+/// object of names to values, say) is refused without echoing any of it.
+pub(super) fn secrets(v: &Value) -> Result<BTreeSet<String>, PolicyError> {
+    let Value::Array(a) = v else {
+        return Err(PolicyError::new(
+            "secrets",
+            format!(
+                "must be an array of variable names, not {} (not shown); their values are \
+                 given apart from the policy (`--secret NAME`, or the request's `secrets`)",
+                kind(v)
+            ),
+        ));
+    };
+    let mut out = BTreeSet::new();
+    for (i, x) in a.iter().enumerate() {
+        let f = format!("secrets[{i}]");
+        let Value::String(s) = x else {
+            return Err(PolicyError::new(
+                f,
+                format!("must be a variable name (a string), not {}", kind(x)),
+            ));
+        };
+        // The name itself is checked with the policy (`normalise`).
+        out.insert(s.clone());
+    }
+    Ok(out)
 }
 
 pub(super) fn path(v: &Value) -> Result<Vec<String>, PolicyError> {

@@ -1,7 +1,10 @@
 //! The policy reader's tests: every field from JSON and from TOML, every
 //! bad value refused naming its field, and `to_json` read back.
 
-use super::{DOCUMENT, FIELDS, Network, Policy, PolicyRequest, parse_json, parse_toml, to_json};
+use super::{
+    DOCUMENT, FIELDS, Network, Policy, PolicyRequest, from_value, hide_env, parse_json, parse_toml,
+    shown, to_json,
+};
 use brood_core::policy::{AbsPath, FileRule, Mode, MountEntry, Resources, Rule, effective};
 use std::collections::BTreeSet;
 
@@ -57,6 +60,7 @@ fn expected() -> PolicyRequest {
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
         ),
+        secrets: Some(names(&["OPENAI_API_KEY", "GH_TOKEN"])),
         models: Some(names(&["gpt-x", "local"])),
         path: Some(vec!["proj".into(), "user".into(), "sys".into()]),
         rules: Some(vec![
@@ -85,6 +89,7 @@ const JSON: &str = r#"{
     "gid": 1000,
     "groups": [1000, 27],
     "env": {"LANG": "C.UTF-8", "TOKEN": "x=y"},
+    "secrets": ["OPENAI_API_KEY", "GH_TOKEN"],
     "models": ["local", "gpt-x"],
     "path": "proj:user:sys",
     "rules": ["allow self tool:shell use", "allow agent:rev shared:notes read"]
@@ -111,6 +116,7 @@ const TOML: &str = r#"
     uid = 1000
     gid = 1000
     groups = [1000, 27]
+    secrets = ["OPENAI_API_KEY", "GH_TOKEN"]
     models = ["local", "gpt-x"]
     path = ["proj", "user", "sys"]
     rules = ["allow self tool:shell use", "allow agent:rev shared:notes read"]
@@ -417,6 +423,28 @@ fn every_bad_value_is_refused_naming_its_field() {
         (r#"{"env": {"": "1"}}"#, "env", "must not be empty"),
         (r#"{"env": {"A": "x\u0000y"}}"#, "env.A", "NUL or newline"),
         (r#"{"env": ["A=1"]}"#, "env", "must be an object"),
+        (r#"{"env": {"A": null}}"#, "env.A", "values are hidden"),
+        (
+            r#"{"secrets": "OPENAI_API_KEY"}"#,
+            "secrets",
+            "must be an array of variable names",
+        ),
+        (
+            r#"{"secrets": [1]}"#,
+            "secrets[0]",
+            "must be a variable name",
+        ),
+        (r#"{"secrets": ["A B"]}"#, "secrets", "whitespace"),
+        (
+            r#"{"secrets": ["BROOD_KEY"]}"#,
+            "secrets.BROOD_KEY",
+            "set by the runtime",
+        ),
+        (
+            r#"{"env": {"K": "1"}, "secrets": ["K"]}"#,
+            "secrets.K",
+            "also in env",
+        ),
         (r#"{"models": [""]}"#, "models[0]", "must not be empty"),
         (r#"{"path": "a::b"}"#, "path[1]", "must not be empty"),
         (
@@ -559,4 +587,41 @@ fn to_json_spells_the_fields_as_spec_5_does() {
         assert!(op.get(absent).is_none(), "{absent}");
     }
     assert_eq!(op["network"], "all");
+}
+
+/// Issue 25: a document that puts values where names go, or a wrong kind
+/// where values go, is refused without a byte of it in the error.
+#[test]
+fn values_given_in_the_wrong_place_are_not_echoed() {
+    for doc in [
+        r#"{"secrets": {"OPENAI_API_KEY": "sk-not-echoed-1"}}"#,
+        r#"{"secrets": "sk-not-echoed-1"}"#,
+        r#"{"env": "sk-not-echoed-1"}"#,
+        r#"{"env": ["sk-not-echoed-1"]}"#,
+    ] {
+        let e = parse_json(doc).unwrap_err();
+        assert!(!e.to_string().contains("sk-not-echoed"), "{doc}: {e}");
+    }
+}
+
+/// Issue 25: a shown policy has the names of `env` and `secrets` and no
+/// value; read back, the hidden values are refused, naming the variable.
+#[test]
+fn a_shown_policy_hides_every_env_value() {
+    let p = full();
+    let v = shown(&p);
+    let text = v.to_string();
+    for value in p.env.values() {
+        assert!(!text.contains(value.as_str()), "{value} in {text}");
+    }
+    assert_eq!(v["env"], serde_json::json!({"LANG": null, "TOKEN": null}));
+    assert_eq!(
+        v["secrets"],
+        serde_json::json!(["GH_TOKEN", "OPENAI_API_KEY"])
+    );
+    let e = from_value(&v).unwrap_err();
+    assert_eq!(e.field, "env.LANG", "{e}");
+    let mut whole = to_json(&p);
+    hide_env(&mut whole);
+    assert_eq!(whole, v);
 }

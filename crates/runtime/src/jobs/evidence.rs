@@ -51,8 +51,10 @@ fn lines(vals: &[Value]) -> Vec<u8> {
 pub fn bundle(store: &dyn Store, job: &Job) -> Result<Vec<(String, Vec<u8>)>, String> {
     let (t, id) = (&job.tenant, job.id.as_str());
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let spec: Value = serde_json::from_str(&job.spec)
+    serde_json::from_str::<Value>(&job.spec)
         .map_err(|e| format!("job {id}: its spec is not JSON: {e}"))?;
+    // As the job's view shows it: its workers' `env` values hidden.
+    let spec = super::shown_spec(&job.spec);
     let record = json!({
         "id": id, "tenant": t.as_str(), "owner": job.owner.as_str(),
         "status": job.status.as_str(), "spec": spec, "source": job.source,

@@ -404,12 +404,23 @@ pub fn view(store: &dyn Store, job: &Job) -> Result<api::JobView, ApiError> {
         status: job.status.as_str().to_owned(),
         total: job.total,
         counts,
-        spec: serde_json::from_str(&job.spec).unwrap_or(Value::Null),
+        spec: shown_spec(&job.spec),
         source: job.source.clone(),
         created_ms: job.created_ms,
         started_ms: job.started_ms,
         ended_ms: job.ended_ms,
     })
+}
+
+/// A job's spec as it is shown (the view, the evidence bundle): its
+/// workers' policy with the values of `env` hidden, as every policy is
+/// shown (issue 25). The store keeps them: a worker is started with them.
+pub fn shown_spec(spec: &str) -> Value {
+    let mut v: Value = serde_json::from_str(spec).unwrap_or(Value::Null);
+    if let Some(p) = v.get_mut("worker").and_then(|w| w.get_mut("policy")) {
+        brood_proto::policy::hide_env(p);
+    }
+    v
 }
 
 pub fn item_view(it: &JobItem) -> api::ItemView {

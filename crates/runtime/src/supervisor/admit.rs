@@ -126,6 +126,19 @@ impl Dispatcher {
             env.extend(req.env.iter().cloned());
             preq.env = Some(env);
         }
+        // The names of the secret values it gives join the policy's secrets
+        // (issue 25); where the values come from is `admitted_secrets`'s.
+        if !req.secrets.is_empty() {
+            let mut names = preq.secrets.take().unwrap_or_default();
+            names.extend(req.secrets.names().map(str::to_owned));
+            preq.secrets = Some(names);
+        }
+        if !req.env.is_empty() || !req.secrets.is_empty() {
+            // Checked again as a whole: a name given both ways is refused.
+            preq = preq
+                .normalise()
+                .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))?;
+        }
         let now = now_unix_s();
         if let Some(pa) = remote {
             // A parent hosted by another supervisor: its effective policy and live
@@ -163,6 +176,9 @@ impl Dispatcher {
                 let mut op = self.operator_policy();
                 if let Some(env) = &preq.env {
                     op.env = env.clone();
+                }
+                if let Some(s) = &preq.secrets {
+                    op.secrets = s.clone();
                 }
                 if let Some(m) = &preq.mounts {
                     op.mounts = m.clone();
@@ -362,6 +378,8 @@ impl Dispatcher {
             Some(node) => brood_store::placed_on(&node),
             None => self.me.clone(),
         };
+        let secrets =
+            self.admitted_secrets(&policy, parent.as_ref(), remote.as_ref(), &host, req)?;
         let run = new_run_id();
         // The parent's session and run at creation, and who asked: recorded so
         // the `parent` and `owner` files can always be rebuilt from the store.
@@ -435,6 +453,7 @@ impl Dispatcher {
         Ok(Decision {
             parent_live,
             policy,
+            secrets,
             spec,
             new,
             events,
@@ -452,6 +471,7 @@ impl Dispatcher {
         let Decision {
             parent_live,
             policy,
+            secrets,
             spec,
             new,
             events,
@@ -491,6 +511,7 @@ impl Dispatcher {
             policy,
             None,
         );
+        live.secrets = secrets;
         live.iso_ns = req.iso == Iso::Ns;
         live.ns_root = req.root.as_ref().map(PathBuf::from);
         live.pending = Some(Pending {
@@ -651,6 +672,8 @@ pub(super) struct Decision {
     /// The parent's group (when it runs here) and session.
     parent_live: Option<(Option<Group>, SessionName)>,
     policy: Policy,
+    /// The values of its policy's secrets (never recorded).
+    secrets: brood_api::Secrets,
     spec: Value,
     /// The record to write: name, parent, run and time among it.
     new: NewAgent,

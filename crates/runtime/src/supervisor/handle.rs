@@ -356,7 +356,22 @@ impl Supervisor {
         self.call(|r| Cmd::Close(caller, name, r)).await
     }
     pub async fn resume(&self, caller: Caller, name: AgentName, text: Option<String>) -> ApiResult {
-        self.call(|r| Cmd::Resume(caller, name, text, r)).await
+        self.resume_with(caller, name, text, brood_api::Secrets::new())
+            .await
+    }
+
+    /// [`Self::resume`] giving a root's secret values again (issue 25): no
+    /// value outlives the run it was given for. A child's come from its
+    /// parent, so giving any for one is refused.
+    pub async fn resume_with(
+        &self,
+        caller: Caller,
+        name: AgentName,
+        text: Option<String>,
+        secrets: brood_api::Secrets,
+    ) -> ApiResult {
+        self.call(|r| Cmd::Resume(caller, name, text, Box::new(secrets), r))
+            .await
     }
 
     /// A job's control (SPEC 10): start, cancel, a worker's report, assign, retry.

@@ -242,11 +242,31 @@ impl Dispatcher {
         // The run's clock starts now; its children must end before its deadline.
         l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
         l.door = door_listener;
+        // Every secret its policy names has a value here, or it does not
+        // start (issue 25): a run hosted where no value was given (another
+        // node's child whose parent is not here) says which one it lacks.
+        if let Some(k) = l.secrets.missing(&l.policy.secrets) {
+            return fail(
+                &self.tx,
+                format!(
+                    "secrets.{k}: no value of secret {k} here (values are held in memory by \
+                     the supervisor that was given them, and only for the run they were given for)"
+                ),
+            );
+        }
+        // The secrets' values after the policy's `env` (the two share no
+        // name): the one place a value leaves the supervisor's memory.
         let policy_env: Vec<(String, String)> = l
             .policy
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
+            .chain(
+                l.secrets
+                    .only(&l.policy.secrets)
+                    .pairs()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            )
             .collect();
         let id = Identity {
             agent: name.to_string(),
@@ -651,7 +671,7 @@ impl Prep {
             }
             None => (None, Vec::new()),
         };
-        let policy_text = format!("{:#}\n", brood_proto::policy::to_json(&self.policy));
+        let policy_text = crate::objects::policy_text(&self.policy);
         crate::projection::write_atomic(
             &self.policy_file,
             policy_text.as_bytes(),

@@ -155,6 +155,7 @@ impl Dispatcher {
             .rev()
             .find(|m| m.run == a.run && m.role == "user")
             .map(|m| m.content);
+        let secrets = self.claimed_secrets(&a, &policy);
         let mut live = Live::new(
             a.run.clone(),
             a.session.clone(),
@@ -163,6 +164,7 @@ impl Dispatcher {
             policy,
             instruction,
         );
+        live.secrets = secrets;
         live.iso_ns = spec["iso"] == "ns";
         live.ns_root = spec["root"].as_str().map(PathBuf::from);
         live.ready_news = spec["ready_news"]

@@ -181,6 +181,7 @@ impl Dispatcher {
         caller: &Caller,
         name: &AgentName,
         text: Option<String>,
+        given: brood_api::Secrets,
         reply: Reply,
     ) {
         if let Err(e) = self.tool_granted(caller, "resume") {
@@ -232,6 +233,12 @@ impl Dispatcher {
                 },
                 None => None,
             };
+            // The policy is the one admitted; the secrets' values are given
+            // again (a root) or the parent's (a child), checked before
+            // anything is recorded.
+            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+            let policy = stored_policy(&spec, &self.operator_policy())?;
+            let secrets = self.resumed_secrets(&a, &policy, &given)?;
             let run = new_run_id();
             let events = [ev(
                 name,
@@ -274,9 +281,7 @@ impl Dispatcher {
                 return Ok(());
             }
             project_agent(&self.projection, &self.paths, &a, None);
-            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
             let (argv, cwd) = super::placement::stored_launch(&spec);
-            let policy = stored_policy(&spec, &self.operator_policy())?;
             // A `temp` agent's object was removed when its last run ended.
             let adir = self.paths.agent_dir(name);
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
@@ -295,6 +300,7 @@ impl Dispatcher {
                 policy,
                 text.clone(),
             );
+            live.secrets = secrets;
             live.iso_ns = spec["iso"] == "ns";
             live.ns_root = spec["root"].as_str().map(PathBuf::from);
             // Its budget covers what it and its subtree spent in earlier runs too.

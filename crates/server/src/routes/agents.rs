@@ -311,12 +311,12 @@ pub(crate) async fn wait(
 
 #[utoipa::path(
     post, path = "/api/agents/{name}/resume", tag = "agents",
-    request_body(content = ResumeBody, description = "Optional: a message for the new run."),
+    request_body(content = ResumeBody, description = "Optional: a message for the new run; a root's secret values again."),
     params(("name" = String, Path, description = "The agent's name."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
         (status = 200, description = "A new run started.", body = brood_api::Agent),
-        (status = 400, description = "Malformed body.", body = ErrorBody),
+        (status = 400, description = "Malformed body, or a secret's value missing (a root's are given again).", body = ErrorBody),
         (status = 403, description = "Not the caller's descendant.", body = ErrorBody),
         (status = 404, description = "No such agent.", body = ErrorBody),
         (status = 409, description = "The agent is not finished, or its parent is.", body = ErrorBody),
@@ -340,7 +340,11 @@ pub(crate) async fn resume(
         "resume",
         &name,
         body,
-        |n, b: ResumeBody| async move { sup.resume(c, n, b.text).await },
+        |n, b: ResumeBody| async move {
+            let secrets = b.secrets.unwrap_or_default();
+            brood_runtime::check_secrets(&secrets)?;
+            sup.resume_with(c, n, b.text, secrets).await
+        },
     )
     .await
 }

@@ -142,6 +142,12 @@ fn any_env() -> BoxedStrategy<BTreeMap<String, String>> {
         .boxed()
 }
 
+fn any_secrets() -> BoxedStrategy<BTreeSet<String>> {
+    subsequence(vec!["S1", "S2", "S3"], 0..=3)
+        .prop_map(|ks| ks.into_iter().map(str::to_owned).collect())
+        .boxed()
+}
+
 fn any_path(tiers: Vec<String>) -> BoxedStrategy<Vec<String>> {
     let n = tiers.len();
     subsequence(tiers, 0..=n).prop_shuffle().boxed()
@@ -173,12 +179,13 @@ fn any_policy() -> BoxedStrategy<Policy> {
             opt(select(vec![0.0, 1.0, 2.5, 10.0]).boxed()),
             opt((0u32..4).boxed()),
             opt((0u32..5).boxed()),
+            any_secrets(),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create),
+                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
             )| {
                 Policy {
                     tools,
@@ -200,6 +207,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
                     gid,
                     groups,
                     env,
+                    secrets,
                     models,
                     path,
                     rules,
@@ -448,6 +456,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
         None => opt((0u32..4).boxed()),
     };
     let n_env = p.env.len();
+    let n_secrets = p.secrets.len();
     let n_groups = p.groups.len();
     let n_path = p.path.len();
     (
@@ -492,12 +501,18 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
             narrow(cost, opt(select(vec![0.0, 1.0, 5.0, 50.0]).boxed())),
             narrow(depth, opt((0u32..5).boxed())),
             narrow(create, opt((0u32..6).boxed())),
+            narrow(
+                subsequence(p.secrets.iter().cloned().collect::<Vec<_>>(), 0..=n_secrets)
+                    .prop_map(|v| v.into_iter().collect())
+                    .boxed(),
+                any_secrets(),
+            ),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create),
+                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
             )| {
                 Policy {
                     tools,
@@ -519,6 +534,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                     gid,
                     groups,
                     env,
+                    secrets,
                     models,
                     path,
                     rules,
@@ -684,6 +700,7 @@ fn within(p: &Policy, l: &Live, c: &Policy, paths: &[AbsPath]) -> Vec<Code> {
         c.env.iter().all(|kv| penv.contains(&kv)),
         Code::PolicyExpansion,
     );
+    need(c.secrets.is_subset(&p.secrets), Code::PolicyExpansion);
     let (cr, pr) = (&c.resources, &p.resources);
     need(
         at_most(cr.memory_max, pr.memory_max)

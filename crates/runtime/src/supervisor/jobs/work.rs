@@ -354,6 +354,7 @@ impl Dispatcher {
                 .unwrap_or_default()
                 .to_owned(),
             env: Vec::new(),
+            secrets: brood_api::Secrets::new(),
             cwd: None,
             session: SessionName::default_session(),
             await_ready: false,

@@ -9,7 +9,12 @@
 
 use brood_api::Secrets;
 
-use super::*;
+use brood_core::policy::Policy;
+use brood_core::{AgentName, Code};
+use brood_store::Agent;
+
+use super::Dispatcher;
+use crate::api::{ApiError, SpawnRequest};
 
 fn bad(msg: String) -> ApiError {
     ApiError::new(Code::BadRequest, msg)

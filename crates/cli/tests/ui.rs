@@ -580,6 +580,23 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     b.wait("#agent-head [data-status]", "blocked");
     b.wait("#events", "agent.input");
 
+    // An exec program sends no messages: its stdout (its result) and its
+    // stderr are what the transcript's card shows of it (issue 25 item 8),
+    // as text.
+    s.spawn(json!({"name": "plain", "protocol": "exec",
+        "argv": ["/bin/sh", "-c", "echo '<i>to stdout</i>'; echo '<b>to stderr</b>' >&2"]}));
+    b.view("#/agent/plain");
+    b.wait("#agent-name", "plain");
+    b.wait("#agent-head [data-status]", "completed");
+    b.view("#/agent/chat");
+    b.view("#/agent/plain");
+    b.wait("#stdout", "<i>to stdout</i>");
+    b.wait("#stderr", "<b>to stderr</b>");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#main i, #main b').length"),
+        json!(0)
+    );
+
     // Log out from the page: the session ends, the page asks for the token
     // again, and the cookie a thief copied from the profile before is refused.
     let stolen = b.cmd(json!({"op": "cookies"}))["cookies"]

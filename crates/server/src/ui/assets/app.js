@@ -332,7 +332,12 @@ async function agentView(name) {
   const runsCard = el("section", { class: "card", id: "runs" });
   const events = el("tbody", { id: "events" });
   const transcript = el("div", { class: "transcript scroll", id: "transcript" });
+  // What it wrote to stderr (every run), and an exec agent's stdout (its
+  // result): an exec program sends no messages, so this is its transcript.
+  const stdout = el("pre", { id: "stdout" });
+  const stderr = el("pre", { class: "scroll", id: "stderr" });
   let lastMessage = 0;
+  let logNext = 0;
   let detail = null;
   const text = el("textarea", { id: "input-text", placeholder: "a message for " + name, "aria-label": "message" });
   const send = el("button", { id: "send", disabled: true, onclick: async () => {
@@ -369,6 +374,20 @@ async function agentView(name) {
             el("div", { class: "content" }, m.content)));
         }
         if (t.messages.length < 1000) break;
+      }
+    } catch (e) {
+      showError(String(e.message || e));
+    }
+  }
+
+  async function loadLog() {
+    try {
+      for (;;) {
+        const l = await getJson("/api/agents/" + enc(name) + "/log?after=" + logNext);
+        for (const e of l.entries) stderr.append(e.text + "\n");
+        const more = l.next > logNext && l.entries.length > 0;
+        logNext = l.next;
+        if (!more) break;
       }
     } catch (e) {
       showError(String(e.message || e));
@@ -444,15 +463,20 @@ async function agentView(name) {
       card("Enforced (meta.json)", el("pre", { id: "meta" }, pretty(o.meta)), el("h3", {}, "launch"), el("pre", {}, pretty(o.launch))),
     );
     runsCard.replaceChildren(el("h2", {}, "Runs"), runs);
+    stdout.textContent = d.protocol === "exec" ? (d.result === null ? "(none yet)" : d.result) : "";
   }
 
   await load();
   if (my !== scope) return;
   main.replaceChildren(head, actions, cards, runsCard,
-    el("section", { class: "card" }, el("h2", {}, "Transcript"), transcript),
+    el("section", { class: "card" }, el("h2", {}, "Transcript"), transcript,
+      detail && detail.protocol === "exec" ? el("h3", {}, "stdout (an exec program's output: its result)") : null,
+      detail && detail.protocol === "exec" ? stdout : null,
+      el("h3", {}, "stderr (its log)"), stderr),
     el("section", { class: "card" }, el("h2", {}, "Events"),
       el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "time"), el("th", {}, "type"), el("th", {}, "payload"))), events))));
   await loadTranscript();
+  await loadLog();
   const reload = throttle(load, 400);
   follow(my, "agent=" + enc(name), (e) => {
     if (e) {
@@ -463,7 +487,10 @@ async function agentView(name) {
   });
   // Messages are not events: the transcript is asked for while the agent lives.
   every(my, 1000, () => {
-    if (detail && !["completed", "failed", "cancelled", "closed"].includes(detail.status)) loadTranscript();
+    if (detail && !["completed", "failed", "cancelled", "closed"].includes(detail.status)) {
+      loadTranscript();
+      loadLog();
+    }
   });
 }
 

@@ -294,3 +294,14 @@ fn a_daemon_in_the_foreground_is_refused_before_anything_runs() {
         .unwrap_err();
     assert!(e.contains("made-up.md:3: `brood serve` runs the daemon in the foreground"), "{e}");
 }
+
+#[test]
+fn a_command_after_a_daemon_in_its_block_is_refused() {
+    let page = "```sh\nbrood --root a serve &\nbrood --root b serve &  # two at once\n\n# ok\n```\n\
+                ```sh\nbrood serve &\nbrood ps\n```\n";
+    let e = run_page(page, runner::Limits::default()).unwrap_err();
+    assert!(
+        e.contains("made-up.md:9: `brood ps` follows the daemon started at line 8"),
+        "{e}"
+    );
+}

@@ -164,22 +164,45 @@ fn script(blocks: &[Block]) -> Script {
     s
 }
 
+/// A daemon runs in the background, and its line ends its block (other
+/// daemons' lines and comments aside): pasted as a whole, a block would
+/// run its next command before the daemon answers. A reader pastes the next
+/// block after it said it is serving; the test waits as long.
+fn daemons_end_their_block(page: &str, lines: &[(usize, String)]) -> Result<(), String> {
+    let mut daemon_at = None;
+    for (n, l) in lines {
+        match extract::daemon(l) {
+            Some(false) => {
+                return Err(format!(
+                    "{page}:{n}: `{}` runs the daemon in the foreground, where it would never \
+                     end: end the line with `&` (the test stops it at the page's end) or mark \
+                     the block `{} REASON -->`",
+                    l.trim(),
+                    extract::NOT_RUN
+                ));
+            }
+            Some(true) => daemon_at = Some(*n),
+            None if extract::code_part(l).trim().is_empty() => {}
+            None => {
+                if let Some(d) = daemon_at {
+                    return Err(format!(
+                        "{page}:{n}: `{}` follows the daemon started at line {d} in the same \
+                         block; end the block after the daemon's line and go on in the next, \
+                         so a pasted block never runs ahead of the daemon",
+                        l.trim()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the page; `Err` is the failure's report.
 pub fn run(page: &Page) -> Result<(), String> {
     for block in page.blocks {
         if let Block::Run { lines, .. } = block {
-            for (n, l) in lines {
-                if extract::daemon(l) == Some(false) {
-                    return Err(format!(
-                        "{}:{n}: `{}` runs the daemon in the foreground, where it would never \
-                         end: end the line with `&` (the test stops it at the page's end) or mark \
-                         the block `{} REASON -->`",
-                        page.name,
-                        l.trim(),
-                        extract::NOT_RUN
-                    ));
-                }
-            }
+            daemons_end_their_block(page.name, lines)?;
         }
     }
     let top = tempfile::Builder::new()

@@ -477,7 +477,10 @@ mod tests {
         .unwrap();
         let f = ConfigFile::read(&path).unwrap();
         assert_eq!(f.script, Some(dir.path().join("turns.json")));
-        assert_eq!(f.types["explore"].script, Some(dir.path().join("sub/e.json")));
+        assert_eq!(
+            f.types["explore"].script,
+            Some(dir.path().join("sub/e.json"))
+        );
         assert_eq!(f.types["plan"].script, Some(PathBuf::from("/abs.json")));
     }
 

@@ -94,11 +94,7 @@ fn every_walkthrough_runs_as_written() {
     let mut parsed = Vec::new();
     let mut failures = Vec::new();
     for p in pages() {
-        let name = p
-            .strip_prefix(&repo)
-            .unwrap_or(&p)
-            .display()
-            .to_string();
+        let name = p.strip_prefix(&repo).unwrap_or(&p).display().to_string();
         let text = std::fs::read_to_string(&p).expect("a page");
         match extract::blocks(&text) {
             Ok(b) => parsed.push((name, b)),
@@ -143,7 +139,10 @@ fn every_walkthrough_runs_as_written() {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("the page's thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("the page's thread panicked".into()))
+            })
             .collect()
     });
     failures.extend(results.into_iter().filter_map(Result::err));
@@ -168,10 +167,13 @@ fn shell_blocks_run_and_others_are_shown() {
                 ```bash\necho two\n```\n```json\n{}\n```\n";
     let b = extract::blocks(page).unwrap();
     assert_eq!(b.len(), 2);
-    assert_eq!(b[0], Block::Run {
-        fence: 3,
-        lines: vec![(4, "echo one".into())]
-    });
+    assert_eq!(
+        b[0],
+        Block::Run {
+            fence: 3,
+            lines: vec![(4, "echo one".into())]
+        }
+    );
     assert_eq!(run_lines(&b[1]), vec!["echo two"]);
 }
 
@@ -185,18 +187,28 @@ fn a_console_block_runs_only_its_prompted_lines() {
 #[test]
 fn a_marked_block_is_not_run_and_says_why() {
     let page = "<!-- not run: needs an OpenAI key -->\n```sh\nbrood run -- x\n```\n";
-    assert_eq!(extract::blocks(page).unwrap(), vec![Block::NotRun {
-        fence: 2,
-        reason: "needs an OpenAI key".into()
-    }]);
+    assert_eq!(
+        extract::blocks(page).unwrap(),
+        vec![Block::NotRun {
+            fence: 2,
+            reason: "needs an OpenAI key".into()
+        }]
+    );
 }
 
 #[test]
 fn a_marker_without_a_reason_is_refused() {
-    for m in ["<!-- not run -->", "<!-- not run: -->", "<!-- not run:   -->"] {
+    for m in [
+        "<!-- not run -->",
+        "<!-- not run: -->",
+        "<!-- not run:   -->",
+    ] {
         let page = format!("{m}\n```sh\nbrood run -- x\n```\n");
         let e = extract::blocks(&page).unwrap_err();
-        assert!(e.starts_with("line 1:") && e.contains("reason") || e.contains("write the marker"), "{m}: {e}");
+        assert!(
+            e.starts_with("line 1:") && e.contains("reason") || e.contains("write the marker"),
+            "{m}: {e}"
+        );
     }
 }
 
@@ -232,7 +244,10 @@ fn daemons_are_told_apart_by_their_ampersand() {
         extract::daemon("brood --root n1 serve --listen 127.0.0.1:8421 &   # node 1"),
         Some(true)
     );
-    assert_eq!(extract::daemon("brood --store-file f --root n1 serve"), Some(false));
+    assert_eq!(
+        extract::daemon("brood --store-file f --root n1 serve"),
+        Some(false)
+    );
     assert_eq!(extract::daemon("brood serve && echo"), Some(false));
     assert_eq!(extract::daemon("brood run -- sh -c 'serve &'"), None);
     assert_eq!(extract::daemon("echo '# brood serve &'"), None);
@@ -269,8 +284,11 @@ fn a_failure_names_the_block_the_command_its_status_and_output() {
 
 #[test]
 fn a_variable_the_page_never_set_is_a_failure() {
-    let e = run_page("```sh\ncat $BROOD_ROOT/token\n```\n", runner::Limits::default())
-        .unwrap_err();
+    let e = run_page(
+        "```sh\ncat $BROOD_ROOT/token\n```\n",
+        runner::Limits::default(),
+    )
+    .unwrap_err();
     assert!(e.contains("BROOD_ROOT: unbound variable"), "{e}");
 }
 
@@ -281,7 +299,11 @@ fn what_a_page_leaves_running_is_stopped_and_what_will_not_stop_is_reported() {
         stop: std::time::Duration::from_secs(3),
     };
     run_page("```sh\nsleep 1000 &\n```\n", limits).unwrap();
-    let e = run_page("```sh\nsh -c 'trap \"\" TERM; sleep 1000; :' &\n```\n", limits).unwrap_err();
+    let e = run_page(
+        "```sh\nsh -c 'trap \"\" TERM; sleep 1000; :' &\n```\n",
+        limits,
+    )
+    .unwrap_err();
     assert!(
         e.contains("still running 3 s after the page's end") && e.contains("sleep 1000"),
         "{e}"
@@ -290,9 +312,15 @@ fn what_a_page_leaves_running_is_stopped_and_what_will_not_stop_is_reported() {
 
 #[test]
 fn a_daemon_in_the_foreground_is_refused_before_anything_runs() {
-    let e = run_page("```sh\ntouch ran\nbrood serve\n```\n", runner::Limits::default())
-        .unwrap_err();
-    assert!(e.contains("made-up.md:3: `brood serve` runs the daemon in the foreground"), "{e}");
+    let e = run_page(
+        "```sh\ntouch ran\nbrood serve\n```\n",
+        runner::Limits::default(),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("made-up.md:3: `brood serve` runs the daemon in the foreground"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -142,10 +142,13 @@ fn script(blocks: &[Block]) -> Script {
         let Block::Run { fence, lines } = block else {
             continue;
         };
-        s.push(&format!("__walk_block {b}"), Origin::Page {
-            block: b,
-            line: *fence,
-        });
+        s.push(
+            &format!("__walk_block {b}"),
+            Origin::Page {
+                block: b,
+                line: *fence,
+            },
+        );
         for (n, l) in lines {
             let bg_daemon = extract::daemon(l) == Some(true);
             if bg_daemon {
@@ -153,10 +156,10 @@ fn script(blocks: &[Block]) -> Script {
             }
             s.push(l, Origin::Page { block: b, line: *n });
             if bg_daemon {
-                s.push("__walk_await_daemon $!", Origin::DaemonWait {
-                    block: b,
-                    line: *n,
-                });
+                s.push(
+                    "__walk_await_daemon $!",
+                    Origin::DaemonWait { block: b, line: *n },
+                );
             }
         }
     }
@@ -285,7 +288,8 @@ fn run_in(page: &Page, top: &Path) -> Result<(), String> {
         // For the page's author: what each block printed.
         for (b, block) in page.blocks.iter().enumerate() {
             if let Block::Run { fence, .. } = block {
-                let out = std::fs::read_to_string(walk.join(format!("out.{b}"))).unwrap_or_default();
+                let out =
+                    std::fs::read_to_string(walk.join(format!("out.{b}"))).unwrap_or_default();
                 eprintln!("{}:{fence}:\n{}", page.name, tail(&out, usize::MAX));
             }
         }
@@ -336,7 +340,11 @@ fn run_in(page: &Page, top: &Path) -> Result<(), String> {
     }
     if fence.is_some() {
         let out = std::fs::read_to_string(walk.join(format!("out.{block}"))).unwrap_or_default();
-        let _ = writeln!(report, "  its block's output (the end):\n{}", tail(&out, 6000));
+        let _ = writeln!(
+            report,
+            "  its block's output (the end):\n{}",
+            tail(&out, 6000)
+        );
     }
     Err(report)
 }
@@ -378,10 +386,7 @@ fn tail(s: &str, max: usize) -> String {
         .find(|i| s.is_char_boundary(*i))
         .unwrap_or(s.len());
     let cut = if start > 0 { "    …\n" } else { "" };
-    let body: String = s[start..]
-        .lines()
-        .map(|l| format!("    | {l}\n"))
-        .collect();
+    let body: String = s[start..].lines().map(|l| format!("    | {l}\n")).collect();
     format!("{cut}{body}")
 }
 

@@ -82,7 +82,8 @@ impl Script {
 /// needs the exit status), unless the line handles the status itself
 /// (`-f`, `--fail…`, `-w`, `--write-out`).
 const PRELUDE: &str = r#"__walk_block() { exec >"$__walk_dir/out.$1" 2>&1 </dev/null; }
-__walk_mark() { : > "$__walk_dir/mark"; }
+__walk_sockets() { find "$__walk_top" -name brood.sock -printf '%p %i\n' 2>/dev/null | sort; }
+__walk_mark() { __walk_sockets > "$__walk_dir/mark"; }
 __walk_await_daemon() {
   local pid=$1 i s
   for i in $(seq 1 600); do
@@ -90,7 +91,7 @@ __walk_await_daemon() {
       echo "walk-through test: the daemon (pid $pid) ended before it answered" >&2
       return 1
     fi
-    for s in $(find "$__walk_top" -name brood.sock -newer "$__walk_dir/mark" 2>/dev/null); do
+    for s in $(__walk_sockets | comm -13 "$__walk_dir/mark" - | cut -d' ' -f1); do
       if curl -sf --max-time 5 --unix-socket "$s" http://brood/healthz >/dev/null; then
         return 0
       fi

@@ -166,10 +166,30 @@ impl ConfigFile {
         }
     }
 
+    /// Reads the file; a relative `script` in it (at the top or in a type)
+    /// is the file's neighbour, wherever the agent reading it runs (a child
+    /// handed the file starts in another directory than its parent).
     pub fn read(path: &std::path::Path) -> Result<ConfigFile, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading the agent configuration {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("agent configuration {}: {e}", path.display()))
+        let mut file: ConfigFile = toml::from_str(&text)
+            .map_err(|e| format!("agent configuration {}: {e}", path.display()))?;
+        let dir = std::path::absolute(path)
+            .ok()
+            .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+            .unwrap_or_default();
+        let beside = |s: &mut Option<PathBuf>| {
+            if let Some(p) = s.as_mut()
+                && p.is_relative()
+            {
+                *p = dir.join(&*p);
+            }
+        };
+        beside(&mut file.script);
+        for t in file.types.values_mut() {
+            beside(&mut t.script);
+        }
+        Ok(file)
     }
 }
 
@@ -348,7 +368,10 @@ pub fn resolve(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeSet;
+    use std::path::PathBuf;
+
+    use super::{ConfigFile, Layer, Price, resolve};
 
     fn set(tools: &[&str]) -> BTreeSet<String> {
         tools.iter().map(|t| (*t).to_owned()).collect()
@@ -439,6 +462,26 @@ mod tests {
         );
         let e = toml::from_str::<ConfigFile>("provder = \"x\"").unwrap_err();
         assert!(e.to_string().contains("provder"), "{e}");
+    }
+
+    /// A child handed the file starts in another directory than the agent
+    /// that read it first: a relative `script` means the file's neighbour.
+    #[test]
+    fn a_relative_script_is_the_configuration_files_neighbour() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "provider = \"script\"\nscript = \"turns.json\"\n[types.explore]\nscript = \"sub/e.json\"\n[types.plan]\nscript = \"/abs.json\"\n",
+        )
+        .unwrap();
+        let f = ConfigFile::read(&path).unwrap();
+        assert_eq!(f.script, Some(dir.path().join("turns.json")));
+        assert_eq!(
+            f.types["explore"].script,
+            Some(dir.path().join("sub/e.json"))
+        );
+        assert_eq!(f.types["plan"].script, Some(PathBuf::from("/abs.json")));
     }
 
     #[test]

@@ -437,6 +437,53 @@ async fn a_refused_create_is_asked_again_narrower() {
     assert_eq!(h["policy"]["tools"], json!(["file_read"]));
 }
 
+/// docs/agent.md's walk-through: `--config agent.toml` given relative to
+/// where the agent starts, its `script` relative too. The child the agent
+/// creates starts at `/`, and still reads the same file and script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_config_and_its_script_reach_the_agents_children() {
+    let env = start(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cfg")).unwrap();
+    write(
+        &dir.path().join("cfg"),
+        "turns.json",
+        &json!({"agents": {
+            "boss": [
+                {"tool_calls": [{"name": "create", "arguments": {
+                    "name": "helper", "task": "say hi", "type": "explore"}}]},
+                {"tool_calls": [{"name": "wait", "arguments": {"names": ["helper"], "timeout_s": 30}}]},
+                {"text": "The helper said hi."}
+            ],
+            "explore": [{"text": "hi"}]
+        }}),
+    );
+    std::fs::write(
+        dir.path().join("cfg/agent.toml"),
+        "provider = \"script\"\nscript = \"turns.json\"\n",
+    )
+    .unwrap();
+    let mut r = start_agent(
+        "boss",
+        &["--config", "cfg/agent.toml"],
+        json!({"tools": ["create", "wait", "file_read"]}),
+    );
+    r.cwd = Some(dir.path().display().to_string());
+    env.sup.spawn(me(), r).await.unwrap();
+    let a = wait_for(&env, "boss").await;
+    assert_eq!(
+        (a["status"].as_str(), a["result"].as_str()),
+        (Some("completed"), Some("The helper said hi.")),
+        "{a}"
+    );
+    let h = show(&env, "helper");
+    assert_eq!(
+        (h["status"].as_str(), h["result"].as_str()),
+        (Some("completed"), Some("hi")),
+        "{h}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_agent_continues_from_its_history() {
     let env = start(Duration::from_millis(500));

@@ -140,16 +140,17 @@ fn child_argv(ty: &str, s: &Settings) -> Vec<String> {
     flag("--model", r.model.clone());
     flag("--base-url", r.base_url.clone());
     flag("--key-env", r.key_env.clone());
-    flag(
-        "--script",
-        r.script.as_ref().map(|p| p.to_string_lossy().into_owned()),
-    );
-    flag(
-        "--config",
-        s.config_file
-            .as_ref()
-            .map(|p| p.to_string_lossy().into_owned()),
-    );
+    // A relative path was given from this agent's working directory; the
+    // child starts elsewhere (brood starts an agent's children at `/`), so it
+    // gets the path made absolute here.
+    let path = |p: &std::path::PathBuf| {
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .to_string_lossy()
+            .into_owned()
+    };
+    flag("--script", r.script.as_ref().map(path));
+    flag("--config", s.config_file.as_ref().map(path));
     argv
 }
 

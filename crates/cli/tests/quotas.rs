@@ -126,17 +126,16 @@ async fn a_full_tenant_queues_and_starts_when_a_slot_frees() {
             .unwrap();
         assert_eq!(r["status"], "running", "{r}");
     }
-    let r3 = env
-        .sup
-        .spawn(me(), req("q3", agent(&["--hang"])))
-        .await
-        .unwrap();
+    // Not waiting for `ready` (a `--ready` spawn is held until then, slot
+    // or not): the answer is at once, queued.
+    let queued = |n: &str| {
+        let mut r = req(n, agent(&["--hang"]));
+        r.await_ready = false;
+        r
+    };
+    let r3 = env.sup.spawn(me(), queued("q3")).await.unwrap();
     assert_eq!(r3["status"], "queued", "no slot: {r3}");
-    let r4 = env
-        .sup
-        .spawn(me(), req("q4", agent(&["--hang"])))
-        .await
-        .unwrap();
+    let r4 = env.sup.spawn(me(), queued("q4")).await.unwrap();
     assert_eq!(r4["status"], "queued");
     assert!(
         processes_of(&env, "q3").is_empty(),

@@ -39,11 +39,10 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
     // Knocked out of true: a supervisor that is gone (no process answers to
     // its id) left 50 slots held, far past full.
     common::redis::raw(server.addr, &["HSET", &key, "s1-0", "50"]);
-    let c = env
-        .sup
-        .spawn(me(), req("c", agent(&["--hang"])))
-        .await
-        .unwrap();
+    // Not waiting for `ready`, so the answer is at once: queued.
+    let mut c = req("c", agent(&["--hang"]));
+    c.await_ready = false;
+    let c = env.sup.spawn(me(), c).await.unwrap();
     assert_eq!(c["status"], "queued", "{c}");
     // The reconciler gives back the gone supervisor's share, and the queued
     // agent takes the free slot.

@@ -142,8 +142,18 @@ pub struct CreateArgs {
     /// The reference agent's type for the workers.
     #[arg(long)]
     worker_type: Option<String>,
+    /// The reference agent's model for the default workers (`brood agent --model`).
     #[arg(long)]
     worker_model: Option<String>,
+    /// The reference agent's provider for the default workers (`openai` or
+    /// `script`; `brood agent --provider`).
+    #[arg(long, value_name = "PROVIDER")]
+    worker_provider: Option<String>,
+    /// The reference agent's configuration file for the default workers
+    /// (`brood agent --config`, docs/agent.md): provider, model, base URL,
+    /// key variable, prices. Read by the workers, with their own rights.
+    #[arg(long, value_name = "FILE")]
+    worker_config: Option<PathBuf>,
     #[arg(long)]
     concurrency: Option<u32>,
     #[arg(long)]
@@ -200,6 +210,18 @@ impl CreateArgs {
         }
         if let Some(m) = self.worker_model {
             worker.insert("model".into(), json!(m));
+        }
+        if let Some(p) = self.worker_provider {
+            worker.insert("provider".into(), json!(p));
+        }
+        if let Some(c) = self.worker_config {
+            // The workers read it where they run: give them the path the
+            // caller meant, not one relative to the supervisor.
+            let abs = crate::start::absolute(&c)?;
+            if !abs.is_file() {
+                return Err(Exit(2, format!("--worker-config {}: not a file", c.display())).into());
+            }
+            worker.insert("config".into(), json!(abs));
         }
         if !worker.is_empty() {
             body["worker"] = Value::Object(worker);

@@ -211,12 +211,19 @@ impl Dispatcher {
                     .as_ref()
                     .map(|p| p.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "brood".into());
-                let mut v = vec![exe, "agent".to_owned()];
-                if let Some(t) = worker["type"].as_str() {
-                    v.extend(["--type".to_owned(), t.to_owned()]);
-                }
-                if let Some(m) = worker["model"].as_str() {
-                    v.extend(["--model".to_owned(), m.to_owned()]);
+                // The reference agent as a worker reports its answer as the
+                // item's result (`--job-worker`), with the configuration the
+                // job gave it.
+                let mut v = vec![exe, "agent".to_owned(), "--job-worker".to_owned()];
+                for (key, flag) in [
+                    ("type", "--type"),
+                    ("provider", "--provider"),
+                    ("model", "--model"),
+                    ("config", "--config"),
+                ] {
+                    if let Some(x) = worker[key].as_str() {
+                        v.extend([flag.to_owned(), x.to_owned()]);
+                    }
                 }
                 v
             }

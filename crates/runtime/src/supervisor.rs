@@ -59,6 +59,8 @@ use outcome::{exit_code, outcome_of, reap_orphan_launch};
 mod placement;
 mod protocol;
 mod queue;
+mod remove;
+pub use remove::RemoveOp;
 mod routed;
 mod secrets;
 mod shown;
@@ -250,6 +252,8 @@ pub(crate) enum Cmd {
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
     Job(Caller, jobs::JobOp, Reply),
+    /// A finished tree or a job removed (issue 25).
+    Remove(Caller, remove::RemoveOp, Reply),
     /// The running agents' `artifact/` measured against their `disk_max`:
     /// those over it (issue 24).
     DiskChecked(Vec<disk::DiskOver>),
@@ -677,6 +681,10 @@ impl Dispatcher {
             }
             Cmd::Job(caller, op, reply) => {
                 let r = self.on_job(&caller, op);
+                self.respond(reply, r);
+            }
+            Cmd::Remove(caller, op, reply) => {
+                let r = self.on_remove(&caller, op);
                 self.respond(reply, r);
             }
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),

@@ -128,7 +128,11 @@ pub fn a_finished_tree_is_removed_whole_and_its_names_are_free(store: &dyn Store
     assert_eq!(removed.channel, None, "a root has no channel from a parent");
     assert_eq!(removed.jobs, ["done-job"]);
     assert_eq!(removed.cgroups.len(), 4, "{:?}", removed.cgroups);
-    assert_eq!(removed.blobs, std::slice::from_ref(&own), "the shared blob stays");
+    assert_eq!(
+        removed.blobs,
+        std::slice::from_ref(&own),
+        "the shared blob stays"
+    );
     for n in ["root", "kid", "grandkid", "second"] {
         assert!(gone(store, &t, n), "{n} is still there");
         assert!(store.events(&t, 0, Some(&name(n)), 100).unwrap().is_empty());

@@ -135,6 +135,11 @@ impl JobRun {
 }
 
 impl Runner {
+    /// Whether this runner runs job `id` now.
+    pub(super) fn runs_job(&self, id: &str) -> bool {
+        self.runs.contains_key(id)
+    }
+
     pub(super) fn note_gone(&mut self, name: &AgentName) {
         if self.workers.contains_key(name) {
             self.gone.push(name.clone());
@@ -186,7 +191,7 @@ impl Dispatcher {
         self.live.get(owner).is_none_or(|l| l.stopping.is_some())
     }
 
-    fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
+    pub(super) fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
         let (run, session) = match self.live.get(owner) {
             Some(l) => (Some(l.run.clone()), l.session.clone()),
             None => (None, SessionName::default_session()),

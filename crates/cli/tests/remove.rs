@@ -394,6 +394,15 @@ fn jobs_are_removed_and_a_job_run_that_did_not_start_leaves_nothing() {
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert_eq!(http(&sock, "GET", "/api/agents/j-w1", None).0, 404);
     assert!(!root.join("ctx/agent/j-w1.d").exists());
+    // The owner stays, without its channels to the workers.
+    let owner_channels = root.join(format!(
+        "ctx/home/{}/agent/owner/session/default/context/child",
+        uid()
+    ));
+    let left: Vec<_> = std::fs::read_dir(&owner_channels)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
     assert_eq!(
         http(&sock, "GET", "/api/agents/owner", None).1["status"],
         "running"

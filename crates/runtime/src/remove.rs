@@ -57,8 +57,9 @@ pub fn removable_root(
         return Err(ApiError::new(
             Code::Forbidden,
             format!(
-                "agent {me} may remove only within its own subtree, and {name} is the root of \
-                 a tree of its own (removing trees is the operator's)"
+                "agent {me} may not remove the tree of {root}: a tree is removed whole, by the \
+                 operator (an agent's own subtree never holds a whole tree)",
+                root = a.root
             ),
         ));
     }
@@ -111,7 +112,7 @@ pub fn ctx_paths(paths: &Paths, removed: &Removed) -> Vec<PathBuf> {
         out.push(paths.agent_socket(&a.name));
         out.push(paths.home().join("agent").join(a.name.as_str()));
     }
-    if let Some(c) = &removed.channel {
+    for c in &removed.channels {
         out.push(paths.channel_dir(&c.parent, &c.parent_session, &c.child));
     }
     out

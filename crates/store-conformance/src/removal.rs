@@ -125,7 +125,10 @@ pub fn a_finished_tree_is_removed_whole_and_its_names_are_free(store: &dyn Store
     assert_eq!(names[0], "root", "the top first: {names:?}");
     names.sort_unstable();
     assert_eq!(names, ["grandkid", "kid", "root", "second"]);
-    assert_eq!(removed.channel, None, "a root has no channel from a parent");
+    assert!(
+        removed.channels.is_empty(),
+        "a root has no channel from a parent"
+    );
     assert_eq!(removed.jobs, ["done-job"]);
     assert_eq!(removed.cgroups.len(), 4, "{:?}", removed.cgroups);
     assert_eq!(
@@ -233,8 +236,12 @@ pub fn a_finished_subtree_goes_without_its_parent(store: &dyn Store) {
         Some("k"),
     );
     let removed = store.remove_tree(&t, &name("kid")).unwrap();
-    let ch = removed.channel.expect("the channel from root to kid");
-    assert_eq!((ch.parent.as_str(), ch.child.as_str()), ("root", "kid"));
+    let ch: Vec<(&str, &str)> = removed
+        .channels
+        .iter()
+        .map(|c| (c.parent.as_str(), c.child.as_str()))
+        .collect();
+    assert_eq!(ch, [("root", "kid")], "the channel from root to kid");
     assert!(gone(store, &t, "kid") && gone(store, &t, "grandkid"));
     assert_eq!(
         store.channel(&t, &name("root"), &name("kid")).unwrap(),
@@ -346,6 +353,18 @@ pub fn a_job_goes_with_its_items_attempts_and_own_workers(store: &dyn Store) {
         .collect();
     names.sort_unstable();
     assert_eq!(names, ["j-w1", "j-w1-helper"]);
+    let channels: Vec<(&str, &str)> = removed
+        .workers
+        .channels
+        .iter()
+        .map(|c| (c.parent.as_str(), c.child.as_str()))
+        .collect();
+    assert_eq!(
+        channels,
+        [("owner", "j-w1")],
+        "the owner's channel to its worker goes"
+    );
+    assert_eq!(store.channel(&t, &owner.name, &name("j-w1")).unwrap(), None);
     assert_eq!(store.job(&t, "j").unwrap(), None);
     assert!(store.attempts(&t, "j", "a").is_err());
     assert!(gone(store, &t, "j-w1") && gone(store, &t, "j-w1-helper"));

@@ -208,12 +208,12 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
         }
         customers.insert(name.to_owned());
     }
-    let channel = match &agents[0].parent {
-        Some(p) => db.channel(tenant, p, top)?,
-        None => None,
+    let channels: Vec<Channel> = match &agents[0].parent {
+        Some(p) => db.channel(tenant, p, top)?.into_iter().collect(),
+        None => Vec::new(),
     };
     let mut shas = BTreeSet::new();
-    if let Some(c) = &channel {
+    for c in &channels {
         shas.extend(c.artifacts.iter().map(|a| a.sha256.clone()));
     }
     let mut cgroups = Vec::new();
@@ -272,7 +272,7 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
     }
     Ok(Removed {
         agents,
-        channel,
+        channels,
         jobs,
         cgroups,
         blobs,

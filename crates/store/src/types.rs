@@ -485,9 +485,10 @@ pub struct Removed {
     /// Every agent removed, as it was: the top of the subtree first, then
     /// each agent after its parent.
     pub agents: Vec<Agent>,
-    /// The channel to the top from its parent, when the top had one: the
-    /// parent stays, so the channel's directory in its session goes alone.
-    pub channel: Option<Channel>,
+    /// The channels to the tops from their parent (one a subtree removed
+    /// under a parent that stays; none for a root's tree): the parent
+    /// stays, so each channel's directory in its session goes alone.
+    pub channels: Vec<Channel>,
     /// Jobs owned by a removed agent, removed with their items and attempts.
     pub jobs: Vec<String>,
     /// The cgroup directories the removed runs were recorded in.
@@ -509,9 +510,7 @@ impl Removed {
                 self.blobs.push(b);
             }
         }
-        if self.channel.is_none() {
-            self.channel = other.channel;
-        }
+        self.channels.extend(other.channels);
     }
 }
 

@@ -70,8 +70,13 @@ struct Here {
     caller: Caller,
 }
 
-fn here(root: &Option<PathBuf>) -> Result<Here> {
+/// The root's store, or `None` when its file does not exist yet (no agent
+/// was ever made there: there is nothing to remove, and nothing is created).
+fn here(root: &Option<PathBuf>) -> Result<Option<Here>> {
     let db = crate::store_file(root);
+    if !brood_store::is_postgres_url(&db.to_string_lossy()) && !db.exists() {
+        return Ok(None);
+    }
     let store = brood_store::open(&db.to_string_lossy()).map_err(|e| {
         Exit(
             1,
@@ -79,12 +84,12 @@ fn here(root: &Option<PathBuf>) -> Result<Here> {
         )
     })?;
     let uid = unsafe_uid();
-    Ok(Here {
+    Ok(Some(Here {
         store,
         tenant: TenantId::for_uid(uid),
         paths: Paths::new(root_of(root), uid).with_db(Some(db)),
         caller: Caller::User { uid },
-    })
+    }))
 }
 
 fn tree_line(t: &brood_api::RemovedTree, verb: &str, now: i64) -> String {
@@ -105,6 +110,7 @@ pub(crate) async fn rm(
     names: &[String],
     json_out: bool,
 ) -> Result<i32> {
+    // `None`: through the API; `Some(None)`: a root with no store yet.
     let local = if r.served() { None } else { Some(here(root)?) };
     let mut code = 0;
     for n in names {
@@ -120,13 +126,16 @@ pub(crate) async fn rm(
                     &r.call("DELETE", &format!("/api/agents/{name}"), None)
                         .await?,
                 ),
-                Some(h) => api(brood_runtime::remove::remove_tree_here(
+                Some(Some(h)) => api(brood_runtime::remove::remove_tree_here(
                     h.store.as_ref(),
                     &h.tenant,
                     &h.paths,
                     &h.caller,
                     &name,
                 )),
+                Some(None) => {
+                    Err(Exit(Code::NotFound.exit_code(), format!("no agent named {name}")).into())
+                }
             }
         }
         .await;
@@ -165,15 +174,21 @@ pub(crate) async fn prune(
         let body = json!({"older_than_s": secs, "dry_run": dry_run});
         typed(&r.call("POST", "/api/prune", Some(body)).await?)?
     } else {
-        let h = here(root)?;
-        api(brood_runtime::remove::prune_here(
-            h.store.as_ref(),
-            &h.tenant,
-            &h.paths,
-            (secs * 1000) as i64,
-            dry_run,
-            now_ms(),
-        ))?
+        match here(root)? {
+            Some(h) => api(brood_runtime::remove::prune_here(
+                h.store.as_ref(),
+                &h.tenant,
+                &h.paths,
+                (secs * 1000) as i64,
+                dry_run,
+                now_ms(),
+            ))?,
+            None => brood_api::PruneReply {
+                dry_run,
+                removed: Vec::new(),
+                skipped: Vec::new(),
+            },
+        }
     };
     if json_out {
         println!("{}", json!(reply));

@@ -79,6 +79,14 @@ fn stored(root: &Path, n: &str) -> (bool, usize, usize) {
 fn without_a_daemon_a_finished_tree_goes_whole_and_its_names_are_free() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    // A root with nothing yet: nothing to remove, and nothing made.
+    let fresh = root.join("fresh");
+    let o = brood(&fresh, &["rm", "x"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(err(&o).contains("no agent named x"), "{}", text(&o));
+    let o = brood(&fresh, &["prune", "--older-than", "1d"]);
+    assert_eq!(out(&o), "0 trees removed\n", "{}", text(&o));
+    assert!(!fresh.join("brood.db").exists());
     let o = run_tree(root, "t");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = brood(root, &["run", "--name", "keep", "--", "true"]);

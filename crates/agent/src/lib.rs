@@ -27,13 +27,16 @@ pub const EXIT_USAGE: i32 = 2;
 
 const USAGE: &str = "usage: brood agent [--type explore|general|plan|code|research] [--provider openai|script] \
 [--model M] [--base-url URL] [--key-env VAR] [--script FILE] [--config FILE] [--max-turns N] \
-[--system TEXT] [--tools a,b,...] [--timeout SECONDS]";
+[--system TEXT] [--tools a,b,...] [--timeout SECONDS] [--job-worker]";
 
 /// The flags: the request's part of the settings, the type and the file.
 struct Flags {
     type_name: Option<String>,
     request: Layer,
     config: Option<PathBuf>,
+    /// Running as a job's worker: the answer is the item's result, reported
+    /// with `job.report` before the run ends.
+    job_worker: bool,
 }
 
 fn parse(args: &[String]) -> Result<Flags, String> {
@@ -41,6 +44,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
         type_name: None,
         request: Layer::default(),
         config: None,
+        job_worker: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -76,6 +80,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
                         .collect(),
                 )
             }
+            "--job-worker" => f.job_worker = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -203,6 +208,7 @@ pub fn main(args: &[String]) -> i32 {
         &s,
         &init.instruction,
         &init.history,
+        flags.job_worker,
     ) {
         run::End::Done | run::End::Cancelled => 0,
         run::End::Failed(m) => {

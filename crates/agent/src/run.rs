@@ -81,6 +81,7 @@ pub fn run(
     settings: &Settings,
     instruction: &str,
     history: &[HistoryMessage],
+    job_worker: bool,
 ) -> End {
     let started = Instant::now();
     let mut spent = Spent {
@@ -116,6 +117,17 @@ pub fn run(
         );
     }
     match r {
+        Ok(Outcome::Answer(text)) if job_worker => match report(io, &text) {
+            Ok(()) => {
+                let _ = io.send(&done(text, true));
+                End::Done
+            }
+            Err(Stop::Halt(h)) => End::Failed(h.to_string()),
+            Err(Stop::Failed(m)) => {
+                let _ = io.send(&FromAgent::Error { error: m.clone() });
+                End::Failed(m)
+            }
+        },
         Ok(Outcome::Answer(text)) => {
             let _ = io.send(&done(text, true));
             End::Done
@@ -155,6 +167,22 @@ pub fn run(
             let _ = io.send(&FromAgent::Error { error: m.clone() });
             End::Failed(m)
         }
+    }
+}
+
+/// A job worker's answer reported as its item's result (`job.report`,
+/// SPEC 10), asking for no next item: the job starts a new worker for it.
+/// The answer is the result as JSON when it is JSON (a model asked for an
+/// object answers with one), else as a string.
+fn report(io: &mut Io, answer: &str) -> Result<(), Stop> {
+    let result = serde_json::from_str::<Value>(answer.trim())
+        .unwrap_or_else(|_| Value::String(answer.to_owned()));
+    match io.request("job.report", json!({"result": result, "stop": true}))? {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Stop::Failed(format!(
+            "job.report refused: {}: {}",
+            e.code, e.message
+        ))),
     }
 }
 

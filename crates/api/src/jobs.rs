@@ -23,8 +23,19 @@ pub struct WorkerBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub policy: Option<Value>,
+    /// The reference agent's model (`brood agent --model`), when `argv` is
+    /// not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The reference agent's provider (`brood agent --provider`: `openai`
+    /// or `script`), when `argv` is not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The reference agent's configuration file (`brood agent --config`,
+    /// docs/agent.md), an absolute path the workers read with their own
+    /// rights, when `argv` is not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
 }
 
 /// `POST /api/jobs`: one instruction over many items.

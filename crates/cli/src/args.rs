@@ -226,6 +226,39 @@ pub(crate) enum Cmd {
     Cancel { name: String },
     /// Release a finished agent (nothing more can be sent to it but resume).
     Close { name: String },
+    /// Remove finished trees: each NAME is a root whose every agent has
+    /// ended; its records (agents, runs, events, transcripts, channels, the
+    /// jobs its agents owned) and its ctx files go, and its names are free
+    /// again. A tree with a live agent, or a pending or running job, is
+    /// refused, naming it (exit 5); a non-root names its root (exit 2).
+    #[command(
+        after_help = "Examples:\n  brood rm build-1\n  brood rm a b c\n  brood prune --older-than 7d   (every finished tree older than a week)"
+    )]
+    Rm {
+        /// The roots of the trees to remove.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// One JSON object a tree removed: {"root","agents","last_end_ms"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every finished tree whose last end is at least DURATION ago
+    /// (what `brood rm` removes, for each), printing each and the count.
+    #[command(
+        after_help = "Examples:\n  brood prune --older-than 7d --dry-run\n  brood prune --older-than 12h"
+    )]
+    Prune {
+        /// How old a tree's last end must be: a number and a unit, s m h d w
+        /// (`90s`, `30m`, `12h`, `7d`, `2w`, `1h30m`).
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// List the trees it would remove, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// The answer as JSON: {"dry_run","removed":[…],"skipped":[…]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a new run of a finished agent on the same session.
     Resume {
         name: String,

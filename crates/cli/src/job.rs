@@ -34,6 +34,15 @@ pub enum JobCmd {
     Start { id: String },
     /// Cancel a job: no more assignment, its workers cancelled, completed items kept.
     Cancel { id: String },
+    /// Remove a job that is not running (pending, completed, failed or
+    /// cancelled): its items, attempts and its own workers' trees go, and
+    /// its id is free again. A running job is refused: cancel it first.
+    Rm {
+        id: String,
+        /// The answer as JSON: {"job","status","agents"}.
+        #[arg(long)]
+        json: bool,
+    },
     /// The jobs, oldest first.
     List {
         #[arg(long)]
@@ -142,8 +151,18 @@ pub struct CreateArgs {
     /// The reference agent's type for the workers.
     #[arg(long)]
     worker_type: Option<String>,
+    /// The reference agent's model for the default workers (`brood agent --model`).
     #[arg(long)]
     worker_model: Option<String>,
+    /// The reference agent's provider for the default workers (`openai` or
+    /// `script`; `brood agent --provider`).
+    #[arg(long, value_name = "PROVIDER")]
+    worker_provider: Option<String>,
+    /// The reference agent's configuration file for the default workers
+    /// (`brood agent --config`, docs/agent.md): provider, model, base URL,
+    /// key variable, prices. Read by the workers, with their own rights.
+    #[arg(long, value_name = "FILE")]
+    worker_config: Option<PathBuf>,
     #[arg(long)]
     concurrency: Option<u32>,
     #[arg(long)]
@@ -201,6 +220,18 @@ impl CreateArgs {
         if let Some(m) = self.worker_model {
             worker.insert("model".into(), json!(m));
         }
+        if let Some(p) = self.worker_provider {
+            worker.insert("provider".into(), json!(p));
+        }
+        if let Some(c) = self.worker_config {
+            // The workers read it where they run: give them the path the
+            // caller meant, not one relative to the supervisor.
+            let abs = crate::start::absolute(&c)?;
+            if !abs.is_file() {
+                return Err(Exit(2, format!("--worker-config {}: not a file", c.display())).into());
+            }
+            worker.insert("config".into(), json!(abs));
+        }
         if !worker.is_empty() {
             body["worker"] = Value::Object(worker);
         }
@@ -251,8 +282,21 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
         JobCmd::Run { spec } => {
             let v = r.call("POST", "/api/jobs", Some(spec.body()?)).await?;
             let j: brood_api::JobView = typed(&v)?;
-            r.call("POST", &format!("/api/jobs/{}/start", j.id), None)
-                .await?;
+            let started = r
+                .call("POST", &format!("/api/jobs/{}/start", j.id), None)
+                .await;
+            if let Err(e) = started {
+                // Nothing of a run that did not start is left behind (issue
+                // 25): the job just created goes, so the same command can
+                // run again once the cause is fixed.
+                if let Err(undo) = r.call("DELETE", &format!("/api/jobs/{}", j.id), None).await {
+                    eprintln!(
+                        "brood: job {} was created but not started, and removing it failed: {undo:#}",
+                        j.id
+                    );
+                }
+                return Err(e);
+            }
             return crate::job_watch::watch(r, &j.id).await;
         }
         JobCmd::Watch { id } => return crate::job_watch::watch(r, &id).await,
@@ -267,6 +311,21 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
                 .call("POST", &format!("/api/jobs/{id}/cancel"), None)
                 .await?;
             println!("{}", line(&typed(&v)?));
+        }
+        JobCmd::Rm { id, json: as_json } => {
+            let v = r.call("DELETE", &format!("/api/jobs/{id}"), None).await?;
+            let gone: brood_api::RemovedJob = typed(&v)?;
+            if as_json {
+                println!("{v}");
+            } else {
+                let n = gone.agents.len();
+                println!(
+                    "removed job {} ({}, {n} worker agent{})",
+                    gone.job,
+                    gone.status,
+                    if n == 1 { "" } else { "s" }
+                );
+            }
         }
         JobCmd::List { json: as_json } => {
             let v = r.call("GET", "/api/jobs", None).await?;

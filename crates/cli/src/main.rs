@@ -18,6 +18,7 @@ mod logs;
 mod mcp;
 mod quota;
 mod remote;
+mod remove;
 mod render;
 mod shim;
 mod start;
@@ -156,7 +157,7 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
             "{}",
             json!({"agents": r.agents, "files": r.files, "artifacts_elsewhere": r.artifacts_elsewhere,
                    "leftovers_removed": r.leftovers_removed, "blob_temps_removed": r.blob_temps_removed,
-                   "ctx": paths.ctx()})
+                   "unrecorded_removed": r.unrecorded_removed, "ctx": paths.ctx()})
         );
     } else {
         println!(
@@ -179,12 +180,19 @@ fn fsck(root: &Option<PathBuf>, json: bool) -> Result<i32> {
                 r.leftovers_removed, r.blob_temps_removed
             );
         }
+        if r.unrecorded_removed > 0 {
+            println!(
+                "removed {} files and directories of agents the store no longer holds \
+                 (a removal that stopped before its files were gone)",
+                r.unrecorded_removed
+            );
+        }
     }
     Ok(0)
 }
 
 /// The store's file: `--store`, else `$BROOD_ROOT/brood.db`.
-fn store_file(root: &Option<PathBuf>) -> PathBuf {
+pub(crate) fn store_file(root: &Option<PathBuf>) -> PathBuf {
     STORE
         .get()
         .cloned()
@@ -492,6 +500,12 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         } => verbs::wait(&remote, &names, timeout, json).await,
         Cmd::Cancel { name } => verbs::act(&remote, "cancel", &name, None).await,
         Cmd::Close { name } => verbs::act(&remote, "close", &name, None).await,
+        Cmd::Rm { names, json } => remove::rm(&remote, &root, &names, json).await,
+        Cmd::Prune {
+            older_than,
+            dry_run,
+            json,
+        } => remove::prune(&remote, &root, &older_than, dry_run, json).await,
         Cmd::Resume {
             name,
             text,

@@ -41,6 +41,17 @@ impl Remote {
         &self.ep
     }
 
+    /// Whether a supervisor serves the root: always for `--url` and inside
+    /// an agent (their calls must go through it), otherwise when something
+    /// answers on the control socket. A verb that may work on the store
+    /// itself (`rm`, `prune`) does so only when none does.
+    pub(crate) fn served(&self) -> bool {
+        match &self.ep {
+            Endpoint::Unix(sock) => std::os::unix::net::UnixStream::connect(sock).is_ok(),
+            _ => true,
+        }
+    }
+
     fn unreachable(&self, e: &ClientError) -> Exit {
         Exit(
             1,

@@ -13,6 +13,8 @@
 mod common;
 #[path = "api/limits.rs"]
 mod limits;
+#[path = "api/removal.rs"]
+mod removal;
 
 use std::path::{Path, PathBuf};
 
@@ -220,6 +222,15 @@ fn agent_requests() -> Value {
             &format!("/api/ui/agents/quick/artifacts/{}", "0".repeat(64)),
             Value::Null
         ),
+        // Removing trees is the operator's; an agent's jobs are its subtree's (issue 25).
+        r("DELETE", "/api/agents/{name}", "/api/agents/p", Value::Null),
+        r(
+            "POST",
+            "/api/prune",
+            "/api/prune",
+            json!({"older_than_s": 0})
+        ),
+        r("DELETE", "/api/jobs/{id}", "/api/jobs/j1", Value::Null),
         // What describes the host or every tree is the operator's (issue 24).
         r("GET", "/metrics", "/metrics", Value::Null),
         r("GET", "/api/nodes", "/api/nodes", Value::Null),
@@ -1496,6 +1507,8 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
         ],
     )
     .await;
+
+    removal::exercised(&s, &hang, &said("gone")).await;
 
     // Not routes at all.
     let a = raw(&s.unix, "GET", "/api/nothing", &[], b"").await;

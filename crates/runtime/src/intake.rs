@@ -208,26 +208,60 @@ impl Intake {
         argv: &[String],
         policy: Option<&Value>,
     ) -> Result<(), ApiError> {
-        let preq = match policy.filter(|p| !p.is_null()) {
-            Some(v) => brood_proto::policy::from_value(v)
-                .map_err(|e| bad(format!("worker.policy: {e}")))?,
-            None => PolicyRequest::default(),
-        };
-        let Some(policy) = self.effective(store, tenant, Some(owner), &preq) else {
+        let Some(policy) = self.worker_policy(store, tenant, owner, policy)? else {
             return Ok(());
         };
-        let who = Agent {
-            uid: policy.uid,
-            gid: policy.gid,
-            groups: &policy.groups,
-            veil: self.veil.as_ref(),
-        };
+        let who = self.agent_of(&policy);
         let path = policy
             .env
             .get("PATH")
             .cloned()
             .unwrap_or_else(|| self.base_path.clone());
         check_program("worker.argv[0]", argv, &path, &View::Host, &who)
+    }
+
+    /// The default worker's configuration file (`worker.config`, issue
+    /// 25), before the job is recorded: a regular file the workers may
+    /// read, in the host's view, not hidden by the veil. The workers read
+    /// it; the supervisor only looks at its metadata.
+    pub fn check_worker_config(
+        &self,
+        store: &dyn Store,
+        tenant: &TenantId,
+        owner: &AgentName,
+        config: &str,
+        policy: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(policy) = self.worker_policy(store, tenant, owner, policy)? else {
+            return Ok(());
+        };
+        check_readable("worker.config", config, &self.agent_of(&policy))
+    }
+
+    /// A worker's policy as admission will derive it; `None` when the
+    /// owner's record cannot be read (admission refuses that itself).
+    fn worker_policy(
+        &self,
+        store: &dyn Store,
+        tenant: &TenantId,
+        owner: &AgentName,
+        policy: Option<&Value>,
+    ) -> Result<Option<Policy>, ApiError> {
+        let preq = match policy.filter(|p| !p.is_null()) {
+            Some(v) => brood_proto::policy::from_value(v)
+                .map_err(|e| bad(format!("worker.policy: {e}")))?,
+            None => PolicyRequest::default(),
+        };
+        Ok(self.effective(store, tenant, Some(owner), &preq))
+    }
+
+    fn agent_of<'a>(&'a self, policy: &'a Policy) -> Agent<'a> {
+        Agent {
+            uid: policy.uid,
+            gid: policy.gid,
+            groups: &policy.groups,
+            veil: self.veil.as_ref(),
+        }
     }
 
     /// The policy the new agent would get (inheritance only: whether it is
@@ -360,6 +394,29 @@ fn check_cwd(cwd: &str, view: &View<'_>, who: &Agent<'_>) -> Result<(), ApiError
         )));
     }
     reachable(&host, who).map_err(|e| bad(format!("cwd: {cwd:?}: {e}")))
+}
+
+/// A file the agent will read (a worker's configuration): regular, readable
+/// by its mode bits, reachable, not hidden.
+fn check_readable(field: &str, file: &str, who: &Agent<'_>) -> Result<(), ApiError> {
+    let p = AbsPath::new(field, file).map_err(|e| bad(e.to_string()))?;
+    let host = Path::new(p.as_str());
+    let m = std::fs::metadata(host).map_err(|e| bad(format!("{field}: {file:?} {}", why(&e))))?;
+    if !m.is_file() {
+        return Err(bad(format!("{field}: {file:?} is not a regular file")));
+    }
+    if !may(&m, who, 4) {
+        return Err(bad(format!(
+            "{field}: {file:?}: the agent (uid {}) may not read it",
+            who.uid
+        )));
+    }
+    if let Some(what) = who.hidden(host) {
+        return Err(bad(format!(
+            "{field}: {file:?} is inside {what}, hidden from every agent"
+        )));
+    }
+    reachable(host, who).map_err(|e| bad(format!("{field}: {file:?}: {e}")))
 }
 
 /// Finds a bare name in `path` as the launcher does (`brood_launch::spawn`):

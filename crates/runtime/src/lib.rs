@@ -15,6 +15,7 @@
 //! * [`objects`]: the static control files of an agent object, from its record.
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`rebuild`]: the whole ctx projection rebuilt from the store (`brood fsck`).
+//! * [`remove`]: finished trees removed, and what a removal leaves to do (issue 25).
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`jobs`]: jobs (SPEC 10): creation checked whole, then recorded; their views.
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
@@ -44,6 +45,7 @@ pub mod objects;
 pub mod paths;
 pub mod projection;
 pub mod rebuild;
+pub mod remove;
 pub mod slots;
 pub mod supervisor;
 pub mod veil;

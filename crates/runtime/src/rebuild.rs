@@ -18,6 +18,10 @@
 //! left alone. Temp files of blobs that a dead supervisor was writing are
 //! removed from the blob store.
 //!
+//! What stands for an agent the store no longer holds (its object, shim,
+//! sessions, its parent's channel to it) is removed: a removal (issue 25)
+//! that stopped between its commit and its files left it.
+//!
 //! Per-agent sockets (`agent/<name>.sock`, SPEC 8) are not files of the store:
 //! a live supervisor binds them. A socket nobody answers on is a leftover of a
 //! dead supervisor, and the rebuild removes it; one that answers is left alone.
@@ -61,6 +65,9 @@ pub struct Rebuilt {
     pub leftovers_removed: u64,
     /// Temp files of blobs a dead supervisor was writing, removed.
     pub blob_temps_removed: usize,
+    /// Objects, sessions and channels of agents the store no longer holds
+    /// (a removal stopped between its commit and its files), removed.
+    pub unrecorded_removed: usize,
 }
 
 struct Out {
@@ -139,17 +146,23 @@ pub fn rebuild(
             path: blobs.join("sha256"),
             source,
         })?;
+    // What stands for agents on disk, looked at before their records are.
+    let scanned = crate::remove::scan(paths);
     let agents = store.agents(tenant, true)?;
     let program = objects::shim_program(bin_dir);
     for a in &agents {
         agent(store, paths, operator, a, &program, &mut out)?;
     }
+    let known: std::collections::HashSet<&brood_core::AgentName> =
+        agents.iter().map(|a| &a.name).collect();
+    let unrecorded_removed = crate::remove::remove_unrecorded(scanned, &known);
     Ok(Rebuilt {
         agents: agents.len(),
         files: out.files,
         artifacts_elsewhere: out.elsewhere,
         leftovers_removed: out.leftovers,
         blob_temps_removed,
+        unrecorded_removed,
     })
 }
 

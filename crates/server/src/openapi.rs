@@ -16,10 +16,11 @@ use crate::routes::*;
     ),
     paths(
         spawn, list, show, input, wait, resume, close, cancel, children, descendants, log, tree,
+        remove, prune,
         session, session_children, session_parent, session_tree,
         crate::events::events,
         job_create, job_list, job_get, job_start, job_cancel, job_items, job_assign, job_retry,
-        job_report, job_retry_failed, job_export, job_evidence, job_replay,
+        job_report, job_retry_failed, job_export, job_evidence, job_replay, job_remove,
         nodes, metrics, healthz, openapi,
         ui_tree, ui_sequence, ui_agent, ui_transcript, ui_artifact, ui_attempts,
         crate::ui::session::logout,

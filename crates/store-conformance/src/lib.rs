@@ -22,6 +22,7 @@ mod messages;
 mod nodes;
 pub mod pg;
 mod recovery;
+mod removal;
 mod runs;
 mod sweepers;
 mod tree;
@@ -34,6 +35,7 @@ pub use jobs::*;
 pub use messages::*;
 pub use nodes::*;
 pub use recovery::*;
+pub use removal::*;
 pub use runs::*;
 pub use sweepers::*;
 pub use tree::*;
@@ -236,6 +238,26 @@ pub const CASES: &[(&str, Case)] = &[
         "failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept",
         failures_retry_until_the_attempts_run_out_and_every_attempt_is_kept,
     ),
+    (
+        "a_finished_tree_is_removed_whole_and_its_names_are_free",
+        a_finished_tree_is_removed_whole_and_its_names_are_free,
+    ),
+    (
+        "a_tree_with_a_live_agent_or_an_unfinished_job_is_refused_whole",
+        a_tree_with_a_live_agent_or_an_unfinished_job_is_refused_whole,
+    ),
+    (
+        "a_finished_subtree_goes_without_its_parent",
+        a_finished_subtree_goes_without_its_parent,
+    ),
+    (
+        "finished_trees_are_listed_oldest_first_past_their_cutoff",
+        finished_trees_are_listed_oldest_first_past_their_cutoff,
+    ),
+    (
+        "a_job_goes_with_its_items_attempts_and_own_workers",
+        a_job_goes_with_its_items_attempts_and_own_workers,
+    ),
 ];
 
 /// Runs every case on one store, one after another.
@@ -303,7 +325,12 @@ macro_rules! conformance_tests {
     inputs_posted_for_a_host_are_taken_once_in_order,
     blobs_are_kept_in_chunks_and_read_back_whole,
     slot_shares_count_every_holder_and_hold_under_racing,
-    recover_lost_ends_a_lost_nodes_agents_lost);
+    recover_lost_ends_a_lost_nodes_agents_lost,
+    a_finished_tree_is_removed_whole_and_its_names_are_free,
+    a_tree_with_a_live_agent_or_an_unfinished_job_is_refused_whole,
+    a_finished_subtree_goes_without_its_parent,
+    finished_trees_are_listed_oldest_first_past_their_cutoff,
+    a_job_goes_with_its_items_attempts_and_own_workers);
     };
     (@cases $fresh:expr; $($case:ident),* $(,)?) => {
         $(

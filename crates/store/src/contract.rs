@@ -619,6 +619,50 @@ pub trait SlotShares {
     fn slot_forget(&self, tenant: &TenantId, holders: &[String]) -> Result<u64>;
 }
 
+/// Removing what has finished (issue 25): a tree (or a subtree) whose every
+/// agent has ended, and a job that is not running, with everything the store
+/// holds of them, so their names are free again. SPEC 1's "history is never
+/// lost" holds until the operator removes it: nothing is removed but on
+/// request, and a removal is all or nothing.
+pub trait Removal {
+    /// Removes `top` and every agent under it (found through the agents'
+    /// `parent`), in one transaction: their messages, events, runs,
+    /// channels (the one from `top`'s parent too), edges, inbox rows, the
+    /// jobs they own (with the jobs' items and attempts), the blobs only
+    /// their channels named, and the agents. Refused, with nothing written:
+    /// `NotFound` for an unknown `top`; `Conflict` naming the agent and its
+    /// status when one of them has not finished (SPEC 6: ended or closed),
+    /// naming the job when one they own is pending or running, and naming
+    /// the agent when one outside the subtree has a removed agent as its
+    /// customer.
+    fn remove_tree(&self, tenant: &TenantId, top: &AgentName) -> Result<Removed>;
+
+    /// The tenant's trees whose every agent has finished, that own no job
+    /// pending or running, and whose last end ([`FinishedTree::last_end_ms`])
+    /// is before `ended_before_ms`: oldest first, at most `limit`. Reads every
+    /// agent of the tenant (a batch for `brood prune`, not a hot path).
+    fn finished_trees(
+        &self,
+        tenant: &TenantId,
+        ended_before_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<FinishedTree>>;
+
+    /// Removes job `id` (pending, completed, failed or cancelled) with its
+    /// items and attempts, and its own workers' subtrees as
+    /// [`Removal::remove_tree`] removes them, plus `events` (in its owner's
+    /// log), in one transaction. Refused, with nothing written: `NotFound`
+    /// for an unknown job; `Conflict` for a running one (naming its status),
+    /// and as `remove_tree` for a worker's subtree.
+    fn remove_job(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        now_ms: i64,
+        events: &[NewEvent],
+    ) -> Result<RemovedJob>;
+}
+
 /// The most bytes of a blob one row (and one transaction) holds.
 pub const BLOB_CHUNK: usize = 1 << 20;
 
@@ -637,6 +681,7 @@ pub trait Store:
     + Nodes
     + Blobs
     + SlotShares
+    + Removal
     + Send
     + Sync
 {
@@ -654,6 +699,7 @@ impl<
         + Nodes
         + Blobs
         + SlotShares
+        + Removal
         + Send
         + Sync,
 > Store for T

@@ -22,12 +22,15 @@ mod shares;
 #[macro_use]
 pub mod sqlite;
 pub mod postgres;
+// After `sqlite`, whose `unfinished!` it uses.
+mod removal;
 mod types;
 
 pub use contract::{
-    Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, SlotShares,
-    Store, Sweeps, Transcripts,
+    Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Removal, Runs,
+    SlotShares, Store, Sweeps, Transcripts,
 };
+pub use removal::is_job_worker;
 pub use sqlite::{Options, QueryPlan, SqliteStore};
 pub use types::*;
 
@@ -70,7 +73,7 @@ pub(crate) fn now_ms() -> i64 {
 /// `SqliteStore`, not a `dyn Store`): `use brood_store::prelude::*;`.
 pub mod prelude {
     pub use crate::contract::{
-        Admission, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Runs, SlotShares, Store,
-        Sweeps, Transcripts,
+        Admission, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Removal, Runs, SlotShares,
+        Store, Sweeps, Transcripts,
     };
 }

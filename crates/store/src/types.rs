@@ -476,3 +476,63 @@ pub fn placed_for(host: &str) -> Option<&str> {
 }
 
 const PLACED: &str = "placed:";
+
+/// What a removal took out of the store (issue 25, [`crate::Removal`]):
+/// what the caller needs to remove the rest of what the records stood for,
+/// the ctx tree's files, the blob store's files and any cgroup left over.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Removed {
+    /// Every agent removed, as it was: the top of the subtree first, then
+    /// each agent after its parent.
+    pub agents: Vec<Agent>,
+    /// The channels to the tops from their parent (one a subtree removed
+    /// under a parent that stays; none for a root's tree): the parent
+    /// stays, so each channel's directory in its session goes alone.
+    pub channels: Vec<Channel>,
+    /// Jobs owned by a removed agent, removed with their items and attempts.
+    pub jobs: Vec<String>,
+    /// The cgroup directories the removed runs were recorded in.
+    pub cgroups: Vec<String>,
+    /// Blobs (SHA-256, lowercase hex) that only removed channels named: no
+    /// record names them any more, and they are gone from the store's own
+    /// blobs too.
+    pub blobs: Vec<String>,
+}
+
+impl Removed {
+    /// Adds what another removal in the same transaction took.
+    pub fn extend(&mut self, other: Removed) {
+        self.agents.extend(other.agents);
+        self.jobs.extend(other.jobs);
+        self.cgroups.extend(other.cgroups);
+        for b in other.blobs {
+            if !self.blobs.contains(&b) {
+                self.blobs.push(b);
+            }
+        }
+        self.channels.extend(other.channels);
+    }
+}
+
+/// A tree every agent of which has finished, as `brood prune` lists them
+/// ([`crate::Removal::finished_trees`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedTree {
+    pub root: AgentName,
+    /// How many agents it holds, the root included.
+    pub agents: u32,
+    /// Its last end: the latest status change of any of its agents (an
+    /// end, or a later close), in milliseconds since the epoch.
+    pub last_end_ms: i64,
+}
+
+/// What [`crate::Removal::remove_job`] took: the job as it was, and its
+/// workers' subtrees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemovedJob {
+    pub job: Job,
+    /// The job's own workers (children of its owner that it created,
+    /// `<job>-w<n>`) with everything under them. An agent given an item
+    /// with `assign` is not the job's, and stays.
+    pub workers: Removed,
+}

@@ -66,8 +66,7 @@ fn body(id: &str, owner: &str, n: usize, argv: Vec<String>, concurrency: u32) ->
         worker: Some(WorkerBody {
             kind: None,
             argv: Some(argv),
-            policy: None,
-            model: None,
+            ..WorkerBody::default()
         }),
         concurrency: Some(concurrency),
         // A trivial worker does not fail; one attempt makes a failure show

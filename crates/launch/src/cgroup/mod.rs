@@ -361,6 +361,22 @@ impl Cgroups {
         }
     }
 
+    /// The group whose directory is `dir`, when that is below this
+    /// incarnation's base (a directory a run of this supervisor recorded);
+    /// `None` for the base itself, another incarnation's or anything else.
+    pub fn group_at(&self, dir: &Path) -> Option<Group> {
+        let rest = dir.strip_prefix(&self.base).ok()?;
+        let comps: Vec<&str> = rest
+            .components()
+            .map(|c| c.as_os_str().to_str())
+            .collect::<Option<_>>()?;
+        if comps.is_empty() {
+            return None;
+        }
+        let rel = GroupPath::new(&comps).ok()?;
+        Some(self.group(&rel))
+    }
+
     /// The group's `cgroup.procs`, open for writing, for the launcher: the child
     /// writes `0` into it between clone and exec, which moves the writer itself
     /// (cgroup-v2.rst "cgroup.procs"; v1 accepts `0` the same way), so no

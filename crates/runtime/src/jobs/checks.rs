@@ -95,6 +95,25 @@ pub fn check_fields(body: &api::JobBody) -> Result<(), ApiError> {
         }
         word("worker.type", w.kind.as_ref())?;
         word("worker.model", w.model.as_ref())?;
+        word("worker.provider", w.provider.as_ref())?;
+        if let Some(c) = &w.config {
+            brood_core::policy::AbsPath::new("worker.config", c).map_err(|e| bad(e.to_string()))?;
+        }
+        // They are the reference agent's flags: a worker program of the
+        // caller's own takes its configuration in its argv.
+        if w.argv.is_some() {
+            for (field, given) in [
+                ("worker.config", w.config.is_some()),
+                ("worker.provider", w.provider.is_some()),
+            ] {
+                if given {
+                    return Err(bad(format!(
+                        "{field}: configures the default worker (brood agent); with worker.argv, \
+                         pass it in the argv instead"
+                    )));
+                }
+            }
+        }
     }
     Ok(())
 }

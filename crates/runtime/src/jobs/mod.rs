@@ -175,6 +175,9 @@ fn create_checked(
         } else if let Some(p) = w.policy.as_ref().filter(|p| !p.is_null()) {
             brood_proto::policy::from_value(p).map_err(|e| bad(format!("worker.policy: {e}")))?;
         }
+        if let Some(c) = &w.config {
+            intake.check_worker_config(store, tenant, &owner, c, w.policy.as_ref())?;
+        }
     }
     let spec = json!({
         "instruction": body.instruction,

@@ -108,6 +108,7 @@ impl Supervisor {
                 artifacts_elsewhere = r.artifacts_elsewhere,
                 leftovers_removed = r.leftovers_removed,
                 blob_temps_removed = r.blob_temps_removed,
+                unrecorded_removed = r.unrecorded_removed,
                 "ctx tree rebuilt"
             ),
             Err(e) => tracing::error!(error = %e, "rebuilding the ctx tree failed"),
@@ -387,6 +388,74 @@ impl Supervisor {
     /// Cancels a job: no more assignment, its workers cancelled, completed items kept.
     pub async fn job_cancel(&self, caller: Caller, id: String) -> ApiResult {
         self.job(caller, JobOp::Cancel(id)).await
+    }
+
+    /// Removes the finished tree of root `name` (issue 25): every record of
+    /// it, then its files; its names are free again. The operator's: an
+    /// agent is refused (a whole tree is never in its own subtree).
+    pub async fn remove_tree(&self, caller: Caller, name: AgentName) -> ApiResult {
+        let r = self
+            .call(|r| Cmd::Remove(caller, RemoveOp::Tree(name), r))
+            .await;
+        // Whoever was answered may look at the ctx tree next: its files go first.
+        self.flush().await;
+        r
+    }
+
+    /// Removes job `id` (not running) with its items, attempts and its own
+    /// workers' trees (issue 25).
+    pub async fn remove_job(&self, caller: Caller, id: String) -> ApiResult {
+        let r = self
+            .call(|r| Cmd::Remove(caller, RemoveOp::Job(id), r))
+            .await;
+        self.flush().await;
+        r
+    }
+
+    /// Every finished tree whose last end is at least `older_than_ms` old
+    /// (issue 25): listed off the loop, then each removed by a command of
+    /// its own, so the loop answers others between them; only listed when
+    /// `dry_run`. A tree that changed since it was listed is skipped with
+    /// the reason.
+    pub async fn prune(
+        &self,
+        caller: Caller,
+        older_than_ms: i64,
+        dry_run: bool,
+    ) -> Result<brood_api::PruneReply, ApiError> {
+        crate::remove::may_prune(&caller)?;
+        let (store, tenant) = (self.store.clone(), self.tenant.clone());
+        let found = tokio::task::spawn_blocking(move || {
+            crate::remove::prune_candidates(store.as_ref(), &tenant, older_than_ms, now_ms())
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "listing the trees to prune did not finish");
+            ApiError::new(
+                Code::Internal,
+                "listing the trees failed (see the supervisor's log)",
+            )
+        })??;
+        let mut reply = brood_api::PruneReply {
+            dry_run,
+            removed: Vec::new(),
+            skipped: Vec::new(),
+        };
+        for t in found {
+            let shown = crate::remove::tree_json(&t.root, t.agents as usize, Some(t.last_end_ms));
+            if dry_run {
+                reply.removed.push(shown);
+                continue;
+            }
+            match self.remove_tree(caller.clone(), t.root.clone()).await {
+                Ok(_) => reply.removed.push(shown),
+                Err(e) => reply.skipped.push(brood_api::SkippedTree {
+                    root: t.root.to_string(),
+                    reason: e.message,
+                }),
+            }
+        }
+        Ok(reply)
     }
 
     /// Notes a creation refused while its request was read (see `note_refusal`).

@@ -5,6 +5,7 @@ mod agents;
 mod job_control;
 mod jobs;
 mod meta;
+mod removal;
 mod sessions;
 mod ui;
 
@@ -12,6 +13,7 @@ pub(crate) use agents::*;
 pub(crate) use job_control::*;
 pub(crate) use jobs::*;
 pub(crate) use meta::*;
+pub(crate) use removal::*;
 pub(crate) use sessions::*;
 pub(crate) use ui::*;
 
@@ -27,7 +29,7 @@ use crate::state::Api;
 pub(crate) fn router(api: Api) -> Router {
     Router::new()
         .route("/api/agents", post(spawn).get(list))
-        .route("/api/agents/{name}", get(show))
+        .route("/api/agents/{name}", get(show).delete(remove))
         .route("/api/agents/{name}/input", post(input))
         .route("/api/agents/{name}/wait", post(wait))
         .route("/api/agents/{name}/resume", post(resume))
@@ -37,13 +39,14 @@ pub(crate) fn router(api: Api) -> Router {
         .route("/api/agents/{name}/descendants", get(descendants))
         .route("/api/agents/{name}/log", get(log))
         .route("/api/tree", get(tree))
+        .route("/api/prune", post(prune))
         .route("/api/sessions/tree", get(session_tree))
         .route("/api/sessions/{id}", get(session))
         .route("/api/sessions/{id}/children", get(session_children))
         .route("/api/sessions/{id}/parent", get(session_parent))
         .route("/api/events", get(crate::events::events))
         .route("/api/jobs", post(job_create).get(job_list))
-        .route("/api/jobs/{id}", get(job_get))
+        .route("/api/jobs/{id}", get(job_get).delete(job_remove))
         .route("/api/jobs/{id}/start", post(job_start))
         .route("/api/jobs/{id}/cancel", post(job_cancel))
         .route("/api/jobs/{id}/items", get(job_items))

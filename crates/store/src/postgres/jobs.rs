@@ -159,7 +159,7 @@ fn no_job(tenant: &TenantId, id: &str) -> Fail {
     refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
 }
 
-fn load_job(db: &Db<'_>, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
+pub(super) fn load_job(db: &Db<'_>, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
     db.query_opt(Q_JOB, &[&tenant.as_str(), &id])?
         .map(|r| job_from(&r))
         .transpose()

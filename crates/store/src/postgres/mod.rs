@@ -39,6 +39,7 @@ mod jobs;
 mod news;
 mod nodes;
 mod records;
+mod removal;
 mod rows;
 mod shares;
 mod steps;

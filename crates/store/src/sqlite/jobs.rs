@@ -77,7 +77,7 @@ fn no_job(tenant: &TenantId, id: &str) -> Fail {
     refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
 }
 
-fn load_job(conn: &Connection, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
+pub(super) fn load_job(conn: &Connection, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
     let sql = format!("SELECT {JOB_COLS} FROM jobs WHERE tenant = ?1 AND id = ?2");
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query((tenant.as_str(), id))?;

@@ -62,6 +62,7 @@ mod blobs;
 mod idempotency;
 mod jobs;
 pub(crate) mod nodes;
+mod removal;
 mod shares;
 
 use rows::*;

@@ -135,6 +135,11 @@ impl JobRun {
 }
 
 impl Runner {
+    /// Whether this runner runs job `id` now.
+    pub(super) fn runs_job(&self, id: &str) -> bool {
+        self.runs.contains_key(id)
+    }
+
     pub(super) fn note_gone(&mut self, name: &AgentName) {
         if self.workers.contains_key(name) {
             self.gone.push(name.clone());
@@ -186,7 +191,7 @@ impl Dispatcher {
         self.live.get(owner).is_none_or(|l| l.stopping.is_some())
     }
 
-    fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
+    pub(super) fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
         let (run, session) = match self.live.get(owner) {
             Some(l) => (Some(l.run.clone()), l.session.clone()),
             None => (None, SessionName::default_session()),
@@ -211,12 +216,19 @@ impl Dispatcher {
                     .as_ref()
                     .map(|p| p.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "brood".into());
-                let mut v = vec![exe, "agent".to_owned()];
-                if let Some(t) = worker["type"].as_str() {
-                    v.extend(["--type".to_owned(), t.to_owned()]);
-                }
-                if let Some(m) = worker["model"].as_str() {
-                    v.extend(["--model".to_owned(), m.to_owned()]);
+                // The reference agent as a worker reports its answer as the
+                // item's result (`--job-worker`), with the configuration the
+                // job gave it.
+                let mut v = vec![exe, "agent".to_owned(), "--job-worker".to_owned()];
+                for (key, flag) in [
+                    ("type", "--type"),
+                    ("provider", "--provider"),
+                    ("model", "--model"),
+                    ("config", "--config"),
+                ] {
+                    if let Some(x) = worker[key].as_str() {
+                        v.extend([flag.to_owned(), x.to_owned()]);
+                    }
                 }
                 v
             }

@@ -26,6 +26,7 @@ pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent 
         node: brood_store::placed_for(&a.supervisor)
             .unwrap_or(&a.supervisor)
             .to_owned(),
+        supervisor_gone: false,
         result: run.as_ref().and_then(|r| r.result.clone()),
         exit_code: run.as_ref().and_then(|r| r.exit_code).map(i64::from),
         created_ms: a.created_ms,

@@ -38,7 +38,7 @@ const EVENT_PAGE: u32 = 1000;
 fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+            ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
         e => {
             tracing::error!(error = %e, "store error");

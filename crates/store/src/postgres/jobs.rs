@@ -156,7 +156,7 @@ fn attempt_from(r: &Row) -> Tx<Attempt> {
 }
 
 fn no_job(tenant: &TenantId, id: &str) -> Fail {
-    refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
+    refused(Code::NotFound, format!("no job {id} in tenant {tenant}"))
 }
 
 fn load_job(db: &Db<'_>, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
@@ -170,7 +170,7 @@ fn load_item(db: &Db<'_>, tenant: &TenantId, job: &str, item: &str) -> Tx<JobIte
         Some(r) => item_from(&r),
         None => Err(refused(
             Code::NotFound,
-            format!("job {job:?} has no item {item:?}"),
+            format!("job {job} has no item {item}"),
         )),
     }
 }

@@ -74,7 +74,7 @@ fn attempt_from(r: &Row<'_>) -> Tx<Attempt> {
 }
 
 fn no_job(tenant: &TenantId, id: &str) -> Fail {
-    refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
+    refused(Code::NotFound, format!("no job {id} in tenant {tenant}"))
 }
 
 fn load_job(conn: &Connection, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
@@ -96,7 +96,7 @@ fn load_item(conn: &Connection, tenant: &TenantId, job: &str, item: &str) -> Tx<
         Some(r) => item_from(r),
         None => Err(refused(
             Code::NotFound,
-            format!("job {job:?} has no item {item:?}"),
+            format!("job {job} has no item {item}"),
         )),
     }
 }

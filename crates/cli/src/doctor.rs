@@ -3,7 +3,7 @@
 //! file or a PostgreSQL server, with its schema version) and the slot
 //! counter's Redis.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Result;
 use brood_launch::{cgroup, host};
@@ -225,7 +225,7 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> 
 
 /// The store: its kind, where it is, whether it opens and its schema
 /// version against this build's.
-fn store_check(db: &PathBuf) -> Result<String, String> {
+fn store_check(db: &Path) -> Result<String, String> {
     let shown = crate::store_url::shown(db);
     let spec = db.to_string_lossy();
     let kind = if brood_store::is_postgres_url(&spec) {

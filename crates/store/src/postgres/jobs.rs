@@ -262,7 +262,7 @@ impl Jobs for PgStore {
         if items.is_empty() {
             return Err(StoreError::Refused {
                 code: Code::BadRequest,
-                message: format!("job {:?} has no item", job.id),
+                message: format!("job {} has no item", job.id),
             });
         }
         let mut ids = BTreeSet::new();
@@ -270,7 +270,7 @@ impl Jobs for PgStore {
             if !ids.insert(it.id.as_str()) {
                 return Err(StoreError::Refused {
                     code: Code::BadRequest,
-                    message: format!("job {:?}: two items have the id {:?}", job.id, it.id),
+                    message: format!("job {}: two items have the id {:?}", job.id, it.id),
                 });
             }
         }
@@ -284,7 +284,7 @@ impl Jobs for PgStore {
             if load_job(db, t, &job.id)?.is_some() {
                 return Err(refused(
                     Code::Conflict,
-                    format!("a job {:?} exists in tenant {t}", job.id),
+                    format!("a job {} exists in tenant {t}", job.id),
                 ));
             }
             check_json_object(|| format!("the spec of job {:?}", job.id), &job.spec, false)?;

@@ -275,7 +275,7 @@ pub(crate) async fn logs(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{LogEntry, detail_alone, last_lines};
 
     fn entry(run: &str, text: &str) -> LogEntry {
         LogEntry {

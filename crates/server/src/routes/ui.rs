@@ -542,8 +542,8 @@ pub(crate) async fn ui_sequence(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use serde_json::json;
+    use super::{download_name, kind_of};
+    use serde_json::{Value, json};
 
     #[test]
     fn the_badge_is_the_reference_agents_type_else_the_protocol() {

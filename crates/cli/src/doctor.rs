@@ -184,7 +184,10 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> 
         } else {
             "policy resources: only the limits listed as available above".into()
         },
-        "disk: resources.disk_max (default [resources] disk_max, 1 GiB) is RLIMIT_FSIZE on every agent, so no file it writes grows past it; its channel's artifact/ is measured each sweeper tick and the agent stopped past it; a refused or unrecorded result leaves nothing in artifact/ or the blob store; the total over many files of its rw paths is not bounded (docs/security.md \"Disk\")".into(),
+        match brood_launch::written::available() {
+            Ok(()) => "disk: resources.disk_max (default [resources] disk_max, 1 GiB) is RLIMIT_FSIZE on every agent, so no file it writes grows past it, and its write budget: what its processes write to disk anywhere is summed each sweeper tick (the kernel's per-process write accounting) and the agent stopped past it, fallocate and clearing its orphans' reaper refused; its channel's artifact/ is measured the same way; a refused or unrecorded result leaves nothing in artifact/ or the blob store (docs/security.md \"Disk\")".into(),
+            Err(why) => format!("disk: resources.disk_max is RLIMIT_FSIZE on every agent and bounds its channel's artifact/, but the total it writes over many files is NOT bounded: {why} (docs/security.md \"Disk\")"),
+        },
         "iso = ns: a private mount namespace from the policy's mounts (and an empty network namespace for network none)".into(),
         "tools: the runtime refuses create send wait close resume job unless granted; without shell or code_exec only the agent's own program may run".into(),
         if layers.iter().any(|(n, ok, _)| n == "seccomp" && *ok) {

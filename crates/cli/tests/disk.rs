@@ -7,6 +7,11 @@
 //!   itself and through a shell it starts: the kernel stops the file at the
 //!   limit (`EFBIG`, or `SIGXFSZ`, which the supervisor names), and the
 //!   child cannot raise the limit back;
+//! - a child writes many files into a writable path, each under the limit,
+//!   together past it, by itself and through orphans that exit without
+//!   being reaped: the sweeper stops it `failed` naming `resources.disk_max`
+//!   (the kernel's per-process write accounting); the ways around that
+//!   accounting (`fallocate`, clearing the child subreaper) are refused;
 //! - a child writes many files into its `artifact/`, each under the limit,
 //!   together past it: the sweeper stops it `failed` naming
 //!   `resources.disk_max`, and nothing of what it wrote stays;
@@ -125,7 +130,9 @@ async fn parent(env: &Env, policy: Option<Value>, dir: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_past_disk_max_in_a_writable_path_stops_at_the_limit() {
-    let env = start(GRACE);
+    // No sweeper: this is the kernel's per-file limit alone (the two files
+    // together are past the write budget, which the next test is about).
+    let env = start_with(GRACE, |cfg| cfg.sweep_every = None);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     parent(&env, None, Some(&d)).await;
@@ -198,6 +205,108 @@ async fn a_file_past_disk_max_in_a_writable_path_stops_at_the_limit() {
         std::fs::metadata(dir.path().join("killed")).unwrap().len(),
         MIB
     );
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+/// A directory on the disk beside the build: /tmp may be a tmpfs, whose
+/// writes are memory (bounded by `memory_max`), not disk.
+fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// Runs `script` (then the test agent, hanging) as `c` under `p` with a 1 MiB
+/// `disk_max` and `rw` on `d`, and returns its record once it has ended.
+async fn writer(env: &Env, d: &str, script: &str) -> Value {
+    parent(env, None, Some(d)).await;
+    let policy = json!({
+        "files": [{"path": "/", "mode": "ro"}, {"path": d, "mode": "rw"}],
+        "resources": {"disk_max": "1M"},
+    });
+    let argv = shell_then_agent(script, &["--hang"]);
+    spawn_child(env, "c", argv, Some(policy), &[("DIR", d)]).await;
+    wait_for(env, "c").await
+}
+
+fn assert_stopped_for_writing(v: &Value) {
+    assert_eq!(
+        (v["status"].as_str(), v["reason"].as_str()),
+        (Some("failed"), Some("budget_exceeded")),
+        "{v}"
+    );
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("bytes to disk, past resources.disk_max (1048576 bytes)"),
+        "{detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_files_in_a_writable_path_past_disk_max_stop_the_child() {
+    let env = start(GRACE);
+    let dir = disk_dir();
+    let d = dir.path().display().to_string();
+    // Four files of 600 KiB, each under the limit, 2.4 MiB together.
+    let script = r#"for i in 1 2 3 4; do head -c 614400 /dev/urandom > "$DIR/f$i" || exit 9; done"#;
+    let v = writer(&env, &d, script).await;
+    assert_stopped_for_writing(&v);
+    // Its parent goes on.
+    assert_eq!(show(&env, "p")["status"], "running");
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_by_orphans_that_exit_unreaped_still_count() {
+    let env = start(GRACE);
+    let dir = disk_dir();
+    let d = dir.path().display().to_string();
+    // Each writer is orphaned at once (its subshell exits) and exits after
+    // 600 KiB; the agent that execs next never reaps it. Reaped by the
+    // namespace's init, its writes would be nobody's.
+    let script = r#"for i in 1 2 3 4; do ( head -c 614400 /dev/urandom > "$DIR/o$i" & ); done
+        while [ "$(ls "$DIR" | wc -l)" -lt 4 ]; do sleep 0.1; done; sleep 0.5"#;
+    let v = writer(&env, &d, script).await;
+    assert_stopped_for_writing(&v);
+    env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ways_around_the_write_accounting_are_refused() {
+    let env = start(GRACE);
+    let dir = disk_dir();
+    let d = dir.path().display().to_string();
+    // 100 MiB reserved without a write (past RLIMIT_FSIZE too, with -n, keep
+    // size), then the subreaper cleared so orphans go to the namespace's
+    // init; then orphans write 2.4 MiB.
+    let script = r#": > "$DIR/reserved"; fallocate -n -l 104857600 "$DIR/reserved" 2>> "$DIR/dodge.txt"; echo "fallocate: $?" >> "$DIR/dodge.txt"
+        stat -c 'blocks: %b' "$DIR/reserved" >> "$DIR/dodge.txt"
+        perl -e 'my $r = syscall(157, 36, 0, 0, 0, 0); print "clear subreaper: $r $!
+"' >> "$DIR/dodge.txt"
+        perl -e 'my $r = syscall(157, 36, 1, 0, 0, 0); print "set subreaper: $r
+"' >> "$DIR/dodge.txt"
+        for i in 1 2 3 4; do ( head -c 614400 /dev/urandom > "$DIR/o$i" & ); done
+        while [ "$(ls "$DIR" | grep -c '^o')" -lt 4 ]; do sleep 0.1; done; sleep 0.5"#;
+    let v = writer(&env, &d, script).await;
+    let dodge = std::fs::read_to_string(dir.path().join("dodge.txt")).unwrap();
+    // util-linux words EOPNOTSUPP its own way ("keep size mode is
+    // unsupported" here); the call failed and reserved nothing.
+    let lines: Vec<&str> = dodge.lines().collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.starts_with("fallocate: fallocate failed: ")),
+        "{dodge}"
+    );
+    assert_eq!(
+        lines[1..],
+        [
+            "fallocate: 1",
+            "blocks: 0",
+            "clear subreaper: -1 Operation not supported",
+            "set subreaper: 0",
+        ],
+        "{dodge}"
+    );
+    assert_stopped_for_writing(&v);
     env.sup.cancel(me(), name("p")).await.unwrap();
 }
 

@@ -57,7 +57,7 @@ while read -r mode path value; do
     list) try "list $path" ls "$path" ;;
     readlink) try "readlink $path" readlink "$path" ;;
     signal) try "signal $value $path" kill "-$value" "$path" ;;
-    operator) try "cancel $path as the operator" brood --root "$BROOD_ROOT_DIR" cancel "$path" ;;
+    operator) try "cancel $path as the operator" brood --root "$THE_ROOT" cancel "$path" ;;
     # The keeper is its namespace's init: the kernel drops these signals
     # without an error, so they are judged from outside (it lives on).
     keeper) kill "-$value" 1 2>/dev/null; echo "sent $value to the keeper" >> "$out" ;;
@@ -92,9 +92,9 @@ enum Attempt {
 /// The child: start the grandchild in a session of its own, try everything
 /// itself, then stay (its parent's death must end it).
 fn child_argv() -> Vec<String> {
-    let launcher = "setsid sh -c \"$BODY\" grand grand </dev/null >/dev/null 2>&1 &\n\
+    let launcher = "setsid sh \"$DIR/body.sh\" grand </dev/null >/dev/null 2>&1 &\n\
          echo $! > \"$DIR/grand.pid\"\n\
-         sh -c \"$BODY\" child child\n\
+         sh \"$DIR/body.sh\" child\n\
          exec sleep 1000\n";
     vec!["sh".into(), "-c".into(), launcher.into()]
 }
@@ -160,11 +160,13 @@ async fn tries(case: Case) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let root = env.root().to_path_buf();
+    // The script is a file: an `env` value holds no newline (it would split
+    // the `env` control file's line).
+    std::fs::write(d.join("body.sh"), SCRIPT).unwrap();
     // A child's env is a subset of its parent's (SPEC 5): p passes it down.
     let vars: Vec<(String, String)> = vec![
         ("DIR".into(), d.display().to_string()),
-        ("BODY".into(), SCRIPT.into()),
-        ("BROOD_ROOT_DIR".into(), root.display().to_string()),
+        ("THE_ROOT".into(), root.display().to_string()),
     ];
     let mut p = req("p", agent(&["--hang"]));
     p.env = vars.clone();

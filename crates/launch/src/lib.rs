@@ -11,6 +11,7 @@
 //!   capabilities dropped), prepared in the supervisor and applied in the child.
 //! * [`veil`]: brood's own machinery (cgroup hierarchies, `$BROOD_ROOT`, the
 //!   store's files) covered in each agent's mount namespace, whatever its policy.
+//! * [`written`]: the bytes an agent's processes wrote to disk (its write budget).
 //!
 //! **Invariant:** no other crate calls `Command::new` (enforced by `clippy.toml`).
 
@@ -23,5 +24,6 @@ pub mod ns;
 pub mod sandbox;
 pub mod spawn;
 pub mod veil;
+pub mod written;
 
 pub use spawn::{Containment, LaunchError, LaunchSpec, Launched, Spawner};

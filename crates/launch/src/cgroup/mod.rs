@@ -397,6 +397,29 @@ impl Cgroups {
         pids_under(&g.dir)
     }
 
+    /// The processes of the group itself, not of the groups below it (its
+    /// child agents'): where [`Cgroups::procs_file`] puts them. A group
+    /// being removed has none.
+    pub fn own_pids(&self, g: &Group) -> Result<Vec<i32>, CgroupError> {
+        let dir = if self.limits_in_v2() {
+            g.dir.join(PROCESS_LEAF)
+        } else {
+            g.dir.clone()
+        };
+        let path = dir.join("cgroup.procs");
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if vanished(&e) => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("read", &path, e)),
+        };
+        // A process outside our PID namespace is listed as 0; it is not ours.
+        Ok(text
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter(|&p| p > 0)
+            .collect())
+    }
+
     /// Sends `sig` (kill(2)) to every process of the group's subtree; returns how
     /// many it reached. A process that exited meanwhile (`ESRCH`) is not an error.
     pub fn signal(&self, g: &Group, sig: i32) -> Result<usize, CgroupError> {

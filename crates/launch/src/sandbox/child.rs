@@ -18,6 +18,7 @@ pub(crate) enum ChildStep {
     NoNewPrivs = 5,
     Landlock = 6,
     Seccomp = 7,
+    DiskCalls = 8,
 }
 
 impl ChildStep {
@@ -30,6 +31,7 @@ impl ChildStep {
             5 => ChildStep::NoNewPrivs,
             6 => ChildStep::Landlock,
             7 => ChildStep::Seccomp,
+            8 => ChildStep::DiskCalls,
             _ => return None,
         })
     }
@@ -50,6 +52,7 @@ impl ChildStep {
             ChildStep::NoNewPrivs => "no_new_privs (prctl PR_SET_NO_NEW_PRIVS)",
             ChildStep::Landlock => "landlock (landlock_restrict_self)",
             ChildStep::Seccomp => "the socket filter (seccomp SECCOMP_SET_MODE_FILTER)",
+            ChildStep::DiskCalls => "the disk-call filter (seccomp SECCOMP_SET_MODE_FILTER)",
         }
     }
 }
@@ -63,10 +66,12 @@ pub(crate) struct ChildPlan {
     pub(super) drop_bset: bool,
     pub(super) last_cap: libc::c_int,
     pub(super) no_new_privs: bool,
-    /// Write end of a close-on-exec pipe where a failing step writes its number.
     /// The socket filter's instructions (`struct sock_filter`) and their
     /// count, or a null pointer for none; owned by the `Prepared`.
     pub(super) filter: (*const libc::sock_filter, usize),
+    /// The disk-call filter's, the same way.
+    pub(super) writes_filter: (*const libc::sock_filter, usize),
+    /// Write end of a close-on-exec pipe where a failing step writes its number.
     pub(super) report_fd: RawFd,
 }
 
@@ -151,8 +156,13 @@ impl ChildPlan {
             // filtered; no_new_privs is set, so no privilege is needed. The
             // program lives in the parent's memory, which the child shares
             // until exec (CLONE_VM), and the kernel copies it.
-            let (filter, len) = self.filter;
-            if !filter.is_null() {
+            for (step, (filter, len)) in [
+                (ChildStep::Seccomp, self.filter),
+                (ChildStep::DiskCalls, self.writes_filter),
+            ] {
+                if filter.is_null() {
+                    continue;
+                }
                 let prog = libc::sock_fprog {
                     len: len as libc::c_ushort,
                     filter: filter.cast_mut(),
@@ -164,7 +174,7 @@ impl ChildPlan {
                     &prog as *const libc::sock_fprog,
                 ) != 0
                 {
-                    return Err(fail(ChildStep::Seccomp));
+                    return Err(fail(step));
                 }
             }
         }

@@ -113,6 +113,7 @@ mod rules;
 mod sockets;
 #[cfg(test)]
 mod tests;
+mod writes;
 
 pub(crate) use caps::capset_empty_this_thread;
 use caps::{CapPlan, plan_caps};
@@ -222,6 +223,9 @@ pub struct Enforced {
     /// Which sockets the agent may create ([`Sockets::Any`] also when the
     /// filter is a missing layer the operator allowed).
     pub sockets: Sockets,
+    /// The calls that take disk unseen (`fallocate`, clearing the child
+    /// subreaper) are refused (`writes`, a seccomp filter).
+    pub disk_calls_refused: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +301,8 @@ struct Inner {
     no_new_privs: bool,
     /// The socket filter's instructions, read by the child (`ChildPlan`).
     sockets: Option<Arc<BpfProgram>>,
+    /// The disk-call filter's (`writes`), likewise.
+    writes: Option<Arc<BpfProgram>>,
     enforced: Enforced,
 }
 
@@ -324,11 +330,8 @@ impl Prepared {
             drop_bset: caps.is_some_and(|c| c.drop_bset),
             last_cap: caps.map_or(0, |c| c.last_cap as libc::c_int),
             no_new_privs: self.inner.no_new_privs,
-            filter: self
-                .inner
-                .sockets
-                .as_ref()
-                .map_or((std::ptr::null(), 0), |p| (p.as_ptr().cast(), p.len())),
+            filter: instructions(self.inner.sockets.as_deref()),
+            writes_filter: instructions(self.inner.writes.as_deref()),
             report_fd,
         }
     }
@@ -366,6 +369,7 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
         None
     };
     let (sockets, socket_filter) = plan_sockets(spec, &mut weaker)?;
+    let writes_filter = plan_writes(spec, &mut weaker)?;
     let caps_weaker = weaker.iter().any(|w| w.starts_with("capabilities"));
     let enforced = Enforced {
         landlock_abi: layers.abi,
@@ -376,6 +380,7 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
         no_new_privs: spec.no_new_privs,
         weaker,
         sockets,
+        disk_calls_refused: writes_filter.is_some(),
     };
     Ok(Prepared {
         inner: Arc::new(Inner {
@@ -383,6 +388,7 @@ pub fn prepare(spec: &SandboxSpec) -> Result<Prepared, SandboxError> {
             caps,
             no_new_privs: spec.no_new_privs,
             sockets: socket_filter,
+            writes: writes_filter,
             enforced,
         }),
     })
@@ -415,4 +421,33 @@ fn plan_sockets(
         });
     }
     Ok((spec.sockets, sockets::program(spec.sockets)?))
+}
+
+/// The disk-call filter (`writes`), for every agent that sets
+/// `no_new_privs` (without it, installing a filter needs a privilege the
+/// agent no longer has), failing closed like the socket filter.
+fn plan_writes(
+    spec: &SandboxSpec,
+    weaker: &mut Vec<String>,
+) -> Result<Option<Arc<BpfProgram>>, SandboxError> {
+    if !spec.no_new_privs {
+        return Ok(None);
+    }
+    if let Err(reason) = sockets::available() {
+        if spec.allow_weaker {
+            weaker.push(format!("seccomp (disk calls): {reason}"));
+            return Ok(None);
+        }
+        return Err(SandboxError::Layer {
+            layer: "seccomp",
+            reason,
+        });
+    }
+    Ok(Some(writes::program()?))
+}
+
+/// A program's instructions and their count for the child, or a null
+/// pointer for none.
+fn instructions(p: Option<&BpfProgram>) -> (*const libc::sock_filter, usize) {
+    p.map_or((std::ptr::null(), 0), |p| (p.as_ptr().cast(), p.len()))
 }

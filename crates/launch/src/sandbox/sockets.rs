@@ -66,7 +66,7 @@ impl Sockets {
 
 /// The x32 ABI's syscall numbers carry this bit (asm/unistd.h `__X32_SYSCALL_BIT`).
 #[cfg(target_arch = "x86_64")]
-const X32_SYSCALL_BIT: i64 = 0x4000_0000;
+pub(super) const X32_SYSCALL_BIT: i64 = 0x4000_0000;
 
 /// The seccomp-bpf program for `sockets`, or `None` when nothing is
 /// filtered; built once per mode for the life of the process (there are

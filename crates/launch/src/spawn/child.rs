@@ -277,6 +277,15 @@ pub(super) fn child_setup(c: &Child) -> io::Result<()> {
         // after the steps above, which make mount points but write no file,
         // and before any of its code runs. The raw syscall on a value the
         // parent prepared: glibc's setrlimit is a wrapper like the others.
+        // With a disk bound, the agent's first process is also the reaper of
+        // its orphans (kept across exec), so that what they write folds into
+        // a process of the agent when they exit, not into the namespace's
+        // init (`crate::written`); the sandbox refuses to clear it.
+        if c.file_size.is_some()
+            && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
         if let Some(limit) = &c.file_size
             && libc::syscall(
                 libc::SYS_prlimit64,

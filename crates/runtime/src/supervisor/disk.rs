@@ -11,13 +11,17 @@
 //! and removed once the group is empty, so a resume never loses a byte.
 //!
 //! The kernel bounds each file (`RLIMIT_FSIZE`, set at launch); this bounds
-//! the sum over the one directory a child hands back through. Its writable
-//! paths outside the channel are bounded per file only (docs/security.md,
-//! "Disk").
+//! the sum over the one directory a child hands back through, and, on the
+//! same tick, everything its processes have written to disk anywhere
+//! (`brood_launch::written`, the kernel's per-process write accounting): a
+//! run that has written more than its `disk_max` is stopped the same way, so
+//! many files each under the limit in its writable paths cannot fill the
+//! disk either (docs/security.md, "Disk").
 
 use std::path::PathBuf;
 
 use brood_core::{AgentName, FailReason, RunId, Terminal};
+use brood_launch::cgroup::{Cgroups, Group};
 
 use super::{Cmd, Dispatcher};
 
@@ -29,6 +33,36 @@ pub(crate) struct DiskOver {
     why: String,
 }
 
+/// One running agent to measure: its channel (a child's), its group, its limit.
+struct Target {
+    name: AgentName,
+    run: RunId,
+    channel: Option<PathBuf>,
+    group: Option<Group>,
+    limit: u64,
+}
+
+/// Why `t`'s processes have written more than its `disk_max`, if they have.
+/// Without cgroups there is no list of its processes to read, and only the
+/// per-file limit and `artifact/`'s measure hold (`brood doctor` says so).
+fn over_written(cgroups: Option<&Cgroups>, t: &Target) -> Option<String> {
+    let (cg, group) = cgroups.zip(t.group.as_ref())?;
+    let pids = match cg.own_pids(group) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(agent = %t.name, error = %e, "listing an agent's processes to measure its writes");
+            return None;
+        }
+    };
+    let written = brood_launch::written::by(&pids);
+    (written > t.limit).then(|| {
+        format!(
+            "its processes wrote {written} bytes to disk, past resources.disk_max ({} bytes)",
+            t.limit
+        )
+    })
+}
+
 impl Dispatcher {
     /// Starts a measure of every running agent's `artifact/`, unless the
     /// last one has not answered yet (a tick never queues a second walk).
@@ -37,14 +71,16 @@ impl Dispatcher {
             return;
         }
         let default = self.cfg.resource_defaults.disk_max;
-        let targets: Vec<(AgentName, RunId, PathBuf, u64)> = self
+        let targets: Vec<Target> = self
             .live
             .iter()
             .filter(|(_, l)| l.pid.is_some() && l.stopping.is_none())
-            .filter_map(|(n, l)| {
-                let dir = l.channel_dir(&self.paths, n)?;
-                let limit = crate::enforce::file_size_max(&l.policy, default);
-                Some((n.clone(), l.run.clone(), dir, limit))
+            .map(|(n, l)| Target {
+                name: n.clone(),
+                run: l.run.clone(),
+                channel: l.channel_dir(&self.paths, n),
+                group: l.group.clone(),
+                limit: crate::enforce::file_size_max(&l.policy, default),
             })
             .collect();
         if targets.is_empty() {
@@ -52,17 +88,24 @@ impl Dispatcher {
         }
         self.sweep.disk_busy = true;
         let tx = self.tx.clone();
+        let cgroups = self.cgroups.clone();
         tokio::task::spawn_blocking(move || {
             let over: Vec<DiskOver> = targets
                 .into_iter()
-                .filter_map(|(name, run, dir, limit)| {
-                    crate::channel::usage::check(&dir, limit)
-                        .err()
-                        .map(|o| DiskOver {
-                            name,
-                            run,
-                            why: o.0,
-                        })
+                .filter_map(|t| {
+                    // `artifact/` first: what it holds was written too, so
+                    // it is the more precise word when both are over.
+                    let why = t
+                        .channel
+                        .as_ref()
+                        .and_then(|c| crate::channel::usage::check(c, t.limit).err())
+                        .map(|o| o.0)
+                        .or_else(|| over_written(cgroups.as_deref(), &t))?;
+                    Some(DiskOver {
+                        name: t.name,
+                        run: t.run,
+                        why,
+                    })
                 })
                 .collect();
             let _ = tx.send(Cmd::DiskChecked(over));

@@ -202,8 +202,6 @@ impl VeilCache {
     }
 }
 
-/// A store file's canonical path: its directory resolved, the name kept (the
-/// file itself may not exist yet).
 /// `p` made canonical as far as it exists, the rest kept as written: a
 /// root not made yet (`brood doctor` on a fresh root) is veiled where the
 /// supervisor will make it.
@@ -221,6 +219,8 @@ fn canonical_planned(p: &Path) -> Result<PathBuf, String> {
     Err(format!("resolving {}: no part of it exists", p.display()))
 }
 
+/// A store file's canonical path: its directory resolved, the name kept (the
+/// file itself may not exist yet).
 fn canonical_file(p: &Path) -> PathBuf {
     match (p.parent(), p.file_name()) {
         (Some(dir), Some(name)) => std::fs::canonicalize(dir)

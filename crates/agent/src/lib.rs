@@ -25,67 +25,97 @@ use settings::{ConfigFile, Layer};
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 
-const USAGE: &str = "usage: brood agent [--type explore|general|plan|code|research] [--provider openai|script] \
-[--model M] [--base-url URL] [--key-env VAR] [--script FILE] [--config FILE] [--max-turns N] \
-[--system TEXT] [--tools a,b,...] [--timeout SECONDS] [--job-worker]";
-
-/// The flags: the request's part of the settings, the type and the file.
-struct Flags {
+/// The flags: the request's part of the settings, the type and the file
+/// (docs/agent.md). `brood agent --help` prints them.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "brood agent",
+    about = "brood's reference agent: a model-driven agent speaking brood's protocol.",
+    long_about = "brood's reference agent: a model-driven agent speaking brood's protocol \
+(SPEC 13). Run it under brood, which speaks the protocol on its stdin: \
+`brood run -- brood agent --config agent.toml --type code`. Each flag is part of \
+the request, which outranks the type's and the configuration's values \
+(docs/agent.md \"Types and precedence\").",
+    after_help = "Examples:\n  brood run -- brood agent --provider script --script turns.json\n  \
+brood run --secret OPENAI_API_KEY -- brood agent --provider openai \\\n    \
+--base-url https://api.openai.com/v1 --model gpt-4o-mini --key-env OPENAI_API_KEY --type code"
+)]
+pub struct Flags {
+    /// The agent's type, which picks its tools, turn limit and system prompt
+    /// (default: init's `subAgentType`, else general).
+    #[arg(long = "type", value_name = "TYPE",
+          value_parser = ["explore", "general", "plan", "code", "research"])]
     type_name: Option<String>,
-    request: Layer,
+    /// Where the model's turns come from: `openai` (any OpenAI-compatible
+    /// server) or `script` (turns replayed from --script; the default when a
+    /// script is given).
+    #[arg(long, value_name = "PROVIDER", value_parser = ["openai", "script"])]
+    provider: Option<String>,
+    /// The model's name, as the server knows it (`script` for the script provider).
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    /// The OpenAI-compatible server's base URL, e.g. `https://api.openai.com/v1`
+    /// or `http://127.0.0.1:11434/v1` (Ollama).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// The environment variable holding the provider's key (never the key
+    /// itself; pass the variable with `brood run --secret VAR`).
+    #[arg(long, value_name = "VAR")]
+    key_env: Option<String>,
+    /// The script provider's file of model turns (JSON; docs/agent.md "Providers").
+    #[arg(long, value_name = "FILE")]
+    script: Option<PathBuf>,
+    /// The agent configuration (TOML: defaults, per-type settings, prices;
+    /// docs/agent.md "Configuration"); default: $BROOD_AGENT_CONFIG, else none.
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// The system prompt, used only when the type has none of its own.
+    #[arg(long = "system", value_name = "TEXT")]
+    system_prompt: Option<String>,
+    /// The most model calls one run makes (default: the type's, 6 to 12).
+    #[arg(long, value_name = "N")]
+    max_turns: Option<u32>,
+    /// The tools offered to the model, comma-separated (default: the type's);
+    /// always within what the policy grants.
+    #[arg(long, value_name = "TOOL,...")]
+    tools: Option<String>,
+    /// Seconds one model call may take (default 120).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
     /// Running as a job's worker: the answer is the item's result, reported
-    /// with `job.report` before the run ends.
+    /// with `job.report` before the run ends (`brood job run` passes it to
+    /// its default workers).
+    #[arg(long)]
     job_worker: bool,
 }
 
-fn parse(args: &[String]) -> Result<Flags, String> {
-    let mut f = Flags {
-        type_name: None,
-        request: Layer::default(),
-        config: None,
-        job_worker: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value\n{USAGE}"))
-        };
-        let num = |v: String| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{a} must be a whole number, not {v:?}"))
-        };
-        match a.as_str() {
-            "--type" => f.type_name = Some(val()?),
-            "--provider" => f.request.provider = Some(val()?),
-            "--model" => f.request.model = Some(val()?),
-            "--base-url" => f.request.base_url = Some(val()?),
-            "--key-env" => f.request.key_env = Some(val()?),
-            "--script" => f.request.script = Some(PathBuf::from(val()?)),
-            "--config" => f.config = Some(PathBuf::from(val()?)),
-            "--system" => f.request.system_prompt = Some(val()?),
-            "--max-turns" => {
-                f.request.max_turns = Some(num(val()?)?.min(u64::from(u32::MAX)) as u32)
-            }
-            "--timeout" => f.request.timeout_s = Some(num(val()?)?),
-            "--tools" => {
-                f.request.tools = Some(
-                    val()?
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .map(str::to_owned)
-                        .collect(),
-                )
-            }
-            "--job-worker" => f.job_worker = true,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+impl Flags {
+    /// The request's part of the settings.
+    fn request(&self) -> Layer {
+        Layer {
+            provider: self.provider.clone(),
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            key_env: self.key_env.clone(),
+            script: self.script.clone(),
+            system_prompt: self.system_prompt.clone(),
+            tools: self.tools.as_ref().map(|t| {
+                t.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            }),
+            max_turns: self.max_turns,
+            timeout_s: self.timeout,
         }
     }
-    Ok(f)
+}
+
+/// The command line `brood agent` reads, for `brood`'s own help, docs test and
+/// shell completions.
+pub fn command() -> clap::Command {
+    <Flags as clap::CommandFactory>::command()
 }
 
 /// The tools the policy in `$BROOD_POLICY` grants (`None`: every tool, as
@@ -108,13 +138,16 @@ fn granted_tools() -> Result<Option<BTreeSet<String>>, String> {
 
 /// Runs the agent; the process's exit code.
 pub fn main(args: &[String]) -> i32 {
-    let flags = match parse(args) {
+    let argv = std::iter::once("brood agent").chain(args.iter().map(String::as_str));
+    let flags = match <Flags as clap::Parser>::try_parse_from(argv) {
         Ok(f) => f,
+        // `--help` is printed on stdout with exit 0; a mistake on stderr, exit 2.
         Err(e) => {
-            eprintln!("brood agent: {e}");
-            return EXIT_USAGE;
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_USAGE } else { 0 };
         }
     };
+    let requested = flags.request();
     let (mut io, init) = match io::Io::start() {
         Ok(x) => x,
         Err(e) => {
@@ -133,17 +166,13 @@ pub fn main(args: &[String]) -> i32 {
         Err(e) => return fail(&mut io, e),
     };
     let request = Layer {
-        provider: flags.request.provider.clone().or(from_init.provider),
-        model: flags.request.model.clone().or(from_init.model),
-        system_prompt: flags
-            .request
-            .system_prompt
-            .clone()
-            .or(from_init.system_prompt),
-        tools: flags.request.tools.clone().or(from_init.tools),
-        max_turns: flags.request.max_turns.or(from_init.max_turns),
-        timeout_s: flags.request.timeout_s.or(from_init.timeout_s),
-        ..flags.request.clone()
+        provider: requested.provider.clone().or(from_init.provider),
+        model: requested.model.clone().or(from_init.model),
+        system_prompt: requested.system_prompt.clone().or(from_init.system_prompt),
+        tools: requested.tools.clone().or(from_init.tools),
+        max_turns: requested.max_turns.or(from_init.max_turns),
+        timeout_s: requested.timeout_s.or(from_init.timeout_s),
+        ..requested.clone()
     };
     let type_name = flags.type_name.clone().or(init.sub_agent_type.clone());
     let config_path = flags.config.clone().or_else(|| {

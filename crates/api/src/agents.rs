@@ -158,6 +158,12 @@ pub struct Agent {
     /// answers of older daemons.
     #[serde(default)]
     pub node: String,
+    /// True when this unfinished agent's supervisor is gone: the record was
+    /// read from the store with no supervisor answering, and the one that
+    /// ran it no longer runs (its pid, if any, is the last one it had). The
+    /// next supervisor of its store ends it. Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub supervisor_gone: bool,
     /// The run's result, once it has one.
     pub result: Option<String>,
     pub exit_code: Option<i64>,

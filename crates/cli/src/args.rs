@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::job::JobCmd;
 use crate::quota::QuotaCmd;
@@ -52,7 +52,9 @@ pub(crate) struct Cli {
 pub(crate) enum Cmd {
     /// Start a root agent with an in-process supervisor, wait for it, print its result and tree.
     Run {
-        #[arg(long)]
+        /// The agent's name (letters, digits, `-` and `_`; default: one brood
+        /// picks from the program's name).
+        #[arg(long, value_name = "NAME")]
         name: Option<String>,
         /// How the program talks to brood: `exec` (a plain program: the task on
         /// stdin, stdout is its result, exit 0 is success), `brood` (brood's
@@ -71,8 +73,9 @@ pub(crate) enum Cmd {
         /// with --iso ns, the agent's own root).
         #[arg(long, value_name = "DIR")]
         cwd: Option<PathBuf>,
-        /// Seconds between SIGTERM and SIGKILL when a subtree is stopped.
-        #[arg(long, default_value_t = 3.0)]
+        /// How long a stopped agent has between SIGTERM and SIGKILL: seconds
+        /// (`3`, `0.5`) or with a unit (`500ms`, `10s`).
+        #[arg(long, value_name = "DURATION", default_value = "3", value_parser = crate::duration::seconds)]
         grace: f64,
         /// The agent's policy (what it may touch, run and spend), a JSON or TOML
         /// file (by extension); see docs/cli.md.
@@ -90,61 +93,73 @@ pub(crate) enum Cmd {
         /// here; what was not enforced is recorded in each agent's meta.json.
         #[arg(long)]
         allow_weaker_sandbox: bool,
+        /// Print the agent's record and its tree as one JSON object instead
+        /// of its result and a drawing.
         #[arg(long)]
         json: bool,
-        /// Program and arguments.
-        #[arg(last = true, required = true)]
+        /// The program and its arguments, after `--` (a relative program is
+        /// found from the current directory, a bare name on PATH).
+        #[arg(last = true, required = true, value_name = "PROGRAM")]
         argv: Vec<String>,
     },
     /// Run the daemon on $BROOD_ROOT/brood.sock.
     Serve {
-        #[arg(long, default_value_t = 3.0)]
+        /// How long a stopped agent has between SIGTERM and SIGKILL: seconds
+        /// (`3`, `0.5`) or with a unit (`500ms`, `10s`).
+        #[arg(long, value_name = "DURATION", default_value = "3", value_parser = crate::duration::seconds)]
         grace: f64,
-        /// The sweepers' tick in seconds (timeouts every tick, orphans every 5,
-        /// reconcile every 30). Only the supervisor holding the sweeper
-        /// lease of its store sweeps.
-        #[arg(long, default_value_t = 1.0)]
+        /// The sweepers' tick (timeouts every tick, orphans every 5,
+        /// reconcile every 30): seconds or with a unit (`500ms`). Only the
+        /// supervisor holding the sweeper lease of its store sweeps.
+        #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::duration::seconds)]
         sweep_every: f64,
         /// See `brood run --allow-weaker-sandbox`.
         #[arg(long)]
         allow_weaker_sandbox: bool,
         /// Also serve the API on this loopback address (`127.0.0.1:8420`),
         /// with the bearer token of $BROOD_ROOT/token (made at first start).
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
         /// A label of this node for placement (`--label zone=a`; repeatable),
         /// shown by `brood nodes`.
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
-        /// How many agents this node takes at once (shown by `brood nodes`).
-        #[arg(long)]
+        /// How many agents this node takes at once (shown by `brood nodes`;
+        /// default: no limit of its own).
+        #[arg(long, value_name = "N")]
         capacity: Option<u32>,
-        /// Seconds without a heartbeat after which the other nodes declare a
-        /// node lost (its agents end `failed (lost)`).
-        #[arg(long, default_value_t = 10.0)]
+        /// How long without a heartbeat before the other nodes declare a node
+        /// lost (its agents end `failed (lost)`): seconds or with a unit (`1m`).
+        #[arg(long, value_name = "DURATION", default_value = "10", value_parser = crate::duration::seconds)]
         node_expiry: f64,
-        /// Seconds without a request after which a web UI session ends
-        /// (docs/ui.md).
-        #[arg(long, default_value_t = 3600.0)]
+        /// How long without a request before a web UI session ends
+        /// (docs/ui.md): seconds or with a unit (`1h`), at most 30 days.
+        #[arg(long, value_name = "DURATION", default_value = "3600", value_parser = crate::duration::seconds)]
         ui_session_idle: f64,
-        /// Seconds after its login at which a web UI session ends, however busy.
-        #[arg(long, default_value_t = 43200.0)]
+        /// How long after its login a web UI session ends, however busy:
+        /// seconds or with a unit (`12h`), at most 30 days.
+        #[arg(long, value_name = "DURATION", default_value = "43200", value_parser = crate::duration::seconds)]
         ui_session_max: f64,
     },
     /// The nodes sharing this store (`brood serve` processes): their address,
     /// labels, capacity, load and last heartbeat (docs/many-nodes.md).
     Nodes {
+        /// Print the nodes as a JSON array.
         #[arg(long)]
         json: bool,
     },
     /// Create an agent (inside an agent, a child of the calling agent).
     Spawn {
-        #[arg(long)]
+        /// The parent agent (default: the calling agent inside an agent, else
+        /// none: a root). An agent may name no other parent.
+        #[arg(long, value_name = "NAME")]
         parent: Option<String>,
         /// Who receives the result when not the parent (its customer).
-        #[arg(long)]
+        #[arg(long, value_name = "NAME")]
         customer: Option<String>,
-        #[arg(long)]
+        /// The agent's name (letters, digits, `-` and `_`; default: one brood
+        /// picks from the program's name).
+        #[arg(long, value_name = "NAME")]
         name: Option<String>,
         /// Free text for people, shown in the agent's `label` file.
         #[arg(long)]
@@ -176,27 +191,37 @@ pub(crate) enum Cmd {
         /// (docs/security.md "Secrets").
         #[arg(long = "secret", value_name = "NAME")]
         secrets: Vec<String>,
+        /// Print the agent's record as JSON instead of `name status run`.
         #[arg(long)]
         json: bool,
-        #[arg(last = true, required = true)]
+        /// The program and its arguments, after `--` (a relative program is
+        /// found from the current directory, a bare name on PATH).
+        #[arg(last = true, required = true, value_name = "PROGRAM")]
         argv: Vec<String>,
     },
     /// List agents (unfinished ones unless -a).
     Ps {
+        /// Finished agents too.
         #[arg(short = 'a', long)]
         all: bool,
+        /// Print the agents as a JSON array.
         #[arg(long)]
         json: bool,
     },
     /// Show the tree of agents under NAME (or every tree).
     Tree {
+        /// The agent whose subtree is drawn (default: every tree).
         name: Option<String>,
+        /// Print the trees as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Show one agent: parent, status, reason, pid, cgroup, runs, timestamps.
     Show {
+        /// The agent.
         name: String,
+        /// Print the API's record (`AgentDetail`, times in milliseconds since
+        /// the epoch) instead.
         #[arg(long)]
         json: bool,
     },
@@ -204,7 +229,9 @@ pub(crate) enum Cmd {
     /// agent's result) on stdout and its log (what it wrote to stderr) on
     /// stderr; -f follows them until it ends.
     Logs {
+        /// The agent.
         name: String,
+        /// Keep printing as it writes, until it ends.
         #[arg(short = 'f', long)]
         follow: bool,
         /// One JSON object a line: {"message":…}, {"log":…}, {"result":…}.
@@ -212,20 +239,35 @@ pub(crate) enum Cmd {
         json: bool,
     },
     /// Send input to a running agent.
-    Send { name: String, text: String },
+    Send {
+        /// The agent.
+        name: String,
+        /// The input, one argument (quote it).
+        text: String,
+    },
     /// Wait for agents to finish: exit 0 done, 1 error, 130 cancelled, 2 timed out.
     Wait {
-        #[arg(required = true)]
+        /// The agents, waited for in turn.
+        #[arg(required = true, value_name = "NAME")]
         names: Vec<String>,
-        #[arg(long)]
+        /// Give up after this long, exit 2: seconds (`30`, `1.5`) or with a
+        /// unit (`500ms`, `30s`, `5m`, `2h`). Default: wait until they end.
+        #[arg(long, value_name = "DURATION", value_parser = crate::duration::seconds)]
         timeout: Option<f64>,
+        /// Print `{"agents":[…],"timed_out":…}` instead of a line per agent.
         #[arg(long)]
         json: bool,
     },
     /// Cancel an agent and its whole subtree.
-    Cancel { name: String },
+    Cancel {
+        /// The agent.
+        name: String,
+    },
     /// Release a finished agent (nothing more can be sent to it but resume).
-    Close { name: String },
+    Close {
+        /// The agent.
+        name: String,
+    },
     /// Remove finished trees: each NAME is a root whose every agent has
     /// ended; its records (agents, runs, events, transcripts, channels, the
     /// jobs its agents owned) and its ctx files go, and its names are free
@@ -261,7 +303,9 @@ pub(crate) enum Cmd {
     },
     /// Start a new run of a finished agent on the same session.
     Resume {
+        /// The agent.
         name: String,
+        /// The new run's instruction, which joins its transcript.
         text: Option<String>,
         /// A root's secret NAME again, from this environment (repeatable):
         /// no secret's value outlives the run it was given for.
@@ -270,12 +314,15 @@ pub(crate) enum Cmd {
     },
     /// Rebuild the whole ctx tree (agent objects, sessions, channels) from the store.
     Fsck {
+        /// Print the counts as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Print events (-f to follow), optionally of one agent.
     Events {
+        /// Only this agent's events (default: every agent's).
         name: Option<String>,
+        /// Keep printing new events as they happen.
         #[arg(short = 'f', long)]
         follow: bool,
         /// `brood` (default) or `agentruntime` (the Agent Runtime draft standard's events).
@@ -294,11 +341,20 @@ pub(crate) enum Cmd {
     },
     /// What this host offers and what brood enforces here.
     Doctor {
+        /// Print the checks as one JSON object.
         #[arg(long)]
         json: bool,
     },
-    /// A live demo: a tree of agents counting lines, then a tree whose root is SIGKILLed.
+    /// A live demo: a tree of agents counting lines, a tree whose root is
+    /// SIGKILLed, a model-driven tree and a job (README "What the demo shows").
     Demo,
+    /// Print a completion script for SHELL on stdout: `source <(brood
+    /// completions bash)`; see docs/cli.md for zsh and fish.
+    Completions {
+        /// bash, zsh or fish.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
     /// Benchmarks: brood's paths timed against their floors on this machine.
     Bench {
         #[command(subcommand)]
@@ -316,12 +372,16 @@ pub(crate) enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         text: Vec<String>,
     },
-    /// brood's reference agent: a model-driven agent speaking brood's
-    /// protocol (run it under brood: `brood run -- brood agent --script FILE`);
-    /// see docs/agent.md for its flags, types, tools and providers. Its flags
-    /// follow `agent` directly (`brood agent --config FILE ...`).
+    /// brood's reference agent, a model-driven agent speaking brood's
+    /// protocol, run under brood: `brood run -- brood agent --config FILE`
+    /// (its flags: `brood agent --help`; docs/agent.md).
     Agent {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        /// The agent's flags (`brood agent --help` lists them).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "FLAGS"
+        )]
         args: Vec<String>,
     },
     /// An MCP server on stdin/stdout (docs/mcp.md) for harnesses (Claude Code,
@@ -352,4 +412,40 @@ pub(crate) enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+/// The shells `brood completions` writes for.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The whole command line as completions see it: `brood`'s verbs, with
+/// `agent` given the reference agent's own flags (which `brood agent`
+/// parses itself: its `--config` is not the global one).
+pub(crate) fn command() -> clap::Command {
+    let agent = brood_agent::command();
+    Cli::command().mut_subcommand("agent", move |sub| {
+        let mut sub = sub.mut_arg("args", |a| a.hide(true));
+        for a in agent.get_arguments() {
+            if !matches!(a.get_id().as_str(), "help" | "version") {
+                sub = sub.arg(a.clone());
+            }
+        }
+        sub
+    })
+}
+
+/// `brood completions SHELL`: the script for SHELL on `out`.
+pub(crate) fn completions(shell: Shell, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut cmd = command();
+    clap_complete::generate(shell, &mut cmd, "brood", out);
+    out.flush()
 }

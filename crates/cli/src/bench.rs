@@ -22,7 +22,8 @@ pub enum Which {
     /// Spawn through the whole path until `ready`, against a bare posix_spawn with
     /// the same handshake.
     Spawn {
-        #[arg(short = 'n', long, default_value_t = 200)]
+        /// Spawns timed, of each level.
+        #[arg(short = 'n', long = "count", default_value_t = 200)]
         n: usize,
         /// none (every agent's baseline: no_new_privs, capabilities dropped, an
         /// all-access landlock ruleset), landlock (files and network restricted,
@@ -31,16 +32,20 @@ pub enum Which {
         /// all (each level in turn, with the cost of each layer).
         #[arg(long, default_value = "none")]
         sandbox: String,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Cancel a tree of N live descendants until every process is gone and every
     /// record says cancelled, against a bare cgroup.kill of N processes.
     Cascade {
-        #[arg(short = 'n', long, default_value_t = 1000)]
+        /// Live descendants in the tree cancelled.
+        #[arg(short = 'n', long = "count", default_value_t = 1000)]
         n: usize,
+        /// Trees built and cancelled, one after another.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -49,11 +54,13 @@ pub enum Which {
     /// other nodes is gone, against the same cancel with every child on the
     /// parent's node.
     Nodes {
+        /// Cancels timed.
         #[arg(long, default_value_t = 20)]
         rounds: usize,
         /// Children per round.
         #[arg(long, default_value_t = 4)]
         children: usize,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -61,14 +68,19 @@ pub enum Which {
     /// in-process, `GET /api/agents/:name` from concurrent clients, and
     /// events delivered to SSE subscribers with their lag.
     Api {
-        #[arg(short = 'n', long, default_value_t = 200)]
+        /// Spawns timed through the API, and in-process.
+        #[arg(short = 'n', long = "count", default_value_t = 200)]
         n: usize,
+        /// Concurrent clients reading an agent.
         #[arg(long, default_value_t = 100)]
         clients: usize,
+        /// How long the clients read, in seconds.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
+        /// SSE subscribers receiving the events.
         #[arg(long, default_value_t = 100)]
         subscribers: usize,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -76,8 +88,10 @@ pub enum Which {
     /// transaction (records only, no processes), alone and with 100 concurrent
     /// requesters, with their latency.
     Admission {
-        #[arg(short = 'n', long, default_value_t = 5000)]
+        /// Creations timed, alone and concurrently.
+        #[arg(short = 'n', long = "count", default_value_t = 5000)]
         n: usize,
+        /// Concurrent requesters.
         #[arg(long, default_value_t = 100)]
         requesters: usize,
         /// With `--store postgres://…`: that many stores at once (a pool of
@@ -85,6 +99,7 @@ pub enum Which {
         /// requesters spread over them, all in one tenant.
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -99,8 +114,10 @@ pub enum Which {
         /// fewer); 0 leaves it out.
         #[arg(long, default_value_t = 500)]
         per_item: usize,
+        /// Workers at once.
         #[arg(long, default_value_t = 8)]
         concurrency: u32,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },

@@ -231,8 +231,12 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         .await,
     )?;
     let title = "brood demo, part 1: a root fans out to children (one per directory) and grandchildren (one per file)";
+    // Live frames are for a terminal; a pipe or a file gets each part's
+    // final tree once.
     loop {
-        draw(sup, &counter, tty, title)?;
+        if tty {
+            draw(sup, &counter, tty, title)?;
+        }
         let a = sup
             .view()
             .agent(&counter)
@@ -279,8 +283,11 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
     )?;
     println!();
     let title2 = "brood demo, part 2: a second tree, whose root will be killed with SIGKILL";
+    if !tty {
+        println!("{title2}");
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let running = loop {
         let t = sup
             .view()
             .tree(Some(&doomed))
@@ -289,13 +296,15 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
             .trees
             .first()
             .map_or(0, |t| count_nodes(t, &|a| a.status == "running"));
-        draw(sup, &doomed, tty, title2)?;
+        if tty {
+            draw(sup, &doomed, tty, title2)?;
+        }
         // root + 2 children + 4 grandchildren
         if running >= 7 || Instant::now() > deadline {
-            break;
+            break running;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     let pid = sup
         .view()
         .show(&doomed)
@@ -303,7 +312,10 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         .agent
         .pid
         .context("the doomed root has no pid")?;
-    println!("kill -9 {pid}   (the root agent {doomed})");
+    println!(
+        "kill -9 {pid}   (the root agent {doomed}, with {running} agents of its tree running)"
+    );
+
     // SAFETY: sending SIGKILL to the agent process this demo started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let descendants: Vec<AgentName> = sup

@@ -1,4 +1,7 @@
-//! `brood doctor`: what this host offers and what brood enforces here.
+//! `brood doctor`: what this host offers and what brood enforces here, and
+//! whether the services the command line names answer: the store (a SQLite
+//! file or a PostgreSQL server, with its schema version) and the slot
+//! counter's Redis.
 
 use std::path::Path;
 
@@ -6,8 +9,33 @@ use anyhow::Result;
 use brood_launch::{cgroup, host};
 use serde_json::{Value, json};
 
-pub fn run(root: &Path, json_out: bool) -> Result<i32> {
+/// What `brood doctor` looks at besides the host: the global options.
+pub struct Services<'a> {
+    /// `--store` (a file or a URL), else the root's `brood.db`.
+    pub store: Option<&'a Path>,
+    /// `--slots`.
+    pub slots: Option<&'a str>,
+}
+
+/// Exit 0 when the store and the slot counter answer (a host layer that is
+/// missing is reported, not a failure: brood runs weaker there), 1 when one
+/// of them does not (a supervisor could not start with them).
+pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> {
     let mut layers: Vec<(String, bool, String)> = Vec::new();
+    let db = services
+        .store
+        .map_or_else(|| root.join("brood.db"), Path::to_path_buf);
+    layers.push(("store".into(), true, String::new()));
+    match store_check(&db) {
+        Ok(d) => layers[0].2 = d,
+        Err(e) => layers[0] = ("store".into(), false, e),
+    }
+    let postgres = brood_store::is_postgres_url(&db.to_string_lossy());
+    layers.push(match slots_check(services.slots, postgres) {
+        Ok(d) => ("slots".into(), true, d),
+        Err(e) => ("slots".into(), false, e),
+    });
+    let services_ok = layers.iter().all(|(_, ok, _)| *ok);
     let det = cgroup::detect(Path::new("/"));
     match &det {
         Ok(d) => {
@@ -15,7 +43,7 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
                 "cgroup".into(),
                 !matches!(d.layout, cgroup::Layout::Unavailable),
                 format!(
-                    "{:?}; v2 at {} (controllers: {}); v1 controllers: {}",
+                    "{}; v2 at {} (controllers: {}); v1 controllers: {}",
                     d.layout,
                     d.v2_mount
                         .as_ref()
@@ -96,7 +124,8 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
     let mountns = layers
         .iter()
         .any(|(n, ok, _)| n == "mount namespace" && *ok);
-    let paths = brood_runtime::paths::Paths::new(root.to_path_buf(), euid);
+    let paths =
+        brood_runtime::paths::Paths::new(root.to_path_buf(), euid).with_db(Some(db.clone()));
     let veil = if euid != 0 {
         Err("brood is not root here: it cannot mount, so agents share its uid and only landlock keeps them from the store".to_owned())
     } else if !mountns {
@@ -194,5 +223,49 @@ pub fn run(root: &Path, json_out: bool) -> Result<i32> {
             println!("  - {e}");
         }
     }
-    Ok(0)
+    Ok(if services_ok { 0 } else { 1 })
+}
+
+/// The store: its kind, where it is, whether it opens and its schema
+/// version against this build's.
+fn store_check(db: &Path) -> Result<String, String> {
+    let shown = crate::store_url::shown(db);
+    let spec = db.to_string_lossy();
+    let kind = if brood_store::is_postgres_url(&spec) {
+        "PostgreSQL"
+    } else {
+        "SQLite"
+    };
+    match brood_store::schema_version(&spec) {
+        Ok(None) => Ok(format!(
+            "SQLite {shown}: not made yet; the first supervisor makes it (mode 0600)"
+        )),
+        Ok(Some(v)) if v.applied > v.latest => Err(format!(
+            "{kind} {shown}: schema version {}, newer than this build's ({}): this brood cannot use it",
+            v.applied, v.latest
+        )),
+        Ok(Some(v)) if v.applied < v.latest => Ok(format!(
+            "{kind} {shown}: opens; schema version {} (the next supervisor brings it to {})",
+            v.applied, v.latest
+        )),
+        Ok(Some(v)) => Ok(format!(
+            "{kind} {shown}: opens; schema version {} (this build's)",
+            v.applied
+        )),
+        Err(e) => Err(format!("{kind} {shown}: {e}")),
+    }
+}
+
+/// The concurrency-slot counter: `--slots redis://…` must answer PING.
+fn slots_check(slots: Option<&str>, postgres: bool) -> Result<String, String> {
+    match slots {
+        None if postgres => Ok(
+            "the store's shares (no --slots: the nodes of the PostgreSQL store count slots in it)"
+                .into(),
+        ),
+        None => Ok("embedded (no --slots: one supervisor counts its own slots)".into()),
+        Some(url) => brood_runtime::slots::Redis::connect(url, "doctor")
+            .map(|_| format!("Redis {url}: answers PING"))
+            .map_err(|e| e.to_string()),
+    }
 }

@@ -18,6 +18,7 @@ pub enum JobCmd {
     Create {
         #[command(flatten)]
         spec: CreateArgs,
+        /// Print the job as JSON instead of one line.
         #[arg(long)]
         json: bool,
     },
@@ -29,15 +30,25 @@ pub enum JobCmd {
     },
     /// Watch a job to its end: a progress bar on a terminal, a line a second
     /// otherwise; exit 0 completed, 1 failed, 130 cancelled.
-    Watch { id: String },
+    Watch {
+        /// The job's id.
+        id: String,
+    },
     /// Start a pending job: its workers are created as its owner's children.
-    Start { id: String },
+    Start {
+        /// The job's id.
+        id: String,
+    },
     /// Cancel a job: no more assignment, its workers cancelled, completed items kept.
-    Cancel { id: String },
+    Cancel {
+        /// The job's id.
+        id: String,
+    },
     /// Remove a job that is not running (pending, completed, failed or
     /// cancelled): its items, attempts and its own workers' trees go, and
     /// its id is free again. A running job is refused: cancel it first.
     Rm {
+        /// The job's id.
         id: String,
         /// The answer as JSON: {"job","status","agents"}.
         #[arg(long)]
@@ -45,20 +56,27 @@ pub enum JobCmd {
     },
     /// The jobs, oldest first.
     List {
+        /// Print the jobs as a JSON array.
         #[arg(long)]
         json: bool,
     },
     /// One job: its status, its settings, its items by status.
     Get {
+        /// The job's id.
         id: String,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
     /// A job's items, in input order (one status with --status).
     Items {
+        /// The job's id.
         id: String,
-        #[arg(long)]
+        /// Only the items in this status: pending, running, completed,
+        /// failed or reported.
+        #[arg(long, value_name = "STATUS")]
         status: Option<String>,
+        /// Print the items as a JSON array.
         #[arg(long)]
         json: bool,
     },
@@ -66,19 +84,30 @@ pub enum JobCmd {
     /// job's owner, which you then give the printed instruction), or on a
     /// new worker.
     Assign {
+        /// The job's id.
         id: String,
+        /// The item's id.
         item: String,
-        #[arg(long)]
+        /// The agent that takes the attempt (default: a new worker).
+        #[arg(long, value_name = "NAME")]
         worker: Option<String>,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
     /// A failed item back to pending (one more attempt), or every failed item
     /// without ITEM; a failed job reopens.
-    Retry { id: String, item: Option<String> },
+    Retry {
+        /// The job's id.
+        id: String,
+        /// The item (default: every failed item).
+        item: Option<String>,
+    },
     /// A worker's report of its item's result (from inside the worker).
     Report {
+        /// The job's id.
         id: String,
+        /// The item's id.
         item: String,
         /// The result, as JSON.
         #[arg(long)]
@@ -90,30 +119,40 @@ pub enum JobCmd {
     /// Export the items (CSV or JSON lines) to stdout or --out; with
     /// --evidence DIR also write the evidence bundle there.
     Export {
+        /// The job's id.
         id: String,
         /// `csv` or `jsonl`.
         #[arg(long, default_value = "csv")]
         format: String,
-        #[arg(long)]
+        /// Write the items to this file (default: stdout).
+        #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
-        #[arg(long)]
+        /// Also write the evidence bundle (the spec, inputs, every attempt,
+        /// a sha256 manifest) to this directory, new or empty, and check it.
+        #[arg(long, value_name = "DIR")]
         evidence: Option<PathBuf>,
     },
     /// Check an evidence bundle against its manifest; names every file
     /// changed, added or removed (exit 1 when any).
-    Verify { dir: PathBuf },
+    Verify {
+        /// The bundle's directory (as `export --evidence` wrote it).
+        dir: PathBuf,
+    },
     /// A new job from a recorded one's spec and inputs (all items, or the
     /// failed ones with --failed), linked to it.
     Replay {
+        /// The recorded job's id.
         id: String,
+        /// Only the items that failed.
         #[arg(long)]
         failed: bool,
-        /// The new job's id.
-        #[arg(long = "new-id")]
+        /// The new job's id (default: one brood picks).
+        #[arg(long = "new-id", value_name = "ID")]
         new_id: Option<String>,
         /// Start it at once.
         #[arg(long)]
         start: bool,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -122,10 +161,12 @@ pub enum JobCmd {
 /// What a job is created from (`create` and `run`).
 #[derive(clap::Args)]
 pub struct CreateArgs {
-    /// The agent the job belongs to (its workers will be its children).
-    #[arg(long)]
+    /// The agent the job belongs to (its workers will be its children);
+    /// required of the operator, inside an agent the calling agent.
+    #[arg(long, value_name = "NAME")]
     owner: Option<String>,
-    #[arg(long)]
+    /// The job's id (default: one brood picks).
+    #[arg(long, value_name = "ID")]
     id: Option<String>,
     /// The template: `{column}` fills in a field, `{{` and `}}` are braces.
     #[arg(long)]
@@ -148,11 +189,12 @@ pub struct CreateArgs {
     /// The workers' policy file (no more than the owner holds).
     #[arg(long)]
     worker_policy: Option<PathBuf>,
-    /// The reference agent's type for the workers.
-    #[arg(long)]
+    /// The reference agent's type for the workers (explore, general, plan,
+    /// code or research).
+    #[arg(long, value_name = "TYPE")]
     worker_type: Option<String>,
     /// The reference agent's model for the default workers (`brood agent --model`).
-    #[arg(long)]
+    #[arg(long, value_name = "MODEL")]
     worker_model: Option<String>,
     /// The reference agent's provider for the default workers (`openai` or
     /// `script`; `brood agent --provider`).
@@ -163,13 +205,19 @@ pub struct CreateArgs {
     /// key variable, prices. Read by the workers, with their own rights.
     #[arg(long, value_name = "FILE")]
     worker_config: Option<PathBuf>,
-    #[arg(long)]
+    /// Workers at once, 1 to 1024 (default 8).
+    #[arg(long, value_name = "N")]
     concurrency: Option<u32>,
-    #[arg(long)]
+    /// Attempts per item, 1 to 100 (default 3).
+    #[arg(long, value_name = "N")]
     max_attempts: Option<u32>,
-    #[arg(long)]
+    /// How long one attempt may take before it is stopped and failed:
+    /// seconds or with a unit (`90`, `30m`, `2h`; default 1800 s, 30 min).
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::whole_seconds)]
     item_timeout: Option<u64>,
-    #[arg(long)]
+    /// How long the job may run before it fails and its workers are
+    /// stopped: seconds or with a unit (`3600`, `8h`; default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::whole_seconds)]
     max_runtime: Option<u64>,
 }
 

@@ -154,10 +154,7 @@ fn detail_alone(detail: &str) -> &str {
 /// Why a failed agent failed: its status and reason, the detail, and the
 /// end of what it wrote to stderr (from `log`, its current run's).
 pub(crate) fn why_failed(a: &Agent, log: Option<&AgentLog>) -> String {
-    let mut out = format!("brood: {} {}", a.name, a.status);
-    if let Some(r) = &a.reason {
-        out.push_str(&format!(" ({r})"));
-    }
+    let mut out = format!("brood: {} {}", a.name, crate::render::status(a));
     let lines = log
         .map(|l| last_lines(&l.entries, Some(&a.run), TAIL_LINES))
         .unwrap_or_default();
@@ -278,7 +275,7 @@ pub(crate) async fn logs(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{LogEntry, detail_alone, last_lines};
 
     fn entry(run: &str, text: &str) -> LogEntry {
         LogEntry {

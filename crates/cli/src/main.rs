@@ -11,6 +11,7 @@ mod args;
 mod bench;
 mod demo;
 mod doctor;
+mod duration;
 mod host;
 mod job;
 mod job_watch;
@@ -60,6 +61,13 @@ fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().collect();
     if raw.get(1).map(String::as_str) == Some("agent") {
         let code = brood_agent::main(&raw[2..]);
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    // `brood help agent` is `brood agent --help`, the agent's own flags.
+    if raw.get(1).map(String::as_str) == Some("help")
+        && raw.get(2).map(String::as_str) == Some("agent")
+    {
+        let code = brood_agent::main(&["--help".to_owned()]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
     let matches = Cli::command().get_matches();
@@ -218,7 +226,20 @@ pub(crate) fn store_spec() -> Option<String> {
 static STORE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
 
 pub(crate) fn api<T>(r: Result<T, brood_runtime::ApiError>) -> Result<T> {
-    r.map_err(|e| Exit(e.code.exit_code(), e.to_string()).into())
+    r.map_err(|e| refusal(e.code, e.message).into())
+}
+
+/// A supervisor's refusal as the user reads it, the same from the API and
+/// from the store: `CODE: message`, the code a word the docs explain
+/// (`QuotaFanout`, `NameTaken`), but for `NotFound`, whose message says it
+/// all (`no agent named nosuch`).
+pub(crate) fn refusal(code: Code, message: String) -> Exit {
+    let said = if code == Code::NotFound {
+        message
+    } else {
+        format!("{code}: {message}")
+    };
+    Exit(code.exit_code(), said)
 }
 
 /// `--protocol`: `brood`, `exec`, or `auto`, which picks `brood` for brood's
@@ -529,9 +550,20 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         } => verbs::events(&remote, &root, name, follow, &format).await,
         Cmd::Job { what } => job::run(&remote, what).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
-        Cmd::Doctor { json } => doctor::run(&root_of(&root), json),
+        Cmd::Doctor { json } => doctor::run(
+            &root_of(&root),
+            &doctor::Services {
+                store: cli.store.as_deref(),
+                slots: cli.slots.as_deref(),
+            },
+            json,
+        ),
         Cmd::Fsck { json } => fsck(&root, json),
         Cmd::Demo => demo::run(root).await,
+        Cmd::Completions { shell } => {
+            args::completions(shell, &mut std::io::stdout())?;
+            Ok(0)
+        }
         Cmd::Bench { which } => bench::run(root, which).await,
         Cmd::Shim {
             name,

@@ -13,14 +13,19 @@ use crate::{Exit, root_of, store_file, unsafe_uid};
 pub(crate) enum QuotaCmd {
     /// The quotas in force for a tenant (default: yours), and where each comes from.
     Show {
+        /// The tenant (`user-<uid>`; default: yours).
         tenant: Option<String>,
+        /// Print the quotas as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Sets a tenant's own value (clamped to the platform's ceiling when applied).
     Set {
+        /// The tenant (`user-<uid>`).
         tenant: String,
+        /// max_depth, max_fanout, max_tree_size or max_concurrent.
         key: String,
+        /// The new value, a whole number.
         value: u32,
     },
 }

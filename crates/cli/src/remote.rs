@@ -98,7 +98,7 @@ pub(crate) fn ok(a: Answer) -> Result<Value> {
         .as_str()
         .map(str::to_owned)
         .unwrap_or_else(|| format!("HTTP {}: {}", a.status, a.body));
-    Err(Exit(code.exit_code(), format!("{code}: {message}")).into())
+    Err(crate::refusal(code, message).into())
 }
 
 /// An answer read as the `brood_api` type it is documented to be; one that

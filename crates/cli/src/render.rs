@@ -7,16 +7,26 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".to_owned(), T::to_string)
 }
 
-fn status_word(a: &Agent) -> String {
-    let mut out = if a.state.starts_with("stopping/") {
-        "stopping".to_owned()
+/// An agent's status as people read it, the same on every surface (`ps`,
+/// `tree`, `show`, `spawn`, `wait`, `cancel`, `close`, `resume`, `run`):
+/// its status word (`stopping` while it is being stopped), then in brackets
+/// its reason and whether its supervisor is gone: `running`, `stopping
+/// (user)`, `cancelled (parent_dead)`, `running (supervisor gone)`.
+pub fn status(a: &Agent) -> String {
+    let word = if a.state.starts_with("stopping/") {
+        "stopping"
     } else {
-        a.status.clone()
+        a.status.as_str()
     };
-    if let Some(r) = &a.reason {
-        out.push_str(&format!(" ({r})"));
+    let mut notes: Vec<&str> = a.reason.iter().map(String::as_str).collect();
+    if a.supervisor_gone {
+        notes.push("supervisor gone");
     }
-    out
+    if notes.is_empty() {
+        word.to_owned()
+    } else {
+        format!("{word} ({})", notes.join("; "))
+    }
 }
 
 /// `ps`: one agent per line.
@@ -32,7 +42,7 @@ pub fn table(agents: &[Agent]) -> String {
         rows.push([
             a.name.clone(),
             opt(&a.parent),
-            status_word(a),
+            status(a),
             opt(&a.pid),
             a.run.chars().take(13).collect(),
         ]);
@@ -84,7 +94,7 @@ fn node(t: &TreeNode, prefix: &str, last: Option<bool>, out: &mut String) {
     out.push_str(&format!(
         "{branch}{}  {}{pid}{}{result}\n",
         a.name,
-        status_word(a),
+        status(a),
         spend_text(&t.spend)
     ));
     let n = t.children.len();
@@ -167,7 +177,7 @@ pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
     let fields: [(&str, String); 22] = [
         ("name", a.name.clone()),
         ("parent", opt(&a.parent)),
-        ("status", status_word(a)),
+        ("status", status(a)),
         ("reason", opt(&a.reason)),
         ("detail", opt(&a.detail)),
         ("pid", opt(&a.pid)),
@@ -264,7 +274,7 @@ pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Agent, TreeNode, status, tree, when};
     use serde_json::json;
 
     fn node(v: serde_json::Value) -> TreeNode {
@@ -325,5 +335,40 @@ mod tests {
             tree(&node(root)),
             "root  completed  → 42 lines\n├── a  cancelled (parent_dead)\n│   └── a1  running  pid 7\n└── b  stopping (user)  pid 9\n"
         );
+    }
+
+    #[test]
+    fn one_status_rendering_for_every_state() {
+        let a = |status: &str, state: &str, reason: Option<&str>, gone: bool| {
+            let mut v = agent("x", status, state, reason, None);
+            v["supervisor_gone"] = json!(gone);
+            status_of(v)
+        };
+        fn status_of(v: serde_json::Value) -> String {
+            let a: Agent = serde_json::from_value(v).unwrap();
+            status(&a)
+        }
+        assert_eq!(a("running", "running", None, false), "running");
+        assert_eq!(
+            a("running", "stopping/cancelled:user", Some("user"), false),
+            "stopping (user)"
+        );
+        assert_eq!(
+            a("cancelled", "cancelled:user", Some("user"), false),
+            "cancelled (user)"
+        );
+        assert_eq!(
+            a("failed", "failed:exit_code", Some("exit_code"), false),
+            "failed (exit_code)"
+        );
+        assert_eq!(
+            a("running", "running", None, true),
+            "running (supervisor gone)"
+        );
+        assert_eq!(
+            a("blocked", "blocked", Some("waiting"), true),
+            "blocked (waiting; supervisor gone)"
+        );
+        assert_eq!(a("closed", "closed/completed", None, false), "closed");
     }
 }

@@ -15,6 +15,10 @@ use crate::{Exit, api, render, view, wait_code_of};
 /// The longest one HTTP wait asks for; longer waits ask again.
 const WAIT_STEP_S: f64 = 3600.0;
 
+/// How long `cancel` waits for the stop to finish before saying `stopping`:
+/// far past the grace period (3 s by default) and the kill after it.
+const CANCEL_WAIT_S: f64 = 60.0;
+
 pub(crate) struct Spawn {
     pub body: Value,
     pub json: bool,
@@ -26,7 +30,7 @@ pub(crate) async fn spawn(r: &Remote, s: Spawn) -> Result<i32> {
     if s.json {
         println!("{v}");
     } else {
-        println!("{}\t{}\t{}", a.name, a.status, a.run);
+        println!("{}\t{}\t{}", a.name, render::status(&a), a.run);
     }
     Ok(if a.status == "failed" { 1 } else { 0 })
 }
@@ -101,12 +105,7 @@ pub(crate) async fn wait(
         });
     }
     for a in &agents {
-        let reason = a
-            .reason
-            .as_ref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
-        println!("{}\t{}{}", a.name, a.status, reason);
+        println!("{}\t{}", a.name, render::status(a));
     }
     // Why, where the user is: the detail and the end of the stderr.
     crate::logs::explain_failures(&crate::logs::Source::Api(r), &agents).await;
@@ -120,16 +119,33 @@ pub(crate) async fn wait(
         .unwrap_or(0))
 }
 
-/// `cancel`, `close` or `resume`: one line, `name<TAB>state or status[<TAB>run]`.
+/// `cancel`, `close` or `resume`: one line, `name<TAB>status[<TAB>run]`.
 pub(crate) async fn act(r: &Remote, verb: &str, name: &str, body: Option<Value>) -> Result<i32> {
     let v = r
         .call("POST", &format!("/api/agents/{name}/{verb}"), body)
         .await?;
-    let a: brood_api::Agent = typed(&v)?;
+    let mut a: brood_api::Agent = typed(&v)?;
+    // A cancel answers once the stop is recorded; the person asked for the
+    // agent to be cancelled, so say so once it is (within the grace period
+    // and the kill after it, as `wait` would).
+    // The look is best-effort: an agent not granted `wait` still cancels.
+    if verb == "cancel"
+        && a.state.starts_with("stopping/")
+        && let Ok(v) = r
+            .call(
+                "POST",
+                &format!("/api/agents/{name}/wait"),
+                Some(json!({"timeout_s": CANCEL_WAIT_S})),
+            )
+            .await
+        && let Ok(w) = typed::<brood_api::WaitReply>(&v)
+        && let Some(now) = w.agents.into_iter().next()
+    {
+        a = now;
+    }
     match verb {
-        "cancel" => println!("{}\t{}", a.name, a.state),
-        "close" => println!("{}\t{}", a.name, a.status),
-        _ => println!("{}\t{}\t{}", a.name, a.status, a.run),
+        "resume" => println!("{}\t{}\t{}", a.name, render::status(&a), a.run),
+        _ => println!("{}\t{}", a.name, render::status(&a)),
     }
     Ok(0)
 }
@@ -333,8 +349,12 @@ pub(crate) async fn events(
             Err(_) => break,
         }
     }
-    // No daemon: the store.
+    // No daemon: the store, which must know the agent named.
     let v = view(root)?;
+    if let Some(n) = &name {
+        api(v.agent(n))?;
+    }
+
     let mut after = 0;
     loop {
         let batch = v

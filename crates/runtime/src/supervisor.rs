@@ -45,8 +45,9 @@ mod disk;
 mod ends;
 mod handle;
 mod hosts;
+use hosts::node_labels;
 pub use hosts::supervisor_id;
-use hosts::{host_alive, node_labels, registered_nodes};
+pub(crate) use hosts::{host_alive, registered_nodes};
 pub(crate) use written::{project_agent, status_files};
 mod identify;
 mod jobs;
@@ -328,7 +329,7 @@ pub(crate) fn internal(e: StoreError) -> ApiError {
     match e {
         StoreError::Refused { code, message } => ApiError::new(code, message),
         StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+            ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
         StoreError::Transition { name, source } => {
             ApiError::new(Code::Conflict, format!("agent {name}: {source}"))
@@ -338,7 +339,7 @@ pub(crate) fn internal(e: StoreError) -> ApiError {
 }
 
 pub(crate) fn not_found(name: &AgentName) -> ApiError {
-    ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+    ApiError::new(Code::NotFound, format!("no agent named {name}"))
 }
 
 pub(crate) fn unsafe_getegid() -> u32 {

@@ -37,8 +37,7 @@ impl Veil {
         let table = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
         let mounts = veil::parse_mountinfo(&table);
-        let root = std::fs::canonicalize(&paths.root)
-            .map_err(|e| format!("resolving {}: {e}", paths.root.display()))?;
+        let root = canonical_planned(&paths.root)?;
         let db = canonical_file(&paths.db());
         let mut files = Vec::new();
         // A PostgreSQL store has no file here to hide (its server must not
@@ -201,6 +200,23 @@ impl VeilCache {
         *made = Some((key, ns.clone()));
         Ok(ns)
     }
+}
+
+/// `p` made canonical as far as it exists, the rest kept as written: a
+/// root not made yet (`brood doctor` on a fresh root) is veiled where the
+/// supervisor will make it.
+fn canonical_planned(p: &Path) -> Result<PathBuf, String> {
+    for there in p.ancestors() {
+        if let Ok(c) = std::fs::canonicalize(there) {
+            let rest = p.strip_prefix(there).unwrap_or(Path::new(""));
+            return Ok(if rest.as_os_str().is_empty() {
+                c
+            } else {
+                c.join(rest)
+            });
+        }
+    }
+    Err(format!("resolving {}: no part of it exists", p.display()))
 }
 
 /// A store file's canonical path: its directory resolved, the name kept (the

@@ -6,16 +6,16 @@
 //! supervisor's own answers are built by the same code.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use brood_api as api;
 use brood_core::{AgentName, Code, TenantId};
 use brood_store::prelude::*;
-use brood_store::{Agent, StoreError};
+use brood_store::{Agent, Node, StoreError};
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
-use crate::supervisor::{agent_view, internal, not_found, run_view};
+use crate::supervisor::{agent_view, host_alive, internal, not_found, registered_nodes, run_view};
 
 /// Deeper than this, trees are cut (a tree is at most `max_depth` deep, 64 by
 /// default; this only bounds the recursion).
@@ -25,11 +25,19 @@ const TREE_DEPTH: usize = 64;
 pub struct View {
     store: Arc<dyn Store>,
     tenant: TenantId,
+    /// Set for a reader with no supervisor answering ([`View::open`]): each
+    /// unfinished agent's supervisor is asked whether it still runs it,
+    /// with the registered nodes read once, at the first need.
+    hosts: Option<Arc<OnceLock<Vec<Node>>>>,
 }
 
 impl View {
     pub fn new(store: Arc<dyn Store>, tenant: TenantId) -> View {
-        View { store, tenant }
+        View {
+            store,
+            tenant,
+            hosts: None,
+        }
     }
 
     /// Opens a store read-only (a root's `brood.db`, or the file `--store`
@@ -38,7 +46,11 @@ impl View {
         let store = brood_store::open_read_only(&db.to_string_lossy())?;
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
-        Ok(View::new(store, TenantId::for_uid(uid)))
+        let mut v = View::new(store, TenantId::for_uid(uid));
+        // No supervisor answered the reader: a record that says running may
+        // be one whose supervisor died (issue 25: `brood ps` after a SIGKILL).
+        v.hosts = Some(Arc::new(OnceLock::new()));
+        Ok(v)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -184,7 +196,20 @@ impl View {
     }
 
     pub fn agent_view(&self, a: &Agent) -> api::Agent {
-        agent_view(&self.store, a)
+        let mut v = agent_view(&self.store, a);
+        if let Some(nodes) = &self.hosts
+            && !a.status.is_finished()
+            && !host_alive(
+                &a.supervisor,
+                nodes.get_or_init(|| registered_nodes(&*self.store)),
+            )
+        {
+            v.supervisor_gone = true;
+            // The pid it had is shown only while such a process exists (an
+            // agent may outlive a supervisor without a PID namespace).
+            v.pid = v.pid.filter(|p| process_lives(*p));
+        }
+        v
     }
 
     // Sessions, as the seed's harness exposes them: one per agent, its id the
@@ -200,7 +225,7 @@ impl View {
         self.store
             .agent(&self.tenant, &name)
             .map_err(internal)?
-            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session with id {id:?}")))
+            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no session with id {id}")))
     }
 
     pub fn session(&self, id: &str) -> Result<api::Session, ApiError> {
@@ -266,4 +291,17 @@ fn session_view(a: &Agent) -> api::Session {
         created_ms: a.created_ms,
         updated_ms: a.updated_ms,
     }
+}
+
+/// Whether process `pid` of this machine runs: it exists and is not a
+/// zombie waiting to be reaped.
+fn process_lives(pid: i64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state is the first field after the ")" that ends the command name.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z" | "X"))
 }

@@ -207,7 +207,7 @@ fn last_seq(id: &str) -> Option<i64> {
         (status = 200, description = "`text/event-stream`: each event's `id` is its `event_id`, its `data` the event as JSON (`Event`, or the agentruntime form). `event: resync` (no id) ends a stream that fell too far behind: reconnect with `Last-Event-ID`.", content_type = "text/event-stream", body = String),
         (status = 400, description = "A filter is malformed.", body = brood_api::ErrorBody),
         (status = 403, description = "An agent asked for events outside its subtree.", body = brood_api::ErrorBody),
-        (status = 404, description = "The subtree's root does not exist.", body = brood_api::ErrorBody),
+        (status = 404, description = "The agent (`agent`) or the subtree's root (`subtree`) does not exist.", body = brood_api::ErrorBody),
     )
 )]
 pub(crate) async fn events(
@@ -249,8 +249,9 @@ fn open(
             may_see(api, caller, a)?;
         }
     }
-    if let Some(s) = &subtree {
-        api.view().agent(s)?;
+    // A filter naming no agent is a mistake to say, not an empty stream.
+    for a in [&agent, &subtree].into_iter().flatten() {
+        api.view().agent(a)?;
     }
     let format = match q.format.as_deref() {
         None => EventFormat::Brood,

@@ -60,6 +60,24 @@ pub fn open_read_only(spec: &str) -> Result<std::sync::Arc<dyn Store>> {
     })
 }
 
+/// The schema a store holds (`applied`, 0 for none) and the newest this
+/// build knows (`latest`): what `brood doctor` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaVersion {
+    pub applied: i64,
+    pub latest: i64,
+}
+
+/// The schema version of the store `spec` names, reading only: `None` for
+/// a SQLite file not made yet; a PostgreSQL server must answer.
+pub fn schema_version(spec: &str) -> Result<Option<SchemaVersion>> {
+    if is_postgres_url(spec) {
+        postgres::PgStore::schema_version(spec).map(Some)
+    } else {
+        SqliteStore::schema_version(std::path::Path::new(spec))
+    }
+}
+
 /// The wall clock in milliseconds, for what the store stamps itself (a
 /// migration's, a blob's time); the rest is stamped by the caller.
 pub(crate) fn now_ms() -> i64 {

@@ -1,9 +1,12 @@
 //! Part 4 of the demo: a job (SPEC 10). One instruction over 24 rows of a
-//! CSV, run by four reused workers that are the owner's children; three rows
-//! fail their first attempt and are retried, one fails every attempt and ends
-//! `failed` with both attempts kept. Then the results exported as CSV and
-//! the evidence bundle written and verified, as `brood job export --evidence`
-//! and `brood job verify` do.
+//! CSV, run by reused workers, four at a time, that are the owner's
+//! children; three rows fail their first attempt and are retried, one fails
+//! every attempt and ends `failed` with both attempts kept. A worker whose
+//! attempt fails ends with it and another takes its place, so more than four
+//! run in all (how many depends on timing; the demo counts them). Then the
+//! results exported as CSV and the evidence bundle written and verified, as
+//! `brood job export --evidence` and `brood job verify` do, and the owner's
+//! tree drawn with its workers.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,6 +19,8 @@ use serde_json::json;
 use super::spawn_req;
 
 const ROWS: usize = 24;
+/// Workers at once (the job's `concurrency`).
+const AT_ONCE: u32 = 4;
 
 pub(super) async fn part4(
     sup: &Supervisor,
@@ -24,7 +29,9 @@ pub(super) async fn part4(
     work: &Path,
     exe: &str,
 ) -> Result<()> {
-    println!("\nbrood demo, part 4: a job of {ROWS} rows run by four reused workers");
+    println!(
+        "\nbrood demo, part 4: a job of {ROWS} rows run by reused workers, {AT_ONCE} at a time"
+    );
     let owner = AgentName::new("batch")?;
     let mut r = spawn_req(
         owner.as_str(),
@@ -50,7 +57,7 @@ pub(super) async fn part4(
     std::fs::create_dir_all(&marks)?;
     let body: brood_api::JobBody = serde_json::from_value(json!({
         "id": "cities", "owner": owner.as_str(), "instruction": "Describe {city}",
-        "input": csv, "id_column": "id", "concurrency": 4, "max_attempts": 2,
+        "input": csv, "id_column": "id", "concurrency": AT_ONCE, "max_attempts": 2,
         "worker": {"argv": [exe, "test-agent", "--job-worker", "--item-delay", "40",
                             "--fail-first", marks.display().to_string(), "--fail-marked-only"]},
     }))?;
@@ -143,6 +150,15 @@ pub(super) async fn part4(
         ok.files,
         evidence.display()
     );
+    sup.flush().await;
+    println!();
+    super::draw(
+        sup,
+        &owner,
+        false,
+        "the job's owner and its workers (a worker ends with a failed attempt; another takes its place)",
+    )?;
     crate::api(sup.cancel(me.clone(), owner).await)?;
+
     Ok(())
 }

@@ -36,6 +36,18 @@ pub enum Layout {
     Unavailable,
 }
 
+/// As people read it: `v2 only`, `hybrid (v2 and v1)`, `v1 only`, `none`.
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Layout::V2 => "v2 only",
+            Layout::Hybrid => "hybrid (v2 and v1)",
+            Layout::V1 => "v1 only",
+            Layout::Unavailable => "none",
+        })
+    }
+}
+
 /// What [`detect`] found. Paths are under the `fs_root` given to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detected {

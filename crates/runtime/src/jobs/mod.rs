@@ -41,7 +41,7 @@ pub(crate) fn store_error(e: brood_store::StoreError) -> ApiError {
     match e {
         brood_store::StoreError::Refused { code, message } => ApiError::new(code, message),
         brood_store::StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+            ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
         e => {
             tracing::error!(error = %e, "store error (jobs)");
@@ -115,7 +115,7 @@ fn create_checked(
         (Caller::Agent(me), Some(o)) => {
             return Err(ApiError::new(
                 Code::Forbidden,
-                format!("agent {me} may create jobs only for itself, not for {o:?}"),
+                format!("agent {me} may create jobs only for itself, not for {o}"),
             ));
         }
         (Caller::User { .. }, Some(o)) => AgentName::new(o)
@@ -454,7 +454,7 @@ pub fn get(
     let job = store
         .job(tenant, id)
         .map_err(store_error)?
-        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no job {id:?}")))?;
+        .ok_or_else(|| ApiError::new(Code::NotFound, format!("no job {id}")))?;
     if let Caller::Agent(me) = caller {
         let mine = store
             .is_ancestor_or_self(tenant, me, &job.owner)

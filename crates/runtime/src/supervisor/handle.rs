@@ -58,7 +58,7 @@ impl Supervisor {
                 Cgroups::open(&det, &instance)
             }) {
                 Ok(c) => {
-                    let d = format!("{:?} at {}", c.layout(), c.base().display());
+                    let d = format!("{} at {}", c.layout(), c.base().display());
                     let k = c.kill_mechanism().to_owned();
                     (Some(Arc::new(c)), d, k)
                 }

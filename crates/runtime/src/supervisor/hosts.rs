@@ -51,7 +51,7 @@ pub(super) fn node_labels(labels: &std::collections::BTreeMap<String, String>) -
 /// A node of another machine cannot be judged by this machine's process
 /// table: it is alive while registered (one whose heartbeat expired is
 /// declared lost by `declare_lost_nodes`, with its own rules).
-pub(super) fn host_alive(id: &str, nodes: &[Node]) -> bool {
+pub(crate) fn host_alive(id: &str, nodes: &[Node]) -> bool {
     // An agent placed on a node and not claimed yet waits for that node.
     let id = brood_store::placed_for(id).unwrap_or(id);
     let elsewhere = nodes.iter().any(|n| {
@@ -66,7 +66,7 @@ pub(super) fn host_alive(id: &str, nodes: &[Node]) -> bool {
 
 /// The nodes registered in the store (none when it cannot be read: then
 /// only this machine's process table decides).
-pub(super) fn registered_nodes(store: &dyn Store) -> Vec<Node> {
+pub(crate) fn registered_nodes(store: &dyn Store) -> Vec<Node> {
     match store.nodes() {
         Ok(v) => v,
         Err(e) => {

@@ -75,7 +75,7 @@ impl Dispatcher {
             let a = match self.store.agent(&self.tenant, &name) {
                 Ok(Some(a)) => a,
                 Ok(None) => {
-                    let gone = ApiError::new(Code::NotFound, format!("no agent named {name:?}"));
+                    let gone = ApiError::new(Code::NotFound, format!("no agent named {name}"));
                     self.respond(reply, Err(gone));
                     continue;
                 }

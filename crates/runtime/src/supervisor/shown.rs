@@ -1,7 +1,10 @@
 //! An agent and its runs as every surface shows them: `brood_api`'s types,
 //! built from the store's records (and as JSON for the verbs' replies).
 
-use super::*;
+use std::sync::Arc;
+
+use brood_store::{Agent, Store};
+use serde_json::Value;
 
 /// An agent's record as every surface shows it (`brood_api::Agent`).
 pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent {
@@ -26,6 +29,7 @@ pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent 
         node: brood_store::placed_for(&a.supervisor)
             .unwrap_or(&a.supervisor)
             .to_owned(),
+        supervisor_gone: false,
         result: run.as_ref().and_then(|r| r.result.clone()),
         exit_code: run.as_ref().and_then(|r| r.exit_code).map(i64::from),
         created_ms: a.created_ms,

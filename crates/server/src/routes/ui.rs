@@ -38,7 +38,7 @@ const EVENT_PAGE: u32 = 1000;
 fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name:?}"))
+            ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
         e => {
             tracing::error!(error = %e, "store error");
@@ -542,8 +542,8 @@ pub(crate) async fn ui_sequence(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use serde_json::json;
+    use super::{download_name, kind_of};
+    use serde_json::{Value, json};
 
     #[test]
     fn the_badge_is_the_reference_agents_type_else_the_protocol() {

@@ -156,7 +156,7 @@ fn attempt_from(r: &Row) -> Tx<Attempt> {
 }
 
 fn no_job(tenant: &TenantId, id: &str) -> Fail {
-    refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
+    refused(Code::NotFound, format!("no job {id} in tenant {tenant}"))
 }
 
 pub(super) fn load_job(db: &Db<'_>, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
@@ -170,7 +170,7 @@ fn load_item(db: &Db<'_>, tenant: &TenantId, job: &str, item: &str) -> Tx<JobIte
         Some(r) => item_from(&r),
         None => Err(refused(
             Code::NotFound,
-            format!("job {job:?} has no item {item:?}"),
+            format!("job {job} has no item {item}"),
         )),
     }
 }
@@ -262,7 +262,7 @@ impl Jobs for PgStore {
         if items.is_empty() {
             return Err(StoreError::Refused {
                 code: Code::BadRequest,
-                message: format!("job {:?} has no item", job.id),
+                message: format!("job {} has no item", job.id),
             });
         }
         let mut ids = BTreeSet::new();
@@ -270,7 +270,7 @@ impl Jobs for PgStore {
             if !ids.insert(it.id.as_str()) {
                 return Err(StoreError::Refused {
                     code: Code::BadRequest,
-                    message: format!("job {:?}: two items have the id {:?}", job.id, it.id),
+                    message: format!("job {}: two items have the id {:?}", job.id, it.id),
                 });
             }
         }
@@ -284,7 +284,7 @@ impl Jobs for PgStore {
             if load_job(db, t, &job.id)?.is_some() {
                 return Err(refused(
                     Code::Conflict,
-                    format!("a job {:?} exists in tenant {t}", job.id),
+                    format!("a job {} exists in tenant {t}", job.id),
                 ));
             }
             check_json_object(|| format!("the spec of job {:?}", job.id), &job.spec, false)?;

@@ -74,6 +74,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
 ];
 
+/// How many migrations this build knows (the schema version it writes).
+pub const MIGRATION_COUNT: usize = MIGRATIONS.len();
+
 /// The key of the session advisory lock that serialises migrations.
 const MIGRATION_LOCK: i64 = 0x6272_6f6f_645f_6d69; // "brood_mi"
 
@@ -317,6 +320,43 @@ impl PgStore {
     }
 
     pub fn open_with(url: &str, opts: Options) -> Result<PgStore> {
+        let store = PgStore::connect(url, opts)?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The schema version the server's database holds (0: none yet), as
+    /// `brood doctor` reports it: connects, reads, migrates nothing.
+    pub fn schema_version(url: &str) -> Result<crate::SchemaVersion> {
+        let store = PgStore::connect(
+            url,
+            Options {
+                connections: 1,
+                ..Options::default()
+            },
+        )?;
+        let applied = store.read(|db| {
+            let has: bool = db
+                .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])?
+                .try_get(0)?;
+            if !has {
+                return Ok(0);
+            }
+            Ok(db
+                .query_one(
+                    "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_migrations",
+                    &[],
+                )?
+                .try_get(0)?)
+        })?;
+        Ok(crate::SchemaVersion {
+            applied,
+            latest: MIGRATIONS.last().map_or(0, |(v, _)| *v),
+        })
+    }
+
+    /// A pool of connections to `url`, the schema as it is.
+    fn connect(url: &str, opts: Options) -> Result<PgStore> {
         let mut config: tokio_postgres::Config =
             url.parse().map_err(|e| StoreError::PostgresSetup {
                 target: redact(url),
@@ -350,7 +390,6 @@ impl PgStore {
             news: std::sync::OnceLock::new(),
             admissions: crate::group::Groups::new(admission::GROUP_MAX, true),
         };
-        store.migrate()?;
         Ok(store)
     }
 

@@ -74,7 +74,7 @@ fn attempt_from(r: &Row<'_>) -> Tx<Attempt> {
 }
 
 fn no_job(tenant: &TenantId, id: &str) -> Fail {
-    refused(Code::NotFound, format!("no job {id:?} in tenant {tenant}"))
+    refused(Code::NotFound, format!("no job {id} in tenant {tenant}"))
 }
 
 pub(super) fn load_job(conn: &Connection, tenant: &TenantId, id: &str) -> Tx<Option<Job>> {
@@ -96,7 +96,7 @@ fn load_item(conn: &Connection, tenant: &TenantId, job: &str, item: &str) -> Tx<
         Some(r) => item_from(r),
         None => Err(refused(
             Code::NotFound,
-            format!("job {job:?} has no item {item:?}"),
+            format!("job {job} has no item {item}"),
         )),
     }
 }
@@ -187,7 +187,7 @@ impl Jobs for SqliteStore {
         if items.is_empty() {
             return Err(StoreError::Refused {
                 code: Code::BadRequest,
-                message: format!("job {:?} has no item", job.id),
+                message: format!("job {} has no item", job.id),
             });
         }
         let mut ids = BTreeSet::new();
@@ -195,7 +195,7 @@ impl Jobs for SqliteStore {
             if !ids.insert(it.id.as_str()) {
                 return Err(StoreError::Refused {
                     code: Code::BadRequest,
-                    message: format!("job {:?}: two items have the id {:?}", job.id, it.id),
+                    message: format!("job {}: two items have the id {:?}", job.id, it.id),
                 });
             }
         }
@@ -205,7 +205,7 @@ impl Jobs for SqliteStore {
                 return Err(not_found(t, &job.owner));
             }
             if load_job(tx, t, &job.id)?.is_some() {
-                return Err(refused(Code::Conflict, format!("a job {:?} exists in tenant {t}", job.id)));
+                return Err(refused(Code::Conflict, format!("a job {} exists in tenant {t}", job.id)));
             }
             check_json_object(|| format!("the spec of job {:?}", job.id), &job.spec, false)?;
             tx.prepare_cached(

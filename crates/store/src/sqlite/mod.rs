@@ -392,6 +392,29 @@ impl SqliteStore {
         })
     }
 
+    /// The schema version the file holds and the one this build writes, as
+    /// `brood doctor` reports it; `None` when there is no file yet (the
+    /// first supervisor makes it). Opens it read-only: migrates nothing.
+    pub fn schema_version(path: &Path) -> Result<Option<crate::SchemaVersion>> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        let sql = |source| StoreError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        };
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql)?;
+        let applied = applied_version(&conn).map_err(sql)?;
+        Ok(Some(crate::SchemaVersion {
+            applied,
+            latest: latest_version(),
+        }))
+    }
+
     /// Opens an existing store file for reading only, for CLI commands that only
     /// look. Fails, naming the path, when the file does not exist, and when its
     /// schema is older than this build (a read-only open cannot migrate it).

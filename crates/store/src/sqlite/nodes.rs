@@ -61,7 +61,7 @@ pub(crate) fn check_labels(node: &NewNode) -> std::result::Result<(), StoreError
 pub(crate) fn node_missing(id: &str) -> StoreError {
     StoreError::Refused {
         code: Code::NotFound,
-        message: format!("no node {id:?} is registered"),
+        message: format!("no node {id} is registered"),
     }
 }
 

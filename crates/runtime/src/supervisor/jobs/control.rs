@@ -143,7 +143,7 @@ impl Dispatcher {
                     .into_iter()
                     .find(|it| it.id == i)
                     .ok_or_else(|| {
-                        ApiError::new(Code::NotFound, format!("job {id} has no item {i:?}"))
+                        ApiError::new(Code::NotFound, format!("job {id} has no item {i}"))
                     })?;
                 if it.status != ItemStatus::Failed {
                     return Err(ApiError::new(

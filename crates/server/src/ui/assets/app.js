@@ -68,9 +68,17 @@ function agentLink(name) {
   return el("a", { href: "#/agent/" + enc(name), class: "name", "data-agent": name }, name);
 }
 
-function statusBadge(status, reason) {
-  const text = reason ? status + " (" + reason + ")" : status;
+function statusBadge(status, reason, word) {
+  const shown = word || status;
+  const text = reason ? shown + " (" + reason + ")" : shown;
   return el("span", { class: "badge st-" + status, "data-status": status }, text);
+}
+
+// An agent's status as the CLI writes it (`render::status`): its word,
+// `stopping` while a stop is under way, then its reason in brackets.
+function agentBadge(a) {
+  const stopping = (a.state || "").startsWith("stopping/");
+  return statusBadge(a.status, a.reason, stopping ? "stopping" : a.status);
 }
 
 function money(x) {
@@ -227,7 +235,7 @@ async function treeView() {
         a.children ? el("span", { class: "badge kids", title: a.children + " children" }, "⤷ " + a.children) : null,
         a.label ? el("span", { class: "label" }, a.label) : null);
       who.style.paddingLeft = depth * 18 + "px";
-      const st = el("span", {}, statusBadge(a.status, a.reason));
+      const st = el("span", {}, agentBadge(a));
       if (a.detail && (a.status === "blocked" || a.status === "failed" || a.status === "queued")) {
         st.title = a.detail;
       }
@@ -412,7 +420,7 @@ async function agentView(name) {
   function render(d, o, kids) {
     const kind = o.launch && Array.isArray(o.launch.argv) ? o.launch.argv.join(" ") : "";
     head.replaceChildren(
-      el("h1", {}, el("span", { id: "agent-name" }, d.name), statusBadge(d.status, d.reason),
+      el("h1", {}, el("span", { id: "agent-name" }, d.name), agentBadge(d),
         kids.length ? el("span", { class: "badge kids" }, "⤷ " + kids.length) : null),
       el("p", { class: "note" },
         d.parent ? el("a", { href: "#/agent/" + enc(d.parent), id: "parent-link" }, "← parent " + d.parent) : "a root",
@@ -432,7 +440,7 @@ async function agentView(name) {
         el("td", {}, when(r.started_ms)), el("td", {}, r.started_ms && r.ended_ms ? duration(r.ended_ms - r.started_ms) : ""),
         el("td", {}, spendText(r))))));
     const children = kids.length
-      ? el("ul", { id: "children" }, ...kids.map((c) => el("li", {}, agentLink(c.name), " ", statusBadge(c.status, c.reason))))
+      ? el("ul", { id: "children" }, ...kids.map((c) => el("li", {}, agentLink(c.name), " ", agentBadge(c))))
       : el("p", { class: "muted" }, "no children");
     const ch = o.channel;
     const channel = ch

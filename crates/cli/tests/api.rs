@@ -894,7 +894,7 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
             (201, "POST", rp, "/api/jobs/j6/replay", json!({"id": "j6r"})),
             (409, "POST", rp, "/api/jobs/j6/replay", json!({"id": "j6r"})),
             (
-                400,
+                409,
                 "POST",
                 rp,
                 "/api/jobs/j6/replay",

@@ -900,6 +900,13 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
                 "/api/jobs/j6/replay",
                 json!({"failed_only": true}),
             ),
+            (
+                400,
+                "POST",
+                rp,
+                "/api/jobs/j6/replay",
+                json!({"id": "-bad"}),
+            ),
             (404, "POST", rp, "/api/jobs/nope/replay", N),
         ],
     )

@@ -728,7 +728,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
         "/api/agents/kid/resume",
         Some(&json!({"secrets": {KEY: secret}})),
     );
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()
@@ -766,7 +766,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
         "the restart ended the root"
     );
     let (s, v) = http(&sock, "POST", "/api/agents/holder/resume", None);
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()

@@ -227,6 +227,16 @@ fn add_json_schemas(doc: &mut Value) {
         .and_then(Value::as_object_mut)
     {
         schemas.insert(policy::SCHEMA_NAME.to_owned(), policy::json());
+        schemas.insert("AgentRuntimeEvent".to_owned(), agentruntime_event());
+    }
+    // `/api/events?format=agentruntime` sends the draft standard's events.
+    if let Some(data) = doc.pointer_mut(
+        "/paths/~1api~1events/get/responses/200/content/text~1event-stream/schema/properties/data/contentSchema",
+    ) {
+        *data = serde_json::json!({"anyOf": [
+            {"$ref": "#/components/schemas/Event"},
+            {"$ref": "#/components/schemas/AgentRuntimeEvent"},
+        ]});
     }
     let fields = [
         ("SpawnBody", "policy", policy::field()),
@@ -353,6 +363,26 @@ fn parameter(path: &str, p: &mut Value) {
     if let Some(schema) = p.get_mut("schema").and_then(Value::as_object_mut) {
         schema.insert("pattern".to_owned(), Value::from(pattern));
     }
+}
+
+/// An event as `brood_runtime::agentruntime::to_agentruntime` writes it
+/// (the Agent Runtime draft standard's form).
+fn agentruntime_event() -> Value {
+    let string = serde_json::json!({"type": "string"});
+    serde_json::json!({
+        "type": "object",
+        "description": "An event in the Agent Runtime draft standard's form (`format=agentruntime`): brood's kinds mapped to the standard's (`subagent.spawned`, `subagent.status`, `subagent.completed`, …, the job events as they are), brood's own payload kept.",
+        "required": ["type", "eventId", "timestamp", "sequence", "sessionId", "subagentId", "payload"],
+        "properties": {
+            "type": string, "eventId": string,
+            "timestamp": {"type": "string", "description": "RFC 3339, UTC, milliseconds."},
+            "sequence": {"type": "integer"},
+            "sessionId": string, "subagentId": string, "runId": string,
+            "jobId": string, "jobItemId": string,
+            "status": string, "statusReason": string, "phase": string, "nativeStatus": string,
+            "payload": {"description": "brood's own payload of the event."},
+        }
+    })
 }
 
 /// A program and its arguments as `check_argv` takes them: the program an

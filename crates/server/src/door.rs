@@ -26,8 +26,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use brood_core::{AgentName, RunId};
-use brood_runtime::agent_socket::{DoorHost, Listener, SocketHost};
+use brood_runtime::agent_socket::Listener;
 use brood_runtime::{Caller, Config, Supervisor};
+use brood_runtime::{DoorHost, SocketHost};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType,

@@ -5,7 +5,20 @@
 //! runs' `artifact/` emptied (they hand nothing back, issue 24), then the
 //! records and events written in post-order.
 
-use super::*;
+use super::{Cmd, Collect, Dispatcher, ev, exit_code, now_ms};
+use crate::objects::project_agent;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::FailReason;
+use brood_core::Terminal;
+use brood_launch::cgroup::Cgroups;
+use brood_launch::cgroup::Group;
+use brood_proto::ToAgent;
+use brood_store::Agent;
+use brood_store::EndItem;
+use brood_store::RunEnd;
+use std::time::Duration;
 
 /// One stop in flight: the targets in post-order with the outcome each gets, and
 /// the group whose emptiness ends it.

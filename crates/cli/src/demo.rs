@@ -316,8 +316,6 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         "kill -9 {pid}   (the root agent {doomed}, with {running} agents of its tree running)"
     );
 
-    // SAFETY: sending SIGKILL to the agent process this demo started.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let descendants: Vec<AgentName> = sup
         .store()
         .descendants_post_order(sup.tenant(), &doomed)?
@@ -326,17 +324,26 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         .collect();
     let mut all = descendants.clone();
     all.push(doomed.clone());
+    // The processes of the tree before the kill, to look for afterwards.
+    let mut pids = Vec::new();
+    for n in &all {
+        let a = sup
+            .view()
+            .show(n)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .agent;
+        pids.extend(a.pid);
+    }
+
+    // SAFETY: sending SIGKILL to the agent process this demo started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     crate::api(
         sup.wait(me.clone(), all, Some(Duration::from_secs(10)))
             .await,
     )?;
     sup.flush().await;
-    draw(
-        sup,
-        &doomed,
-        false,
-        "after the SIGKILL: every descendant cancelled (parent_dead), every process gone",
-    )?;
+    let title = after_the_kill(sup, &descendants, &pids).await?;
+    draw(sup, &doomed, false, &title)?;
     if let Some(gc) = descendants.first() {
         let a = sup.view().agent(gc).map_err(|e| anyhow::anyhow!("{e}"))?;
         let dir = sup.paths().session_dir(gc, &a.session);
@@ -365,4 +372,52 @@ async fn show_trees(sup: &Supervisor, data: &Path, slow: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What the kill left, looked at rather than assumed: how many of the
+/// root's descendants the store records `cancelled (parent_dead)`, and how
+/// many of the tree's processes are left. Anything else is the demo failing.
+async fn after_the_kill(
+    sup: &Supervisor,
+    descendants: &[AgentName],
+    pids: &[i64],
+) -> Result<String> {
+    let mut cancelled = 0;
+    for n in descendants {
+        let a = sup
+            .view()
+            .show(n)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .agent;
+        anyhow::ensure!(
+            a.status == "cancelled" && a.reason.as_deref() == Some("parent_dead"),
+            "after the SIGKILL, {n} is {} ({}), not cancelled (parent_dead)",
+            a.status,
+            a.reason.as_deref().unwrap_or("no reason")
+        );
+        cancelled += 1;
+    }
+    // A process is gone when /proc has no entry for it; a zombie still has one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left: Vec<i64> = pids
+            .iter()
+            .copied()
+            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    anyhow::ensure!(
+        left.is_empty(),
+        "after the SIGKILL, processes of the tree are still there: {left:?}"
+    );
+    Ok(format!(
+        "after the SIGKILL: {cancelled} of {} descendants cancelled (parent_dead), {} of {} processes left",
+        descendants.len(),
+        left.len(),
+        pids.len()
+    ))
 }

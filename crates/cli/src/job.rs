@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::Exit;
 use crate::remote::{Remote, typed};
+use crate::render;
 
 #[derive(Subcommand)]
 pub enum JobCmd {
@@ -303,16 +304,6 @@ fn read_file(p: &PathBuf, what: &str) -> Result<String> {
         .map_err(|e| Exit(2, format!("reading {what} {}: {e}", p.display())).into())
 }
 
-pub(crate) fn line(j: &brood_api::JobView) -> String {
-    let counts: Vec<String> = j
-        .counts
-        .iter()
-        .filter(|(_, n)| **n > 0)
-        .map(|(s, n)| format!("{n} {s}"))
-        .collect();
-    format!("{}\t{}\t{}\t{}", j.id, j.owner, j.status, counts.join(", "))
-}
-
 pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
     match cmd {
         JobCmd::Create {
@@ -324,7 +315,7 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
             if as_json {
                 println!("{v}");
             } else {
-                println!("{}", line(&j));
+                println!("{}", render::job_line(&j));
             }
         }
         JobCmd::Run { spec } => {
@@ -352,13 +343,13 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
             let v = r
                 .call("POST", &format!("/api/jobs/{id}/start"), None)
                 .await?;
-            println!("{}", line(&typed(&v)?));
+            println!("{}", render::job_line(&typed(&v)?));
         }
         JobCmd::Cancel { id } => {
             let v = r
                 .call("POST", &format!("/api/jobs/{id}/cancel"), None)
                 .await?;
-            println!("{}", line(&typed(&v)?));
+            println!("{}", render::job_line(&typed(&v)?));
         }
         JobCmd::Rm { id, json: as_json } => {
             let v = r.call("DELETE", &format!("/api/jobs/{id}"), None).await?;
@@ -382,7 +373,7 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
                 println!("{}", v["jobs"]);
             } else {
                 for j in &l.jobs {
-                    println!("{}", line(j));
+                    println!("{}", render::job_line(j));
                 }
             }
         }
@@ -392,7 +383,7 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
             if as_json {
                 println!("{v}");
             } else {
-                println!("{}", line(&j));
+                println!("{}", render::job_line(&j));
                 println!(
                     "instruction: {}",
                     j.spec["instruction"].as_str().unwrap_or("")
@@ -589,7 +580,7 @@ pub async fn run(r: &Remote, cmd: JobCmd) -> Result<i32> {
             if as_json {
                 println!("{v}");
             } else {
-                println!("{}", line(&j));
+                println!("{}", render::job_line(&j));
             }
         }
     }

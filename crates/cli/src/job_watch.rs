@@ -89,7 +89,7 @@ pub async fn watch(r: &Remote, id: &str) -> Result<i32> {
                     b.finish_with_message(format!("{} ({})", counts(&j), j.status));
                 }
                 if tty {
-                    println!("{}", crate::job::line(&j));
+                    println!("{}", crate::render::job_line(&j));
                 }
                 if j.counts.get("failed").copied().unwrap_or(0) > 0 {
                     failed_attempts(r, id).await;

@@ -272,6 +272,17 @@ pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
     out
 }
 
+/// A job in one line: id, owner, status and its items' non-zero counts.
+pub(crate) fn job_line(j: &brood_api::JobView) -> String {
+    let counts: Vec<String> = j
+        .counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    format!("{}\t{}\t{}\t{}", j.id, j.owner, j.status, counts.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Agent, TreeNode, status, tree, when};

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -22,7 +22,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 const LONG: Duration = Duration::from_secs(10);
 
 async fn spawn(env: &Env, args: Value) -> Value {
-    api::handle(&env.sup, &me(), "spawn", &args)
+    handle(&env.sup, &me(), "spawn", &args)
         .await
         .unwrap_or_else(|e| panic!("spawn {args}: {e}"))
 }

@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use brood_core::Code;
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::{Value, json};
 
@@ -30,7 +30,7 @@ fn subtree_cost(env: &Env, n: &str) -> f64 {
 async fn a_reservation_is_held_while_the_child_lives_and_its_unspent_part_returns() {
     let env = start(Duration::from_millis(300));
     let p = spawn_args("p", None, &["--hang"], json!({"cost_limit": 1.0}));
-    api::handle(&env.sup, &me(), "spawn", &p).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &p).await.unwrap();
     // a reserves 0.6 and spends 0.1 of it.
     let a = spawn_args(
         "a",
@@ -38,7 +38,7 @@ async fn a_reservation_is_held_while_the_child_lives_and_its_unspent_part_return
         &["--usage", "10,20,0.1", "--hang"],
         json!({"cost_limit": 0.6}),
     );
-    api::handle(&env.sup, &me(), "spawn", &a).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &a).await.unwrap();
     assert!(
         eventually(Duration::from_secs(5), || (subtree_cost(&env, "p") - 0.1)
             .abs()
@@ -48,7 +48,7 @@ async fn a_reservation_is_held_while_the_child_lives_and_its_unspent_part_return
     );
     // Left for p: 1.0 - 0.1 spent - 0.5 still reserved by a = 0.4.
     let b = spawn_args("b", Some("p"), &["--hang"], json!({"cost_limit": 0.6}));
-    let e = api::handle(&env.sup, &me(), "spawn", &b).await.unwrap_err();
+    let e = handle(&env.sup, &me(), "spawn", &b).await.unwrap_err();
     assert_eq!(e.code, Code::BudgetExceeded, "{e}");
     assert!(e.message.contains("remaining budget 0.4"), "{e}");
     assert!(
@@ -61,9 +61,9 @@ async fn a_reservation_is_held_while_the_child_lives_and_its_unspent_part_return
         .wait(me(), vec![name("a")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
-    api::handle(&env.sup, &me(), "spawn", &b).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &b).await.unwrap();
     let c = spawn_args("c", Some("p"), &["--hang"], json!({"cost_limit": 0.35}));
-    let e = api::handle(&env.sup, &me(), "spawn", &c).await.unwrap_err();
+    let e = handle(&env.sup, &me(), "spawn", &c).await.unwrap_err();
     assert_eq!(e.code, Code::BudgetExceeded, "0.9 - 0.6 = 0.3 left: {e}");
     env.sup.cancel(me(), name("p")).await.unwrap();
 }
@@ -77,7 +77,7 @@ async fn spend_past_a_limit_stops_the_whole_subtree() {
         &["--usage", "1,1,0.25", "--hang"],
         json!({"cost_limit": 1.0}),
     );
-    api::handle(&env.sup, &me(), "spawn", &p).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &p).await.unwrap();
     // c has no limit of its own: it spends from p's budget.
     let c = spawn_args(
         "c",
@@ -85,9 +85,9 @@ async fn spend_past_a_limit_stops_the_whole_subtree() {
         &["--usage", "5,6,0.25", "--hang"],
         json!({}),
     );
-    api::handle(&env.sup, &me(), "spawn", &c).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &c).await.unwrap();
     let sib = spawn_args("sib", None, &["--hang"], json!({}));
-    api::handle(&env.sup, &me(), "spawn", &sib).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &sib).await.unwrap();
     assert!(eventually(Duration::from_secs(5), || (subtree_cost(
         &env, "p"
     ) - 0.5)
@@ -105,7 +105,7 @@ async fn spend_past_a_limit_stops_the_whole_subtree() {
         &["--usage", "100,200,0.6", "--hang"],
         json!({}),
     );
-    api::handle(&env.sup, &me(), "spawn", &g).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &g).await.unwrap();
     let r = env
         .sup
         .wait(

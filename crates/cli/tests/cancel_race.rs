@@ -86,9 +86,9 @@ async fn cancel_between_admission_and_start_leaves_no_orphan() {
 
 fn walk_named(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
+    if let Some(rd) = unless_gone(std::fs::read_dir(dir), dir) {
         for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
                 if e.file_name() == name {
                     out.push(e.path());
                 }

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use brood_core::Code;
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::{Value, json};
 
@@ -110,9 +110,7 @@ async fn a_child_asking_for_more_is_refused_with_the_right_code_and_leaves_nothi
     ];
     for (name, policy, code) in &cases {
         let args = json!({"parent": "p", "name": name, "argv": agent(&["--result", "x"]), "policy": policy});
-        let e = api::handle(&env.sup, &me(), "spawn", &args)
-            .await
-            .unwrap_err();
+        let e = handle(&env.sup, &me(), "spawn", &args).await.unwrap_err();
         assert_eq!(e.code, *code, "{name}: {e}");
         if *code == Code::BadRequest {
             assert!(
@@ -121,7 +119,7 @@ async fn a_child_asking_for_more_is_refused_with_the_right_code_and_leaves_nothi
             );
         }
     }
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",
@@ -177,7 +175,7 @@ async fn a_child_asking_for_more_is_refused_with_the_right_code_and_leaves_nothi
     // that had already finished would have given its unspent part back).
     let ok = json!({"parent": "p", "name": "narrow", "argv": agent(&["--hang"]),
         "policy": {"tools": ["wait"], "files": [{"path": "/tmp", "mode": "ro"}], "cost_limit": 0.25, "network": "none"}});
-    let r = api::handle(&env.sup, &me(), "spawn", &ok)
+    let r = handle(&env.sup, &me(), "spawn", &ok)
         .await
         .expect("narrow child admitted");
     assert_eq!(r["parent"], "p");
@@ -185,7 +183,7 @@ async fn a_child_asking_for_more_is_refused_with_the_right_code_and_leaves_nothi
     assert_eq!(n["policy"]["tools"], json!(["wait"]), "{n}");
     assert_eq!(n["policy"]["network"], "none", "{n}");
     // Its budget is reserved from the parent's: 0.25 of 1.0 is gone.
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",

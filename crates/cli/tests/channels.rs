@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use brood_core::SessionName;
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::{Value, json};
 
@@ -33,7 +33,7 @@ async fn run_child(env: &Env, child: &str, flags: &[&str]) -> Value {
 /// Spawns `args`, waits for that agent to end and for its files; returns
 /// what `show` says of it.
 async fn spawn_wait(env: &Env, args: &Value) -> Value {
-    api::handle(&env.sup, &me(), "spawn", args).await.unwrap();
+    handle(&env.sup, &me(), "spawn", args).await.unwrap();
     let child = args["name"].as_str().unwrap();
     env.sup
         .wait(me(), vec![name(child)], Some(Duration::from_secs(20)))
@@ -336,7 +336,7 @@ async fn handoff_is_written_once_and_result_md_holds_no_nul() {
     let env = start(Duration::from_millis(300));
     start_parent(&env).await;
     let args = json!({"name": "c", "parent": "p", "task": "the first task", "argv": agent(&["--inputs", "1", "--result", "first"])});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &args).await.unwrap();
     env.sup.flush().await;
     let ch = channel(&env, "p", "c");
     assert_eq!(read(ch.join("handoff.md")), "the first task");

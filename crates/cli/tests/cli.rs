@@ -405,7 +405,9 @@ fn the_demo_runs_to_the_end() {
     assert!(out.contains("completed  → 492 lines in"), "{out}");
     assert!(out.contains("--- artifact/lines.txt"), "{out}");
     assert!(
-        out.contains("every descendant cancelled (parent_dead), every process gone"),
+        out.contains(
+            "after the SIGKILL: 6 of 6 descendants cancelled (parent_dead), 0 of 7 processes left"
+        ),
         "{out}"
     );
     assert!(!out.contains("cannot read"), "{out}");

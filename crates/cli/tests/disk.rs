@@ -49,7 +49,7 @@ fn entries(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
+        let Some(rd) = unless_gone(std::fs::read_dir(&d), &d) else {
             continue;
         };
         for e in rd {

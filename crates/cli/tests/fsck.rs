@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::json;
 
@@ -57,7 +57,7 @@ fn delete_and_fsck(env: &Env, ctx: &Path) -> String {
 }
 
 async fn spawn(env: &Env, args: serde_json::Value) {
-    api::handle(&env.sup, &me(), "spawn", &args)
+    handle(&env.sup, &me(), "spawn", &args)
         .await
         .unwrap_or_else(|e| panic!("spawn {args}: {e}"));
 }

@@ -107,34 +107,64 @@ fn lines(p: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Every cgroup hierarchy's directory as this process sees it.
-fn hierarchies() -> Vec<PathBuf> {
+/// Every cgroup hierarchy mounted here, with the group this process (the
+/// supervisor of these tests) is in there: its mount point and that group's
+/// path. The groups differ between hierarchies on a hybrid host (this
+/// machine's memory hierarchy puts every process in a group of its own).
+fn places() -> Vec<(PathBuf, String)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let mut out = Vec::new();
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     for l in text.lines() {
         let Some((left, right)) = l.split_once(" - ") else {
             continue;
         };
-        let fstype = right.split(' ').next().unwrap_or("");
-        if fstype == "cgroup" || fstype == "cgroup2" {
-            out.push(PathBuf::from(left.split(' ').nth(4).unwrap()));
-        }
+        let mut r = right.split(' ');
+        let (fstype, options) = (r.next().unwrap_or(""), r.nth(1).unwrap_or(""));
+        let mount = PathBuf::from(left.split(' ').nth(4).unwrap());
+        let group = match fstype {
+            "cgroup2" => own.lines().find_map(|l| l.strip_prefix("0::")),
+            "cgroup" => own.lines().find_map(|l| {
+                let mut p = l.splitn(3, ':');
+                let (ctrls, path) = (p.nth(1)?, p.next()?);
+                let opts: Vec<&str> = options.split(',').collect();
+                (!ctrls.is_empty() && ctrls.split(',').all(|c| opts.contains(&c))).then_some(path)
+            }),
+            _ => continue,
+        };
+        let group =
+            group.unwrap_or_else(|| panic!("no group of this process in {}", mount.display()));
+        out.push((mount, group.to_owned()));
     }
     assert!(!out.is_empty(), "this host mounts no cgroup hierarchy");
     out
 }
 
-/// A v2 group's path relative to its hierarchy, and the same relative path
-/// in every hierarchy where it exists (the v1 mirrors of a hybrid host).
-fn mirrors(v2_group: &Path) -> Vec<PathBuf> {
-    let hs = hierarchies();
-    let v2 = hs
+/// Every cgroup hierarchy's directory as this process sees it.
+fn hierarchies() -> Vec<PathBuf> {
+    places().into_iter().map(|(m, _)| m).collect()
+}
+
+/// Where a v2 group (below this process's own v2 group) lies in every
+/// hierarchy: its path below the supervisor's own group, under the
+/// supervisor's own group of each (the v1 mirrors of a hybrid host).
+fn places_of(v2_group: &Path) -> Vec<PathBuf> {
+    let ps = places();
+    let own_v2 = ps
         .iter()
-        .find(|h| v2_group.starts_with(h))
-        .expect("the group lies in a hierarchy");
-    let rel = v2_group.strip_prefix(v2).unwrap();
-    hs.iter()
-        .map(|h| h.join(rel))
+        .map(|(m, g)| m.join(g.trim_start_matches('/')))
+        .find(|own| v2_group.starts_with(own))
+        .expect("the group lies below this process's own group");
+    let rel = v2_group.strip_prefix(&own_v2).unwrap();
+    ps.iter()
+        .map(|(m, g)| m.join(g.trim_start_matches('/')).join(rel))
+        .collect()
+}
+
+/// [`places_of`] where the group exists.
+fn mirrors(v2_group: &Path) -> Vec<PathBuf> {
+    places_of(v2_group)
+        .into_iter()
         .filter(|p| p.is_dir())
         .collect()
 }
@@ -197,12 +227,7 @@ async fn tries(case: Case) {
             }
         }
         Attempt::RaiseItsOwnLimits => {
-            let v2 = hierarchies()
-                .into_iter()
-                .find(|x| p_group.starts_with(x))
-                .unwrap();
-            for h in hierarchies() {
-                let g = h.join(own_group.strip_prefix(&v2).unwrap());
+            for g in places_of(&own_group) {
                 for (file, value) in [
                     ("memory.limit_in_bytes", "9223372036854771712"),
                     ("memory.memsw.limit_in_bytes", "9223372036854771712"),
@@ -357,14 +382,26 @@ async fn tries(case: Case) {
     }
     if case.narrow || matches!(case.attempt, Attempt::RaiseItsOwnLimits) {
         // Its limits are as the policy set them, on every v1 mirror.
+        // Each limit is looked at on at least one mirror (this host has
+        // the pids and memory controllers on v1 hierarchies).
+        let (mut pids, mut memory) = (0, 0);
         for g in mirrors(&c_group) {
-            if let Ok(v) = std::fs::read_to_string(g.join("pids.max")) {
+            let p = g.join("pids.max");
+            if let Some(v) = unless_gone(std::fs::read_to_string(&p), &p) {
                 assert_eq!(v.trim(), "64", "{}", g.display());
+                pids += 1;
             }
-            if let Ok(v) = std::fs::read_to_string(g.join("memory.limit_in_bytes")) {
+            let m = g.join("memory.limit_in_bytes");
+            if let Some(v) = unless_gone(std::fs::read_to_string(&m), &m) {
                 assert_eq!(v.trim(), "268435456", "{}", g.display());
+                memory += 1;
             }
         }
+        assert!(
+            pids > 0 && memory > 0,
+            "no mirror of {} holds pids.max ({pids}) or memory.limit_in_bytes ({memory})",
+            c_group.display()
+        );
     }
     assert_eq!(show(&env, "sib")["status"], "running");
     let keeper = keeper_of(c_pid).expect("the child lives under a keeper");

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::json;
 
@@ -32,7 +32,7 @@ async fn every_control_file_is_written_in_its_format() {
         "policy": policy,
         "await_ready": true,
     });
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &args).await.unwrap();
     assert!(eventually(Duration::from_secs(10), || env
         .sup
         .view()
@@ -118,7 +118,7 @@ async fn a_temp_agent_is_removed_after_its_run_and_comes_back_on_resume() {
         .await
         .unwrap();
     let args = json!({"name": "t", "parent": "p", "life": "temp", "argv": agent(&["--result", "temp done"])});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &args).await.unwrap();
     env.sup
         .wait(me(), vec![name("t")], Some(Duration::from_secs(10)))
         .await
@@ -136,7 +136,7 @@ async fn a_temp_agent_is_removed_after_its_run_and_comes_back_on_resume() {
     assert_eq!(read(ch.join("result.md")), "temp done");
     // An owned sibling keeps its object.
     let args = json!({"name": "o", "parent": "p", "argv": agent(&["--result", "kept"])});
-    api::handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &args).await.unwrap();
     env.sup
         .wait(me(), vec![name("o")], Some(Duration::from_secs(10)))
         .await

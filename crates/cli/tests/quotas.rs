@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use brood_core::Code;
-use brood_runtime::{Caller, api};
+use brood_runtime::Caller;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::json;
 
@@ -34,7 +35,7 @@ async fn a_hundred_creations_at_once_admit_exactly_the_fanout() {
         let sup = env.sup.clone();
         calls.push(tokio::spawn(async move {
             let args = json!({"parent": "p", "name": format!("c{i}"), "argv": agent(&["--hang"])});
-            api::handle(&sup, &me(), "spawn", &args).await
+            handle(&sup, &me(), "spawn", &args).await
         }));
     }
     let (mut ok, mut fanout) = (0, 0);
@@ -65,14 +66,12 @@ async fn depth_and_tree_size_are_refused_at_exactly_the_bound() {
         .unwrap();
     for (child, parent) in [("d1", "d0"), ("d2", "d1"), ("d3", "d2")] {
         let args = json!({"parent": parent, "name": child, "argv": agent(&["--hang"]), "await_ready": true});
-        api::handle(&env.sup, &me(), "spawn", &args)
+        handle(&env.sup, &me(), "spawn", &args)
             .await
             .unwrap_or_else(|e| panic!("{child}: {e}"));
     }
     let args = json!({"parent": "d3", "name": "d4", "argv": agent(&["--hang"])});
-    let e = api::handle(&env.sup, &me(), "spawn", &args)
-        .await
-        .unwrap_err();
+    let e = handle(&env.sup, &me(), "spawn", &args).await.unwrap_err();
     assert_eq!(e.code, Code::QuotaDepth, "{e}");
     env.sup.cancel(me(), name("d0")).await.unwrap();
 
@@ -83,13 +82,13 @@ async fn depth_and_tree_size_are_refused_at_exactly_the_bound() {
         .await
         .unwrap();
     let a = json!({"parent": "t0", "name": "t1", "argv": agent(&["--result", "done"])});
-    api::handle(&env.sup, &me(), "spawn", &a).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &a).await.unwrap();
     env.sup
         .wait(me(), vec![name("t1")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
     for n in ["t2", "t3"] {
-        api::handle(
+        handle(
             &env.sup,
             &me(),
             "spawn",
@@ -98,7 +97,7 @@ async fn depth_and_tree_size_are_refused_at_exactly_the_bound() {
         .await
         .unwrap();
     }
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",
@@ -168,7 +167,7 @@ async fn a_resume_that_would_make_the_requester_its_own_ancestor_is_a_cycle() {
         .spawn(me(), req("top", agent(&["--hang"])))
         .await
         .unwrap();
-    api::handle(
+    handle(
         &env.sup,
         &me(),
         "spawn",
@@ -178,7 +177,7 @@ async fn a_resume_that_would_make_the_requester_its_own_ancestor_is_a_cycle() {
     .unwrap();
     let as_low = Caller::Agent(name("low"));
     for target in ["top", "low"] {
-        let e = api::handle(&env.sup, &as_low, "resume", &json!({"name": target}))
+        let e = handle(&env.sup, &as_low, "resume", &json!({"name": target}))
             .await
             .unwrap_err();
         assert_eq!(e.code, Code::Cycle, "{target}: {e}");
@@ -201,7 +200,7 @@ async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
     }
     let spawn = |name: &str, customer: &str| json!({"parent": "p", "name": name, "customer": customer, "argv": agent(&["--hang"])});
     // Its own customer.
-    let e = api::handle(&env.sup, &me(), "spawn", &spawn("a", "a"))
+    let e = handle(&env.sup, &me(), "spawn", &spawn("a", "a"))
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::Cycle, "{e}");
@@ -216,7 +215,7 @@ async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
          UPDATE agents SET customer = 'x' WHERE name = 'y';",
     )
     .unwrap();
-    let e = api::handle(&env.sup, &me(), "spawn", &spawn("b", "x"))
+    let e = handle(&env.sup, &me(), "spawn", &spawn("b", "x"))
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::Cycle, "{e}");
@@ -224,7 +223,7 @@ async fn a_customer_chain_that_would_loop_is_refused_with_cycle() {
     // A customer elsewhere in the tree is fine, and recorded.
     c.execute_batch("UPDATE agents SET customer = NULL WHERE name IN ('x', 'y');")
         .unwrap();
-    api::handle(&env.sup, &me(), "spawn", &spawn("k", "x"))
+    handle(&env.sup, &me(), "spawn", &spawn("k", "x"))
         .await
         .unwrap();
     assert_eq!(show(&env, "k")["customer"], "x");
@@ -241,7 +240,7 @@ async fn a_customer_in_another_tree_is_refused_even_for_the_operator() {
             .unwrap();
     }
     // Under p, naming the root of another tree: refused, nothing made.
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",
@@ -253,7 +252,7 @@ async fn a_customer_in_another_tree_is_refused_even_for_the_operator() {
     assert!(e.message.contains("customer other"), "{e}");
     assert!(env.sup.view().agent(&name("c")).is_err(), "nothing written");
     // A root names no customer: it has no tree yet.
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",
@@ -274,7 +273,7 @@ async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
     let env = start(Duration::from_millis(300));
     let spawn = |name: &str, parent: Option<&str>, policy: serde_json::Value| json!({"name": name, "parent": parent, "argv": agent(&["--hang"]), "policy": policy, "await_ready": true});
     // create_limit 3: three children, not a fourth (finished ones still count).
-    api::handle(
+    handle(
         &env.sup,
         &me(),
         "spawn",
@@ -283,14 +282,14 @@ async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
     .await
     .unwrap();
     for n in ["k1", "k2", "k3"] {
-        api::handle(&env.sup, &me(), "spawn", &spawn(n, Some("r"), json!({})))
+        handle(&env.sup, &me(), "spawn", &spawn(n, Some("r"), json!({})))
             .await
             .unwrap_or_else(|e| panic!("{n}: {e}"));
         if n == "k1" {
             env.sup.cancel(me(), name("k1")).await.unwrap();
         }
     }
-    let e = api::handle(&env.sup, &me(), "spawn", &spawn("k4", Some("r"), json!({})))
+    let e = handle(&env.sup, &me(), "spawn", &spawn("k4", Some("r"), json!({})))
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::CreateLimit, "{e}");
@@ -304,11 +303,11 @@ async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
         ("d2", Some("d1"), json!({})),
     ];
     for (n, parent, policy) in chain {
-        api::handle(&env.sup, &me(), "spawn", &spawn(n, parent, policy))
+        handle(&env.sup, &me(), "spawn", &spawn(n, parent, policy))
             .await
             .unwrap_or_else(|e| panic!("{n}: {e}"));
     }
-    let e = api::handle(
+    let e = handle(
         &env.sup,
         &me(),
         "spawn",

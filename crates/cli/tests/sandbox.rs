@@ -389,7 +389,7 @@ async fn a_named_root_becomes_the_agents_slash() {
     let args = json!({"name": "hidden-root", "argv": agent(&[]), "iso": "ns", "root": r,
         "policy": {"files": [{"path": "/", "mode": "ro"}, {"path": r, "mode": "hidden"}],
                    "mounts": mounts}});
-    let e = brood_runtime::api::handle(&env.sup, &me(), "spawn", &args)
+    let e = brood_runtime::supervisor::handle(&env.sup, &me(), "spawn", &args)
         .await
         .unwrap_err();
     assert_eq!(e.code, brood_core::Code::FileExpansion, "{e}");

@@ -202,7 +202,7 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
+        let Some(entries) = unless_gone(std::fs::read_dir(&d), &d) else {
             continue;
         };
         for e in entries.flatten() {

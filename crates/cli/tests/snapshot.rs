@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use brood_runtime::api;
+use brood_runtime::supervisor::handle;
 use common::*;
 use regex::Regex;
 use serde_json::{Value, json};
@@ -163,13 +163,13 @@ async fn a_scripted_runs_ctx_tree_matches_the_snapshot() {
     let lead = json!({"name": "lead", "task": "the whole job", "argv": agent(&[
         "--message", "planning", "--usage", "10,20,0.01", "--spawn", &alpha.to_string(), "--wait",
         "--result", "lead done"])});
-    api::handle(&env.sup, &me(), "spawn", &lead).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &lead).await.unwrap();
     env.sup
         .wait(me(), vec![name("lead")], Some(Duration::from_secs(20)))
         .await
         .unwrap();
     let x = json!({"name": "x", "protocol": "exec", "task": "echo me", "argv": ["cat"]});
-    api::handle(&env.sup, &me(), "spawn", &x).await.unwrap();
+    handle(&env.sup, &me(), "spawn", &x).await.unwrap();
     env.sup
         .wait(me(), vec![name("x")], Some(Duration::from_secs(20)))
         .await

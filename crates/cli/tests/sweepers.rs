@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use brood_runtime::{Sweeper, api};
+use brood_runtime::Sweeper;
+use brood_runtime::supervisor::handle;
 use common::*;
 use serde_json::{Value, json};
 
@@ -25,7 +26,7 @@ fn fast_sweeps() -> Env {
 async fn spawn(env: &Env, args: Value) {
     let mut args = args;
     args["await_ready"] = json!(true);
-    api::handle(&env.sup, &me(), "spawn", &args)
+    handle(&env.sup, &me(), "spawn", &args)
         .await
         .unwrap_or_else(|e| panic!("spawn {args}: {e}"));
 }

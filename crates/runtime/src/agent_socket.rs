@@ -4,7 +4,7 @@
 //! A protocol `brood` agent gets a socket when it reports `ready`; it goes away
 //! when a stop of the agent begins or its run ends. The runtime decides that
 //! (`supervisor::sockets`) and carries out what clients ask; the listener and
-//! its connections belong to a [`SocketHost`] (brood-server's
+//! its connections belong to a [`SocketHost`](crate::supervisor::SocketHost) (brood-server's
 //! `agent_sockets`), set in `Config::agent_sockets` by the composition root.
 //! A connection hands `send`, `resume` and `cancel` to the dispatcher as a
 //! [`Request`] with an [`Out`] channel, into which the dispatcher pushes reply
@@ -16,31 +16,16 @@
 //! from the file's permissions.
 
 use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
 use brood_core::{AgentName, RunId};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Caller;
-use crate::supervisor::Supervisor;
 
 /// The longest client `id` accepted, in characters.
 pub const MAX_CLIENT_ID: usize = 128;
-
-/// Binds and serves one agent's socket: called by the dispatcher (so it must
-/// not block) with the supervisor, the agent, its run, the socket's path and
-/// who may connect; serving stops when the returned [`Listener`] is closed.
-pub type SocketHost =
-    Arc<dyn Fn(Supervisor, AgentName, RunId, PathBuf, Access) -> Listener + Send + Sync>;
-
-/// Serves one run's door (docs/security.md "The door"): called by the
-/// dispatcher (so it must not block) with the supervisor's end of the socket
-/// pair whose other end the agent holds; serving stops when the returned
-/// [`Listener`] is closed or every process holding the other end is gone.
-pub type DoorHost =
-    Arc<dyn Fn(Supervisor, AgentName, RunId, std::os::fd::OwnedFd) -> Listener + Send + Sync>;
 
 /// Where the dispatcher sends a request's reply frames.
 pub type Out = mpsc::UnboundedSender<Value>;

@@ -1,16 +1,12 @@
-//! The verbs every surface shares (SPEC 11): requests, replies and errors as the
-//! supervisor sees them, independent of the wire that carried them.
-//!
-//! The child protocol's `request` ops and the control socket's requests both land
-//! in [`handle`], so an agent and a person get exactly the same behaviour and the
-//! same error codes.
-
-use std::time::Duration;
+//! What every surface's requests share (SPEC 11): who calls, what a creation
+//! asks for, and the errors, as the supervisor sees them, independent of the
+//! wire that carried them. The verbs themselves are the supervisor's
+//! ([`crate::supervisor::handle`]); this module sits below it, so every
+//! layer can name a caller or an error without reaching up.
 
 use brood_core::{AgentName, Code, Iso, Life, Protocol, SessionName};
+use brood_store::StoreError;
 use serde_json::{Value, json};
-
-use crate::supervisor::{JobOp, Supervisor, to_json};
 
 /// A refused or failed request: a SPEC code and a message for the requester.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,33 +103,8 @@ pub struct SpawnRequest {
     pub placement: Option<std::collections::BTreeMap<String, String>>,
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, msg)
-}
-
-fn name_arg(args: &Value, key: &str) -> Result<AgentName, ApiError> {
-    let s = args
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad(format!("missing string argument {key:?}")))?;
-    AgentName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
-}
-
-fn str_arg(args: &Value, key: &str) -> Result<String, ApiError> {
-    args.get(key)
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| bad(format!("missing string argument {key:?}")))
-}
-
-fn opt_name_arg(args: &Value, key: &str) -> Result<Option<AgentName>, ApiError> {
-    match args.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => AgentName::new(s)
-            .map(Some)
-            .map_err(|e| ApiError::new(Code::InvalidName, e.to_string())),
-        Some(_) => Err(bad(format!("argument {key:?} must be a string"))),
-    }
 }
 
 /// Secret values as a caller gives them (`POST /api/agents`, `resume`):
@@ -302,211 +273,32 @@ pub fn check_argv(field: &str, argv: &[String]) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn names_arg(args: &Value) -> Result<Vec<AgentName>, ApiError> {
-    if let Some(Value::Array(a)) = args.get("names") {
-        a.iter()
-            .map(|v| {
-                let s = v.as_str().ok_or_else(|| bad("names must be strings"))?;
-                AgentName::new(s).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
-            })
-            .collect()
-    } else {
-        Ok(vec![name_arg(args, "name")?])
+/// A store error as the caller sees it: a refusal, an unknown name or a
+/// state conflict answered with its code; anything else logged here and
+/// answered `Internal` without the store's detail.
+pub(crate) fn internal(e: StoreError) -> ApiError {
+    // A refusal, an unknown name or a state conflict is the caller's error,
+    // answered with its code: not the supervisor's to log as one of its own.
+    match &e {
+        StoreError::Refused { .. }
+        | StoreError::NotFound { .. }
+        | StoreError::Transition { .. } => {
+            tracing::debug!(error = %e, "a request the store refused")
+        }
+        _ => tracing::error!(error = %e, "store error"),
+    }
+    match e {
+        StoreError::Refused { code, message } => ApiError::new(code, message),
+        StoreError::NotFound { name, .. } => {
+            ApiError::new(Code::NotFound, format!("no agent named {name}"))
+        }
+        StoreError::Transition { name, source } => {
+            ApiError::new(Code::Conflict, format!("agent {name}: {source}"))
+        }
+        _ => ApiError::new(Code::Internal, "store error (see the supervisor's log)"),
     }
 }
 
-/// `f` on a blocking thread: work that reads or writes much (a job's items)
-/// holds no async thread.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        tracing::error!(error = %e, "a blocking task did not finish");
-        Err(ApiError::new(
-            Code::Internal,
-            "the request failed (see the supervisor's log)",
-        ))
-    })
-}
-
-/// Serves one verb. `op` names are the protocol's (`spawn send wait close cancel
-/// resume list`) plus the control socket's read verbs (`show tree events ping`).
-pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -> ApiResult {
-    match op {
-        "spawn" => match SpawnRequest::from_json(args) {
-            Ok(req) => sup.spawn(caller.clone(), req).await,
-            Err(e) => {
-                let parent = match caller {
-                    Caller::Agent(me) => Some(me.clone()),
-                    Caller::User { .. } => args
-                        .get("parent")
-                        .and_then(Value::as_str)
-                        .and_then(|p| AgentName::new(p).ok()),
-                };
-                let requested = args.get("name").and_then(Value::as_str).map(str::to_owned);
-                sup.refused(parent, requested, e.clone());
-                Err(e)
-            }
-        },
-        "send" => {
-            let name = name_arg(args, "name")?;
-            let text = args
-                .get("text")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("missing string argument \"text\""))?;
-            sup.send(caller.clone(), name, text.to_owned()).await
-        }
-        "wait" => {
-            let names = names_arg(args)?;
-            let timeout = match args.get("timeout_s") {
-                None | Some(Value::Null) => None,
-                Some(v) => {
-                    let s = v
-                        .as_f64()
-                        .filter(|s| s.is_finite() && *s >= 0.0)
-                        .ok_or_else(|| bad("timeout_s must be a non-negative number"))?;
-                    Some(Duration::from_secs_f64(s))
-                }
-            };
-            let r = sup.wait(caller.clone(), names, timeout).await;
-            // Whoever waited may read result.md next: let the files catch up first.
-            sup.flush().await;
-            r
-        }
-        "cancel" => sup.cancel(caller.clone(), name_arg(args, "name")?).await,
-        "close" => sup.close(caller.clone(), name_arg(args, "name")?).await,
-        "resume" => {
-            let text = args.get("text").and_then(Value::as_str).map(str::to_owned);
-            sup.resume(caller.clone(), name_arg(args, "name")?, text)
-                .await
-        }
-        "list" => {
-            let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
-            let parent = match opt_name_arg(args, "parent")? {
-                Some(p) => Some(p),
-                None => match caller {
-                    Caller::Agent(me) => Some(me.clone()),
-                    Caller::User { .. } => None,
-                },
-            };
-            sup.view().list(parent, all).map(|v| to_json(&v))
-        }
-        "show" => sup
-            .view()
-            .show(&name_arg(args, "name")?)
-            .map(|v| to_json(&v)),
-        "tree" => sup
-            .view()
-            .tree(opt_name_arg(args, "name")?.as_ref())
-            .map(|v| to_json(&v)),
-        "ping" => Ok(json!({"pong": true})),
-        // SPEC 10's protocol ops: an agent creates its own jobs and reads them.
-        "job.create" => {
-            let body: brood_api::JobBody = brood_api::parse_value(args.clone()).map_err(bad)?;
-            // The input read and every item written on a blocking thread
-            // (issue 24), as over HTTP.
-            let (sup, caller) = (sup.clone(), caller.clone());
-            blocking(move || {
-                let store = sup.store().as_ref();
-                let job = crate::jobs::create_at(
-                    store,
-                    sup.tenant(),
-                    &caller,
-                    body,
-                    crate::supervisor::now_ms(),
-                    sup.intake(),
-                )?;
-                crate::jobs::view(store, &job).map(|v| to_json(&v))
-            })
-            .await
-        }
-        "job.get" => {
-            let id = args
-                .get("job")
-                .or_else(|| args.get("id"))
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("missing string argument \"job\""))?;
-            let store = sup.store().as_ref();
-            let job = crate::jobs::get(store, sup.tenant(), caller, id)?;
-            crate::jobs::view(store, &job).map(|v| to_json(&v))
-        }
-        "job.report" => sup.job(caller.clone(), JobOp::Report(args.clone())).await,
-        "job.start" => {
-            sup.job(caller.clone(), JobOp::Start(str_arg(args, "job")?))
-                .await
-        }
-        "job.cancel" => {
-            sup.job(caller.clone(), JobOp::Cancel(str_arg(args, "job")?))
-                .await
-        }
-        "job.assign" => {
-            let worker = opt_name_arg(args, "worker")?;
-            let op = JobOp::Assign {
-                job: str_arg(args, "job")?,
-                item: str_arg(args, "item")?,
-                worker,
-            };
-            sup.job(caller.clone(), op).await
-        }
-        "job.retry" => {
-            let item = args.get("item").and_then(Value::as_str).map(str::to_owned);
-            let op = JobOp::Retry {
-                job: str_arg(args, "job")?,
-                item,
-            };
-            sup.job(caller.clone(), op).await
-        }
-        "job.list" => {
-            let store = sup.store().as_ref();
-            crate::jobs::list(store, sup.tenant(), caller).map(|v| to_json(&v))
-        }
-        "job.items" => {
-            let store = sup.store().as_ref();
-            let job = crate::jobs::get(store, sup.tenant(), caller, &str_arg(args, "job")?)?;
-            let status = args.get("status").and_then(Value::as_str);
-            crate::jobs::items(store, &job, status).map(|v| to_json(&v))
-        }
-        "job.export" => {
-            let store = sup.store().as_ref();
-            let job = crate::jobs::get(store, sup.tenant(), caller, &str_arg(args, "job")?)?;
-            let format = args
-                .get("format")
-                .and_then(Value::as_str)
-                .unwrap_or("jsonl");
-            crate::jobs::export_text(store, &job, format)
-                .map(|text| json!({"format": format, "text": text}))
-        }
-        "job.replay" => {
-            let id = str_arg(args, "job")?;
-            let mut rest = args.clone();
-            if let Some(m) = rest.as_object_mut() {
-                m.remove("job");
-            }
-            let body: brood_api::ReplayBody = brood_api::parse_value(rest).map_err(bad)?;
-            let job = {
-                let (sup, caller, body) = (sup.clone(), caller.clone(), body.clone());
-                blocking(move || {
-                    crate::jobs::replay_at(
-                        sup.store().as_ref(),
-                        sup.tenant(),
-                        &caller,
-                        &id,
-                        &body,
-                        crate::supervisor::now_ms(),
-                        sup.intake(),
-                    )
-                })
-                .await?
-            };
-            if body.start == Some(true) {
-                return sup.job(caller.clone(), JobOp::Start(job.id)).await;
-            }
-            crate::jobs::view(sup.store().as_ref(), &job).map(|v| to_json(&v))
-        }
-        other if other.starts_with("job.") => Err(ApiError::new(
-            Code::NotImplemented,
-            format!("op {other:?}: running jobs is not available in this version of brood"),
-        )),
-        other => Err(bad(format!("unknown op {other:?}"))),
-    }
+pub(crate) fn not_found(name: &AgentName) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no agent named {name}"))
 }

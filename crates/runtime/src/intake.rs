@@ -113,7 +113,6 @@ impl Intake {
     /// the operator's, the `PATH` its agents get (`bin_dir` first). For
     /// in-process callers that create jobs without a supervisor's handle.
     pub fn for_process(limits: Limits, bin_dir: Option<&str>) -> Intake {
-        use crate::supervisor::{supplementary_groups, unsafe_getegid, unsafe_geteuid};
         let base = brood_launch::env::Base::from_supervisor(bin_dir);
         let operator = Policy::operator(unsafe_geteuid(), unsafe_getegid(), supplementary_groups());
         Intake::new(limits, base.path, operator, None)
@@ -507,6 +506,25 @@ fn check_program(
         )));
     }
     Ok(())
+}
+
+pub(crate) fn unsafe_getegid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// The supervisor's supplementary groups (getgroups(2)).
+pub(crate) fn supplementary_groups() -> std::collections::BTreeSet<u32> {
+    let mut buf = vec![0 as libc::gid_t; 256];
+    // SAFETY: the buffer holds 256 entries and we pass its length.
+    let n = unsafe { libc::getgroups(buf.len() as libc::c_int, buf.as_mut_ptr()) };
+    buf.truncate(n.max(0) as usize);
+    buf.into_iter().collect()
+}
+
+pub(crate) fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]

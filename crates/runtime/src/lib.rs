@@ -33,8 +33,8 @@ pub mod api;
 pub mod channel;
 pub mod config;
 pub mod enforce;
+mod hosts;
 pub mod intake;
-mod io;
 pub mod jobs;
 pub mod limits;
 pub mod logs;
@@ -46,11 +46,15 @@ pub mod paths;
 pub mod projection;
 pub mod rebuild;
 pub mod remove;
+mod shown;
 pub mod slots;
 pub mod supervisor;
 pub mod veil;
 pub mod view;
 
 pub use api::{ApiError, ApiResult, Caller, SpawnRequest, check_secrets};
-pub use supervisor::{Config, Hooks, HostInfo, JobOp, NodeConfig, StartError, Supervisor, Sweeper};
+pub use supervisor::{
+    Config, DoorHost, Hooks, HostInfo, JobOp, NodeConfig, SocketHost, StartError, Supervisor,
+    Sweeper,
+};
 pub use view::View;

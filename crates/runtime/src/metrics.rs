@@ -12,8 +12,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::supervisor::Sweeper;
-
 /// Upper bounds (seconds) of the invocation duration histogram: from a quick
 /// tool call to an hour-long agent run.
 const BUCKETS: [f64; 12] = [
@@ -46,6 +44,24 @@ fn bump(m: &Mutex<BTreeMap<String, u64>>, key: &str) {
     // A poisoned map only means a panic elsewhere mid-increment: keep counting.
     let mut m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     *m.entry(key.to_owned()).or_default() += 1;
+}
+
+/// Which sweeper acted (the `sweeper` label of the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sweeper {
+    Timeouts,
+    Orphans,
+    Reconcile,
+}
+
+impl Sweeper {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sweeper::Timeouts => "timeouts",
+            Sweeper::Orphans => "orphans",
+            Sweeper::Reconcile => "reconcile",
+        }
+    }
 }
 
 fn sweeper_index(s: Sweeper) -> usize {

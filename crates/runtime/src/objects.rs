@@ -23,12 +23,15 @@
 //! Beside the object, `agent/<name>` is its shim ([`shim`]): an executable
 //! script that runs `brood shim <name>` on the agent's socket (SPEC 3, 8).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use brood_core::AgentName;
 use brood_core::policy::Policy;
 use brood_store::Agent;
 use serde_json::Value;
+
+use crate::paths::Paths;
+use crate::projection::Projection;
 
 fn line(s: impl AsRef<str>) -> String {
     format!("{}\n", s.as_ref())
@@ -190,6 +193,42 @@ pub fn session_meta(a: &Agent) -> String {
             "created_ms": a.created_ms,
         })
     )
+}
+
+/// Writes an agent's status into its control files, session `state` and its
+/// parent's channel `status`: the one place the ABI mapping reaches the disk.
+pub(crate) fn project_agent(proj: &Projection, paths: &Paths, a: &Agent, pid: Option<i32>) {
+    // A finished temp agent's object is gone (or going): only its session.
+    for (path, text) in status_files(paths, a, pid, !object_removed(a)) {
+        proj.write(path, text);
+    }
+}
+
+/// The files that follow an agent's status: `status` and `pid` in its object
+/// (when `object`), `state` and `updated_at` in its session.
+pub(crate) fn status_files(
+    paths: &Paths,
+    a: &Agent,
+    pid: Option<i32>,
+    object: bool,
+) -> Vec<(PathBuf, String)> {
+    let abi = a.status.abi();
+    let mut v = Vec::with_capacity(4);
+    if object {
+        let dir = paths.agent_dir(&a.name);
+        v.push((dir.join("status"), format!("{}\n", abi.process.as_str())));
+        v.push((
+            dir.join("pid"),
+            match pid {
+                Some(p) if a.status.is_live() => format!("{p}\n"),
+                _ => "\n".to_owned(),
+            },
+        ));
+    }
+    let sdir = paths.session_dir(&a.name, &a.session);
+    v.push((sdir.join("state"), format!("{}\n", abi.session.as_str())));
+    v.push((sdir.join("updated_at"), format!("{}\n", a.updated_ms)));
+    v
 }
 
 #[cfg(test)]

@@ -211,7 +211,7 @@ fn agent(
         .map_err(|source| RebuildError::Io { path: shim, source })?;
     }
     let pid = run.as_ref().and_then(|r| r.pid);
-    for (path, text) in crate::supervisor::status_files(paths, a, pid, !temp_gone) {
+    for (path, text) in crate::objects::status_files(paths, a, pid, !temp_gone) {
         out.put(path, text)?;
     }
 

@@ -36,7 +36,7 @@ pub fn store_error(e: StoreError) -> ApiError {
         StoreError::NotFound { name, .. } => {
             ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
-        other => crate::supervisor::internal(other),
+        other => crate::api::internal(other),
     }
 }
 

@@ -34,8 +34,8 @@ use brood_store::{Agent, EndItem, NewAgent, NewEvent, Protocol, RunEnd, Store, S
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::api::{ApiError, ApiResult, Caller, SpawnRequest};
-use crate::io;
+use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, internal, not_found};
+use crate::intake::{supplementary_groups, unsafe_getegid, unsafe_geteuid};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
@@ -44,16 +44,18 @@ mod collect;
 mod disk;
 mod ends;
 mod handle;
-mod hosts;
-use hosts::node_labels;
-pub use hosts::supervisor_id;
-pub(crate) use hosts::{host_alive, registered_nodes};
-pub(crate) use written::{project_agent, status_files};
+use crate::hosts::node_labels;
+pub use crate::hosts::supervisor_id;
+pub(crate) use crate::hosts::{host_alive, registered_nodes};
+pub(crate) use crate::objects::project_agent;
 mod identify;
+mod io;
 mod jobs;
 pub use jobs::JobOp;
 mod launch;
 mod nodes;
+mod ops;
+pub use ops::handle;
 mod orphans;
 mod outcome;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
@@ -64,7 +66,6 @@ mod remove;
 pub use remove::RemoveOp;
 mod routed;
 mod secrets;
-mod shown;
 mod sockets;
 mod stops;
 mod sweep;
@@ -72,10 +73,10 @@ mod verbs;
 mod waiters;
 mod written;
 
+pub use crate::metrics::Sweeper;
+pub(crate) use crate::shown::{agent_json, to_json};
 use collect::{Collect, Harvested};
-pub(crate) use shown::{agent_json, agent_view, run_view, to_json};
 use stops::Stop;
-pub use sweep::Sweeper;
 use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
@@ -94,6 +95,31 @@ impl std::fmt::Debug for Hooks {
             .finish()
     }
 }
+
+/// Binds and serves one agent's socket: called by the dispatcher (so it must
+/// not block) with the supervisor, the agent, its run, the socket's path and
+/// who may connect; serving stops when the returned [`Listener`] is closed.
+pub type SocketHost = Arc<
+    dyn Fn(
+            Supervisor,
+            AgentName,
+            RunId,
+            PathBuf,
+            crate::agent_socket::Access,
+        ) -> crate::agent_socket::Listener
+        + Send
+        + Sync,
+>;
+
+/// Serves one run's door (docs/security.md "The door"): called by the
+/// dispatcher (so it must not block) with the supervisor's end of the socket
+/// pair whose other end the agent holds; serving stops when the returned
+/// [`Listener`] is closed or every process holding the other end is gone.
+pub type DoorHost = Arc<
+    dyn Fn(Supervisor, AgentName, RunId, std::os::fd::OwnedFd) -> crate::agent_socket::Listener
+        + Send
+        + Sync,
+>;
 
 /// How a supervisor is set up.
 #[derive(Clone)]
@@ -133,11 +159,11 @@ pub struct Config {
     pub hooks: Hooks,
     /// What binds and serves the per-agent sockets (SPEC 8; brood-server's
     /// `agent_sockets`). `None`: agents get no socket.
-    pub agent_sockets: Option<crate::agent_socket::SocketHost>,
+    pub agent_sockets: Option<SocketHost>,
     /// What serves the agents' doors (their one way to this supervisor that
     /// needs no socket(2); brood-server's `Entrances`). `None`: agents get
     /// no door.
-    pub doors: Option<crate::agent_socket::DoorHost>,
+    pub doors: Option<DoorHost>,
     /// This supervisor as a node of the cluster sharing its store (issue 15):
     /// registered at start, heartbeating on the sweepers' tick, gone when it
     /// shuts down. `None` (`brood run`, tests): not a node.
@@ -313,52 +339,6 @@ fn new_run_id() -> RunId {
         let b = u.as_u128();
         RunId::v7(now_ms() as u64, (b >> 64) as u16, b as u64)
     })
-}
-
-pub(crate) fn internal(e: StoreError) -> ApiError {
-    // A refusal, an unknown name or a state conflict is the caller's error,
-    // answered with its code: not the supervisor's to log as one of its own.
-    match &e {
-        StoreError::Refused { .. }
-        | StoreError::NotFound { .. }
-        | StoreError::Transition { .. } => {
-            tracing::debug!(error = %e, "a request the store refused")
-        }
-        _ => tracing::error!(error = %e, "store error"),
-    }
-    match e {
-        StoreError::Refused { code, message } => ApiError::new(code, message),
-        StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name}"))
-        }
-        StoreError::Transition { name, source } => {
-            ApiError::new(Code::Conflict, format!("agent {name}: {source}"))
-        }
-        _ => ApiError::new(Code::Internal, "store error (see the supervisor's log)"),
-    }
-}
-
-pub(crate) fn not_found(name: &AgentName) -> ApiError {
-    ApiError::new(Code::NotFound, format!("no agent named {name}"))
-}
-
-pub(crate) fn unsafe_getegid() -> u32 {
-    // SAFETY: getegid has no preconditions and cannot fail.
-    unsafe { libc::getegid() }
-}
-
-/// The supervisor's supplementary groups (getgroups(2)).
-pub(crate) fn supplementary_groups() -> std::collections::BTreeSet<u32> {
-    let mut buf = vec![0 as libc::gid_t; 256];
-    // SAFETY: the buffer holds 256 entries and we pass its length.
-    let n = unsafe { libc::getgroups(buf.len() as libc::c_int, buf.as_mut_ptr()) };
-    buf.truncate(n.max(0) as usize);
-    buf.into_iter().collect()
-}
-
-pub(crate) fn unsafe_geteuid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 struct Live {

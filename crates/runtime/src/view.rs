@@ -15,7 +15,9 @@ use brood_store::{Agent, Node, StoreError};
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
-use crate::supervisor::{agent_view, host_alive, internal, not_found, registered_nodes, run_view};
+use crate::api::{internal, not_found};
+use crate::hosts::{host_alive, registered_nodes};
+use crate::shown::{agent_view, run_view};
 
 /// Deeper than this, trees are cut (a tree is at most `max_depth` deep, 64 by
 /// default; this only bounds the recursion).

@@ -93,6 +93,7 @@
 mod agent;
 mod count;
 pub mod flags;
+mod outcome;
 pub mod probe;
 mod procs;
 mod sockets;

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::flags::Probe;
+use crate::outcome::outcome;
 use crate::procs;
 
 /// How long `--probe-connect` waits for the TCP handshake.
@@ -143,17 +144,6 @@ fn cgroup_remount(controller: &str) -> io::Result<()> {
         .copied()
         .unwrap_or("?");
     Err(io::Error::other(format!("{step}: {e}")))
-}
-
-/// `ok`, `denied` for `EACCES`/`EPERM`, or `error: <errno text>`.
-pub fn outcome(r: &io::Result<()>) -> String {
-    match r {
-        Ok(()) => "ok".to_owned(),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
-            "denied".to_owned()
-        }
-        Err(e) => format!("error: {e}"),
-    }
 }
 
 fn line(what: &str, target: &dyn std::fmt::Display, r: io::Result<()>) -> String {

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::probe::outcome;
+use crate::outcome::outcome;
 
 /// How long a probe waits for an answer on a socket it reached.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);

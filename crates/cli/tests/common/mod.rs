@@ -102,16 +102,29 @@ pub fn show(env: &Env, n: &str) -> Value {
     serde_json::to_value(env.sup.view().show(&name(n)).expect("agent exists")).unwrap()
 }
 
+/// `r`'s value, or `None` when what was read at `path` is not there (a group
+/// removed, a process gone): that is an answer. Any other error fails the
+/// test, naming the path: a directory the test cannot read is not an empty
+/// one, and a check that could not look must not pass.
+pub fn unless_gone<T>(r: std::io::Result<T>, path: &Path) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
 /// Every pid in a cgroup directory and the groups below it.
 pub fn pids_under(dir: &Path) -> Vec<i32> {
     let mut out = Vec::new();
-    let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+    let procs = dir.join("cgroup.procs");
+    let Some(text) = unless_gone(std::fs::read_to_string(&procs), &procs) else {
         return out;
     };
     out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-    if let Ok(rd) = std::fs::read_dir(dir) {
+    if let Some(rd) = unless_gone(std::fs::read_dir(dir), dir) {
         for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
                 out.extend(pids_under(&e.path()));
             }
         }
@@ -182,7 +195,7 @@ pub fn processes_of(env: &Env, n: &str) -> Vec<i32> {
     let want_agent = format!("BROOD_AGENT={n}");
     let want_root = format!("CTX_ROOT={}", env.sup.paths().ctx().display());
     let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
+    if let Some(rd) = unless_gone(std::fs::read_dir("/proc"), Path::new("/proc")) {
         for e in rd.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;

@@ -115,13 +115,13 @@ mod sockets;
 mod tests;
 mod writes;
 
+pub use crate::host::seccomp_available;
 pub(crate) use caps::capset_empty_this_thread;
 use caps::{CapPlan, plan_caps};
 pub(crate) use child::{ChildPlan, ChildStep};
 use rules::{build_ruleset, plan_layers};
 use seccompiler::BpfProgram;
 pub use sockets::Sockets;
-pub use sockets::available as seccomp_available;
 
 /// Read files and list directories (`Ro`), or every filesystem right (`Rw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,7 +410,7 @@ fn plan_sockets(
             "a socket filter needs no_new_privs".into(),
         ));
     }
-    if let Err(reason) = sockets::available() {
+    if let Err(reason) = seccomp_available() {
         if spec.allow_weaker {
             weaker.push(format!("seccomp: {reason}"));
             return Ok((Sockets::Any, None));
@@ -433,7 +433,7 @@ fn plan_writes(
     if !spec.no_new_privs {
         return Ok(None);
     }
-    if let Err(reason) = sockets::available() {
+    if let Err(reason) = seccomp_available() {
         if spec.allow_weaker {
             weaker.push(format!("seccomp (disk calls): {reason}"));
             return Ok(None);

@@ -164,31 +164,3 @@ fn compile(sockets: Sockets) -> Result<Option<BpfProgram>, SandboxError> {
     let program: BpfProgram = filter.try_into().map_err(bad)?;
     Ok(Some(program))
 }
-
-/// Whether this kernel can install a seccomp filter that returns an errno
-/// (seccomp(2) `SECCOMP_GET_ACTION_AVAIL`), asked once.
-pub fn available() -> Result<(), String> {
-    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
-    ANSWER.get_or_init(ask_available).clone()
-}
-
-fn ask_available() -> Result<(), String> {
-    let action: u32 = libc::SECCOMP_RET_ERRNO;
-    // SAFETY: seccomp(2) reading a u32 from a stack value.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_GET_ACTION_AVAIL,
-            0u32,
-            &action as *const u32,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "seccomp filters are not available: {}",
-            std::io::Error::last_os_error()
-        ))
-    }
-}

@@ -260,7 +260,7 @@ impl Dispatcher {
                 let agent = name.clone();
                 tokio::spawn(async move {
                     let caller = Caller::Agent(agent.clone());
-                    let r = crate::api::handle(&sup, &caller, &op, &args).await;
+                    let r = handle(&sup, &caller, &op, &args).await;
                     let _ = sup.tx.send(Cmd::AgentReply(agent, id, r));
                 });
             }

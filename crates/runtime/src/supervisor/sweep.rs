@@ -29,6 +29,7 @@ use brood_store::{Agent, Fence, RunEnd, StoreError};
 use tokio::sync::mpsc;
 
 use super::{Cmd, Dispatcher, ev, host_alive, now_ms, registered_nodes};
+use crate::metrics::Sweeper;
 
 /// At most this many rows per sweeper per tick (SPEC 9).
 const BATCH: u32 = 500;
@@ -36,24 +37,6 @@ const BATCH: u32 = 500;
 pub(super) const LEASE: &str = "sweeper";
 const ORPHANS_EVERY: u64 = 5;
 const RECONCILE_EVERY: u64 = 30;
-
-/// Which sweeper acted (the `sweeper` label of the metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Sweeper {
-    Timeouts,
-    Orphans,
-    Reconcile,
-}
-
-impl Sweeper {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Sweeper::Timeouts => "timeouts",
-            Sweeper::Orphans => "orphans",
-            Sweeper::Reconcile => "reconcile",
-        }
-    }
-}
 
 /// Held while this supervisor holds the sweepers' lease.
 pub(super) enum LeaseGuard {

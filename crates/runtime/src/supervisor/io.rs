@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
-use crate::supervisor::{AgentEv, Cmd};
+use super::{AgentEv, Cmd};
 
 pub(crate) fn start(
     name: AgentName,

@@ -60,7 +60,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                     uid: unsafe { libc::geteuid() },
                 },
                 // No bearer token: the web UI's cookie may stand for it
-                // (docs/decisions.md "The web UI's cookie").
+                // (docs/decisions/ui-and-mcp.md "The web UI").
                 (_, None) => match crate::ui::session::by_cookie(&api, &req) {
                     ByCookie::Operator => Caller::User {
                         // SAFETY: geteuid cannot fail.

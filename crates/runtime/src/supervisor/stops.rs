@@ -87,7 +87,8 @@ impl Dispatcher {
     /// [`Self::remove_group`], then (the group empty) the `artifact/` of
     /// `clear`, a channel whose run recorded no result. Without cgroups it
     /// is emptied at once: the run's process has exited, and that weaker
-    /// mode cannot see the rest (docs/decisions.md, the fallback).
+    /// mode cannot see the rest (docs/decisions/containment.md "Nothing of a
+    /// refused or stopped result is left behind").
     pub(super) fn remove_group_then_clear(
         &self,
         group: Option<Group>,

@@ -1,5 +1,5 @@
-//! The web UI's session on the TCP listener (docs/ui.md, docs/decisions.md
-//! "The web UI's cookie" and "The web UI's sessions"). A browser cannot send
+//! The web UI's session on the TCP listener (docs/ui.md,
+//! docs/decisions/ui-and-mcp.md "The web UI"). A browser cannot send
 //! the bearer header on a page load, so the first visit carries the token
 //! once in the URL (`/ui?token=…`): it is checked in constant time, answered
 //! with a cookie and a redirect to the URL without it. The cookie then

@@ -3,6 +3,8 @@
 //! asserts nothing.
 
 mod api;
+mod cluster;
+mod daemons;
 mod jobs;
 mod nodes;
 
@@ -60,6 +62,29 @@ pub enum Which {
         /// Children per round.
         #[arg(long, default_value_t = 4)]
         children: usize,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The deployment: N creations (`POST /api/agents`, each a root running
+    /// `true`) from concurrent clients through real `brood serve` nodes,
+    /// creations acknowledged a second, their latency and the time until all
+    /// ended, against the same N `true` started by a parallel spawner at the
+    /// same concurrency. On SQLite (one node), or on a database made for the
+    /// run on the server of `--store postgres://…`; `--slots
+    /// redis://host[:port]/db` gives the nodes that Redis database (emptied
+    /// before and after) as their slot counter.
+    Cluster {
+        /// Creations.
+        #[arg(short = 'n', long = "count", default_value_t = 1000)]
+        n: usize,
+        /// Concurrent clients, spread over the nodes; also the floor's
+        /// concurrency.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+        /// `brood serve` nodes (more than one needs `--store postgres://…`).
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
@@ -263,12 +288,41 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
     ))
 }
 
-pub async fn run(root: Option<PathBuf>, which: Which) -> Result<i32> {
+/// `slots`: the global `--slots`, which `bench cluster` gives its nodes.
+pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> Result<i32> {
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
     let me = Caller::User {
         uid: crate::unsafe_uid(),
     };
     match which {
+        Which::Cluster {
+            n,
+            clients,
+            nodes,
+            json: as_json,
+        } => {
+            let store = crate::store_spec();
+            if let Some(s) = store
+                .as_deref()
+                .filter(|s| !brood_store::is_postgres_url(s))
+            {
+                anyhow::bail!(crate::Exit(
+                    2,
+                    format!(
+                        "bench cluster: --store is a PostgreSQL server (postgres://…) or nothing (SQLite in the node's root), not {s:?}"
+                    )
+                ));
+            }
+            let params = cluster::Params {
+                n: n.max(1),
+                clients: clients.max(1),
+                nodes: nodes.max(1),
+                store,
+                slots,
+            };
+            let out = cluster::run(&root, &exe, &params).await?;
+            print_result(&out, as_json);
+        }
         Which::Nodes {
             rounds,
             children,

@@ -95,7 +95,8 @@ pub async fn run(root: Option<PathBuf>) -> Result<i32> {
     };
     std::fs::create_dir_all(&root)?;
     // The directories the agents count are outside brood's root: agents never
-    // see inside the root but for its ctx/ tree (the veil, docs/decisions.md).
+    // see inside the root but for its ctx/ tree (the veil,
+    // docs/decisions/containment.md).
     let work = std::env::temp_dir().join(format!("brood-demo-data-{}", std::process::id()));
     let data = work.join("demo-data");
     write_data(

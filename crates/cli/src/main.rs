@@ -564,7 +564,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             args::completions(shell, &mut std::io::stdout())?;
             Ok(0)
         }
-        Cmd::Bench { which } => bench::run(root, which).await,
+        Cmd::Bench { which } => bench::run(root, cli.slots.clone(), which).await,
         Cmd::Shim {
             name,
             session,

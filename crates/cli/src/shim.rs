@@ -1,7 +1,13 @@
 //! `brood shim NAME`: what an agent object's shim runs, one `send` on the
 //! agent's socket, its reply streamed (docs/agent-socket.md).
 
-use super::*;
+use super::{Exit, root_of, unsafe_uid};
+use anyhow::Context;
+use anyhow::Result;
+use anyhow::bail;
+use serde_json::Value;
+use serde_json::json;
+use std::path::PathBuf;
 
 /// `brood shim NAME [--session S] [--] [TEXT...]` (the agent's shim, SPEC 3):
 /// one `send` on `ctx/agent/NAME.sock` (SPEC 8) with a fresh client id, the

@@ -3,7 +3,8 @@
 //! `quota set`, `bench spawn`) and `brood agent` included, and every flag
 //! and argument it lists says what it is; docs/cli.md documents every verb
 //! and every flag the real help lists (docs/cli.md is checked against the
-//! help, not generated: docs/decisions.md "docs/cli.md and the real help");
+//! help, not generated: docs/decisions/cli-and-docs.md "docs/cli.md is
+//! tested against the real help, not generated from it");
 //! `brood completions SHELL` prints a script its shell reads.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]

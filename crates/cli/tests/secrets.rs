@@ -9,7 +9,8 @@
 //! when its policy names it, a child naming one its parent lacks is refused,
 //! and nobody hands a child a value of its own. A literal `env` value is
 //! hidden on the same surfaces (it stays in the store, which launches with
-//! it, and in the agent's `0600` `env` control file, docs/decisions.md).
+//! it, and in the agent's `0600` `env` control file, docs/decisions/policies.md
+//! "Literal `env` values are hidden where a policy is shown").
 //! No value outlives its run: a resume, after an end or a daemon restart,
 //! needs the root's values again.
 

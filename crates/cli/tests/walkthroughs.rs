@@ -1,8 +1,9 @@
 //! Every walk-through runs as written (issue 25 item 6): the command blocks
-//! of README.md and docs/*.md, each page's in order, on a fresh root, with
-//! the `brood` this build made first on `PATH`. A block that cannot run here
+//! of README.md and every page below docs/, each page's in order, on a fresh
+//! root, with the `brood` this build made first on `PATH`. A block that cannot run here
 //! says why in the page (`<!-- not run: REASON -->` right before its fence);
-//! the conventions are in docs/decisions.md "Walk-throughs that run".
+//! the conventions are in docs/decisions/cli-and-docs.md "Walk-throughs that
+//! run".
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 #[path = "walkthroughs/extract.rs"]
@@ -26,19 +27,28 @@ fn repo() -> PathBuf {
         .expect("the repository's root")
 }
 
-/// README.md and every page of docs/, in name order.
+/// README.md and every page of docs/ and its subdirectories (the decision
+/// pages of docs/decisions/ among them), in path order.
 fn pages() -> Vec<PathBuf> {
     let repo = repo();
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo.join("docs"))
-        .expect("docs/")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
+    let mut docs = Vec::new();
+    markdown_below(&repo.join("docs"), &mut docs);
     docs.sort();
     let mut out = vec![repo.join("README.md")];
     out.extend(docs);
     out
+}
+
+/// Every `.md` file below `dir`, directories followed down.
+fn markdown_below(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for p in entries.flatten().map(|e| e.path()) {
+        if p.is_dir() {
+            markdown_below(&p, out);
+        } else if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
 }
 
 /// The loopback ports a page's runnable blocks listen on (`--listen

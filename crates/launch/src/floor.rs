@@ -88,3 +88,46 @@ pub fn cgroup_kill(cg: &Cgroups, name: &str, argv: &[OsString], n: usize) -> io:
     cg.remove(&g).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(t0.elapsed())
 }
+
+/// `n` runs of `argv` by `concurrency` threads, each starting one, waiting
+/// for it to exit and going on to the next (what `xargs -P concurrency`
+/// does); the time until the last has ended. No stdin, output discarded. A
+/// run that does not exit 0 is an error naming the program, since a floor of
+/// failed starts would flatter it.
+pub fn parallel_runs(argv: &[OsString], n: usize, concurrency: usize) -> io::Result<Duration> {
+    let (prog, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::other("empty argv"))?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|sc| -> io::Result<()> {
+        let workers: Vec<_> = (0..concurrency.clamp(1, n.max(1)))
+            .map(|_| {
+                sc.spawn(|| -> io::Result<()> {
+                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                        #[allow(clippy::disallowed_methods)]
+                        let status = std::process::Command::new(prog)
+                            .args(args)
+                            .stdin(Stdio::null())
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .status()?;
+                        if !status.success() {
+                            return Err(io::Error::other(format!(
+                                "{} ended {status}",
+                                prog.to_string_lossy()
+                            )));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| io::Error::other("a floor worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(t0.elapsed())
+}

@@ -55,7 +55,7 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
     // not carved out here: landlock only adds grants, so carving would deny
     // creating files anywhere along the path (`/tmp` included) and cost a grant
     // per sibling on every spawn (measured +1 ms). That case is a known gap
-    // (docs/decisions.md).
+    // (docs/decisions/ctx.md "Agents write nothing in the ctx tree").
     if let Some(objects) = cx.objects {
         for (p, a) in rules.iter_mut() {
             if p.starts_with(objects) && *a == Access::Rw {

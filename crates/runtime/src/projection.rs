@@ -16,7 +16,8 @@
 //! object or its parent's channel (SPEC 3, 4), whatever landlock grants. The one
 //! exception is a channel's `artifact/` directory, owned by the child's uid
 //! ([`make_dir`]). A supervisor that is not root cannot give files away and
-//! relies on landlock alone (docs/decisions.md).
+//! relies on landlock alone (docs/decisions/ctx.md "Agents write nothing in
+//! the ctx tree").
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};

@@ -13,8 +13,8 @@
 //! fsck` and the start-up rebuild remove ([`crate::rebuild`]).
 //!
 //! Who may remove: the operator any tree; an agent only within its own
-//! subtree, which never holds a whole tree (docs/decisions.md "Removing
-//! finished trees"). The supervisor's dispatcher runs removals when one
+//! subtree, which never holds a whole tree (docs/decisions/removal.md
+//! "Removing trees is the operator's"). The supervisor's dispatcher runs removals when one
 //! serves the root (`supervisor::remove`); without one, the CLI calls these
 //! functions on the store itself.
 

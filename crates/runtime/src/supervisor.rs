@@ -21,21 +21,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use brood_core::policy::{Policy, PolicyRequest};
+use brood_core::policy::Policy;
 use brood_core::{
-    AgentEvent, AgentName, CancelReason, Code, FailReason, Iso, Life, ParentView, RunId,
-    SessionName, Status, TenantId, Terminal,
+    AgentEvent, AgentName, CancelReason, Code, RunId, SessionName, TenantId, Terminal,
 };
-use brood_launch::cgroup::{Cgroups, Group, GroupPath};
-use brood_launch::env::{Base, Identity};
-use brood_launch::{LaunchError, LaunchSpec, Launched, Spawner};
-use brood_proto::{DoneResult, FromAgent, HistoryMessage, InitConfig, LineError, ToAgent};
-use brood_store::{Agent, EndItem, NewAgent, NewEvent, Protocol, RunEnd, Store, StoreError};
-use serde_json::{Value, json};
+use brood_launch::cgroup::{Cgroups, Group};
+use brood_launch::env::Base;
+use brood_launch::{LaunchError, Launched, Spawner};
+use brood_proto::{DoneResult, FromAgent, LineError, ToAgent};
+use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, internal, not_found};
-use crate::intake::{supplementary_groups, unsafe_getegid, unsafe_geteuid};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
@@ -47,7 +45,6 @@ mod handle;
 use crate::hosts::node_labels;
 pub use crate::hosts::supervisor_id;
 pub(crate) use crate::hosts::{host_alive, registered_nodes};
-pub(crate) use crate::objects::project_agent;
 mod identify;
 mod io;
 mod jobs;
@@ -74,7 +71,7 @@ mod waiters;
 mod written;
 
 pub use crate::metrics::Sweeper;
-pub(crate) use crate::shown::{agent_json, to_json};
+pub(crate) use crate::shown::to_json;
 use collect::{Collect, Harvested};
 use stops::Stop;
 use waiters::Waiters;

@@ -41,7 +41,8 @@ impl Veil {
         let db = canonical_file(&paths.db());
         let mut files = Vec::new();
         // A PostgreSQL store has no file here to hide (its server must not
-        // be reachable from agents: docs/decisions.md).
+        // be reachable from agents: docs/decisions/store.md "Agents must
+        // not reach the server").
         let suffixes: &[&str] = if paths.db_is_postgres() {
             &[]
         } else {

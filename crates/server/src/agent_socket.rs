@@ -18,7 +18,6 @@ use std::time::Duration;
 use brood_core::{AgentName, RunId};
 use brood_proto::{Frame, Framer, MAX_LINE};
 use brood_runtime::Caller;
-use brood_runtime::SocketHost;
 use brood_runtime::Supervisor;
 use brood_runtime::agent_socket::{Access, MAX_CLIENT_ID, Request, error_frame};
 use serde_json::{Value, json};
@@ -27,16 +26,8 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::door::Handoff;
-
-/// The host the runtime calls when an agent's socket should exist
-/// (`Config::agent_sockets`): binds and serves it on a task of its own (the
-/// bind, the accepts and the final unlink all happen there, off the
-/// dispatcher) until the returned `Listener` is closed or dropped. For a
-/// supervisor whose agents also have doors, [`crate::Entrances`] sets both.
-pub fn agent_sockets() -> SocketHost {
-    crate::door::Entrances::new().sockets()
-}
+/// A connection handed to an agent socket's server task, with who made it.
+pub(crate) type Handoff = (UnixStream, Caller);
 
 /// The agent's owner, as its spec records it (the `owner` control file).
 fn owner(sup: &Supervisor, name: &AgentName) -> Option<Caller> {

@@ -6,17 +6,12 @@
 //! cookie that stands for it (`ui::session`), and nobody otherwise. Either
 //! may then be narrowed to a stdio MCP session's root (`narrow`).
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use brood_core::Code;
 use brood_runtime::{ApiError, Caller};
-use subtle::ConstantTimeEq;
 
 use crate::error::HttpError;
 use crate::state::Api;
@@ -34,79 +29,6 @@ pub(crate) enum Conn {
     /// A request the server makes itself on behalf of a caller it already
     /// authenticated (the MCP tools at `/mcp` call the API's routes).
     Inner(Caller),
-}
-
-/// The bearer token of the TCP listener.
-#[derive(Clone)]
-pub struct Token(String);
-
-impl Token {
-    /// The token file of a root.
-    pub fn path(root: &Path) -> PathBuf {
-        root.join("token")
-    }
-
-    /// Reads `$BROOD_ROOT/token`, creating it (mode 0600, 256 random bits in
-    /// hex) at the first start. A token file others can read or that belongs
-    /// to someone else is refused: anyone who read it could act as the operator.
-    pub fn load_or_create(root: &Path) -> std::io::Result<Token> {
-        let path = Token::path(root);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                let mut raw = [0u8; 32];
-                std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
-                let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-                f.write_all(hex.as_bytes())?;
-                f.write_all(b"\n")?;
-                f.sync_all()?;
-                Ok(Token(hex))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let meta = std::fs::symlink_metadata(&path)?;
-                // SAFETY: geteuid cannot fail.
-                let me = unsafe { libc::geteuid() };
-                let bad = |why: String| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::PermissionDenied,
-                        format!("token file {}: {why}", path.display()),
-                    )
-                };
-                if !meta.file_type().is_file() {
-                    return Err(bad("not a regular file".into()));
-                }
-                if meta.uid() != me {
-                    return Err(bad(format!("owned by uid {}, not {me}", meta.uid())));
-                }
-                let mode = meta.permissions().mode() & 0o777;
-                if mode & 0o077 != 0 {
-                    return Err(bad(format!(
-                        "mode {mode:o} lets others read it; `chmod 600` it or remove it for a new one"
-                    )));
-                }
-                let text = std::fs::read_to_string(&path)?;
-                let t = text.trim();
-                if t.len() < 32 {
-                    return Err(bad("shorter than 32 characters".into()));
-                }
-                Ok(Token(t.to_owned()))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub(crate) fn matches(&self, presented: &str) -> bool {
-        // Constant time in the presented token's content; its length is not a secret.
-        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
-    }
 }
 
 /// The middleware in front of every route: turns the connection into a
@@ -138,7 +60,7 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
                     uid: unsafe { libc::geteuid() },
                 },
                 // No bearer token: the web UI's cookie may stand for it
-                // (docs/decisions.md "The web UI's cookie").
+                // (docs/decisions/ui-and-mcp.md "The web UI").
                 (_, None) => match crate::ui::session::by_cookie(&api, &req) {
                     ByCookie::Operator => Caller::User {
                         // SAFETY: geteuid cannot fail.
@@ -182,36 +104,6 @@ pub(crate) async fn authenticate(State(api): State<Api>, mut req: Request, next:
     };
     req.extensions_mut().insert(caller);
     next.run(req).await
-}
-
-/// Reads are narrowed like acts: an agent sees its own subtree only.
-pub(crate) fn may_see(
-    api: &Api,
-    caller: &Caller,
-    name: &brood_core::AgentName,
-) -> Result<(), ApiError> {
-    let Caller::Agent(me) = caller else {
-        return Ok(());
-    };
-    let sup = api.sup();
-    match sup.store().is_ancestor_or_self(sup.tenant(), me, name) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(ApiError::new(
-            Code::Forbidden,
-            format!("agent {me} may see only its own subtree, not {name}"),
-        )),
-        Err(brood_store::StoreError::NotFound { .. }) => Err(ApiError::new(
-            Code::NotFound,
-            format!("no agent named {:?}", name.as_str()),
-        )),
-        Err(e) => {
-            tracing::error!(error = %e, "store error");
-            Err(ApiError::new(
-                Code::Internal,
-                "store error (see the supervisor's log)",
-            ))
-        }
-    }
 }
 
 /// The caller as the idempotency scope names it.

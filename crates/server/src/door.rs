@@ -38,14 +38,21 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::agent_socket::Handoff;
 use crate::auth::Conn;
 use crate::state::Api;
 
 /// The longest tag a client may send (`sock:` and a 64-character name fit).
 const MAX_TAG: usize = 80;
 
-/// A connection handed to an agent socket's server task, with who made it.
-pub(crate) type Handoff = (UnixStream, Caller);
+/// The host the runtime calls when an agent's socket should exist
+/// (`Config::agent_sockets`): binds and serves it on a task of its own (the
+/// bind, the accepts and the final unlink all happen there, off the
+/// dispatcher) until the returned `Listener` is closed or dropped. For a
+/// supervisor whose agents also have doors, [`crate::Entrances`] sets both.
+pub fn agent_sockets() -> SocketHost {
+    Entrances::new().sockets()
+}
 
 /// The ways agents come in, for one supervisor: the per-agent sockets
 /// (SPEC 8) and the doors. Made by the composition root before the

@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::{Query, State};
@@ -22,113 +21,15 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use brood_core::{AgentName, Code};
 use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
-use brood_runtime::{ApiError, Caller, Supervisor};
+use brood_runtime::{ApiError, Caller};
 use brood_store::Event;
 use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc};
 use utoipa::IntoParams;
 
-use crate::auth::may_see;
 use crate::error::{HttpError, bad};
-use crate::state::Api;
-
-/// Events read from the store at a time.
-const PAGE: u32 = 1000;
-/// How often the hub looks at the store without being told of a change.
-const IDLE_POLL: Duration = Duration::from_millis(250);
-/// How far a subscriber may fall behind before it is told to resync.
-#[derive(Debug, Clone, Copy)]
-pub struct EventLimits {
-    /// Batches of the log (one per change the hub read) it may lag by.
-    pub backlog_batches: usize,
-    /// Events its connection buffers while the client is not reading.
-    pub connection_buffer: usize,
-    /// How often an idle stream gets a `:` comment, which keeps it (and any
-    /// proxy on the way) open and tells the client the server is alive.
-    pub keep_alive: Duration,
-}
-
-impl Default for EventLimits {
-    fn default() -> EventLimits {
-        EventLimits {
-            backlog_batches: 1024,
-            connection_buffer: 256,
-            keep_alive: Duration::from_secs(15),
-        }
-    }
-}
-
-/// An event as the control plane shows it (SPEC 11: `type event_id timestamp
-/// sequence tenant agent run session` and a `payload`).
-pub fn event_json(e: &Event) -> brood_api::Event {
-    brood_api::Event {
-        kind: e.kind.clone(),
-        event_id: format!("{}-{}", e.tenant, e.seq),
-        timestamp: e.ts_ms,
-        sequence: e.seq,
-        tenant: e.tenant.to_string(),
-        agent: e.agent.to_string(),
-        run: e.run.as_ref().map(|r| r.to_string()),
-        session: e.session.to_string(),
-        payload: serde_json::from_str(&e.payload).unwrap_or(serde_json::Value::Null),
-    }
-}
-
-/// The one reader of the store's event log, broadcasting what it reads.
-pub(crate) struct Hub {
-    tx: broadcast::Sender<Arc<Vec<Event>>>,
-    limits: EventLimits,
-}
-
-impl Hub {
-    pub(crate) fn start(sup: &Supervisor, limits: EventLimits) -> Hub {
-        let (tx, _) = broadcast::channel(limits.backlog_batches.max(1));
-        let weak = tx.downgrade();
-        let store = sup.store().clone();
-        let tenant = sup.tenant().clone();
-        let mut changed = sup.changed();
-        tokio::spawn(async move {
-            let mut head = match store.last_event_seq(&tenant) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the event log's head failed; the API streams no events");
-                    return;
-                }
-            };
-            loop {
-                // The API is gone when nobody holds the sender any more.
-                let Some(tx) = weak.upgrade() else { return };
-                loop {
-                    match store.events(&tenant, head, None, PAGE) {
-                        Ok(batch) if batch.is_empty() => break,
-                        Ok(batch) => {
-                            let full = batch.len() == PAGE as usize;
-                            head = batch.last().map_or(head, |e| e.seq);
-                            // No subscriber is not an error.
-                            let _ = tx.send(Arc::new(batch));
-                            if !full {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "reading the event log failed");
-                            break;
-                        }
-                    }
-                }
-                drop(tx);
-                tokio::select! {
-                    r = changed.changed() => if r.is_err() {
-                        // The supervisor is gone; other writers may remain.
-                        tokio::time::sleep(IDLE_POLL).await;
-                    },
-                    _ = tokio::time::sleep(IDLE_POLL) => {}
-                }
-            }
-        });
-        Hub { tx, limits }
-    }
-}
+use crate::state::hub::PAGE;
+use crate::state::{Api, event_json, may_see};
 
 /// The filters of `GET /api/events`.
 #[derive(Debug, Default, Deserialize, IntoParams)]

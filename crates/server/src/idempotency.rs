@@ -14,9 +14,7 @@
 //! of the values ([`fingerprint`]), so the store never holds even a hash of
 //! a value that could be checked against a guess.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -34,25 +32,6 @@ const TTL_MS: i64 = 24 * 3600 * 1000;
 
 /// The header that carries the key.
 pub(crate) const HEADER: &str = "idempotency-key";
-
-/// Keys whose first request is still being served.
-#[derive(Default)]
-pub(crate) struct InFlight(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl InFlight {
-    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        m.entry(key.to_owned()).or_default().clone()
-    }
-
-    fn release(&self, key: &str) {
-        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        // Only the map holds it once nobody waits on it.
-        if m.get(key).is_some_and(|l| Arc::strong_count(l) == 1) {
-            m.remove(key);
-        }
-    }
-}
 
 fn store_error(e: brood_store::StoreError) -> HttpError {
     tracing::error!(error = %e, "store error (idempotency keys)");

@@ -29,11 +29,7 @@ mod secret;
 mod state;
 mod ui;
 
-pub use agent_socket::agent_sockets;
-pub use auth::Token;
-pub use door::Entrances;
-pub use events::{EventLimits, event_json};
+pub use door::{Entrances, agent_sockets};
 pub use listen::{bind_tcp, bind_unix, serve_tcp, serve_unix, socket_of};
 pub use narrow::HEADER as MCP_SESSION_HEADER;
-pub use state::Api;
-pub use ui::session::UiLimits;
+pub use state::{Api, EventLimits, Token, UiLimits, event_json};

@@ -8,11 +8,12 @@
 //! asked for it: the daemon cancels it (and so its whole subtree) when that
 //! connection closes, whatever ended the client (exit, EOF on stdin,
 //! SIGKILL: the kernel closes its socket either way). The client's good
-//! will is not needed (docs/decisions.md "MCP sessions own their children").
+//! will is not needed (docs/decisions/ui-and-mcp.md "An MCP session over
+//! stdio is a real root agent, and the daemon, not the client, ends it").
 //! Its tools act as that root, not as the operator who made it: the first
 //! event carries a capability that `narrow` turns into `Caller::Agent(root)`
-//! for as long as the stream is held (docs/decisions.md "MCP sessions are
-//! confined").
+//! for as long as the stream is held (docs/decisions/ui-and-mcp.md "MCP
+//! sessions are confined").
 
 use std::convert::Infallible;
 use std::sync::Arc;

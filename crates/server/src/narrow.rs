@@ -18,52 +18,14 @@
 //! session is refused, never ignored, so a stale or forged one cannot fall
 //! back to the caller's own, wider rights.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
 use axum::http::HeaderMap;
-use brood_core::{AgentName, Code};
+use brood_core::Code;
 use brood_runtime::{ApiError, Caller};
 
-use crate::auth::may_see;
-use crate::secret::{digest, new_secret};
-use crate::state::Api;
+use crate::state::{Api, may_see};
 
 /// The header a narrowed request carries: the session's capability.
 pub const HEADER: &str = "x-brood-session";
-
-/// The open stdio sessions: each capability's digest and the root it
-/// narrows to.
-#[derive(Default)]
-pub(crate) struct Sessions(Mutex<HashMap<[u8; 32], AgentName>>);
-
-impl Sessions {
-    /// A new capability for `root`, valid until [`Sessions::revoke`].
-    pub(crate) fn issue(&self, root: &AgentName) -> std::io::Result<String> {
-        let cap = new_secret()?;
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(digest(&cap), root.clone());
-        Ok(cap)
-    }
-
-    /// The session ended: its capability is refused from now on.
-    pub(crate) fn revoke(&self, cap: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&digest(cap));
-    }
-
-    fn root_of(&self, cap: &str) -> Option<AgentName> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&digest(cap))
-            .cloned()
-    }
-}
 
 /// The caller a request acts as: `caller`, or the session root its
 /// [`HEADER`] names when `caller` may see that root.

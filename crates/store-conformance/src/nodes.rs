@@ -1,8 +1,15 @@
 //! The nodes sharing a store (issue 15): registered, heartbeating, listed
 //! with their load, leaving.
 
-use super::*;
+use super::{end, get, name, new_agent, now, spawn_events, start, tenant};
+use brood_core::CancelReason;
+use brood_core::Code;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::Terminal;
 use brood_store::NewNode;
+use brood_store::Store;
+use brood_store::StoreError;
 
 fn node(id: &str, labels: &str) -> NewNode {
     NewNode {

@@ -5,74 +5,16 @@
 //! process on the other nodes is gone is taken. The floor: the same cancel
 //! with every child on node 0 (one node, no store between them).
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-/// One call to a node's API over its socket.
-async fn call(root: &Path, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
-    let ep = brood_server::client::Endpoint::Unix(root.join("brood.sock"));
-    let a = brood_server::client::call(&ep, method, path, body.as_ref(), None)
-        .await
-        .map_err(|e| anyhow::anyhow!("{method} {path} on {}: {e}", root.display()))?;
-    if !(200..300).contains(&a.status) {
-        bail!(
-            "{method} {path} on {}: {} {}",
-            root.display(),
-            a.status,
-            a.body
-        );
-    }
-    Ok(a.body)
-}
+use super::daemons::{Node, call};
 
 fn alive(pid: i64) -> bool {
     // SAFETY: signal 0 only asks whether the process exists.
     i32::try_from(pid).is_ok_and(|p| unsafe { libc::kill(p, 0) } == 0)
-}
-
-struct Node {
-    root: PathBuf,
-    child: std::process::Child,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // SAFETY: signalling the node this benchmark started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_node(exe: &str, root: &Path, store: &str, i: usize) -> Result<Node> {
-    std::fs::create_dir_all(root)?;
-    #[allow(clippy::disallowed_methods)]
-    let child = std::process::Command::new(exe)
-        .arg("--root")
-        .arg(root)
-        // Never on the command line, where any local process reads a password.
-        .env("BROOD_STORE", store)
-        .args(["serve", "--grace", "0.3", "--label"])
-        // Children are placed on a node by this label.
-        .arg(format!("node={i}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting a node in {}", root.display()))?;
-    let node = Node {
-        root: root.to_owned(),
-        child,
-    };
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(root.join("brood.sock")).is_err() {
-        if t.elapsed() > Duration::from_secs(20) {
-            bail!("the node in {} did not start", root.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(node)
 }
 
 /// One round: a parent on node 0, `kids` children spread over `on`, the
@@ -134,9 +76,12 @@ async fn round(nodes: &[Node], on: &[usize], kids: usize, r: usize, exe: &str) -
 
 pub async fn run(exe: &str, store: &str, rounds: usize, kids: usize) -> Result<Value> {
     let dir = std::env::temp_dir().join(format!("brood-bench-nodes-{}", std::process::id()));
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| start_node(exe, &dir.join(format!("n{i}")), store, i))
-        .collect::<Result<_>>()?;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        // Children are placed on a node by this label.
+        let label = vec!["--label".to_owned(), format!("node={i}")];
+        nodes.push(Node::start(exe, &dir.join(format!("n{i}")), Some(store), &label).await?);
+    }
     let mut across = Vec::new();
     let mut local = Vec::new();
     for r in 0..rounds {

@@ -1,5 +1,5 @@
 //! The command blocks of a markdown page as the walk-through test reads them
-//! (docs/decisions.md "Walk-throughs that run"): a fenced block in `sh`,
+//! (docs/decisions/cli-and-docs.md "Walk-throughs that run"): a fenced block in `sh`,
 //! `bash`, `shell` or `console` is commands to run, unless the line right
 //! before its fence is `<!-- not run: REASON -->`; every other fence (`text`,
 //! `json`, a bare one, …) is shown, never run. In a `console` block only the

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::*;
+use super::{AbsPath, FileRule, MountEntry, Network, PolicyError, Resources, Rule};
 
 /// A tool or model name (`field` is `tools` or `models`, or an indexed element
 /// of one): non-empty, without whitespace or control characters, since names

@@ -2,7 +2,14 @@
 //! them ([`detect`]), read from the mount table and `/proc/self/cgroup`: pure
 //! v2, hybrid (v2 for grouping beside v1 controllers) or pure v1.
 
-use super::*;
+use super::{CgroupError, io_err};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+use std::path::PathBuf;
 
 /// v1 controllers we recognise in mount options (cgroups(7)); anything else in
 /// the options is a mount flag or a named hierarchy (`name=systemd`).

@@ -4,7 +4,15 @@
 //! or in the v1 mirrors of a hybrid or v1 host. See the module docs of
 //! `crate::cgroup`.
 
-use super::*;
+use super::{
+    CgroupError, Cgroups, Group, GroupPath, Kind, any_in_subtree, exists, io_err, join_rel,
+    local_pids, open_procs, parent_pid, write_file,
+};
+use std::fs;
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::path::PathBuf;
 
 /// The controllers brood limits, in the order limits are applied and reported.
 pub(super) const LIMIT_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];

@@ -3,7 +3,17 @@
 //! controller hierarchies that carry limits, and killing what a process left
 //! in a mirror after it left its v2 group.
 
-use super::*;
+use super::{
+    CgroupError, Cgroups, Detected, Group, Kind, instance_dir, io_err, own_dir, pids_under,
+    write_file,
+};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::path::PathBuf;
+use std::thread::sleep;
+use std::time::Duration;
+use std::time::Instant;
 
 /// How long a v1 kill keeps freezing and killing before it gives up.
 pub(super) const V1_KILL_DEADLINE: Duration = Duration::from_secs(5);

@@ -2,7 +2,12 @@
 //! namespaces, each with `lo` up, made ahead of need on a thread of their
 //! own, each handed out once.
 
-use super::*;
+use std::io;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::Condvar;
+use std::sync::Mutex;
 
 /// Empty network namespaces made ahead of need (see the module docs): a thread
 /// keeps `depth` of them ready, each with `lo` up, and [`NetnsPool::take`] hands

@@ -4,7 +4,14 @@
 //! supervisor's memory, so only raw syscalls run here: no allocation, no
 //! lock, no glibc wrapper that touches other threads.
 
-use super::*;
+use super::{DOOR_FD, MAX_EXTRA_PROCS, kill_and_reap};
+use crate::sandbox::ChildPlan;
+use std::io;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicI32;
+use std::sync::atomic::Ordering;
 
 /// What the child of [`clone_child`] works from: raw pointers and descriptors,
 /// all prepared and kept alive by the parent, which is suspended until the child

@@ -1,7 +1,10 @@
 //! The keeper: the init of the PID namespace the spawner thread's agents
 //! live in (see the parent module), and how the spawner tells it is gone.
 
-use super::*;
+use std::io;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::os::fd::RawFd;
 
 /// Whether the keeper is dead or dying. A namespace stops taking processes as
 /// soon as its init starts to exit (the kernel disables PID allocation before

@@ -1,6 +1,6 @@
 //! The veil: brood's own machinery out of every agent's reach, whatever its
-//! policy grants (issue 11; docs/decisions.md "Brood's machinery is out of
-//! reach").
+//! policy grants (issue 11; docs/decisions/containment.md "Brood's machinery
+//! is out of reach: the veil").
 //!
 //! Agents started by a root supervisor run as uid 0 without capabilities. File
 //! modes do not hold such a process back from root-owned files (it is their

@@ -4,7 +4,35 @@
 //! transaction counts the quotas; a refusal leaves an event in the would-be
 //! parent's log and a count in `/metrics`.
 
-use super::*;
+use super::{
+    Dispatcher, Live, Pending, Reply, ev, new_run_id, now_ms, now_unix_s, rand_u32, stored_policy,
+};
+use crate::api::ApiError;
+use crate::api::Caller;
+use crate::api::SpawnRequest;
+use crate::api::internal;
+use crate::api::not_found;
+use crate::hosts::host_alive;
+use crate::hosts::registered_nodes;
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::Iso;
+use brood_core::Life;
+use brood_core::ParentView;
+use brood_core::SessionName;
+use brood_core::Status;
+use brood_core::policy::Policy;
+use brood_core::policy::PolicyRequest;
+use brood_launch::cgroup::Group;
+use brood_store::Agent;
+use brood_store::NewAgent;
+use brood_store::NewEvent;
+use serde_json::Value;
+use serde_json::json;
+use std::path::PathBuf;
 
 impl Dispatcher {
     /// The quotas that apply to this supervisor's tenant now.

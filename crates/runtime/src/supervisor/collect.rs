@@ -4,7 +4,18 @@
 //! confined as the child, within [`COLLECT_LIMIT`]; the run's end is recorded
 //! when the answer comes back.
 
-use super::*;
+use super::{Cmd, Dispatcher, ev};
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::FailReason;
+use brood_core::RunId;
+use brood_core::Terminal;
+use brood_core::policy::Policy;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// How a run that handed something back ended, carried through its
 /// collection to the record.

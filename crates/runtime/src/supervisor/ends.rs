@@ -2,7 +2,17 @@
 //! projection, the parent's context pack (SPEC 4), a pending spawn reply, the
 //! waiters, and the stop of descendants left behind.
 
-use super::*;
+use super::{Dispatcher, UnrecordedEnd, ev, now_ms};
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::Status;
+use brood_core::Terminal;
+use brood_proto::ToAgent;
+use brood_store::Agent;
+use brood_store::RunEnd;
+use serde_json::json;
 
 impl Dispatcher {
     /// A run is over and no stop covers it: record the outcome, tell the parent and

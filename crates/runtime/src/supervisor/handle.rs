@@ -3,7 +3,41 @@
 //! dispatcher's task) and the verbs as async calls that send a `Cmd` and await
 //! its answer.
 
-use super::*;
+use super::{
+    Cmd, Config, Dispatcher, HostInfo, JobOp, RemoveOp, Reply, StartError, Supervisor, Waiters,
+    jobs, now_ms, queue, sockets, sweep,
+};
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::Caller;
+use crate::api::SpawnRequest;
+use crate::hosts::host_alive;
+use crate::hosts::node_labels;
+use crate::hosts::registered_nodes;
+use crate::hosts::supervisor_id;
+use crate::intake::supplementary_groups;
+use crate::intake::unsafe_getegid;
+use crate::intake::unsafe_geteuid;
+use crate::objects::project_agent;
+use crate::paths::Paths;
+use crate::projection::Projection;
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::policy::Policy;
+use brood_launch::Spawner;
+use brood_launch::cgroup::Cgroups;
+use brood_launch::env::Base;
+use brood_store::Store;
+use serde_json::json;
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 impl Supervisor {
     /// Opens the store, cleans up after a dead predecessor, and starts the

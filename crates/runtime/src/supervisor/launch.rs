@@ -2,7 +2,35 @@
 //! limits, its policy file, channel and handoff, its sandbox, namespaces and the
 //! veil, then the spawner; and what the launch's answer records (`agent.start`).
 
-use super::*;
+use super::{
+    Cmd, Dispatcher, NETNS_POOL_DEPTH, ev_value, io, now_ms, now_unix_s, reap_orphan_launch,
+    task_of,
+};
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::FailReason;
+use brood_core::RunId;
+use brood_core::Terminal;
+use brood_core::policy::Policy;
+use brood_launch::LaunchError;
+use brood_launch::LaunchSpec;
+use brood_launch::Launched;
+use brood_launch::cgroup::Cgroups;
+use brood_launch::cgroup::Group;
+use brood_launch::cgroup::GroupPath;
+use brood_launch::env::Identity;
+use brood_proto::HistoryMessage;
+use brood_proto::InitConfig;
+use brood_proto::ToAgent;
+use brood_store::Agent;
+use brood_store::Protocol;
+use serde_json::Value;
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::mpsc;
 
 impl Dispatcher {
     /// Agents holding a concurrency slot: those whose process was started.

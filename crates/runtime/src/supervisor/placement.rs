@@ -12,7 +12,18 @@ use std::collections::BTreeMap;
 
 use brood_store::{Node, placed_for, placed_on};
 
-use super::*;
+use super::{Dispatcher, Live, Pending, now_ms, stored_policy};
+use crate::api::ApiError;
+use crate::api::internal;
+use brood_core::Code;
+use brood_core::FailReason;
+use brood_core::SessionName;
+use brood_core::Status;
+use brood_core::Terminal;
+use brood_launch::cgroup::Group;
+use brood_store::Agent;
+use serde_json::Value;
+use std::path::PathBuf;
 
 /// Claimed at most this many at a time (the rest at the next look).
 const CLAIM_BATCH: u32 = 64;

@@ -2,7 +2,21 @@
 //! status changes, stderr, and its exit, which ends the run (or waits for the
 //! collection of its result).
 
-use super::*;
+use super::{
+    AgentEv, Cmd, Dispatcher, EXEC_OUT_MAX, STDERR_TAIL, ev, exit_code, handle, now_ms, outcome_of,
+};
+use crate::api::Caller;
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::FailReason;
+use brood_core::RunId;
+use brood_core::SessionName;
+use brood_core::Status;
+use brood_core::Terminal;
+use brood_proto::FromAgent;
+use serde_json::json;
 
 impl Dispatcher {
     /// New spend of `delta` dollars by `name`: it rolls up through every live

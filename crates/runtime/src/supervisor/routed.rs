@@ -6,7 +6,23 @@
 //! bytes fetched from the store off the dispatcher first); and closes made
 //! through another node of agents this node ran, shown in its ctx tree.
 
-use super::*;
+use super::{Cmd, Dispatcher, Reply, ev, now_ms, stored_policy};
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::internal;
+use crate::hosts::host_alive;
+use crate::hosts::registered_nodes;
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::Status;
+use brood_store::Agent;
+use brood_store::Protocol;
+use serde_json::Value;
+use serde_json::json;
+use std::collections::HashSet;
 
 /// The sender of an inbox entry that is no input but news of a child's end:
 /// its text names the child. No input's sender looks like it (`user:<uid>`

@@ -5,7 +5,20 @@
 //! runs' `artifact/` emptied (they hand nothing back, issue 24), then the
 //! records and events written in post-order.
 
-use super::*;
+use super::{Cmd, Collect, Dispatcher, ev, exit_code, now_ms};
+use crate::objects::project_agent;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::FailReason;
+use brood_core::Terminal;
+use brood_launch::cgroup::Cgroups;
+use brood_launch::cgroup::Group;
+use brood_proto::ToAgent;
+use brood_store::Agent;
+use brood_store::EndItem;
+use brood_store::RunEnd;
+use std::time::Duration;
 
 /// One stop in flight: the targets in post-order with the outcome each gets, and
 /// the group whose emptiness ends it.
@@ -74,7 +87,8 @@ impl Dispatcher {
     /// [`Self::remove_group`], then (the group empty) the `artifact/` of
     /// `clear`, a channel whose run recorded no result. Without cgroups it
     /// is emptied at once: the run's process has exited, and that weaker
-    /// mode cannot see the rest (docs/decisions.md, the fallback).
+    /// mode cannot see the rest (docs/decisions/containment.md "Nothing of a
+    /// refused or stopped result is left behind").
     pub(super) fn remove_group_then_clear(
         &self,
         group: Option<Group>,

@@ -1,7 +1,25 @@
 //! The verbs on live agents (SPEC 4, 11): send, wait, cancel, close, resume,
 //! each authorised against the caller first.
 
-use super::*;
+use super::{Cmd, Dispatcher, Live, Pending, Reply, ev, new_run_id, now_ms, stored_policy};
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::Caller;
+use crate::api::internal;
+use crate::objects::project_agent;
+use crate::shown::agent_json;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::Code;
+use brood_core::Status;
+use brood_core::Terminal;
+use brood_proto::ToAgent;
+use brood_store::Protocol;
+use serde_json::Value;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
 
 impl Dispatcher {
     pub(super) fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {

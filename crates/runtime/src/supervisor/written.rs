@@ -2,7 +2,10 @@
 //! their status files, their parent's channel to them, their events; and
 //! events appended to the store and projected in one call.
 
-use super::*;
+use super::{Dispatcher, now_ms};
+use brood_store::Agent;
+use brood_store::NewEvent;
+use std::path::PathBuf;
 
 impl Dispatcher {
     pub(super) fn channel_dir_of(&self, a: &Agent) -> Option<PathBuf> {

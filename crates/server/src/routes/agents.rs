@@ -19,11 +19,10 @@ use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::path_name;
-use crate::auth::may_see;
 use crate::body::Body;
 use crate::error::{HttpError, bad, json};
 use crate::idempotency;
-use crate::state::Api;
+use crate::state::{Api, may_see};
 
 /// The longest a `wait` long-polls, and its default.
 const WAIT_MAX_S: f64 = 3600.0;

@@ -87,3 +87,10 @@ pub(crate) fn path_name(s: &str) -> Result<AgentName, HttpError> {
         ))
     })
 }
+
+impl Api {
+    /// The router, every route of SPEC 11, with authentication in front.
+    pub fn router(&self) -> Router {
+        router(self.clone())
+    }
+}

@@ -9,9 +9,8 @@ use axum::response::{IntoResponse, Response};
 use brood_api::{ErrorBody, ParentReply, Session, SessionList, SessionTrees};
 use brood_runtime::{ApiError, Caller};
 
-use crate::auth::may_see;
 use crate::error::{HttpError, json};
-use crate::state::Api;
+use crate::state::{Api, may_see};
 
 fn read<T: serde::Serialize>(
     api: &Api,

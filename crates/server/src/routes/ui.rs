@@ -25,9 +25,8 @@ use utoipa::IntoParams;
 
 use super::agents::read;
 use super::path_name;
-use crate::auth::may_see;
 use crate::error::{HttpError, answer, bad, now_ms};
-use crate::state::Api;
+use crate::state::{Api, may_see};
 
 /// The most messages one transcript answer carries; the page asks again
 /// from the last one it got.

@@ -7,8 +7,8 @@
 //! call blocks the calling thread on `futures_executor::block_on`, never on
 //! a tokio runtime's `block_on`, so the store can be called from inside the
 //! supervisor's runtime (where the synchronous `postgres` crate would panic)
-//! as SQLite is. The trait stays synchronous (docs/decisions.md "Calling a
-//! networked store without blocking the loop").
+//! as SQLite is. The trait stays synchronous (docs/decisions/store.md "The
+//! trait stays synchronous").
 //!
 //! Connections. A fixed pool (`Options::connections`): a caller takes one,
 //! uses it for one method, gives it back; one found closed (the server

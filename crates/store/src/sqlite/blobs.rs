@@ -6,9 +6,11 @@ use std::io::{Read, Write};
 
 use rusqlite::OptionalExtension;
 
-use super::*;
+use super::SqliteStore;
 use crate::blobs::{Head, I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, get, put};
 use crate::contract::Blobs;
+use crate::types::Result;
+use brood_core::TenantId;
 
 impl Blobs for SqliteStore {
     fn put_blob(

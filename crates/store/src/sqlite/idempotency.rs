@@ -3,9 +3,10 @@
 use brood_core::TenantId;
 use rusqlite::OptionalExtension;
 
-use super::*;
+use super::SqliteStore;
 use crate::contract::Idempotency;
 use crate::types::IdempotentReply;
+use crate::types::Result;
 
 const Q_REPLY: &str = "SELECT caller, key, scope, request_hash, status, body, created_ms, expires_ms \
      FROM idempotency WHERE tenant = ?1 AND caller = ?2 AND key = ?3 AND expires_ms > ?4";

@@ -8,9 +8,17 @@ use brood_core::job::after_failure;
 use brood_core::{AgentName, Code, ItemStatus, JobStatus, TenantId};
 use rusqlite::{OptionalExtension, Row};
 
-use super::*;
+use super::{
+    Fail, SqliteStore, Tx, agent_exists, append_events_tx, check_json_object, collect, corrupt,
+    not_found, parse_name, refused,
+};
 use crate::contract::Jobs;
+use crate::types::NewEvent;
+use crate::types::Result;
+use crate::types::StoreError;
 use crate::types::{Attempt, AttemptOutcome, Job, JobItem, NewItem, NewJob};
+use rusqlite::Connection;
+use rusqlite::Transaction;
 
 const JOB_COLS: &str =
     "tenant, id, owner, status, spec, source, total, created_ms, started_ms, ended_ms, updated_ms";

@@ -36,17 +36,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::group::{Group, Groups, Ticket};
-use brood_core::{
-    AgentName, CancelReason, Code, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas,
-    Terminal,
-};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
+use brood_core::{AgentName, Code, Quotas, TenantId};
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
-use crate::contract::{Admission, Records, Recovery, Runs, Sweeps, Transcripts};
-use crate::types::{
-    Agent, Artifact, Channel, EndItem, Event, Fence, Message, NewAgent, NewEvent, Protocol, Result,
-    Run, RunEnd, Spend, StoreError, Usage,
-};
+use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;

@@ -1,9 +1,15 @@
 //! The nodes sharing the store (`Nodes`, issue 15) on SQLite. The SQL is
 //! shared with the PostgreSQL store.
 
-use super::*;
+use super::{SqliteStore, agent_at, collect, corrupt};
 use crate::contract::Nodes;
+use crate::types::Agent;
+use crate::types::Result;
+use crate::types::StoreError;
 use crate::types::{Inbound, NewNode, Node};
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::TenantId;
 
 pub(crate) const U_NODE: &str = "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?5) \

@@ -1,6 +1,21 @@
 //! Decoding rows into records, refusing what no version of brood writes.
 
-use super::*;
+use super::{Tx, corrupt};
+use crate::types::Agent;
+use crate::types::Artifact;
+use crate::types::Channel;
+use crate::types::Event;
+use crate::types::Message;
+use crate::types::Protocol;
+use crate::types::Run;
+use brood_core::AgentName;
+use brood_core::RunId;
+use brood_core::SessionName;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::Terminal;
+use rusqlite::Connection;
+use rusqlite::Row;
 
 // ---- row decoding -------------------------------------------------------------
 

@@ -3,9 +3,12 @@
 
 use rusqlite::OptionalExtension;
 
-use super::*;
+use super::{SqliteStore, Tx, collect};
 use crate::contract::SlotShares;
 use crate::shares::{D_SHARE, Q_HELD, Q_SHARE, Q_SHARES, U_ADD, U_SET, count, stored};
+use crate::types::Result;
+use brood_core::TenantId;
+use rusqlite::Transaction;
 
 fn share(tx: &Transaction<'_>, tenant: &str, holder: &str) -> Tx<u64> {
     let held: Option<i64> = tx

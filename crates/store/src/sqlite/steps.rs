@@ -1,7 +1,20 @@
 //! The shared steps of the transactions: loading and checking agents, events
 //! appended with their sequence numbers, a run's end written.
 
-use super::*;
+use super::{
+    I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, U_RUN_ENDED, U_STATUS_DETAIL,
+    agent_at, not_found,
+};
+use crate::types::Agent;
+use crate::types::Event;
+use crate::types::NewEvent;
+use brood_core::AgentName;
+use brood_core::RunId;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::Terminal;
+use rusqlite::Connection;
+use rusqlite::Transaction;
 
 // ---- shared steps of the transactions -------------------------------------------
 

@@ -1,7 +1,42 @@
 //! The store's contract implemented on SQLite, concern by concern (the
 //! sweepers' part is in `sweeps`).
 
-use super::*;
+use super::{
+    I_MESSAGE, I_TENANT_QUOTA, MAX_WALK_DEPTH, Q_AGENTS_ALL, Q_AGENTS_UNFINISHED,
+    Q_ANCESTOR_OR_SELF, Q_CHANNEL, Q_CHILDREN, Q_DESCENDANTS, Q_EVENTS, Q_EVENTS_OF_AGENT,
+    Q_LAST_EVENT_SEQ, Q_LAST_MESSAGE_SEQ, Q_MESSAGES, Q_OWN_USAGE, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS,
+    Q_STOPPING_OF, Q_SUBTREE_USAGE, Q_SUPERVISORS_WITH_UNFINISHED, Q_TENANT_QUOTAS, Q_TENANT_RUNS,
+    Q_TENANTS, Q_UNFINISHED_OF, SqliteStore, U_RUN_STARTED, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL,
+    agent_at, agent_exists, append_events_tx, channel_from, check_current_run, check_move, collect,
+    corrupt, end_run_tx, event_from, load_agent, mark_stopping_tx, message_from, must_agent,
+    not_found, parse_name, recover_tx, refused, resume_tx, run_from, to_sql_count, usage_row,
+};
+use crate::contract::Admission;
+use crate::contract::Records;
+use crate::contract::Recovery;
+use crate::contract::Runs;
+use crate::contract::Transcripts;
+use crate::types::Agent;
+use crate::types::Channel;
+use crate::types::EndItem;
+use crate::types::Event;
+use crate::types::Message;
+use crate::types::NewAgent;
+use crate::types::NewEvent;
+use crate::types::Result;
+use crate::types::Run;
+use crate::types::RunEnd;
+use crate::types::Spend;
+use crate::types::StoreError;
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::Quotas;
+use brood_core::RunId;
+use brood_core::SessionName;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::TenantQuotas;
+use brood_core::Terminal;
 
 impl Admission for SqliteStore {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {

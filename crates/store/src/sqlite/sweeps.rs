@@ -1,7 +1,24 @@
 //! Budgets, leases and sweepers (SPEC 9): spend over a subtree, the fenced
 //! lease and the sweepers' fenced writes.
 
-use super::*;
+use super::{
+    SqliteStore, Tx, agent_at, append_events_tx, collect, end_run_tx, mark_stopping_tx, must_agent,
+    refused,
+};
+use crate::contract::Sweeps;
+use crate::types::Agent;
+use crate::types::Fence;
+use crate::types::NewEvent;
+use crate::types::Result;
+use crate::types::RunEnd;
+use crate::types::Usage;
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::TenantId;
+use brood_core::Terminal;
+use rusqlite::OptionalExtension;
+use rusqlite::Row;
+use rusqlite::Transaction;
 
 // ---- budgets, leases and sweepers (SPEC 9) --------------------------------------
 

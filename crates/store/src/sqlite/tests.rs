@@ -1,6 +1,9 @@
 //! Unit tests of the SQLite store's internals (the contract is checked by
 //! `brood-store-conformance` from `tests/store.rs`).
 use super::*;
+use brood_core::SessionName;
+
+use crate::contract::{Records, Transcripts};
 
 fn store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,27 @@
 //! The transactions: admission with its quotas, `create_limit` and budget,
 //! the intent of a stop, a run's end, resume and recovery.
 
-use super::*;
+use super::{
+    I_AGENT, I_CHANNEL, I_EDGE, I_RUN, I_TENANT, MAX_WALK_DEPTH, Q_CREATED_SINCE, Q_FANOUT,
+    Q_LAST_RUN_SEQ, Q_RUN_CREATED, Q_SUBTREE_USAGE, Q_TREE_SIZE, Q_UNFINISHED_CHILDREN_SPECS,
+    Q_UNFINISHED_OF, Tx, U_CHANNEL_RESULT, U_RESUMED, U_STATUS, agent_at, agent_exists,
+    append_events_tx, check_current_run, check_json_object, check_move, collect, corrupt,
+    encode_artifacts, load_agent, must_agent, refused, stop_event, write_end,
+};
+use crate::types::Agent;
+use crate::types::NewAgent;
+use crate::types::NewEvent;
+use crate::types::RunEnd;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::Code;
 use brood_core::FailReason;
+use brood_core::Quotas;
+use brood_core::RunId;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::Terminal;
+use rusqlite::Transaction;
 
 // ---- the transactions -----------------------------------------------------------
 

@@ -4,7 +4,14 @@
 
 use brood_core::{ItemStatus, JobStatus};
 
-use super::*;
+use super::job_error;
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::Caller;
+use crate::supervisor::{Dispatcher, now_ms};
+use brood_core::AgentName;
+use brood_core::Code;
+use serde_json::json;
 
 impl Dispatcher {
     /// `assign`: the pending `item` of a running job gets its next attempt

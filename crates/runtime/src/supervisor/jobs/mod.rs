@@ -31,7 +31,21 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use brood_core::{ItemStatus, JobStatus};
 use brood_store::Job;
 
-use super::*;
+use super::{Dispatcher, ev_value, now_ms};
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::Caller;
+use crate::api::internal;
+use crate::shown::to_json;
+use brood_core::AgentName;
+use brood_core::CancelReason;
+use brood_core::Code;
+use brood_core::SessionName;
+use brood_core::Terminal;
+use brood_store::NewEvent;
+use brood_store::StoreError;
+use serde_json::Value;
+use serde_json::json;
 
 /// What the dispatcher is asked to do with a job (SPEC 10 "Control").
 #[derive(Debug)]

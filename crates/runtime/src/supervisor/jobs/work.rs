@@ -4,7 +4,20 @@
 
 use brood_core::{ItemStatus, JobStatus};
 
-use super::*;
+use super::{Work, job_error};
+use crate::api::ApiError;
+use crate::api::ApiResult;
+use crate::api::Caller;
+use crate::api::SpawnRequest;
+use crate::supervisor::{Dispatcher, now_ms};
+use brood_core::AgentName;
+use brood_core::Code;
+use brood_core::FailReason;
+use brood_core::SessionName;
+use brood_core::Terminal;
+use brood_store::Protocol;
+use serde_json::Value;
+use serde_json::json;
 
 impl Dispatcher {
     /// Fails the attempt `worker` holds, if any.

@@ -46,7 +46,8 @@ async function getJson(path) {
 }
 
 // A mutation: the cookie authenticates it, the header proves it came from
-// this page (docs/decisions.md "The web UI's cookie").
+// this page (docs/decisions/ui-and-mcp.md "Mutations authenticated by the
+// cookie need `X-Brood-Csrf: 1`").
 async function post(path, body) {
   const r = await fetch(path, {
     method: "POST",

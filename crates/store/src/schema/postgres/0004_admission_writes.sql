@@ -1,8 +1,8 @@
 -- The foreign keys of the rows an admission writes beside its agent (its
 -- run, edge, channel and events) go: seven checks an admission, they cost
 -- about as much as the rest of its writes together (measured: 2,000-2,150 admissions a second across three nodes with them,
--- 2,850-3,150 without; docs/decisions.md "Admission on PostgreSQL, a group
--- at a time").
+-- 2,850-3,150 without; docs/decisions/store.md "Admission on PostgreSQL, a
+-- group at a time").
 --
 -- What they guarded still holds without them: these rows are written only
 -- by the store's own transactions, each of which has checked, under the

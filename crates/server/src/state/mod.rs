@@ -3,13 +3,22 @@
 
 use std::sync::Arc;
 
-use axum::Router;
-use brood_runtime::{Supervisor, View};
+use brood_core::Code;
+use brood_runtime::{ApiError, Caller, Supervisor, View};
 
-use crate::auth::Token;
-use crate::events::{EventLimits, Hub};
-use crate::idempotency::InFlight;
-use crate::ui::session::UiLimits;
+pub(crate) mod hub;
+mod in_flight;
+mod mcp_sessions;
+mod token;
+mod ui_sessions;
+
+pub(crate) use hub::Hub;
+pub use hub::{EventLimits, event_json};
+pub(crate) use in_flight::InFlight;
+pub(crate) use mcp_sessions::Sessions;
+pub use token::Token;
+pub use ui_sessions::UiLimits;
+pub(crate) use ui_sessions::UiSessions;
 
 /// The HTTP API in front of one supervisor. Cheap to clone.
 #[derive(Clone)]
@@ -22,9 +31,9 @@ pub(crate) struct Inner {
     pub token: Option<Token>,
     pub in_flight: InFlight,
     /// The open stdio MCP sessions' capabilities (`narrow`).
-    pub mcp_sessions: crate::narrow::Sessions,
+    pub mcp_sessions: Sessions,
     /// The web UI's sessions (`ui::session`).
-    pub ui_sessions: crate::ui::session::UiSessions,
+    pub ui_sessions: UiSessions,
 }
 
 impl Api {
@@ -52,16 +61,41 @@ impl Api {
         self.0.ui_sessions.set_limits(limits);
     }
 
-    /// The router, every route of SPEC 11, with authentication in front.
-    pub fn router(&self) -> Router {
-        crate::routes::router(self.clone())
-    }
-
     pub(crate) fn sup(&self) -> &Supervisor {
         &self.0.sup
     }
 
     pub(crate) fn view(&self) -> View {
         self.0.sup.view()
+    }
+}
+
+/// Reads are narrowed like acts: an agent sees its own subtree only.
+pub(crate) fn may_see(
+    api: &Api,
+    caller: &Caller,
+    name: &brood_core::AgentName,
+) -> Result<(), ApiError> {
+    let Caller::Agent(me) = caller else {
+        return Ok(());
+    };
+    let sup = api.sup();
+    match sup.store().is_ancestor_or_self(sup.tenant(), me, name) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::new(
+            Code::Forbidden,
+            format!("agent {me} may see only its own subtree, not {name}"),
+        )),
+        Err(brood_store::StoreError::NotFound { .. }) => Err(ApiError::new(
+            Code::NotFound,
+            format!("no agent named {:?}", name.as_str()),
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "store error");
+            Err(ApiError::new(
+                Code::Internal,
+                "store error (see the supervisor's log)",
+            ))
+        }
     }
 }

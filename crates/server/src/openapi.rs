@@ -2,6 +2,7 @@
 //! annotations and `brood_api`'s types (utoipa), served at
 //! `/api/openapi.json`.
 
+use axum::response::IntoResponse;
 use serde_json::Value;
 use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::path::ParameterIn;
@@ -404,6 +405,20 @@ fn no_nul(nullable: bool) -> Value {
     } else {
         s
     }
+}
+
+/// `GET /api/openapi.json`: the document, served.
+#[utoipa::path(
+    get, path = "/api/openapi.json", tag = "service",
+    responses((status = 200, description = "This API's OpenAPI 3.1 document.", content_type = "application/json", body = Object))
+)]
+pub(crate) async fn openapi() -> axum::response::Response {
+    let mut r = document().into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// The document as JSON.

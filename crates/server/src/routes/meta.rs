@@ -53,19 +53,6 @@ pub(crate) async fn metrics(
 }
 
 #[utoipa::path(
-    get, path = "/api/openapi.json", tag = "service",
-    responses((status = 200, description = "This API's OpenAPI 3.1 document.", content_type = "application/json", body = Object))
-)]
-pub(crate) async fn openapi() -> Response {
-    let mut r = crate::openapi::document().into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-#[utoipa::path(
     get, path = "/api/nodes", tag = "service",
     responses(
         (status = 200, description = "The nodes sharing this store (brood serve processes): address, labels, capacity, load and heartbeat.", body = brood_api::NodeList),

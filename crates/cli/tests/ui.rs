@@ -205,13 +205,26 @@ impl Served {
             .unwrap();
         let daemon = Daemon(child);
         LOG.with(|l| *l.borrow_mut() = Some(dir.path().join("serve.log")));
-        // The port is bound before the token is written and the API served.
+        // The port is bound before the token is written and the API served;
+        // until it answers, a failed exchange only means "not yet" (the last
+        // one is shown if it never does).
+        let mut last = String::new();
         assert!(
             eventually(Duration::from_secs(30), || {
-                TcpStream::connect(("127.0.0.1", port)).is_ok()
-                    && http(port, "GET", "/healthz", &[], b"").status == 200
+                match try_http(port, "GET", "/healthz", &[], b"") {
+                    Ok(a) if a.status == 200 => true,
+                    Ok(a) => {
+                        last = format!("{} {}", a.status, a.body);
+                        false
+                    }
+                    Err(e) => {
+                        last = e.to_string();
+                        false
+                    }
+                }
             }),
-            "brood serve answers on 127.0.0.1:{port}"
+            "brood serve answers on 127.0.0.1:{port}: {last}\nserve.log:\n{}",
+            std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
         );
         let token = std::fs::read_to_string(root.join("token"))
             .unwrap()

@@ -13,12 +13,16 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnBody {
-    /// The agent's name (letters, digits, `-` and `_`); brood picks one when absent.
+    /// The agent's name (SPEC 1: a letter or digit, then letters, digits,
+    /// `.`, `_`, `+` and `-`, at most 64, not ending in `.sock` or `.d`);
+    /// brood picks one when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub name: Option<String>,
     /// The parent. An agent calling for itself may leave it out (it is the
     /// parent) and may name no other; the operator's agents without one are roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub parent: Option<String>,
     /// The program and its arguments: the program an absolute path to an
     /// executable file, or a bare name found in the agent's `PATH`; no NUL
@@ -50,10 +54,11 @@ pub struct SpawnBody {
     /// The working directory: an absolute path to an existing directory the
     /// agent may enter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^/")]
+    #[schema(pattern = "^/[^\\u0000-\\u001f\\u007f-\\u009f]*$", max_length = 4095)]
     pub cwd: Option<String>,
-    /// The session (default `default`).
+    /// The session (default `default`), named like an agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub session: Option<String>,
     /// Answer only once the agent said `ready` (or ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,12 +78,16 @@ pub struct SpawnBody {
     pub iso: Option<String>,
     /// With `iso = ns`: the directory that becomes the agent's `/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^/[^\\u0000-\\u001f\\u007f-\\u009f]*$", max_length = 4095)]
     pub root: Option<String>,
-    /// Who receives the result when not the parent.
+    /// Who receives the result when not the parent: an unfinished agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub customer: Option<String>,
-    /// Free text for people: one line, at most 256 bytes.
+    /// Free text for people: one line, at most 256 characters, no control
+    /// characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$", max_length = 256)]
     pub label: Option<String>,
     /// Where it runs when brood runs as a cluster of nodes
     /// (docs/many-nodes.md): a node chosen by labels and free capacity.
@@ -108,6 +117,7 @@ pub struct InputBody {
 #[serde(deny_unknown_fields)]
 pub struct WaitBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 3600)]
     pub timeout_s: Option<f64>,
 }
 

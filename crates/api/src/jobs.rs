@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 pub struct WorkerBody {
     /// The reference agent's type (`brood agent --type`), when `argv` is not given.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\\s\\u0000-\\u001f\\u007f-\\u009f]+$")]
     pub kind: Option<String>,
     /// The worker program (default: `brood agent`): an absolute path, or a
     /// name found in the workers' `PATH`.
@@ -26,15 +27,18 @@ pub struct WorkerBody {
     /// The reference agent's model (`brood agent --model`), when `argv` is
     /// not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\\s\\u0000-\\u001f\\u007f-\\u009f]+$")]
     pub model: Option<String>,
     /// The reference agent's provider (`brood agent --provider`: `openai`
     /// or `script`), when `argv` is not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\\s\\u0000-\\u001f\\u007f-\\u009f]+$")]
     pub provider: Option<String>,
     /// The reference agent's configuration file (`brood agent --config`,
     /// docs/agent.md), an absolute path the workers read with their own
     /// rights, when `argv` is not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^/[^\\u0000-\\u001f\\u007f-\\u009f]*$", max_length = 4095)]
     pub config: Option<String>,
 }
 
@@ -47,9 +51,14 @@ pub struct JobBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,51}$")]
     pub id: Option<String>,
-    /// The agent the job belongs to (its workers are its children). An agent
-    /// calling for itself leaves it out.
+    /// The agent the job belongs to (its workers are its children). Required
+    /// of the operator, whom this document describes; an agent calling for
+    /// itself may leave it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        required = true,
+        pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+    )]
     pub owner: Option<String>,
     /// The template: `{column}` fills in a field of the item's row, `{{` and
     /// `}}` are literal braces.
@@ -61,6 +70,7 @@ pub struct JobBody {
     pub input: Value,
     /// `csv`, `json` or `jsonl` (guessed from the text when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(csv|json|jsonl)$")]
     pub input_format: Option<String>,
     /// The column holding each row's id (default: the row's place, from 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -72,19 +82,35 @@ pub struct JobBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<WorkerBody>,
     /// Workers at once (default 8; 1 to 1024).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::opt_u32"
+    )]
     #[schema(minimum = 1, maximum = 1024)]
     pub concurrency: Option<u32>,
     /// Attempts per item (default 3; 1 to 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::opt_u32"
+    )]
     #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: Option<u32>,
     /// Seconds an attempt may take (default 1800; 1 to 315360000, ten years).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::opt_u64"
+    )]
     #[schema(minimum = 1, maximum = 315360000)]
     pub item_timeout_s: Option<u64>,
     /// Seconds the whole job may take (1 to 315360000, ten years).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::opt_u64"
+    )]
     #[schema(minimum = 1, maximum = 315360000)]
     pub max_runtime_s: Option<u64>,
 }
@@ -145,6 +171,7 @@ pub struct AssignBody {
     /// A live agent under the job's owner, holding no item, to hold it (the
     /// caller gives it the instruction); absent: a new worker is started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub worker: Option<String>,
 }
 
@@ -197,8 +224,9 @@ pub struct RetryReply {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayBody {
-    /// The new job's id (brood picks one when absent).
+    /// The new job's id (brood picks one when absent), as `JobBody.id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,51}$")]
     pub id: Option<String>,
     /// Only the items that failed (default: all of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]

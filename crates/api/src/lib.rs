@@ -12,10 +12,12 @@ pub mod error;
 pub mod events;
 pub mod jobs;
 pub mod nodes;
+pub mod policy;
 pub mod removal;
 pub mod secrets;
 pub mod sessions;
 pub mod ui;
+pub mod whole;
 
 pub use agents::*;
 pub use error::{ErrorBody, ErrorDetail, http_status};

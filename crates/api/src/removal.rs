@@ -16,6 +16,7 @@ pub struct PruneBody {
     /// The age, in seconds, a tree's last end must have reached (0: every
     /// finished tree).
     #[schema(minimum = 0, maximum = 3153600000_u64)]
+    #[serde(deserialize_with = "crate::whole::u64")]
     pub older_than_s: u64,
     /// List the trees that would be removed, and remove nothing.
     #[serde(default)]

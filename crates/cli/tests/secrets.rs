@@ -669,7 +669,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
             .map_or(0, Vec::len)
     };
     let (s, v) = http(&sock, "POST", "/api/agents/once/resume", Some(&json!({})));
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains(&format!(
             "secrets.{KEY}: the policy of once names secret {KEY}, whose value is not kept"
@@ -683,7 +683,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
         "/api/agents/once/resume",
         Some(&json!({"secrets": {KEY: secret, "EXTRA": "x"}})),
     );
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()
@@ -729,7 +729,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
         "/api/agents/kid/resume",
         Some(&json!({"secrets": {KEY: secret}})),
     );
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()
@@ -767,7 +767,7 @@ fn no_value_outlives_its_run_a_resume_or_a_restart_needs_it_again() {
         "the restart ended the root"
     );
     let (s, v) = http(&sock, "POST", "/api/agents/holder/resume", None);
-    assert_eq!(s, 400, "{v}");
+    assert_eq!(s, 409, "{v}");
     assert!(
         v["error"]["message"]
             .as_str()

@@ -96,7 +96,7 @@ pub struct SpawnRequest {
     /// Must be an unfinished agent of the tenant; a customer chain that would
     /// loop is refused with `Cycle`.
     pub customer: Option<AgentName>,
-    /// Free text for people (SPEC 3 `label`): one line, at most 256 bytes.
+    /// Free text for people (SPEC 3 `label`): one line, at most 256 characters.
     pub label: Option<String>,
     /// In a cluster: run on a node with these labels and free capacity
     /// (docs/many-nodes.md); `None`: the parent's node.
@@ -180,10 +180,11 @@ impl SpawnRequest {
         };
         let label = match b.label {
             None => None,
-            Some(l) if l.len() <= 256 && !l.chars().any(char::is_control) => Some(l),
+            // Characters, not bytes: as the OpenAPI document's `maxLength` counts.
+            Some(l) if l.chars().count() <= 256 && !l.chars().any(char::is_control) => Some(l),
             Some(l) => {
                 return Err(bad(format!(
-                    "label: must be one line of at most 256 bytes without control characters, got {l:?}"
+                    "label: must be one line of at most 256 characters without control characters, got {l:?}"
                 )));
             }
         };

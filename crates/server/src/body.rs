@@ -42,12 +42,31 @@ pub(crate) struct RawBody {
 impl RawBody {
     /// The body as `T`, `{}` when empty, the failing field named.
     pub(crate) fn parse<T: DeserializeOwned>(&self) -> Result<T, HttpError> {
-        let text: &[u8] = if self.bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &self.bytes
+        let Some(&first) = self.bytes.iter().find(|b| !b.is_ascii_whitespace()) else {
+            return brood_api::parse(b"{}").map_err(bad);
         };
-        brood_api::parse(text).map_err(bad)
+        // serde reads a struct from a JSON array too (`[null, null]` as a
+        // resume's fields in order): every body is an object, or nothing.
+        if first != b'{' {
+            return Err(bad(format!(
+                "body: must be a JSON object (or nothing where every field is optional), not {}",
+                json_kind(first)
+            )));
+        }
+        brood_api::parse(&self.bytes).map_err(bad)
+    }
+}
+
+/// What a JSON document starting with `first` is, to name it in a refusal
+/// (without quoting it: a body may carry secrets).
+fn json_kind(first: u8) -> &'static str {
+    match first {
+        b'[' => "an array",
+        b'"' => "a string",
+        b'-' | b'0'..=b'9' => "a number",
+        b't' | b'f' => "a boolean",
+        b'n' => "null",
+        _ => "something that is not JSON",
     }
 }
 

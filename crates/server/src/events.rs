@@ -37,8 +37,10 @@ use crate::state::{Api, event_json, may_see};
 #[into_params(parameter_in = Query)]
 pub(crate) struct EventQuery {
     /// Only this agent's events.
+    #[param(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub agent: Option<String>,
     /// Only the events of this agent and its descendants.
+    #[param(pattern = "^(?!.*\\.(sock|d)$)[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
     pub subtree: Option<String>,
     /// Only these types, comma-separated; `agent.*` matches a prefix.
     #[serde(rename = "type")]
@@ -48,6 +50,7 @@ pub(crate) struct EventQuery {
     pub session: Option<String>,
     /// `brood` (the default) or `agentruntime` (the draft standard's events;
     /// those without a counterpart are left out).
+    #[param(pattern = "^(brood|agentruntime)$")]
     pub format: Option<String>,
     /// Start after this sequence number (`Last-Event-ID` wins when both are given).
     pub after: Option<i64>,
@@ -103,9 +106,9 @@ fn last_seq(id: &str) -> Option<i64> {
 
 #[utoipa::path(
     get, path = "/api/events", tag = "events",
-    params(EventQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (the `id` of the last event received).")),
+    params(EventQuery, ("Last-Event-ID" = Option<String>, Header, pattern = "^([ -~]*-)?[ \t]*[+]?[0-9]{1,18}[ \t]*$", description = "Resume after this event (the `id` of the last event received: what follows its last `-` is the sequence).")),
     responses(
-        (status = 200, description = "`text/event-stream`: each event's `id` is its `event_id`, its `data` the event as JSON (`Event`, or the agentruntime form). `event: resync` (no id) ends a stream that fell too far behind: reconnect with `Last-Event-ID`.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "`text/event-stream`: each event's `id` is its `event_id`, its `data` the event as JSON (`Event`, or the agentruntime form). `event: resync` (no id) ends a stream that fell too far behind: reconnect with `Last-Event-ID`.", content_type = "text/event-stream", body = brood_api::Event),
         (status = 400, description = "A filter is malformed.", body = brood_api::ErrorBody),
         (status = 403, description = "An agent asked for events outside its subtree.", body = brood_api::ErrorBody),
         (status = 404, description = "The agent (`agent`) or the subtree's root (`subtree`) does not exist.", body = brood_api::ErrorBody),

@@ -12,6 +12,7 @@
 //! read of the store (`View`), and every reply is a `brood_api` type.
 
 mod agent_socket;
+mod app;
 mod auth;
 mod body;
 pub mod client;

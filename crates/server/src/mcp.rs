@@ -33,9 +33,10 @@ use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use utoipa::ToSchema;
 
 use crate::auth::Conn;
 use crate::body::Body;
@@ -134,7 +135,7 @@ fn brood_exe() -> String {
 }
 
 /// `POST /api/mcp/session`'s body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SessionBody {
     /// The MCP client's name (`clientInfo.name`), for the root's name.
@@ -142,11 +143,31 @@ pub(crate) struct SessionBody {
     client: Option<String>,
     /// The session's policy (SPEC 5 fields), the operator's for MCP sessions.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     policy: Option<Value>,
     /// The session root's secret values (`brood mcp --secret`), which its
     /// children inherit; never stored, shown or logged (issue 25).
     #[serde(default)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, String>>)]
     secrets: Option<brood_api::Secrets>,
+}
+
+/// The one event of `POST /api/mcp/session`'s stream: whom the session's
+/// tools act as.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SessionStart {
+    /// The agent the session works for: the new root, or the calling agent.
+    owner: String,
+    /// True when the session made a root of its own (the operator's).
+    root: bool,
+    /// The root as it was admitted (the operator's sessions only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<brood_api::Agent>)]
+    agent: Option<Value>,
+    /// What `/mcp` takes from the session's `brood mcp` to act as its root
+    /// (the operator's sessions only), good while the stream is open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capability: Option<String>,
 }
 
 /// `POST /api/mcp/session`: as an event stream, one event with the agent the
@@ -155,6 +176,17 @@ pub(crate) struct SessionBody {
 /// which does nothing but live), cancelled with its subtree when the
 /// connection closes; from an agent it is that agent itself, and nothing is
 /// held.
+#[utoipa::path(
+    post, path = "/api/mcp/session", tag = "mcp", operation_id = "mcp_session",
+    request_body(content = Option<SessionBody>, description = "Optional: the client's name, the session's policy and secret values."),
+    responses(
+        (status = 200, description = "`text/event-stream`: one event whose `data` is a `SessionStart`, then keep-alive comments for as long as the client holds the connection; closing it cancels the session's root and its subtree.", content_type = "text/event-stream", body = SessionStart),
+        (status = 400, description = "Malformed: the body, the policy, a client name that makes no agent name, or secrets from an agent.", body = brood_api::ErrorBody),
+        (status = 403, description = "The policy asks for more than the operator's.", body = brood_api::ErrorBody),
+        (status = 429, description = "A quota is spent.", body = brood_api::ErrorBody),
+        (status = 503, description = "The supervisor stopped.", body = brood_api::ErrorBody),
+    )
+)]
 pub(crate) async fn session(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
@@ -175,9 +207,15 @@ pub(crate) async fn session(
             ))
             .into_response();
         }
-        let first = json!({"owner": me.as_str(), "root": false});
+        let first = SessionStart {
+            owner: me.to_string(),
+            root: false,
+            agent: None,
+            capability: None,
+        };
+        let first = serde_json::to_string(&first).unwrap_or_default();
         let stream = futures_util::stream::once(async move {
-            Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
+            Ok::<_, Infallible>(SseEvent::default().data(first))
         });
         return Sse::new(stream).into_response();
     }
@@ -258,18 +296,25 @@ pub(crate) async fn session(
             .into_response();
         }
     };
-    let first = json!({"owner": name, "root": true, "agent": v, "capability": capability.cap});
+    let first = SessionStart {
+        owner: name,
+        root: true,
+        agent: Some(v),
+        capability: Some(capability.cap.clone()),
+    };
+    let first = serde_json::to_string(&first).unwrap_or_default();
     // One event, then nothing but the keep-alives, for as long as the
     // client holds on; the stream owns `held` and the capability, so
     // dropping it ends the session and refuses the capability.
-    let stream = futures_util::stream::once(async move {
-        Ok::<_, Infallible>(SseEvent::default().data(first.to_string()))
-    })
-    .chain(futures_util::stream::pending())
-    .map(move |e| {
-        let _session = (&held, &capability);
-        e
-    });
+    let stream =
+        futures_util::stream::once(
+            async move { Ok::<_, Infallible>(SseEvent::default().data(first)) },
+        )
+        .chain(futures_util::stream::pending())
+        .map(move |e| {
+            let _session = (&held, &capability);
+            e
+        });
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(HOLD_KEEP_ALIVE))
         .into_response()

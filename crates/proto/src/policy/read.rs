@@ -65,9 +65,18 @@ pub(super) fn required<'a>(
 
 pub(super) fn whole(field: &str, v: &Value) -> Result<u64, PolicyError> {
     match v {
-        Value::Number(n) => n.as_u64().ok_or_else(|| {
-            PolicyError::new(field, format!("{n}: must be a whole number, at least 0"))
-        }),
+        // `3.0` is as whole as `3` (a JSON Schema `integer`, as the API's
+        // document says a policy's numbers are).
+        Value::Number(n) => n
+            .as_u64()
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 18_446_744_073_709_551_616.0)
+                    .map(|f| f as u64)
+            })
+            .ok_or_else(|| {
+                PolicyError::new(field, format!("{n}: must be a whole number, at least 0"))
+            }),
         _ => Err(wrong(field, "a whole number", v)),
     }
 }

@@ -329,7 +329,7 @@ fn every_bad_value_is_refused_naming_its_field() {
             "1.5: must be a whole number",
         ),
         (r#"{"window": 0}"#, "window", "at least 1"),
-        (r#"{"window": 10.0}"#, "window", "must be a whole number"),
+        (r#"{"window": -2.0}"#, "window", "must be a whole number"),
         (
             r#"{"depth_limit": -1}"#,
             "depth_limit",
@@ -624,4 +624,13 @@ fn a_shown_policy_hides_every_env_value() {
     let mut whole = to_json(&p);
     hide_env(&mut whole);
     assert_eq!(whole, v);
+}
+
+#[test]
+fn a_whole_float_is_a_whole_number() {
+    // A JSON Schema `integer` (the API's document) is `10` or `10.0`.
+    let r = parse_json(r#"{"window": 10.0, "timeout_s": 60.0, "resources": {"pids_max": 5.0}}"#)
+        .unwrap();
+    assert_eq!((r.window, r.timeout_s), (Some(10), Some(60)));
+    assert_eq!(r.resources.pids_max, Some(5));
 }

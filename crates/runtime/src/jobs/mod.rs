@@ -263,10 +263,14 @@ pub fn replay_at(
         })
         .collect();
     if items.is_empty() {
-        return Err(bad(format!(
-            "job {source} has no {}items to replay",
-            if only_failed { "failed " } else { "" }
-        )));
+        // The request is well formed; the job, as it is, has nothing for it.
+        return Err(ApiError::new(
+            Code::Conflict,
+            format!(
+                "job {source} has no {}items to replay",
+                if only_failed { "failed " } else { "" }
+            ),
+        ));
     }
     let limit = intake.limits().items_per_job;
     if items.len() > limit as usize {

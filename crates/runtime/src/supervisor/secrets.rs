@@ -20,6 +20,13 @@ fn bad(msg: String) -> ApiError {
     ApiError::new(Code::BadRequest, msg)
 }
 
+/// A resume's values that do not match the agent's policy: a well-formed
+/// request that the agent, as it is, refuses (409, as a resume of an
+/// unfinished agent is).
+fn conflict(msg: String) -> ApiError {
+    ApiError::new(Code::Conflict, msg)
+}
+
 /// What a root needs of its caller, for a refusal's hint.
 fn give_again(k: &str) -> String {
     format!("`--secret {k}`, or `secrets` in the request")
@@ -120,12 +127,12 @@ impl Dispatcher {
         let name = &a.name;
         let Some(p) = &a.parent else {
             if let Some(k) = given.names().find(|k| !policy.secrets.contains(*k)) {
-                return Err(bad(format!(
+                return Err(conflict(format!(
                     "secrets.{k}: the policy of {name} names no secret {k} (a resume keeps the policy)"
                 )));
             }
             if let Some(k) = given.missing(&policy.secrets) {
-                return Err(bad(format!(
+                return Err(conflict(format!(
                     "secrets.{k}: the policy of {name} names secret {k}, whose value is not kept \
                      once a run ends; give it again ({})",
                     give_again(k)
@@ -134,7 +141,7 @@ impl Dispatcher {
             return Ok(given.clone());
         };
         if let Some(k) = given.names().next() {
-            return Err(bad(format!(
+            return Err(conflict(format!(
                 "secrets.{k}: {name} is a child: its secret values are its parent's, never given anew"
             )));
         }

@@ -48,6 +48,7 @@ fn reply(status: StatusCode, r: Result<Value, ApiError>) -> Response {
         (status = 413, description = "Body over 1 MiB.", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
         (status = 429, description = "A quota or budget is spent.", body = ErrorBody),
+        (status = 503, description = "No live node has the labels of its `placement` and free capacity (docs/many-nodes.md).", body = ErrorBody),
     )
 )]
 pub(crate) async fn spawn(
@@ -269,7 +270,7 @@ pub(crate) async fn input(
 
 #[utoipa::path(
     post, path = "/api/agents/{name}/wait", tag = "agents",
-    request_body(content = WaitBody, description = "Optional; `{}` waits 30 s."),
+    request_body(content = Option<WaitBody>, description = "Optional; `{}` waits 30 s."),
     params(("name" = String, Path, description = "The agent's name.")),
     responses(
         (status = 200, description = "The agent once it finished, or as it is when the time ran out (`timed_out: true`).", body = WaitReply),
@@ -310,15 +311,15 @@ pub(crate) async fn wait(
 
 #[utoipa::path(
     post, path = "/api/agents/{name}/resume", tag = "agents",
-    request_body(content = ResumeBody, description = "Optional: a message for the new run; a root's secret values again."),
+    request_body(content = Option<ResumeBody>, description = "Optional: a message for the new run; a root's secret values again."),
     params(("name" = String, Path, description = "The agent's name."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
         (status = 200, description = "A new run started.", body = brood_api::Agent),
-        (status = 400, description = "Malformed body, or a secret's value missing (a root's are given again).", body = ErrorBody),
+        (status = 400, description = "Malformed body.", body = ErrorBody),
         (status = 403, description = "Not the caller's descendant.", body = ErrorBody),
         (status = 404, description = "No such agent.", body = ErrorBody),
-        (status = 409, description = "The agent is not finished, or its parent is.", body = ErrorBody),
+        (status = 409, description = "The agent is not finished, or its parent is; or the secret values given do not match its policy's names (a root's are given again, each name and no other; a child's are its parent's).", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
         (status = 429, description = "A quota or budget is spent.", body = ErrorBody),
     )
@@ -350,7 +351,7 @@ pub(crate) async fn resume(
 
 #[utoipa::path(
     post, path = "/api/agents/{name}/close", tag = "agents",
-    request_body(content = EmptyBody, description = "None, or `{}`."),
+    request_body(content = Option<EmptyBody>, description = "None, or `{}`."),
     params(("name" = String, Path, description = "The agent's name."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
@@ -384,7 +385,7 @@ pub(crate) async fn close(
 
 #[utoipa::path(
     post, path = "/api/agents/{name}/cancel", tag = "agents",
-    request_body(content = EmptyBody, description = "None, or `{}`."),
+    request_body(content = Option<EmptyBody>, description = "None, or `{}`."),
     params(("name" = String, Path, description = "The agent's name."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
@@ -464,7 +465,7 @@ pub(crate) async fn tree(
 pub(crate) struct LogQuery {
     /// Only what lies after this byte offset of the log (default: from its
     /// start); the answer's `next` is where to ask again from.
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 9223372036854775807_u64)]
     pub after: Option<u64>,
     /// Only the last `tail` entries (at most 1000), whatever `after` says.
     #[param(minimum = 0, maximum = 1000)]
@@ -491,6 +492,12 @@ pub(crate) async fn log(
         Ok(Query(q)) => q,
         Err(e) => return bad(format!("query: {}", e.body_text())).into_response(),
     };
+    // A file offset is signed (`off_t`): past it, no log is that long.
+    if let Some(a) = q.after
+        && a > i64::MAX as u64
+    {
+        return bad(format!("after: at most {} bytes, not {a}", i64::MAX)).into_response();
+    }
     if let Some(t) = q.tail
         && t > brood_runtime::logs::TAIL_MAX
     {

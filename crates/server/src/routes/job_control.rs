@@ -40,7 +40,7 @@ async fn control(
     params(("id" = String, Path, description = "The job's id."),
            ("item" = String, Path, description = "The item's id."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
-    request_body = AssignBody,
+    request_body(content = Option<AssignBody>, description = "None, or a JSON object."),
     responses(
         (status = 200, description = "The item's next attempt started now, held by the named agent (give it the instruction) or a new worker.", body = AssignReply),
         (status = 400, description = "Malformed body or worker name.", body = ErrorBody),
@@ -79,7 +79,7 @@ pub(crate) async fn job_assign(
     params(("id" = String, Path, description = "The job's id."),
            ("item" = String, Path, description = "The item's id."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
-    request_body = EmptyBody,
+    request_body(content = Option<EmptyBody>, description = "None, or a JSON object."),
     responses(
         (status = 200, description = "The failed item is pending again (one more attempt; a failed job reopens).", body = RetryReply),
         (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
@@ -111,7 +111,7 @@ pub(crate) async fn job_retry(
     post, path = "/api/jobs/{id}/retry", tag = "jobs",
     params(("id" = String, Path, description = "The job's id."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
-    request_body = EmptyBody,
+    request_body(content = Option<EmptyBody>, description = "None, or a JSON object."),
     responses(
         (status = 200, description = "Every failed item is pending again (a failed job reopens); none failed: nothing changes.", body = RetryReply),
         (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
@@ -175,6 +175,7 @@ pub(crate) async fn job_report(
 #[into_params(parameter_in = Query)]
 pub(crate) struct ExportQuery {
     /// `csv` or `jsonl` (default `jsonl`).
+    #[param(pattern = "^(csv|jsonl)$")]
     pub format: Option<String>,
 }
 
@@ -244,13 +245,13 @@ pub(crate) async fn job_evidence(
     post, path = "/api/jobs/{id}/replay", tag = "jobs",
     params(("id" = String, Path, description = "The job to replay."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
-    request_body = ReplayBody,
+    request_body(content = Option<ReplayBody>, description = "None, or a JSON object."),
     responses(
         (status = 201, description = "The new job, linked to its source (pending, or running when `start`).", body = JobView),
-        (status = 400, description = "Malformed, a bad id, or no (failed) item to replay.", body = ErrorBody),
+        (status = 400, description = "Malformed, or a bad id.", body = ErrorBody),
         (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
         (status = 404, description = "No such job.", body = ErrorBody),
-        (status = 409, description = "The new id is taken, or (with `start`) its owner is not running.", body = ErrorBody),
+        (status = 409, description = "The new id is taken, the job has no (failed) item to replay, or (with `start`) its owner is not running.", body = ErrorBody),
         (status = 413, description = "More items than items_per_job.", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
         (status = 429, description = "The tenant's unfinished jobs or their items are at jobs_per_tenant or items_per_tenant.", body = ErrorBody),

@@ -144,6 +144,7 @@ pub(crate) async fn job_get(
 #[into_params(parameter_in = Query)]
 pub(crate) struct ItemsQuery {
     /// Only items in this status (`pending running completed failed reported`).
+    #[param(pattern = "^(pending|running|completed|failed|reported)$")]
     pub status: Option<String>,
 }
 
@@ -218,6 +219,7 @@ async fn act(
 
 #[utoipa::path(
     post, path = "/api/jobs/{id}/start", tag = "jobs",
+    request_body(content = Option<brood_api::EmptyBody>, description = "None, or `{}`."),
     params(("id" = String, Path, description = "The job's id."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(
@@ -243,6 +245,7 @@ pub(crate) async fn job_start(
 
 #[utoipa::path(
     post, path = "/api/jobs/{id}/cancel", tag = "jobs",
+    request_body(content = Option<brood_api::EmptyBody>, description = "None, or `{}`."),
     params(("id" = String, Path, description = "The job's id."),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key.")),
     responses(

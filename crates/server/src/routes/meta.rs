@@ -53,19 +53,6 @@ pub(crate) async fn metrics(
 }
 
 #[utoipa::path(
-    get, path = "/api/openapi.json", tag = "service",
-    responses((status = 200, description = "This API's OpenAPI 3.1 document.", content_type = "application/json", body = Object))
-)]
-pub(crate) async fn openapi() -> Response {
-    let mut r = crate::openapi::document().into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-#[utoipa::path(
     get, path = "/api/nodes", tag = "service",
     responses(
         (status = 200, description = "The nodes sharing this store (brood serve processes): address, labels, capacity, load and heartbeat.", body = brood_api::NodeList),
@@ -109,8 +96,10 @@ pub(crate) async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> R
     .into_response()
 }
 
+/// A route's 405. Its `Allow` header is axum's, which lists the methods
+/// the route has (a header set here would be taken instead).
 pub(crate) async fn no_method(method: Method, OriginalUri(uri): OriginalUri) -> Response {
-    let mut r = json(
+    json(
         StatusCode::METHOD_NOT_ALLOWED,
         &ErrorBody::new(
             Code::BadRequest,
@@ -119,8 +108,5 @@ pub(crate) async fn no_method(method: Method, OriginalUri(uri): OriginalUri) -> 
                 uri.path()
             ),
         ),
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
-    r
+    )
 }

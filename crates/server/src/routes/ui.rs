@@ -39,6 +39,9 @@ fn store_error(e: StoreError) -> ApiError {
         StoreError::NotFound { name, .. } => {
             ApiError::new(Code::NotFound, format!("no agent named {name}"))
         }
+        // What the store refused is the caller's to hear (a job's unknown
+        // item is 404, not a failure of the store).
+        StoreError::Refused { code, message } => ApiError::new(code, message),
         e => {
             tracing::error!(error = %e, "store error");
             ApiError::new(Code::Internal, "store error (see the supervisor's log)")
@@ -483,7 +486,7 @@ pub(crate) async fn ui_transcript(
     responses(
         (status = 200, description = "Every attempt at the item, oldest first (none for an item never tried).", body = AttemptList),
         (status = 403, description = "Outside the calling agent's subtree.", body = ErrorBody),
-        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 404, description = "No such job, or no such item in it.", body = ErrorBody),
     )
 )]
 pub(crate) async fn ui_attempts(

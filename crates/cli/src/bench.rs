@@ -2,6 +2,7 @@
 //! (SPEC 16). A benchmark is not a test: it prints figures and ratios, and
 //! asserts nothing.
 
+mod all;
 mod api;
 mod cluster;
 mod daemons;
@@ -21,6 +22,21 @@ use serde_json::json;
 
 #[derive(Subcommand)]
 pub enum Which {
+    /// Every bench in turn (each a child process), as one table: bench,
+    /// figure, floor, ratio, target, date, machine. The PostgreSQL benches
+    /// (nodes, admission, cluster --nodes 3) run only with `--store
+    /// postgres://…`, on databases made for the run.
+    All {
+        /// Print the table as Markdown (docs/benchmarks.md's).
+        #[arg(long)]
+        markdown: bool,
+        /// Small counts in every bench: a smoke run, not figures.
+        #[arg(long)]
+        quick: bool,
+        /// Print the rows and every bench's own figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Spawn through the whole path until `ready`, against a bare posix_spawn with
     /// the same handshake.
     Spawn {
@@ -295,6 +311,21 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
         uid: crate::unsafe_uid(),
     };
     match which {
+        Which::All {
+            markdown,
+            quick,
+            json,
+        } => {
+            let postgres = crate::store_spec().filter(|s| brood_store::is_postgres_url(s));
+            let p = all::Params {
+                quick,
+                markdown,
+                json,
+                postgres,
+                slots,
+            };
+            return all::run(&root, &exe, &p).await;
+        }
         Which::Cluster {
             n,
             clients,

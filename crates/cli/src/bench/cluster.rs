@@ -284,14 +284,14 @@ fn round3(x: f64) -> f64 {
 /// A database of the run's own on the server of an administrator's URL,
 /// so runs never see each other's agents; dropped (its connections ended)
 /// after the run.
-struct Database {
+pub(super) struct Database {
     admin: String,
-    name: String,
-    url: String,
+    pub(super) name: String,
+    pub(super) url: String,
 }
 
 impl Database {
-    async fn make(admin: &str) -> Result<Database> {
+    pub(super) async fn make(admin: &str) -> Result<Database> {
         let name = format!("brood_bench_{}_{}", std::process::id(), unix_ms());
         sql(admin, &format!("CREATE DATABASE {name}")).await?;
         Ok(Database {
@@ -301,7 +301,7 @@ impl Database {
         })
     }
 
-    async fn drop(self) -> Result<()> {
+    pub(super) async fn drop(self) -> Result<()> {
         sql(
             &self.admin,
             &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),

@@ -12,6 +12,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use common::database_exists;
 use serde_json::Value;
 
 const N: u64 = 20;
@@ -131,27 +132,7 @@ fn three_nodes_on_postgres_with_redis_slots() {
     // The run's database was dropped.
     let name = v["database"].as_str().unwrap();
     assert!(name.starts_with("brood_bench_"), "{v}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let left: i64 = rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        let task = tokio::spawn(conn);
-        let row = c
-            .query_one(
-                "SELECT count(*) FROM pg_database WHERE datname = $1",
-                &[&name],
-            )
-            .await
-            .unwrap();
-        drop(c);
-        let _ = task.await;
-        row.get(0)
-    });
-    assert_eq!(left, 0, "{name} was dropped");
+    assert!(!database_exists(&admin, name), "{name} was dropped");
 }
 
 /// One node on PostgreSQL counting its slots in the store (no Redis).

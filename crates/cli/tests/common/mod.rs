@@ -381,3 +381,29 @@ pub fn serve_daemon(root: &Path, listen: Option<&str>) -> Daemon {
     );
     d
 }
+
+/// Whether the PostgreSQL server that `admin` (a connection URL) reaches
+/// has a database named `name` (for the benchmarks' tests: each run's
+/// database must be gone afterwards).
+pub fn database_exists(admin: &str, name: &str) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let task = tokio::spawn(conn);
+        let row = c
+            .query_one(
+                "SELECT count(*) FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        drop(c);
+        let _ = task.await;
+        row.get::<_, i64>(0) > 0
+    })
+}

@@ -191,6 +191,6 @@ fn the_postgres_benches_on_databases_of_their_own() {
         .collect();
     for name in made {
         assert!(name.starts_with("brood_bench_"), "{name}: {v}");
-        assert!(!database_exists(&admin, &name), "{name} was dropped");
+        assert!(!database_exists(&admin, name), "{name} was dropped");
     }
 }

@@ -260,19 +260,7 @@ async fn child(
     p: &Params,
     store: Option<&str>,
 ) -> Result<Value> {
-    #[allow(clippy::disallowed_methods)]
-    let mut cmd = std::process::Command::new(exe);
-    for var in [
-        "BROOD_STORE",
-        "BROOD_STORE_FILE",
-        "BROOD_SLOTS",
-        "BROOD_URL",
-    ] {
-        cmd.env_remove(var);
-    }
-    if let Some(s) = store {
-        cmd.env("BROOD_STORE", s);
-    }
+    let mut cmd = super::daemons::brood(exe, store);
     if let (Store::Admin, Some(slots)) = (b.store, &p.slots) {
         cmd.env("BROOD_SLOTS", slots);
     }

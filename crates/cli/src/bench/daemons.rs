@@ -37,6 +37,27 @@ pub(super) async fn call(
     Ok(a.body)
 }
 
+/// `brood` (the binary at `exe`) with only the store the benchmark passes:
+/// nothing of the caller's environment chooses its store, counter or
+/// daemon, and the store URL goes in the environment, never on the command
+/// line, where any local process reads a password.
+pub(super) fn brood(exe: &str, store: Option<&str>) -> std::process::Command {
+    #[allow(clippy::disallowed_methods)]
+    let mut cmd = std::process::Command::new(exe);
+    for var in [
+        "BROOD_STORE",
+        "BROOD_STORE_FILE",
+        "BROOD_SLOTS",
+        "BROOD_URL",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(store) = store {
+        cmd.env("BROOD_STORE", store);
+    }
+    cmd
+}
+
 pub(super) struct Node {
     pub root: PathBuf,
     child: std::process::Child,
@@ -66,23 +87,8 @@ impl Node {
         let log_path = root.with_extension("log");
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("making the node's log {}", log_path.display()))?;
-        #[allow(clippy::disallowed_methods)]
-        let mut cmd = std::process::Command::new(exe);
+        let mut cmd = brood(exe, store);
         cmd.arg("--root").arg(root);
-        // Nothing of the caller's environment chooses the node's store or
-        // counter: only what the benchmark passes.
-        for var in [
-            "BROOD_STORE",
-            "BROOD_STORE_FILE",
-            "BROOD_SLOTS",
-            "BROOD_URL",
-        ] {
-            cmd.env_remove(var);
-        }
-        if let Some(store) = store {
-            // Never on the command line, where any local process reads a password.
-            cmd.env("BROOD_STORE", store);
-        }
         let child = cmd
             .args(["serve", "--grace", "0.3"])
             .args(args)

@@ -15,6 +15,7 @@
 mod blobs;
 mod checks;
 mod contract;
+mod db;
 mod group;
 mod shares;
 // First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
@@ -23,7 +24,9 @@ mod shares;
 pub mod sqlite;
 pub mod postgres;
 // After `sqlite`, whose `unfinished!` it uses.
+mod jobs;
 mod removal;
+mod steps;
 mod types;
 
 pub use contract::{

@@ -43,6 +43,7 @@ use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;
+mod db;
 mod rows;
 mod steps;
 mod store;
@@ -248,7 +249,7 @@ impl std::fmt::Debug for SqliteStore {
 /// A failure inside a transaction, before it is given the file's path. It lets the
 /// transaction bodies use `?` on rusqlite calls and on the store's own refusals
 /// alike; [`Fail::at`] turns it into a [`StoreError`] at the method's edge.
-enum Fail {
+pub(crate) enum Fail {
     Sql(rusqlite::Error),
     Store(StoreError),
 }
@@ -277,7 +278,7 @@ impl Fail {
     }
 }
 
-type Tx<T> = std::result::Result<T, Fail>;
+pub(crate) type Tx<T> = std::result::Result<T, Fail>;
 
 fn refused(code: Code, message: String) -> Fail {
     Fail::Store(StoreError::Refused { code, message })

@@ -1,45 +1,18 @@
 //! The shared steps of the transactions: loading and checking agents, events
 //! appended with their sequence numbers, a run's end written.
 
-use super::{
-    I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, U_RUN_ENDED, U_STATUS_DETAIL,
-    agent_at, not_found,
-};
+use super::{I_EVENT, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, not_found};
 use crate::types::Agent;
 use crate::types::Event;
 use crate::types::NewEvent;
-use brood_core::AgentName;
 use brood_core::RunId;
 use brood_core::Status;
 use brood_core::TenantId;
-use brood_core::Terminal;
 use rusqlite::Connection;
-use rusqlite::Transaction;
 
 // ---- shared steps of the transactions -------------------------------------------
 
-pub(super) fn load_agent(
-    conn: &Connection,
-    tenant: &TenantId,
-    name: &AgentName,
-) -> Tx<Option<Agent>> {
-    let mut stmt = conn.prepare_cached(Q_AGENT)?;
-    let mut rows = stmt.query((tenant.as_str(), name.as_str()))?;
-    match rows.next()? {
-        Some(row) => Ok(Some(agent_at(row, 0)?)),
-        None => Ok(None),
-    }
-}
-
-pub(super) fn must_agent(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<Agent> {
-    load_agent(conn, tenant, name)?.ok_or_else(|| not_found(tenant, name))
-}
-
-pub(super) fn agent_exists(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<bool> {
-    Ok(conn
-        .prepare_cached(Q_AGENT_EXISTS)?
-        .query_row((tenant.as_str(), name.as_str()), |r| r.get(0))?)
-}
+pub(super) use crate::steps::{agent_exists, load_agent, must_agent, write_end};
 
 // The checks both stores share, their errors turned into this store's.
 pub(super) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
@@ -66,7 +39,7 @@ pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
 /// the caller's transaction, so the numbers and the change they describe commit
 /// together, and `BEGIN IMMEDIATE` keeps two writers from taking the same numbers.
 pub(super) fn append_events_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     tenant: &TenantId,
     events: &[NewEvent],
     now_ms: i64,
@@ -112,37 +85,6 @@ pub(super) fn append_events_tx(
     tx.prepare_cached(U_NEXT_SEQ)?
         .execute((tenant.as_str(), after))?;
     Ok(out)
-}
-
-/// Ends the agent's current run with `outcome`: the agent's status and detail, and
-/// the run's outcome, exit code, result and end time. The caller has checked the
-/// move.
-pub(super) fn write_end(
-    tx: &Transaction<'_>,
-    agent: &Agent,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<&str>,
-    detail: Option<&str>,
-    now_ms: i64,
-) -> Tx<()> {
-    let t = agent.tenant.as_str();
-    tx.prepare_cached(U_STATUS_DETAIL)?.execute((
-        t,
-        agent.name.as_str(),
-        Status::Ended(outcome).encode(),
-        detail,
-        now_ms,
-    ))?;
-    tx.prepare_cached(U_RUN_ENDED)?.execute((
-        t,
-        agent.run.as_str(),
-        outcome.encode(),
-        exit_code,
-        result,
-        now_ms,
-    ))?;
-    Ok(())
 }
 
 pub(super) use crate::checks::{stop_event, to_sql_count};

@@ -25,8 +25,10 @@ pub mod sqlite;
 pub mod postgres;
 // After `sqlite`, whose `unfinished!` it uses.
 mod jobs;
+mod nodes;
 mod removal;
 mod steps;
+mod sweeps;
 mod types;
 
 pub use contract::{

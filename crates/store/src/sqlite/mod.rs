@@ -55,7 +55,7 @@ mod tx;
 mod blobs;
 mod idempotency;
 mod jobs;
-pub(crate) mod nodes;
+mod nodes;
 mod removal;
 mod shares;
 

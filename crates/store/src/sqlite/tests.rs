@@ -4,6 +4,7 @@ use super::*;
 use brood_core::SessionName;
 
 use crate::contract::{Records, Transcripts};
+use crate::sweeps::Q_OVERDUE;
 
 fn store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();

@@ -6,8 +6,19 @@
 use brood_core::{AgentName, RunId, SessionName, Status, TenantId, Terminal};
 
 use crate::db::{Db, Row, narrow, parse};
-use crate::sqlite::sql::{Q_AGENT, Q_AGENT_EXISTS, U_RUN_ENDED, U_STATUS_DETAIL};
 use crate::types::{Agent, Protocol, StoreError};
+
+pub(crate) const Q_AGENT: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND name = ?2"
+);
+pub(crate) const Q_AGENT_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
+pub(crate) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
+     WHERE tenant = ?1 AND name = ?2";
+pub(crate) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
+     WHERE id = ?2 AND tenant = ?1";
 
 fn opt_name<R: Row>(row: &R, i: usize, what: &'static str) -> Result<Option<AgentName>, R::Err> {
     match row.text_opt(i)? {

@@ -13,20 +13,22 @@ impl Dispatcher {
         // The parent's session is known while either side is live; the store is
         // asked only otherwise (this runs for every agent of a large stop).
         let known = self
+            .agents
             .live
             .get(&a.name)
             .and_then(|l| l.parent_session.clone())
-            .or_else(|| self.live.get(p).map(|pl| pl.session.clone()));
+            .or_else(|| self.agents.live.get(p).map(|pl| pl.session.clone()));
         let psess = match known {
             Some(s) => s,
             None => self
+                .records
                 .store
-                .agent(&self.tenant, p)
+                .agent(&self.records.tenant, p)
                 .ok()
                 .flatten()
                 .map(|pa| pa.session)?,
         };
-        Some(self.paths.channel_dir(p, &psess, &a.name))
+        Some(self.host.paths.channel_dir(p, &psess, &a.name))
     }
 
     /// Channel `status` (and `result.md` once terminal) in the parent's session.
@@ -34,7 +36,7 @@ impl Dispatcher {
         let Some(dir) = self.channel_dir_of(a) else {
             return;
         };
-        self.projection.write(
+        self.records.projection.write(
             dir.join("status"),
             format!("{}\n", a.status.abi().channel.as_str()),
         );
@@ -42,22 +44,29 @@ impl Dispatcher {
             && let Some(r) = result
         {
             // SPEC 4: result.md never holds a NUL byte.
-            self.projection
+            self.records
+                .projection
                 .write(dir.join("result.md"), crate::objects::result_text(r));
         }
     }
 
     pub(super) fn project_events(&self, events: &[NewEvent]) {
         for e in events {
-            let dir = self.paths.session_dir(&e.agent, &e.session);
+            let dir = self.host.paths.session_dir(&e.agent, &e.session);
             let mut line = e.payload.clone().into_bytes();
             line.push(b'\n');
-            self.projection.append(dir.join("events.jsonl"), line);
+            self.records
+                .projection
+                .append(dir.join("events.jsonl"), line);
         }
     }
 
     pub(super) fn append_events(&self, events: &[NewEvent]) {
-        match self.store.append_events(&self.tenant, events, now_ms()) {
+        match self
+            .records
+            .store
+            .append_events(&self.records.tenant, events, now_ms())
+        {
             Ok(_) => self.project_events(events),
             Err(e) => tracing::error!(error = %e, "appending events failed"),
         }

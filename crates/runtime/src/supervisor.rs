@@ -72,7 +72,6 @@ mod stops;
 mod sweep;
 mod verbs;
 mod waiters;
-mod written;
 
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;

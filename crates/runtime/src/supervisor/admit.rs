@@ -321,7 +321,7 @@ impl Dispatcher {
         let Ok(Some(pa)) = self.records.store.agent(&self.records.tenant, p) else {
             return;
         };
-        self.append_events(&[ev(
+        self.records.append_events(&[ev(
             p,
             Some(&pa.run),
             &pa.session,
@@ -542,7 +542,7 @@ impl Dispatcher {
             .store
             .admit_with_quotas(&new, &quotas, &events)
             .map_err(internal)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if brood_store::placed_for(&agent.supervisor).is_some() {
             // Admitted here for another node to run: that node claims it
             // (this write's news wakes it), projects it and starts it.
@@ -646,7 +646,7 @@ impl Dispatcher {
                 .artifact_dir(cdir.join("artifact"), uid);
         }
         project_agent(&self.records.projection, &self.host.paths, agent, None);
-        self.project_channel(agent, None);
+        self.records.project_channel(&self.agents, agent, None);
     }
 
     /// A customer lies in the new agent's own tree: the same root as its

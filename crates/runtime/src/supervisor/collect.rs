@@ -238,7 +238,7 @@ impl Dispatcher {
                 // SPEC 4: a bad line rejects the whole result.
                 let session = l.session.clone();
                 tracing::warn!(agent = %h.name, error = %refused, "result refused");
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &h.name,
                     Some(&h.run),
                     &session,

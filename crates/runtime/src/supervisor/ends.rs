@@ -91,7 +91,7 @@ impl Dispatcher {
             None => self.set_aside_artifacts(name),
             Some(_) => None,
         };
-        self.project_events(&events);
+        self.records.project_events(&events);
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
         let group = self.agents.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
@@ -141,8 +141,8 @@ impl Dispatcher {
         h: Option<&crate::channel::Harvest>,
     ) {
         project_agent(&self.records.projection, &self.host.paths, agent, None);
-        self.project_channel(agent, result);
-        if let (Some(h), Some(dir)) = (h, self.channel_dir_of(agent)) {
+        self.records.project_channel(&self.agents, agent, result);
+        if let (Some(h), Some(dir)) = (h, self.records.channel_dir_of(&self.agents, agent)) {
             self.records
                 .projection
                 .write(dir.join("refs.jsonl"), h.output.refs.clone());

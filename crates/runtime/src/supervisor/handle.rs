@@ -255,6 +255,7 @@ impl Supervisor {
             records: Records {
                 store: store.clone(),
                 tenant: tenant.clone(),
+                paths: paths.clone(),
                 projection: projection.clone(),
                 changed: changed_tx,
                 news_queued,

@@ -511,7 +511,7 @@ impl Dispatcher {
             stdin_rx,
             self.host.tx.clone(),
         );
-        self.project_events(&start_events);
+        self.records.project_events(&start_events);
         self.records.projection.write(
             self.host.paths.agent_dir(&name).join("meta.json"),
             crate::objects::agent_meta(&agent, Some(&start_payload)),
@@ -522,7 +522,7 @@ impl Dispatcher {
             &agent,
             Some(pid),
         );
-        self.project_channel(&agent, None);
+        self.records.project_channel(&self.agents, &agent, None);
         // First words to the agent: what of its init the launch could not put in
         // the pipe before it started (protocol), or the handoff on stdin (exec).
         match protocol {
@@ -603,7 +603,8 @@ impl Dispatcher {
                     .map(|c| c.to_string()),
                 handoff: brood_proto::Handoff {
                     dir: self
-                        .channel_dir_of(agent)
+                        .records
+                        .channel_dir_of(&self.agents, agent)
                         .map(|d| d.to_string_lossy().into_owned())
                         .unwrap_or_default(),
                     refs: Vec::new(),

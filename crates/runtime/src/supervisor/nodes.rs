@@ -121,7 +121,7 @@ impl Dispatcher {
         {
             Ok(agent) => {
                 tracing::warn!(agent = %a.name, outcome = %outcome.encode(), "an agent without a process ended");
-                self.project_events(&events);
+                self.records.project_events(&events);
                 self.after_end(&agent, None, None);
             }
             Err(e) => {

@@ -88,7 +88,7 @@ impl Dispatcher {
             AgentEv::Unknown(t) => {
                 tracing::info!(agent = %name, r#type = %t, "unknown protocol message type ignored");
                 let session = l.session.clone();
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &name,
                     Some(&run),
                     &session,
@@ -105,7 +105,7 @@ impl Dispatcher {
                 l.protocol_error = Some(err.to_string());
                 let session = l.session.clone();
                 tracing::warn!(agent = %name, error = %err, "protocol error");
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &name,
                     Some(&run),
                     &session,

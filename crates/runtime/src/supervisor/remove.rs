@@ -126,7 +126,7 @@ impl Dispatcher {
                 brood_store::StoreError::Refused { code, message } => ApiError::new(code, message),
                 other => internal(other),
             })?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         self.after_removal(&r.workers);
         Ok(to_json(&brood_api::RemovedJob {
             job: r.job.id,

@@ -301,7 +301,7 @@ impl Dispatcher {
             },
             None => brood_store::ChannelOutput::default(),
         };
-        let dir = self.channel_dir_of(&a);
+        let dir = self.records.channel_dir_of(&self.agents, &a);
         let blobs = self.host.paths.blobs();
         if a.parent.as_ref() == Some(told)
             && !output.artifacts.is_empty()
@@ -366,8 +366,8 @@ impl Dispatcher {
         h: &crate::channel::Harvest,
     ) {
         if a.parent.as_ref() == Some(told) {
-            self.project_channel(a, result);
-            if let Some(dir) = self.channel_dir_of(a) {
+            self.records.project_channel(&self.agents, a, result);
+            if let Some(dir) = self.records.channel_dir_of(&self.agents, a) {
                 self.records
                     .projection
                     .write(dir.join("refs.jsonl"), h.output.refs.clone());
@@ -412,7 +412,7 @@ impl Dispatcher {
                 agent: name.clone(),
             },
         );
-        self.project_events(&[close]);
+        self.records.project_events(&[close]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
     }
 }

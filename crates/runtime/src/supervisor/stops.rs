@@ -224,7 +224,7 @@ impl Dispatcher {
                         }
                         let pid = self.agents.live.get(&a.name).and_then(|l| l.pid);
                         project_agent(&self.records.projection, &self.host.paths, &a, pid);
-                        self.project_channel(&a, None);
+                        self.records.project_channel(&self.agents, &a, None);
                     }
                 }
                 Err(e) => tracing::error!(error = %e, "recording a stop failed"),
@@ -520,7 +520,7 @@ impl Dispatcher {
         // record must find every file of the stop once it flushes.
         for ((it, result), agent) in items.iter().zip(&results).zip(&recorded) {
             if let Some(a) = agent {
-                self.project_events(&it.events);
+                self.records.project_events(&it.events);
                 self.project_end(a, result.as_deref(), None);
             }
         }

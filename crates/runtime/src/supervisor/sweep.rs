@@ -337,7 +337,7 @@ impl Dispatcher {
                 .sweep_end(fence, &a.tenant, &a.name, &end, &events)?;
             self.host.metrics.sweeper_action(Sweeper::Orphans);
             if a.tenant == self.records.tenant {
-                self.project_events(&events);
+                self.records.project_events(&events);
                 self.after_end(&ended, None, None);
             }
             self.stop_descendants_recorded(fence, &a)?;
@@ -376,7 +376,7 @@ impl Dispatcher {
         )?;
         self.host.metrics.sweeper_action(sweeper);
         if a.tenant == self.records.tenant {
-            self.project_events(&events);
+            self.records.project_events(&events);
             for b in &after {
                 // A queued agent ends at once: nothing to carry out.
                 if b.status.is_finished() {

@@ -80,7 +80,7 @@ impl Dispatcher {
         self.records
             .projection
             .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
-        self.append_events(&[ev(
+        self.records.append_events(&[ev(
             name,
             Some(&run),
             &session,
@@ -209,7 +209,7 @@ impl Dispatcher {
                 std::slice::from_ref(&ev1),
             )
             .map_err(internal)?;
-        self.project_events(&[ev1]);
+        self.records.project_events(&[ev1]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
         self.tell_host_of_close(&a);
         Ok(agent_json(&self.records.store, &a))
@@ -303,7 +303,7 @@ impl Dispatcher {
                     &events,
                 )
                 .map_err(internal)?;
-            self.project_events(&events);
+            self.records.project_events(&events);
             if let Some(t) = &text {
                 let m = self
                     .records

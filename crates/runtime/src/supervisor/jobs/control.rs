@@ -180,7 +180,7 @@ impl Dispatcher {
                     &events,
                 )
                 .map_err(job_error)?;
-            self.project_events(&events);
+            self.records.project_events(&events);
             let mut run = self.load_run(&reopened)?;
             // A reopened job's max_runtime_s counts from now.
             run.deadline_ms = super::job_spec_runtime(&reopened).map(|ms| now_ms() + ms);

@@ -338,7 +338,7 @@ impl Dispatcher {
                 &events,
             )
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let (Some(s), Some(started)) = (job_spec_runtime(&job), job.started_ms) {
             run.deadline_ms = Some(started.saturating_add(s));
         }
@@ -419,7 +419,7 @@ impl Dispatcher {
             .store
             .set_job_status(&self.records.tenant, id, to, now_ms(), &events)
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         Ok(job)
     }
 
@@ -486,7 +486,7 @@ impl Dispatcher {
                     now_ms(),
                     &events,
                 ) {
-                    Ok(_) => self.project_events(&events),
+                    Ok(_) => self.records.project_events(&events),
                     Err(e) => {
                         tracing::warn!(job = job.id, item = it.id, error = %e, "failing a crashed attempt")
                     }
@@ -555,7 +555,7 @@ impl Dispatcher {
             .store
             .append_events(&self.records.tenant, &events, now)
         {
-            Ok(_) => self.project_events(&events),
+            Ok(_) => self.records.project_events(&events),
             Err(e) => tracing::warn!(job = id, error = %e, "recording job progress"),
         }
     }

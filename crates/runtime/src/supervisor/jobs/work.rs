@@ -51,7 +51,7 @@ impl Dispatcher {
             &events,
         ) {
             Ok(it) => {
-                self.project_events(&events);
+                self.records.project_events(&events);
                 if let Some(r) = self.jobs.runs.get_mut(&job) {
                     r.moved(ItemStatus::Running, it.status);
                 }
@@ -124,7 +124,7 @@ impl Dispatcher {
                 &events,
             )
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let Some(r) = self.jobs.runs.get_mut(&job) {
             r.moved(ItemStatus::Running, ItemStatus::Completed);
         }
@@ -220,7 +220,7 @@ impl Dispatcher {
             .store
             .start_attempt(&self.records.tenant, job, &next.id, worker, at, &events)
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let Some(r) = self.jobs.runs.get_mut(job) {
             r.moved(ItemStatus::Pending, ItemStatus::Running);
         }

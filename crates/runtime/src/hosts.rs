@@ -64,16 +64,12 @@ pub(crate) fn host_alive(id: &str, nodes: &[Node]) -> bool {
     elsewhere || supervisor_alive(id)
 }
 
-/// The nodes registered in the store (none when it cannot be read: then
-/// only this machine's process table decides).
-pub(crate) fn registered_nodes(store: &dyn Store) -> Vec<Node> {
-    match store.nodes() {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the registered nodes");
-            Vec::new()
-        }
-    }
+/// The nodes registered in the store. A read that fails is an error, never
+/// "no nodes" (issue 28): with no nodes, [`host_alive`] would judge every
+/// other machine's supervisor by this machine's process table, where it looks
+/// dead, and its agents would be recorded lost.
+pub(crate) fn registered_nodes(store: &dyn Store) -> Result<Vec<Node>, brood_store::StoreError> {
+    store.nodes()
 }
 
 pub(super) fn supervisor_alive(id: &str) -> bool {
@@ -85,4 +81,50 @@ pub(super) fn supervisor_alive(id: &str) -> bool {
         return false;
     };
     supervisor_id(pid).as_deref() == Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use brood_store::prelude::*;
+    use brood_store::{NewNode, SqliteStore};
+
+    use super::{MACHINE_LABEL, host_alive, registered_nodes};
+
+    /// Issue 28: a read of the nodes that fails is an error, never "no
+    /// nodes". Were it empty, a node of another machine would be judged by
+    /// this machine's process table, look dead, and its agents be recorded
+    /// lost by the orphan sweeper.
+    #[test]
+    fn nodes_that_cannot_be_read_are_an_error_not_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brood.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let id = "s1-elsewhere";
+        store
+            .register_node(
+                &NewNode {
+                    id: id.into(),
+                    address: "127.0.0.1:1".into(),
+                    labels: serde_json::json!({ MACHINE_LABEL: "another machine" }).to_string(),
+                    capacity: None,
+                },
+                1_000,
+            )
+            .unwrap();
+        let nodes = registered_nodes(&store).unwrap();
+        assert!(
+            host_alive(id, &nodes),
+            "a registered node of another machine is alive"
+        );
+        // The table goes under the store (a damaged file, an operator's
+        // mistake): its reads now fail.
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE nodes")
+            .unwrap();
+        let r = registered_nodes(&store);
+        assert!(r.is_err(), "a failed read was taken for a fact: {r:?}");
+    }
 }

@@ -29,8 +29,9 @@ pub struct View {
     tenant: TenantId,
     /// Set for a reader with no supervisor answering ([`View::open`]): each
     /// unfinished agent's supervisor is asked whether it still runs it,
-    /// with the registered nodes read once, at the first need.
-    hosts: Option<Arc<OnceLock<Vec<Node>>>>,
+    /// with the registered nodes read once, at the first need (`None`
+    /// inside when they could not be read: then no supervisor is shown gone).
+    hosts: Option<Arc<OnceLock<Option<Vec<Node>>>>>,
 }
 
 impl View {
@@ -201,10 +202,8 @@ impl View {
         let mut v = agent_view(&self.store, a);
         if let Some(nodes) = &self.hosts
             && !a.status.is_finished()
-            && !host_alive(
-                &a.supervisor,
-                nodes.get_or_init(|| registered_nodes(&*self.store)),
-            )
+            && let Some(nodes) = nodes.get_or_init(|| registered_nodes(&*self.store).ok())
+            && !host_alive(&a.supervisor, nodes)
         {
             v.supervisor_gone = true;
             // The pid it had is shown only while such a process exists (an

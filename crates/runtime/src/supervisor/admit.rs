@@ -61,7 +61,7 @@ impl Dispatcher {
                     && a.supervisor != self.host.me
                     && host_alive(
                         &a.supervisor,
-                        &registered_nodes(self.records.store.as_ref()),
+                        &registered_nodes(self.records.store.as_ref()).map_err(internal)?,
                     ) =>
             {
                 Ok(a)

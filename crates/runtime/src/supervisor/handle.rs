@@ -108,7 +108,7 @@ impl Supervisor {
 
         // Agents of supervisors that are gone: their processes died with them (or
         // were just reaped with their cgroups); record that truthfully.
-        let nodes = registered_nodes(store.as_ref());
+        let nodes = registered_nodes(store.as_ref())?;
         let dead: Vec<String> = store
             .supervisors_with_unfinished()?
             .into_iter()

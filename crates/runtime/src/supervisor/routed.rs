@@ -54,7 +54,10 @@ impl Dispatcher {
         let takes = a.protocol == Protocol::Brood
             && matches!(a.status, Status::Running | Status::Blocked)
             && self.host.cfg.node.is_some()
-            && host_alive(host, &registered_nodes(self.records.store.as_ref()));
+            && host_alive(
+                host,
+                &registered_nodes(self.records.store.as_ref()).map_err(internal)?,
+            );
         if !takes {
             return Err(ApiError::new(
                 Code::Conflict,
@@ -383,8 +386,11 @@ impl Dispatcher {
             return;
         }
         let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
+        // Unreadable nodes: the host may well be alive, so it is told (a
+        // note in a gone node's inbox is harmless).
         if host == self.host.me.as_str()
-            || !host_alive(host, &registered_nodes(self.records.store.as_ref()))
+            || registered_nodes(self.records.store.as_ref())
+                .is_ok_and(|nodes| !host_alive(host, &nodes))
         {
             return;
         }

@@ -156,7 +156,14 @@ impl Dispatcher {
         // them), given back by the lease holder of a shared counter (Redis,
         // or the store's shares of nodes).
         if holder && (self.host.cfg.slots.is_some() || self.host.cfg.node.is_some()) {
-            let nodes = registered_nodes(self.records.store.as_ref());
+            let nodes = match registered_nodes(self.records.store.as_ref()) {
+                Ok(n) => n,
+                Err(e) => {
+                    // Who is gone is not known: nothing is given back this round.
+                    tracing::warn!(error = %e, "reading the registered nodes failed; no slot given back this round");
+                    return;
+                }
+            };
             let alive = |id: &str| host_alive(id, &nodes);
             match self
                 .launcher
@@ -287,7 +294,8 @@ impl Dispatcher {
         // Alive in the store, but no process: a host that is gone, or our own
         // record that no process of ours answers to.
         let mut lost = Vec::new();
-        let nodes = registered_nodes(self.records.store.as_ref());
+        // A failed read ends this sweep: no agent is recorded lost for it.
+        let nodes = registered_nodes(self.records.store.as_ref())?;
         for host in self.records.store.supervisors_with_unfinished()? {
             let ours = host == self.host.me;
             if !ours && host_alive(&host, &nodes) {

@@ -12,6 +12,7 @@
 //! `brood_core::Status::transition`; the store refuses an illegal move instead of
 //! writing it.
 
+mod admission;
 mod blobs;
 mod checks;
 mod contract;
@@ -23,7 +24,10 @@ mod shares;
 pub mod sqlite;
 pub mod postgres;
 // After `sqlite`, whose `unfinished!` it uses.
+mod records;
 mod removal;
+mod runs;
+mod txn;
 mod types;
 
 pub use contract::{

@@ -28,8 +28,10 @@
 //!
 //! The code: this file opens the store, holds the pool and migrates; `db`
 //! is the blocking facade (queries on a connection or a transaction), `rows`
-//! decodes records, and the contract's methods are in `admission`, `records`,
-//! `sweeps` and `jobs`.
+//! decodes records, `txn` gives the bodies shared with SQLite (`crate::txn`)
+//! their reads and writes, `admit` reads and writes a group of admissions,
+//! and the contract's methods are in `admission`, `records`, `sweeps` and
+//! `jobs`.
 
 mod admission;
 mod admit;
@@ -45,6 +47,7 @@ mod shares;
 mod steps;
 mod sweeps;
 mod tx;
+mod txn;
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;

@@ -14,29 +14,25 @@
 //! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
 //! - `INSERT OR IGNORE` is `ON CONFLICT DO NOTHING`.
 
-use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
+use brood_core::{AgentName, RunId, SessionName, TenantId};
 use tokio_postgres::Row;
 
 use super::db::Db;
 use super::rows::{
-    agent_at, agent_from, channel_from, collect, event_from, message_from, narrow, parse_name,
-    run_from,
+    agent_from, channel_from, collect, event_from, message_from, narrow, parse_name, run_from,
 };
-use super::steps::{agent_exists, append_events_tx, load_agent};
-use super::tx::recover_tx;
-use super::{PgStore, Tx, corrupt, not_found, refused};
+use super::steps::{append_events_tx, load_agent};
+use super::txn::On;
+use super::{PgStore, Tx};
 use crate::contract::{Idempotency, Records, Recovery, Transcripts};
 use crate::sqlite::sql::{
-    I_MESSAGE, Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_LAST_MESSAGE_SEQ,
-    Q_MESSAGES, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS, Q_TENANT_RUNS,
+    Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_MESSAGES, Q_RUN, Q_RUNS,
+    Q_TENANT_RUNS,
 };
-use crate::types::{
-    Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend, Usage,
-};
+use crate::types::{Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend};
+use crate::{records, runs};
 
-use crate::sqlite::MAX_WALK_DEPTH;
-
-const Q_CHILDREN: &str = concat!(
+pub(super) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name COLLATE \"C\""
@@ -53,7 +49,7 @@ const Q_AGENTS_UNFINISHED: &str = concat!(
     unfinished!(),
     " ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_UNFINISHED_OF: &str = concat!(
+pub(super) const Q_UNFINISHED_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -90,7 +86,7 @@ const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
 // agent that corruption gave two parents). Within a level, newest first, like
 // unwinding a stack. An edge without an agent row (no `created_ms`) comes last
 // in its level, where SQLite's NULL (the smallest value) puts it.
-const Q_DESCENDANTS: &str = concat!(
+pub(super) const Q_DESCENDANTS: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT child, CAST(1 AS BIGINT) FROM edges WHERE tenant = ?1 AND parent = ?2",
     " UNION",
@@ -105,13 +101,13 @@ const Q_DESCENDANTS: &str = concat!(
 );
 
 // An agent's own spend: every run of it (the (tenant, agent, seq) index).
-const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+pub(super) const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
      CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
      FROM runs WHERE tenant = ?1 AND agent = ?2";
 // Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
 // then every run of each agent met, plus its own. The first row's types are
 // given: PostgreSQL does not infer a column's type from the recursive term.
-const Q_SUBTREE_USAGE: &str = concat!(
+pub(super) const Q_SUBTREE_USAGE: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
     " UNION",
@@ -135,14 +131,6 @@ const D_EXPIRED: &str = "DELETE FROM idempotency WHERE tenant = ?1 AND expires_m
 const I_REPLY: &str = "INSERT INTO idempotency \
      (tenant, caller, key, scope, request_hash, status, body, created_ms, expires_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (tenant, caller, key) DO NOTHING";
-
-fn usage_row(r: &Row) -> Tx<Usage> {
-    Ok(Usage {
-        tokens_in: r.try_get::<_, i64>(0)?.max(0).unsigned_abs(),
-        tokens_out: r.try_get::<_, i64>(1)?.max(0).unsigned_abs(),
-        cost_usd: r.try_get(2)?,
-    })
-}
 
 fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
     Ok(IdempotentReply {
@@ -174,39 +162,10 @@ impl Transcripts for PgStore {
         content: &str,
         now_ms: i64,
     ) -> Result<Message> {
-        // Under the tenant's lock: the position read below is still the last
-        // one when the message is inserted, whatever node appends next.
+        // Under the tenant's lock: the position read is still the last one
+        // when the message is inserted, whatever node appends next.
         self.write(tenant.as_str(), |db| {
-            if !agent_exists(db, tenant, agent)? {
-                return Err(not_found(tenant, agent));
-            }
-            let (t, a, s) = (tenant.as_str(), agent.as_str(), session.as_str());
-            let ours: bool = db
-                .query_one(Q_RUN_OF_AGENT, &[&t, &a, &run.as_str()])?
-                .try_get(0)?;
-            if !ours {
-                return Err(refused(
-                    Code::Conflict,
-                    format!("run {run} is not a run of agent {agent} in tenant {tenant}"),
-                ));
-            }
-            let seq = 1 + db
-                .query_one(Q_LAST_MESSAGE_SEQ, &[&t, &a, &s])?
-                .try_get::<_, i64>(0)?;
-            db.exec(
-                I_MESSAGE,
-                &[&t, &a, &s, &seq, &run.as_str(), &role, &content, &now_ms],
-            )?;
-            Ok(Message {
-                tenant: tenant.clone(),
-                agent: agent.clone(),
-                session: session.clone(),
-                seq,
-                run: run.clone(),
-                role: role.to_owned(),
-                content: content.to_owned(),
-                ts_ms: now_ms,
-            })
+            records::append_message(&On(db), tenant, agent, session, run, role, content, now_ms)
         })
     }
 
@@ -301,55 +260,11 @@ impl Records for PgStore {
     }
 
     fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            // An unknown agent is an error, not an empty family: a plan built on a
-            // misspelt name must not look like "no children".
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            collect(
-                db,
-                Q_CHILDREN,
-                &[&tenant.as_str(), &name.as_str()],
-                agent_from,
-            )
-        })
+        self.read(|db| records::children(&On(db), tenant, name))
     }
 
     fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            let rows = db.query(
-                Q_DESCENDANTS,
-                &[&tenant.as_str(), &name.as_str(), &MAX_WALK_DEPTH],
-            )?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let found: String = row.try_get(0)?;
-                let level: i64 = row.try_get(1)?;
-                // A planning error changes nothing (SPEC 6 step 2): refuse the plan
-                // rather than hand out an order that cannot be right.
-                if level >= MAX_WALK_DEPTH || found == name.as_str() {
-                    return Err(corrupt(
-                        "edges",
-                        format!(
-                            "the edges under {tenant}/{name} have a cycle \
-                             ({found} is reached again at level {level})"
-                        ),
-                    ));
-                }
-                if row.try_get::<_, Option<String>>(2)?.is_none() {
-                    return Err(corrupt(
-                        "edges",
-                        format!("edge to {tenant}/{found}, which has no agent row"),
-                    ));
-                }
-                out.push(agent_at(row, 2)?);
-            }
-            Ok(out)
-        })
+        self.read(|db| records::descendants_post_order(&On(db), tenant, name))
     }
 
     fn channel(
@@ -369,31 +284,13 @@ impl Records for PgStore {
     }
 
     fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
-        self.read(|db| {
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            let (t, n) = (tenant.as_str(), name.as_str());
-            let own = usage_row(&db.query_one(Q_OWN_USAGE, &[&t, &n])?)?;
-            let subtree = usage_row(&db.query_one(Q_SUBTREE_USAGE, &[&t, &n, &MAX_WALK_DEPTH])?)?;
-            Ok(Spend { own, subtree })
-        })
+        self.read(|db| records::spend(&On(db), tenant, name))
     }
 }
 
 impl Recovery for PgStore {
     fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            let mut out = Vec::new();
-            for (i, s) in supervisors.iter().enumerate() {
-                // A supervisor named twice is listed once.
-                if supervisors[..i].contains(s) {
-                    continue;
-                }
-                out.extend(agents_of(db, Q_UNFINISHED_OF, s)?);
-            }
-            Ok(out)
-        })
+        self.read(|db| records::unfinished_of(&On(db), supervisors))
     }
 
     fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>> {
@@ -401,13 +298,13 @@ impl Recovery for PgStore {
     }
 
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        // Across tenants, so without one tenant's lock: `recover_tx` takes the
+        // Across tenants, so without one tenant's lock: `runs::recover` takes the
         // lock of every tenant it ends agents in.
-        self.write_any(|db| recover_tx(db, dead, false, now_ms))
+        self.write_any(|db| runs::recover(&On(db), dead, false, now_ms))
     }
 
     fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        self.write_any(|db| recover_tx(db, dead, true, now_ms))
+        self.write_any(|db| runs::recover(&On(db), dead, true, now_ms))
     }
 
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {

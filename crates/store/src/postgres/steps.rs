@@ -2,14 +2,14 @@
 //! checking agents, events appended with their sequence numbers, a run's end
 //! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 
-use brood_core::{AgentName, RunId, Status, TenantId, Terminal};
+use brood_core::{AgentName, RunId, TenantId};
 
 use super::rows::agent_from;
 use super::{Db, Tx, not_found};
 use tokio_postgres::types::ToSql;
 
 use super::db::Params;
-use crate::sqlite::sql::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS, U_RUN_ENDED, U_STATUS_DETAIL};
+use crate::sqlite::sql::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS};
 use crate::types::{Agent, Event, NewEvent};
 
 pub(crate) fn load_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Option<Agent>> {
@@ -29,14 +29,6 @@ pub(crate) fn agent_exists(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> 
 }
 
 // The checks both stores share, their errors turned into this store's.
-pub(crate) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
-    Ok(crate::checks::check_move(agent, to)?)
-}
-
-pub(crate) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
-    Ok(crate::checks::check_current_run(agent, run)?)
-}
-
 pub(crate) fn check_json_object(
     what: impl FnOnce() -> String,
     text: &str,
@@ -135,39 +127,4 @@ pub(crate) fn append_events_tx(
 pub(crate) const U_TENANT_SEQ: &str = "INSERT INTO tenants (id, next_seq, created_ms) VALUES ($1, 1 + $2::BIGINT, $3) \
      ON CONFLICT (id) DO UPDATE SET next_seq = tenants.next_seq + $2::BIGINT RETURNING next_seq - $2::BIGINT";
 
-/// Ends the agent's current run with `outcome` (the caller checked the move).
-pub(crate) fn write_end(
-    db: &Db<'_>,
-    agent: &Agent,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<&str>,
-    detail: Option<&str>,
-    now_ms: i64,
-) -> Tx<()> {
-    let t = agent.tenant.as_str();
-    db.exec(
-        U_STATUS_DETAIL,
-        &[
-            &t,
-            &agent.name.as_str(),
-            &Status::Ended(outcome).encode(),
-            &detail,
-            &now_ms,
-        ],
-    )?;
-    db.exec(
-        U_RUN_ENDED,
-        &[
-            &t,
-            &agent.run.as_str(),
-            &outcome.encode(),
-            &exit_code.map(i64::from),
-            &result,
-            &now_ms,
-        ],
-    )?;
-    Ok(())
-}
-
-pub(crate) use crate::checks::{stop_event, to_sql_count};
+pub(crate) use crate::checks::to_sql_count;

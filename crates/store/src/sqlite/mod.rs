@@ -28,8 +28,9 @@
 //!
 //! The code: this file opens the store, runs the writer (group commit, the
 //! checkpointer) and migrates; `sql` holds every statement, `rows` decodes
-//! records, `steps` the steps transactions share, `tx` the transactions,
-//! `store` the contract's methods and `sweeps` the budgets, lease and sweepers.
+//! records, `steps` the steps transactions share, `txn` the shared bodies'
+//! reads and writes (`crate::txn`), `tx` admission's writes, `store` the
+//! contract's methods and `sweeps` the budgets, lease and sweepers.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -50,6 +51,7 @@ mod sweeps;
 #[cfg(test)]
 mod tests;
 mod tx;
+mod txn;
 // After `sql`, whose macros the modules above use.
 mod blobs;
 mod idempotency;
@@ -61,7 +63,6 @@ mod shares;
 use rows::*;
 use sql::*;
 use steps::*;
-use sweeps::*;
 use tx::*;
 
 /// The embedded migrations, in the order they apply. A version is never reused or
@@ -87,11 +88,6 @@ pub const MIGRATION_COUNT: usize = MIGRATIONS.len();
 
 /// How long a writer waits for another writer's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The recursion guard of the descendants and ancestors walks. Depth quotas stop
-/// far below this (SPEC 9 ceiling: 32); reaching it means the edges (or the
-/// agents' parents) are corrupt.
-pub(crate) const MAX_WALK_DEPTH: i64 = 10_000;
 
 /// How a [`SqliteStore`] opens its file.
 #[derive(Debug, Clone, Copy, Default)]

@@ -285,3 +285,31 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("events_of_agent", Q_EVENTS_OF_AGENT),
     ("next_seq", Q_NEXT_SEQ),
 ];
+
+/// The statements the bodies shared with PostgreSQL run (`crate::txn`).
+pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
+    agent_exists: Q_AGENT_EXISTS,
+    fanout: Q_FANOUT,
+    tree_size: Q_TREE_SIZE,
+    run_created: super::sweeps::Q_RUN_CREATED,
+    created_since: super::sweeps::Q_CREATED_SINCE,
+    unfinished_children_specs: super::sweeps::Q_UNFINISHED_CHILDREN_SPECS,
+    own_usage: super::sweeps::Q_OWN_USAGE,
+    subtree_usage: super::sweeps::Q_SUBTREE_USAGE,
+    ancestor_or_self: Q_ANCESTOR_OR_SELF,
+    descendants: Q_DESCENDANTS,
+    children: Q_CHILDREN,
+    unfinished_of: Q_UNFINISHED_OF,
+    status: U_STATUS,
+    status_detail: U_STATUS_DETAIL,
+    run_started: U_RUN_STARTED,
+    run_ended: U_RUN_ENDED,
+    run_usage: U_RUN_USAGE,
+    channel_result: U_CHANNEL_RESULT,
+    last_run_seq: Q_LAST_RUN_SEQ,
+    insert_run: I_RUN,
+    resumed: U_RESUMED,
+    run_of_agent: Q_RUN_OF_AGENT,
+    last_message_seq: Q_LAST_MESSAGE_SEQ,
+    insert_message: I_MESSAGE,
+};

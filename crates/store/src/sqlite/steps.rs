@@ -1,20 +1,14 @@
 //! The shared steps of the transactions: loading and checking agents, events
 //! appended with their sequence numbers, a run's end written.
 
-use super::{
-    I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, U_RUN_ENDED, U_STATUS_DETAIL,
-    agent_at, not_found,
-};
+use super::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, agent_at, not_found};
 use crate::types::Agent;
 use crate::types::Event;
 use crate::types::NewEvent;
 use brood_core::AgentName;
 use brood_core::RunId;
-use brood_core::Status;
 use brood_core::TenantId;
-use brood_core::Terminal;
 use rusqlite::Connection;
-use rusqlite::Transaction;
 
 // ---- shared steps of the transactions -------------------------------------------
 
@@ -42,14 +36,6 @@ pub(super) fn agent_exists(conn: &Connection, tenant: &TenantId, name: &AgentNam
 }
 
 // The checks both stores share, their errors turned into this store's.
-pub(super) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
-    Ok(crate::checks::check_move(agent, to)?)
-}
-
-pub(super) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
-    Ok(crate::checks::check_current_run(agent, run)?)
-}
-
 pub(super) fn check_json_object(
     what: impl FnOnce() -> String,
     text: &str,
@@ -66,7 +52,7 @@ pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
 /// the caller's transaction, so the numbers and the change they describe commit
 /// together, and `BEGIN IMMEDIATE` keeps two writers from taking the same numbers.
 pub(super) fn append_events_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     tenant: &TenantId,
     events: &[NewEvent],
     now_ms: i64,
@@ -80,6 +66,20 @@ pub(super) fn append_events_tx(
         if !agent_exists(tx, tenant, &e.agent)? {
             return Err(not_found(tenant, &e.agent));
         }
+    }
+    insert_events_tx(tx, tenant, events, now_ms)
+}
+
+/// [`append_events_tx`] without its checks, for events already checked
+/// (an admission's, by `crate::admission::decide`).
+pub(super) fn insert_events_tx(
+    tx: &Connection,
+    tenant: &TenantId,
+    events: &[NewEvent],
+    now_ms: i64,
+) -> Tx<Vec<Event>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
     }
     let next: i64 = tx
         .prepare_cached(Q_NEXT_SEQ)?
@@ -113,36 +113,3 @@ pub(super) fn append_events_tx(
         .execute((tenant.as_str(), after))?;
     Ok(out)
 }
-
-/// Ends the agent's current run with `outcome`: the agent's status and detail, and
-/// the run's outcome, exit code, result and end time. The caller has checked the
-/// move.
-pub(super) fn write_end(
-    tx: &Transaction<'_>,
-    agent: &Agent,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<&str>,
-    detail: Option<&str>,
-    now_ms: i64,
-) -> Tx<()> {
-    let t = agent.tenant.as_str();
-    tx.prepare_cached(U_STATUS_DETAIL)?.execute((
-        t,
-        agent.name.as_str(),
-        Status::Ended(outcome).encode(),
-        detail,
-        now_ms,
-    ))?;
-    tx.prepare_cached(U_RUN_ENDED)?.execute((
-        t,
-        agent.run.as_str(),
-        outcome.encode(),
-        exit_code,
-        result,
-        now_ms,
-    ))?;
-    Ok(())
-}
-
-pub(super) use crate::checks::{stop_event, to_sql_count};

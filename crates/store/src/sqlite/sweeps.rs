@@ -11,13 +11,11 @@ use crate::types::Fence;
 use crate::types::NewEvent;
 use crate::types::Result;
 use crate::types::RunEnd;
-use crate::types::Usage;
 use brood_core::AgentName;
 use brood_core::Code;
 use brood_core::TenantId;
 use brood_core::Terminal;
 use rusqlite::OptionalExtension;
-use rusqlite::Row;
 use rusqlite::Transaction;
 
 // ---- budgets, leases and sweepers (SPEC 9) --------------------------------------
@@ -108,14 +106,6 @@ pub(super) fn check_fence(tx: &Transaction<'_>, fence: &Fence) -> Tx<()> {
             ),
         )),
     }
-}
-
-pub(super) fn usage_row(r: &Row<'_>) -> rusqlite::Result<Usage> {
-    Ok(Usage {
-        tokens_in: r.get::<_, i64>(0)?.max(0) as u64,
-        tokens_out: r.get::<_, i64>(1)?.max(0) as u64,
-        cost_usd: r.get(2)?,
-    })
 }
 
 impl Sweeps for SqliteStore {

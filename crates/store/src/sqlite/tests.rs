@@ -1,5 +1,6 @@
 //! Unit tests of the SQLite store's internals (the contract is checked by
 //! `brood-store-conformance` from `tests/store.rs`).
+use super::sweeps::Q_OVERDUE;
 use super::*;
 use brood_core::SessionName;
 

@@ -27,6 +27,7 @@ pub mod postgres;
 mod records;
 mod removal;
 mod runs;
+mod sql_store;
 mod txn;
 mod types;
 

@@ -7,7 +7,7 @@
 
 use brood_core::{AgentName, TenantId};
 
-use crate::types::{Agent, Event, NewEvent, StoreError, Usage};
+use crate::types::{Agent, Channel, Event, Message, NewEvent, Run, StoreError, Usage};
 
 /// The recursion guard of the descendants and ancestors walks. Depth quotas
 /// stop far below this (SPEC 9 ceiling: 32); reaching it means the edges
@@ -67,6 +67,21 @@ pub(crate) struct Statements {
     pub run_of_agent: &'static str,
     pub last_message_seq: &'static str,
     pub insert_message: &'static str,
+    pub agents_all: &'static str,
+    pub agents_unfinished: &'static str,
+    pub stopping_of: &'static str,
+    pub supervisors_with_unfinished: &'static str,
+    pub tenants: &'static str,
+    pub run: &'static str,
+    pub runs: &'static str,
+    pub tenant_runs: &'static str,
+    pub channel: &'static str,
+    pub messages: &'static str,
+    pub events: &'static str,
+    pub events_of_agent: &'static str,
+    pub last_event_seq: &'static str,
+    pub tenant_quotas: &'static str,
+    pub set_tenant_quota: &'static str,
 }
 
 /// A row of [`Statements::descendants`]: the name reached, its level, and
@@ -96,6 +111,14 @@ pub(crate) trait Txn {
     fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>, Self::Err>;
     /// Every agent `sql` gives (its columns first, `agent_cols!` order).
     fn agents(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<Agent>, Self::Err>;
+    fn runs(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<Run>, Self::Err>;
+    fn channels(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<Channel>, Self::Err>;
+    fn messages(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<Message>, Self::Err>;
+    fn events(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<Event>, Self::Err>;
+    /// Every row of one text column.
+    fn texts(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<String>, Self::Err>;
+    /// Every row of a text column and an integer one.
+    fn named_ints(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<(String, i64)>, Self::Err>;
     /// The rows of [`Statements::descendants`].
     fn plan(&self, sql: &str, params: &[Val<'_>]) -> Result<Vec<PlanRow>, Self::Err>;
     /// Appends `events` to the tenant's log with the next numbers, after

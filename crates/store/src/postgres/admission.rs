@@ -1,6 +1,9 @@
-//! The contract's `Admission` and `Runs` on PostgreSQL, as in `sqlite::store`:
-//! every read-then-write runs in a transaction under its tenant's advisory
-//! lock (`PgStore::write`), so it is exact across nodes.
+//! PostgreSQL as a [`SqlStore`] (the contract's `Admission`, `Runs`,
+//! `Transcripts`, `Records` and `Recovery`, written once in
+//! `crate::sql_store`): every read-then-write runs in a transaction under
+//! its tenant's advisory lock (`PgStore::write`), so it is exact across
+//! nodes; and admission's group commit, with the statements this dialect
+//! reads otherwise than SQLite (the walk up the parents, a run's deadline).
 //!
 //! Admissions are group-committed, as on SQLite (`crate::group`): the
 //! tenant's lock is held until the commit, and the commit waits for the WAL
@@ -13,19 +16,15 @@
 //! between two nodes' groups), and admissions in different tenants still run
 //! at once on the pool's other connections.
 
-use brood_core::{AgentName, Quotas, RunId, Status, TenantId, TenantQuotas, Terminal};
+use brood_core::{Quotas, TenantId};
 
-use super::PgStore;
-use super::Tx;
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
-use super::rows::collect;
 use super::txn::On;
-use crate::contract::{Admission, Runs};
+use super::{Fail, PgStore, Tx};
 use crate::group::Group;
-use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS};
-use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
-use crate::{admission, runs};
+use crate::sql_store::SqlStore;
+use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 // The cycle check: walk up from ?3 through the parents (the primary key at each
 // step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
@@ -56,55 +55,13 @@ pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, s
        END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
      WHERE id = ?2 AND tenant = ?1";
 
-impl Admission for PgStore {
-    fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.admit_grouped(new, None, events)
-    }
-
-    fn admit_with_quotas(
-        &self,
-        new: &NewAgent,
-        quotas: &Quotas,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_grouped(new, Some(quotas), events)
-    }
-
-    fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
-        self.read(|db| {
-            let rows = collect(db, Q_TENANT_QUOTAS, &[&tenant.as_str()], |r| {
-                Ok((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?))
-            })?;
-            Ok(admission::tenant_quotas(tenant, rows)?)
-        })
-    }
-
-    fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()> {
-        admission::check_quota_key(tenant, key, value)?;
-        // One upsert, no read before it: no tenant lock needed.
-        self.write_any(|db| {
-            db.exec(I_TENANT_QUOTA, &[&tenant.as_str(), &key, &i64::from(value)])?;
-            Ok(())
-        })
-    }
-
-    fn is_ancestor_or_self(
-        &self,
-        tenant: &TenantId,
-        candidate: &AgentName,
-        agent: &AgentName,
-    ) -> Result<bool> {
-        self.read(|db| admission::is_ancestor_or_self(&On(db), tenant, candidate, agent))
-    }
-}
-
 /// The most admissions one group commit takes: about what a burst of
 /// requesters on one node queues behind one flush, few enough that the
 /// tenant's lock is not held long for the other nodes.
 pub(crate) const GROUP_MAX: usize = 64;
 
 impl PgStore {
-    fn admit_grouped(
+    fn admit_queued(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,
@@ -180,106 +137,28 @@ impl PgStore {
 /// waits for it).
 const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))";
 
-impl Runs for PgStore {
-    fn start_run(
+impl SqlStore for PgStore {
+    type Err = Fail;
+    type Db<'c> = On<'c, 'c>;
+
+    fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.read(|db| f(&On(db)))
+    }
+
+    fn writing<T>(&self, tenant: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write(tenant.as_str(), |db| f(&On(db)))
+    }
+
+    fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write_any(|db| f(&On(db)))
+    }
+
+    fn admit_grouped(
         &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        pid: i32,
-        cgroup: &str,
-        now_ms: i64,
+        new: &NewAgent,
+        quotas: Option<&Quotas>,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            runs::start_run(&On(db), tenant, name, run, pid, cgroup, now_ms, events)
-        })
-    }
-
-    fn set_status(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        to: Status,
-        detail: Option<&str>,
-        now_ms: i64,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            runs::set_status(&On(db), tenant, name, to, detail, now_ms, events)
-        })
-    }
-
-    fn mark_stopping(
-        &self,
-        tenant: &TenantId,
-        names: &[AgentName],
-        outcome: Terminal,
-        now_ms: i64,
-    ) -> Result<Vec<Agent>> {
-        self.write(tenant.as_str(), |db| {
-            runs::mark_stopping(&On(db), tenant, names, outcome, now_ms)
-        })
-    }
-
-    fn end_run(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        end: &RunEnd,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            runs::end_run(&On(db), tenant, name, run, end, events)
-        })
-    }
-
-    fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>> {
-        self.write(tenant.as_str(), |db| runs::end_runs(&On(db), tenant, items))
-    }
-
-    fn record_usage(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-        tokens_in: u64,
-        tokens_out: u64,
-        cost_usd: f64,
-    ) -> Result<()> {
-        // One update, no read before it: no tenant lock needed.
-        self.write_any(|db| {
-            runs::record_usage(&On(db), tenant, run, tokens_in, tokens_out, cost_usd)
-        })
-    }
-
-    fn resume(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        supervisor: &str,
-        now_ms: i64,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            runs::resume(&On(db), tenant, name, run, supervisor, now_ms, None, events)
-        })
-    }
-
-    fn resume_within(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        supervisor: &str,
-        now_ms: i64,
-        quotas: &Quotas,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        let q = Some(quotas);
-        self.write(tenant.as_str(), |db| {
-            runs::resume(&On(db), tenant, name, run, supervisor, now_ms, q, events)
-        })
+        self.admit_queued(new, quotas, events)
     }
 }

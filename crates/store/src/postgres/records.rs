@@ -1,6 +1,7 @@
-//! The contract's transcripts, records, recovery and idempotency keys on
-//! PostgreSQL, ported from the SQLite store (`sqlite::store`,
-//! `sqlite::idempotency`, the spend queries of `sqlite::sweeps`).
+//! The statements of the records (transcripts, records, recovery, spend)
+//! that PostgreSQL reads otherwise than SQLite, for `crate::sql_store`
+//! (through `txn::STATEMENTS`), and the idempotency keys, ported from
+//! `sqlite::idempotency`.
 //!
 //! Most statements are `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 //! Those written here differ where PostgreSQL reads the same text otherwise:
@@ -14,35 +15,25 @@
 //! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
 //! - `INSERT OR IGNORE` is `ON CONFLICT DO NOTHING`.
 
-use brood_core::{AgentName, RunId, SessionName, TenantId};
+use brood_core::TenantId;
 use tokio_postgres::Row;
 
-use super::db::Db;
-use super::rows::{
-    agent_from, channel_from, collect, event_from, message_from, narrow, parse_name, run_from,
-};
-use super::steps::{append_events_tx, load_agent};
-use super::txn::On;
+use super::rows::narrow;
 use super::{PgStore, Tx};
-use crate::contract::{Idempotency, Records, Recovery, Transcripts};
-use crate::sqlite::sql::{
-    Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_MESSAGES, Q_RUN, Q_RUNS,
-    Q_TENANT_RUNS,
-};
-use crate::types::{Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend};
-use crate::{records, runs};
+use crate::contract::Idempotency;
+use crate::types::{IdempotentReply, Result};
 
 pub(super) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_AGENTS_ALL: &str = concat!(
+pub(super) const Q_AGENTS_ALL: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_AGENTS_UNFINISHED: &str = concat!(
+pub(super) const Q_AGENTS_UNFINISHED: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND ",
@@ -58,7 +49,7 @@ pub(super) const Q_UNFINISHED_OF: &str = concat!(
 );
 // The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
 // agents whose stop is recorded: what a supervisor carries out each tick.
-const Q_STOPPING_OF: &str = concat!(
+pub(super) const Q_STOPPING_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -68,12 +59,12 @@ const Q_STOPPING_OF: &str = concat!(
 );
 // The collation is on the selected column, not in the ORDER BY: with
 // DISTINCT, PostgreSQL orders only by what is selected.
-const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
     "SELECT DISTINCT supervisor COLLATE \"C\" FROM agents WHERE ",
     unfinished!(),
     " ORDER BY 1"
 );
-const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
+pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
 
 // The parent-death plan. `walk` follows the edges' primary key (tenant, parent,
 // child) one level at a time, carrying the level. It is a UNION, so a row already
@@ -144,184 +135,6 @@ fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
         created_ms: r.try_get(6)?,
         expires_ms: r.try_get(7)?,
     })
-}
-
-/// The agents `sql` lists with the one parameter `arg`.
-fn agents_of(db: &Db<'_>, sql: &str, arg: &str) -> Tx<Vec<Agent>> {
-    collect(db, sql, &[&arg], agent_from)
-}
-
-impl Transcripts for PgStore {
-    fn append_message(
-        &self,
-        tenant: &TenantId,
-        agent: &AgentName,
-        session: &SessionName,
-        run: &RunId,
-        role: &str,
-        content: &str,
-        now_ms: i64,
-    ) -> Result<Message> {
-        // Under the tenant's lock: the position read is still the last one
-        // when the message is inserted, whatever node appends next.
-        self.write(tenant.as_str(), |db| {
-            records::append_message(&On(db), tenant, agent, session, run, role, content, now_ms)
-        })
-    }
-
-    fn append_events(
-        &self,
-        tenant: &TenantId,
-        events: &[NewEvent],
-        now_ms: i64,
-    ) -> Result<Vec<Event>> {
-        self.write(tenant.as_str(), |db| {
-            append_events_tx(db, tenant, events, now_ms)
-        })
-    }
-
-    fn messages(
-        &self,
-        tenant: &TenantId,
-        agent: &AgentName,
-        session: &SessionName,
-    ) -> Result<Vec<Message>> {
-        self.read(|db| {
-            collect(
-                db,
-                Q_MESSAGES,
-                &[&tenant.as_str(), &agent.as_str(), &session.as_str()],
-                message_from,
-            )
-        })
-    }
-
-    fn events(
-        &self,
-        tenant: &TenantId,
-        after: i64,
-        agent: Option<&AgentName>,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        let limit = i64::from(limit);
-        self.read(|db| match agent {
-            None => collect(
-                db,
-                Q_EVENTS,
-                &[&tenant.as_str(), &after, &limit],
-                event_from,
-            ),
-            Some(a) => collect(
-                db,
-                Q_EVENTS_OF_AGENT,
-                &[&tenant.as_str(), &after, &limit, &a.as_str()],
-                event_from,
-            ),
-        })
-    }
-
-    fn last_event_seq(&self, tenant: &TenantId) -> Result<i64> {
-        self.read(|db| {
-            Ok(db
-                .query_one(Q_LAST_EVENT_SEQ, &[&tenant.as_str()])?
-                .try_get(0)?)
-        })
-    }
-}
-
-impl Records for PgStore {
-    fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>> {
-        self.read(|db| load_agent(db, tenant, name))
-    }
-
-    fn run(&self, tenant: &TenantId, run: &RunId) -> Result<Option<Run>> {
-        self.read(|db| {
-            db.query_opt(Q_RUN, &[&tenant.as_str(), &run.as_str()])?
-                .map(|r| run_from(&r))
-                .transpose()
-        })
-    }
-
-    fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>> {
-        self.read(|db| collect(db, Q_RUNS, &[&tenant.as_str(), &name.as_str()], run_from))
-    }
-
-    fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>> {
-        self.read(|db| collect(db, Q_TENANT_RUNS, &[&tenant.as_str()], run_from))
-    }
-
-    fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {
-        let sql = if all {
-            Q_AGENTS_ALL
-        } else {
-            Q_AGENTS_UNFINISHED
-        };
-        self.read(|db| agents_of(db, sql, tenant.as_str()))
-    }
-
-    fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| records::children(&On(db), tenant, name))
-    }
-
-    fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| records::descendants_post_order(&On(db), tenant, name))
-    }
-
-    fn channel(
-        &self,
-        tenant: &TenantId,
-        parent: &AgentName,
-        child: &AgentName,
-    ) -> Result<Option<Channel>> {
-        self.read(|db| {
-            db.query_opt(
-                Q_CHANNEL,
-                &[&tenant.as_str(), &parent.as_str(), &child.as_str()],
-            )?
-            .map(|r| channel_from(&r))
-            .transpose()
-        })
-    }
-
-    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
-        self.read(|db| records::spend(&On(db), tenant, name))
-    }
-}
-
-impl Recovery for PgStore {
-    fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>> {
-        self.read(|db| records::unfinished_of(&On(db), supervisors))
-    }
-
-    fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>> {
-        self.read(|db| agents_of(db, Q_STOPPING_OF, supervisor))
-    }
-
-    fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        // Across tenants, so without one tenant's lock: `runs::recover` takes the
-        // lock of every tenant it ends agents in.
-        self.write_any(|db| runs::recover(&On(db), dead, false, now_ms))
-    }
-
-    fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        self.write_any(|db| runs::recover(&On(db), dead, true, now_ms))
-    }
-
-    fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {
-        self.read(|db| {
-            collect(db, Q_SUPERVISORS_WITH_UNFINISHED, &[], |r| {
-                Ok(r.try_get::<_, String>(0)?)
-            })
-        })
-    }
-
-    fn tenants(&self) -> Result<Vec<TenantId>> {
-        self.read(|db| {
-            collect(db, Q_TENANTS, &[], |r| {
-                parse_name("tenants.id", r.try_get(0)?, TenantId::new)
-            })
-        })
-    }
 }
 
 impl Idempotency for PgStore {

@@ -9,12 +9,15 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::admission::{Q_ANCESTOR_OR_SELF, U_RUN_STARTED};
 use super::db::LOCK_TENANT;
-use super::records::{Q_CHILDREN, Q_DESCENDANTS, Q_OWN_USAGE, Q_SUBTREE_USAGE, Q_UNFINISHED_OF};
-use super::rows::{agent_at, collect};
+use super::records::{
+    Q_AGENTS_ALL, Q_AGENTS_UNFINISHED, Q_CHILDREN, Q_DESCENDANTS, Q_OWN_USAGE, Q_STOPPING_OF,
+    Q_SUBTREE_USAGE, Q_SUPERVISORS_WITH_UNFINISHED, Q_TENANTS, Q_UNFINISHED_OF,
+};
+use super::rows::{agent_at, channel_from, collect, event_from, message_from, run_from};
 use super::steps::{append_events_tx, load_agent};
 use super::{Db, Fail, Tx, corrupt};
 use crate::txn::{PlanRow, Statements, Txn, Val};
-use crate::types::{Agent, Event, NewEvent, Usage};
+use crate::types::{Agent, Channel, Event, Message, NewEvent, Run, Usage};
 
 /// SQLite's statements, but those PostgreSQL reads otherwise (see
 /// `records` and `admission` for why each differs).
@@ -25,6 +28,11 @@ pub(crate) const STATEMENTS: Statements = Statements {
     descendants: Q_DESCENDANTS,
     children: Q_CHILDREN,
     unfinished_of: Q_UNFINISHED_OF,
+    agents_all: Q_AGENTS_ALL,
+    agents_unfinished: Q_AGENTS_UNFINISHED,
+    stopping_of: Q_STOPPING_OF,
+    supervisors_with_unfinished: Q_SUPERVISORS_WITH_UNFINISHED,
+    tenants: Q_TENANTS,
     run_started: U_RUN_STARTED,
     ..crate::sqlite::sql::STATEMENTS
 };
@@ -107,6 +115,32 @@ impl Txn for On<'_, '_> {
 
     fn agents(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Agent>> {
         bound(params, |p| collect(self.0, sql, p, |r| agent_at(r, 0)))
+    }
+
+    fn runs(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Run>> {
+        bound(params, |p| collect(self.0, sql, p, run_from))
+    }
+
+    fn channels(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Channel>> {
+        bound(params, |p| collect(self.0, sql, p, channel_from))
+    }
+
+    fn messages(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Message>> {
+        bound(params, |p| collect(self.0, sql, p, message_from))
+    }
+
+    fn events(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Event>> {
+        bound(params, |p| collect(self.0, sql, p, event_from))
+    }
+
+    fn texts(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<String>> {
+        bound(params, |p| collect(self.0, sql, p, |r| Ok(r.try_get(0)?)))
+    }
+
+    fn named_ints(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<(String, i64)>> {
+        bound(params, |p| {
+            collect(self.0, sql, p, |r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        })
     }
 
     fn plan(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<PlanRow>> {

@@ -244,7 +244,7 @@ impl std::fmt::Debug for SqliteStore {
 /// A failure inside a transaction, before it is given the file's path. It lets the
 /// transaction bodies use `?` on rusqlite calls and on the store's own refusals
 /// alike; [`Fail::at`] turns it into a [`StoreError`] at the method's edge.
-enum Fail {
+pub(crate) enum Fail {
     Sql(rusqlite::Error),
     Store(StoreError),
 }
@@ -273,7 +273,7 @@ impl Fail {
     }
 }
 
-type Tx<T> = std::result::Result<T, Fail>;
+pub(crate) type Tx<T> = std::result::Result<T, Fail>;
 
 fn refused(code: Code, message: String) -> Fail {
     Fail::Store(StoreError::Refused { code, message })
@@ -537,7 +537,7 @@ impl SqliteStore {
     /// the group's `BEGIN IMMEDIATE` transaction, after the admissions queued
     /// before it, whose writes it sees (so the quota counts stay exact), and
     /// it is answered only once the group has committed.
-    fn admit_grouped(
+    fn admit_queued(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,

@@ -7,15 +7,15 @@ use brood_core::{AgentName, TenantId};
 use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
-use super::rows::{agent_at, collect};
+use super::rows::{agent_at, channel_from, collect, event_from, message_from, run_from};
 use super::sql::STATEMENTS;
 use super::steps::{append_events_tx, load_agent};
 use super::{Fail, Tx};
 use crate::txn::{PlanRow, Statements, Txn, Val};
-use crate::types::{Agent, Event, NewEvent, Usage};
+use crate::types::{Agent, Channel, Event, Message, NewEvent, Run, Usage};
 
 /// The shared bodies' view of a connection.
-pub(super) struct On<'a>(pub(super) &'a Connection);
+pub(crate) struct On<'a>(pub(super) &'a Connection);
 
 impl rusqlite::ToSql for Val<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
@@ -72,6 +72,30 @@ impl Txn for On<'_> {
 
     fn agents(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Agent>> {
         collect(self.0, sql, bind(params), |r| agent_at(r, 0))
+    }
+
+    fn runs(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Run>> {
+        collect(self.0, sql, bind(params), run_from)
+    }
+
+    fn channels(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Channel>> {
+        collect(self.0, sql, bind(params), channel_from)
+    }
+
+    fn messages(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Message>> {
+        collect(self.0, sql, bind(params), message_from)
+    }
+
+    fn events(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<Event>> {
+        collect(self.0, sql, bind(params), event_from)
+    }
+
+    fn texts(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<String>> {
+        collect(self.0, sql, bind(params), |r| Ok(r.get(0)?))
+    }
+
+    fn named_ints(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<(String, i64)>> {
+        collect(self.0, sql, bind(params), |r| Ok((r.get(0)?, r.get(1)?)))
     }
 
     fn plan(&self, sql: &str, params: &[Val<'_>]) -> Tx<Vec<PlanRow>> {

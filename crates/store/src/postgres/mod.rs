@@ -30,8 +30,10 @@
 //! is the blocking facade (queries on a connection or a transaction), `rows`
 //! decodes records, `txn` gives the bodies shared with SQLite (`crate::txn`)
 //! their reads and writes, `admit` reads and writes a group of admissions,
-//! and the contract's methods are in `admission`, `records`, `sweeps` and
-//! `jobs`.
+//! `admission` makes this store a `crate::sql_store::SqlStore` (the
+//! contract's methods written once for both stores), `records` holds this
+//! dialect's statements of the records, and the rest of the contract is in
+//! `sweeps`, `jobs` and their neighbours.
 
 mod admission;
 mod admit;

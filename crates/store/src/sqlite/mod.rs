@@ -18,7 +18,7 @@
 //! Admissions queue in front of the connection, first come first served, and the
 //! thread whose turn it is runs what is queued (up to `GROUP_MAX`) as one group
 //! commit: one such transaction, with a savepoint per admission so that each
-//! still succeeds or fails alone (`admit_grouped`). A thread of the store's own
+//! still succeeds or fails alone (`admit_queued`). A thread of the store's own
 //! copies the WAL back into the database, off the requesters' path
 //! (`Checkpointer`).
 //!
@@ -29,8 +29,9 @@
 //! The code: this file opens the store, runs the writer (group commit, the
 //! checkpointer) and migrates; `sql` holds every statement, `rows` decodes
 //! records, `steps` the steps transactions share, `txn` the shared bodies'
-//! reads and writes (`crate::txn`), `tx` admission's writes, `store` the
-//! contract's methods and `sweeps` the budgets, lease and sweepers.
+//! reads and writes (`crate::txn`), `tx` admission's writes, `store` this
+//! store as a `crate::sql_store::SqlStore` (the contract's methods written
+//! once for both stores) and `sweeps` the budgets, lease and sweepers.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};

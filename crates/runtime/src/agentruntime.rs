@@ -4,9 +4,9 @@
 //!
 //! One function, [`to_agentruntime`], turns one stored [`Event`] into one
 //! standard event, or into nothing when the standard has no counterpart. The
-//! control socket's `events {"format": "agentruntime"}` and the CLI's
-//! `brood events --format agentruntime` both go through it, so the two surfaces
-//! cannot disagree.
+//! API's `GET /api/events?format=agentruntime` and the CLI's
+//! `brood events --format agentruntime` (when it reads the store itself) both
+//! go through it, so the two surfaces cannot disagree.
 //!
 //! # Mapping
 //!

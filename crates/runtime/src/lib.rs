@@ -1,10 +1,10 @@
 //! brood-runtime: the supervisor.
 //!
 //! * [`supervisor`]: the dispatcher loop, admission, lifecycle, fate sharing.
-//! * `io`: one task per agent process (protocol frames, stderr, exit).
+//! * `supervisor::io`: one task per agent process (protocol frames, stderr, exit).
 //! * [`lower`]: a policy's file rules lowered into landlock grants.
 //! * [`config`]: the platform configuration file (quotas, limits).
-//! * [`door`]: what a creation names on the filesystem, checked before it is
+//! * [`intake`]: what a creation names on the filesystem, checked before it is
 //!   admitted (issue 24).
 //! * [`limits`]: the work one request or caller may cause, and the callers'
 //!   rates.
@@ -12,14 +12,18 @@
 //! * [`enforce`]: a policy lowered into the sandbox and limits the kernel enforces.
 //! * [`agent_socket`]: the per-agent sockets (`ctx/agent/<name>.sock`, SPEC 8).
 //! * [`projection`]: the ctx tree on disk, written off the hot path.
+//! * [`channel`]: what a child hands back (refs, artifacts, the context pack).
+//! * [`logs`]: an agent's log (its stderr), read by offset or from its end.
 //! * [`objects`]: the static control files of an agent object, from its record.
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`rebuild`]: the whole ctx projection rebuilt from the store (`brood fsck`).
 //! * [`remove`]: finished trees removed, and what a removal leaves to do (issue 25).
 //! * [`view`]: read-only views of the store (ps, tree, show).
+//! * [`nodes`]: the nodes sharing the store, as the surfaces show them.
 //! * [`jobs`]: jobs (SPEC 10): creation checked whole, then recorded; their views.
 //! * [`paths`]: the layout of `$BROOD_ROOT`.
-//! * [`slots`]: per-tenant concurrency-slot counters (embedded or Redis).
+//! * [`slots`]: per-tenant concurrency-slot counters (embedded, the store's
+//!   shares, or Redis).
 //! * [`agentruntime`]: events in the form of the Agent Runtime draft standard.
 //! * [`veil`]: what no agent may reach (cgroups, `$BROOD_ROOT`, the store's
 //!   files), for the launcher's veil and the refusal of policies naming it.

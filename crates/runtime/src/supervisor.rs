@@ -10,13 +10,14 @@
 //! comes back as a `Cmd`, so the loop never blocks on it (it does block briefly
 //! on SQLite and on the small file work of a launch; ARCHITECTURE.md).
 //!
-//! This file holds the types, the dispatcher's state and its loop; the
-//! dispatcher's work is split by concern into the submodules: `handle` (the
-//! public handle and start-up), `admit`, `launch`, `protocol`, `ends`, `verbs`,
-//! `stops`, `collect`, `sweep`, `sockets`, `identify`, `orphans`, and the small
-//! owned types `waiters` and `queue`.
+//! This file holds the types, the dispatcher and its loop. The dispatcher's
+//! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`); its work is split by
+//! concern into the submodules: `handle` (the public handle and start-up),
+//! `admit`, `launch`, `protocol`, `ends`, `verbs`, `stops`, `collect`,
+//! `sweep`, `sockets`, `identify`, `orphans`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,23 +26,24 @@ use brood_core::policy::Policy;
 use brood_core::{
     AgentEvent, AgentName, CancelReason, Code, RunId, SessionName, TenantId, Terminal,
 };
-use brood_launch::cgroup::{Cgroups, Group};
-use brood_launch::env::Base;
-use brood_launch::{LaunchError, Launched, Spawner};
-use brood_proto::{DoneResult, FromAgent, LineError, ToAgent};
+use brood_launch::cgroup::Group;
+use brood_launch::{LaunchError, Launched};
+use brood_proto::{DoneResult, FromAgent, LineError};
 use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, internal, not_found};
+use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, internal};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
 mod admit;
+mod agents;
 mod collect;
 mod disk;
 mod ends;
 mod handle;
+mod host;
 use crate::hosts::node_labels;
 pub use crate::hosts::supervisor_id;
 pub(crate) use crate::hosts::{host_alive, registered_nodes};
@@ -50,6 +52,7 @@ mod io;
 mod jobs;
 pub use jobs::JobOp;
 mod launch;
+mod launcher;
 mod nodes;
 mod ops;
 pub use ops::handle;
@@ -59,6 +62,7 @@ use outcome::{exit_code, outcome_of, reap_orphan_launch};
 mod placement;
 mod protocol;
 mod queue;
+mod records;
 mod remove;
 pub use remove::RemoveOp;
 mod routed;
@@ -68,7 +72,6 @@ mod stops;
 mod sweep;
 mod verbs;
 mod waiters;
-mod written;
 
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;
@@ -505,72 +508,31 @@ const STDERR_TAIL: usize = 4096;
 /// of two starts, few enough that an idle supervisor holds little.
 const NETNS_POOL_DEPTH: usize = 2;
 
+/// The dispatcher: the loop's state, as owned parts (ARCHITECTURE.md
+/// "The supervisor's parts"). Each part holds its own state; the loop routes
+/// every [`Cmd`] to the method that handles it, and a method borrows only the
+/// parts it needs.
 struct Dispatcher {
-    cfg: Config,
-    tx: mpsc::UnboundedSender<Cmd>,
-    store: Arc<dyn Store>,
-    tenant: TenantId,
-    paths: Paths,
-    projection: Projection,
-    cgroups: Option<Arc<Cgroups>>,
-    spawner: Spawner,
-    base: Base,
-    me: String,
-    /// The containment part of every agent's `meta.json`.
-    meta: Value,
-    /// What the host gives this supervisor (handed to the handles it makes).
-    info: HostInfo,
-    /// The operator's identity: what a root agent holds.
-    uid: u32,
-    /// `/proc/self/cgroup` of this process: where it sits on each hierarchy,
-    /// what a caller's groups are compared with (`identify`).
-    own_cgroups: String,
-    /// This binary, executable by every agent (so it can call `brood spawn`).
-    brood_exe: Option<PathBuf>,
-    gid: u32,
-    groups: std::collections::BTreeSet<u32>,
-    live: HashMap<AgentName, Live>,
-    /// Admitted agents waiting for a concurrency slot, first in first out.
-    waiting: queue::Queue,
-    /// The tenant's `max_concurrent` (SPEC 9), refreshed at each admission.
-    max_concurrent: u32,
+    /// Who this supervisor is and what it hands out: read-only after start.
+    host: host::Host,
+    /// The store and what follows a write of it: the ctx projection, the
+    /// change counter, the news flag. Every record goes through it.
+    records: records::Records,
+    /// Starting processes: the spawner, cgroups, slots, the veil and the
+    /// queue of admitted agents waiting for a slot.
+    launcher: launcher::Launcher,
+    /// The agents this supervisor runs, and what it tracks of children and
+    /// waits across nodes.
+    agents: agents::Agents,
     waiters: Waiters,
-    /// Children of agents here that another node ran, whose artifacts are
-    /// being fetched into their channel (issue 15): a wait for one is
-    /// answered once its files are in place, as if it had run here.
-    fetching: HashSet<AgentName>,
-    /// Such children whose end (of which run) was told to their parent
-    /// here, with the parent: told once, whether the news of it or a wait
-    /// that saw it in the store came first. Kept while the parent lives.
-    ends_told: HashMap<AgentName, (AgentName, RunId)>,
-    /// `--ready` spawns placed on another node, answered when it is ready.
-    ready_waits: Vec<(AgentName, Reply)>,
     stops: HashMap<u64, Stop>,
     next_id: u64,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
     sweep: sweep::SweepState,
     /// The per-agent sockets (SPEC 8) of agents that can take input.
     sockets: sockets::Sockets,
-    /// The handles' intake (rates, the creation's paths), shared with them.
-    intake: Arc<crate::intake::Intake>,
-    metrics: Arc<crate::metrics::Metrics>,
-    /// Concurrency slots held by started agents (SPEC 9), embedded or Redis.
-    slots: Arc<dyn crate::slots::Slots>,
-    /// Empty network namespaces made ahead of need, started with the first
-    /// `network: none` agent under `iso = ns` (`brood_launch::ns` module docs).
-    netns_pool: Option<brood_launch::ns::NetnsPool>,
-    /// What agents must not reach, covered in each one's mount namespace;
-    /// `None` when brood is not root (it cannot mount).
-    veil: Option<crate::veil::Veil>,
-    /// The veiled mount namespace agents join, once made.
-    veil_ns: crate::veil::VeilCache,
-    /// Bumped after each command (see `Supervisor::changed`).
-    changed: watch::Sender<u64>,
     /// The jobs this supervisor runs and their workers (SPEC 10).
     jobs: jobs::Runner,
-    /// Set while a `Cmd::News` is queued, so news arriving faster than the
-    /// loop looks costs one look, not a queue of them.
-    news_queued: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -617,18 +579,18 @@ impl Dispatcher {
             Cmd::Harvested(h) => self.on_harvested(*h),
             Cmd::Send(caller, name, text, reply) => {
                 let r = self.on_send(&caller, &name, &text);
-                self.respond(reply, r);
+                self.agents.respond(reply, r);
             }
             Cmd::Wait(caller, names, timeout, reply) => {
                 self.on_wait(&caller, names, timeout, reply)
             }
             Cmd::Cancel(caller, name, reply) => {
                 let r = self.on_cancel(&caller, &name);
-                self.respond(reply, r);
+                self.agents.respond(reply, r);
             }
             Cmd::Close(caller, name, reply) => {
                 let r = self.on_close(&caller, &name);
-                self.respond(reply, r);
+                self.agents.respond(reply, r);
             }
             Cmd::Resume(caller, name, text, secrets, reply) => {
                 self.on_resume(&caller, &name, text, *secrets, reply)
@@ -637,12 +599,12 @@ impl Dispatcher {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
             }
             Cmd::Identify(pid, uid, reply) => {
-                let _ = reply.send(self.identify(pid, uid));
+                let _ = reply.send(self.host.identify(&self.launcher, &self.agents, pid, uid));
             }
             Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
             Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
             Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
-            Cmd::AgentReply(agent, re, r) => self.respond(Reply::Agent { agent, re }, r),
+            Cmd::AgentReply(agent, re, r) => self.agents.respond(Reply::Agent { agent, re }, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
             Cmd::Tick => {
                 if shutdown.is_none() {
@@ -651,7 +613,8 @@ impl Dispatcher {
                 }
             }
             Cmd::News => {
-                self.news_queued
+                self.records
+                    .news_queued
                     .store(false, std::sync::atomic::Ordering::SeqCst);
                 if shutdown.is_none() {
                     self.on_news();
@@ -659,18 +622,18 @@ impl Dispatcher {
             }
             Cmd::Job(caller, op, reply) => {
                 let r = self.on_job(&caller, op);
-                self.respond(reply, r);
+                self.agents.respond(reply, r);
             }
             Cmd::Remove(caller, op, reply) => {
                 let r = self.on_remove(&caller, op);
-                self.respond(reply, r);
+                self.agents.respond(reply, r);
             }
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
             Cmd::DiskChecked(over) => self.on_disk_checked(over),
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
                     let r = self.wait_result(&w.names, true);
-                    self.respond(w.reply, r);
+                    self.agents.respond(w.reply, r);
                 }
             }
             Cmd::Shutdown(reply) => {
@@ -684,10 +647,15 @@ impl Dispatcher {
     /// cancelled `user`); the answer waits until nothing is live.
     fn begin_shutdown(&mut self) {
         let roots: Vec<AgentName> = self
+            .agents
             .live
             .iter()
             .filter(|(_, l)| l.stopping.is_none())
-            .filter(|(_, l)| l.parent.as_ref().is_none_or(|p| !self.live.contains_key(p)))
+            .filter(|(_, l)| {
+                l.parent
+                    .as_ref()
+                    .is_none_or(|p| !self.agents.live.contains_key(p))
+            })
             .map(|(n, _)| n.clone())
             .collect();
         for r in roots {
@@ -702,16 +670,16 @@ impl Dispatcher {
             self.drive_jobs();
         }
         // Whatever the command wrote (events included) is committed by now.
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.records.changed.send_modify(|n| *n = n.wrapping_add(1));
         // A slot freed by whatever this command did goes to the next in line
         // (not while shutting down: nothing new starts then).
         if shutdown.is_none() {
             self.pump_queue();
         } else {
-            self.waiting.clear();
+            self.launcher.waiting.clear();
         }
-        if shutdown.is_some() && self.live.is_empty() && self.stops.is_empty() {
-            if let Some(c) = &self.cgroups {
+        if shutdown.is_some() && self.agents.live.is_empty() && self.stops.is_empty() {
+            if let Some(c) = &self.launcher.cgroups {
                 if let Err(e) = c.destroy() {
                     tracing::error!(error = %e, "removing the supervisor's cgroups failed");
                 }
@@ -730,114 +698,31 @@ impl Dispatcher {
         self.next_id
     }
 
-    fn respond(&self, reply: Reply, r: ApiResult) {
-        match reply {
-            Reply::Api(tx) => {
-                let _ = tx.send(r);
-            }
-            Reply::Agent { agent, re } => {
-                let msg = match r {
-                    Ok(v) => brood_proto::Reply::ok(re, v),
-                    Err(e) => brood_proto::Reply::err(
-                        re,
-                        brood_proto::ErrorBody {
-                            code: e.code.as_str().to_owned(),
-                            reason: e.code.as_str().to_owned(),
-                            message: e.message,
-                        },
-                    ),
-                };
-                self.to_agent(&agent, &ToAgent::Reply(msg));
-            }
-        }
-    }
-
-    fn to_agent(&self, name: &AgentName, msg: &ToAgent) {
-        if let Some(l) = self.live.get(name)
-            && l.protocol == Protocol::Brood
-            && let Some(tx) = &l.stdin
-        {
-            let _ = tx.send(brood_proto::encode(msg));
-        }
-    }
-
-    fn agent(&self, name: &AgentName) -> Result<Agent, ApiError> {
-        self.store
-            .agent(&self.tenant, name)
-            .map_err(internal)?
-            .ok_or_else(|| not_found(name))
-    }
-
-    /// An agent may act on its own descendants only; a user on anything.
-    fn authorize(&self, caller: &Caller, target: &Agent) -> Result<(), ApiError> {
-        let Caller::Agent(me) = caller else {
-            return Ok(());
-        };
-        let mut cur = target.parent.clone();
-        let mut hops = 0;
-        while let Some(p) = cur {
-            if &p == me {
-                return Ok(());
-            }
-            hops += 1;
-            if hops > 10_000 {
-                break;
-            }
-            cur = self
-                .store
-                .agent(&self.tenant, &p)
-                .map_err(internal)?
-                .and_then(|a| a.parent);
-        }
-        Err(ApiError::new(
-            Code::Forbidden,
-            format!(
-                "agent {me} may act only on its own descendants, not on {}",
-                target.name
-            ),
-        ))
-    }
-
-    /// The runtime refuses its own tools (`create send wait close resume job`) to an
-    /// agent whose policy does not grant them (SPEC 5).
-    fn tool_granted(&self, caller: &Caller, tool: &str) -> Result<(), ApiError> {
-        let Caller::Agent(me) = caller else {
-            return Ok(());
-        };
-        match self.live.get(me).and_then(|l| l.policy.tools.as_ref()) {
-            Some(tools) if !tools.contains(tool) => Err(ApiError::new(
-                Code::Forbidden,
-                format!("agent {me} was not granted the tool {tool:?}"),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// Removes a live agent, giving back its slot if it held one: the one place
     /// an agent leaves the live set, so a slot is never held by a process that
     /// is gone (SPEC 9).
     fn forget(&mut self, name: &AgentName) -> Option<Live> {
         self.sock_end(name);
         self.jobs.note_gone(name);
-        let l = self.live.remove(name)?;
+        let l = self.agents.live.remove(name)?;
         if l.launching {
-            self.give_slot();
+            self.launcher.give_slot(&self.records.tenant);
         }
         Some(l)
     }
 
     fn handle(&self) -> Supervisor {
         Supervisor {
-            tx: self.tx.clone(),
-            store: self.store.clone(),
-            tenant: self.tenant.clone(),
-            paths: self.paths.clone(),
-            info: self.info.clone(),
-            projection: self.projection.clone(),
-            metrics: self.metrics.clone(),
-            intake: self.intake.clone(),
-            me: self.me.clone(),
-            changed: self.changed.subscribe(),
+            tx: self.host.tx.clone(),
+            store: self.records.store.clone(),
+            tenant: self.records.tenant.clone(),
+            paths: self.host.paths.clone(),
+            info: self.host.info.clone(),
+            projection: self.records.projection.clone(),
+            metrics: self.host.metrics.clone(),
+            intake: self.host.intake.clone(),
+            me: self.host.me.clone(),
+            changed: self.records.changed.subscribe(),
         }
     }
 }

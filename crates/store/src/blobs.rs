@@ -6,18 +6,19 @@
 use std::io::{Read, Write};
 
 use crate::contract::BLOB_CHUNK;
+use crate::db::{Db, Row};
 use brood_core::Code;
 
 use crate::types::{Result, StoreError};
 
-pub(crate) const Q_BLOB: &str = "SELECT size, chunks FROM blobs WHERE tenant = ?1 AND sha256 = ?2";
+const Q_BLOB: &str = "SELECT size, chunks FROM blobs WHERE tenant = ?1 AND sha256 = ?2";
 /// A chunk written again (by a put that finishes one a dead writer left)
 /// replaces what was there.
-pub(crate) const U_CHUNK: &str = "INSERT INTO blob_chunks (tenant, sha256, seq, bytes) \
+const U_CHUNK: &str = "INSERT INTO blob_chunks (tenant, sha256, seq, bytes) \
      VALUES (?1, ?2, ?3, ?4) ON CONFLICT (tenant, sha256, seq) DO UPDATE SET bytes = excluded.bytes";
-pub(crate) const I_BLOB: &str = "INSERT INTO blobs (tenant, sha256, size, chunks, created_ms) \
+const I_BLOB: &str = "INSERT INTO blobs (tenant, sha256, size, chunks, created_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, sha256) DO NOTHING";
-pub(crate) const Q_CHUNK: &str =
+const Q_CHUNK: &str =
     "SELECT bytes FROM blob_chunks WHERE tenant = ?1 AND sha256 = ?2 AND seq = ?3";
 
 /// A blob's name is its SHA-256 in lowercase hex, as the blob stores on
@@ -46,6 +47,56 @@ fn io(sha256: &str, source: std::io::Error) -> StoreError {
 
 /// A blob's size and number of chunks, from its head row (none until whole).
 pub(crate) type Head = Option<(i64, i64)>;
+
+/// The blob's head: its size and number of chunks, once whole.
+pub(crate) fn head<D: Db>(db: &D, tenant: &str, sha256: &str) -> std::result::Result<Head, D::Err> {
+    db.query_opt(Q_BLOB, &[tenant.into(), sha256.into()], |r| {
+        Ok((r.int(0)?, r.int(1)?))
+    })
+}
+
+/// Writes chunk `seq` (again, if a dead writer left it).
+pub(crate) fn write_chunk<D: Db>(
+    db: &D,
+    tenant: &str,
+    sha256: &str,
+    seq: i64,
+    bytes: &[u8],
+) -> std::result::Result<(), D::Err> {
+    let params = [tenant.into(), sha256.into(), seq.into(), bytes.into()];
+    db.exec(U_CHUNK, &params).map(drop)
+}
+
+/// Writes the head of a blob whose chunks are all written: it is whole.
+pub(crate) fn write_head<D: Db>(
+    db: &D,
+    tenant: &str,
+    sha256: &str,
+    size: i64,
+    chunks: i64,
+) -> std::result::Result<(), D::Err> {
+    let now = crate::now_ms();
+    let params = [
+        tenant.into(),
+        sha256.into(),
+        size.into(),
+        chunks.into(),
+        now.into(),
+    ];
+    db.exec(I_BLOB, &params).map(drop)
+}
+
+/// Chunk `seq`'s bytes, if it is there.
+pub(crate) fn read_chunk<D: Db>(
+    db: &D,
+    tenant: &str,
+    sha256: &str,
+    seq: i64,
+) -> std::result::Result<Option<Vec<u8>>, D::Err> {
+    db.query_opt(Q_CHUNK, &[tenant.into(), sha256.into(), seq.into()], |r| {
+        r.bytes(0)
+    })
+}
 
 /// `Blobs::put_blob` with a store's three steps: `head` (is it whole
 /// already?), `chunk` (write one, in its own transaction) and `finish`

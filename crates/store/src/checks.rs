@@ -9,7 +9,7 @@ use crate::types::{Agent, Artifact, NewEvent, StoreError};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-fn refused(code: Code, message: String) -> StoreError {
+pub(crate) fn refused(code: Code, message: String) -> StoreError {
     StoreError::Refused { code, message }
 }
 

@@ -16,6 +16,7 @@ mod admission;
 mod blobs;
 mod checks;
 mod contract;
+mod db;
 mod group;
 mod shares;
 // First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
@@ -24,10 +25,14 @@ mod shares;
 pub mod sqlite;
 pub mod postgres;
 // After `sqlite`, whose `unfinished!` it uses.
+mod jobs;
+mod nodes;
 mod records;
 mod removal;
 mod runs;
 mod sql_store;
+mod steps;
+mod sweeps;
 mod txn;
 mod types;
 

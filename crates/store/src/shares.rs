@@ -1,24 +1,102 @@
-//! The SQL of [`SlotShares`](crate::SlotShares), shared by both stores, and
-//! what they check alike.
+//! Concurrency-slot shares (issue 15, [`crate::SlotShares`]), written once
+//! for both stores over [`Db`]: the tenant's count checked and a share
+//! taken, given back, repaired or forgotten, each inside the store's
+//! transaction (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL one under the
+//! lock of the tenant's slots).
+
+use crate::db::{Db, Row};
 
 /// The tenant's count (cast: PostgreSQL sums BIGINTs as NUMERIC).
-pub(crate) const Q_HELD: &str =
+const Q_HELD: &str =
     "SELECT CAST(COALESCE(SUM(held), 0) AS BIGINT) FROM slot_shares WHERE tenant = ?1";
-pub(crate) const U_ADD: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, 1) \
+const U_ADD: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, 1) \
      ON CONFLICT (tenant, holder) DO UPDATE SET held = slot_shares.held + 1";
-pub(crate) const Q_SHARE: &str = "SELECT held FROM slot_shares WHERE tenant = ?1 AND holder = ?2";
-pub(crate) const U_SET: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, ?3) \
+const Q_SHARE: &str = "SELECT held FROM slot_shares WHERE tenant = ?1 AND holder = ?2";
+const U_SET: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, ?3) \
      ON CONFLICT (tenant, holder) DO UPDATE SET held = excluded.held";
-pub(crate) const D_SHARE: &str = "DELETE FROM slot_shares WHERE tenant = ?1 AND holder = ?2";
-pub(crate) const Q_SHARES: &str =
-    "SELECT holder, held FROM slot_shares WHERE tenant = ?1 ORDER BY holder";
+const D_SHARE: &str = "DELETE FROM slot_shares WHERE tenant = ?1 AND holder = ?2";
+/// Every share of a tenant, by holder in `$collate` order.
+macro_rules! q_shares {
+    ($collate:literal) => {
+        concat!(
+            "SELECT holder, held FROM slot_shares WHERE tenant = ?1 ORDER BY holder",
+            $collate
+        )
+    };
+}
+pub(crate) use q_shares;
 
 /// A stored share as a count (a negative one, which no call writes, as 0).
-pub(crate) fn count(held: i64) -> u64 {
+fn count(held: i64) -> u64 {
     u64::try_from(held).unwrap_or(0)
 }
 
 /// A count as a stored share.
-pub(crate) fn stored(n: u64) -> i64 {
+fn stored(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn share<D: Db>(db: &D, tenant: &str, holder: &str) -> Result<u64, D::Err> {
+    let held = db.query_opt(Q_SHARE, &[tenant.into(), holder.into()], |r| r.int(0))?;
+    Ok(count(held.unwrap_or(0)))
+}
+
+/// Sets a share (0 removes it).
+fn set<D: Db>(db: &D, tenant: &str, holder: &str, n: u64) -> Result<(), D::Err> {
+    if n == 0 {
+        db.exec(D_SHARE, &[tenant.into(), holder.into()])?;
+    } else {
+        db.exec(U_SET, &[tenant.into(), holder.into(), stored(n).into()])?;
+    }
+    Ok(())
+}
+
+/// [`crate::SlotShares::slot_acquire`]: a slot for `holder` unless the
+/// tenant holds `max` already.
+pub(crate) fn acquire<D: Db>(db: &D, tenant: &str, holder: &str, max: u32) -> Result<bool, D::Err> {
+    let held = db.query_one(Q_HELD, &[tenant.into()], |r| r.int(0))?;
+    if count(held) >= u64::from(max) {
+        return Ok(false);
+    }
+    db.exec(U_ADD, &[tenant.into(), holder.into()])?;
+    Ok(true)
+}
+
+/// [`crate::SlotShares::slot_release`].
+pub(crate) fn release<D: Db>(db: &D, tenant: &str, holder: &str) -> Result<(), D::Err> {
+    let n = share(db, tenant, holder)?;
+    set(db, tenant, holder, n.saturating_sub(1))
+}
+
+/// [`crate::SlotShares::slot_repair`]: the share as it was.
+pub(crate) fn repair<D: Db>(
+    db: &D,
+    tenant: &str,
+    holder: &str,
+    actual: u64,
+) -> Result<u64, D::Err> {
+    let old = share(db, tenant, holder)?;
+    set(db, tenant, holder, actual)?;
+    Ok(old)
+}
+
+/// [`crate::SlotShares::slot_shares`], read with the store's `q_shares`.
+pub(crate) fn shares<D: Db>(
+    db: &D,
+    q_shares: &str,
+    tenant: &str,
+) -> Result<Vec<(String, u64)>, D::Err> {
+    db.query(q_shares, &[tenant.into()], |r| {
+        Ok((r.text(0)?, count(r.int(1)?)))
+    })
+}
+
+/// [`crate::SlotShares::slot_forget`]: how many slots the holders held.
+pub(crate) fn forget<D: Db>(db: &D, tenant: &str, holders: &[String]) -> Result<u64, D::Err> {
+    let mut freed = 0;
+    for h in holders {
+        freed += share(db, tenant, h)?;
+        set(db, tenant, h, 0)?;
+    }
+    Ok(freed)
 }

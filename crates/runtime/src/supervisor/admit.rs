@@ -37,8 +37,12 @@ use std::path::PathBuf;
 impl Dispatcher {
     /// The quotas that apply to this supervisor's tenant now.
     pub(super) fn tenant_quotas(&self) -> Result<brood_core::quota::Quotas, ApiError> {
-        let own = self.store.tenant_quotas(&self.tenant).map_err(internal)?;
-        Ok(self.cfg.quotas.effective(Some(&own)))
+        let own = self
+            .records
+            .store
+            .tenant_quotas(&self.records.tenant)
+            .map_err(internal)?;
+        Ok(self.host.cfg.quotas.effective(Some(&own)))
     }
 
     /// A parent live on another supervisor sharing the store (SPEC 15: an agent
@@ -46,12 +50,19 @@ impl Dispatcher {
     /// running or blocked, and its host alive. Anything else is the same
     /// `ParentMismatch` a parent with no live process here gets.
     pub(super) fn remote_parent(&self, p: &AgentName) -> Result<Agent, ApiError> {
-        let a = self.store.agent(&self.tenant, p).map_err(internal)?;
+        let a = self
+            .records
+            .store
+            .agent(&self.records.tenant, p)
+            .map_err(internal)?;
         match a {
             Some(a)
                 if matches!(a.status, Status::Running | Status::Blocked)
-                    && a.supervisor != self.me
-                    && host_alive(&a.supervisor, &registered_nodes(self.store.as_ref())) =>
+                    && a.supervisor != self.host.me
+                    && host_alive(
+                        &a.supervisor,
+                        &registered_nodes(self.records.store.as_ref()),
+                    ) =>
             {
                 Ok(a)
             }
@@ -71,10 +82,15 @@ impl Dispatcher {
         let spec: Value = serde_json::from_str(&pa.spec).unwrap_or(Value::Null);
         let policy = stored_policy(&spec, &self.operator_policy())?;
         let children = self
+            .records
             .store
-            .children(&self.tenant, &pa.name)
+            .children(&self.records.tenant, &pa.name)
             .map_err(internal)?;
-        let run = self.store.run(&self.tenant, &pa.run).map_err(internal)?;
+        let run = self
+            .records
+            .store
+            .run(&self.records.tenant, &pa.run)
+            .map_err(internal)?;
         let creates_used = children
             .iter()
             .filter(|c| run.as_ref().is_some_and(|r| c.created_ms >= r.created_ms))
@@ -82,12 +98,20 @@ impl Dispatcher {
         let budget = match policy.cost_limit {
             None => None,
             Some(limit) => {
-                let spent = self.store.spend(&self.tenant, &pa.name).map_err(internal)?;
+                let spent = self
+                    .records
+                    .store
+                    .spend(&self.records.tenant, &pa.name)
+                    .map_err(internal)?;
                 let mut held = 0.0;
                 for c in children.iter().filter(|c| !c.status.is_finished()) {
                     let cspec: Value = serde_json::from_str(&c.spec).unwrap_or(Value::Null);
                     if let Some(cl) = cspec["policy"]["cost_limit"].as_f64() {
-                        let cs = self.store.spend(&self.tenant, &c.name).map_err(internal)?;
+                        let cs = self
+                            .records
+                            .store
+                            .spend(&self.records.tenant, &c.name)
+                            .map_err(internal)?;
                         held += (cl - cs.subtree.cost_usd).max(0.0);
                     }
                 }
@@ -109,6 +133,7 @@ impl Dispatcher {
     pub(super) fn budget_remaining(&self, name: &AgentName, l: &Live) -> Option<f64> {
         let limit = l.policy.cost_limit?;
         let held: f64 = self
+            .agents
             .live
             .values()
             .filter(|c| c.parent.as_ref() == Some(name))
@@ -119,7 +144,7 @@ impl Dispatcher {
 
     /// What a root holds (SPEC 5 defaults): everything the operator holds.
     pub(super) fn operator_policy(&self) -> Policy {
-        Policy::operator(self.uid, self.gid, self.groups.clone())
+        Policy::operator(self.host.uid, self.host.gid, self.host.groups.clone())
     }
 
     /// `policy` with the platform's `disk_max` where neither it nor an
@@ -129,7 +154,7 @@ impl Dispatcher {
     /// before there was a default) then passes.
     fn with_disk_default(&self, mut policy: Policy) -> Policy {
         if policy.resources.disk_max.is_none() {
-            policy.resources.disk_max = Some(self.cfg.resource_defaults.disk_max);
+            policy.resources.disk_max = Some(self.host.cfg.resource_defaults.disk_max);
         }
         policy
     }
@@ -184,7 +209,7 @@ impl Dispatcher {
                 .map_err(|r| ApiError::new(r.code, r.message))?;
             return Ok(child);
         }
-        match parent.and_then(|p| self.live.get(p).map(|l| (p, l))) {
+        match parent.and_then(|p| self.agents.live.get(p).map(|l| (p, l))) {
             Some((p, l)) => {
                 let view = ParentView {
                     policy: &l.policy,
@@ -239,10 +264,11 @@ impl Dispatcher {
         };
         let requested = req.name.as_ref().map(|n| n.to_string());
         let admitted = self
+            .agents
             .tool_granted(&caller, "create")
             .and_then(|()| self.admit(&caller, req));
         match admitted {
-            Ok(Some((name, await_ready))) => match self.live.get_mut(&name) {
+            Ok(Some((name, await_ready))) => match self.agents.live.get_mut(&name) {
                 // Launching, or (with `--ready`) waiting for a slot: the
                 // launch answers (at `ready` for `--ready`).
                 Some(l) if l.pending.is_none() || await_ready => {
@@ -253,14 +279,17 @@ impl Dispatcher {
                 // Waiting for a slot, or placed on another node: say so now
                 // rather than hold the caller.
                 _ => {
-                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
-                    self.respond(reply, r);
+                    let r = self
+                        .records
+                        .agent(&name)
+                        .map(|a| agent_json(&self.records.store, &a));
+                    self.agents.respond(reply, r);
                 }
             },
             Ok(None) => {}
             Err(e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
-                self.respond(reply, Err(e));
+                self.agents.respond(reply, Err(e));
             }
         }
     }
@@ -282,17 +311,17 @@ impl Dispatcher {
             _ => None,
         };
         if let Some(q) = quota {
-            self.metrics.quota_denial(q);
+            self.host.metrics.quota_denial(q);
         }
-        self.metrics.refusal(e.code);
+        self.host.metrics.refusal(e.code);
         let Some(p) = parent else {
             tracing::info!(code = %e.code, message = %e.message, "root creation refused");
             return;
         };
-        let Ok(Some(pa)) = self.store.agent(&self.tenant, p) else {
+        let Ok(Some(pa)) = self.records.store.agent(&self.records.tenant, p) else {
             return;
         };
-        self.append_events(&[ev(
+        self.records.append_events(&[ev(
             p,
             Some(&pa.run),
             &pa.session,
@@ -342,14 +371,14 @@ impl Dispatcher {
         };
         let mut remote: Option<Agent> = None;
         let parent_live = match &parent {
-            Some(p) if !self.live.contains_key(p) => {
+            Some(p) if !self.agents.live.contains_key(p) => {
                 let a = self.remote_parent(p)?;
                 let session = a.session.clone();
                 remote = Some(a);
                 Some((None, session))
             }
             Some(p) => {
-                let l = self.live.get(p).ok_or_else(|| {
+                let l = self.agents.live.get(p).ok_or_else(|| {
                     ApiError::new(
                         Code::ParentMismatch,
                         format!("parent {p} has no live process here"),
@@ -374,7 +403,7 @@ impl Dispatcher {
         }
         let policy = self.child_policy(parent.as_ref(), remote.as_ref(), req)?;
         // Brood's own machinery is never granted, whoever asks (issue 11).
-        if let Some(v) = &self.veil {
+        if let Some(v) = &self.launcher.veil {
             v.check(&policy)
                 .map_err(|m| ApiError::new(Code::ReservedPath, m))?;
         }
@@ -404,7 +433,7 @@ impl Dispatcher {
         // there (placement); it is admitted here all the same.
         let host = match self.place(req.placement.as_ref(), remote.as_ref())? {
             Some(node) => brood_store::placed_on(&node),
-            None => self.me.clone(),
+            None => self.host.me.clone(),
         };
         let secrets =
             self.admitted_secrets(&policy, parent.as_ref(), remote.as_ref(), &host, req)?;
@@ -414,8 +443,8 @@ impl Dispatcher {
         let (parent_session, parent_run) = match (&parent, &remote) {
             (Some(_), Some(pa)) => (Some(pa.session.to_string()), Some(pa.run.to_string())),
             (Some(p), None) => (
-                self.live.get(p).map(|l| l.session.to_string()),
-                self.live.get(p).map(|l| l.run.to_string()),
+                self.agents.live.get(p).map(|l| l.session.to_string()),
+                self.agents.live.get(p).map(|l| l.run.to_string()),
             ),
             (None, _) => (None, None),
         };
@@ -435,13 +464,13 @@ impl Dispatcher {
             "iso": req.iso.as_str(),
             "root": req.root,
             // Recorded with the agent, so `brood show` tells a weaker sandbox.
-            "allow_weaker_sandbox": self.cfg.allow_weaker_sandbox,
+            "allow_weaker_sandbox": self.host.cfg.allow_weaker_sandbox,
             "policy": brood_proto::policy::to_json(&policy),
             // Kept so a lost node's queue is placed again by the same labels.
             "placement": req.placement,
             // A `--ready` spawn placed on another node: the node to tell
             // when it is ready (routed.rs), whichever node hosts it.
-            "ready_news": (req.await_ready && host != self.me).then(|| self.me.clone()),
+            "ready_news": (req.await_ready && host != self.host.me).then(|| self.host.me.clone()),
         });
         let now = now_ms();
         let mut events = vec![ev(
@@ -466,7 +495,7 @@ impl Dispatcher {
             ));
         }
         let new = NewAgent {
-            tenant: self.tenant.clone(),
+            tenant: self.records.tenant.clone(),
             name: name.clone(),
             parent: parent.clone(),
             customer: req.customer.clone(),
@@ -507,12 +536,13 @@ impl Dispatcher {
         let (name, parent, run) = (new.name.clone(), new.parent.clone(), new.run.clone());
         // The tenant's overrides are read each time.
         let quotas = self.tenant_quotas()?;
-        self.max_concurrent = quotas.max_concurrent;
+        self.launcher.max_concurrent = quotas.max_concurrent;
         let agent = self
+            .records
             .store
             .admit_with_quotas(&new, &quotas, &events)
             .map_err(internal)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if brood_store::placed_for(&agent.supervisor).is_some() {
             // Admitted here for another node to run: that node claims it
             // (this write's news wakes it), projects it and starts it.
@@ -527,7 +557,7 @@ impl Dispatcher {
         );
 
         let group_parent = parent_live.as_ref().and_then(|(g, _)| g.clone());
-        if let Some(pl) = parent.as_ref().and_then(|p| self.live.get_mut(p)) {
+        if let Some(pl) = parent.as_ref().and_then(|p| self.agents.live.get_mut(p)) {
             pl.creates_used += 1;
         }
         let parent_pair = parent.clone().zip(parent_live.map(|(_, s)| s));
@@ -547,8 +577,8 @@ impl Dispatcher {
             cwd: req.cwd.clone(),
             group_parent,
         });
-        self.live.insert(name.clone(), live);
-        self.waiting.push(name.clone());
+        self.agents.live.insert(name.clone(), live);
+        self.launcher.waiting.push(name.clone());
         self.pump_queue();
         Ok(Some((name, req.await_ready)))
     }
@@ -567,46 +597,56 @@ impl Dispatcher {
     ) {
         let name = &agent.name;
         // The session and the parent's channel exist from admission on.
-        let sdir = self.paths.session_dir(name, &agent.session);
-        self.projection.mkdirs(sdir.join("context"));
-        self.projection
+        let sdir = self.host.paths.session_dir(name, &agent.session);
+        self.records.projection.mkdirs(sdir.join("context"));
+        self.records
+            .projection
             .write(sdir.join("created_at"), format!("{}\n", agent.created_ms));
-        self.projection
+        self.records
+            .projection
             .append(sdir.join("messages.jsonl"), Vec::new());
-        self.projection
+        self.records
+            .projection
             .append(sdir.join("events.jsonl"), Vec::new());
         // Empty until the agent sends a message of its own.
-        self.projection.append(sdir.join("latest.md"), Vec::new());
-        self.projection.write(
+        self.records
+            .projection
+            .append(sdir.join("latest.md"), Vec::new());
+        self.records.projection.write(
             sdir.join("cwd"),
             format!("{}\n", spec["cwd"].as_str().unwrap_or("")),
         );
-        self.projection
+        self.records
+            .projection
             .write(sdir.join("meta.json"), crate::objects::session_meta(agent));
-        let adir = self.paths.agent_dir(name);
+        let adir = self.host.paths.agent_dir(name);
         for (file, text) in crate::objects::control_files(agent, policy, spec) {
-            self.projection.write(adir.join(file), text);
+            self.records.projection.write(adir.join(file), text);
         }
         self.project_shim(name);
-        self.projection.append(adir.join("log"), Vec::new());
-        self.projection.write(
+        self.records.projection.append(adir.join("log"), Vec::new());
+        self.records.projection.write(
             adir.join("meta.json"),
             crate::objects::agent_meta(agent, None),
         );
         if let (Some(p), Some(psess)) = (&agent.parent, parent_session) {
-            let cdir = self.paths.channel_dir(p, psess, name);
-            self.projection
+            let cdir = self.host.paths.channel_dir(p, psess, name);
+            self.records
+                .projection
                 .write(cdir.join("agent"), format!("{name}\n"));
-            self.projection
+            self.records
+                .projection
                 .write(cdir.join("session"), format!("{}\n", agent.session));
-            self.projection.write(
+            self.records.projection.write(
                 cdir.join("handoff.md"),
                 spec["task"].as_str().unwrap_or("").to_owned(),
             );
-            self.projection.artifact_dir(cdir.join("artifact"), uid);
+            self.records
+                .projection
+                .artifact_dir(cdir.join("artifact"), uid);
         }
-        project_agent(&self.projection, &self.paths, agent, None);
-        self.project_channel(agent, None);
+        project_agent(&self.records.projection, &self.host.paths, agent, None);
+        self.records.project_channel(&self.agents, agent, None);
     }
 
     /// A customer lies in the new agent's own tree: the same root as its
@@ -628,10 +668,20 @@ impl Dispatcher {
                 ),
             ));
         };
-        let Some(c) = self.store.agent(&self.tenant, customer).map_err(internal)? else {
+        let Some(c) = self
+            .records
+            .store
+            .agent(&self.records.tenant, customer)
+            .map_err(internal)?
+        else {
             return Ok(());
         };
-        let root = match self.store.agent(&self.tenant, p).map_err(internal)? {
+        let root = match self
+            .records
+            .store
+            .agent(&self.records.tenant, p)
+            .map_err(internal)?
+        {
             Some(pa) => pa.root,
             None => return Err(not_found(p)),
         };
@@ -670,7 +720,12 @@ impl Dispatcher {
                     ),
                 ));
             }
-            let Some(a) = self.store.agent(&self.tenant, &c).map_err(internal)? else {
+            let Some(a) = self
+                .records
+                .store
+                .agent(&self.records.tenant, &c)
+                .map_err(internal)?
+            else {
                 return Ok(());
             };
             cur = a.customer.or(a.parent);

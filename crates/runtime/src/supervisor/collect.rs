@@ -67,15 +67,17 @@ impl Dispatcher {
         result: Option<String>,
         detail: Option<String>,
     ) {
-        let Some(l) = self.live.get(name) else { return };
+        let Some(l) = self.agents.live.get(name) else {
+            return;
+        };
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
-        let channel = l.channel_dir(&self.paths, name);
+        let channel = l.channel_dir(&self.host.paths, name);
         // A parent not live here runs on another node (or has ended, and
         // sharing costs only the store's room).
-        let share = self.cfg.node.is_some()
+        let share = self.host.cfg.node.is_some()
             && l.parent
                 .as_ref()
-                .is_some_and(|p| !self.live.contains_key(p));
+                .is_some_and(|p| !self.agents.live.contains_key(p));
         if refs.is_empty() && channel.is_none() {
             // A root that names no refs: nothing to check or take, no thread.
             let nothing = Some(crate::channel::Harvest::default());
@@ -83,7 +85,7 @@ impl Dispatcher {
         }
         // The child's own identity, when it is not the supervisor's (today
         // agents run as the supervisor's uid, without capabilities).
-        let ids = (l.policy.uid != self.uid || l.policy.gid != self.gid).then(|| {
+        let ids = (l.policy.uid != self.host.uid || l.policy.gid != self.host.gid).then(|| {
             brood_launch::confine::FsIds {
                 uid: l.policy.uid,
                 gid: l.policy.gid,
@@ -110,8 +112,9 @@ impl Dispatcher {
         };
         let group = l.group.clone();
         let targets: Vec<(AgentName, Terminal)> = match self
+            .records
             .store
-            .descendants_post_order(&self.tenant, name)
+            .descendants_post_order(&self.records.tenant, name)
         {
             Ok(plan) => plan
                 .into_iter()
@@ -130,9 +133,9 @@ impl Dispatcher {
     /// of its own, within [`COLLECT_LIMIT`]; whatever happens, the answer
     /// comes back as `Cmd::Harvested`, so the run never stays `running`.
     pub(super) fn collect(&self, c: Collect) {
-        let blobs = self.paths.blobs();
-        let tx = self.tx.clone();
-        let (store, tenant) = (self.store.clone(), self.tenant.clone());
+        let blobs = self.host.paths.blobs();
+        let tx = self.host.tx.clone();
+        let (store, tenant) = (self.records.store.clone(), self.records.tenant.clone());
         tokio::spawn(async move {
             let Collect {
                 ending,
@@ -215,7 +218,7 @@ impl Dispatcher {
 
     pub(super) fn on_harvested(&mut self, harvested: Harvested) {
         let Harvested { ending: h, harvest } = harvested;
-        let Some(l) = self.live.get(&h.name) else {
+        let Some(l) = self.agents.live.get(&h.name) else {
             return;
         };
         // A stop that came meanwhile records this run's end itself.
@@ -235,7 +238,7 @@ impl Dispatcher {
                 // SPEC 4: a bad line rejects the whole result.
                 let session = l.session.clone();
                 tracing::warn!(agent = %h.name, error = %refused, "result refused");
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &h.name,
                     Some(&h.run),
                     &session,

@@ -70,15 +70,16 @@ impl Dispatcher {
         if self.sweep.disk_busy {
             return;
         }
-        let default = self.cfg.resource_defaults.disk_max;
+        let default = self.host.cfg.resource_defaults.disk_max;
         let targets: Vec<Target> = self
+            .agents
             .live
             .iter()
             .filter(|(_, l)| l.pid.is_some() && l.stopping.is_none())
             .map(|(n, l)| Target {
                 name: n.clone(),
                 run: l.run.clone(),
-                channel: l.channel_dir(&self.paths, n),
+                channel: l.channel_dir(&self.host.paths, n),
                 group: l.group.clone(),
                 limit: crate::enforce::file_size_max(&l.policy, default),
             })
@@ -87,8 +88,8 @@ impl Dispatcher {
             return;
         }
         self.sweep.disk_busy = true;
-        let tx = self.tx.clone();
-        let cgroups = self.cgroups.clone();
+        let tx = self.host.tx.clone();
+        let cgroups = self.launcher.cgroups.clone();
         tokio::task::spawn_blocking(move || {
             let over: Vec<DiskOver> = targets
                 .into_iter()
@@ -117,7 +118,7 @@ impl Dispatcher {
     pub(super) fn on_disk_checked(&mut self, over: Vec<DiskOver>) {
         self.sweep.disk_busy = false;
         for o in over {
-            let Some(l) = self.live.get_mut(&o.name) else {
+            let Some(l) = self.agents.live.get_mut(&o.name) else {
                 continue;
             };
             if l.run != o.run || l.stopping.is_some() || l.pid.is_none() {
@@ -134,7 +135,7 @@ impl Dispatcher {
     pub(super) fn channels_of(&self, targets: &[(AgentName, Terminal)]) -> Vec<ToClear> {
         targets
             .iter()
-            .filter_map(|(n, _)| self.live.get(n)?.channel_dir(&self.paths, n))
+            .filter_map(|(n, _)| self.agents.live.get(n)?.channel_dir(&self.host.paths, n))
             .map(|channel| ToClear {
                 channel,
                 set_aside: None,
@@ -145,8 +146,8 @@ impl Dispatcher {
     /// The `artifact/` of `name`'s run, which ended without a result, set
     /// aside now (one rename) for removal once its group is empty.
     pub(super) fn set_aside_artifacts(&self, name: &AgentName) -> Option<ToClear> {
-        let l = self.live.get(name)?;
-        let channel = l.channel_dir(&self.paths, name)?;
+        let l = self.agents.live.get(name)?;
+        let channel = l.channel_dir(&self.host.paths, name)?;
         match crate::channel::clear::set_aside(&channel, l.run.as_str()) {
             Ok(Some(name)) => Some(ToClear {
                 channel,

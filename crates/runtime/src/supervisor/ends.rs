@@ -26,7 +26,9 @@ impl Dispatcher {
         detail: Option<String>,
         harvest: Option<crate::channel::Harvest>,
     ) {
-        let Some(l) = self.live.get(name) else { return };
+        let Some(l) = self.agents.live.get(name) else {
+            return;
+        };
         let run = l.run.clone();
         let session = l.session.clone();
         let mut events = vec![ev(
@@ -59,11 +61,17 @@ impl Dispatcher {
             now_ms: now_ms(),
             output: harvest.as_ref().map(|h| h.output.clone()),
         };
-        let agent = match self.store.end_run(&self.tenant, name, &run, &end, &events) {
+        let agent = match self.records.store.end_run(
+            &self.records.tenant,
+            name,
+            &run,
+            &end,
+            &events,
+        ) {
             Ok(a) => a,
             Err(e) => {
                 tracing::error!(agent = %name, error = %e, "recording the end of a run failed; retried at the next tick");
-                if let Some(l) = self.live.get_mut(name) {
+                if let Some(l) = self.agents.live.get_mut(name) {
                     l.unrecorded = Some(Box::new(UnrecordedEnd {
                         outcome,
                         exit_code,
@@ -83,14 +91,15 @@ impl Dispatcher {
             None => self.set_aside_artifacts(name),
             Some(_) => None,
         };
-        self.project_events(&events);
+        self.records.project_events(&events);
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
-        let group = self.live.get_mut(name).and_then(|l| l.group.take());
+        let group = self.agents.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
         let unfinished = self
+            .records
             .store
-            .descendants_post_order(&self.tenant, name)
+            .descendants_post_order(&self.records.tenant, name)
             .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
             .unwrap_or(false);
         if unfinished {
@@ -103,6 +112,7 @@ impl Dispatcher {
     /// The run ends that could not be recorded, recorded now (each tick).
     pub(super) fn record_unrecorded_ends(&mut self) {
         let kept: Vec<(AgentName, Box<UnrecordedEnd>)> = self
+            .agents
             .live
             .iter_mut()
             .filter_map(|(n, l)| l.unrecorded.take().map(|u| (n.clone(), u)))
@@ -130,16 +140,20 @@ impl Dispatcher {
         result: Option<&str>,
         h: Option<&crate::channel::Harvest>,
     ) {
-        project_agent(&self.projection, &self.paths, agent, None);
-        self.project_channel(agent, result);
-        if let (Some(h), Some(dir)) = (h, self.channel_dir_of(agent)) {
-            self.projection
+        project_agent(&self.records.projection, &self.host.paths, agent, None);
+        self.records.project_channel(&self.agents, agent, result);
+        if let (Some(h), Some(dir)) = (h, self.records.channel_dir_of(&self.agents, agent)) {
+            self.records
+                .projection
                 .write(dir.join("refs.jsonl"), h.output.refs.clone());
         }
         if crate::objects::object_removed(agent) {
-            self.projection
-                .remove_dir(self.paths.agent_dir(&agent.name));
-            self.projection.remove_dir(self.paths.shim(&agent.name));
+            self.records
+                .projection
+                .remove_dir(self.host.paths.agent_dir(&agent.name));
+            self.records
+                .projection
+                .remove_dir(self.host.paths.shim(&agent.name));
         }
     }
 
@@ -153,8 +167,12 @@ impl Dispatcher {
         h: Option<&crate::channel::Harvest>,
     ) {
         if let Status::Ended(t) = agent.status {
-            let took = self.live.get(&agent.name).map(|l| l.admitted.elapsed());
-            self.metrics.invocation(t.word(), took);
+            let took = self
+                .agents
+                .live
+                .get(&agent.name)
+                .map(|l| l.admitted.elapsed());
+            self.host.metrics.invocation(t.word(), took);
         }
         // The parent hears of its child's end, and so does the customer when it
         // is someone else (SPEC 7 `child`; SPEC 9: the customer takes the result).
@@ -170,10 +188,11 @@ impl Dispatcher {
         }
         // A parent or customer another node runs hears of it there.
         self.tell_other_nodes_of_end(agent);
-        if let Some(l) = self.live.get_mut(&agent.name)
+        if let Some(l) = self.agents.live.get_mut(&agent.name)
             && let Some((reply, _)) = l.spawn_reply.take()
         {
-            self.respond(reply, Ok(agent_json(&self.store, agent)));
+            self.agents
+                .respond(reply, Ok(agent_json(&self.records.store, agent)));
         }
         let done = self
             .waiters
@@ -193,7 +212,7 @@ impl Dispatcher {
     ) {
         let pack = crate::channel::pack(result, h);
         let event = json!({"status": agent.status.api_word(), "reason": agent.status.reason(), "result": result, "refs": pack["refs"], "artifacts": pack["artifacts"]});
-        self.to_agent(
+        self.agents.to_agent(
             p,
             &ToAgent::Child {
                 child: agent.name.to_string(),
@@ -203,8 +222,9 @@ impl Dispatcher {
     }
 
     pub(super) fn finished_in_store(&self, n: &AgentName) -> bool {
-        self.store
-            .agent(&self.tenant, n)
+        self.records
+            .store
+            .agent(&self.records.tenant, n)
             .ok()
             .flatten()
             .is_some_and(|a| a.status.is_finished())
@@ -215,7 +235,7 @@ impl Dispatcher {
         for id in ids {
             if let Some(w) = self.waiters.take(id) {
                 let r = self.wait_result(&w.names, false);
-                self.respond(w.reply, r);
+                self.agents.respond(w.reply, r);
             }
         }
     }

@@ -5,7 +5,8 @@
 
 use super::{
     Cmd, Config, Dispatcher, HostInfo, JobOp, RemoveOp, Reply, StartError, Supervisor, Waiters,
-    jobs, now_ms, queue, sockets, sweep,
+    agents::Agents, host::Host, jobs, launcher::Launcher, now_ms, queue, records::Records, sockets,
+    sweep,
 };
 use crate::api::ApiError;
 use crate::api::ApiResult;
@@ -32,7 +33,6 @@ use brood_launch::env::Base;
 use brood_store::Store;
 use serde_json::json;
 use std::collections::HashMap;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -234,49 +234,53 @@ impl Supervisor {
             veil.clone(),
         ));
         let disp = Dispatcher {
-            cfg,
-            tx: tx.clone(),
-            store: store.clone(),
-            tenant: tenant.clone(),
-            paths: paths.clone(),
-            projection: projection.clone(),
-            cgroups,
-            spawner,
-            base,
-            me,
-            meta,
-            info: info.clone(),
-            uid,
-            // What identify compares callers' groups with: read once, the
-            // groups a process is in do not change under it.
-            own_cgroups: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
-            brood_exe: std::env::current_exe().ok(),
-            gid: unsafe_getegid(),
-            groups: supplementary_groups(),
-            live: HashMap::new(),
-            waiting: queue::Queue::default(),
-            max_concurrent: cfg_quotas
-                .effective(store.tenant_quotas(&tenant).ok().as_ref())
-                .max_concurrent,
+            host: Host {
+                cfg,
+                tx: tx.clone(),
+                paths: paths.clone(),
+                base,
+                me,
+                meta,
+                info: info.clone(),
+                uid,
+                gid: unsafe_getegid(),
+                groups: supplementary_groups(),
+                // What identify compares callers' groups with: read once, the
+                // groups a process is in do not change under it.
+                own_cgroups: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+                brood_exe: std::env::current_exe().ok(),
+                intake: intake.clone(),
+                metrics: metrics.clone(),
+            },
+            records: Records {
+                store: store.clone(),
+                tenant: tenant.clone(),
+                paths: paths.clone(),
+                projection: projection.clone(),
+                changed: changed_tx,
+                news_queued,
+            },
+            launcher: Launcher {
+                spawner,
+                cgroups,
+                slots,
+                netns_pool: None,
+                veil,
+                veil_ns: crate::veil::VeilCache::default(),
+                waiting: queue::Queue::default(),
+                max_concurrent: cfg_quotas
+                    .effective(store.tenant_quotas(&tenant).ok().as_ref())
+                    .max_concurrent,
+            },
+            agents: Agents::default(),
             waiters: Waiters::default(),
-            fetching: HashSet::new(),
-            ends_told: HashMap::new(),
-            ready_waits: Vec::new(),
             stops: HashMap::new(),
             next_id: 1,
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
-            metrics: metrics.clone(),
-            intake: intake.clone(),
-            slots,
-            netns_pool: None,
-            veil,
-            veil_ns: crate::veil::VeilCache::default(),
-            changed: changed_tx,
             jobs: jobs::Runner::default(),
-            news_queued,
         };
-        if let Some(every) = disp.cfg.sweep_every {
+        if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
         }
         tokio::spawn(disp.run(rx));

@@ -19,7 +19,9 @@ use std::path::Path;
 
 use brood_core::AgentName;
 
-use super::Dispatcher;
+use super::agents::Agents;
+use super::host::Host;
+use super::launcher::Launcher;
 use crate::api::Caller;
 
 /// How many parents are followed at most: a chain longer than any real
@@ -30,10 +32,16 @@ const MAX_ANCESTRY: usize = 4096;
 /// benchmark's `brood-benchfloor-*`), on every hierarchy.
 const BROOD_GROUP: &str = "brood-";
 
-impl Dispatcher {
+impl Host {
     /// The caller behind `pid` (with the credentials' `uid`), or why it is
     /// refused.
-    pub(super) fn identify(&self, pid: i32, uid: u32) -> Result<Caller, String> {
+    pub(super) fn identify(
+        &self,
+        launcher: &Launcher,
+        agents: &Agents,
+        pid: i32,
+        uid: u32,
+    ) -> Result<Caller, String> {
         let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
             // Gone already, or not ours to read: not the operator's word.
             return Err(format!(
@@ -41,12 +49,12 @@ impl Dispatcher {
             ));
         };
         let mut inside = false;
-        if let Some(cg) = &self.cgroups
+        if let Some(cg) = &launcher.cgroups
             && let Some(path) = cg.path_of_process_line(&cgroups)
         {
             // The deepest live agent whose group contains the caller's cgroup.
             let mut best: Option<(&AgentName, usize)> = None;
-            for (name, l) in &self.live {
+            for (name, l) in &agents.live {
                 if let Some(g) = &l.group
                     && path.starts_with(&g.dir)
                 {
@@ -66,7 +74,7 @@ impl Dispatcher {
         let me = std::process::id() as i32;
         let mut p = pid;
         for _ in 0..MAX_ANCESTRY {
-            if let Some((n, _)) = self.live.iter().find(|(_, l)| l.pid == Some(p)) {
+            if let Some((n, _)) = agents.live.iter().find(|(_, l)| l.pid == Some(p)) {
                 return Ok(Caller::Agent(n.clone()));
             }
             match parent_of(p) {
@@ -76,14 +84,14 @@ impl Dispatcher {
                     // program the supervisor's host process started itself;
                     // without one, it is an orphan of a tree the supervisor
                     // adopted as subreaper.
-                    inside |= self.spawner.keeper_pid().is_none();
+                    inside |= launcher.spawner.keeper_pid().is_none();
                     break;
                 }
                 Some(pp) if pp > 0 => p = pp,
                 _ => break,
             }
         }
-        if let Some(keeper) = self.spawner.keeper_pid()
+        if let Some(keeper) = launcher.spawner.keeper_pid()
             && same_namespace("pid", pid, keeper)
         {
             inside = true;

@@ -33,55 +33,35 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 impl Dispatcher {
-    /// Agents holding a concurrency slot: those whose process was started.
-    pub(super) fn slots_used(&self) -> usize {
-        self.live.values().filter(|l| l.launching).count()
-    }
-
-    /// One slot from the counter, or `false` when the tenant's `max_concurrent`
-    /// are all held. A counter that fails (Redis gone) must not stop every
-    /// start, nor let the limit go: this supervisor's own count decides then.
-    pub(super) fn take_slot(&self) -> bool {
-        match self.slots.acquire(&self.tenant, self.max_concurrent) {
-            Ok(got) => got,
-            Err(e) => {
-                tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
-                self.slots_used() < self.max_concurrent as usize
-            }
-        }
-    }
-
-    pub(super) fn give_slot(&self) {
-        if let Err(e) = self.slots.release(&self.tenant) {
-            tracing::warn!(error = %e, "releasing a slot failed; the reconciler repairs the count");
-        }
-    }
-
     /// Starts queued agents, first in first out, while concurrency slots are free
     /// (SPEC 9: a full tenant queues instead of failing). Called after every
     /// command, so a slot freed anywhere is used at once.
     pub(super) fn pump_queue(&mut self) {
         // This runs after every command; asking for a slot is only worth it when
         // someone is waiting for one.
-        while let Some(name) = self.waiting.front().cloned() {
+        while let Some(name) = self.launcher.waiting.front().cloned() {
             let ready = self
+                .agents
                 .live
                 .get(&name)
                 .is_some_and(|l| l.pending.is_some() && !l.launching);
             if !ready {
-                self.waiting.pop();
+                self.launcher.waiting.pop();
                 continue;
             }
-            if !self.take_slot() {
+            if !self
+                .launcher
+                .take_slot(&self.records.tenant, || self.agents.slots_used())
+            {
                 return;
             }
-            self.waiting.pop();
-            let Some(l) = self.live.get_mut(&name) else {
-                self.give_slot();
+            self.launcher.waiting.pop();
+            let Some(l) = self.agents.live.get_mut(&name) else {
+                self.launcher.give_slot(&self.records.tenant);
                 continue;
             };
             let Some(p) = l.pending.take() else {
-                self.give_slot();
+                self.launcher.give_slot(&self.records.tenant);
                 continue;
             };
             l.launching = true;
@@ -121,16 +101,17 @@ impl Dispatcher {
         // next one, and the two must never share a directory. The `r<seq>.` prefix
         // also keeps agent names like `memory.x` clear of the kernel's file names.
         let seq = self
+            .records
             .store
-            .runs(&self.tenant, name)
+            .runs(&self.records.tenant, name)
             .map(|r| r.len().max(1))
             .unwrap_or(1);
         let component = format!("r{seq}.{name}");
-        let group = match &self.cgroups {
+        let group = match &self.launcher.cgroups {
             Some(cg) => {
                 let rel = match &group_parent {
                     Some(g) => g.rel.child(&component),
-                    None => GroupPath::new(&[self.tenant.as_str(), &component]),
+                    None => GroupPath::new(&[self.records.tenant.as_str(), &component]),
                 };
                 match rel {
                     Ok(rel) => Some(GroupPlan {
@@ -139,24 +120,30 @@ impl Dispatcher {
                         // The tenant's directory is shared by its roots.
                         tenant: group_parent
                             .is_none()
-                            .then(|| GroupPath::new(&[self.tenant.as_str()]).ok())
+                            .then(|| GroupPath::new(&[self.records.tenant.as_str()]).ok())
                             .flatten(),
                     }),
-                    Err(e) => return fail(&self.tx, format!("creating its cgroup: {e}")),
+                    Err(e) => return fail(&self.host.tx, format!("creating its cgroup: {e}")),
                 }
             }
             None => None,
         };
         let parent_limited = self
+            .agents
             .live
             .get(name)
             .and_then(|l| l.parent.as_ref())
-            .and_then(|p| self.live.get(p))
+            .and_then(|p| self.agents.live.get(p))
             .is_some_and(|p| p.limited);
-        let a = self.store.agent(&self.tenant, name).ok().flatten();
+        let a = self
+            .records
+            .store
+            .agent(&self.records.tenant, name)
+            .ok()
+            .flatten();
         // A protocol agent's init goes into its stdin pipe before it starts, so
         // it reads it at once instead of waiting for the start to be recorded.
-        let init = match (self.live.get(name), &a) {
+        let init = match (self.agents.live.get(name), &a) {
             (Some(l), Some(a)) if l.protocol == Protocol::Brood => {
                 Some(self.init_frame(run, a, l.instruction.clone()))
             }
@@ -165,25 +152,27 @@ impl Dispatcher {
         // The veiled namespace every agent joins, got (and made again when
         // what it hides changed) on the spawner's thread (crate::veil).
         let veil = self
+            .launcher
             .veil
             .as_ref()
-            .map(|v| (v.clone(), self.veil_ns.clone()));
-        let iso_ns = self.live.get(name).is_some_and(|l| l.iso_ns);
+            .map(|v| (v.clone(), self.launcher.veil_ns.clone()));
+        let iso_ns = self.agents.live.get(name).is_some_and(|l| l.iso_ns);
         let channel = self
+            .agents
             .live
             .get(name)
-            .and_then(|l| l.channel_dir(&self.paths, name));
+            .and_then(|l| l.channel_dir(&self.host.paths, name));
         let artifacts = channel.as_ref().map(|d| d.join("artifact"));
         // iso = ns: a private mount namespace from the policy's mount table, in a
         // root directory brood owns; the cwd is applied inside it. A named
         // root must exist. Without one, the root is a scratch tmpfs the child
         // mounts on `$BROOD_ROOT/ns` inside its own namespace (one directory
         // for every agent: each sees only its own tmpfs).
-        let ns = match self.live.get(name) {
+        let ns = match self.agents.live.get(name) {
             Some(l) if iso_ns => {
                 let (ns_root, scratch) = match &l.ns_root {
                     Some(r) => (r.clone(), false),
-                    None => (self.paths.root.join("ns"), true),
+                    None => (self.host.paths.root.join("ns"), true),
                 };
                 let spec = crate::enforce::namespace(
                     &l.policy,
@@ -195,15 +184,15 @@ impl Dispatcher {
                 // A pooled namespace when one is ready; the child makes its own
                 // otherwise (and says why if it cannot).
                 let netns = if spec.empty_network {
-                    if self.netns_pool.is_none() {
+                    if self.launcher.netns_pool.is_none() {
                         match brood_launch::ns::NetnsPool::start(NETNS_POOL_DEPTH) {
-                            Ok(p) => self.netns_pool = Some(p),
+                            Ok(p) => self.launcher.netns_pool = Some(p),
                             Err(e) => {
                                 tracing::warn!(error = %e, "could not start the network namespace pool")
                             }
                         }
                     }
-                    self.netns_pool.as_ref().and_then(|p| p.take())
+                    self.launcher.netns_pool.as_ref().and_then(|p| p.take())
                 } else {
                     None
                 };
@@ -220,7 +209,7 @@ impl Dispatcher {
         // the agent's end goes to its process, this end to the door's host.
         // A pair that cannot be made leaves the agent without one: it can
         // still speak its protocol, and says so when it tries the door.
-        let door = match &self.cfg.doors {
+        let door = match &self.host.cfg.doors {
             Some(host) => match door_pair() {
                 Ok((ours, theirs)) => {
                     door_listener = Some(host(self.handle(), name.clone(), run.clone(), ours));
@@ -233,7 +222,7 @@ impl Dispatcher {
             },
             None => None,
         };
-        let Some(l) = self.live.get_mut(name) else {
+        let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
         // Kernel enforcement of the policy (SPEC 5): limits on the group, and the
@@ -249,10 +238,10 @@ impl Dispatcher {
         l.limited = own_limits || parent_limited;
         // Without cgroups there is no layer to hold a limit (SPEC 5: a layer
         // the policy needs but the host lacks stops the start, naming it).
-        let limits_missing = own_limits && self.cgroups.is_none();
-        if limits_missing && !self.cfg.allow_weaker_sandbox {
+        let limits_missing = own_limits && self.launcher.cgroups.is_none();
+        if limits_missing && !self.host.cfg.allow_weaker_sandbox {
             return fail(
-                &self.tx,
+                &self.host.tx,
                 "resources: the policy sets memory_max, pids_max or cpu_weight, but this host \
                  has no usable cgroups (the limits layer is missing); \
                  --allow-weaker-sandbox starts it without them"
@@ -275,7 +264,7 @@ impl Dispatcher {
         // node's child whose parent is not here) says which one it lacks.
         if let Some(k) = l.secrets.missing(&l.policy.secrets) {
             return fail(
-                &self.tx,
+                &self.host.tx,
                 format!(
                     "secrets.{k}: no value of secret {k} here (values are held in memory by \
                      the supervisor that was given them, and only for the run they were given for)"
@@ -304,24 +293,29 @@ impl Dispatcher {
                 .as_ref()
                 .and_then(|a| a.customer.as_ref().map(|c| c.to_string())),
             session: l.session.to_string(),
-            tenant: self.tenant.to_string(),
-            socket: self.cfg.socket.to_string_lossy().into_owned(),
-            policy: self.paths.policy_file(name).to_string_lossy().into_owned(),
-            ctx_root: self.paths.ctx().to_string_lossy().into_owned(),
-            ctx_home: self.paths.home().to_string_lossy().into_owned(),
+            tenant: self.records.tenant.to_string(),
+            socket: self.host.cfg.socket.to_string_lossy().into_owned(),
+            policy: self
+                .host
+                .paths
+                .policy_file(name)
+                .to_string_lossy()
+                .into_owned(),
+            ctx_root: self.host.paths.ctx().to_string_lossy().into_owned(),
+            ctx_home: self.host.paths.home().to_string_lossy().into_owned(),
             artifacts: artifacts.as_ref().map(|d| d.to_string_lossy().into_owned()),
             door: door.as_ref().map(|_| brood_launch::spawn::DOOR_FD),
         };
         let prep = Prep {
             argv: argv.to_vec(),
             cwd: cwd.map(PathBuf::from),
-            env: brood_launch::env::build(&id, &self.base, &policy_env),
+            env: brood_launch::env::build(&id, &self.host.base, &policy_env),
             stdin_prelude: init.clone().unwrap_or_default(),
             group,
             limits,
             limited: l.limited,
             policy: l.policy.clone(),
-            policy_file: self.paths.policy_file(name),
+            policy_file: self.host.paths.policy_file(name),
             artifacts,
             handoff,
             // The PATH the launcher looks the program up in (the agent's
@@ -331,33 +325,33 @@ impl Dispatcher {
                 .env
                 .get("PATH")
                 .cloned()
-                .unwrap_or_else(|| self.base.path.clone()),
-            brood_exe: self.brood_exe.clone(),
-            root: self.uid == 0,
-            allow_weaker: self.cfg.allow_weaker_sandbox,
-            objects: self.paths.ctx().join("agent"),
-            own_object: self.paths.agent_dir(name),
+                .unwrap_or_else(|| self.host.base.path.clone()),
+            brood_exe: self.host.brood_exe.clone(),
+            root: self.host.uid == 0,
+            allow_weaker: self.host.cfg.allow_weaker_sandbox,
+            objects: self.host.paths.ctx().join("agent"),
+            own_object: self.host.paths.agent_dir(name),
             // Its own view of the ctx tree, when its grants would reach
             // other agents' parts of it (decided once the sandbox is
             // lowered); agents of `iso = ns` build their whole tree anew.
-            view: (self.veil.is_some() && !iso_ns).then(|| ViewPlan {
-                ctx: self.paths.ctx(),
-                own_home: self.paths.home().join("agent").join(name.as_str()),
+            view: (self.launcher.veil.is_some() && !iso_ns).then(|| ViewPlan {
+                ctx: self.host.paths.ctx(),
+                own_home: self.host.paths.home().join("agent").join(name.as_str()),
             }),
             ns,
             veil,
-            containment: self.meta["containment"].clone(),
+            containment: self.host.meta["containment"].clone(),
             limits_missing,
             door,
             file_size_max: crate::enforce::file_size_max(
                 &l.policy,
-                self.cfg.resource_defaults.disk_max,
+                self.host.cfg.resource_defaults.disk_max,
             ),
         };
         l.init = init;
-        let tx = self.tx.clone();
-        let spawner = self.spawner.clone();
-        let hook = self.cfg.hooks.before_launch.clone();
+        let tx = self.host.tx.clone();
+        let spawner = self.launcher.spawner.clone();
+        let hook = self.host.cfg.hooks.before_launch.clone();
         let (n2, r2) = (name.clone(), run.clone());
         let program = argv.first().cloned().unwrap_or_default();
         // Off the dispatcher: the file work runs on the spawner's thread right
@@ -408,11 +402,11 @@ impl Dispatcher {
             sandbox,
             launch_meta,
         } = made;
-        let live = self.live.get_mut(&name).filter(|l| l.run == run);
+        let live = self.agents.live.get_mut(&name).filter(|l| l.run == run);
         let Some(l) = live else {
             // Nobody wants it any more: make sure nothing survives, group included.
             match r {
-                Ok(p) => reap_orphan_launch(p, group, self.cgroups.clone()),
+                Ok(p) => reap_orphan_launch(p, group, self.launcher.cgroups.clone()),
                 Err(_) => self.remove_group(group),
             }
             return;
@@ -432,8 +426,11 @@ impl Dispatcher {
                     if let Some((reply, _)) =
                         self.forget(&name).and_then(|mut l| l.spawn_reply.take())
                     {
-                        let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
-                        self.respond(reply, r);
+                        let r = self
+                            .records
+                            .agent(&name)
+                            .map(|a| agent_json(&self.records.store, &a));
+                        self.agents.respond(reply, r);
                     }
                     return;
                 }
@@ -465,8 +462,8 @@ impl Dispatcher {
             }
         }
         let start_events = [ev_value(&name, Some(&run), &session, start_payload.clone())];
-        let start = self.store.start_run(
-            &self.tenant,
+        let start = self.records.store.start_run(
+            &self.records.tenant,
             &name,
             &run,
             launched.pid,
@@ -484,10 +481,13 @@ impl Dispatcher {
                     Some(mut l) => (l.group.take(), l.spawn_reply.take()),
                     None => (None, None),
                 };
-                reap_orphan_launch(launched, group, self.cgroups.clone());
+                reap_orphan_launch(launched, group, self.launcher.cgroups.clone());
                 if let Some((reply, _)) = reply {
-                    let r = self.agent(&name).map(|a| agent_json(&self.store, &a));
-                    self.respond(reply, r);
+                    let r = self
+                        .records
+                        .agent(&name)
+                        .map(|a| agent_json(&self.records.store, &a));
+                    self.agents.respond(reply, r);
                 }
                 return;
             }
@@ -495,7 +495,7 @@ impl Dispatcher {
         let pid = launched.pid;
         let written = launched.stdin_written;
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
-        let (protocol, instruction) = match self.live.get_mut(&name) {
+        let (protocol, instruction) = match self.agents.live.get_mut(&name) {
             Some(l) => {
                 l.pid = Some(pid);
                 l.stdin = Some(stdin_tx.clone());
@@ -509,20 +509,26 @@ impl Dispatcher {
             protocol,
             launched,
             stdin_rx,
-            self.tx.clone(),
+            self.host.tx.clone(),
         );
-        self.project_events(&start_events);
-        self.projection.write(
-            self.paths.agent_dir(&name).join("meta.json"),
+        self.records.project_events(&start_events);
+        self.records.projection.write(
+            self.host.paths.agent_dir(&name).join("meta.json"),
             crate::objects::agent_meta(&agent, Some(&start_payload)),
         );
-        project_agent(&self.projection, &self.paths, &agent, Some(pid));
-        self.project_channel(&agent, None);
+        project_agent(
+            &self.records.projection,
+            &self.host.paths,
+            &agent,
+            Some(pid),
+        );
+        self.records.project_channel(&self.agents, &agent, None);
         // First words to the agent: what of its init the launch could not put in
         // the pipe before it started (protocol), or the handoff on stdin (exec).
         match protocol {
             Protocol::Brood => {
                 let rest = self
+                    .agents
                     .live
                     .get_mut(&name)
                     .and_then(|l| l.init.take())
@@ -535,7 +541,7 @@ impl Dispatcher {
             Protocol::Exec => {
                 let handoff = instruction.unwrap_or_else(|| task_of(&agent));
                 let _ = stdin_tx.send(handoff.into_bytes());
-                if let Some(l) = self.live.get_mut(&name) {
+                if let Some(l) = self.agents.live.get_mut(&name) {
                     // Dropping the only sender closes the agent's stdin after the handoff.
                     l.stdin = None;
                 }
@@ -543,17 +549,22 @@ impl Dispatcher {
         }
         // A plain program is ready once started.
         if protocol != Protocol::Brood
-            && let Some(news) = self.live.get_mut(&name).and_then(|l| l.ready_news.take())
+            && let Some(news) = self
+                .agents
+                .live
+                .get_mut(&name)
+                .and_then(|l| l.ready_news.take())
         {
             self.tell_ready(&name, Some(news));
         }
-        if let Some(l) = self.live.get_mut(&name)
+        if let Some(l) = self.agents.live.get_mut(&name)
             && let Some((reply, await_ready)) = l.spawn_reply.take()
         {
             if await_ready && protocol == Protocol::Brood {
                 l.spawn_reply = Some((reply, true));
             } else {
-                self.respond(reply, Ok(agent_json(&self.store, &agent)));
+                self.agents
+                    .respond(reply, Ok(agent_json(&self.records.store, &agent)));
             }
         }
     }
@@ -567,8 +578,9 @@ impl Dispatcher {
         instruction: Option<String>,
     ) -> Vec<u8> {
         let history = self
+            .records
             .store
-            .messages(&self.tenant, &agent.name, &agent.session)
+            .messages(&self.records.tenant, &agent.name, &agent.session)
             .unwrap_or_default()
             .into_iter()
             .map(|m| HistoryMessage {
@@ -591,7 +603,8 @@ impl Dispatcher {
                     .map(|c| c.to_string()),
                 handoff: brood_proto::Handoff {
                     dir: self
-                        .channel_dir_of(agent)
+                        .records
+                        .channel_dir_of(&self.agents, agent)
                         .map(|d| d.to_string_lossy().into_owned())
                         .unwrap_or_default(),
                     refs: Vec::new(),

@@ -14,9 +14,9 @@ use super::{Dispatcher, now_ms};
 
 impl Dispatcher {
     fn node_record(&self) -> Option<NewNode> {
-        let node = self.cfg.node.as_ref()?;
+        let node = self.host.cfg.node.as_ref()?;
         Some(NewNode {
-            id: self.me.clone(),
+            id: self.host.me.clone(),
             address: node.address.clone(),
             labels: super::node_labels(&node.labels),
             capacity: node.capacity,
@@ -37,7 +37,7 @@ impl Dispatcher {
 
     /// The node's part of each tick: its heartbeat, then the others'.
     pub(super) fn node_tick(&mut self) {
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return;
         }
         self.heartbeat();
@@ -46,8 +46,9 @@ impl Dispatcher {
         self.deliver_routed_inputs();
         self.answer_ready_waits(None);
         // A parent gone hears of no more ends.
-        let live = &self.live;
-        self.ends_told
+        let live = &self.agents.live;
+        self.agents
+            .ends_told
             .retain(|_, (parent, _)| live.contains_key(parent));
     }
 
@@ -61,7 +62,11 @@ impl Dispatcher {
     /// ones from the command that hosts them), so a record missing from it
     /// has no process behind it.
     pub(super) fn end_records_without_agents(&mut self) {
-        let mine = match self.store.unfinished_of(std::slice::from_ref(&self.me)) {
+        let mine = match self
+            .records
+            .store
+            .unfinished_of(std::slice::from_ref(&self.host.me))
+        {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "reading this supervisor's unfinished agents");
@@ -73,8 +78,8 @@ impl Dispatcher {
         // pid to check, is ended here whoever holds the lease.
         let holder = self.sweep.holds_lease();
         for a in mine {
-            if a.tenant != self.tenant
-                || self.live.contains_key(&a.name)
+            if a.tenant != self.records.tenant
+                || self.agents.live.contains_key(&a.name)
                 || (holder && a.status != Status::Queued)
             {
                 continue;
@@ -88,7 +93,7 @@ impl Dispatcher {
                 outcome,
                 format!(
                     "its process is gone: supervisor {} holds none for it (a store write failed)",
-                    self.me
+                    self.host.me
                 ),
             );
         }
@@ -110,12 +115,13 @@ impl Dispatcher {
             },
         )];
         match self
+            .records
             .store
-            .end_run(&self.tenant, &a.name, &a.run, &end, &events)
+            .end_run(&self.records.tenant, &a.name, &a.run, &end, &events)
         {
             Ok(agent) => {
                 tracing::warn!(agent = %a.name, outcome = %outcome.encode(), "an agent without a process ended");
-                self.project_events(&events);
+                self.records.project_events(&events);
                 self.after_end(&agent, None, None);
             }
             Err(e) => {
@@ -128,7 +134,7 @@ impl Dispatcher {
     /// others (or removed by hand): its agents the store says finished are
     /// stopped here, then it registers again.
     fn heartbeat(&mut self) {
-        match self.store.heartbeat_node(&self.me, now_ms()) {
+        match self.records.store.heartbeat_node(&self.host.me, now_ms()) {
             Ok(()) => {}
             Err(StoreError::Refused {
                 code: Code::NotFound,
@@ -136,7 +142,7 @@ impl Dispatcher {
             }) => {
                 self.fence_off();
                 if let Some(new) = self.node_record()
-                    && let Err(e) = self.store.register_node(&new, now_ms())
+                    && let Err(e) = self.records.store.register_node(&new, now_ms())
                 {
                     tracing::warn!(error = %e, "registering this node again");
                 }
@@ -149,13 +155,15 @@ impl Dispatcher {
     /// declared lost): nothing runs here that the store says is over.
     fn fence_off(&mut self) {
         let ended: Vec<AgentName> = self
+            .agents
             .live
             .iter()
             .filter(|(_, l)| l.stopping.is_none())
             .map(|(n, _)| n.clone())
             .filter(|n| {
-                self.store
-                    .agent(&self.tenant, n)
+                self.records
+                    .store
+                    .agent(&self.records.tenant, n)
                     .ok()
                     .flatten()
                     .is_some_and(|a| a.status.is_finished())
@@ -171,7 +179,8 @@ impl Dispatcher {
         let tops: Vec<AgentName> = ended
             .iter()
             .filter(|n| {
-                self.live
+                self.agents
+                    .live
                     .get(*n)
                     .and_then(|l| l.parent.as_ref())
                     .is_none_or(|p| !ended.contains(p))
@@ -187,11 +196,11 @@ impl Dispatcher {
     /// ends lost, its record goes, and the lease's lock it may hold is broken.
     /// Any node may do it (the store's transaction makes it happen once).
     fn declare_lost_nodes(&mut self) {
-        let Some(expiry) = self.cfg.node.as_ref().map(|n| n.expiry) else {
+        let Some(expiry) = self.host.cfg.node.as_ref().map(|n| n.expiry) else {
             return;
         };
         let now = now_ms();
-        let nodes = match self.store.nodes() {
+        let nodes = match self.records.store.nodes() {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the nodes");
@@ -200,13 +209,14 @@ impl Dispatcher {
         };
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
         for n in nodes {
-            if n.id == self.me || now - n.heartbeat_ms <= expiry_ms {
+            if n.id == self.host.me || now - n.heartbeat_ms <= expiry_ms {
                 continue;
             }
             // Its queue goes to live nodes first; what it ran, and what no
             // node could take, ends lost.
             self.replace_queue_of(&n.id);
             match self
+                .records
                 .store
                 .recover_lost(&[n.id.clone(), brood_store::placed_on(&n.id)], now)
             {
@@ -221,13 +231,14 @@ impl Dispatcher {
                 }
             }
             let held_lease = self
+                .records
                 .store
                 .lease(LEASE)
                 .ok()
                 .flatten()
                 .is_some_and(|f| f.holder == n.id);
             if held_lease {
-                match self.store.break_lease_lock(LEASE) {
+                match self.records.store.break_lease_lock(LEASE) {
                     Ok(true) => {
                         tracing::warn!(node = n.id, "broke the lost node's sweeper lease lock")
                     }
@@ -235,7 +246,7 @@ impl Dispatcher {
                     Err(e) => tracing::warn!(error = %e, "breaking a lost node's lease lock"),
                 }
             }
-            if let Err(e) = self.store.leave_node(&n.id) {
+            if let Err(e) = self.records.store.leave_node(&n.id) {
                 tracing::warn!(node = n.id, error = %e, "removing a lost node's record");
             }
         }

@@ -19,10 +19,10 @@ impl Dispatcher {
     /// accounts for (see the module docs). With a PID namespace, its keeper
     /// reaps orphans instead, and this does nothing.
     pub(super) fn reap_orphans(&mut self) {
-        if self.spawner.keeper_pid().is_some() {
+        if self.launcher.spawner.keeper_pid().is_some() {
             return;
         }
-        let agents: HashSet<i32> = self.live.values().filter_map(|l| l.pid).collect();
+        let agents: HashSet<i32> = self.agents.live.values().filter_map(|l| l.pid).collect();
         let zombies: HashSet<i32> = own_children()
             .into_iter()
             .filter(|p| !agents.contains(p) && is_zombie(*p))
@@ -45,12 +45,12 @@ impl Dispatcher {
     /// before the next launch; this looks every tick so the death is reported
     /// when it happens, not when the next start fails.
     pub(super) fn watch_keeper(&mut self) {
-        self.spawner.check_keeper();
-        let deaths = self.spawner.keeper_deaths();
+        self.launcher.spawner.check_keeper();
+        let deaths = self.launcher.spawner.keeper_deaths();
         if deaths > self.sweep.keeper_deaths {
             tracing::error!(
                 deaths,
-                keeper = ?self.spawner.keeper_pid(),
+                keeper = ?self.launcher.spawner.keeper_pid(),
                 "the keeper (PID 1 of the agents' namespace) died, and every agent in its \
                  namespace with it; a new keeper was started for the next agents"
             );

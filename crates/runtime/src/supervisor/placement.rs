@@ -39,14 +39,14 @@ impl Dispatcher {
         remote_parent: Option<&Agent>,
     ) -> Result<Option<String>, ApiError> {
         if let Some(labels) = labels {
-            if self.cfg.node.is_none() {
+            if self.host.cfg.node.is_none() {
                 return Err(ApiError::new(
                     Code::BadRequest,
                     "placement: this supervisor is not a node of a cluster (start it with `brood serve` on a shared store)",
                 ));
             }
             let nodes = self.live_nodes().map_err(internal)?;
-            let host = choose(&nodes, labels, &self.me).ok_or_else(|| {
+            let host = choose(&nodes, labels, &self.host.me).ok_or_else(|| {
                 ApiError::new(
                     Code::Unavailable,
                     format!(
@@ -55,28 +55,29 @@ impl Dispatcher {
                     ),
                 )
             })?;
-            return Ok((host != self.me).then_some(host));
+            return Ok((host != self.host.me).then_some(host));
         }
         let Some(parent) = remote_parent else {
             return Ok(None);
         };
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return Ok(None);
         }
         // The parent's node, when it is a live node of the cluster (an
         // unclaimed parent's future node too); otherwise here, as before.
         let host = placed_for(&parent.supervisor).unwrap_or(&parent.supervisor);
         let live = self.live_nodes().map_err(internal)?;
-        Ok((host != self.me && live.iter().any(|n| n.id == host)).then(|| host.to_owned()))
+        Ok((host != self.host.me && live.iter().any(|n| n.id == host)).then(|| host.to_owned()))
     }
 
     /// The registered nodes whose heartbeat is within the expiry.
     fn live_nodes(&self) -> Result<Vec<Node>, brood_store::StoreError> {
-        let expiry = self.cfg.node.as_ref().map_or(i64::MAX, |n| {
+        let expiry = self.host.cfg.node.as_ref().map_or(i64::MAX, |n| {
             i64::try_from(n.expiry.as_millis()).unwrap_or(i64::MAX)
         });
         let now = now_ms();
         Ok(self
+            .records
             .store
             .nodes()?
             .into_iter()
@@ -88,16 +89,21 @@ impl Dispatcher {
     /// their stop was recorded before the claim, ended: nothing runs for
     /// them). Each tick and whenever another node's news arrives.
     pub(super) fn claim_placed_agents(&mut self) {
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return;
         }
-        let claimed = match self.store.claim_placed(&self.tenant, &self.me, CLAIM_BATCH) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "claiming the agents placed on this node");
-                return;
-            }
-        };
+        let claimed =
+            match self
+                .records
+                .store
+                .claim_placed(&self.records.tenant, &self.host.me, CLAIM_BATCH)
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming the agents placed on this node");
+                    return;
+                }
+            };
         for a in claimed {
             if let Status::Stopping(outcome) = a.status {
                 self.end_without_process(
@@ -110,7 +116,7 @@ impl Dispatcher {
             let name = a.name.clone();
             if let Err(e) = self.host_claimed(a) {
                 tracing::error!(agent = %name, error = %e.message, "starting an agent placed on this node");
-                let a = match self.store.agent(&self.tenant, &name) {
+                let a = match self.records.store.agent(&self.records.tenant, &name) {
                     Ok(Some(a)) => a,
                     _ => continue,
                 };
@@ -132,11 +138,12 @@ impl Dispatcher {
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
         let policy = stored_policy(&spec, &self.operator_policy())?;
         let parent_live: Option<(Option<Group>, SessionName)> = match &a.parent {
-            Some(p) => match self.live.get(p) {
+            Some(p) => match self.agents.live.get(p) {
                 Some(l) => Some((l.group.clone(), l.session.clone())),
                 None => self
+                    .records
                     .store
-                    .agent(&self.tenant, p)
+                    .agent(&self.records.tenant, p)
                     .map_err(internal)?
                     .map(|pa| (None, pa.session)),
             },
@@ -150,7 +157,7 @@ impl Dispatcher {
             parent_live.as_ref().map(|(_, s)| s),
             policy.uid,
         );
-        if let Some(pl) = a.parent.as_ref().and_then(|p| self.live.get_mut(p)) {
+        if let Some(pl) = a.parent.as_ref().and_then(|p| self.agents.live.get_mut(p)) {
             pl.creates_used += 1;
         }
         let parent_pair = a
@@ -159,8 +166,9 @@ impl Dispatcher {
             .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
         // A resumed run's instruction is the input its resume recorded.
         let instruction = self
+            .records
             .store
-            .messages(&self.tenant, &a.name, &a.session)
+            .messages(&self.records.tenant, &a.name, &a.session)
             .map_err(internal)?
             .into_iter()
             .rev()
@@ -180,12 +188,13 @@ impl Dispatcher {
         live.ns_root = spec["root"].as_str().map(PathBuf::from);
         live.ready_news = spec["ready_news"]
             .as_str()
-            .filter(|n| *n != self.me)
+            .filter(|n| *n != self.host.me)
             .map(str::to_owned);
         // Its budget covers what it and its subtree spent in earlier runs.
         live.subtree_usd = self
+            .records
             .store
-            .spend(&self.tenant, &a.name)
+            .spend(&self.records.tenant, &a.name)
             .map(|s| s.subtree.cost_usd)
             .map_err(internal)?;
         live.pending = Some(Pending {
@@ -194,8 +203,8 @@ impl Dispatcher {
             group_parent: parent_live.and_then(|(g, _)| g),
         });
         tracing::info!(agent = %a.name, "claimed an agent placed on this node");
-        self.live.insert(a.name.clone(), live);
-        self.waiting.push(a.name);
+        self.agents.live.insert(a.name.clone(), live);
+        self.launcher.waiting.push(a.name);
         Ok(())
     }
 
@@ -204,12 +213,13 @@ impl Dispatcher {
     /// one lives), before the rest of what the node ran ends lost.
     pub(super) fn replace_queue_of(&mut self, lost: &str) {
         let queued: Vec<Agent> = match self
+            .records
             .store
             .unfinished_of(&[lost.to_owned(), placed_on(lost)])
         {
             Ok(v) => v
                 .into_iter()
-                .filter(|a| a.status == Status::Queued && a.tenant == self.tenant)
+                .filter(|a| a.status == Status::Queued && a.tenant == self.records.tenant)
                 .collect(),
             Err(e) => {
                 tracing::warn!(node = lost, error = %e, "reading a lost node's queue");
@@ -230,11 +240,15 @@ impl Dispatcher {
             let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
             let labels: BTreeMap<String, String> =
                 serde_json::from_value(spec["placement"].clone()).unwrap_or_default();
-            let Some(to) = choose(&nodes, &labels, &self.me) else {
+            let Some(to) = choose(&nodes, &labels, &self.host.me) else {
                 tracing::warn!(agent = %a.name, node = lost, "no live node can take an agent queued for a lost node; it ends lost");
                 continue;
             };
-            match self.store.replace_queued(&a.tenant, &a.name, lost, &to) {
+            match self
+                .records
+                .store
+                .replace_queued(&a.tenant, &a.name, lost, &to)
+            {
                 Ok(true) => {
                     tracing::warn!(agent = %a.name, from = lost, to = %to, "an agent queued for a lost node placed again")
                 }

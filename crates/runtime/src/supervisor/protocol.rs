@@ -31,7 +31,7 @@ impl Dispatcher {
         let mut cur = Some(name.clone());
         let mut hops = 0;
         while let Some(n) = cur {
-            let Some(l) = self.live.get_mut(&n) else {
+            let Some(l) = self.agents.live.get_mut(&n) else {
                 break;
             };
             l.subtree_usd += delta;
@@ -56,17 +56,19 @@ impl Dispatcher {
     pub(super) fn stop_for_budget(&mut self, top: &AgentName) {
         let top = top.clone();
         let spent = self
+            .agents
             .live
             .get(&top)
             .map(|l| l.subtree_usd)
             .unwrap_or_default();
         let limit = self
+            .agents
             .live
             .get(&top)
             .and_then(|l| l.policy.cost_limit)
             .unwrap_or_default();
         tracing::info!(agent = %top, spent, limit, "budget exceeded; stopping the subtree");
-        if let Some(l) = self.live.get_mut(&top) {
+        if let Some(l) = self.agents.live.get_mut(&top) {
             l.budget_note = Some(format!(
                 "budget exceeded: the subtree spent ${spent:.4} of its cost_limit ${limit:.4}"
             ));
@@ -75,7 +77,7 @@ impl Dispatcher {
     }
 
     pub(super) fn on_agent(&mut self, name: AgentName, run: RunId, e: AgentEv) {
-        let Some(l) = self.live.get_mut(&name) else {
+        let Some(l) = self.agents.live.get_mut(&name) else {
             return;
         };
         if l.run != run {
@@ -86,7 +88,7 @@ impl Dispatcher {
             AgentEv::Unknown(t) => {
                 tracing::info!(agent = %name, r#type = %t, "unknown protocol message type ignored");
                 let session = l.session.clone();
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &name,
                     Some(&run),
                     &session,
@@ -103,7 +105,7 @@ impl Dispatcher {
                 l.protocol_error = Some(err.to_string());
                 let session = l.session.clone();
                 tracing::warn!(agent = %name, error = %err, "protocol error");
-                self.append_events(&[ev(
+                self.records.append_events(&[ev(
                     &name,
                     Some(&run),
                     &session,
@@ -130,8 +132,10 @@ impl Dispatcher {
                 }
                 let line =
                     json!({"ts": now_ms(), "run": run.as_str(), "stream": "stderr", "text": s});
-                self.projection
-                    .append(self.paths.agent_dir(&name).join("log"), format!("{line}\n"));
+                self.records.projection.append(
+                    self.host.paths.agent_dir(&name).join("log"),
+                    format!("{line}\n"),
+                );
             }
             AgentEv::Exited { status } => {
                 l.exit = Some(status);
@@ -148,7 +152,7 @@ impl Dispatcher {
                         "killed by SIGXFSZ: a file it wrote reached the policy's disk_max ({} bytes)",
                         crate::enforce::file_size_max(
                             &l.policy,
-                            self.cfg.resource_defaults.disk_max
+                            self.host.cfg.resource_defaults.disk_max
                         )
                     );
                     detail = Some(match detail {
@@ -159,7 +163,7 @@ impl Dispatcher {
                 // A kill by the kernel for a limit of the policy says which limit
                 // (read before the group is removed).
                 if libc::WIFSIGNALED(status)
-                    && let (Some(cg), Some(g)) = (&self.cgroups, &l.group)
+                    && let (Some(cg), Some(g)) = (&self.launcher.cgroups, &l.group)
                 {
                     let why = if cg.oom_killed(g) {
                         Some(format!(
@@ -189,7 +193,7 @@ impl Dispatcher {
     }
 
     pub(super) fn on_msg(&mut self, name: &AgentName, run: &RunId, m: FromAgent) {
-        let Some(l) = self.live.get_mut(name) else {
+        let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
         let session = l.session.clone();
@@ -201,8 +205,11 @@ impl Dispatcher {
                 self.tell_ready(name, news);
                 self.sock_ready(name);
                 if let Some((reply, true)) = reply {
-                    let r = self.agent(name).map(|a| agent_json(&self.store, &a));
-                    self.respond(reply, r);
+                    let r = self
+                        .records
+                        .agent(name)
+                        .map(|a| agent_json(&self.records.store, &a));
+                    self.agents.respond(reply, r);
                 }
             }
             FromAgent::Chunk { delta } => {
@@ -249,8 +256,8 @@ impl Dispatcher {
                     // its message.
                     self.say_unsaid(name, run, &session, None);
                 }
-                match self.store.set_status(
-                    &self.tenant,
+                match self.records.store.set_status(
+                    &self.records.tenant,
                     name,
                     to,
                     reason.as_deref(),
@@ -258,10 +265,10 @@ impl Dispatcher {
                     &[event],
                 ) {
                     Ok(a) => project_agent(
-                        &self.projection,
-                        &self.paths,
+                        &self.records.projection,
+                        &self.host.paths,
                         &a,
-                        self.live.get(name).and_then(|l| l.pid),
+                        self.agents.live.get(name).and_then(|l| l.pid),
                     ),
                     Err(e) => tracing::info!(agent = %name, error = %e, "status change ignored"),
                 }
@@ -309,7 +316,7 @@ impl Dispatcher {
         tokens_out: u64,
         cost_usd: f64,
     ) {
-        let Some(l) = self.live.get_mut(name) else {
+        let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
         let cost = if cost_usd.is_finite() {
@@ -319,9 +326,10 @@ impl Dispatcher {
         };
         let delta = cost - l.run_usd;
         l.run_usd = cost;
-        if let Err(e) = self
-            .store
-            .record_usage(&self.tenant, run, tokens_in, tokens_out, cost)
+        if let Err(e) =
+            self.records
+                .store
+                .record_usage(&self.records.tenant, run, tokens_in, tokens_out, cost)
         {
             tracing::error!(agent = %name, error = %e, "recording usage failed");
         }
@@ -345,16 +353,24 @@ impl Dispatcher {
         role: &str,
         content: String,
     ) {
-        match self
-            .store
-            .append_message(&self.tenant, name, session, run, role, &content, now_ms())
-        {
+        match self.records.store.append_message(
+            &self.records.tenant,
+            name,
+            session,
+            run,
+            role,
+            &content,
+            now_ms(),
+        ) {
             Ok(m) => {
-                let dir = self.paths.session_dir(name, session);
-                self.projection
+                let dir = self.host.paths.session_dir(name, session);
+                self.records
+                    .projection
                     .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
                 if crate::objects::is_agent_message(role) {
-                    self.projection.write(dir.join("latest.md"), content);
+                    self.records
+                        .projection
+                        .write(dir.join("latest.md"), content);
                 }
                 self.sock_message(name, &m);
             }
@@ -373,7 +389,7 @@ impl Dispatcher {
         session: &SessionName,
         response: Option<String>,
     ) {
-        let Some(l) = self.live.get_mut(name) else {
+        let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
         let streamed = std::mem::take(&mut l.unsaid);

@@ -30,7 +30,12 @@ impl Dispatcher {
     pub(super) fn on_remove(&mut self, caller: &Caller, op: RemoveOp) -> ApiResult {
         match op {
             RemoveOp::Tree(name) => {
-                remove::removable_root(self.store.as_ref(), &self.tenant, caller, &name)?;
+                remove::removable_root(
+                    self.records.store.as_ref(),
+                    &self.records.tenant,
+                    caller,
+                    &name,
+                )?;
                 let removed = self.remove_subtree(&name)?;
                 let last = removed.agents.iter().map(|a| a.updated_ms).max();
                 Ok(to_json(&remove::tree_json(
@@ -47,7 +52,7 @@ impl Dispatcher {
     /// recorded or whose files are being fetched. Its record may say it
     /// ended; what follows the end has not happened yet.
     fn held_here(&self, name: &AgentName) -> Option<ApiError> {
-        (self.live.contains_key(name) || self.fetching.contains(name)).then(|| {
+        (self.agents.live.contains_key(name) || self.agents.fetching.contains(name)).then(|| {
             ApiError::new(
                 Code::Conflict,
                 format!("agent {name} is still being finished here; ask again in a moment"),
@@ -58,15 +63,17 @@ impl Dispatcher {
     /// `top`'s subtree out of the store, then out of the ctx tree.
     fn remove_subtree(&mut self, top: &AgentName) -> Result<Removed, ApiError> {
         let below = self
+            .records
             .store
-            .descendants_post_order(&self.tenant, top)
+            .descendants_post_order(&self.records.tenant, top)
             .map_err(remove::store_error)?;
         // An agent whose record has not ended is the store's to refuse, by
         // its status; one whose record has is not gone until this
         // supervisor lets it go.
         let top_ended = self
+            .records
             .store
-            .agent(&self.tenant, top)
+            .agent(&self.records.tenant, top)
             .map_err(remove::store_error)?
             .is_some_and(|a| a.status.is_finished());
         if top_ended && below.iter().all(|a| a.status.is_finished()) {
@@ -77,15 +84,21 @@ impl Dispatcher {
             }
         }
         let removed = self
+            .records
             .store
-            .remove_tree(&self.tenant, top)
+            .remove_tree(&self.records.tenant, top)
             .map_err(remove::store_error)?;
         self.after_removal(&removed);
         Ok(removed)
     }
 
     fn remove_job(&mut self, caller: &Caller, id: &str) -> ApiResult {
-        let job = crate::jobs::get(self.store.as_ref(), &self.tenant, caller, id)?;
+        let job = crate::jobs::get(
+            self.records.store.as_ref(),
+            &self.records.tenant,
+            caller,
+            id,
+        )?;
         if self.jobs.runs_job(id) {
             return Err(ApiError::new(
                 Code::Conflict,
@@ -95,7 +108,7 @@ impl Dispatcher {
                 ),
             ));
         }
-        let own = self.live.iter().find(|(n, l)| {
+        let own = self.agents.live.iter().find(|(n, l)| {
             brood_store::is_job_worker(id, n.as_str()) && l.parent.as_ref() == Some(&job.owner)
         });
         if let Some((n, _)) = own {
@@ -106,13 +119,14 @@ impl Dispatcher {
         }
         let events = self.job_event(&job.owner, json!({"type": "job.removed", "job": id}));
         let r = self
+            .records
             .store
-            .remove_job(&self.tenant, id, now_ms(), &events)
+            .remove_job(&self.records.tenant, id, now_ms(), &events)
             .map_err(|e| match e {
                 brood_store::StoreError::Refused { code, message } => ApiError::new(code, message),
                 other => internal(other),
             })?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         self.after_removal(&r.workers);
         Ok(to_json(&brood_api::RemovedJob {
             job: r.job.id,
@@ -132,13 +146,13 @@ impl Dispatcher {
     /// incarnation its runs left (off the loop), and what the dispatcher
     /// remembered of its agents.
     fn after_removal(&mut self, removed: &Removed) {
-        for p in remove::ctx_paths(&self.paths, removed)
+        for p in remove::ctx_paths(&self.host.paths, removed)
             .into_iter()
-            .chain(remove::blob_paths(&self.paths, removed))
+            .chain(remove::blob_paths(&self.host.paths, removed))
         {
-            self.projection.remove_dir(p);
+            self.records.projection.remove_dir(p);
         }
-        if let Some(cg) = self.cgroups.clone() {
+        if let Some(cg) = self.launcher.cgroups.clone() {
             let groups: Vec<_> = removed
                 .cgroups
                 .iter()
@@ -156,7 +170,8 @@ impl Dispatcher {
         }
         let gone: std::collections::HashSet<&AgentName> =
             removed.agents.iter().map(|a| &a.name).collect();
-        self.ends_told
+        self.agents
+            .ends_told
             .retain(|child, (parent, _)| !gone.contains(child) && !gone.contains(parent));
     }
 }

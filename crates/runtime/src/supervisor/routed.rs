@@ -53,8 +53,8 @@ impl Dispatcher {
         let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
         let takes = a.protocol == Protocol::Brood
             && matches!(a.status, Status::Running | Status::Blocked)
-            && self.cfg.node.is_some()
-            && host_alive(host, &registered_nodes(self.store.as_ref()));
+            && self.host.cfg.node.is_some()
+            && host_alive(host, &registered_nodes(self.records.store.as_ref()));
         if !takes {
             return Err(ApiError::new(
                 Code::Conflict,
@@ -65,8 +65,9 @@ impl Dispatcher {
                 ),
             ));
         }
-        self.store
-            .post_input(&self.tenant, &a.name, host, from, text, now_ms())
+        self.records
+            .store
+            .post_input(&self.records.tenant, &a.name, host, from, text, now_ms())
             .map_err(internal)?;
         Ok(json!({"id": format!("routed-{}", a.run), "node": host}))
     }
@@ -75,7 +76,7 @@ impl Dispatcher {
     /// that node says the agent is ready, or when the store shows it ended
     /// (issue 25: it used to be answered `queued` at once).
     pub(super) fn wait_ready_elsewhere(&mut self, name: AgentName, reply: Reply) {
-        self.ready_waits.push((name, reply));
+        self.agents.ready_waits.push((name, reply));
         self.answer_ready_waits(None);
     }
 
@@ -83,16 +84,16 @@ impl Dispatcher {
     /// and those whose agent ended (read in the store), each with the
     /// agent as it is now. At each tick and each news of another node.
     pub(super) fn answer_ready_waits(&mut self, ready: Option<&AgentName>) {
-        if self.ready_waits.is_empty() {
+        if self.agents.ready_waits.is_empty() {
             return;
         }
         let mut still = Vec::new();
-        for (name, reply) in std::mem::take(&mut self.ready_waits) {
-            let a = match self.store.agent(&self.tenant, &name) {
+        for (name, reply) in std::mem::take(&mut self.agents.ready_waits) {
+            let a = match self.records.store.agent(&self.records.tenant, &name) {
                 Ok(Some(a)) => a,
                 Ok(None) => {
                     let gone = ApiError::new(Code::NotFound, format!("no agent named {name}"));
-                    self.respond(reply, Err(gone));
+                    self.agents.respond(reply, Err(gone));
                     continue;
                 }
                 Err(e) => {
@@ -102,12 +103,13 @@ impl Dispatcher {
                 }
             };
             if ready == Some(&name) || a.status.is_finished() {
-                self.respond(reply, Ok(agent_json(&self.store, &a)));
+                self.agents
+                    .respond(reply, Ok(agent_json(&self.records.store, &a)));
             } else {
                 still.push((name, reply));
             }
         }
-        self.ready_waits = still;
+        self.agents.ready_waits = still;
     }
 
     /// Tells the node holding a `--ready` spawn of `name` open that it is
@@ -116,9 +118,10 @@ impl Dispatcher {
         let Some(node) = node else {
             return;
         };
-        if let Err(e) = self
-            .store
-            .post_input(&self.tenant, name, &node, READY, "", now_ms())
+        if let Err(e) =
+            self.records
+                .store
+                .post_input(&self.records.tenant, name, &node, READY, "", now_ms())
         {
             tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
         }
@@ -126,10 +129,14 @@ impl Dispatcher {
 
     /// Inputs other nodes posted for agents running here, delivered.
     pub(super) fn deliver_routed_inputs(&mut self) {
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return;
         }
-        let inputs = match self.store.take_inputs(&self.tenant, &self.me, 256) {
+        let inputs = match self
+            .records
+            .store
+            .take_inputs(&self.records.tenant, &self.host.me, 256)
+        {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "taking the inputs other nodes posted");
@@ -165,10 +172,10 @@ impl Dispatcher {
         // Each waited-for agent read once: ended elsewhere, or not.
         let mut ended = HashSet::new();
         for n in self.waiters.names() {
-            if self.live.contains_key(&n) || self.fetching.contains(&n) {
+            if self.agents.live.contains_key(&n) || self.agents.fetching.contains(&n) {
                 continue;
             }
-            let a = match self.store.agent(&self.tenant, &n) {
+            let a = match self.records.store.agent(&self.records.tenant, &n) {
                 Ok(Some(a)) if a.status.is_finished() => a,
                 _ => continue,
             };
@@ -190,10 +197,11 @@ impl Dispatcher {
             return false;
         };
         // Only nodes run a child away from its parent.
-        if self.cfg.node.is_none()
-            || a.supervisor == self.me
-            || !self.live.contains_key(&p)
+        if self.host.cfg.node.is_none()
+            || a.supervisor == self.host.me
+            || !self.agents.live.contains_key(&p)
             || self
+                .agents
                 .ends_told
                 .get(&a.name)
                 .is_some_and(|(_, run)| *run == a.run)
@@ -201,39 +209,42 @@ impl Dispatcher {
             return false;
         }
         let has_artifacts = self
+            .records
             .store
-            .channel(&self.tenant, &p, &a.name)
+            .channel(&self.records.tenant, &p, &a.name)
             .ok()
             .flatten()
             .is_some_and(|c| !c.artifacts.is_empty());
         if has_artifacts {
             self.on_child_end_elsewhere(&p, a.name.as_str());
         }
-        self.fetching.contains(&a.name)
+        self.agents.fetching.contains(&a.name)
     }
 
     /// After a recorded end: a parent (or customer) that another node runs
     /// hears of it there, through the store.
     pub(super) fn tell_other_nodes_of_end(&mut self, agent: &Agent) {
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return;
         }
         let told: Vec<AgentName> = agent
             .parent
             .iter()
             .chain(agent.customer.iter())
-            .filter(|p| !self.live.contains_key(*p))
+            .filter(|p| !self.agents.live.contains_key(*p))
             .cloned()
             .collect();
         for p in told {
-            let Ok(Some(pa)) = self.store.agent(&self.tenant, &p) else {
+            let Ok(Some(pa)) = self.records.store.agent(&self.records.tenant, &p) else {
                 continue;
             };
-            if !matches!(pa.status, Status::Running | Status::Blocked) || pa.supervisor == self.me {
+            if !matches!(pa.status, Status::Running | Status::Blocked)
+                || pa.supervisor == self.host.me
+            {
                 continue;
             }
-            if let Err(e) = self.store.post_input(
-                &self.tenant,
+            if let Err(e) = self.records.store.post_input(
+                &self.records.tenant,
                 &p,
                 &pa.supervisor,
                 CHILD_END,
@@ -256,7 +267,7 @@ impl Dispatcher {
             tracing::warn!(agent = %told, "a child's end named no valid agent");
             return;
         };
-        let a = match self.store.agent(&self.tenant, &child) {
+        let a = match self.records.store.agent(&self.records.tenant, &child) {
             Ok(Some(a)) if a.status.is_finished() => a,
             _ => return,
         };
@@ -264,19 +275,24 @@ impl Dispatcher {
         // that saw it in the store.
         if let Some(p) = a.parent.as_ref().filter(|p| *p == told) {
             if self
+                .agents
                 .ends_told
                 .get(&a.name)
                 .is_some_and(|(_, run)| *run == a.run)
             {
                 return;
             }
-            self.ends_told
+            self.agents
+                .ends_told
                 .insert(a.name.clone(), (p.clone(), a.run.clone()));
         }
-        let channel = a
-            .parent
-            .as_ref()
-            .and_then(|p| self.store.channel(&self.tenant, p, &child).ok().flatten());
+        let channel = a.parent.as_ref().and_then(|p| {
+            self.records
+                .store
+                .channel(&self.records.tenant, p, &child)
+                .ok()
+                .flatten()
+        });
         let result = channel.as_ref().and_then(|c| c.result.clone());
         let output = match channel {
             Some(c) => brood_store::ChannelOutput {
@@ -285,17 +301,22 @@ impl Dispatcher {
             },
             None => brood_store::ChannelOutput::default(),
         };
-        let dir = self.channel_dir_of(&a);
-        let blobs = self.paths.blobs();
+        let dir = self.records.channel_dir_of(&self.agents, &a);
+        let blobs = self.host.paths.blobs();
         if a.parent.as_ref() == Some(told)
             && !output.artifacts.is_empty()
             && let Some(dir) = dir.clone()
         {
             // `artifact/` is the child's, as on the node that ran it.
             let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-            let uid = stored_policy(&spec, &self.operator_policy()).map_or(self.uid, |p| p.uid);
-            self.fetching.insert(a.name.clone());
-            let (store, tenant, tx) = (self.store.clone(), self.tenant.clone(), self.tx.clone());
+            let uid =
+                stored_policy(&spec, &self.operator_policy()).map_or(self.host.uid, |p| p.uid);
+            self.agents.fetching.insert(a.name.clone());
+            let (store, tenant, tx) = (
+                self.records.store.clone(),
+                self.records.tenant.clone(),
+                self.host.tx.clone(),
+            );
             let told = told.clone();
             tokio::task::spawn_blocking(move || {
                 let placed = crate::channel::shared::place(
@@ -325,7 +346,7 @@ impl Dispatcher {
     /// be, each named in the log): the parent hears of its end now, and
     /// waits for the child are answered.
     pub(super) fn on_ended_elsewhere(&mut self, e: EndedElsewhere) {
-        self.fetching.remove(&e.child.name);
+        self.agents.fetching.remove(&e.child.name);
         if !e.placed.missing.is_empty() {
             tracing::warn!(
                 agent = %e.child.name,
@@ -345,9 +366,10 @@ impl Dispatcher {
         h: &crate::channel::Harvest,
     ) {
         if a.parent.as_ref() == Some(told) {
-            self.project_channel(a, result);
-            if let Some(dir) = self.channel_dir_of(a) {
-                self.projection
+            self.records.project_channel(&self.agents, a, result);
+            if let Some(dir) = self.records.channel_dir_of(&self.agents, a) {
+                self.records
+                    .projection
                     .write(dir.join("refs.jsonl"), h.output.refs.clone());
             }
         }
@@ -357,16 +379,19 @@ impl Dispatcher {
     /// After a close through this node: the agent's host, when another node,
     /// shows it closed in its own ctx tree too (the store has it already).
     pub(super) fn tell_host_of_close(&mut self, a: &Agent) {
-        if self.cfg.node.is_none() {
+        if self.host.cfg.node.is_none() {
             return;
         }
         let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
-        if host == self.me.as_str() || !host_alive(host, &registered_nodes(self.store.as_ref())) {
+        if host == self.host.me.as_str()
+            || !host_alive(host, &registered_nodes(self.records.store.as_ref()))
+        {
             return;
         }
-        if let Err(e) = self
-            .store
-            .post_input(&self.tenant, &a.name, host, CLOSED, "", now_ms())
+        if let Err(e) =
+            self.records
+                .store
+                .post_input(&self.records.tenant, &a.name, host, CLOSED, "", now_ms())
         {
             tracing::warn!(agent = %a.name, host, error = %e, "telling an agent's node of its close");
         }
@@ -375,7 +400,7 @@ impl Dispatcher {
     /// An agent this node ran was closed through another node: its `close`
     /// event and its status files here, as the close would have written them.
     fn on_closed_elsewhere(&mut self, name: &AgentName) {
-        let a = match self.store.agent(&self.tenant, name) {
+        let a = match self.records.store.agent(&self.records.tenant, name) {
             Ok(Some(a)) if matches!(a.status, Status::Closed(_)) => a,
             _ => return,
         };
@@ -387,7 +412,7 @@ impl Dispatcher {
                 agent: name.clone(),
             },
         );
-        self.project_events(&[close]);
-        project_agent(&self.projection, &self.paths, &a, None);
+        self.records.project_events(&[close]);
+        project_agent(&self.records.projection, &self.host.paths, &a, None);
     }
 }

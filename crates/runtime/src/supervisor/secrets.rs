@@ -48,12 +48,12 @@ impl Dispatcher {
         host: &str,
         req: &SpawnRequest,
     ) -> Result<Secrets, ApiError> {
-        let here = host == self.me.as_str();
+        let here = host == self.host.me.as_str();
         let placed_away = |k: &str| {
             bad(format!(
                 "placement: the agent holds secret {k}, whose value is held by the node it \
                  was given to, {}; an agent holding secrets runs there (leave out placement)",
-                self.me
+                self.host.me
             ))
         };
         let Some(p) = parent else {
@@ -79,7 +79,7 @@ impl Dispatcher {
         let Some(k) = policy.secrets.first() else {
             return Ok(Secrets::new());
         };
-        match (remote, self.live.get(p)) {
+        match (remote, self.agents.live.get(p)) {
             (None, Some(l)) => {
                 let values = l.secrets.only(&policy.secrets);
                 if let Some(k) = values.missing(&policy.secrets) {
@@ -146,6 +146,7 @@ impl Dispatcher {
             )));
         }
         Ok(self
+            .agents
             .live
             .get(p)
             .map(|l| l.secrets.only(&policy.secrets))
@@ -158,7 +159,7 @@ impl Dispatcher {
     pub(super) fn claimed_secrets(&self, a: &Agent, policy: &Policy) -> Secrets {
         a.parent
             .as_ref()
-            .and_then(|p| self.live.get(p))
+            .and_then(|p| self.agents.live.get(p))
             .map(|l| l.secrets.only(&policy.secrets))
             .unwrap_or_default()
     }

@@ -100,7 +100,9 @@ impl Dispatcher {
     /// The agent reported `ready`: a protocol `brood` agent can take input from
     /// now on, so its socket is bound (SPEC 8).
     pub(super) fn sock_ready(&mut self, name: &AgentName) {
-        let Some(l) = self.live.get(name) else { return };
+        let Some(l) = self.agents.live.get(name) else {
+            return;
+        };
         if l.protocol != Protocol::Brood || l.stopping.is_some() {
             return;
         }
@@ -110,17 +112,17 @@ impl Dispatcher {
             _ => None,
         };
         let access = Access {
-            operator_uid: self.uid,
+            operator_uid: self.host.uid,
             parent,
         };
         // No host (a supervisor without a transport): no socket, and a
         // client finds none, as for an agent that is not live.
-        let listener = self.cfg.agent_sockets.as_ref().map(|host| {
+        let listener = self.host.cfg.agent_sockets.as_ref().map(|host| {
             host(
                 self.handle(),
                 name.clone(),
                 run.clone(),
-                self.paths.agent_socket(name),
+                self.host.paths.agent_socket(name),
                 access,
             )
         });
@@ -144,10 +146,10 @@ impl Dispatcher {
     /// Writes the agent's shim (SPEC 3 `agent/<name>`), with the renderer the
     /// rebuild uses.
     pub(super) fn project_shim(&self, name: &AgentName) {
-        let program = crate::objects::shim_program(self.cfg.bin_dir.as_deref());
-        self.projection.write_exec(
-            self.paths.shim(name),
-            crate::objects::shim(&self.paths.root, &program, name),
+        let program = crate::objects::shim_program(self.host.cfg.bin_dir.as_deref());
+        self.records.projection.write_exec(
+            self.host.paths.shim(name),
+            crate::objects::shim(&self.host.paths.root, &program, name),
         );
     }
 
@@ -182,7 +184,12 @@ impl Dispatcher {
     /// to its followers), `running` starts one.
     pub(super) fn sock_status(&mut self, name: &AgentName, run: &RunId, to: Status) {
         // A stopping agent's followers wait for the end of its run.
-        if self.live.get(name).is_none_or(|l| l.stopping.is_some()) {
+        if self
+            .agents
+            .live
+            .get(name)
+            .is_none_or(|l| l.stopping.is_some())
+        {
             return;
         }
         let Some(s) = self.sockets.by_agent.get_mut(name) else {
@@ -228,8 +235,9 @@ impl Dispatcher {
             return;
         };
         let status = self
+            .records
             .store
-            .agent(&self.tenant, name)
+            .agent(&self.records.tenant, name)
             .ok()
             .flatten()
             .filter(|a| a.run == s.run)
@@ -327,8 +335,9 @@ impl Dispatcher {
             // A retry: the input is not delivered again. Replay what the agent
             // said after it (up to the next input), then follow if still going.
             let msgs = self
+                .records
                 .store
-                .messages(&self.tenant, name, &s.session)
+                .messages(&self.records.tenant, name, &s.session)
                 .map_err(|e| err("EIO", format!("reading the session's messages: {e}")))?;
             let _ = out.send(start(Some(id), run, &s.model));
             let mut later_input = false;
@@ -353,7 +362,12 @@ impl Dispatcher {
             }
             return Ok(());
         }
-        if self.live.get(name).is_none_or(|l| l.stopping.is_some()) {
+        if self
+            .agents
+            .live
+            .get(name)
+            .is_none_or(|l| l.stopping.is_some())
+        {
             return Err(err(
                 "EHOSTDOWN",
                 format!("agent {name} is stopping; it takes no input"),
@@ -401,8 +415,9 @@ impl Dispatcher {
         let s = self.sock_of(name, run, None)?;
         Self::check_session(s, name, run, None, session)?;
         let msgs = self
+            .records
             .store
-            .messages(&self.tenant, name, &s.session)
+            .messages(&self.records.tenant, name, &s.session)
             .map_err(|e| {
                 let m = format!("reading the session's messages: {e}");
                 agent_socket::error_frame(None, run, "EIO", &m)

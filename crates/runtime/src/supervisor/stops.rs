@@ -94,13 +94,13 @@ impl Dispatcher {
         group: Option<Group>,
         clear: Option<super::disk::ToClear>,
     ) {
-        let (Some(g), Some(cg)) = (group, self.cgroups.clone()) else {
+        let (Some(g), Some(cg)) = (group, self.launcher.cgroups.clone()) else {
             if let Some(dir) = clear {
                 tokio::spawn(super::disk::clear_channels(vec![dir]));
             }
             return;
         };
-        let grace = self.cfg.grace;
+        let grace = self.host.cfg.grace;
         tokio::spawn(async move {
             match empty_group(&cg, &g, grace, false).await {
                 Ok(()) => super::disk::clear_channels(clear.into_iter().collect()).await,
@@ -122,7 +122,11 @@ impl Dispatcher {
         group: Option<Group>,
         clear: Option<super::disk::ToClear>,
     ) {
-        let plan = match self.store.descendants_post_order(&self.tenant, parent) {
+        let plan = match self
+            .records
+            .store
+            .descendants_post_order(&self.records.tenant, parent)
+        {
             Ok(p) => p,
             Err(e) => {
                 // A planning error changes nothing (step 2); the orphan sweeper
@@ -142,7 +146,11 @@ impl Dispatcher {
     /// Stops an agent and its whole subtree: the agent with `outcome`, every
     /// descendant with `parent_dead`.
     pub(super) fn stop_subtree(&mut self, name: &AgentName, outcome: Terminal) {
-        let plan = match self.store.descendants_post_order(&self.tenant, name) {
+        let plan = match self
+            .records
+            .store
+            .descendants_post_order(&self.records.tenant, name)
+        {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(agent = %name, error = %e, "planning a stop failed");
@@ -155,7 +163,7 @@ impl Dispatcher {
             .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
             .collect();
         targets.push((name.clone(), outcome));
-        let group = self.live.get(name).and_then(|l| l.group.clone());
+        let group = self.agents.live.get(name).and_then(|l| l.group.clone());
         self.begin_stop(targets, group);
     }
 
@@ -203,16 +211,20 @@ impl Dispatcher {
         // The top of the stop (last in post-order) is recorded first.
         by_outcome.reverse();
         for (t, names) in &by_outcome {
-            match self.store.mark_stopping(&self.tenant, names, *t, now) {
+            match self
+                .records
+                .store
+                .mark_stopping(&self.records.tenant, names, *t, now)
+            {
                 Ok(agents) => {
                     for a in agents {
-                        if a.supervisor != self.me && !self.live.contains_key(&a.name) {
+                        if a.supervisor != self.host.me && !self.agents.live.contains_key(&a.name) {
                             remote.insert(a.name.clone());
                             continue;
                         }
-                        let pid = self.live.get(&a.name).and_then(|l| l.pid);
-                        project_agent(&self.projection, &self.paths, &a, pid);
-                        self.project_channel(&a, None);
+                        let pid = self.agents.live.get(&a.name).and_then(|l| l.pid);
+                        project_agent(&self.records.projection, &self.host.paths, &a, pid);
+                        self.records.project_channel(&self.agents, &a, None);
                     }
                 }
                 Err(e) => tracing::error!(error = %e, "recording a stop failed"),
@@ -221,7 +233,7 @@ impl Dispatcher {
         targets.retain(|(n, _)| !remote.contains(n));
         let mut pgids = Vec::new();
         for (n, t) in &targets {
-            if let Some(l) = self.live.get_mut(n) {
+            if let Some(l) = self.agents.live.get_mut(n) {
                 l.stopping = Some(id);
                 if l.pid.is_none() {
                     l.cancelled_before_start = true;
@@ -232,10 +244,10 @@ impl Dispatcher {
             }
             self.sock_close(n);
             let reason = t.reason().unwrap_or("stopped").to_owned();
-            self.to_agent(n, &ToAgent::Cancel { reason });
+            self.agents.to_agent(n, &ToAgent::Cancel { reason });
         }
         if let Some(c) = &then
-            && let Some(p) = self.live.get(&c.ending.name).and_then(|l| l.pid)
+            && let Some(p) = self.agents.live.get(&c.ending.name).and_then(|l| l.pid)
         {
             // Without cgroups, what the collected agent left behind is in its
             // own process group.
@@ -270,9 +282,9 @@ impl Dispatcher {
         delay: Duration,
         clear: Vec<super::disk::ToClear>,
     ) {
-        let cg = self.cgroups.clone();
-        let tx = self.tx.clone();
-        let grace = self.cfg.grace;
+        let cg = self.launcher.cgroups.clone();
+        let tx = self.host.tx.clone();
+        let grace = self.host.cfg.grace;
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let t_sig = std::time::Instant::now();
@@ -342,6 +354,7 @@ impl Dispatcher {
         // stop records its end, and nothing is collected.
         if let Some(c) = then
             && self
+                .agents
                 .live
                 .get(&c.ending.name)
                 .is_some_and(|l| l.run == c.ending.run && l.stopping.is_none())
@@ -368,15 +381,15 @@ impl Dispatcher {
         );
         if let Some(c) = stop.then.take() {
             let outcome = Terminal::Failed(FailReason::ProtocolError);
-            if let Err(e) = self.store.mark_stopping(
-                &self.tenant,
+            if let Err(e) = self.records.store.mark_stopping(
+                &self.records.tenant,
                 std::slice::from_ref(&c.ending.name),
                 outcome,
                 now_ms(),
             ) {
                 tracing::error!(agent = %c.ending.name, error = %e, "recording a stop failed");
             }
-            if let Some(l) = self.live.get_mut(&c.ending.name) {
+            if let Some(l) = self.agents.live.get_mut(&c.ending.name) {
                 l.stopping = Some(id);
                 l.protocol_error = Some(format!(
                     "result not collected: its group could not be emptied first: {error}"
@@ -401,17 +414,18 @@ impl Dispatcher {
         let mut results = Vec::with_capacity(stop.targets.len());
         for (name, outcome) in &stop.targets {
             if *outcome == Terminal::Cancelled(CancelReason::ParentDead) {
-                self.metrics.cascade_termination();
+                self.host.metrics.cascade_termination();
             }
-            let Ok(Some(a)) = self.store.agent(&self.tenant, name) else {
+            let Ok(Some(a)) = self.records.store.agent(&self.records.tenant, name) else {
                 continue;
             };
-            let live = self.live.get(name);
+            let live = self.agents.live.get(name);
             let parent_session = match (&a.parent, live.and_then(|l| l.parent_session.clone())) {
                 (Some(p), Some(ps)) => Some((p.clone(), ps)),
                 (Some(p), None) => self
+                    .records
                     .store
-                    .agent(&self.tenant, p)
+                    .agent(&self.records.tenant, p)
                     .ok()
                     .flatten()
                     .map(|pa| (pa.name, pa.session)),
@@ -482,15 +496,19 @@ impl Dispatcher {
             results.push(result);
         }
         // One transaction for the whole stop, written in post-order.
-        let recorded: Vec<Option<Agent>> = match self.store.end_runs(&self.tenant, &items) {
+        let recorded: Vec<Option<Agent>> = match self
+            .records
+            .store
+            .end_runs(&self.records.tenant, &items)
+        {
             Ok(agents) => agents.into_iter().map(Some).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "recording a stop in one transaction failed; one by one");
                 items
                     .iter()
                     .map(|it| {
-                        self.store
-                            .end_runs(&self.tenant, std::slice::from_ref(it))
+                        self.records.store
+                            .end_runs(&self.records.tenant, std::slice::from_ref(it))
                             .map_err(|e| tracing::error!(agent = %it.name, error = %e, "recording a stopped agent failed"))
                             .ok()
                             .and_then(|mut v| v.pop())
@@ -502,7 +520,7 @@ impl Dispatcher {
         // record must find every file of the stop once it flushes.
         for ((it, result), agent) in items.iter().zip(&results).zip(&recorded) {
             if let Some(a) = agent {
-                self.project_events(&it.events);
+                self.records.project_events(&it.events);
                 self.project_end(a, result.as_deref(), None);
             }
         }
@@ -510,7 +528,7 @@ impl Dispatcher {
             if let Some(a) = agent {
                 self.notify_end(&a, result.as_deref(), None);
             }
-            if let Some(l) = self.live.get(&it.name)
+            if let Some(l) = self.agents.live.get(&it.name)
                 && l.pid.is_none()
                 && l.cancelled_before_start
                 && l.launching

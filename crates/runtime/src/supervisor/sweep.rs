@@ -139,26 +139,34 @@ impl Dispatcher {
     fn reconcile_slots(&mut self, holder: bool) {
         // This supervisor's share: what its own started agents hold. Exact,
         // since its acquires and releases are made on this loop too.
-        let actual = self.slots_used();
-        match self.slots.repair(&self.tenant, actual as u64) {
+        let actual = self.agents.slots_used();
+        match self
+            .launcher
+            .slots
+            .repair(&self.records.tenant, actual as u64)
+        {
             Ok(0) => {}
             Ok(drift) => {
-                tracing::warn!(drift, actual, counter = %self.slots.describe(), "slot counter drifted; repaired");
-                self.metrics.sweeper_action(Sweeper::Reconcile);
+                tracing::warn!(drift, actual, counter = %self.launcher.slots.describe(), "slot counter drifted; repaired");
+                self.host.metrics.sweeper_action(Sweeper::Reconcile);
             }
             Err(e) => tracing::warn!(error = %e, "repairing the slot counter failed"),
         }
         // The shares of supervisors that are gone (their agents died with
         // them), given back by the lease holder of a shared counter (Redis,
         // or the store's shares of nodes).
-        if holder && (self.cfg.slots.is_some() || self.cfg.node.is_some()) {
-            let nodes = registered_nodes(self.store.as_ref());
+        if holder && (self.host.cfg.slots.is_some() || self.host.cfg.node.is_some()) {
+            let nodes = registered_nodes(self.records.store.as_ref());
             let alive = |id: &str| host_alive(id, &nodes);
-            match self.slots.forget_holders(&self.tenant, &alive) {
+            match self
+                .launcher
+                .slots
+                .forget_holders(&self.records.tenant, &alive)
+            {
                 Ok(0) => {}
                 Ok(freed) => {
-                    tracing::warn!(freed, counter = %self.slots.describe(), "slots held by supervisors that are gone; given back");
-                    self.metrics.sweeper_action(Sweeper::Reconcile);
+                    tracing::warn!(freed, counter = %self.launcher.slots.describe(), "slots held by supervisors that are gone; given back");
+                    self.host.metrics.sweeper_action(Sweeper::Reconcile);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "giving back the slots of supervisors that are gone failed")
@@ -184,7 +192,7 @@ impl Dispatcher {
         if self.sweep.ticks < self.sweep.next_lease_try {
             return None;
         }
-        let guard = match self.store.lease_lock(LEASE) {
+        let guard = match self.records.store.lease_lock(LEASE) {
             Ok(brood_store::LeaseLock::Held(h)) => LeaseGuard::Shared(h),
             Ok(brood_store::LeaseLock::Taken) => {
                 self.sweep.next_lease_try = self.sweep.ticks + ORPHANS_EVERY;
@@ -199,10 +207,14 @@ impl Dispatcher {
                 return None;
             }
         };
-        match self.store.acquire_lease(LEASE, &self.me, now_ms()) {
+        match self
+            .records
+            .store
+            .acquire_lease(LEASE, &self.host.me, now_ms())
+        {
             Ok(fence) => {
                 tracing::info!(epoch = fence.epoch, "this supervisor now runs the sweepers");
-                self.metrics.lease_epoch(fence.epoch);
+                self.host.metrics.lease_epoch(fence.epoch);
                 self.sweep.lease = Some((guard, fence.clone()));
                 Some(fence)
             }
@@ -216,7 +228,7 @@ impl Dispatcher {
     /// The lease's lock on a SQLite store: an exclusive, non-blocking `flock`
     /// on the lock file next to it.
     fn lock_file(&mut self) -> Option<std::fs::File> {
-        let path = self.paths.sweeper_lock();
+        let path = self.host.paths.sweeper_lock();
         let file = match std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -240,13 +252,13 @@ impl Dispatcher {
     /// Counts a row a sweeper read that belongs to another tenant (SPEC 9
     /// metric: the sweepers' reads are the only ones that cross tenants).
     fn note_read(&self, a: &Agent) {
-        if a.tenant != self.tenant {
-            self.metrics.cross_tenant_read();
+        if a.tenant != self.records.tenant {
+            self.host.metrics.cross_tenant_read();
         }
     }
 
     fn sweep_timeouts(&mut self, fence: &Fence) -> Result<(), StoreError> {
-        for a in self.store.overdue(now_ms(), BATCH)? {
+        for a in self.records.store.overdue(now_ms(), BATCH)? {
             self.note_read(&a);
             let note = "its run passed the policy's timeout_s";
             self.sweep_subtree(
@@ -261,7 +273,7 @@ impl Dispatcher {
     }
 
     fn sweep_orphans(&mut self, fence: &Fence) -> Result<(), StoreError> {
-        for a in self.store.orphans(BATCH)? {
+        for a in self.records.store.orphans(BATCH)? {
             self.note_read(&a);
             let note = "its parent is finished or missing";
             self.sweep_subtree(
@@ -275,14 +287,19 @@ impl Dispatcher {
         // Alive in the store, but no process: a host that is gone, or our own
         // record that no process of ours answers to.
         let mut lost = Vec::new();
-        let nodes = registered_nodes(self.store.as_ref());
-        for host in self.store.supervisors_with_unfinished()? {
-            let ours = host == self.me;
+        let nodes = registered_nodes(self.records.store.as_ref());
+        for host in self.records.store.supervisors_with_unfinished()? {
+            let ours = host == self.host.me;
             if !ours && host_alive(&host, &nodes) {
                 continue;
             }
-            for a in self.store.unfinished_of(std::slice::from_ref(&host))? {
-                if ours && self.live.contains_key(&a.name) && a.tenant == self.tenant {
+            for a in self
+                .records
+                .store
+                .unfinished_of(std::slice::from_ref(&host))?
+            {
+                if ours && self.agents.live.contains_key(&a.name) && a.tenant == self.records.tenant
+                {
                     continue;
                 }
                 self.note_read(&a);
@@ -298,7 +315,7 @@ impl Dispatcher {
                 Status::Stopping(t) => t,
                 _ => Terminal::Failed(FailReason::Lost),
             };
-            let detail = if host == self.me {
+            let detail = if host == self.host.me {
                 format!("its process is gone: supervisor {host} holds none for it")
             } else {
                 format!("its process is gone with its supervisor {host}")
@@ -315,11 +332,12 @@ impl Dispatcher {
             )];
             let end = RunEnd::without_process(outcome, detail, now_ms());
             let ended = self
+                .records
                 .store
                 .sweep_end(fence, &a.tenant, &a.name, &end, &events)?;
-            self.metrics.sweeper_action(Sweeper::Orphans);
-            if a.tenant == self.tenant {
-                self.project_events(&events);
+            self.host.metrics.sweeper_action(Sweeper::Orphans);
+            if a.tenant == self.records.tenant {
+                self.records.project_events(&events);
                 self.after_end(&ended, None, None);
             }
             self.stop_descendants_recorded(fence, &a)?;
@@ -348,7 +366,7 @@ impl Dispatcher {
                 detail: why.to_owned(),
             },
         )];
-        let after = self.store.sweep_stop(
+        let after = self.records.store.sweep_stop(
             fence,
             &a.tenant,
             std::slice::from_ref(&a.name),
@@ -356,9 +374,9 @@ impl Dispatcher {
             now_ms(),
             &events,
         )?;
-        self.metrics.sweeper_action(sweeper);
-        if a.tenant == self.tenant {
-            self.project_events(&events);
+        self.host.metrics.sweeper_action(sweeper);
+        if a.tenant == self.records.tenant {
+            self.records.project_events(&events);
             for b in &after {
                 // A queued agent ends at once: nothing to carry out.
                 if b.status.is_finished() {
@@ -371,6 +389,7 @@ impl Dispatcher {
 
     fn stop_descendants_recorded(&mut self, fence: &Fence, a: &Agent) -> Result<(), StoreError> {
         let desc: Vec<AgentName> = self
+            .records
             .store
             .descendants_post_order(&a.tenant, &a.name)?
             .into_iter()
@@ -380,7 +399,7 @@ impl Dispatcher {
         if desc.is_empty() {
             return Ok(());
         }
-        let after = self.store.sweep_stop(
+        let after = self.records.store.sweep_stop(
             fence,
             &a.tenant,
             &desc,
@@ -388,7 +407,7 @@ impl Dispatcher {
             now_ms(),
             &[],
         )?;
-        if a.tenant == self.tenant {
+        if a.tenant == self.records.tenant {
             for b in &after {
                 if b.status.is_finished() {
                     self.drop_unstarted(b);
@@ -402,13 +421,14 @@ impl Dispatcher {
     /// it will never start; tell whoever waits for it.
     fn drop_unstarted(&mut self, a: &Agent) {
         let unstarted = self
+            .agents
             .live
             .get(&a.name)
             .is_some_and(|l| l.pending.is_some() && !l.launching);
         if unstarted {
             self.after_end(a, None, None);
             self.forget(&a.name);
-            self.waiting.remove(&a.name);
+            self.launcher.waiting.remove(&a.name);
         }
     }
 
@@ -417,7 +437,7 @@ impl Dispatcher {
     /// by another supervisor's cascade), carried out like its own: the whole
     /// picked subtree signalled at once, the records written in post-order.
     pub(super) fn carry_out_recorded_stops(&mut self) {
-        let mine = match self.store.stopping_of(&self.me) {
+        let mine = match self.records.store.stopping_of(&self.host.me) {
             Ok(v) => v,
             Err(e) => {
                 tracing::error!(error = %e, "reading our stopping agents failed");
@@ -426,12 +446,17 @@ impl Dispatcher {
         };
         let picked: HashMap<AgentName, Terminal> = mine
             .into_iter()
-            .filter(|a| a.tenant == self.tenant)
+            .filter(|a| a.tenant == self.records.tenant)
             .filter_map(|a| match a.status {
                 Status::Stopping(t) => Some((a.name, t)),
                 _ => None,
             })
-            .filter(|(n, _)| self.live.get(n).is_some_and(|l| l.stopping.is_none()))
+            .filter(|(n, _)| {
+                self.agents
+                    .live
+                    .get(n)
+                    .is_some_and(|l| l.stopping.is_none())
+            })
             .collect();
         if picked.is_empty() {
             return;
@@ -439,7 +464,8 @@ impl Dispatcher {
         let tops: Vec<AgentName> = picked
             .keys()
             .filter(|n| {
-                self.live
+                self.agents
+                    .live
                     .get(*n)
                     .and_then(|l| l.parent.as_ref())
                     .is_none_or(|p| !picked.contains_key(p))
@@ -451,14 +477,15 @@ impl Dispatcher {
                 continue;
             };
             let mut targets: Vec<(AgentName, Terminal)> = self
+                .records
                 .store
-                .descendants_post_order(&self.tenant, &top)
+                .descendants_post_order(&self.records.tenant, &top)
                 .unwrap_or_default()
                 .into_iter()
                 .filter_map(|d| picked.get(&d.name).map(|t| (d.name, *t)))
                 .collect();
             targets.push((top.clone(), outcome));
-            let group = self.live.get(&top).and_then(|l| l.group.clone());
+            let group = self.agents.live.get(&top).and_then(|l| l.group.clone());
             tracing::info!(agent = %top, outcome = %outcome.encode(), targets = targets.len(), "carrying out a recorded stop");
             self.begin_stop(targets, group);
         }
@@ -470,6 +497,7 @@ impl Dispatcher {
     /// enforced.
     fn reconcile(&mut self) {
         let limited: Vec<AgentName> = self
+            .agents
             .live
             .iter()
             .filter(|(_, l)| l.policy.cost_limit.is_some() && l.stopping.is_none())
@@ -477,17 +505,17 @@ impl Dispatcher {
             .collect();
         let mut over = Vec::new();
         for n in limited {
-            let Ok(spend) = self.store.spend(&self.tenant, &n) else {
+            let Ok(spend) = self.records.store.spend(&self.records.tenant, &n) else {
                 continue;
             };
-            let Some(l) = self.live.get_mut(&n) else {
+            let Some(l) = self.agents.live.get_mut(&n) else {
                 continue;
             };
             let truth = spend.subtree.cost_usd;
             if (l.subtree_usd - truth).abs() > 1e-9 {
                 tracing::warn!(agent = %n, kept = l.subtree_usd, truth, "budget total drifted; repaired");
                 l.subtree_usd = truth;
-                self.metrics.sweeper_action(Sweeper::Reconcile);
+                self.host.metrics.sweeper_action(Sweeper::Reconcile);
             }
             if l.policy.cost_limit.is_some_and(|c| l.subtree_usd >= c) {
                 over.push(n);
@@ -495,7 +523,12 @@ impl Dispatcher {
         }
         for n in over {
             // An ancestor's stop may already cover it.
-            if self.live.get(&n).is_some_and(|l| l.stopping.is_none()) {
+            if self
+                .agents
+                .live
+                .get(&n)
+                .is_some_and(|l| l.stopping.is_none())
+            {
                 self.stop_for_budget(&n);
             }
         }

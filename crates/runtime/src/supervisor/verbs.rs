@@ -23,14 +23,14 @@ use std::time::Duration;
 
 impl Dispatcher {
     pub(super) fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
-        self.tool_granted(caller, "send")?;
-        let a = self.agent(name)?;
-        self.authorize(caller, &a)?;
+        self.agents.tool_granted(caller, "send")?;
+        let a = self.records.agent(name)?;
+        self.records.authorize(caller, &a)?;
         let from = match caller {
             Caller::Agent(me) => me.to_string(),
             Caller::User { uid } => format!("user:{uid}"),
         };
-        if !self.live.contains_key(name) && a.supervisor != self.me {
+        if !self.agents.live.contains_key(name) && a.supervisor != self.host.me {
             return self.route_input(&a, &from, text);
         }
         self.deliver_input(name, &from, text)
@@ -39,8 +39,8 @@ impl Dispatcher {
     /// An input for a live agent of this supervisor, recorded and written
     /// to its stdin.
     pub(super) fn deliver_input(&mut self, name: &AgentName, from: &str, text: &str) -> ApiResult {
-        let a = self.agent(name)?;
-        let Some(l) = self.live.get(name) else {
+        let a = self.records.agent(name)?;
+        let Some(l) = self.agents.live.get(name) else {
             return Err(ApiError::new(
                 Code::Conflict,
                 format!(
@@ -63,14 +63,24 @@ impl Dispatcher {
         let run = l.run.clone();
         let session = l.session.clone();
         let m = self
+            .records
             .store
-            .append_message(&self.tenant, name, &session, &run, "user", text, now_ms())
+            .append_message(
+                &self.records.tenant,
+                name,
+                &session,
+                &run,
+                "user",
+                text,
+                now_ms(),
+            )
             .map_err(internal)?;
         let id = format!("in-{}", m.seq);
-        let dir = self.paths.session_dir(name, &session);
-        self.projection
+        let dir = self.host.paths.session_dir(name, &session);
+        self.records
+            .projection
             .append(dir.join("messages.jsonl"), crate::objects::message_line(&m));
-        self.append_events(&[ev(
+        self.records.append_events(&[ev(
             name,
             Some(&run),
             &session,
@@ -80,7 +90,7 @@ impl Dispatcher {
                 from: from.clone(),
             },
         )]);
-        self.to_agent(
+        self.agents.to_agent(
             name,
             &ToAgent::Input {
                 id: id.clone(),
@@ -98,31 +108,36 @@ impl Dispatcher {
         timeout: Option<Duration>,
         reply: Reply,
     ) {
-        if let Err(e) = self.tool_granted(caller, "wait") {
-            return self.respond(reply, Err(e));
+        if let Err(e) = self.agents.tool_granted(caller, "wait") {
+            return self.agents.respond(reply, Err(e));
         }
         for n in &names {
-            match self.agent(n).and_then(|a| self.authorize(caller, &a)) {
+            match self
+                .records
+                .agent(n)
+                .and_then(|a| self.records.authorize(caller, &a))
+            {
                 Ok(()) => {}
-                Err(e) => return self.respond(reply, Err(e)),
+                Err(e) => return self.agents.respond(reply, Err(e)),
             }
         }
         let all_done = names.iter().all(|n| {
-            self.store
-                .agent(&self.tenant, n)
+            self.records
+                .store
+                .agent(&self.records.tenant, n)
                 .ok()
                 .flatten()
                 .is_some_and(|a| a.status.is_finished())
-                && !self.live.contains_key(n)
+                && !self.agents.live.contains_key(n)
         });
         if all_done {
             let r = self.wait_result(&names, false);
-            return self.respond(reply, r);
+            return self.agents.respond(reply, r);
         }
         let id = self.id();
         self.waiters.add(id, names, reply);
         if let Some(t) = timeout {
-            let tx = self.tx.clone();
+            let tx = self.host.tx.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(t).await;
                 let _ = tx.send(Cmd::WaitTimeout(id));
@@ -133,33 +148,38 @@ impl Dispatcher {
     pub(super) fn wait_result(&self, names: &[AgentName], timed_out: bool) -> ApiResult {
         let mut rows = Vec::new();
         for n in names {
-            let a = self.agent(n)?;
-            rows.push(agent_json(&self.store, &a));
+            let a = self.records.agent(n)?;
+            rows.push(agent_json(&self.records.store, &a));
         }
         Ok(json!({"agents": rows, "timed_out": timed_out}))
     }
 
     pub(super) fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
-        let a = self.agent(name)?;
-        self.authorize(caller, &a)?;
+        let a = self.records.agent(name)?;
+        self.records.authorize(caller, &a)?;
         if a.status.is_finished() {
-            return Ok(agent_json(&self.store, &a));
+            return Ok(agent_json(&self.records.store, &a));
         }
-        if self.live.get(name).is_some_and(|l| l.stopping.is_some()) {
-            return Ok(agent_json(&self.store, &a));
+        if self
+            .agents
+            .live
+            .get(name)
+            .is_some_and(|l| l.stopping.is_some())
+        {
+            return Ok(agent_json(&self.records.store, &a));
         }
         self.stop_subtree(name, Terminal::Cancelled(CancelReason::User));
-        let a = self.agent(name)?;
-        Ok(agent_json(&self.store, &a))
+        let a = self.records.agent(name)?;
+        Ok(agent_json(&self.records.store, &a))
     }
 
     pub(super) fn on_close(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
-        self.tool_granted(caller, "close")?;
-        let a = self.agent(name)?;
-        self.authorize(caller, &a)?;
+        self.agents.tool_granted(caller, "close")?;
+        let a = self.records.agent(name)?;
+        self.records.authorize(caller, &a)?;
         let Status::Ended(t) = a.status else {
             if matches!(a.status, Status::Closed(_)) {
-                return Ok(agent_json(&self.store, &a));
+                return Ok(agent_json(&self.records.store, &a));
             }
             return Err(ApiError::new(
                 Code::Conflict,
@@ -178,9 +198,10 @@ impl Dispatcher {
             },
         );
         let a = self
+            .records
             .store
             .set_status(
-                &self.tenant,
+                &self.records.tenant,
                 name,
                 Status::Closed(t),
                 None,
@@ -188,10 +209,10 @@ impl Dispatcher {
                 std::slice::from_ref(&ev1),
             )
             .map_err(internal)?;
-        self.project_events(&[ev1]);
-        project_agent(&self.projection, &self.paths, &a, None);
+        self.records.project_events(&[ev1]);
+        project_agent(&self.records.projection, &self.host.paths, &a, None);
         self.tell_host_of_close(&a);
-        Ok(agent_json(&self.store, &a))
+        Ok(agent_json(&self.records.store, &a))
     }
 
     pub(super) fn on_resume(
@@ -202,16 +223,17 @@ impl Dispatcher {
         given: brood_api::Secrets,
         reply: Reply,
     ) {
-        if let Err(e) = self.tool_granted(caller, "resume") {
-            return self.respond(reply, Err(e));
+        if let Err(e) = self.agents.tool_granted(caller, "resume") {
+            return self.agents.respond(reply, Err(e));
         }
         let r = (|| -> Result<(), ApiError> {
-            let a = self.agent(name)?;
+            let a = self.records.agent(name)?;
             // SPEC 9: a resume that would make the requester its own ancestor.
             if let Caller::Agent(me) = caller
                 && self
+                    .records
                     .store
-                    .is_ancestor_or_self(&self.tenant, name, me)
+                    .is_ancestor_or_self(&self.records.tenant, name, me)
                     .map_err(internal)?
             {
                 return Err(ApiError::new(
@@ -219,7 +241,7 @@ impl Dispatcher {
                     format!("agent {me} cannot resume {name}: it is {me} or one of its ancestors"),
                 ));
             }
-            self.authorize(caller, &a)?;
+            self.records.authorize(caller, &a)?;
             if !a.status.is_finished() {
                 return Err(ApiError::new(
                     Code::Conflict,
@@ -233,13 +255,13 @@ impl Dispatcher {
             // cluster) the node that runs the parent, which claims it.
             let mut placed: Option<String> = None;
             let parent_live = match &a.parent {
-                Some(p) => match self.live.get(p).filter(|l| l.stopping.is_none()) {
+                Some(p) => match self.agents.live.get(p).filter(|l| l.stopping.is_none()) {
                     Some(l) => Some((l.group.clone(), l.session.clone())),
                     None => {
                         let pa = self
                             .remote_parent(p)
                             .ok()
-                            .filter(|_| self.cfg.node.is_some())
+                            .filter(|_| self.host.cfg.node.is_some())
                             .ok_or_else(|| {
                                 ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
                             })?;
@@ -269,25 +291,36 @@ impl Dispatcher {
             )];
             let quotas = self.tenant_quotas()?;
             let a = self
+                .records
                 .store
                 .resume_within(
-                    &self.tenant,
+                    &self.records.tenant,
                     name,
                     &run,
-                    placed.as_ref().unwrap_or(&self.me),
+                    placed.as_ref().unwrap_or(&self.host.me),
                     now_ms(),
                     &quotas,
                     &events,
                 )
                 .map_err(internal)?;
-            self.project_events(&events);
+            self.records.project_events(&events);
             if let Some(t) = &text {
                 let m = self
+                    .records
                     .store
-                    .append_message(&self.tenant, name, &a.session, &run, "user", t, now_ms())
+                    .append_message(
+                        &self.records.tenant,
+                        name,
+                        &a.session,
+                        &run,
+                        "user",
+                        t,
+                        now_ms(),
+                    )
                     .map_err(internal)?;
-                self.projection.append(
-                    self.paths
+                self.records.projection.append(
+                    self.host
+                        .paths
                         .session_dir(name, &a.session)
                         .join("messages.jsonl"),
                     crate::objects::message_line(&m),
@@ -298,12 +331,12 @@ impl Dispatcher {
                 // and starts the new run with the input just recorded.
                 return Ok(());
             }
-            project_agent(&self.projection, &self.paths, &a, None);
+            project_agent(&self.records.projection, &self.host.paths, &a, None);
             let (argv, cwd) = super::placement::stored_launch(&spec);
             // A `temp` agent's object was removed when its last run ended.
-            let adir = self.paths.agent_dir(name);
+            let adir = self.host.paths.agent_dir(name);
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
-                self.projection.write(adir.join(file), text);
+                self.records.projection.write(adir.join(file), text);
             }
             self.project_shim(name);
             let parent_pair = a
@@ -323,8 +356,9 @@ impl Dispatcher {
             live.ns_root = spec["root"].as_str().map(PathBuf::from);
             // Its budget covers what it and its subtree spent in earlier runs too.
             live.subtree_usd = self
+                .records
                 .store
-                .spend(&self.tenant, name)
+                .spend(&self.records.tenant, name)
                 .map(|s| s.subtree.cost_usd)
                 .map_err(internal)?;
             let group_parent = parent_live.and_then(|(g, _)| g);
@@ -333,21 +367,24 @@ impl Dispatcher {
                 cwd,
                 group_parent,
             });
-            self.live.insert(name.clone(), live);
-            self.waiting.push(name.clone());
+            self.agents.live.insert(name.clone(), live);
+            self.launcher.waiting.push(name.clone());
             self.pump_queue();
             Ok(())
         })();
         match r {
-            Ok(()) => match self.live.get_mut(name) {
+            Ok(()) => match self.agents.live.get_mut(name) {
                 Some(l) => l.spawn_reply = Some((reply, false)),
                 // Resumed on another node: as recorded (queued there).
                 None => {
-                    let r = self.agent(name).map(|a| agent_json(&self.store, &a));
-                    self.respond(reply, r);
+                    let r = self
+                        .records
+                        .agent(name)
+                        .map(|a| agent_json(&self.records.store, &a));
+                    self.agents.respond(reply, r);
                 }
             },
-            Err(e) => self.respond(reply, Err(e)),
+            Err(e) => self.agents.respond(reply, Err(e)),
         }
     }
 }

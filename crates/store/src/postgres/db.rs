@@ -13,7 +13,11 @@ use std::future::Future;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement, Transaction};
 
-use super::Tx;
+use brood_core::TenantId;
+
+use super::{Fail, Tx};
+use crate::db::Value;
+use crate::types::{Event, NewEvent};
 
 /// Waits for `f` on this thread. Not tokio's `block_on`, which refuses to
 /// run inside a runtime: these futures only wait for the connection's task,
@@ -169,6 +173,100 @@ impl Db<'_> {
             On::Tx(t) => block(t.batch_execute(sql))?,
         }
         Ok(())
+    }
+}
+
+/// The most parameters passed without allocating (more go through a `Vec`).
+const STACK_PARAMS: usize = 16;
+
+/// `values` as tokio-postgres takes them: each a reference to the typed
+/// value inside it (an `Option`, so a NULL keeps its column's type).
+fn with_params<T>(values: &[Value<'_>], f: impl FnOnce(Params<'_>) -> T) -> T {
+    fn one<'v>(v: &'v Value<'_>) -> &'v (dyn ToSql + Sync) {
+        match v {
+            Value::Int(x) => x,
+            Value::Real(x) => x,
+            Value::Text(x) => x,
+            Value::Bytes(x) => x,
+        }
+    }
+    if values.len() <= STACK_PARAMS {
+        let mut refs: [&(dyn ToSql + Sync); STACK_PARAMS] = [&None::<i64>; STACK_PARAMS];
+        for (r, v) in refs.iter_mut().zip(values) {
+            *r = one(v);
+        }
+        f(&refs[..values.len()])
+    } else {
+        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(one).collect();
+        f(&refs)
+    }
+}
+
+impl crate::db::Row for Row {
+    type Err = Fail;
+
+    fn int(&self, i: usize) -> Tx<i64> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn int_opt(&self, i: usize) -> Tx<Option<i64>> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn real(&self, i: usize) -> Tx<f64> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn text(&self, i: usize) -> Tx<String> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn text_opt(&self, i: usize) -> Tx<Option<String>> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn bytes(&self, i: usize) -> Tx<Vec<u8>> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn bool(&self, i: usize) -> Tx<bool> {
+        Ok(self.try_get(i)?)
+    }
+}
+
+impl crate::db::Db for Db<'_> {
+    type Err = Fail;
+    type Row<'r> = Row;
+
+    fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
+        with_params(params, |p| Db::exec(self, sql, p))
+    }
+
+    fn query<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        each: impl FnMut(&Row) -> Tx<T>,
+    ) -> Tx<Vec<T>> {
+        with_params(params, |p| Db::query(self, sql, p))?
+            .iter()
+            .map(each)
+            .collect()
+    }
+
+    fn query_opt<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        one: impl FnOnce(&Row) -> Tx<T>,
+    ) -> Tx<Option<T>> {
+        with_params(params, |p| Db::query_opt(self, sql, p))?
+            .map(|r| one(&r))
+            .transpose()
+    }
+
+    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
+        super::steps::append_events_tx(self, tenant, events, now_ms)
     }
 }
 

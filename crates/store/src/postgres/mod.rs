@@ -54,7 +54,7 @@ mod txn;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use brood_core::{AgentName, Code, TenantId};
+use brood_core::{AgentName, TenantId};
 use tokio_postgres::NoTls;
 
 use crate::types::{Result, StoreError};
@@ -153,10 +153,6 @@ impl Fail {
 }
 
 pub(crate) type Tx<T> = std::result::Result<T, Fail>;
-
-pub(crate) fn refused(code: Code, message: String) -> Fail {
-    Fail::Store(StoreError::Refused { code, message })
-}
 
 pub(crate) fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     Fail::Store(StoreError::NotFound {

@@ -5,11 +5,11 @@
 use brood_core::{AgentName, TenantId};
 use tokio_postgres::types::ToSql;
 
-use super::jobs::load_job;
 use super::rows::{agent_from, channel_from, collect, narrow, parse_name};
 use super::steps::{append_events_tx, load_agent};
 use super::{Db, Fail, PgStore, Tx};
 use crate::contract::Removal;
+use crate::jobs::load_job;
 use crate::removal::{Q_FINISHED_TREES, RemovalDb, remove_job, remove_subtree};
 use crate::sqlite::sql::{Q_CHANNEL, Q_CHILDREN};
 use crate::types::{Agent, Channel, FinishedTree, Job, NewEvent, Removed, RemovedJob, Result};

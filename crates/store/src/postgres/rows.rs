@@ -6,7 +6,7 @@ use brood_core::{AgentName, RunId, SessionName, Status, TenantId, Terminal};
 use tokio_postgres::Row;
 
 use super::{Db, Tx, corrupt};
-use crate::types::{Agent, Artifact, Channel, Event, Message, Protocol, Run};
+use crate::types::{Agent, Artifact, Channel, Event, Message, Run};
 
 pub(crate) fn parse_name<T>(
     what: &'static str,
@@ -37,34 +37,7 @@ pub(crate) fn narrow_opt<T: TryFrom<i64>>(
         .transpose()
 }
 
-/// Reads the agent columns (`sqlite::sql`'s `agent_cols!` order: tenant,
-/// name, parent, customer, root, depth, session, protocol, spec, status,
-/// detail, run, supervisor, created_ms, updated_ms) starting at column `at`.
-pub(crate) fn agent_at(row: &Row, at: usize) -> Tx<Agent> {
-    let opt_name = |i: usize, what| -> Tx<Option<AgentName>> {
-        row.try_get::<_, Option<String>>(at + i)?
-            .map(|s| parse_name(what, s, AgentName::new))
-            .transpose()
-    };
-    let protocol: String = row.try_get(at + 7)?;
-    Ok(Agent {
-        tenant: parse_name("agents.tenant", row.try_get(at)?, TenantId::new)?,
-        name: parse_name("agents.name", row.try_get(at + 1)?, AgentName::new)?,
-        parent: opt_name(2, "agents.parent")?,
-        customer: opt_name(3, "agents.customer")?,
-        root: parse_name("agents.root", row.try_get(at + 4)?, AgentName::new)?,
-        depth: narrow(row, at + 5, "agents.depth")?,
-        session: parse_name("agents.session", row.try_get(at + 6)?, SessionName::new)?,
-        protocol: Protocol::parse(&protocol).ok_or_else(|| corrupt("agents.protocol", protocol))?,
-        spec: row.try_get(at + 8)?,
-        status: decode_status(row.try_get(at + 9)?)?,
-        detail: row.try_get(at + 10)?,
-        run: parse_name("agents.run", row.try_get(at + 11)?, RunId::parse)?,
-        supervisor: row.try_get(at + 12)?,
-        created_ms: row.try_get(at + 13)?,
-        updated_ms: row.try_get(at + 14)?,
-    })
-}
+pub(crate) use crate::steps::agent_at;
 
 pub(crate) fn agent_from(row: &Row) -> Tx<Agent> {
     agent_at(row, 0)

@@ -2,41 +2,18 @@
 //! checking agents, events appended with their sequence numbers, a run's end
 //! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 
-use brood_core::{AgentName, RunId, TenantId};
+use brood_core::{RunId, TenantId};
 
-use super::rows::agent_from;
 use super::{Db, Tx, not_found};
 use tokio_postgres::types::ToSql;
 
 use super::db::Params;
-use crate::sqlite::sql::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS};
-use crate::types::{Agent, Event, NewEvent};
+use crate::sqlite::sql::{I_EVENT, Q_AGENT_EXISTS};
+use crate::types::{Event, NewEvent};
 
-pub(crate) fn load_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Option<Agent>> {
-    db.query_opt(Q_AGENT, &[&tenant.as_str(), &name.as_str()])?
-        .map(|r| agent_from(&r))
-        .transpose()
-}
-
-pub(crate) fn must_agent(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<Agent> {
-    load_agent(db, tenant, name)?.ok_or_else(|| not_found(tenant, name))
-}
-
-pub(crate) fn agent_exists(db: &Db<'_>, tenant: &TenantId, name: &AgentName) -> Tx<bool> {
-    Ok(db
-        .query_one(Q_AGENT_EXISTS, &[&tenant.as_str(), &name.as_str()])?
-        .try_get(0)?)
-}
+pub(crate) use crate::steps::{load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
-pub(crate) fn check_json_object(
-    what: impl FnOnce() -> String,
-    text: &str,
-    one_line: bool,
-) -> Tx<()> {
-    Ok(crate::checks::check_json_object(what, text, one_line)?)
-}
-
 pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
     Ok(crate::checks::check_events(events)?)
 }
@@ -126,5 +103,3 @@ pub(crate) fn append_events_tx(
 /// end of the transaction.
 pub(crate) const U_TENANT_SEQ: &str = "INSERT INTO tenants (id, next_seq, created_ms) VALUES ($1, 1 + $2::BIGINT, $3) \
      ON CONFLICT (id) DO UPDATE SET next_seq = tenants.next_seq + $2::BIGINT RETURNING next_seq - $2::BIGINT";
-
-pub(crate) use crate::checks::to_sql_count;

@@ -1,13 +1,11 @@
 //! Artifacts' bytes shared between nodes (`Blobs`, issue 15) on SQLite:
-//! each chunk a write transaction of its own, so other writers get the
-//! lock between them.
+//! the shared chunking and steps (`crate::blobs`), each chunk a write
+//! transaction of its own, so other writers get the lock between them.
 
 use std::io::{Read, Write};
 
-use rusqlite::OptionalExtension;
-
 use super::SqliteStore;
-use crate::blobs::{Head, I_BLOB, Q_BLOB, Q_CHUNK, U_CHUNK, get, put};
+use crate::blobs::{self, get, put};
 use crate::contract::Blobs;
 use crate::types::Result;
 use brood_core::TenantId;
@@ -25,22 +23,9 @@ impl Blobs for SqliteStore {
             sha256,
             size,
             src,
-            || self.blob_head(t, sha256),
-            |seq, bytes| {
-                self.write(|tx| {
-                    tx.prepare_cached(U_CHUNK)?
-                        .execute(rusqlite::params![t, sha256, seq, bytes])?;
-                    Ok(())
-                })
-            },
-            |size, chunks| {
-                self.write(|tx| {
-                    let now = crate::now_ms();
-                    tx.prepare_cached(I_BLOB)?
-                        .execute(rusqlite::params![t, sha256, size, chunks, now])?;
-                    Ok(())
-                })
-            },
+            || self.read(|c| blobs::head(c, t, sha256)),
+            |seq, bytes| self.write(|tx| blobs::write_chunk(tx, t, sha256, seq, bytes)),
+            |size, chunks| self.write(|tx| blobs::write_head(tx, t, sha256, size, chunks)),
         )
     }
 
@@ -49,24 +34,8 @@ impl Blobs for SqliteStore {
         get(
             sha256,
             dst,
-            || self.blob_head(t, sha256),
-            |seq| {
-                self.read(|c| {
-                    Ok(c.prepare_cached(Q_CHUNK)?
-                        .query_row(rusqlite::params![t, sha256, seq], |r| r.get(0))
-                        .optional()?)
-                })
-            },
+            || self.read(|c| blobs::head(c, t, sha256)),
+            |seq| self.read(|c| blobs::read_chunk(c, t, sha256, seq)),
         )
-    }
-}
-
-impl SqliteStore {
-    fn blob_head(&self, tenant: &str, sha256: &str) -> Result<Head> {
-        self.read(|c| {
-            Ok(c.prepare_cached(Q_BLOB)?
-                .query_row((tenant, sha256), |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?)
-        })
     }
 }

@@ -38,13 +38,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::group::{Group, Groups, Ticket};
-use brood_core::{AgentName, Code, Quotas, TenantId};
+use brood_core::{AgentName, Quotas, TenantId};
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;
+mod db;
 mod rows;
 mod steps;
 mod store;
@@ -57,11 +58,10 @@ mod txn;
 mod blobs;
 mod idempotency;
 mod jobs;
-pub(crate) mod nodes;
+mod nodes;
 mod removal;
 mod shares;
 
-use rows::*;
 use sql::*;
 use steps::*;
 use tx::*;
@@ -275,10 +275,6 @@ impl Fail {
 }
 
 pub(crate) type Tx<T> = std::result::Result<T, Fail>;
-
-fn refused(code: Code, message: String) -> Fail {
-    Fail::Store(StoreError::Refused { code, message })
-}
 
 fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     Fail::Store(StoreError::NotFound {

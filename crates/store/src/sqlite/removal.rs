@@ -5,12 +5,12 @@
 use brood_core::{AgentName, TenantId};
 use rusqlite::{Connection, Transaction};
 
-use super::jobs::load_job;
 use super::rows::{agent_at, channel_from, collect, parse_name};
 use super::sql::{Q_CHANNEL, Q_CHILDREN};
 use super::steps::{append_events_tx, load_agent};
 use super::{Fail, SqliteStore, Tx};
 use crate::contract::Removal;
+use crate::jobs::load_job;
 use crate::removal::{Q_FINISHED_TREES, RemovalDb, remove_job, remove_subtree};
 use crate::types::{Agent, Channel, FinishedTree, Job, NewEvent, Removed, RemovedJob, Result};
 

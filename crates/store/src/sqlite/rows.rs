@@ -1,12 +1,10 @@
 //! Decoding rows into records, refusing what no version of brood writes.
 
 use super::{Tx, corrupt};
-use crate::types::Agent;
 use crate::types::Artifact;
 use crate::types::Channel;
 use crate::types::Event;
 use crate::types::Message;
-use crate::types::Protocol;
 use crate::types::Run;
 use brood_core::AgentName;
 use brood_core::RunId;
@@ -31,33 +29,7 @@ pub(super) fn decode_status(s: String) -> Tx<Status> {
     Status::decode(&s).ok_or_else(|| corrupt("agents.status", s))
 }
 
-/// Reads the agent columns (`agent_cols!`) starting at column `at`.
-pub(super) fn agent_at(row: &Row<'_>, at: usize) -> Tx<Agent> {
-    let opt_name = |i: usize, what| -> Tx<Option<AgentName>> {
-        row.get::<_, Option<String>>(at + i)?
-            .map(|s| parse_name(what, s, AgentName::new))
-            .transpose()
-    };
-    let depth: i64 = row.get(at + 5)?;
-    let protocol: String = row.get(at + 7)?;
-    Ok(Agent {
-        tenant: parse_name("agents.tenant", row.get(at)?, TenantId::new)?,
-        name: parse_name("agents.name", row.get(at + 1)?, AgentName::new)?,
-        parent: opt_name(2, "agents.parent")?,
-        customer: opt_name(3, "agents.customer")?,
-        root: parse_name("agents.root", row.get(at + 4)?, AgentName::new)?,
-        depth: u32::try_from(depth).map_err(|_| corrupt("agents.depth", depth.to_string()))?,
-        session: parse_name("agents.session", row.get(at + 6)?, SessionName::new)?,
-        protocol: Protocol::parse(&protocol).ok_or_else(|| corrupt("agents.protocol", protocol))?,
-        spec: row.get(at + 8)?,
-        status: decode_status(row.get(at + 9)?)?,
-        detail: row.get(at + 10)?,
-        run: parse_name("agents.run", row.get(at + 11)?, RunId::parse)?,
-        supervisor: row.get(at + 12)?,
-        created_ms: row.get(at + 13)?,
-        updated_ms: row.get(at + 14)?,
-    })
-}
+pub(super) use crate::steps::agent_at;
 
 pub(super) fn run_from(row: &Row<'_>) -> Tx<Run> {
     let seq: i64 = row.get(3)?;

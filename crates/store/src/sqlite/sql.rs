@@ -72,13 +72,8 @@ macro_rules! run_cols {
     };
 }
 
-pub(crate) const Q_AGENT: &str = concat!(
-    "SELECT ",
-    agent_cols!(""),
-    " FROM agents WHERE tenant = ?1 AND name = ?2"
-);
-pub(crate) const Q_AGENT_EXISTS: &str =
-    "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
+// The statements of the steps both stores share, kept with them.
+pub(crate) use crate::steps::{Q_AGENT, Q_AGENT_EXISTS, U_STATUS_DETAIL};
 pub(crate) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
@@ -241,15 +236,11 @@ pub(crate) const I_MESSAGE: &str = "INSERT INTO messages (tenant, agent, session
 pub(crate) const U_NEXT_SEQ: &str = "UPDATE tenants SET next_seq = ?2 WHERE id = ?1";
 pub(crate) const U_STATUS: &str =
     "UPDATE agents SET status = ?3, updated_ms = ?4 WHERE tenant = ?1 AND name = ?2";
-pub(crate) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
-     WHERE tenant = ?1 AND name = ?2";
 // The deadline is the start plus the `timeout_s` of the effective policy recorded
 // in the agent's spec at admission (NULL, no deadline, when it has none).
 pub(crate) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
      deadline_ms = ?5 + 1000 * CAST(json_extract((SELECT spec FROM agents \
        WHERE agents.tenant = ?1 AND agents.name = runs.agent), '$.policy.timeout_s') AS INTEGER) \
-     WHERE id = ?2 AND tenant = ?1";
-pub(crate) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
      WHERE id = ?2 AND tenant = ?1";
 pub(crate) const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
      WHERE id = ?2 AND tenant = ?1";
@@ -303,7 +294,7 @@ pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
     status: U_STATUS,
     status_detail: U_STATUS_DETAIL,
     run_started: U_RUN_STARTED,
-    run_ended: U_RUN_ENDED,
+    run_ended: crate::steps::U_RUN_ENDED,
     run_usage: U_RUN_USAGE,
     channel_result: U_CHANNEL_RESULT,
     last_run_seq: Q_LAST_RUN_SEQ,

@@ -1,49 +1,18 @@
 //! The shared steps of the transactions: loading and checking agents, events
 //! appended with their sequence numbers, a run's end written.
 
-use super::{I_EVENT, Q_AGENT, Q_AGENT_EXISTS, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, agent_at, not_found};
-use crate::types::Agent;
+use super::{I_EVENT, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, not_found};
 use crate::types::Event;
 use crate::types::NewEvent;
-use brood_core::AgentName;
 use brood_core::RunId;
 use brood_core::TenantId;
 use rusqlite::Connection;
 
 // ---- shared steps of the transactions -------------------------------------------
 
-pub(super) fn load_agent(
-    conn: &Connection,
-    tenant: &TenantId,
-    name: &AgentName,
-) -> Tx<Option<Agent>> {
-    let mut stmt = conn.prepare_cached(Q_AGENT)?;
-    let mut rows = stmt.query((tenant.as_str(), name.as_str()))?;
-    match rows.next()? {
-        Some(row) => Ok(Some(agent_at(row, 0)?)),
-        None => Ok(None),
-    }
-}
-
-pub(super) fn must_agent(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<Agent> {
-    load_agent(conn, tenant, name)?.ok_or_else(|| not_found(tenant, name))
-}
-
-pub(super) fn agent_exists(conn: &Connection, tenant: &TenantId, name: &AgentName) -> Tx<bool> {
-    Ok(conn
-        .prepare_cached(Q_AGENT_EXISTS)?
-        .query_row((tenant.as_str(), name.as_str()), |r| r.get(0))?)
-}
+pub(super) use crate::steps::{agent_exists, load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
-pub(super) fn check_json_object(
-    what: impl FnOnce() -> String,
-    text: &str,
-    one_line: bool,
-) -> Tx<()> {
-    Ok(crate::checks::check_json_object(what, text, one_line)?)
-}
-
 pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
     Ok(crate::checks::check_events(events)?)
 }

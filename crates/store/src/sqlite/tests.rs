@@ -1,10 +1,10 @@
 //! Unit tests of the SQLite store's internals (the contract is checked by
 //! `brood-store-conformance` from `tests/store.rs`).
-use super::sweeps::Q_OVERDUE;
 use super::*;
 use brood_core::SessionName;
 
 use crate::contract::{Records, Transcripts};
+use crate::sweeps::Q_OVERDUE;
 
 fn store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();

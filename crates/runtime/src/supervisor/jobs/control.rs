@@ -27,8 +27,8 @@ impl Dispatcher {
         item: &str,
         worker: Option<&AgentName>,
     ) -> ApiResult {
-        let store = self.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.tenant, caller, id)?;
+        let store = self.records.store.clone();
+        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         if !self.jobs.runs.contains_key(id) {
             return Err(ApiError::new(
                 Code::Conflict,
@@ -40,15 +40,16 @@ impl Dispatcher {
         }
         match worker {
             Some(w) => {
-                if self.live.get(w).is_none_or(|l| l.stopping.is_some()) {
+                if self.agents.live.get(w).is_none_or(|l| l.stopping.is_some()) {
                     return Err(ApiError::new(
                         Code::Conflict,
                         format!("agent {w} is not running here"),
                     ));
                 }
                 let under = self
+                    .records
                     .store
-                    .is_ancestor_or_self(&self.tenant, &job.owner, w)
+                    .is_ancestor_or_self(&self.records.tenant, &job.owner, w)
                     .map_err(job_error)?;
                 if !under || *w == job.owner {
                     return Err(ApiError::new(
@@ -107,13 +108,14 @@ impl Dispatcher {
         id: &str,
         item: Option<&str>,
     ) -> ApiResult {
-        let store = self.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.tenant, caller, id)?;
+        let store = self.records.store.clone();
+        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         let items: Vec<String> = match item {
             Some(i) => vec![i.to_owned()],
             None => self
+                .records
                 .store
-                .job_items(&self.tenant, id, Some(ItemStatus::Failed))
+                .job_items(&self.records.tenant, id, Some(ItemStatus::Failed))
                 .map_err(job_error)?
                 .into_iter()
                 .map(|it| it.id)
@@ -144,8 +146,9 @@ impl Dispatcher {
             // Check the one item first, so a refusal reopens nothing.
             if let Some(i) = item {
                 let it = self
+                    .records
                     .store
-                    .job_items(&self.tenant, id, None)
+                    .job_items(&self.records.tenant, id, None)
                     .map_err(job_error)?
                     .into_iter()
                     .find(|it| it.id == i)
@@ -167,10 +170,17 @@ impl Dispatcher {
                 json!({"type": "job.started", "job": id, "reopened": true}),
             );
             let reopened = self
+                .records
                 .store
-                .set_job_status(&self.tenant, id, JobStatus::Running, now_ms(), &events)
+                .set_job_status(
+                    &self.records.tenant,
+                    id,
+                    JobStatus::Running,
+                    now_ms(),
+                    &events,
+                )
                 .map_err(job_error)?;
-            self.project_events(&events);
+            self.records.project_events(&events);
             let mut run = self.load_run(&reopened)?;
             // A reopened job's max_runtime_s counts from now.
             run.deadline_ms = super::job_spec_runtime(&reopened).map(|ms| now_ms() + ms);
@@ -180,8 +190,9 @@ impl Dispatcher {
         for i in &items {
             // No event of its own (SPEC 10's kinds have none): the retry
             // shows as the item's next `job.item.started`.
-            self.store
-                .retry_item(&self.tenant, id, i, now_ms(), &[])
+            self.records
+                .store
+                .retry_item(&self.records.tenant, id, i, now_ms(), &[])
                 .map_err(job_error)?;
             if let Some(r) = self.jobs.runs.get_mut(id) {
                 r.moved(ItemStatus::Failed, ItemStatus::Pending);

@@ -202,11 +202,14 @@ impl Dispatcher {
 
     /// The owner is not (or no more) running here: no worker starts under it.
     fn owner_gone(&self, owner: &AgentName) -> bool {
-        self.live.get(owner).is_none_or(|l| l.stopping.is_some())
+        self.agents
+            .live
+            .get(owner)
+            .is_none_or(|l| l.stopping.is_some())
     }
 
     pub(super) fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
-        let (run, session) = match self.live.get(owner) {
+        let (run, session) = match self.agents.live.get(owner) {
             Some(l) => (Some(l.run.clone()), l.session.clone()),
             None => (None, SessionName::default_session()),
         };
@@ -226,6 +229,7 @@ impl Dispatcher {
                 .collect(),
             None => {
                 let exe = self
+                    .host
                     .brood_exe
                     .as_ref()
                     .map(|p| p.to_string_lossy().into_owned())
@@ -254,8 +258,9 @@ impl Dispatcher {
             ));
         }
         let counts: BTreeMap<ItemStatus, u32> = self
+            .records
             .store
-            .item_counts(&self.tenant, id)
+            .item_counts(&self.records.tenant, id)
             .map_err(job_error)?
             .into_iter()
             .collect();
@@ -290,8 +295,9 @@ impl Dispatcher {
         // Worker names go on from the ones a job already used, so a taken-up
         // job never asks for a name its earlier workers hold.
         run.next_worker = self
+            .records
             .store
-            .children(&self.tenant, &job.owner)
+            .children(&self.records.tenant, &job.owner)
             .map(|cs| {
                 cs.iter()
                     .filter_map(|a| {
@@ -308,8 +314,8 @@ impl Dispatcher {
     }
 
     pub(super) fn on_job_start(&mut self, caller: &Caller, id: &str) -> ApiResult {
-        let store = self.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.tenant, caller, id)?;
+        let store = self.records.store.clone();
+        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         let owner = job.owner.clone();
         if self.owner_gone(&owner) {
             return Err(ApiError::new(
@@ -322,26 +328,33 @@ impl Dispatcher {
         let mut run = self.load_run(&job)?;
         let events = self.job_event(&owner, json!({"type": "job.started", "job": id}));
         let job = self
+            .records
             .store
-            .set_job_status(&self.tenant, id, JobStatus::Running, now_ms(), &events)
+            .set_job_status(
+                &self.records.tenant,
+                id,
+                JobStatus::Running,
+                now_ms(),
+                &events,
+            )
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let (Some(s), Some(started)) = (job_spec_runtime(&job), job.started_ms) {
             run.deadline_ms = Some(started.saturating_add(s));
         }
         self.jobs.runs.insert(id.to_owned(), run);
         self.jobs.dirty.insert(id.to_owned());
-        crate::jobs::view(self.store.as_ref(), &job).map(|v| to_json(&v))
+        crate::jobs::view(self.records.store.as_ref(), &job).map(|v| to_json(&v))
     }
 
     pub(super) fn on_job_cancel(&mut self, caller: &Caller, id: &str) -> ApiResult {
-        let store = self.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.tenant, caller, id)?;
+        let store = self.records.store.clone();
+        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         job.status
             .transition(JobStatus::Cancelled)
             .map_err(|e| ApiError::new(Code::Conflict, format!("job {id}: {e}")))?;
         let job = self.end_job(id, &job.owner, JobStatus::Cancelled, None)?;
-        crate::jobs::view(self.store.as_ref(), &job).map(|v| to_json(&v))
+        crate::jobs::view(self.records.store.as_ref(), &job).map(|v| to_json(&v))
     }
 
     /// Ends a job: no more assignment, its workers' attempts failed with the
@@ -387,8 +400,9 @@ impl Dispatcher {
             Some(r) => counts_json(&r.counts),
             None => {
                 let c = self
+                    .records
                     .store
-                    .item_counts(&self.tenant, id)
+                    .item_counts(&self.records.tenant, id)
                     .map_err(job_error)?
                     .into_iter()
                     .collect();
@@ -401,10 +415,11 @@ impl Dispatcher {
         }
         let events = self.job_event(owner, payload);
         let job = self
+            .records
             .store
-            .set_job_status(&self.tenant, id, to, now_ms(), &events)
+            .set_job_status(&self.records.tenant, id, to, now_ms(), &events)
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         Ok(job)
     }
 
@@ -429,7 +444,7 @@ impl Dispatcher {
     /// agent of this runner): a failed attempt each, `runtime_restart`, that
     /// does not use up the item's attempts; what was completed stays as it is.
     fn recover_jobs(&mut self) {
-        let jobs = match self.store.jobs(&self.tenant) {
+        let jobs = match self.records.store.jobs(&self.records.tenant) {
             Ok(j) => j,
             Err(e) => {
                 tracing::error!(error = %e, "reading jobs to recover");
@@ -437,10 +452,11 @@ impl Dispatcher {
             }
         };
         for job in jobs.iter().filter(|j| j.status == JobStatus::Running) {
-            let items = match self
-                .store
-                .job_items(&self.tenant, &job.id, Some(ItemStatus::Running))
-            {
+            let items = match self.records.store.job_items(
+                &self.records.tenant,
+                &job.id,
+                Some(ItemStatus::Running),
+            ) {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::error!(job = job.id, error = %e, "reading running items");
@@ -460,8 +476,8 @@ impl Dispatcher {
                     json!({"type": "job.item.failed", "job": job.id, "item": it.id, "attempt": it.attempts,
                            "worker": it.worker.as_ref().map(|w| w.as_str()), "error": RUNTIME_RESTART}),
                 );
-                match self.store.fail_attempt(
-                    &self.tenant,
+                match self.records.store.fail_attempt(
+                    &self.records.tenant,
                     &job.id,
                     &it.id,
                     it.attempts,
@@ -470,7 +486,7 @@ impl Dispatcher {
                     now_ms(),
                     &events,
                 ) {
-                    Ok(_) => self.project_events(&events),
+                    Ok(_) => self.records.project_events(&events),
                     Err(e) => {
                         tracing::warn!(job = job.id, item = it.id, error = %e, "failing a crashed attempt")
                     }
@@ -482,7 +498,7 @@ impl Dispatcher {
     /// Running jobs this runner does not run yet whose owner runs here (a
     /// job taken up after a restart, once its owner is resumed).
     fn take_up_jobs(&mut self) {
-        let Ok(jobs) = self.store.jobs(&self.tenant) else {
+        let Ok(jobs) = self.records.store.jobs(&self.records.tenant) else {
             return;
         };
         for job in jobs {
@@ -534,8 +550,12 @@ impl Dispatcher {
         });
         let owner = run.owner.clone();
         let events = self.job_event(&owner, payload);
-        match self.store.append_events(&self.tenant, &events, now) {
-            Ok(_) => self.project_events(&events),
+        match self
+            .records
+            .store
+            .append_events(&self.records.tenant, &events, now)
+        {
+            Ok(_) => self.records.project_events(&events),
             Err(e) => tracing::warn!(job = id, error = %e, "recording job progress"),
         }
     }

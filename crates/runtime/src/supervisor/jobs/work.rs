@@ -31,7 +31,7 @@ impl Dispatcher {
         let job = w.job.clone();
         let (owner, max) = match self.jobs.runs.get(&job) {
             Some(r) => (r.owner.clone(), r.max_attempts),
-            None => match self.store.job(&self.tenant, &job) {
+            None => match self.records.store.job(&self.records.tenant, &job) {
                 Ok(Some(j)) => (j.owner, 1),
                 _ => return,
             },
@@ -40,8 +40,8 @@ impl Dispatcher {
             &owner,
             json!({"type": "job.item.failed", "job": job, "item": item, "attempt": attempt, "worker": worker.as_str(), "error": why}),
         );
-        match self.store.fail_attempt(
-            &self.tenant,
+        match self.records.store.fail_attempt(
+            &self.records.tenant,
             &job,
             &item,
             attempt,
@@ -51,7 +51,7 @@ impl Dispatcher {
             &events,
         ) {
             Ok(it) => {
-                self.project_events(&events);
+                self.records.project_events(&events);
                 if let Some(r) = self.jobs.runs.get_mut(&job) {
                     r.moved(ItemStatus::Running, it.status);
                 }
@@ -111,9 +111,10 @@ impl Dispatcher {
             &owner,
             json!({"type": "job.item.completed", "job": job, "item": item, "attempt": attempt, "worker": worker.as_str()}),
         );
-        self.store
+        self.records
+            .store
             .report_result(
-                &self.tenant,
+                &self.records.tenant,
                 &job,
                 &item,
                 attempt,
@@ -123,7 +124,7 @@ impl Dispatcher {
                 &events,
             )
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let Some(r) = self.jobs.runs.get_mut(&job) {
             r.moved(ItemStatus::Running, ItemStatus::Completed);
         }
@@ -174,8 +175,9 @@ impl Dispatcher {
         let next = match item {
             Some(i) => {
                 let items = self
+                    .records
                     .store
-                    .job_items(&self.tenant, job, Some(ItemStatus::Pending))
+                    .job_items(&self.records.tenant, job, Some(ItemStatus::Pending))
                     .map_err(job_error)?;
                 match items.into_iter().find(|it| it.id == i) {
                     Some(it) => it,
@@ -190,8 +192,9 @@ impl Dispatcher {
                 }
             }
             None => match self
+                .records
                 .store
-                .next_pending_item(&self.tenant, job, now)
+                .next_pending_item(&self.records.tenant, job, now)
                 .map_err(job_error)?
             {
                 Some(it) => it,
@@ -213,10 +216,11 @@ impl Dispatcher {
             now
         };
         let a = self
+            .records
             .store
-            .start_attempt(&self.tenant, job, &next.id, worker, at, &events)
+            .start_attempt(&self.records.tenant, job, &next.id, worker, at, &events)
             .map_err(job_error)?;
-        self.project_events(&events);
+        self.records.project_events(&events);
         if let Some(r) = self.jobs.runs.get_mut(job) {
             r.moved(ItemStatus::Pending, ItemStatus::Running);
         }
@@ -261,7 +265,7 @@ impl Dispatcher {
     /// attempt's error is where a job's owner looks).
     fn worker_end(&self, w: &AgentName) -> String {
         let base = "the worker ended without reporting";
-        let Ok(Some(a)) = self.store.agent(&self.tenant, w) else {
+        let Ok(Some(a)) = self.records.store.agent(&self.records.tenant, w) else {
             return base.to_owned();
         };
         let mut why = format!("{base}: {w} {}", a.status.api_word());
@@ -379,7 +383,7 @@ impl Dispatcher {
             label: Some(format!("worker of job {job}")),
             placement: None,
         };
-        let operator = Caller::User { uid: self.uid };
+        let operator = Caller::User { uid: self.host.uid };
         match self.admit(&operator, req) {
             Ok(_) => {
                 if let Some(run) = self.jobs.runs.get_mut(job) {

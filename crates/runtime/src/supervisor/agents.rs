@@ -1,0 +1,84 @@
+//! The agents this supervisor runs (the live set, the one place a process's
+//! state is held) and what it tracks of children that other nodes ran.
+
+use std::collections::{HashMap, HashSet};
+
+use brood_core::{AgentName, Code, RunId};
+use brood_proto::ToAgent;
+use brood_store::Protocol;
+
+use crate::api::{ApiError, ApiResult, Caller};
+
+use super::{Live, Reply};
+
+#[derive(Default)]
+pub(super) struct Agents {
+    pub(super) live: HashMap<AgentName, Live>,
+    /// Children of agents here that another node ran, whose artifacts are
+    /// being fetched into their channel (issue 15): a wait for one is
+    /// answered once its files are in place, as if it had run here.
+    pub(super) fetching: HashSet<AgentName>,
+    /// Such children whose end (of which run) was told to their parent
+    /// here, with the parent: told once, whether the news of it or a wait
+    /// that saw it in the store came first. Kept while the parent lives.
+    pub(super) ends_told: HashMap<AgentName, (AgentName, RunId)>,
+    /// `--ready` spawns placed on another node, answered when it is ready.
+    pub(super) ready_waits: Vec<(AgentName, Reply)>,
+}
+
+impl Agents {
+    /// An answer to whoever asked: a caller awaiting it, or an agent as a
+    /// protocol `reply` on its stdin.
+    pub(super) fn respond(&self, reply: Reply, r: ApiResult) {
+        match reply {
+            Reply::Api(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Agent { agent, re } => {
+                let msg = match r {
+                    Ok(v) => brood_proto::Reply::ok(re, v),
+                    Err(e) => brood_proto::Reply::err(
+                        re,
+                        brood_proto::ErrorBody {
+                            code: e.code.as_str().to_owned(),
+                            reason: e.code.as_str().to_owned(),
+                            message: e.message,
+                        },
+                    ),
+                };
+                self.to_agent(&agent, &ToAgent::Reply(msg));
+            }
+        }
+    }
+
+    /// A protocol message to a live `brood`-protocol agent; nothing for
+    /// any other.
+    pub(super) fn to_agent(&self, name: &AgentName, msg: &ToAgent) {
+        if let Some(l) = self.live.get(name)
+            && l.protocol == Protocol::Brood
+            && let Some(tx) = &l.stdin
+        {
+            let _ = tx.send(brood_proto::encode(msg));
+        }
+    }
+
+    /// The runtime refuses its own tools (`create send wait close resume job`) to an
+    /// agent whose policy does not grant them (SPEC 5).
+    pub(super) fn tool_granted(&self, caller: &Caller, tool: &str) -> Result<(), ApiError> {
+        let Caller::Agent(me) = caller else {
+            return Ok(());
+        };
+        match self.live.get(me).and_then(|l| l.policy.tools.as_ref()) {
+            Some(tools) if !tools.contains(tool) => Err(ApiError::new(
+                Code::Forbidden,
+                format!("agent {me} was not granted the tool {tool:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Agents holding a concurrency slot: those whose process was started.
+    pub(super) fn slots_used(&self) -> usize {
+        self.live.values().filter(|l| l.launching).count()
+    }
+}

@@ -1,0 +1,131 @@
+//! The store and what follows each write of it: the ctx projection that
+//! mirrors the records as files, the counter that wakes event streams, and
+//! the flag that folds another node's news into one look. Every record the
+//! dispatcher makes goes through this part (SPEC 4: committed before anyone
+//! can observe it), and so does what it writes into the ctx tree (SPEC 3) as
+//! agents change: the parent's channel to them, their events.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use brood_core::{AgentName, Code, TenantId};
+use brood_store::{Agent, NewEvent, Store};
+use tokio::sync::watch;
+
+use super::agents::Agents;
+use super::now_ms;
+use crate::api::{ApiError, Caller, internal, not_found};
+use crate::paths::Paths;
+use crate::projection::Projection;
+
+pub(super) struct Records {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) tenant: TenantId,
+    /// Where the ctx tree is (the host's `paths`, shared).
+    pub(super) paths: Paths,
+    pub(super) projection: Projection,
+    /// Bumped after each command (see `Supervisor::changed`).
+    pub(super) changed: watch::Sender<u64>,
+    /// Set while a `Cmd::News` is queued, so news arriving faster than the
+    /// loop looks costs one look, not a queue of them.
+    pub(super) news_queued: Arc<AtomicBool>,
+}
+
+impl Records {
+    /// The agent's record, or 404 naming it.
+    pub(super) fn agent(&self, name: &AgentName) -> Result<Agent, ApiError> {
+        self.store
+            .agent(&self.tenant, name)
+            .map_err(internal)?
+            .ok_or_else(|| not_found(name))
+    }
+
+    /// An agent may act on its own descendants only; a user on anything.
+    pub(super) fn authorize(&self, caller: &Caller, target: &Agent) -> Result<(), ApiError> {
+        let Caller::Agent(me) = caller else {
+            return Ok(());
+        };
+        let mut cur = target.parent.clone();
+        let mut hops = 0;
+        while let Some(p) = cur {
+            if &p == me {
+                return Ok(());
+            }
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+            cur = self
+                .store
+                .agent(&self.tenant, &p)
+                .map_err(internal)?
+                .and_then(|a| a.parent);
+        }
+        Err(ApiError::new(
+            Code::Forbidden,
+            format!(
+                "agent {me} may act only on its own descendants, not on {}",
+                target.name
+            ),
+        ))
+    }
+
+    /// Where `a`'s parent reads it: the channel in the parent's session.
+    pub(super) fn channel_dir_of(&self, agents: &Agents, a: &Agent) -> Option<PathBuf> {
+        let p = a.parent.as_ref()?;
+        // The parent's session is known while either side is live; the store is
+        // asked only otherwise (this runs for every agent of a large stop).
+        let known = agents
+            .live
+            .get(&a.name)
+            .and_then(|l| l.parent_session.clone())
+            .or_else(|| agents.live.get(p).map(|pl| pl.session.clone()));
+        let psess = match known {
+            Some(s) => s,
+            None => self
+                .store
+                .agent(&self.tenant, p)
+                .ok()
+                .flatten()
+                .map(|pa| pa.session)?,
+        };
+        Some(self.paths.channel_dir(p, &psess, &a.name))
+    }
+
+    /// Channel `status` (and `result.md` once terminal) in the parent's session.
+    pub(super) fn project_channel(&self, agents: &Agents, a: &Agent, result: Option<&str>) {
+        let Some(dir) = self.channel_dir_of(agents, a) else {
+            return;
+        };
+        self.projection.write(
+            dir.join("status"),
+            format!("{}\n", a.status.abi().channel.as_str()),
+        );
+        if a.status.is_finished()
+            && let Some(r) = result
+        {
+            // SPEC 4: result.md never holds a NUL byte.
+            self.projection
+                .write(dir.join("result.md"), crate::objects::result_text(r));
+        }
+    }
+
+    /// Events already in the store, appended to their sessions' `events.jsonl`.
+    pub(super) fn project_events(&self, events: &[NewEvent]) {
+        for e in events {
+            let dir = self.paths.session_dir(&e.agent, &e.session);
+            let mut line = e.payload.clone().into_bytes();
+            line.push(b'\n');
+            self.projection.append(dir.join("events.jsonl"), line);
+        }
+    }
+
+    /// Events appended to the store, then projected; a failure is logged.
+    pub(super) fn append_events(&self, events: &[NewEvent]) {
+        match self.store.append_events(&self.tenant, events, now_ms()) {
+            Ok(_) => self.project_events(events),
+            Err(e) => tracing::error!(error = %e, "appending events failed"),
+        }
+    }
+}

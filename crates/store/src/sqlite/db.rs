@@ -1,0 +1,132 @@
+//! [`crate::db::Db`] on SQLite: the shared logic's statements on the
+//! store's connection (inside a write, its `BEGIN IMMEDIATE` transaction),
+//! each prepared once and kept in the connection's statement cache.
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ToSql, Transaction};
+
+use super::{Fail, Tx, append_events_tx};
+use crate::db::{Db, Row, Value};
+use crate::types::{Event, NewEvent};
+use brood_core::TenantId;
+
+impl ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Value::Int(Some(v)) => ValueRef::Integer(v),
+            Value::Real(Some(v)) => ValueRef::Real(v),
+            Value::Text(Some(v)) => ValueRef::Text(v.as_bytes()),
+            Value::Bytes(v) => ValueRef::Blob(v),
+            Value::Int(None) | Value::Real(None) | Value::Text(None) => ValueRef::Null,
+        }))
+    }
+}
+
+impl Row for rusqlite::Row<'_> {
+    type Err = Fail;
+
+    fn int(&self, i: usize) -> Tx<i64> {
+        Ok(self.get(i)?)
+    }
+
+    fn int_opt(&self, i: usize) -> Tx<Option<i64>> {
+        Ok(self.get(i)?)
+    }
+
+    fn real(&self, i: usize) -> Tx<f64> {
+        Ok(self.get(i)?)
+    }
+
+    fn text(&self, i: usize) -> Tx<String> {
+        Ok(self.get(i)?)
+    }
+
+    fn text_opt(&self, i: usize) -> Tx<Option<String>> {
+        Ok(self.get(i)?)
+    }
+
+    fn bytes(&self, i: usize) -> Tx<Vec<u8>> {
+        Ok(self.get(i)?)
+    }
+
+    fn bool(&self, i: usize) -> Tx<bool> {
+        Ok(self.get(i)?)
+    }
+}
+
+impl Db for Connection {
+    type Err = Fail;
+    type Row<'r> = rusqlite::Row<'r>;
+
+    fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
+        let n = self
+            .prepare_cached(sql)?
+            .execute(rusqlite::params_from_iter(params))?;
+        Ok(n as u64)
+    }
+
+    fn query<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        mut each: impl FnMut(&rusqlite::Row<'_>) -> Tx<T>,
+    ) -> Tx<Vec<T>> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(each(row)?);
+        }
+        Ok(out)
+    }
+
+    fn query_opt<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        one: impl FnOnce(&rusqlite::Row<'_>) -> Tx<T>,
+    ) -> Tx<Option<T>> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+        match rows.next()? {
+            Some(row) => Ok(Some(one(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
+        append_events_tx(self, tenant, events, now_ms)
+    }
+}
+
+/// A write's transaction is its connection: every call goes to it.
+impl Db for Transaction<'_> {
+    type Err = Fail;
+    type Row<'r> = rusqlite::Row<'r>;
+
+    fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
+        Db::exec(&**self, sql, params)
+    }
+
+    fn query<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        each: impl FnMut(&rusqlite::Row<'_>) -> Tx<T>,
+    ) -> Tx<Vec<T>> {
+        Db::query(&**self, sql, params, each)
+    }
+
+    fn query_opt<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        one: impl FnOnce(&rusqlite::Row<'_>) -> Tx<T>,
+    ) -> Tx<Option<T>> {
+        Db::query_opt(&**self, sql, params, one)
+    }
+
+    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
+        append_events_tx(self, tenant, events, now_ms)
+    }
+}

@@ -60,6 +60,17 @@ pub enum StoreError {
     /// a connection string, a pool that could not be filled).
     #[error("store postgres {target}: {message}")]
     PostgresSetup { target: String, message: String },
+    /// A round trip to PostgreSQL that did not come back within the store's
+    /// deadline (the server or the network is away): the connection is
+    /// given up, and whether a write in flight was committed is not known.
+    #[error(
+        "store postgres {target}: no answer within {after:?} (the connection was given up; \
+         the server or the network between is away)"
+    )]
+    PostgresDeadline {
+        target: String,
+        after: std::time::Duration,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

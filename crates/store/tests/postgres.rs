@@ -74,3 +74,128 @@ fn the_lease_lock_has_one_holder_across_stores_and_can_be_broken() {
     ));
     assert!(!a.break_lease_lock("nobody-holds-this").unwrap());
 }
+
+/// A TCP proxy in front of the real server that can go silent: while
+/// `silent`, it reads what either side sends and forwards nothing (a network
+/// that black-holes, the server never hearing the query nor the client the
+/// answer), without closing anything.
+struct Proxy {
+    port: u16,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    fn to(upstream: std::net::SocketAddr) -> Proxy {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let quiet = silent.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let quiet = quiet.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => {
+                                    let _ = to.shutdown(std::net::Shutdown::Write);
+                                    return;
+                                }
+                                Ok(n) => n,
+                            };
+                            if !quiet.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { port, silent }
+    }
+
+    fn go_silent(&self, yes: bool) {
+        self.silent.store(yes, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 27: every store call has a deadline. Behind a network that goes
+/// silent, a call fails past the deadline naming it, instead of waiting as
+/// long as TCP retries; the connection it was on is given up, and once the
+/// network is back the next call connects again and works. The server's own
+/// limits (`statement_timeout`, `lock_timeout`) are set on every connection.
+#[test]
+fn a_store_behind_a_silent_network_fails_at_its_deadline_and_recovers() {
+    use brood_store::StoreError;
+    use brood_store::postgres::Options;
+    use brood_store::prelude::*;
+    use std::time::Duration;
+
+    let db = Fresh::new();
+    // The URL's host and port replaced by the proxy's.
+    let (head, rest) = db.url.split_once('@').unwrap();
+    let path = &rest[rest.find('/').unwrap()..];
+    let upstream: std::net::SocketAddr = rest[..rest.find('/').unwrap()]
+        .replace("localhost", "127.0.0.1")
+        .parse()
+        .unwrap();
+    let proxy = Proxy::to(upstream);
+    let url = format!("{head}@127.0.0.1:{}{path}", proxy.port);
+    let store = std::sync::Arc::new(
+        PgStore::open_with(
+            &url,
+            Options {
+                connections: 1,
+                call_timeout: Duration::from_secs(2),
+                ..Options::default()
+            },
+        )
+        .unwrap(),
+    );
+    let tenant = brood_core::TenantId::new("t").unwrap();
+    let name = brood_core::AgentName::new("nobody-here").unwrap();
+    assert!(store.agent(&tenant, &name).unwrap().is_none());
+
+    proxy.go_silent(true);
+    // The call runs on a thread of its own, so that a missing deadline
+    // fails this test (after a minute) rather than hanging the suite.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = store.clone();
+    let (t, n) = (tenant.clone(), name.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(s.agent(&t, &n));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a call behind a silent network never came back: it has no deadline");
+    match r {
+        Err(e @ StoreError::PostgresDeadline { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("no answer within 2s"), "{text}");
+            assert!(
+                text.contains(&format!("127.0.0.1:{}", proxy.port)),
+                "{text}"
+            );
+        }
+        other => panic!("expected the deadline's error, got {other:?}"),
+    }
+
+    proxy.go_silent(false);
+    assert!(
+        store.agent(&tenant, &name).unwrap().is_none(),
+        "the store connects again once the network is back"
+    );
+    // The server's limits are on the connection (the URL named none).
+    assert_eq!(store.server_setting("statement_timeout").unwrap(), "15s");
+    assert_eq!(store.server_setting("lock_timeout").unwrap(), "10s");
+}

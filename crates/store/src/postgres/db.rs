@@ -6,9 +6,10 @@
 //! Statements are prepared once per connection and kept (the store's SQL is
 //! a fixed set of strings), so a call costs one round trip, not two.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
+use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement, Transaction};
@@ -29,22 +30,74 @@ pub(crate) fn block<F: Future>(f: F) -> F::Output {
     futures_executor::block_on(tokio::task::unconstrained(f))
 }
 
+/// How long one round trip on a connection may take. A server that stops
+/// answering (stopped, black-holed by the network) leaves a call waiting
+/// for as long as TCP retries; past the deadline the call fails instead,
+/// and the connection is given up (what it was doing is not known), so the
+/// pool connects again for the next call.
+pub(crate) struct Deadline {
+    after: Duration,
+    /// The store's runtime, whose timer the wait is measured on.
+    rt: tokio::runtime::Handle,
+    expired: Cell<bool>,
+}
+
+impl Deadline {
+    pub(crate) fn new(after: Duration, rt: tokio::runtime::Handle) -> Deadline {
+        Deadline {
+            after,
+            rt,
+            expired: Cell::new(false),
+        }
+    }
+
+    /// Waits for `f` on this thread ([`block`]) at most the deadline.
+    fn wait<T, E: Into<Fail>>(&self, f: impl Future<Output = Result<T, E>>) -> Tx<T> {
+        if self.expired.get() {
+            // A call past a missed deadline would meet the same silence.
+            return Err(Fail::Deadline(self.after));
+        }
+        let sleep = {
+            let _on = self.rt.enter();
+            tokio::time::sleep(self.after)
+        };
+        let raced = block(async {
+            let f = std::pin::pin!(f);
+            let sleep = std::pin::pin!(sleep);
+            match futures_util::future::select(f, sleep).await {
+                futures_util::future::Either::Left((r, _)) => Some(r),
+                futures_util::future::Either::Right(_) => None,
+            }
+        });
+        match raced {
+            Some(r) => r.map_err(Into::into),
+            None => {
+                self.expired.set(true);
+                Err(Fail::Deadline(self.after))
+            }
+        }
+    }
+}
+
 /// A connection of the pool and the statements prepared on it.
 pub(crate) struct Conn {
     pub(crate) client: Client,
     stmts: RefCell<HashMap<String, Statement>>,
+    deadline: Deadline,
 }
 
 impl Conn {
-    pub(crate) fn new(client: Client) -> Conn {
+    pub(crate) fn new(client: Client, deadline: Deadline) -> Conn {
         Conn {
             client,
             stmts: RefCell::new(HashMap::new()),
+            deadline,
         }
     }
 
+    /// The connection ended, or a call on it missed its deadline.
     pub(crate) fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.client.is_closed() || self.deadline.expired.get()
     }
 
     /// Queries outside a transaction (a read of one statement).
@@ -52,6 +105,7 @@ impl Conn {
         Db {
             on: On::Client(&self.client),
             stmts: &self.stmts,
+            deadline: &self.deadline,
         }
     }
 
@@ -60,10 +114,11 @@ impl Conn {
     /// lock of that key (a tenant's name), so read-then-write bodies on the
     /// same key run one at a time across every node.
     pub(crate) fn tx<T>(&mut self, lock: Option<&str>, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Tx<T> {
-        let tx = block(self.client.transaction())?;
+        let tx = self.deadline.wait(self.client.transaction())?;
         let db = Db {
             on: On::Tx(&tx),
             stmts: &self.stmts,
+            deadline: &self.deadline,
         };
         if let Some(key) = lock {
             db.exec(
@@ -72,7 +127,7 @@ impl Conn {
             )?;
         }
         let out = f(&db)?;
-        block(tx.commit())?;
+        self.deadline.wait(tx.commit())?;
         Ok(out)
     }
 }
@@ -86,6 +141,7 @@ enum On<'a> {
 pub(crate) struct Db<'a> {
     on: On<'a>,
     stmts: &'a RefCell<HashMap<String, Statement>>,
+    deadline: &'a Deadline,
 }
 
 pub(crate) type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
@@ -101,8 +157,8 @@ impl Db<'_> {
         }
         let text = to_pg(sql);
         let s = match &self.on {
-            On::Client(c) => block(c.prepare(&text))?,
-            On::Tx(t) => block(t.prepare(&text))?,
+            On::Client(c) => self.deadline.wait(c.prepare(&text))?,
+            On::Tx(t) => self.deadline.wait(t.prepare(&text))?,
         };
         self.stmts.borrow_mut().insert(sql.to_owned(), s.clone());
         Ok(s)
@@ -112,8 +168,8 @@ impl Db<'_> {
     pub(crate) fn query(&self, sql: &str, params: Params<'_>) -> Tx<Vec<Row>> {
         let s = self.statement(sql)?;
         Ok(match &self.on {
-            On::Client(c) => block(c.query(&s, params))?,
-            On::Tx(t) => block(t.query(&s, params))?,
+            On::Client(c) => self.deadline.wait(c.query(&s, params))?,
+            On::Tx(t) => self.deadline.wait(t.query(&s, params))?,
         })
     }
 
@@ -121,8 +177,8 @@ impl Db<'_> {
     pub(crate) fn query_opt(&self, sql: &str, params: Params<'_>) -> Tx<Option<Row>> {
         let s = self.statement(sql)?;
         Ok(match &self.on {
-            On::Client(c) => block(c.query_opt(&s, params))?,
-            On::Tx(t) => block(t.query_opt(&s, params))?,
+            On::Client(c) => self.deadline.wait(c.query_opt(&s, params))?,
+            On::Tx(t) => self.deadline.wait(t.query_opt(&s, params))?,
         })
     }
 
@@ -130,8 +186,8 @@ impl Db<'_> {
     pub(crate) fn query_one(&self, sql: &str, params: Params<'_>) -> Tx<Row> {
         let s = self.statement(sql)?;
         Ok(match &self.on {
-            On::Client(c) => block(c.query_one(&s, params))?,
-            On::Tx(t) => block(t.query_one(&s, params))?,
+            On::Client(c) => self.deadline.wait(c.query_one(&s, params))?,
+            On::Tx(t) => self.deadline.wait(t.query_one(&s, params))?,
         })
     }
 
@@ -139,8 +195,8 @@ impl Db<'_> {
     pub(crate) fn exec(&self, sql: &str, params: Params<'_>) -> Tx<u64> {
         let s = self.statement(sql)?;
         Ok(match &self.on {
-            On::Client(c) => block(c.execute(&s, params))?,
-            On::Tx(t) => block(t.execute(&s, params))?,
+            On::Client(c) => self.deadline.wait(c.execute(&s, params))?,
+            On::Tx(t) => self.deadline.wait(t.execute(&s, params))?,
         })
     }
 
@@ -163,14 +219,15 @@ impl Db<'_> {
                 }
             }
         });
-        Ok(block(futures_util::future::try_join_all(futures))?)
+        self.deadline
+            .wait(futures_util::future::try_join_all(futures))
     }
 
     /// Runs statements without parameters (the schema, locks).
     pub(crate) fn batch(&self, sql: &str) -> Tx<()> {
         match &self.on {
-            On::Client(c) => block(c.batch_execute(sql))?,
-            On::Tx(t) => block(t.batch_execute(sql))?,
+            On::Client(c) => self.deadline.wait(c.batch_execute(sql))?,
+            On::Tx(t) => self.deadline.wait(t.batch_execute(sql))?,
         }
         Ok(())
     }

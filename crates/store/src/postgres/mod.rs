@@ -57,6 +57,8 @@ use std::time::Duration;
 use brood_core::{AgentName, TenantId};
 use tokio_postgres::NoTls;
 
+use db::Deadline;
+
 use crate::types::{Result, StoreError};
 
 pub(crate) use db::{Conn, Db, block};
@@ -92,6 +94,16 @@ pub struct Options {
     pub connections: usize,
     /// How long a connection attempt may take.
     pub connect_timeout: Duration,
+    /// How long one round trip may take before the connection is given up
+    /// (a server or network that went silent would otherwise hold the
+    /// caller for as long as TCP retries: many minutes).
+    pub call_timeout: Duration,
+    /// The server's own limits, set on every connection unless the URL's
+    /// `options` names them: `statement_timeout` and `lock_timeout`
+    /// (advisory locks included), so a statement stuck on the server ends
+    /// there too, before the caller's deadline.
+    pub statement_timeout: Duration,
+    pub lock_timeout: Duration,
 }
 
 impl Default for Options {
@@ -99,6 +111,9 @@ impl Default for Options {
         Options {
             connections: 8,
             connect_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(20),
+            statement_timeout: Duration::from_secs(15),
+            lock_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -126,6 +141,8 @@ impl std::fmt::Debug for PgStore {
 pub(crate) enum Fail {
     Pg(tokio_postgres::Error),
     Store(StoreError),
+    /// No answer within the deadline (`db::Deadline`).
+    Deadline(Duration),
 }
 
 impl From<tokio_postgres::Error> for Fail {
@@ -148,6 +165,10 @@ impl Fail {
                 source,
             },
             Fail::Store(e) => e,
+            Fail::Deadline(after) => StoreError::PostgresDeadline {
+                target: target.to_owned(),
+                after,
+            },
         }
     }
 }
@@ -175,6 +196,7 @@ pub(crate) struct Pool {
     /// host:port/dbname, for errors and logs (never the password).
     pub(crate) target: String,
     connect_timeout: std::time::Duration,
+    call_timeout: std::time::Duration,
     /// Always `Some` until the pool is dropped (see its `Drop`).
     runtime: Option<tokio::runtime::Runtime>,
     slots: Mutex<Vec<Option<Conn>>>,
@@ -235,7 +257,10 @@ impl Pool {
                 eprintln!("brood store: postgres connection to {target} ended: {e}");
             }
         });
-        Ok(Conn::new(client))
+        Ok(Conn::new(
+            client,
+            Deadline::new(self.call_timeout, rt.handle().clone()),
+        ))
     }
 
     /// A connection outside the pool, for a session that must outlive a call
@@ -364,6 +389,13 @@ impl PgStore {
                 message: format!("not a PostgreSQL connection string: {e}"),
             })?;
         config.connect_timeout(opts.connect_timeout);
+        if config.get_options().is_none() {
+            config.options(format!(
+                "-c statement_timeout={} -c lock_timeout={}",
+                opts.statement_timeout.as_millis(),
+                opts.lock_timeout.as_millis()
+            ));
+        }
         if config.get_application_name().is_none() {
             config.application_name("brood");
         }
@@ -382,6 +414,7 @@ impl PgStore {
             config,
             target,
             connect_timeout: opts.connect_timeout,
+            call_timeout: opts.call_timeout,
             runtime: Some(runtime),
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
@@ -392,6 +425,17 @@ impl PgStore {
             admissions: crate::group::Groups::new(admission::GROUP_MAX, true),
         };
         Ok(store)
+    }
+
+    /// A setting of the server as this store's connections see it
+    /// (`SHOW name`): the deadlines it sets on them, for `brood doctor` and
+    /// the tests.
+    pub fn server_setting(&self, name: &str) -> Result<String> {
+        self.read(|db| {
+            Ok(db
+                .query_one("SELECT current_setting($1)", &[&name])?
+                .try_get(0)?)
+        })
     }
 
     /// Times `n` trivial round trips (`SELECT 1`) through the facade: what one

@@ -12,6 +12,7 @@
 //! `brood_core::Status::transition`; the store refuses an illegal move instead of
 //! writing it.
 
+mod admission;
 mod blobs;
 mod checks;
 mod contract;
@@ -26,9 +27,13 @@ pub mod postgres;
 // After `sqlite`, whose `unfinished!` it uses.
 mod jobs;
 mod nodes;
+mod records;
 mod removal;
+mod runs;
+mod sql_store;
 mod steps;
 mod sweeps;
+mod txn;
 mod types;
 
 pub use contract::{

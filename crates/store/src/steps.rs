@@ -1,9 +1,10 @@
 //! The steps many transactions share, written once for both stores over
-//! [`Db`]: an agent decoded, loaded, checked to exist; a run's end written.
+//! [`Db`]: an agent decoded, loaded, checked to exist (a run's end is
+//! written by `runs::write_end`).
 //! Appending events is each store's own ([`Db::append_events`]): they make
 //! a different number of round trips.
 
-use brood_core::{AgentName, RunId, SessionName, Status, TenantId, Terminal};
+use brood_core::{AgentName, RunId, SessionName, Status, TenantId};
 
 use crate::db::{Db, Row, narrow, parse};
 use crate::types::{Agent, Protocol, StoreError};
@@ -87,43 +88,4 @@ pub(crate) fn agent_exists<D: Db>(
 ) -> Result<bool, D::Err> {
     let params = [tenant.as_str().into(), name.as_str().into()];
     db.query_one(Q_AGENT_EXISTS, &params, |r| r.bool(0))
-}
-
-/// Ends the agent's current run with `outcome`: the agent's status and
-/// detail, and the run's outcome, exit code, result and end time. The
-/// caller has checked the move.
-pub(crate) fn write_end<D: Db>(
-    db: &D,
-    agent: &Agent,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<&str>,
-    detail: Option<&str>,
-    now_ms: i64,
-) -> Result<(), D::Err> {
-    let t = agent.tenant.as_str();
-    let status = Status::Ended(outcome).encode();
-    db.exec(
-        U_STATUS_DETAIL,
-        &[
-            t.into(),
-            agent.name.as_str().into(),
-            status.as_str().into(),
-            detail.into(),
-            now_ms.into(),
-        ],
-    )?;
-    let outcome = outcome.encode();
-    db.exec(
-        U_RUN_ENDED,
-        &[
-            t.into(),
-            agent.run.as_str().into(),
-            outcome.as_str().into(),
-            exit_code.map(i64::from).into(),
-            result.into(),
-            now_ms.into(),
-        ],
-    )?;
-    Ok(())
 }

@@ -1,6 +1,9 @@
-//! The contract's `Admission` and `Runs` on PostgreSQL, as in `sqlite::store`:
-//! every read-then-write runs in a transaction under its tenant's advisory
-//! lock (`PgStore::write`), so it is exact across nodes.
+//! PostgreSQL as a [`SqlStore`] (the contract's `Admission`, `Runs`,
+//! `Transcripts`, `Records` and `Recovery`, written once in
+//! `crate::sql_store`): every read-then-write runs in a transaction under
+//! its tenant's advisory lock (`PgStore::write`), so it is exact across
+//! nodes; and admission's group commit, with the statements this dialect
+//! reads otherwise than SQLite (the walk up the parents, a run's deadline).
 //!
 //! Admissions are group-committed, as on SQLite (`crate::group`): the
 //! tenant's lock is held until the commit, and the commit waits for the WAL
@@ -13,21 +16,15 @@
 //! between two nodes' groups), and admissions in different tenants still run
 //! at once on the pool's other connections.
 
-use brood_core::{AgentName, Code, Quotas, RunId, Status, TenantId, TenantQuotas, Terminal};
+use brood_core::{Quotas, TenantId};
 
-use super::Tx;
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
-use super::rows::collect;
-use super::steps::{append_events_tx, check_current_run, check_move, must_agent, to_sql_count};
-use super::tx::{end_run_tx, mark_stopping_tx, resume_tx};
-use super::{PgStore, corrupt, not_found, refused};
-use crate::contract::{Admission, Runs};
+use super::txn::On;
+use super::{Fail, PgStore, Tx};
 use crate::group::Group;
-use crate::sqlite::sql::{I_TENANT_QUOTA, Q_TENANT_QUOTAS, U_RUN_USAGE, U_STATUS, U_STATUS_DETAIL};
-use crate::types::{Agent, EndItem, NewAgent, NewEvent, Result, RunEnd, StoreError};
-
-use crate::sqlite::MAX_WALK_DEPTH;
+use crate::sql_store::SqlStore;
+use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 // The cycle check: walk up from ?3 through the parents (the primary key at each
 // step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
@@ -36,7 +33,7 @@ use crate::sqlite::MAX_WALK_DEPTH;
 // Rewritten from SQLite's: PostgreSQL has no MAX of a boolean (`bool_or`
 // instead), and the level is BIGINT in both terms of the recursive CTE (they
 // must agree), so `?4` is BIGINT and takes an i64.
-const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
+pub(super) const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
      SELECT name, parent, CAST(0 AS BIGINT) FROM agents WHERE tenant = ?1 AND name = ?3 \
      UNION ALL \
      SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents \
@@ -51,99 +48,12 @@ const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
 // Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
 // JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
 // odd value gives no deadline instead of failing the cast and the whole start.
-const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
+pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
      deadline_ms = ?5 + 1000 * (SELECT CASE \
        WHEN jsonb_typeof(CAST(agents.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
        THEN CAST(trunc(CAST(CAST(agents.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
        END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
      WHERE id = ?2 AND tenant = ?1";
-
-impl Admission for PgStore {
-    fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.admit_grouped(new, None, events)
-    }
-
-    fn admit_with_quotas(
-        &self,
-        new: &NewAgent,
-        quotas: &Quotas,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_grouped(new, Some(quotas), events)
-    }
-
-    fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
-        self.read(|db| {
-            let rows = collect(db, Q_TENANT_QUOTAS, &[&tenant.as_str()], |r| {
-                Ok((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?))
-            })?;
-            let mut out = TenantQuotas::default();
-            for (key, value) in rows {
-                let shown = || format!("tenant {tenant}: {key} = {value}");
-                let v =
-                    u32::try_from(value).map_err(|_| corrupt("tenant_quotas.value", shown()))?;
-                out.set(&key, v)
-                    .map_err(|_| corrupt("tenant_quotas.key", shown()))?;
-            }
-            Ok(out)
-        })
-    }
-
-    fn set_tenant_quota(&self, tenant: &TenantId, key: &str, value: u32) -> Result<()> {
-        // The key is checked before the transaction, with the one list of keys
-        // (brood-core's), so the refusal names it instead of quoting the CHECK.
-        if let Err(e) = TenantQuotas::default().set(key, value) {
-            return Err(StoreError::Refused {
-                code: Code::BadRequest,
-                message: format!("cannot set a quota of tenant {tenant}: {e}"),
-            });
-        }
-        // One upsert, no read before it: no tenant lock needed.
-        self.write_any(|db| {
-            db.exec(I_TENANT_QUOTA, &[&tenant.as_str(), &key, &i64::from(value)])?;
-            Ok(())
-        })
-    }
-
-    fn is_ancestor_or_self(
-        &self,
-        tenant: &TenantId,
-        candidate: &AgentName,
-        agent: &AgentName,
-    ) -> Result<bool> {
-        self.read(|db| {
-            let row = db.query_one(
-                Q_ANCESTOR_OR_SELF,
-                &[
-                    &tenant.as_str(),
-                    &candidate.as_str(),
-                    &agent.as_str(),
-                    &MAX_WALK_DEPTH,
-                ],
-            )?;
-            let (met, found, level): (i64, bool, i64) =
-                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-            if met == 0 {
-                return Err(not_found(tenant, agent));
-            }
-            if found {
-                return Ok(true);
-            }
-            // A real chain of parents ends at a root long before the guard; only
-            // a loop climbs that far. Answering `false` would let a cycle through.
-            if level >= MAX_WALK_DEPTH {
-                return Err(corrupt(
-                    "agents.parent",
-                    format!(
-                        "the parents above {tenant}/{agent} loop \
-                         (the walk up reached level {level})"
-                    ),
-                ));
-            }
-            Ok(false)
-        })
-    }
-}
 
 /// The most admissions one group commit takes: about what a burst of
 /// requesters on one node queues behind one flush, few enough that the
@@ -151,7 +61,7 @@ impl Admission for PgStore {
 pub(crate) const GROUP_MAX: usize = 64;
 
 impl PgStore {
-    fn admit_grouped(
+    fn admit_queued(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,
@@ -227,195 +137,28 @@ impl PgStore {
 /// waits for it).
 const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))";
 
-impl Runs for PgStore {
-    fn start_run(
+impl SqlStore for PgStore {
+    type Err = Fail;
+    type Db<'c> = On<'c, 'c>;
+
+    fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.read(|db| f(&On(db)))
+    }
+
+    fn writing<T>(&self, tenant: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write(tenant.as_str(), |db| f(&On(db)))
+    }
+
+    fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write_any(|db| f(&On(db)))
+    }
+
+    fn admit_grouped(
         &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        pid: i32,
-        cgroup: &str,
-        now_ms: i64,
+        new: &NewAgent,
+        quotas: Option<&Quotas>,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            let agent = must_agent(db, tenant, name)?;
-            let to = check_move(&agent, Status::Running)?;
-            check_current_run(&agent, run)?;
-            db.exec(
-                U_STATUS,
-                &[&tenant.as_str(), &name.as_str(), &to.encode(), &now_ms],
-            )?;
-            db.exec(
-                U_RUN_STARTED,
-                &[
-                    &tenant.as_str(),
-                    &run.as_str(),
-                    &i64::from(pid),
-                    &cgroup,
-                    &now_ms,
-                ],
-            )?;
-            append_events_tx(db, tenant, events, now_ms)?;
-            must_agent(db, tenant, name)
-        })
-    }
-
-    fn set_status(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        to: Status,
-        detail: Option<&str>,
-        now_ms: i64,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            let agent = must_agent(db, tenant, name)?;
-            let to = check_move(&agent, to)?;
-            // Legal moves that need more than a status write have their own
-            // methods; doing them here would leave the run record behind.
-            let other = match (agent.status, to) {
-                (_, Status::Ended(_)) => Some("end_run (the run's record must end too)"),
-                (_, Status::Queued) => Some("resume (a new run is needed)"),
-                (Status::Queued, Status::Running) => {
-                    Some("start_run (the run's pid and cgroup are needed)")
-                }
-                _ => None,
-            };
-            if let Some(method) = other {
-                return Err(refused(
-                    Code::BadRequest,
-                    format!(
-                        "agent {name}: {} -> {} goes through {method}, not set_status",
-                        agent.status.encode(),
-                        to.encode()
-                    ),
-                ));
-            }
-            db.exec(
-                U_STATUS_DETAIL,
-                &[
-                    &tenant.as_str(),
-                    &name.as_str(),
-                    &to.encode(),
-                    &detail,
-                    &now_ms,
-                ],
-            )?;
-            append_events_tx(db, tenant, events, now_ms)?;
-            must_agent(db, tenant, name)
-        })
-    }
-
-    fn mark_stopping(
-        &self,
-        tenant: &TenantId,
-        names: &[AgentName],
-        outcome: Terminal,
-        now_ms: i64,
-    ) -> Result<Vec<Agent>> {
-        self.write(tenant.as_str(), |db| {
-            mark_stopping_tx(db, tenant, names, outcome, now_ms)
-        })
-    }
-
-    fn end_run(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        end: &RunEnd,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            end_run_tx(db, tenant, name, run, end, events)
-        })
-    }
-
-    fn end_runs(&self, tenant: &TenantId, items: &[EndItem]) -> Result<Vec<Agent>> {
-        self.write(tenant.as_str(), |db| {
-            let mut out = Vec::with_capacity(items.len());
-            for it in items {
-                match &it.end {
-                    Some(end) => {
-                        out.push(end_run_tx(db, tenant, &it.name, &it.run, end, &it.events)?)
-                    }
-                    None => {
-                        append_events_tx(db, tenant, &it.events, it.now_ms)?;
-                        out.push(must_agent(db, tenant, &it.name)?);
-                    }
-                }
-            }
-            Ok(out)
-        })
-    }
-
-    fn record_usage(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-        tokens_in: u64,
-        tokens_out: u64,
-        cost_usd: f64,
-    ) -> Result<()> {
-        // One update, no read before it: no tenant lock needed.
-        self.write_any(|db| {
-            let changed = db.exec(
-                U_RUN_USAGE,
-                &[
-                    &tenant.as_str(),
-                    &run.as_str(),
-                    &to_sql_count(tokens_in),
-                    &to_sql_count(tokens_out),
-                    &cost_usd,
-                ],
-            )?;
-            if changed == 0 {
-                return Err(refused(
-                    Code::NotFound,
-                    format!("run {run} does not exist in tenant {tenant}"),
-                ));
-            }
-            Ok(())
-        })
-    }
-
-    fn resume(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        supervisor: &str,
-        now_ms: i64,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            resume_tx(db, tenant, name, run, supervisor, now_ms, None, events)
-        })
-    }
-
-    fn resume_within(
-        &self,
-        tenant: &TenantId,
-        name: &AgentName,
-        run: &RunId,
-        supervisor: &str,
-        now_ms: i64,
-        quotas: &Quotas,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.write(tenant.as_str(), |db| {
-            resume_tx(
-                db,
-                tenant,
-                name,
-                run,
-                supervisor,
-                now_ms,
-                Some(quotas),
-                events,
-            )
-        })
+        self.admit_queued(new, quotas, events)
     }
 }

@@ -6,7 +6,10 @@
 //! set-based reads (the parents, their counts, which names exist) in one
 //! round trip, then every row of every admitted agent in one more (one
 //! `INSERT ... SELECT FROM unnest(...)` per table). Only a parent with a
-//! `create_limit` or a child with a `cost_limit` costs its own reads.
+//! `create_limit` or a child with a `cost_limit` costs its own reads. The
+//! decisions are the shared ones (`crate::admission::decide`), made on
+//! what was read ([`GroupFacts`]); what is here is how the group reads and
+//! writes.
 //!
 //! Exactness: the counts read under the tenant's lock, plus what the group
 //! admitted before, are what the store would hold had each admission been
@@ -15,18 +18,20 @@
 //! a write that fails (which a check missed) fails the group's transaction,
 //! and the caller runs each admission alone instead, so it fails alone.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use brood_core::{AgentName, Code, Quotas, Status};
+use brood_core::{AgentName, Status, TenantId};
 use tokio_postgres::types::ToSql;
 
 use super::db::{LOCK_TENANT, Params};
-use super::rows::{agent_from, collect};
-use super::steps::{U_TENANT_SEQ, check_events, check_json_object};
-use super::{Db, Tx, corrupt, not_found, refused};
+use super::rows::agent_from;
+use super::steps::U_TENANT_SEQ;
+use super::txn::On;
+use super::{Db, Fail, Tx, corrupt};
+use crate::admission::{AdmitFacts, cost_limit_of, created_in_run, decide, held, subtree_cost};
 use crate::group::Ticket;
-use crate::sqlite::MAX_WALK_DEPTH;
 use crate::types::{Agent, NewAgent, NewEvent};
 
 // Planned at each execution, for this transaction only. A prepared
@@ -95,6 +100,71 @@ struct Facts {
     existing: HashSet<String>,
 }
 
+/// What the group's reads found plus what the group admitted before, as
+/// one admission's facts (`crate::admission::decide`): the counts the store
+/// would hold had each admission before this one been written alone. Only
+/// `create_limit` and the budget read more, on the transaction.
+struct GroupFacts<'a, 'd> {
+    db: On<'a, 'd>,
+    read: &'a Facts,
+    pending: &'a [Agent],
+}
+
+impl GroupFacts<'_, '_> {
+    fn pending_children<'p>(&'p self, p: &'p Agent) -> impl Iterator<Item = &'p Agent> + 'p {
+        self.pending
+            .iter()
+            .filter(move |a| a.parent.as_ref() == Some(&p.name))
+    }
+}
+
+impl AdmitFacts for GroupFacts<'_, '_> {
+    type Err = Fail;
+
+    fn agent(&self, _: &TenantId, name: &AgentName) -> Tx<Option<Cow<'_, Agent>>> {
+        Ok(self
+            .read
+            .parents
+            .get(name.as_str())
+            .or_else(|| self.pending.iter().find(|a| &a.name == name))
+            .map(Cow::Borrowed))
+    }
+
+    fn exists(&self, _: &TenantId, name: &AgentName) -> Tx<bool> {
+        Ok(self.read.existing.contains(name.as_str())
+            || self.pending.iter().any(|a| &a.name == name))
+    }
+
+    fn fanout(&self, p: &Agent) -> Tx<i64> {
+        let read = self.read.counts.get(p.name.as_str()).map_or(0, |c| c.0);
+        Ok(read + count(self.pending_children(p)))
+    }
+
+    fn tree_size(&self, p: &Agent) -> Tx<i64> {
+        let read = self.read.counts.get(p.name.as_str()).map_or(0, |c| c.1);
+        Ok(read + count(self.pending.iter().filter(|a| a.root == p.root)))
+    }
+
+    fn created_in_run(&self, p: &Agent) -> Tx<i64> {
+        // The children admitted earlier in the group were created in this run too.
+        Ok(created_in_run(&self.db, p)?.saturating_add(count(self.pending_children(p))))
+    }
+
+    fn held(&self, p: &Agent) -> Tx<f64> {
+        // A child admitted earlier in the group has spent nothing: it holds
+        // its whole `cost_limit`.
+        let pending: f64 = self
+            .pending_children(p)
+            .filter_map(|a| cost_limit_of(&a.spec))
+            .sum();
+        Ok(held(&self.db, p)? + pending)
+    }
+
+    fn subtree_cost(&self, tenant: &TenantId, name: &AgentName) -> Tx<f64> {
+        subtree_cost(&self.db, tenant, name.as_str())
+    }
+}
+
 /// Admits `tickets` (all of one tenant, in arrival order) inside the
 /// caller's transaction: one answer per ticket. The outer error is the
 /// transaction's (a read or the writes failed): nothing of the group stands.
@@ -103,35 +173,24 @@ pub(crate) fn admit_group_tx(db: &Db<'_>, tickets: &[Arc<Ticket>]) -> Tx<Vec<Tx<
         return Ok(Vec::new());
     };
     let ts = first.new.tenant.as_str();
-    // The checks that need no store first: a ticket failing them is answered
-    // and takes no part in the rest.
-    let mut answers: Vec<Option<Tx<Agent>>> = tickets
-        .iter()
-        .map(|t| {
-            check_json_object(
-                || format!("spec of agent {}", t.new.name),
-                &t.new.spec,
-                false,
-            )
-            .and_then(|()| check_events(&t.events))
-            .err()
-            .map(Err)
-        })
-        .collect();
-    let facts = read_facts(db, ts, tickets, &answers)?;
+    let facts = read_facts(db, ts, tickets)?;
+    let mut answers: Vec<Option<Tx<Agent>>> = Vec::with_capacity(tickets.len());
     // The agents admitted so far, and which ticket each answers.
     let mut admitted: Vec<Agent> = Vec::new();
     let mut of_ticket: Vec<usize> = Vec::new();
     for (i, t) in tickets.iter().enumerate() {
-        if answers[i].is_some() {
-            continue;
-        }
-        match decide(db, &t.new, t.quotas.as_ref(), &t.events, &facts, &admitted) {
+        let group = GroupFacts {
+            db: On(db),
+            read: &facts,
+            pending: &admitted,
+        };
+        match decide(&group, &t.new, t.quotas.as_ref(), &t.events).map(|d| d.agent) {
             Ok(a) => {
                 admitted.push(a);
                 of_ticket.push(i);
+                answers.push(None);
             }
-            Err(e) => answers[i] = Some(Err(e)),
+            Err(e) => answers.push(Some(Err(e))),
         }
     }
     let news: Vec<&Ticket> = of_ticket.iter().map(|i| &*tickets[*i]).collect();
@@ -147,25 +206,15 @@ pub(crate) fn admit_group_tx(db: &Db<'_>, tickets: &[Arc<Ticket>]) -> Tx<Vec<Tx<
 
 /// The tenant's lock and the three reads, in one round trip (the server runs
 /// them in order, so the reads see what the lock protects).
-fn read_facts(
-    db: &Db<'_>,
-    ts: &str,
-    tickets: &[Arc<Ticket>],
-    answered: &[Option<Tx<Agent>>],
-) -> Tx<Facts> {
-    let live = || {
-        tickets
-            .iter()
-            .zip(answered)
-            .filter(|(_, a)| a.is_none())
-            .map(|(t, _)| t)
-    };
-    let mut parents: Vec<&str> = live()
+fn read_facts(db: &Db<'_>, ts: &str, tickets: &[Arc<Ticket>]) -> Tx<Facts> {
+    let mut parents: Vec<&str> = tickets
+        .iter()
         .filter_map(|t| t.new.parent.as_ref().map(AgentName::as_str))
         .collect();
     parents.sort_unstable();
     parents.dedup();
-    let mut names: Vec<&str> = live()
+    let mut names: Vec<&str> = tickets
+        .iter()
         .flat_map(|t| {
             std::iter::once(t.new.name.as_str())
                 .chain(t.new.customer.as_ref().map(AgentName::as_str))
@@ -202,116 +251,6 @@ fn read_facts(
         facts.existing.insert(r.try_get(0)?);
     }
     Ok(facts)
-}
-
-/// One admission's verdict, on the facts read plus the agents admitted
-/// before it in the group (`pending`), with the refusals in a fixed order so
-/// a request wrong in several ways always gets the same answer: the parent,
-/// the name, the customer, the quotas, `create_limit`, the budget, the
-/// events' agents. The agent it would record, when admitted.
-fn decide(
-    db: &Db<'_>,
-    new: &NewAgent,
-    quotas: Option<&Quotas>,
-    events: &[NewEvent],
-    facts: &Facts,
-    pending: &[Agent],
-) -> Tx<Agent> {
-    let t = &new.tenant;
-    let exists =
-        |n: &AgentName| facts.existing.contains(n.as_str()) || pending.iter().any(|a| &a.name == n);
-    let parent = match &new.parent {
-        None => None,
-        Some(p) => {
-            let found = facts
-                .parents
-                .get(p.as_str())
-                .or_else(|| pending.iter().find(|a| &a.name == p));
-            let Some(pa) = found else {
-                return Err(refused(
-                    Code::ParentMismatch,
-                    format!("parent {p} does not exist in tenant {t}"),
-                ));
-            };
-            // A stopping parent is live but dying: a child admitted now would be
-            // missed by the cascade already planned (SPEC 6 step 1).
-            if !pa.status.is_live() || matches!(pa.status, Status::Stopping(_)) {
-                return Err(refused(
-                    Code::ParentMismatch,
-                    format!(
-                        "parent {p} is {}: children are admitted only under a running or blocked parent",
-                        pa.status.encode()
-                    ),
-                ));
-            }
-            Some(pa)
-        }
-    };
-    if exists(&new.name) {
-        return Err(refused(
-            Code::NameTaken,
-            format!("agent name {} is taken in tenant {t}", new.name),
-        ));
-    }
-    if let Some(c) = &new.customer
-        && !exists(c)
-    {
-        return Err(refused(
-            Code::ParentMismatch,
-            format!("customer {c} does not exist in tenant {t}"),
-        ));
-    }
-    if let Some(q) = quotas {
-        let (fanout, size) = match parent {
-            None => (0, 0),
-            Some(p) => {
-                let (f, s) = facts.counts.get(p.name.as_str()).copied().unwrap_or((0, 0));
-                let kids = pending
-                    .iter()
-                    .filter(|a| a.parent.as_ref() == Some(&p.name));
-                let tree = pending.iter().filter(|a| a.root == p.root);
-                (f + count(kids), s + count(tree))
-            }
-        };
-        quota_verdict(new, parent, q, fanout, size)?;
-        if let Some(p) = parent {
-            let kids: Vec<&Agent> = pending
-                .iter()
-                .filter(|a| a.parent.as_ref() == Some(&p.name))
-                .collect();
-            check_create_limit(db, new, p, kids.len())?;
-            let held = kids.iter().filter_map(|a| cost_limit_of(&a.spec)).sum();
-            check_budget(db, new, p, held)?;
-        }
-    }
-    // Events name the new agent or its parent (known to exist by now); any
-    // other must exist too.
-    for e in events {
-        if e.agent != new.name && Some(&e.agent) != new.parent.as_ref() && !exists(&e.agent) {
-            return Err(not_found(t, &e.agent));
-        }
-    }
-    let (root, depth) = match parent {
-        Some(p) => (p.root.clone(), p.depth + 1),
-        None => (new.name.clone(), 0),
-    };
-    Ok(Agent {
-        tenant: t.clone(),
-        name: new.name.clone(),
-        parent: new.parent.clone(),
-        customer: new.customer.clone(),
-        root,
-        depth,
-        session: new.session.clone(),
-        protocol: new.protocol,
-        spec: new.spec.clone(),
-        status: Status::Queued,
-        detail: None,
-        run: new.run.clone(),
-        supervisor: new.supervisor.clone(),
-        created_ms: new.now_ms,
-        updated_ms: new.now_ms,
-    })
 }
 
 fn count<T>(it: impl Iterator<Item = T>) -> i64 {
@@ -426,200 +365,5 @@ fn write(db: &Db<'_>, ts: &str, tickets: &[&Ticket], facts: &Facts, admitted: &[
         writes.push((I_EVENTS, &events_p));
     }
     db.pipeline(&writes)?;
-    Ok(())
-}
-
-// The statements of `sqlite::sweeps` that the budget and `create_limit` checks
-// use; that module is private to the SQLite store, so they are repeated here.
-// `INDEXED BY` hints are left out (PostgreSQL plans for itself).
-
-// The run's creation time, from which `create_limit` counts.
-const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
-const Q_CREATED_SINCE: &str =
-    "SELECT COUNT(*) FROM agents WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
-// A parent's unfinished children with their specs (the budget check). The WHERE
-// repeats the predicate of the partial index `agents_unfinished_by_parent`, so
-// the planner can use it.
-const Q_UNFINISHED_CHILDREN_SPECS: &str = "SELECT name, spec FROM agents \
-     WHERE tenant = ?1 AND parent = ?2 AND (status = 'queued' OR status = 'running' \
-     OR status = 'blocked' OR status LIKE 'stopping/%')";
-// A subtree's spend: the walk of the descendants (edges' primary key, level
-// guard), then every run of each agent met, plus the agent's own. Rewritten from
-// SQLite's: the seed's name and level are typed (a recursive CTE's columns must
-// have one type in both terms, and `?3` is compared with the level, so it is
-// BIGINT and takes an i64), and the SUMs of BIGINT, NUMERIC on PostgreSQL, are
-// cast back to BIGINT.
-const Q_SUBTREE_USAGE: &str = "WITH RECURSIVE walk(name, level) AS (\
-     SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT) \
-     UNION \
-     SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges \
-      WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3\
-     ), \
-     plan(name) AS (SELECT DISTINCT name FROM walk) \
-     SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT), \
-      CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT), \
-      CAST(COALESCE(SUM(runs.cost_usd), 0) AS DOUBLE PRECISION) \
-     FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name";
-
-/// The quota checks of SPEC 9 on counts already read (`fanout`: the parent's
-/// unfinished children; `size`: its tree's agents), in the documented order.
-fn quota_verdict(
-    new: &NewAgent,
-    parent: Option<&Agent>,
-    q: &Quotas,
-    fanout: i64,
-    size: i64,
-) -> Tx<()> {
-    let t = &new.tenant;
-    let name = &new.name;
-    let Some(p) = parent else {
-        if q.max_tree_size == 0 {
-            return Err(refused(
-                Code::QuotaTreeSize,
-                format!(
-                    "tree size quota: root {name} would start a tree of 1 agent \
-                     in tenant {t}, and max_tree_size is 0"
-                ),
-            ));
-        }
-        return Ok(());
-    };
-    let depth = u64::from(p.depth) + 1;
-    if depth > u64::from(q.max_depth) {
-        return Err(refused(
-            Code::QuotaDepth,
-            format!(
-                "depth quota: {name} would be at depth {depth} under {} (depth {}) \
-                 in tenant {t}, and max_depth is {}",
-                p.name, p.depth, q.max_depth
-            ),
-        ));
-    }
-    if fanout >= i64::from(q.max_fanout) {
-        return Err(refused(
-            Code::QuotaFanout,
-            format!(
-                "fanout quota: parent {} in tenant {t} already has {fanout} unfinished \
-                 children, and max_fanout is {}",
-                p.name, q.max_fanout
-            ),
-        ));
-    }
-    if size >= i64::from(q.max_tree_size) {
-        return Err(refused(
-            Code::QuotaTreeSize,
-            format!(
-                "tree size quota: the tree of root {} in tenant {t} already holds {size} \
-                 agents (every one ever created under it, finished or not, the root \
-                 included), and max_tree_size is {}",
-                p.root, q.max_tree_size
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The `policy.create_limit` recorded in a spec, if any.
-fn create_limit_of(spec: &str) -> Option<u64> {
-    if !spec.contains("\"create_limit\"") {
-        return None;
-    }
-    serde_json::from_str::<serde_json::Value>(spec)
-        .ok()?
-        .get("policy")?
-        .get("create_limit")?
-        .as_u64()
-}
-
-/// SPEC 5's `create_limit`, inside the admission transaction: the children the
-/// parent's current run has created so far (read through `agents_by_parent`,
-/// from the run's creation on) must be fewer than its limit. The supervisor
-/// checks the same from memory first; this makes it exact when supervisors
-/// sharing the store admit children of one parent at once.
-///
-/// `pending`: the parent's children admitted earlier in the same group, not
-/// written yet (created in this run too).
-fn check_create_limit(db: &Db<'_>, new: &NewAgent, p: &Agent, pending: usize) -> Tx<()> {
-    let Some(limit) = create_limit_of(&p.spec) else {
-        return Ok(());
-    };
-    let t = new.tenant.as_str();
-    let since: i64 = db
-        .query_one(Q_RUN_CREATED, &[&p.run.as_str()])?
-        .try_get(0)?;
-    let used: i64 = db
-        .query_one(Q_CREATED_SINCE, &[&t, &p.name.as_str(), &since])?
-        .try_get::<_, i64>(0)?
-        .saturating_add(i64::try_from(pending).unwrap_or(i64::MAX));
-    // A count is never negative; were it, it would be below any limit.
-    if u64::try_from(used).is_ok_and(|u| u >= limit) {
-        return Err(refused(
-            Code::CreateLimit,
-            format!(
-                "create_limit: the parent {} has already created {used} of its {limit} children \
-                 in this run (counted in the store, across every supervisor)",
-                p.name
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The `policy.cost_limit` recorded in a spec, if any.
-fn cost_limit_of(spec: &str) -> Option<f64> {
-    // Most specs name no limit: skip the parse then.
-    if !spec.contains("\"cost_limit\"") {
-        return None;
-    }
-    serde_json::from_str::<serde_json::Value>(spec)
-        .ok()?
-        .get("policy")?
-        .get("cost_limit")?
-        .as_f64()
-}
-
-/// The budget of SPEC 9, inside the admission transaction: a child naming a
-/// `cost_limit` reserves it from what its parent has left — the parent's limit,
-/// less its subtree's spend, less what its unfinished children with limits have
-/// reserved and not spent. The supervisor checks the same from memory first;
-/// this makes it exact when supervisors sharing the store admit children of one
-/// parent at once.
-///
-/// `pending`: what the parent's children admitted earlier in the same group,
-/// not written yet, reserve (each its whole `cost_limit`: none has spent).
-fn check_budget(db: &Db<'_>, new: &NewAgent, p: &Agent, pending: f64) -> Tx<()> {
-    let (Some(want), Some(limit)) = (cost_limit_of(&new.spec), cost_limit_of(&p.spec)) else {
-        return Ok(());
-    };
-    let t = new.tenant.as_str();
-    let subtree_cost = |name: &str| -> Tx<f64> {
-        Ok(db
-            .query_one(Q_SUBTREE_USAGE, &[&t, &name, &MAX_WALK_DEPTH])?
-            .try_get(2)?)
-    };
-    let spent = subtree_cost(p.name.as_str())?;
-    let kids = collect(
-        db,
-        Q_UNFINISHED_CHILDREN_SPECS,
-        &[&t, &p.name.as_str()],
-        |r| Ok((r.try_get::<_, String>(0)?, r.try_get::<_, String>(1)?)),
-    )?;
-    let mut held = pending;
-    for (kid, spec) in kids {
-        if let Some(cl) = cost_limit_of(&spec) {
-            held += (cl - subtree_cost(&kid)?).max(0.0);
-        }
-    }
-    let left = (limit - spent - held).max(0.0);
-    if want > left + 1e-9 {
-        return Err(refused(
-            Code::BudgetExceeded,
-            format!(
-                "cost_limit: {want} is more than the parent's remaining budget {left} \
-                 ({} has {limit}, its subtree spent {spent}, its live children hold {held})",
-                p.name
-            ),
-        ));
-    }
     Ok(())
 }

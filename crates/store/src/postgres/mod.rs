@@ -28,8 +28,12 @@
 //!
 //! The code: this file opens the store, holds the pool and migrates; `db`
 //! is the blocking facade (queries on a connection or a transaction), `rows`
-//! decodes records, and the contract's methods are in `admission`, `records`,
-//! `sweeps` and `jobs`.
+//! decodes records, `txn` gives the bodies shared with SQLite (`crate::txn`)
+//! their reads and writes, `admit` reads and writes a group of admissions,
+//! `admission` makes this store a `crate::sql_store::SqlStore` (the
+//! contract's methods written once for both stores), `records` holds this
+//! dialect's statements of the records, and the rest of the contract is in
+//! `sweeps`, `jobs` and their neighbours.
 
 mod admission;
 mod admit;
@@ -45,11 +49,12 @@ mod shares;
 mod steps;
 mod sweeps;
 mod tx;
+mod txn;
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use brood_core::{AgentName, Code, TenantId};
+use brood_core::{AgentName, TenantId};
 use tokio_postgres::NoTls;
 
 use db::Deadline;
@@ -169,10 +174,6 @@ impl Fail {
 }
 
 pub(crate) type Tx<T> = std::result::Result<T, Fail>;
-
-pub(crate) fn refused(code: Code, message: String) -> Fail {
-    Fail::Store(StoreError::Refused { code, message })
-}
 
 pub(crate) fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     Fail::Store(StoreError::NotFound {

@@ -1,6 +1,7 @@
-//! The contract's transcripts, records, recovery and idempotency keys on
-//! PostgreSQL, ported from the SQLite store (`sqlite::store`,
-//! `sqlite::idempotency`, the spend queries of `sqlite::sweeps`).
+//! The statements of the records (transcripts, records, recovery, spend)
+//! that PostgreSQL reads otherwise than SQLite, for `crate::sql_store`
+//! (through `txn::STATEMENTS`), and the idempotency keys, ported from
+//! `sqlite::idempotency`.
 //!
 //! Most statements are `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 //! Those written here differ where PostgreSQL reads the same text otherwise:
@@ -14,46 +15,32 @@
 //! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
 //! - `INSERT OR IGNORE` is `ON CONFLICT DO NOTHING`.
 
-use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
+use brood_core::TenantId;
 use tokio_postgres::Row;
 
-use super::db::Db;
-use super::rows::{
-    agent_at, agent_from, channel_from, collect, event_from, message_from, narrow, parse_name,
-    run_from,
-};
-use super::steps::{agent_exists, append_events_tx, load_agent};
-use super::tx::recover_tx;
-use super::{PgStore, Tx, corrupt, not_found, refused};
-use crate::contract::{Idempotency, Records, Recovery, Transcripts};
-use crate::sqlite::sql::{
-    I_MESSAGE, Q_CHANNEL, Q_EVENTS, Q_EVENTS_OF_AGENT, Q_LAST_EVENT_SEQ, Q_LAST_MESSAGE_SEQ,
-    Q_MESSAGES, Q_RUN, Q_RUN_OF_AGENT, Q_RUNS, Q_TENANT_RUNS,
-};
-use crate::types::{
-    Agent, Channel, Event, IdempotentReply, Message, NewEvent, Result, Run, Spend, Usage,
-};
+use super::rows::narrow;
+use super::{PgStore, Tx};
+use crate::contract::Idempotency;
+use crate::types::{IdempotentReply, Result};
 
-use crate::sqlite::MAX_WALK_DEPTH;
-
-const Q_CHILDREN: &str = concat!(
+pub(super) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_AGENTS_ALL: &str = concat!(
+pub(super) const Q_AGENTS_ALL: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_AGENTS_UNFINISHED: &str = concat!(
+pub(super) const Q_AGENTS_UNFINISHED: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND ",
     unfinished!(),
     " ORDER BY created_ms, name COLLATE \"C\""
 );
-const Q_UNFINISHED_OF: &str = concat!(
+pub(super) const Q_UNFINISHED_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -62,7 +49,7 @@ const Q_UNFINISHED_OF: &str = concat!(
 );
 // The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
 // agents whose stop is recorded: what a supervisor carries out each tick.
-const Q_STOPPING_OF: &str = concat!(
+pub(super) const Q_STOPPING_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -72,12 +59,12 @@ const Q_STOPPING_OF: &str = concat!(
 );
 // The collation is on the selected column, not in the ORDER BY: with
 // DISTINCT, PostgreSQL orders only by what is selected.
-const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
     "SELECT DISTINCT supervisor COLLATE \"C\" FROM agents WHERE ",
     unfinished!(),
     " ORDER BY 1"
 );
-const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
+pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
 
 // The parent-death plan. `walk` follows the edges' primary key (tenant, parent,
 // child) one level at a time, carrying the level. It is a UNION, so a row already
@@ -90,7 +77,7 @@ const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
 // agent that corruption gave two parents). Within a level, newest first, like
 // unwinding a stack. An edge without an agent row (no `created_ms`) comes last
 // in its level, where SQLite's NULL (the smallest value) puts it.
-const Q_DESCENDANTS: &str = concat!(
+pub(super) const Q_DESCENDANTS: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT child, CAST(1 AS BIGINT) FROM edges WHERE tenant = ?1 AND parent = ?2",
     " UNION",
@@ -105,13 +92,13 @@ const Q_DESCENDANTS: &str = concat!(
 );
 
 // An agent's own spend: every run of it (the (tenant, agent, seq) index).
-const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+pub(super) const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
      CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
      FROM runs WHERE tenant = ?1 AND agent = ?2";
 // Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
 // then every run of each agent met, plus its own. The first row's types are
 // given: PostgreSQL does not infer a column's type from the recursive term.
-const Q_SUBTREE_USAGE: &str = concat!(
+pub(super) const Q_SUBTREE_USAGE: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
     " UNION",
@@ -136,14 +123,6 @@ const I_REPLY: &str = "INSERT INTO idempotency \
      (tenant, caller, key, scope, request_hash, status, body, created_ms, expires_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (tenant, caller, key) DO NOTHING";
 
-fn usage_row(r: &Row) -> Tx<Usage> {
-    Ok(Usage {
-        tokens_in: r.try_get::<_, i64>(0)?.max(0).unsigned_abs(),
-        tokens_out: r.try_get::<_, i64>(1)?.max(0).unsigned_abs(),
-        cost_usd: r.try_get(2)?,
-    })
-}
-
 fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
     Ok(IdempotentReply {
         tenant: tenant.clone(),
@@ -156,275 +135,6 @@ fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
         created_ms: r.try_get(6)?,
         expires_ms: r.try_get(7)?,
     })
-}
-
-/// The agents `sql` lists with the one parameter `arg`.
-fn agents_of(db: &Db<'_>, sql: &str, arg: &str) -> Tx<Vec<Agent>> {
-    collect(db, sql, &[&arg], agent_from)
-}
-
-impl Transcripts for PgStore {
-    fn append_message(
-        &self,
-        tenant: &TenantId,
-        agent: &AgentName,
-        session: &SessionName,
-        run: &RunId,
-        role: &str,
-        content: &str,
-        now_ms: i64,
-    ) -> Result<Message> {
-        // Under the tenant's lock: the position read below is still the last
-        // one when the message is inserted, whatever node appends next.
-        self.write(tenant.as_str(), |db| {
-            if !agent_exists(db, tenant, agent)? {
-                return Err(not_found(tenant, agent));
-            }
-            let (t, a, s) = (tenant.as_str(), agent.as_str(), session.as_str());
-            let ours: bool = db
-                .query_one(Q_RUN_OF_AGENT, &[&t, &a, &run.as_str()])?
-                .try_get(0)?;
-            if !ours {
-                return Err(refused(
-                    Code::Conflict,
-                    format!("run {run} is not a run of agent {agent} in tenant {tenant}"),
-                ));
-            }
-            let seq = 1 + db
-                .query_one(Q_LAST_MESSAGE_SEQ, &[&t, &a, &s])?
-                .try_get::<_, i64>(0)?;
-            db.exec(
-                I_MESSAGE,
-                &[&t, &a, &s, &seq, &run.as_str(), &role, &content, &now_ms],
-            )?;
-            Ok(Message {
-                tenant: tenant.clone(),
-                agent: agent.clone(),
-                session: session.clone(),
-                seq,
-                run: run.clone(),
-                role: role.to_owned(),
-                content: content.to_owned(),
-                ts_ms: now_ms,
-            })
-        })
-    }
-
-    fn append_events(
-        &self,
-        tenant: &TenantId,
-        events: &[NewEvent],
-        now_ms: i64,
-    ) -> Result<Vec<Event>> {
-        self.write(tenant.as_str(), |db| {
-            append_events_tx(db, tenant, events, now_ms)
-        })
-    }
-
-    fn messages(
-        &self,
-        tenant: &TenantId,
-        agent: &AgentName,
-        session: &SessionName,
-    ) -> Result<Vec<Message>> {
-        self.read(|db| {
-            collect(
-                db,
-                Q_MESSAGES,
-                &[&tenant.as_str(), &agent.as_str(), &session.as_str()],
-                message_from,
-            )
-        })
-    }
-
-    fn events(
-        &self,
-        tenant: &TenantId,
-        after: i64,
-        agent: Option<&AgentName>,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        let limit = i64::from(limit);
-        self.read(|db| match agent {
-            None => collect(
-                db,
-                Q_EVENTS,
-                &[&tenant.as_str(), &after, &limit],
-                event_from,
-            ),
-            Some(a) => collect(
-                db,
-                Q_EVENTS_OF_AGENT,
-                &[&tenant.as_str(), &after, &limit, &a.as_str()],
-                event_from,
-            ),
-        })
-    }
-
-    fn last_event_seq(&self, tenant: &TenantId) -> Result<i64> {
-        self.read(|db| {
-            Ok(db
-                .query_one(Q_LAST_EVENT_SEQ, &[&tenant.as_str()])?
-                .try_get(0)?)
-        })
-    }
-}
-
-impl Records for PgStore {
-    fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>> {
-        self.read(|db| load_agent(db, tenant, name))
-    }
-
-    fn run(&self, tenant: &TenantId, run: &RunId) -> Result<Option<Run>> {
-        self.read(|db| {
-            db.query_opt(Q_RUN, &[&tenant.as_str(), &run.as_str()])?
-                .map(|r| run_from(&r))
-                .transpose()
-        })
-    }
-
-    fn runs(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Run>> {
-        self.read(|db| collect(db, Q_RUNS, &[&tenant.as_str(), &name.as_str()], run_from))
-    }
-
-    fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>> {
-        self.read(|db| collect(db, Q_TENANT_RUNS, &[&tenant.as_str()], run_from))
-    }
-
-    fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {
-        let sql = if all {
-            Q_AGENTS_ALL
-        } else {
-            Q_AGENTS_UNFINISHED
-        };
-        self.read(|db| agents_of(db, sql, tenant.as_str()))
-    }
-
-    fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            // An unknown agent is an error, not an empty family: a plan built on a
-            // misspelt name must not look like "no children".
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            collect(
-                db,
-                Q_CHILDREN,
-                &[&tenant.as_str(), &name.as_str()],
-                agent_from,
-            )
-        })
-    }
-
-    fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            let rows = db.query(
-                Q_DESCENDANTS,
-                &[&tenant.as_str(), &name.as_str(), &MAX_WALK_DEPTH],
-            )?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let found: String = row.try_get(0)?;
-                let level: i64 = row.try_get(1)?;
-                // A planning error changes nothing (SPEC 6 step 2): refuse the plan
-                // rather than hand out an order that cannot be right.
-                if level >= MAX_WALK_DEPTH || found == name.as_str() {
-                    return Err(corrupt(
-                        "edges",
-                        format!(
-                            "the edges under {tenant}/{name} have a cycle \
-                             ({found} is reached again at level {level})"
-                        ),
-                    ));
-                }
-                if row.try_get::<_, Option<String>>(2)?.is_none() {
-                    return Err(corrupt(
-                        "edges",
-                        format!("edge to {tenant}/{found}, which has no agent row"),
-                    ));
-                }
-                out.push(agent_at(row, 2)?);
-            }
-            Ok(out)
-        })
-    }
-
-    fn channel(
-        &self,
-        tenant: &TenantId,
-        parent: &AgentName,
-        child: &AgentName,
-    ) -> Result<Option<Channel>> {
-        self.read(|db| {
-            db.query_opt(
-                Q_CHANNEL,
-                &[&tenant.as_str(), &parent.as_str(), &child.as_str()],
-            )?
-            .map(|r| channel_from(&r))
-            .transpose()
-        })
-    }
-
-    fn spend(&self, tenant: &TenantId, name: &AgentName) -> Result<Spend> {
-        self.read(|db| {
-            if !agent_exists(db, tenant, name)? {
-                return Err(not_found(tenant, name));
-            }
-            let (t, n) = (tenant.as_str(), name.as_str());
-            let own = usage_row(&db.query_one(Q_OWN_USAGE, &[&t, &n])?)?;
-            let subtree = usage_row(&db.query_one(Q_SUBTREE_USAGE, &[&t, &n, &MAX_WALK_DEPTH])?)?;
-            Ok(Spend { own, subtree })
-        })
-    }
-}
-
-impl Recovery for PgStore {
-    fn unfinished_of(&self, supervisors: &[String]) -> Result<Vec<Agent>> {
-        self.read(|db| {
-            let mut out = Vec::new();
-            for (i, s) in supervisors.iter().enumerate() {
-                // A supervisor named twice is listed once.
-                if supervisors[..i].contains(s) {
-                    continue;
-                }
-                out.extend(agents_of(db, Q_UNFINISHED_OF, s)?);
-            }
-            Ok(out)
-        })
-    }
-
-    fn stopping_of(&self, supervisor: &str) -> Result<Vec<Agent>> {
-        self.read(|db| agents_of(db, Q_STOPPING_OF, supervisor))
-    }
-
-    fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        // Across tenants, so without one tenant's lock: `recover_tx` takes the
-        // lock of every tenant it ends agents in.
-        self.write_any(|db| recover_tx(db, dead, false, now_ms))
-    }
-
-    fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
-        self.write_any(|db| recover_tx(db, dead, true, now_ms))
-    }
-
-    fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {
-        self.read(|db| {
-            collect(db, Q_SUPERVISORS_WITH_UNFINISHED, &[], |r| {
-                Ok(r.try_get::<_, String>(0)?)
-            })
-        })
-    }
-
-    fn tenants(&self) -> Result<Vec<TenantId>> {
-        self.read(|db| {
-            collect(db, Q_TENANTS, &[], |r| {
-                parse_name("tenants.id", r.try_get(0)?, TenantId::new)
-            })
-        })
-    }
 }
 
 impl Idempotency for PgStore {

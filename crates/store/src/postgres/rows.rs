@@ -95,8 +95,6 @@ pub(crate) fn message_from(row: &Row) -> Tx<Message> {
     })
 }
 
-pub(crate) use crate::checks::encode_artifacts;
-
 pub(crate) fn decode_artifacts(text: &str) -> Tx<Vec<Artifact>> {
     Ok(crate::checks::decode_artifacts(text)?)
 }

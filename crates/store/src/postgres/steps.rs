@@ -2,34 +2,18 @@
 //! checking agents, events appended with their sequence numbers, a run's end
 //! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 
-use brood_core::{RunId, Status, TenantId};
+use brood_core::{RunId, TenantId};
 
 use super::{Db, Tx, not_found};
 use tokio_postgres::types::ToSql;
 
 use super::db::Params;
 use crate::sqlite::sql::{I_EVENT, Q_AGENT_EXISTS};
-use crate::types::{Agent, Event, NewEvent};
+use crate::types::{Event, NewEvent};
 
-pub(crate) use crate::steps::{agent_exists, load_agent, must_agent, write_end};
+pub(crate) use crate::steps::{load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
-pub(crate) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
-    Ok(crate::checks::check_move(agent, to)?)
-}
-
-pub(crate) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
-    Ok(crate::checks::check_current_run(agent, run)?)
-}
-
-pub(crate) fn check_json_object(
-    what: impl FnOnce() -> String,
-    text: &str,
-    one_line: bool,
-) -> Tx<()> {
-    Ok(crate::checks::check_json_object(what, text, one_line)?)
-}
-
 pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
     Ok(crate::checks::check_events(events)?)
 }
@@ -119,5 +103,3 @@ pub(crate) fn append_events_tx(
 /// end of the transaction.
 pub(crate) const U_TENANT_SEQ: &str = "INSERT INTO tenants (id, next_seq, created_ms) VALUES ($1, 1 + $2::BIGINT, $3) \
      ON CONFLICT (id) DO UPDATE SET next_seq = tenants.next_seq + $2::BIGINT RETURNING next_seq - $2::BIGINT";
-
-pub(crate) use crate::checks::{stop_event, to_sql_count};

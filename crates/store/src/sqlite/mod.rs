@@ -18,7 +18,7 @@
 //! Admissions queue in front of the connection, first come first served, and the
 //! thread whose turn it is runs what is queued (up to `GROUP_MAX`) as one group
 //! commit: one such transaction, with a savepoint per admission so that each
-//! still succeeds or fails alone (`admit_grouped`). A thread of the store's own
+//! still succeeds or fails alone (`admit_queued`). A thread of the store's own
 //! copies the WAL back into the database, off the requesters' path
 //! (`Checkpointer`).
 //!
@@ -28,15 +28,17 @@
 //!
 //! The code: this file opens the store, runs the writer (group commit, the
 //! checkpointer) and migrates; `sql` holds every statement, `rows` decodes
-//! records, `steps` the steps transactions share, `tx` the transactions,
-//! `store` the contract's methods and `sweeps` the budgets, lease and sweepers.
+//! records, `steps` the steps transactions share, `txn` the shared bodies'
+//! reads and writes (`crate::txn`), `tx` admission's writes, `store` this
+//! store as a `crate::sql_store::SqlStore` (the contract's methods written
+//! once for both stores) and `sweeps` the budgets, lease and sweepers.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::group::{Group, Groups, Ticket};
-use brood_core::{AgentName, Code, Quotas, TenantId};
+use brood_core::{AgentName, Quotas, TenantId};
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
@@ -51,6 +53,7 @@ mod sweeps;
 #[cfg(test)]
 mod tests;
 mod tx;
+mod txn;
 // After `sql`, whose macros the modules above use.
 mod blobs;
 mod idempotency;
@@ -59,10 +62,8 @@ mod nodes;
 mod removal;
 mod shares;
 
-use rows::*;
 use sql::*;
 use steps::*;
-use sweeps::*;
 use tx::*;
 
 /// The embedded migrations, in the order they apply. A version is never reused or
@@ -88,11 +89,6 @@ pub const MIGRATION_COUNT: usize = MIGRATIONS.len();
 
 /// How long a writer waits for another writer's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The recursion guard of the descendants and ancestors walks. Depth quotas stop
-/// far below this (SPEC 9 ceiling: 32); reaching it means the edges (or the
-/// agents' parents) are corrupt.
-pub(crate) const MAX_WALK_DEPTH: i64 = 10_000;
 
 /// How a [`SqliteStore`] opens its file.
 #[derive(Debug, Clone, Copy, Default)]
@@ -279,10 +275,6 @@ impl Fail {
 }
 
 pub(crate) type Tx<T> = std::result::Result<T, Fail>;
-
-fn refused(code: Code, message: String) -> Fail {
-    Fail::Store(StoreError::Refused { code, message })
-}
 
 fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     Fail::Store(StoreError::NotFound {
@@ -542,7 +534,7 @@ impl SqliteStore {
     /// the group's `BEGIN IMMEDIATE` transaction, after the admissions queued
     /// before it, whose writes it sees (so the quota counts stay exact), and
     /// it is answered only once the group has committed.
-    fn admit_grouped(
+    fn admit_queued(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,

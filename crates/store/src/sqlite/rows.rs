@@ -94,8 +94,6 @@ pub(super) fn message_from(row: &Row<'_>) -> Tx<Message> {
     })
 }
 
-pub(super) use crate::checks::encode_artifacts;
-
 pub(super) fn decode_artifacts(text: &str) -> Tx<Vec<Artifact>> {
     Ok(crate::checks::decode_artifacts(text)?)
 }

@@ -2,35 +2,17 @@
 //! appended with their sequence numbers, a run's end written.
 
 use super::{I_EVENT, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, not_found};
-use crate::types::Agent;
 use crate::types::Event;
 use crate::types::NewEvent;
 use brood_core::RunId;
-use brood_core::Status;
 use brood_core::TenantId;
 use rusqlite::Connection;
 
 // ---- shared steps of the transactions -------------------------------------------
 
-pub(super) use crate::steps::{agent_exists, load_agent, must_agent, write_end};
+pub(super) use crate::steps::{agent_exists, load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
-pub(super) fn check_move(agent: &Agent, to: Status) -> Tx<Status> {
-    Ok(crate::checks::check_move(agent, to)?)
-}
-
-pub(super) fn check_current_run(agent: &Agent, run: &RunId) -> Tx<()> {
-    Ok(crate::checks::check_current_run(agent, run)?)
-}
-
-pub(super) fn check_json_object(
-    what: impl FnOnce() -> String,
-    text: &str,
-    one_line: bool,
-) -> Tx<()> {
-    Ok(crate::checks::check_json_object(what, text, one_line)?)
-}
-
 pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
     Ok(crate::checks::check_events(events)?)
 }
@@ -53,6 +35,20 @@ pub(super) fn append_events_tx(
         if !agent_exists(tx, tenant, &e.agent)? {
             return Err(not_found(tenant, &e.agent));
         }
+    }
+    insert_events_tx(tx, tenant, events, now_ms)
+}
+
+/// [`append_events_tx`] without its checks, for events already checked
+/// (an admission's, by `crate::admission::decide`).
+pub(super) fn insert_events_tx(
+    tx: &Connection,
+    tenant: &TenantId,
+    events: &[NewEvent],
+    now_ms: i64,
+) -> Tx<Vec<Event>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
     }
     let next: i64 = tx
         .prepare_cached(Q_NEXT_SEQ)?
@@ -86,5 +82,3 @@ pub(super) fn append_events_tx(
         .execute((tenant.as_str(), after))?;
     Ok(out)
 }
-
-pub(super) use crate::checks::{stop_event, to_sql_count};

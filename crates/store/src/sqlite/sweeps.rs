@@ -12,11 +12,9 @@ use crate::types::Fence;
 use crate::types::NewEvent;
 use crate::types::Result;
 use crate::types::RunEnd;
-use crate::types::Usage;
 use brood_core::AgentName;
 use brood_core::TenantId;
 use brood_core::Terminal;
-use rusqlite::Row;
 
 // ---- budgets, leases and sweepers (SPEC 9) --------------------------------------
 
@@ -47,14 +45,6 @@ pub(super) const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
     " WHERE tenant = ?1 AND parent = ?2 AND ",
     unfinished!()
 );
-pub(super) fn usage_row(r: &Row<'_>) -> rusqlite::Result<Usage> {
-    Ok(Usage {
-        tokens_in: r.get::<_, i64>(0)?.max(0) as u64,
-        tokens_out: r.get::<_, i64>(1)?.max(0) as u64,
-        cost_usd: r.get(2)?,
-    })
-}
-
 impl Sweeps for SqliteStore {
     fn acquire_lease(&self, name: &str, holder: &str, now_ms: i64) -> Result<Fence> {
         self.write(|tx| sweeps::acquire_lease(tx, name, holder, now_ms))

@@ -1,0 +1,148 @@
+//! The reads and the one append of the records that are more than a query,
+//! written once for both stores: a message appended at the next position
+//! of its session, an agent's children (an unknown agent is an error, not
+//! an empty family), the parent-death plan with its cycle checks, an
+//! agent's spend, the unfinished agents of supervisors.
+
+use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
+
+use crate::txn::{MAX_WALK_DEPTH, Txn, Val, not_found, refused};
+use crate::types::{Agent, Message, Spend, StoreError};
+
+/// `Transcripts::append_message`: the position read here must still be the
+/// last one when the message is inserted (the store's write lock, or the
+/// tenant's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn append_message<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    agent: &AgentName,
+    session: &SessionName,
+    run: &RunId,
+    role: &str,
+    content: &str,
+    now_ms: i64,
+) -> Result<Message, D::Err> {
+    if !db.exists(tenant, agent)? {
+        return Err(not_found(tenant, agent).into());
+    }
+    let (t, a, s) = (
+        Val::Text(tenant.as_str()),
+        Val::Text(agent.as_str()),
+        Val::Text(session.as_str()),
+    );
+    let r = Val::Text(run.as_str());
+    if db.int(D::SQL.run_of_agent, &[t, a, r])? == 0 {
+        return Err(refused(
+            Code::Conflict,
+            format!("run {run} is not a run of agent {agent} in tenant {tenant}"),
+        )
+        .into());
+    }
+    let seq = 1 + db.int(D::SQL.last_message_seq, &[t, a, s])?;
+    db.exec(
+        D::SQL.insert_message,
+        &[
+            t,
+            a,
+            s,
+            Val::Int(seq),
+            r,
+            Val::Text(role),
+            Val::Text(content),
+            Val::Int(now_ms),
+        ],
+    )?;
+    Ok(Message {
+        tenant: tenant.clone(),
+        agent: agent.clone(),
+        session: session.clone(),
+        seq,
+        run: run.clone(),
+        role: role.to_owned(),
+        content: content.to_owned(),
+        ts_ms: now_ms,
+    })
+}
+
+/// `Records::children`.
+pub(crate) fn children<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+) -> Result<Vec<Agent>, D::Err> {
+    // An unknown agent is an error, not an empty family: a plan built on a
+    // misspelt name must not look like "no children".
+    if !db.exists(tenant, name)? {
+        return Err(not_found(tenant, name).into());
+    }
+    db.agents(
+        D::SQL.children,
+        &[Val::Text(tenant.as_str()), Val::Text(name.as_str())],
+    )
+}
+
+/// `Records::descendants_post_order`.
+pub(crate) fn descendants_post_order<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+) -> Result<Vec<Agent>, D::Err> {
+    if !db.exists(tenant, name)? {
+        return Err(not_found(tenant, name).into());
+    }
+    let rows = db.plan(
+        D::SQL.descendants,
+        &[
+            Val::Text(tenant.as_str()),
+            Val::Text(name.as_str()),
+            Val::Int(MAX_WALK_DEPTH),
+        ],
+    )?;
+    let corrupt = |value: String| StoreError::Corrupt {
+        what: "edges",
+        value,
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for (found, level, agent) in rows {
+        // A planning error changes nothing (SPEC 6 step 2): refuse the plan
+        // rather than hand out an order that cannot be right.
+        if level >= MAX_WALK_DEPTH || found == name.as_str() {
+            return Err(corrupt(format!(
+                "the edges under {tenant}/{name} have a cycle \
+                 ({found} is reached again at level {level})"
+            ))
+            .into());
+        }
+        let Some(agent) = agent else {
+            return Err(
+                corrupt(format!("edge to {tenant}/{found}, which has no agent row")).into(),
+            );
+        };
+        out.push(agent);
+    }
+    Ok(out)
+}
+
+/// `Records::spend`.
+pub(crate) fn spend<D: Txn>(db: &D, tenant: &TenantId, name: &AgentName) -> Result<Spend, D::Err> {
+    if !db.exists(tenant, name)? {
+        return Err(not_found(tenant, name).into());
+    }
+    let (t, n) = (Val::Text(tenant.as_str()), Val::Text(name.as_str()));
+    let own = db.usage(D::SQL.own_usage, &[t, n])?;
+    let subtree = db.usage(D::SQL.subtree_usage, &[t, n, Val::Int(MAX_WALK_DEPTH)])?;
+    Ok(Spend { own, subtree })
+}
+
+/// `Recovery::unfinished_of`: a supervisor named twice is listed once.
+pub(crate) fn unfinished_of<D: Txn>(db: &D, supervisors: &[String]) -> Result<Vec<Agent>, D::Err> {
+    let mut out = Vec::new();
+    for (i, s) in supervisors.iter().enumerate() {
+        if supervisors[..i].contains(s) {
+            continue;
+        }
+        out.extend(db.agents(D::SQL.unfinished_of, &[Val::Text(s)])?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,441 @@
+//! A run's life, written once for both stores (the `Runs` contract and
+//! recovery's ends): start, status changes, the intent of a stop, a run's
+//! end (alone or a stop's in post-order), usage, resume, and the end of
+//! what a dead supervisor ran. Each body runs inside the store's
+//! transaction ([`Txn`]), which keeps what it reads true until the commit;
+//! every status change goes through `Status::transition` (`checks`).
+
+use brood_core::{
+    AgentName, CancelReason, Code, FailReason, Quotas, RunId, Status, TenantId, Terminal,
+};
+
+use crate::admission::fanout;
+use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
+use crate::txn::{Txn, Val, refused};
+use crate::types::{Agent, EndItem, NewEvent, RunEnd};
+
+fn text(s: &str) -> Val<'_> {
+    Val::Text(s)
+}
+
+/// `Runs::start_run`: `queued` → `running`, the run gets its pid, cgroup
+/// and deadline.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_run<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    pid: i32,
+    cgroup: &str,
+    now_ms: i64,
+    events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    let agent = db.must_agent(tenant, name)?;
+    let to = check_move(&agent, Status::Running)?;
+    check_current_run(&agent, run)?;
+    let (t, n) = (text(tenant.as_str()), text(name.as_str()));
+    db.exec(D::SQL.status, &[t, n, text(&to.encode()), Val::Int(now_ms)])?;
+    db.exec(
+        D::SQL.run_started,
+        &[
+            t,
+            text(run.as_str()),
+            Val::Int(i64::from(pid)),
+            text(cgroup),
+            Val::Int(now_ms),
+        ],
+    )?;
+    db.append_events(tenant, events, now_ms)?;
+    db.must_agent(tenant, name)
+}
+
+/// `Runs::set_status`: any other legal move, with its detail.
+pub(crate) fn set_status<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    to: Status,
+    detail: Option<&str>,
+    now_ms: i64,
+    events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    let agent = db.must_agent(tenant, name)?;
+    let to = check_move(&agent, to)?;
+    // Legal moves that need more than a status write have their own
+    // methods; doing them here would leave the run record behind.
+    let other = match (agent.status, to) {
+        (_, Status::Ended(_)) => Some("end_run (the run's record must end too)"),
+        (_, Status::Queued) => Some("resume (a new run is needed)"),
+        (Status::Queued, Status::Running) => {
+            Some("start_run (the run's pid and cgroup are needed)")
+        }
+        _ => None,
+    };
+    if let Some(method) = other {
+        return Err(refused(
+            Code::BadRequest,
+            format!(
+                "agent {name}: {} -> {} goes through {method}, not set_status",
+                agent.status.encode(),
+                to.encode()
+            ),
+        )
+        .into());
+    }
+    db.exec(
+        D::SQL.status_detail,
+        &[
+            text(tenant.as_str()),
+            text(name.as_str()),
+            text(&to.encode()),
+            Val::MaybeText(detail),
+            Val::Int(now_ms),
+        ],
+    )?;
+    db.append_events(tenant, events, now_ms)?;
+    db.must_agent(tenant, name)
+}
+
+/// Ends the agent's current run with `outcome`: the agent's status and
+/// detail, and the run's outcome, exit code, result and end time. The
+/// caller has checked the move.
+pub(crate) fn write_end<D: Txn>(
+    db: &D,
+    agent: &Agent,
+    outcome: Terminal,
+    exit_code: Option<i32>,
+    result: Option<&str>,
+    detail: Option<&str>,
+    now_ms: i64,
+) -> Result<(), D::Err> {
+    let t = text(agent.tenant.as_str());
+    db.exec(
+        D::SQL.status_detail,
+        &[
+            t,
+            text(agent.name.as_str()),
+            text(&Status::Ended(outcome).encode()),
+            Val::MaybeText(detail),
+            Val::Int(now_ms),
+        ],
+    )?;
+    db.exec(
+        D::SQL.run_ended,
+        &[
+            t,
+            text(agent.run.as_str()),
+            text(&outcome.encode()),
+            Val::MaybeInt(exit_code.map(i64::from)),
+            Val::MaybeText(result),
+            Val::Int(now_ms),
+        ],
+    )?;
+    Ok(())
+}
+
+/// `Runs::mark_stopping`: the status read here decides the write, so the
+/// transaction must keep another end of the same run from falling between.
+pub(crate) fn mark_stopping<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    names: &[AgentName],
+    outcome: Terminal,
+    now_ms: i64,
+) -> Result<Vec<Agent>, D::Err> {
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let agent = db.must_agent(tenant, name)?;
+        match agent.status {
+            Status::Running | Status::Blocked => {
+                let to = check_move(&agent, Status::Stopping(outcome))?;
+                db.exec(
+                    D::SQL.status,
+                    &[
+                        text(tenant.as_str()),
+                        text(name.as_str()),
+                        text(&to.encode()),
+                        Val::Int(now_ms),
+                    ],
+                )?;
+            }
+            // No process yet, so nothing to stop: the run ends here.
+            Status::Queued => {
+                check_move(&agent, Status::Ended(outcome))?;
+                let detail = agent.detail.as_deref();
+                write_end(db, &agent, outcome, None, None, detail, now_ms)?;
+            }
+            // Already stopping keeps the intent recorded first; finished stays.
+            Status::Stopping(_) | Status::Ended(_) | Status::Closed(_) => {}
+        }
+        out.push(db.must_agent(tenant, name)?);
+    }
+    Ok(out)
+}
+
+/// `Runs::end_run`: the run's end, and its result on the parent's channel.
+pub(crate) fn end_run<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    end: &RunEnd,
+    events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    let agent = db.must_agent(tenant, name)?;
+    // The outcome recorded with the stop intent stands, whatever the process did.
+    let outcome = match agent.status {
+        Status::Stopping(t) => t,
+        _ => end.outcome,
+    };
+    check_move(&agent, Status::Ended(outcome))?;
+    check_current_run(&agent, run)?;
+    write_end(
+        db,
+        &agent,
+        outcome,
+        end.exit_code,
+        end.result.as_deref(),
+        end.detail.as_deref(),
+        end.now_ms,
+    )?;
+    if let Some(parent) = &agent.parent {
+        let out = end.output.as_ref();
+        let artifacts = out.map(|o| encode_artifacts(&o.artifacts));
+        db.exec(
+            D::SQL.channel_result,
+            &[
+                text(tenant.as_str()),
+                text(parent.as_str()),
+                text(name.as_str()),
+                Val::MaybeText(end.result.as_deref()),
+                Val::MaybeText(out.map(|o| o.refs.as_str())),
+                Val::MaybeText(artifacts.as_deref()),
+            ],
+        )?;
+    }
+    db.append_events(tenant, events, end.now_ms)?;
+    db.must_agent(tenant, name)
+}
+
+/// `Runs::end_runs`: a stop's ends in the order given (post-order); an item
+/// without an end only appends its events.
+pub(crate) fn end_runs<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    items: &[EndItem],
+) -> Result<Vec<Agent>, D::Err> {
+    let mut out = Vec::with_capacity(items.len());
+    for it in items {
+        match &it.end {
+            Some(end) => out.push(end_run(db, tenant, &it.name, &it.run, end, &it.events)?),
+            None => {
+                db.append_events(tenant, &it.events, it.now_ms)?;
+                out.push(db.must_agent(tenant, &it.name)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `Runs::record_usage`: one update, no read before it.
+pub(crate) fn record_usage<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    run: &RunId,
+    tokens_in: u64,
+    tokens_out: u64,
+    cost_usd: f64,
+) -> Result<(), D::Err> {
+    let changed = db.exec(
+        D::SQL.run_usage,
+        &[
+            text(tenant.as_str()),
+            text(run.as_str()),
+            Val::Int(to_sql_count(tokens_in)),
+            Val::Int(to_sql_count(tokens_out)),
+            Val::Real(cost_usd),
+        ],
+    )?;
+    if changed == 0 {
+        return Err(refused(
+            Code::NotFound,
+            format!("run {run} does not exist in tenant {tenant}"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `Runs::resume` (and `resume_within`, with `quotas`): the parent's status
+/// and its fanout are read here and must still hold at the commit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resume<D: Txn>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    supervisor: &str,
+    now_ms: i64,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    let agent = db.must_agent(tenant, name)?;
+    if !agent.status.is_finished() {
+        return Err(refused(
+            Code::Conflict,
+            format!(
+                "agent {name} is {}: only a finished (ended or closed) agent can be resumed",
+                agent.status.encode()
+            ),
+        )
+        .into());
+    }
+    // An owned child never outlives its parent: a child resumed under a parent
+    // that is stopping or over would be missed by every cascade. A queued parent is
+    // fine (a restart resumes parents and children together); its own end will
+    // plan this child in.
+    if let Some(p) = &agent.parent {
+        let parent_status = db.agent(tenant, p)?.map(|pa| pa.status);
+        if !matches!(
+            parent_status,
+            Some(Status::Queued | Status::Running | Status::Blocked)
+        ) {
+            let shown = parent_status.map_or_else(|| "missing".to_owned(), Status::encode);
+            return Err(refused(
+                Code::ParentMismatch,
+                format!("agent {name} cannot be resumed: its parent {p} is {shown}"),
+            )
+            .into());
+        }
+        // The resumed agent is finished, so it is not among the counted.
+        if let Some(q) = quotas {
+            let fanout = fanout(db, tenant, p)?;
+            if fanout >= i64::from(q.max_fanout) {
+                return Err(refused(
+                    Code::QuotaFanout,
+                    format!(
+                        "fanout quota: resuming {name} would give its parent {p} in tenant \
+                         {tenant} {} unfinished children, and max_fanout is {}",
+                        fanout + 1,
+                        q.max_fanout
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    let to = check_move(&agent, Status::Queued)?;
+    let (t, n) = (text(tenant.as_str()), text(name.as_str()));
+    let last = db.int(D::SQL.last_run_seq, &[t, n])?;
+    db.exec(
+        D::SQL.insert_run,
+        &[
+            text(run.as_str()),
+            t,
+            n,
+            Val::Int(last + 1),
+            Val::Int(now_ms),
+        ],
+    )?;
+    db.exec(
+        D::SQL.resumed,
+        &[
+            t,
+            n,
+            text(&to.encode()),
+            text(run.as_str()),
+            text(supervisor),
+            Val::Int(now_ms),
+        ],
+    )?;
+    // The channel shows the current run: no result until this run ends (SPEC 4,
+    // `result.md` only with a terminal status). The old result stays on its run.
+    if let Some(p) = &agent.parent {
+        let none = Val::MaybeText(None);
+        db.exec(
+            D::SQL.channel_result,
+            &[t, text(p.as_str()), n, none, none, none],
+        )?;
+    }
+    db.append_events(tenant, events, now_ms)?;
+    db.must_agent(tenant, name)
+}
+
+/// `Recovery::recover` (and `recover_lost`, with `lost`): every unfinished
+/// agent of the `dead` supervisors ends. It spans tenants: where tenants
+/// are locked (PostgreSQL), it locks each tenant it ends agents in before
+/// it reads them for good, so an admission or a resume under one of them,
+/// on any node, either sees the end or is seen by it.
+pub(crate) fn recover<D: Txn>(
+    db: &D,
+    dead: &[String],
+    lost: bool,
+    now_ms: i64,
+) -> Result<Vec<Agent>, D::Err> {
+    // A supervisor named twice is recovered once: its agents are read up front
+    // here, so a second pass would find them already ended and refuse the move.
+    let mut supervisors: Vec<&str> = Vec::with_capacity(dead.len());
+    for s in dead {
+        if !supervisors.contains(&s.as_str()) {
+            supervisors.push(s.as_str());
+        }
+    }
+    // Read, lock the tenants not locked yet, read again, until a read finds no
+    // new tenant: that read came after every lock it needs, so it is the one
+    // acted on. Each batch is locked in name order, so two recoveries starting
+    // together (two nodes) do not each hold a lock the other waits for; a
+    // tenant found only by a later read (an agent moved onto a dead supervisor
+    // meanwhile, which nothing does) may break that order, and PostgreSQL then
+    // ends one of the two with a deadlock error, which its caller retries.
+    let mut locked: Vec<String> = Vec::new();
+    let found = loop {
+        let mut found: Vec<(&str, Agent)> = Vec::new();
+        for &supervisor in &supervisors {
+            for agent in db.agents(D::SQL.unfinished_of, &[text(supervisor)])? {
+                found.push((supervisor, agent));
+            }
+        }
+        if !D::LOCKS_TENANTS {
+            break found;
+        }
+        let mut new: Vec<String> = found
+            .iter()
+            .map(|(_, a)| a.tenant.as_str())
+            .filter(|t| !locked.iter().any(|l| l == t))
+            .map(str::to_owned)
+            .collect();
+        if new.is_empty() {
+            break found;
+        }
+        new.sort_unstable();
+        new.dedup();
+        for t in new {
+            db.lock_tenant(&t)?;
+            locked.push(t);
+        }
+    };
+    let mut out = Vec::with_capacity(found.len());
+    for (supervisor, agent) in found {
+        let (outcome, detail) = match agent.status {
+            // The intent recorded before the crash is carried out.
+            Status::Stopping(t) => (t, agent.detail.clone()),
+            // Declared dead by the other nodes: what it ran is lost.
+            _ if lost => (
+                Terminal::Failed(FailReason::Lost),
+                Some(format!(
+                    "node {supervisor} was lost (its heartbeat expired)"
+                )),
+            ),
+            _ => (
+                Terminal::Cancelled(CancelReason::RuntimeRestart),
+                Some(format!("supervisor {supervisor} is gone (runtime restart)")),
+            ),
+        };
+        check_move(&agent, Status::Ended(outcome))?;
+        write_end(db, &agent, outcome, None, None, detail.as_deref(), now_ms)?;
+        db.append_events(&agent.tenant, &[stop_event(&agent, outcome)], now_ms)?;
+        out.push(db.must_agent(&agent.tenant, &agent.name)?);
+    }
+    Ok(out)
+}

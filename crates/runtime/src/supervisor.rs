@@ -739,6 +739,18 @@ fn now_unix_s() -> u64 {
     (now_ms().max(0) / 1000) as u64
 }
 
+/// A run's deadline in whole seconds, for its children's attenuation: the
+/// second its `timeout_s` ends in, rounded *up*. A child that inherits the
+/// rest of its parent's time (`deadline - now`, whole seconds) then gets at
+/// least what is really left, never a second less, and the store caps every
+/// run's deadline at its parent's to the millisecond (`U_RUN_STARTED`): such
+/// a child ends exactly with its parent, as one subtree, swept together.
+fn deadline_unix_s(started_ms: i64, timeout_s: u64) -> u64 {
+    (started_ms.max(0) as u64)
+        .saturating_add(timeout_s.saturating_mul(1000))
+        .div_ceil(1000)
+}
+
 /// The task an agent was created with (kept in its launch spec, so roots have one too).
 fn task_of(a: &Agent) -> String {
     serde_json::from_str::<Value>(&a.spec)

@@ -199,6 +199,10 @@ pub const CASES: &[(&str, Case)] = &[
         overdue_runs_are_found_by_deadline,
     ),
     (
+        "a_childs_deadline_is_never_after_its_parents",
+        a_childs_deadline_is_never_after_its_parents,
+    ),
+    (
         "orphans_have_a_finished_or_missing_parent",
         orphans_have_a_finished_or_missing_parent,
     ),
@@ -308,6 +312,7 @@ macro_rules! conformance_tests {
     spend_rolls_up_the_subtree,
     lease_epochs_fence_old_holders,
     overdue_runs_are_found_by_deadline,
+    a_childs_deadline_is_never_after_its_parents,
     orphans_have_a_finished_or_missing_parent,
     descendants_are_in_post_order,
     create_limit_is_counted_in_the_admission_transaction,

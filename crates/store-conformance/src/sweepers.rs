@@ -194,6 +194,53 @@ pub fn overdue_runs_are_found_by_deadline(store: &dyn Store) {
     assert!(mine(store.overdue(started_at + 60_000, 500).unwrap()).is_empty());
 }
 
+/// SPEC 5: a child's run ends no later than its parent's deadline, to the
+/// millisecond, though `timeout_s` counts whole seconds: one whose own
+/// timeout would end later ends with its parent (both overdue together, so
+/// the sweeper takes the parent's subtree as one); one whose own ends sooner
+/// keeps it.
+pub fn a_childs_deadline_is_never_after_its_parents(store: &dyn Store) {
+    let t = tenant("conf-deadline-cap");
+    let spec = |s: u64| format!(r#"{{"argv":["/bin/true"],"policy":{{"timeout_s":{s}}}}}"#);
+    let started = now();
+    let start = |n: &str, parent: Option<&str>, timeout_s: u64, at: i64| {
+        let mut new = new_agent(&t, n, parent, "sup-deadline-cap");
+        new.spec = spec(timeout_s);
+        let a = store.admit(&new, &[]).unwrap();
+        store
+            .start_run(&t, &a.name, &a.run, 1, "", at, &[])
+            .unwrap();
+        a
+    };
+    start("top", None, 5, started);
+    start("kid", Some("top"), 5, started + 700);
+    start("quick", Some("top"), 1, started + 700);
+    start("grandkid", Some("kid"), 5, started + 900);
+    let mine = |at: i64| -> Vec<String> {
+        let mut v: Vec<String> = store
+            .overdue(at, 500)
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.tenant == t)
+            .map(|a| a.name.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(mine(started + 1_699).is_empty());
+    assert_eq!(
+        mine(started + 1_700),
+        ["quick"],
+        "its own timeout is sooner"
+    );
+    assert_eq!(mine(started + 4_999), ["quick"]);
+    assert_eq!(
+        mine(started + 5_000),
+        ["grandkid", "kid", "quick", "top"],
+        "capped at the parent's deadline, the grandchild at its parent's capped one"
+    );
+}
+
 pub fn orphans_have_a_finished_or_missing_parent(store: &dyn Store) {
     let t = tenant("conf-orphans");
     let p = running(store, &t, "p", None);

@@ -5,7 +5,8 @@
 //! parent's log and a count in `/metrics`.
 
 use super::{
-    Dispatcher, Live, Pending, Reply, ev, new_run_id, now_ms, now_unix_s, rand_u32, stored_policy,
+    Dispatcher, Live, Pending, Reply, deadline_unix_s, ev, new_run_id, now_ms, now_unix_s,
+    rand_u32, stored_policy,
 };
 use crate::api::ApiError;
 use crate::api::Caller;
@@ -119,7 +120,7 @@ impl Dispatcher {
             }
         };
         let deadline = match (policy.timeout_s, run.and_then(|r| r.started_ms)) {
-            (Some(t), Some(started)) => Some((started.max(0) / 1000) as u64 + t),
+            (Some(t), Some(started)) => Some(deadline_unix_s(started, t)),
             _ => None,
         };
         Ok((policy, budget, creates_used, deadline))

@@ -3,7 +3,7 @@
 //! veil, then the spawner; and what the launch's answer records (`agent.start`).
 
 use super::{
-    Cmd, Dispatcher, NETNS_POOL_DEPTH, ev_value, io, now_ms, now_unix_s, reap_orphan_launch,
+    Cmd, Dispatcher, NETNS_POOL_DEPTH, deadline_unix_s, ev_value, io, now_ms, reap_orphan_launch,
     task_of,
 };
 use crate::objects::project_agent;
@@ -257,7 +257,7 @@ impl Dispatcher {
             _ => None,
         };
         // The run's clock starts now; its children must end before its deadline.
-        l.deadline_unix_s = l.policy.timeout_s.map(|t| now_unix_s() + t);
+        l.deadline_unix_s = l.policy.timeout_s.map(|t| deadline_unix_s(now_ms(), t));
         l.door = door_listener;
         // Every secret its policy names has a value here, or it does not
         // start (issue 25): a run hosted where no value was given (another

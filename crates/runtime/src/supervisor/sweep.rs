@@ -21,10 +21,10 @@
 //! how a stop recorded by another supervisor (a cascade across supervisors)
 //! reaches processes it cannot signal itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsRawFd;
 
-use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, Terminal};
+use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, TenantId, Terminal};
 use brood_store::{Agent, Fence, RunEnd, StoreError};
 use tokio::sync::mpsc;
 
@@ -265,7 +265,24 @@ impl Dispatcher {
     }
 
     fn sweep_timeouts(&mut self, fence: &Fence) -> Result<(), StoreError> {
-        for a in self.records.store.overdue(now_ms(), BATCH)? {
+        let overdue = self.records.store.overdue(now_ms(), BATCH)?;
+        // A child's deadline is at most its parent's, so a parent past its
+        // deadline comes with its children, often at the very same
+        // millisecond (an inherited deadline). The parent's sweep cancels its
+        // subtree (`parent_dead`); a child swept first would instead fail
+        // `timed_out` on its own, an answer that depends on row order. So a
+        // row whose parent is in the same batch is left to that parent's
+        // sweep; a grandchild's parent is then in the batch too.
+        let batch: HashSet<(TenantId, AgentName)> = overdue
+            .iter()
+            .map(|a| (a.tenant.clone(), a.name.clone()))
+            .collect();
+        for a in overdue {
+            if let Some(p) = &a.parent
+                && batch.contains(&(a.tenant.clone(), p.clone()))
+            {
+                continue;
+            }
             self.note_read(&a);
             let note = "its run passed the policy's timeout_s";
             self.sweep_subtree(

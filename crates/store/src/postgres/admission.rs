@@ -48,11 +48,19 @@ pub(super) const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, lev
 // Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
 // JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
 // odd value gives no deadline instead of failing the cast and the whole start.
+// Capped at the deadline of the parent's run, as SQLite's is (LEAST skips a
+// NULL: a parent without a deadline caps nothing, and a run without a timeout
+// keeps none).
 pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
-     deadline_ms = ?5 + 1000 * (SELECT CASE \
-       WHEN jsonb_typeof(CAST(agents.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
-       THEN CAST(trunc(CAST(CAST(agents.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
-       END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
+     deadline_ms = (SELECT CASE WHEN own.ms IS NULL THEN NULL ELSE LEAST(own.ms, pr.deadline_ms) END \
+       FROM agents c \
+       CROSS JOIN LATERAL (SELECT ?5 + 1000 * (CASE \
+         WHEN jsonb_typeof(CAST(c.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
+         THEN CAST(trunc(CAST(CAST(c.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
+         END) AS ms) AS own \
+       LEFT JOIN agents p ON p.tenant = c.tenant AND p.name = c.parent \
+       LEFT JOIN runs pr ON pr.tenant = p.tenant AND pr.id = p.run AND pr.ended_ms IS NULL \
+       WHERE c.tenant = ?1 AND c.name = runs.agent) \
      WHERE id = ?2 AND tenant = ?1";
 
 /// The most admissions one group commit takes: about what a burst of

@@ -237,10 +237,15 @@ pub(crate) const U_NEXT_SEQ: &str = "UPDATE tenants SET next_seq = ?2 WHERE id =
 pub(crate) const U_STATUS: &str =
     "UPDATE agents SET status = ?3, updated_ms = ?4 WHERE tenant = ?1 AND name = ?2";
 // The deadline is the start plus the `timeout_s` of the effective policy recorded
-// in the agent's spec at admission (NULL, no deadline, when it has none).
+// in the agent's spec at admission (NULL, no deadline, when it has none), and
+// never after the deadline of its parent's run (SPEC 5: a child ends no later
+// than its parent's deadline; `timeout_s` is whole seconds, this is exact).
 pub(crate) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
-     deadline_ms = ?5 + 1000 * CAST(json_extract((SELECT spec FROM agents \
-       WHERE agents.tenant = ?1 AND agents.name = runs.agent), '$.policy.timeout_s') AS INTEGER) \
+     deadline_ms = (SELECT MIN(?5 + 1000 * CAST(json_extract(c.spec, '$.policy.timeout_s') AS INTEGER), \
+         COALESCE(pr.deadline_ms, ?5 + 1000 * CAST(json_extract(c.spec, '$.policy.timeout_s') AS INTEGER))) \
+       FROM agents c LEFT JOIN agents p ON p.tenant = c.tenant AND p.name = c.parent \
+       LEFT JOIN runs pr ON pr.tenant = p.tenant AND pr.id = p.run AND pr.ended_ms IS NULL \
+       WHERE c.tenant = ?1 AND c.name = runs.agent) \
      WHERE id = ?2 AND tenant = ?1";
 pub(crate) const U_RUN_USAGE: &str = "UPDATE runs SET tokens_in = ?3, tokens_out = ?4, cost_usd = ?5 \
      WHERE id = ?2 AND tenant = ?1";

@@ -12,7 +12,6 @@ use brood_core::{AgentName, Code, ItemStatus, JobStatus, TenantId};
 
 use crate::checks::{check_json_object, refused};
 use crate::db::{Db, Row, int, narrow, parse};
-use crate::steps::agent_exists;
 use crate::types::{Attempt, AttemptOutcome, Job, JobItem, NewEvent, NewItem, NewJob, StoreError};
 
 // The columns of a job, an item and an attempt row, in the order `job_from`,
@@ -285,7 +284,7 @@ pub(crate) fn create_job<D: Db>(
     events: &[NewEvent],
 ) -> Result<Job, D::Err> {
     let t = &job.tenant;
-    if !agent_exists(db, t, &job.owner)? {
+    if !db.exists(t, &job.owner)? {
         return Err(StoreError::NotFound {
             tenant: t.to_string(),
             name: job.owner.to_string(),

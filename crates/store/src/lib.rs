@@ -31,9 +31,7 @@ mod records;
 mod removal;
 mod runs;
 mod sql_store;
-mod steps;
 mod sweeps;
-mod txn;
 mod types;
 
 pub use contract::{

@@ -9,8 +9,7 @@
 
 use brood_core::{AgentName, Code, TenantId};
 
-use crate::db::{Db, Row, int, narrow, parse};
-use crate::steps::agent_at;
+use crate::db::{Db, Row, agent_at, int, narrow, parse};
 use crate::types::{Agent, Inbound, NewNode, Node, StoreError};
 
 const U_NODE: &str = "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) \

@@ -9,7 +9,7 @@
 use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
 
 use crate::contract::{Admission, Records, Recovery, Runs, Transcripts};
-use crate::txn::{Txn, Val};
+use crate::db::{Db, Value};
 use crate::types::{
     Agent, Channel, EndItem, Event, Message, NewAgent, NewEvent, Result, Run, RunEnd, Spend,
     StoreError,
@@ -19,7 +19,7 @@ use crate::{admission, records, runs};
 /// A store the shared contract runs on.
 pub(crate) trait SqlStore {
     type Err: From<StoreError>;
-    type Db<'c>: Txn<Err = Self::Err>;
+    type Db<'c>: Db<Err = Self::Err>;
 
     /// Runs `f` on a connection (reads that need no transaction).
     fn reading<T>(
@@ -52,8 +52,8 @@ pub(crate) trait SqlStore {
     ) -> Result<Agent>;
 }
 
-fn text(s: &str) -> Val<'_> {
-    Val::Text(s)
+fn text(s: &str) -> Value<'_> {
+    Value::from(s)
 }
 
 impl<S: SqlStore> Admission for S {
@@ -81,7 +81,11 @@ impl<S: SqlStore> Admission for S {
         admission::check_quota_key(tenant, key, value)?;
         // One upsert, no read before it: no tenant lock needed.
         self.writing_any(|db| {
-            let params = [text(tenant.as_str()), text(key), Val::Int(i64::from(value))];
+            let params = [
+                text(tenant.as_str()),
+                text(key),
+                Value::from(i64::from(value)),
+            ];
             db.exec(S::Db::SQL.set_tenant_quota, &params)?;
             Ok(())
         })
@@ -247,8 +251,8 @@ impl<S: SqlStore> Transcripts for S {
     ) -> Result<Vec<Event>> {
         let (t, after, limit) = (
             text(tenant.as_str()),
-            Val::Int(after),
-            Val::Int(limit.into()),
+            Value::from(after),
+            Value::from(limit),
         );
         self.reading(|db| match agent {
             None => db.events(S::Db::SQL.events, &[t, after, limit]),

@@ -9,8 +9,7 @@
 use brood_core::Code;
 
 use crate::checks::refused;
-use crate::db::{Db, Row, int, narrow};
-use crate::steps::agent_at;
+use crate::db::{Db, Row, agent_at, int, narrow};
 use crate::types::{Agent, Fence};
 
 pub(crate) const Q_LEASE: &str = "SELECT name, holder, epoch FROM leases WHERE name = ?1";

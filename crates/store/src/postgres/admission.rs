@@ -20,8 +20,7 @@ use brood_core::{Quotas, TenantId};
 
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
-use super::txn::On;
-use super::{Fail, PgStore, Tx};
+use super::{Db, Fail, PgStore, Tx};
 use crate::group::Group;
 use crate::sql_store::SqlStore;
 use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
@@ -139,18 +138,18 @@ const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended
 
 impl SqlStore for PgStore {
     type Err = Fail;
-    type Db<'c> = On<'c, 'c>;
+    type Db<'c> = Db<'c>;
 
     fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.read(|db| f(&On(db)))
+        self.read(f)
     }
 
     fn writing<T>(&self, tenant: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write(tenant.as_str(), |db| f(&On(db)))
+        self.write(tenant.as_str(), f)
     }
 
     fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write_any(|db| f(&On(db)))
+        self.write_any(f)
     }
 
     fn admit_grouped(

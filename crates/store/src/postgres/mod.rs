@@ -27,9 +27,9 @@
 //! once), recorded in `schema_migrations`.
 //!
 //! The code: this file opens the store, holds the pool and migrates; `db`
-//! is the blocking facade (queries on a connection or a transaction), `rows`
-//! decodes records, `txn` gives the bodies shared with SQLite (`crate::txn`)
-//! their reads and writes, `admit` reads and writes a group of admissions,
+//! is the blocking facade (queries on a connection or a transaction) and
+//! the shared logic's `crate::db::Db` on it, `steps` the event log's
+//! numbering, `admit` reads and writes a group of admissions,
 //! `admission` makes this store a `crate::sql_store::SqlStore` (the
 //! contract's methods written once for both stores), `records` holds this
 //! dialect's statements of the records, and the rest of the contract is in
@@ -44,12 +44,10 @@ mod news;
 mod nodes;
 mod records;
 mod removal;
-mod rows;
 mod shares;
 mod steps;
 mod sweeps;
 mod tx;
-mod txn;
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The statements of the records (transcripts, records, recovery, spend)
-//! that PostgreSQL reads otherwise than SQLite, for `crate::sql_store`
-//! (through `txn::STATEMENTS`), and the idempotency keys, ported from
-//! `sqlite::idempotency`.
+//! that PostgreSQL reads otherwise than SQLite, gathered with admission's
+//! in [`STATEMENTS`] (this dialect's `crate::db::Statements`), and the
+//! idempotency keys, ported from `sqlite::idempotency`.
 //!
 //! Most statements are `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 //! Those written here differ where PostgreSQL reads the same text otherwise:
@@ -18,10 +18,29 @@
 use brood_core::TenantId;
 use tokio_postgres::Row;
 
-use super::rows::narrow;
+use super::admission::{Q_ANCESTOR_OR_SELF, U_RUN_STARTED};
 use super::{PgStore, Tx};
 use crate::contract::Idempotency;
+use crate::db::{Statements, narrow};
 use crate::types::{IdempotentReply, Result};
+
+/// SQLite's statements, but those PostgreSQL reads otherwise (see above
+/// and `admission` for why each differs).
+pub(crate) const STATEMENTS: Statements = Statements {
+    own_usage: Q_OWN_USAGE,
+    subtree_usage: Q_SUBTREE_USAGE,
+    ancestor_or_self: Q_ANCESTOR_OR_SELF,
+    descendants: Q_DESCENDANTS,
+    children: Q_CHILDREN,
+    unfinished_of: Q_UNFINISHED_OF,
+    agents_all: Q_AGENTS_ALL,
+    agents_unfinished: Q_AGENTS_UNFINISHED,
+    stopping_of: Q_STOPPING_OF,
+    supervisors_with_unfinished: Q_SUPERVISORS_WITH_UNFINISHED,
+    tenants: Q_TENANTS,
+    run_started: U_RUN_STARTED,
+    ..crate::sqlite::sql::STATEMENTS
+};
 
 pub(super) const Q_CHILDREN: &str = concat!(
     "SELECT ",
@@ -130,7 +149,7 @@ fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
         key: r.try_get(1)?,
         scope: r.try_get(2)?,
         request_hash: r.try_get(3)?,
-        status: narrow(r, 4, "idempotency.status")?,
+        status: narrow(r.try_get(4)?, "idempotency.status")?,
         body: r.try_get(5)?,
         created_ms: r.try_get(6)?,
         expires_ms: r.try_get(7)?,

@@ -1,6 +1,8 @@
-//! The shared steps of the transactions, as in `sqlite::steps`: loading and
-//! checking agents, events appended with their sequence numbers, a run's end
-//! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
+//! The event log on PostgreSQL, as `sqlite::steps` on SQLite: events
+//! appended with the tenant's next sequence numbers, inside the caller's
+//! transaction, in three round trips whatever their number. The SQL is
+//! `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`, but the tenant's
+//! upsert.
 
 use brood_core::{RunId, TenantId};
 
@@ -10,8 +12,6 @@ use tokio_postgres::types::ToSql;
 use super::db::Params;
 use crate::sqlite::sql::{I_EVENT, Q_AGENT_EXISTS};
 use crate::types::{Event, NewEvent};
-
-pub(crate) use crate::steps::{load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
 pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {

@@ -13,9 +13,10 @@
 use brood_core::{AgentName, TenantId, Terminal};
 
 use super::PgStore;
-use super::steps::{append_events_tx, must_agent};
+use super::steps::append_events_tx;
 use super::tx::{end_run_tx, mark_stopping_tx};
 use crate::contract::Sweeps;
+use crate::db::Db as _;
 use crate::sweeps;
 use crate::types::{Agent, Fence, NewEvent, Result, RunEnd};
 
@@ -77,7 +78,7 @@ impl Sweeps for PgStore {
     ) -> Result<Agent> {
         self.write(tenant.as_str(), |db| {
             sweeps::check_fence(db, Q_LEASE_FOR_SHARE, fence)?;
-            let agent = must_agent(db, tenant, name)?;
+            let agent = db.must_agent(tenant, name)?;
             end_run_tx(db, tenant, name, &agent.run, end, events)
         })
     }

@@ -5,7 +5,6 @@
 
 use brood_core::{AgentName, RunId, TenantId, Terminal};
 
-use super::txn::On;
 use super::{Db, Tx};
 use crate::types::{Agent, NewEvent, RunEnd};
 
@@ -17,7 +16,7 @@ pub(crate) fn mark_stopping_tx(
     outcome: Terminal,
     now_ms: i64,
 ) -> Tx<Vec<Agent>> {
-    crate::runs::mark_stopping(&On(db), tenant, names, outcome, now_ms)
+    crate::runs::mark_stopping(db, tenant, names, outcome, now_ms)
 }
 
 /// `crate::runs::end_run` on `db`.
@@ -29,5 +28,5 @@ pub(crate) fn end_run_tx(
     end: &RunEnd,
     events: &[NewEvent],
 ) -> Tx<Agent> {
-    crate::runs::end_run(&On(db), tenant, name, run, end, events)
+    crate::runs::end_run(db, tenant, name, run, end, events)
 }

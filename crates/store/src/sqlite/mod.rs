@@ -27,11 +27,11 @@
 //! `schema_migrations`; opening an up-to-date file changes nothing.
 //!
 //! The code: this file opens the store, runs the writer (group commit, the
-//! checkpointer) and migrates; `sql` holds every statement, `rows` decodes
-//! records, `steps` the steps transactions share, `txn` the shared bodies'
-//! reads and writes (`crate::txn`), `tx` admission's writes, `store` this
-//! store as a `crate::sql_store::SqlStore` (the contract's methods written
-//! once for both stores) and `sweeps` the budgets, lease and sweepers.
+//! checkpointer) and migrates; `sql` holds every statement, `db` is the
+//! shared logic's `crate::db::Db` on a connection, `steps` the event log's
+//! numbering, `tx` admission's writes, `store` this store as a
+//! `crate::sql_store::SqlStore` (the contract's methods written once for
+//! both stores) and `sweeps` the budgets, lease and sweepers.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -46,14 +46,12 @@ use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 #[macro_use]
 pub(crate) mod sql;
 mod db;
-mod rows;
 mod steps;
 mod store;
 mod sweeps;
 #[cfg(test)]
 mod tests;
 mod tx;
-mod txn;
 // After `sql`, whose macros the modules above use.
 mod blobs;
 mod idempotency;
@@ -283,13 +281,6 @@ fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     })
 }
 
-fn corrupt(what: &'static str, value: impl Into<String>) -> Fail {
-    Fail::Store(StoreError::Corrupt {
-        what,
-        value: value.into(),
-    })
-}
-
 /// An error SQLite did not raise but that belongs with its errors (opening and
 /// migrating the file), so it travels in the same variants with the path.
 fn sqlite_message(message: String) -> rusqlite::Error {
@@ -485,8 +476,10 @@ impl SqliteStore {
     }
 
     /// Runs `body` in one `BEGIN IMMEDIATE` transaction and commits it; any error
-    /// rolls everything back (the transaction is dropped uncommitted).
-    fn write<T>(&self, body: impl FnOnce(&Transaction<'_>) -> Tx<T>) -> Result<T> {
+    /// rolls everything back (the transaction is dropped uncommitted). `body`
+    /// is given the connection: the transaction is on it, and the shared
+    /// logic's `Db` is the connection's.
+    fn write<T>(&self, body: impl FnOnce(&Connection) -> Tx<T>) -> Result<T> {
         let mut conn = self.lock();
         let run = |conn: &mut Connection| -> Tx<T> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;

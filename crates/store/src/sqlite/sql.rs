@@ -72,8 +72,18 @@ macro_rules! run_cols {
     };
 }
 
-// The statements of the steps both stores share, kept with them.
-pub(crate) use crate::steps::{Q_AGENT, Q_AGENT_EXISTS, U_STATUS_DETAIL};
+pub(crate) const Q_AGENT: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND name = ?2"
+);
+pub(crate) const Q_AGENT_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
+pub(crate) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
+     WHERE tenant = ?1 AND name = ?2";
+pub(crate) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
+     WHERE id = ?2 AND tenant = ?1";
+
 pub(crate) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
@@ -277,8 +287,9 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("next_seq", Q_NEXT_SEQ),
 ];
 
-/// The statements the bodies shared with PostgreSQL run (`crate::txn`).
-pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
+/// The statements the bodies shared with PostgreSQL run (`crate::db`).
+pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
+    agent: Q_AGENT,
     agent_exists: Q_AGENT_EXISTS,
     fanout: Q_FANOUT,
     tree_size: Q_TREE_SIZE,
@@ -294,7 +305,7 @@ pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
     status: U_STATUS,
     status_detail: U_STATUS_DETAIL,
     run_started: U_RUN_STARTED,
-    run_ended: crate::steps::U_RUN_ENDED,
+    run_ended: U_RUN_ENDED,
     run_usage: U_RUN_USAGE,
     channel_result: U_CHANNEL_RESULT,
     last_run_seq: Q_LAST_RUN_SEQ,

@@ -1,16 +1,13 @@
-//! The shared steps of the transactions: loading and checking agents, events
-//! appended with their sequence numbers, a run's end written.
+//! The event log on SQLite: events appended with the tenant's next
+//! sequence numbers, inside the caller's transaction.
 
 use super::{I_EVENT, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, not_found};
+use crate::db::Db as _;
 use crate::types::Event;
 use crate::types::NewEvent;
 use brood_core::RunId;
 use brood_core::TenantId;
 use rusqlite::Connection;
-
-// ---- shared steps of the transactions -------------------------------------------
-
-pub(super) use crate::steps::{agent_exists, load_agent, must_agent};
 
 // The checks both stores share, their errors turned into this store's.
 pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
@@ -32,7 +29,7 @@ pub(super) fn append_events_tx(
     check_events(events)?;
     for e in events {
         // The foreign key would refuse it too, with a message that names nothing.
-        if !agent_exists(tx, tenant, &e.agent)? {
+        if !tx.exists(tenant, &e.agent)? {
             return Err(not_found(tenant, &e.agent));
         }
     }

@@ -7,25 +7,26 @@
 
 use brood_core::{Quotas, TenantId};
 
-use super::txn::On;
+use rusqlite::Connection;
+
 use super::{Fail, SqliteStore, Tx};
 use crate::sql_store::SqlStore;
 use crate::types::{Agent, NewAgent, NewEvent, Result};
 
 impl SqlStore for SqliteStore {
     type Err = Fail;
-    type Db<'c> = On<'c>;
+    type Db<'c> = Connection;
 
     fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.read(|conn| f(&On(conn)))
+        self.read(f)
     }
 
     fn writing<T>(&self, _: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write(|tx| f(&On(tx)))
+        self.write(f)
     }
 
     fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write(|tx| f(&On(tx)))
+        self.write(f)
     }
 
     fn admit_grouped(

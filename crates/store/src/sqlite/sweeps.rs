@@ -4,8 +4,9 @@
 //! by an operating-system lock on a file beside the store (the runtime's),
 //! so the lease row is read as it is.
 
-use super::{SqliteStore, append_events_tx, end_run_tx, mark_stopping_tx, must_agent};
+use super::{SqliteStore, append_events_tx, end_run_tx, mark_stopping_tx};
 use crate::contract::Sweeps;
+use crate::db::Db as _;
 use crate::sweeps::{self, Q_LEASE};
 use crate::types::Agent;
 use crate::types::Fence;
@@ -89,7 +90,7 @@ impl Sweeps for SqliteStore {
     ) -> Result<Agent> {
         self.write(|tx| {
             sweeps::check_fence(tx, Q_LEASE, fence)?;
-            let agent = must_agent(tx, tenant, name)?;
+            let agent = tx.must_agent(tenant, name)?;
             end_run_tx(tx, tenant, name, &agent.run, end, events)
         })
     }

@@ -4,7 +4,6 @@
 //! (`SqliteStore::admit_group`). Also the sweepers' entries into the shared
 //! run bodies (`crate::runs`).
 
-use super::txn::On;
 use super::{I_AGENT, I_CHANNEL, I_EDGE, I_RUN, I_TENANT, Tx, insert_events_tx};
 use crate::admission::{Admitted, Live, decide};
 use crate::types::Agent;
@@ -17,20 +16,19 @@ use brood_core::RunId;
 use brood_core::Status;
 use brood_core::TenantId;
 use brood_core::Terminal;
-use rusqlite::Transaction;
+use rusqlite::Connection;
 
 /// Admission, with the quota checks when `quotas` is given: decided on the
 /// transaction, which sees the admissions before it in the group, then
 /// written. The agent returned is built from the values it was inserted
 /// with: reading it back cost a query and a decode of every column.
 pub(super) fn admit_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     new: &NewAgent,
     quotas: Option<&Quotas>,
     events: &[NewEvent],
 ) -> Tx<Agent> {
-    let on = On(tx);
-    let facts = Live(&on);
+    let facts = Live(tx);
     let Admitted { agent, parent } = decide(&facts, new, quotas, events)?;
     let t = &new.tenant;
     tx.prepare_cached(I_TENANT)?
@@ -80,23 +78,23 @@ pub(super) fn admit_tx(
 
 /// `crate::runs::mark_stopping` on a transaction (the sweepers').
 pub(super) fn mark_stopping_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     tenant: &TenantId,
     names: &[AgentName],
     outcome: Terminal,
     now_ms: i64,
 ) -> Tx<Vec<Agent>> {
-    crate::runs::mark_stopping(&On(tx), tenant, names, outcome, now_ms)
+    crate::runs::mark_stopping(tx, tenant, names, outcome, now_ms)
 }
 
 /// `crate::runs::end_run` on a transaction (the sweepers').
 pub(super) fn end_run_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     tenant: &TenantId,
     name: &AgentName,
     run: &RunId,
     end: &RunEnd,
     events: &[NewEvent],
 ) -> Tx<Agent> {
-    crate::runs::end_run(&On(tx), tenant, name, run, end, events)
+    crate::runs::end_run(tx, tenant, name, run, end, events)
 }

@@ -1,9 +1,9 @@
 //! Jobs, their items and every attempt (SPEC 10, [`crate::Jobs`]), written
 //! once for both stores over [`Db`]: the reads, the checks (the status
 //! machines, the fencing of an attempt), the writes and the events of each
-//! call, in order. Each store runs a call in its own transaction
-//! (`sqlite::jobs`: `BEGIN IMMEDIATE`; `postgres::jobs`: under the
-//! tenant's advisory lock), so the checks still hold when it commits.
+//! call, in order. Each call runs in the store's transaction of the
+//! tenant (`sql_store::jobs`: SQLite's `BEGIN IMMEDIATE`, PostgreSQL's
+//! tenant lock), so the checks still hold when it commits.
 
 use std::collections::BTreeSet;
 

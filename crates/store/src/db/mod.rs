@@ -98,7 +98,7 @@ pub(crate) trait Row {
 /// The statements the shared logic runs where the two dialects read the
 /// same text otherwise (collations, casts, JSON, `GREATEST`, row locks):
 /// SQLite's are `sqlite::sql::STATEMENTS`, PostgreSQL's
-/// `postgres::records::STATEMENTS`. A table of `&str`s rather than an
+/// `postgres::sql::STATEMENTS`. A table of `&str`s rather than an
 /// associated const per statement: PostgreSQL's is SQLite's with the few
 /// that differ replaced (`..sqlite::sql::STATEMENTS`), which shows at one
 /// glance which statements are each dialect's own. A statement both read
@@ -159,6 +159,21 @@ pub(crate) struct Statements {
     pub last_event_seq: &'static str,
     pub tenant_quotas: &'static str,
     pub set_tenant_quota: &'static str,
+    /// `?1` lease: the lease row inside a sweeper's write, as the fence
+    /// reads it (PostgreSQL keeps it as read until the commit).
+    pub lease_fenced: &'static str,
+    /// `?1` node, `?2` now: its heartbeat, the later of the two kept.
+    pub heartbeat: &'static str,
+    /// `?1` tenant, `?2` `placed_on(node)`, `?3` limit: the agents placed
+    /// on a node, oldest first, locked as read where nodes race for them.
+    pub placed: &'static str,
+    /// `?1` host, `?2` tenant, `?3` limit: the oldest inputs for a host's
+    /// agents, taken (deleted and returned).
+    pub take_inbox: &'static str,
+    /// Every node with its unfinished agents, by id in byte order.
+    pub nodes: &'static str,
+    /// `?1` tenant: every slot share, by holder in byte order.
+    pub slot_shares: &'static str,
 }
 
 /// A row of [`Statements::descendants`]: the name reached, its level, and

@@ -1,9 +1,4 @@
-//! PostgreSQL as a [`SqlStore`] (the contract's `Admission`, `Runs`,
-//! `Transcripts`, `Records` and `Recovery`, written once in
-//! `crate::sql_store`): every read-then-write runs in a transaction under
-//! its tenant's advisory lock (`PgStore::write`), so it is exact across
-//! nodes; and admission's group commit, with the statements this dialect
-//! reads otherwise than SQLite (the walk up the parents, a run's deadline).
+//! Admission's group commit on PostgreSQL (`SqlStore::admit_grouped`).
 //!
 //! Admissions are group-committed, as on SQLite (`crate::group`): the
 //! tenant's lock is held until the commit, and the commit waits for the WAL
@@ -16,43 +11,13 @@
 //! between two nodes' groups), and admissions in different tenants still run
 //! at once on the pool's other connections.
 
-use brood_core::{Quotas, TenantId};
+use brood_core::Quotas;
 
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
-use super::{Db, Fail, PgStore, Tx};
+use super::{PgStore, Tx};
 use crate::group::Group;
-use crate::sql_store::SqlStore;
 use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
-
-// The cycle check: walk up from ?3 through the parents (the primary key at each
-// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
-// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
-// highest level reached (the guard: a parent chain that loops climbs to it).
-// Rewritten from SQLite's: PostgreSQL has no MAX of a boolean (`bool_or`
-// instead), and the level is BIGINT in both terms of the recursive CTE (they
-// must agree), so `?4` is BIGINT and takes an i64.
-pub(super) const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
-     SELECT name, parent, CAST(0 AS BIGINT) FROM agents WHERE tenant = ?1 AND name = ?3 \
-     UNION ALL \
-     SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents \
-      WHERE agents.tenant = ?1 AND agents.name = up.parent \
-       AND up.name <> ?2 AND up.level < ?4\
-     ) \
-     SELECT COUNT(*), COALESCE(bool_or(name = ?2), FALSE), \
-      CAST(COALESCE(MAX(level), 0) AS BIGINT) FROM up";
-
-// The deadline is the start plus the `timeout_s` of the effective policy recorded
-// in the agent's spec at admission (NULL, no deadline, when it has none).
-// Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
-// JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
-// odd value gives no deadline instead of failing the cast and the whole start.
-pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
-     deadline_ms = ?5 + 1000 * (SELECT CASE \
-       WHEN jsonb_typeof(CAST(agents.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
-       THEN CAST(trunc(CAST(CAST(agents.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
-       END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
-     WHERE id = ?2 AND tenant = ?1";
 
 /// The most admissions one group commit takes: about what a burst of
 /// requesters on one node queues behind one flush, few enough that the
@@ -60,7 +25,7 @@ pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, s
 pub(crate) const GROUP_MAX: usize = 64;
 
 impl PgStore {
-    fn admit_queued(
+    pub(super) fn admit_queued(
         &self,
         new: &NewAgent,
         quotas: Option<&Quotas>,
@@ -135,29 +100,3 @@ impl PgStore {
 /// The tenant's advisory transaction lock if no one holds it (`LOCK_TENANT`
 /// waits for it).
 const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))";
-
-impl SqlStore for PgStore {
-    type Err = Fail;
-    type Db<'c> = Db<'c>;
-
-    fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.read(f)
-    }
-
-    fn writing<T>(&self, tenant: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write(tenant.as_str(), f)
-    }
-
-    fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write_any(f)
-    }
-
-    fn admit_grouped(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_queued(new, quotas, events)
-    }
-}

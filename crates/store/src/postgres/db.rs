@@ -16,7 +16,7 @@ use tokio_postgres::{Client, Row, Statement, Transaction};
 
 use brood_core::TenantId;
 
-use super::records::STATEMENTS;
+use super::sql::STATEMENTS;
 use super::{Fail, Tx};
 use crate::db::{Statements, Value};
 use crate::types::{Event, NewEvent};

@@ -27,11 +27,12 @@
 //! `schema_migrations`; opening an up-to-date file changes nothing.
 //!
 //! The code: this file opens the store, runs the writer (group commit, the
-//! checkpointer) and migrates; `sql` holds every statement, `db` is the
-//! shared logic's `crate::db::Db` on a connection, `steps` the event log's
-//! numbering, `tx` admission's writes, `store` this store as a
-//! `crate::sql_store::SqlStore` (the contract's methods written once for
-//! both stores) and `sweeps` the budgets, lease and sweepers.
+//! checkpointer) and migrates; `sql` holds every statement (the dialect's
+//! `crate::db::Statements` among them), `db` is the shared logic's
+//! `crate::db::Db` on a connection, `steps` the event log's numbering,
+//! `admit` admission's writes, and `store` this store as a
+//! `crate::sql_store::SqlStore`: the whole contract is written once for
+//! both stores there.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -45,24 +46,17 @@ use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;
+// After `sql`, whose macros they use.
+mod admit;
 mod db;
 mod steps;
 mod store;
-mod sweeps;
 #[cfg(test)]
 mod tests;
-mod tx;
-// After `sql`, whose macros the modules above use.
-mod blobs;
-mod idempotency;
-mod jobs;
-mod nodes;
-mod removal;
-mod shares;
 
+use admit::admit_tx;
 use sql::*;
 use steps::*;
-use tx::*;
 
 /// The embedded migrations, in the order they apply. A version is never reused or
 /// edited once released: a change is a new file.

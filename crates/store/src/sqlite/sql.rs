@@ -261,6 +261,41 @@ pub(crate) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key,
 pub(crate) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
      updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
 
+// ---- budgets (SPEC 9) ----------------------------------------------------------
+
+// An agent's own spend: every run of it (the (tenant, agent, seq) index).
+pub(crate) const Q_OWN_USAGE: &str = "SELECT COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0), \
+     COALESCE(SUM(cost_usd), 0.0) FROM runs WHERE tenant = ?1 AND agent = ?2";
+// Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
+// then every run of each agent met, plus its own.
+pub(crate) const Q_SUBTREE_USAGE: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT ?2, 0",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name) AS (SELECT DISTINCT name FROM walk)",
+    " SELECT COALESCE(SUM(runs.tokens_in), 0), COALESCE(SUM(runs.tokens_out), 0),",
+    "  COALESCE(SUM(runs.cost_usd), 0.0)",
+    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
+);
+// A parent's unfinished children with their specs (the budget check), through
+// the partial index of unfinished agents.
+pub(crate) const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
+pub(crate) const Q_CREATED_SINCE: &str = "SELECT COUNT(*) FROM agents INDEXED BY agents_by_parent \
+     WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
+pub(crate) const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
+    "SELECT name, spec FROM agents INDEXED BY agents_unfinished_by_parent",
+    " WHERE tenant = ?1 AND parent = ?2 AND ",
+    unfinished!()
+);
+
+// ---- what SQLite says its own way of the nodes, the shares and the lease --------
+
+// SQLite's two-argument `MAX` is PostgreSQL's `GREATEST`.
+const U_HEARTBEAT: &str = "UPDATE nodes SET heartbeat_ms = MAX(heartbeat_ms, ?2) WHERE id = ?1";
+
 /// The hot queries whose plans [`SqliteStore::query_plans`] reports.
 pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("agent", Q_AGENT),
@@ -293,11 +328,11 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     agent_exists: Q_AGENT_EXISTS,
     fanout: Q_FANOUT,
     tree_size: Q_TREE_SIZE,
-    run_created: super::sweeps::Q_RUN_CREATED,
-    created_since: super::sweeps::Q_CREATED_SINCE,
-    unfinished_children_specs: super::sweeps::Q_UNFINISHED_CHILDREN_SPECS,
-    own_usage: super::sweeps::Q_OWN_USAGE,
-    subtree_usage: super::sweeps::Q_SUBTREE_USAGE,
+    run_created: Q_RUN_CREATED,
+    created_since: Q_CREATED_SINCE,
+    unfinished_children_specs: Q_UNFINISHED_CHILDREN_SPECS,
+    own_usage: Q_OWN_USAGE,
+    subtree_usage: Q_SUBTREE_USAGE,
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
     children: Q_CHILDREN,
@@ -329,4 +364,12 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     last_event_seq: Q_LAST_EVENT_SEQ,
     tenant_quotas: Q_TENANT_QUOTAS,
     set_tenant_quota: I_TENANT_QUOTA,
+    // `BEGIN IMMEDIATE` already holds the write lock: the row as it is, no
+    // row locks, SQLite's own byte order.
+    lease_fenced: crate::sweeps::Q_LEASE,
+    heartbeat: U_HEARTBEAT,
+    placed: crate::nodes::q_placed!("", ""),
+    take_inbox: crate::nodes::d_take_inbox!(""),
+    nodes: crate::nodes::q_nodes!(""),
+    slot_shares: crate::shares::q_shares!(""),
 };

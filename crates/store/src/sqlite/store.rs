@@ -1,12 +1,12 @@
-//! SQLite as a [`SqlStore`] (the contract's `Admission`, `Runs`,
-//! `Transcripts`, `Records` and `Recovery`, written once in
-//! `crate::sql_store`): reads on a free reader connection, every
-//! read-then-write in one `BEGIN IMMEDIATE` transaction (which locks every
-//! tenant at once), admissions through the group commit. The sweepers'
-//! part is in `sweeps`.
+//! SQLite as a [`SqlStore`] (the whole contract, written once in
+//! `crate::sql_store`): reads on a free reader connection, every write in
+//! one `BEGIN IMMEDIATE` transaction (which locks every tenant, and every
+//! tenant's slots, at once), admissions through the group commit. One file
+//! has no other nodes to tell of a write, and its sweepers' lease is locked
+//! by the runtime on a file beside it, so the contract's defaults stand
+//! there.
 
 use brood_core::{Quotas, TenantId};
-
 use rusqlite::Connection;
 
 use super::{Fail, SqliteStore, Tx};
@@ -28,6 +28,20 @@ impl SqlStore for SqliteStore {
     fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
         self.write(f)
     }
+
+    fn writing_quiet<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write(f)
+    }
+
+    fn writing_slots<T>(&self, _: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write(f)
+    }
+
+    fn writing_one<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
+        self.write(f)
+    }
+
+    fn announce(&self) {}
 
     fn admit_grouped(
         &self,

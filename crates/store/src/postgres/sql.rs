@@ -1,7 +1,5 @@
-//! The statements of the records (transcripts, records, recovery, spend)
-//! that PostgreSQL reads otherwise than SQLite, gathered with admission's
-//! in [`STATEMENTS`] (this dialect's `crate::db::Statements`), and the
-//! idempotency keys, ported from `sqlite::idempotency`.
+//! The statements PostgreSQL reads otherwise than SQLite, gathered in
+//! [`STATEMENTS`] (this dialect's `crate::db::Statements`).
 //!
 //! Most statements are `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
 //! Those written here differ where PostgreSQL reads the same text otherwise:
@@ -13,19 +11,16 @@
 //!   types `1` as INTEGER, and the level guard's parameter would then be an
 //!   INTEGER, which an i64 cannot be bound to;
 //! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
-//! - `INSERT OR IGNORE` is `ON CONFLICT DO NOTHING`.
+//! - SQLite's two-argument `MAX` is `GREATEST`, and the WHERE of a JSON
+//!   path is `jsonb`'s;
+//! - where nodes race for rows (a claim, a take) they are read
+//!   `FOR UPDATE SKIP LOCKED`, so two nodes never get one row and never
+//!   wait on each other; a sweeper's fence reads the lease `FOR SHARE`.
 
-use brood_core::TenantId;
-use tokio_postgres::Row;
-
-use super::admission::{Q_ANCESTOR_OR_SELF, U_RUN_STARTED};
-use super::{PgStore, Tx};
-use crate::contract::Idempotency;
-use crate::db::{Statements, narrow};
-use crate::types::{IdempotentReply, Result};
+use crate::db::Statements;
 
 /// SQLite's statements, but those PostgreSQL reads otherwise (see above
-/// and `admission` for why each differs).
+/// and beside each for why it differs).
 pub(crate) const STATEMENTS: Statements = Statements {
     own_usage: Q_OWN_USAGE,
     subtree_usage: Q_SUBTREE_USAGE,
@@ -39,27 +34,70 @@ pub(crate) const STATEMENTS: Statements = Statements {
     supervisors_with_unfinished: Q_SUPERVISORS_WITH_UNFINISHED,
     tenants: Q_TENANTS,
     run_started: U_RUN_STARTED,
+    lease_fenced: Q_LEASE_FOR_SHARE,
+    heartbeat: U_HEARTBEAT,
+    placed: crate::nodes::q_placed!(" COLLATE \"C\"", " FOR UPDATE SKIP LOCKED"),
+    take_inbox: crate::nodes::d_take_inbox!(" FOR UPDATE SKIP LOCKED"),
+    nodes: crate::nodes::q_nodes!(" COLLATE \"C\""),
+    slot_shares: crate::shares::q_shares!(" COLLATE \"C\""),
     ..crate::sqlite::sql::STATEMENTS
 };
 
-pub(super) const Q_CHILDREN: &str = concat!(
+// The cycle check: walk up from ?3 through the parents (the primary key at each
+// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
+// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
+// highest level reached (the guard: a parent chain that loops climbs to it).
+// Rewritten from SQLite's: PostgreSQL has no MAX of a boolean (`bool_or`
+// instead), and the level is BIGINT in both terms of the recursive CTE (they
+// must agree), so `?4` is BIGINT and takes an i64.
+const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
+     SELECT name, parent, CAST(0 AS BIGINT) FROM agents WHERE tenant = ?1 AND name = ?3 \
+     UNION ALL \
+     SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents \
+      WHERE agents.tenant = ?1 AND agents.name = up.parent \
+       AND up.name <> ?2 AND up.level < ?4\
+     ) \
+     SELECT COUNT(*), COALESCE(bool_or(name = ?2), FALSE), \
+      CAST(COALESCE(MAX(level), 0) AS BIGINT) FROM up";
+
+// The deadline is the start plus the `timeout_s` of the effective policy recorded
+// in the agent's spec at admission (NULL, no deadline, when it has none).
+// Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
+// JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
+// odd value gives no deadline instead of failing the cast and the whole start.
+const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
+     deadline_ms = ?5 + 1000 * (SELECT CASE \
+       WHEN jsonb_typeof(CAST(agents.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
+       THEN CAST(trunc(CAST(CAST(agents.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
+       END FROM agents WHERE agents.tenant = ?1 AND agents.name = runs.agent) \
+     WHERE id = ?2 AND tenant = ?1";
+
+// SQLite's two-argument `MAX`.
+const U_HEARTBEAT: &str =
+    "UPDATE nodes SET heartbeat_ms = GREATEST(heartbeat_ms, ?2) WHERE id = ?1";
+
+// Inside a sweeper's write: the row stays as read until the write commits
+// (an `acquire_lease` meanwhile waits for it).
+const Q_LEASE_FOR_SHARE: &str = "SELECT name, holder, epoch FROM leases WHERE name = ?1 FOR SHARE";
+
+const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND parent = ?2 ORDER BY created_ms, name COLLATE \"C\""
 );
-pub(super) const Q_AGENTS_ALL: &str = concat!(
+const Q_AGENTS_ALL: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 ORDER BY created_ms, name COLLATE \"C\""
 );
-pub(super) const Q_AGENTS_UNFINISHED: &str = concat!(
+const Q_AGENTS_UNFINISHED: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE tenant = ?1 AND ",
     unfinished!(),
     " ORDER BY created_ms, name COLLATE \"C\""
 );
-pub(super) const Q_UNFINISHED_OF: &str = concat!(
+const Q_UNFINISHED_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -68,7 +106,7 @@ pub(super) const Q_UNFINISHED_OF: &str = concat!(
 );
 // The same index as `Q_UNFINISHED_OF` (its WHERE repeated), narrowed to the
 // agents whose stop is recorded: what a supervisor carries out each tick.
-pub(super) const Q_STOPPING_OF: &str = concat!(
+const Q_STOPPING_OF: &str = concat!(
     "SELECT ",
     agent_cols!(""),
     " FROM agents WHERE supervisor = ?1 AND ",
@@ -78,12 +116,12 @@ pub(super) const Q_STOPPING_OF: &str = concat!(
 );
 // The collation is on the selected column, not in the ORDER BY: with
 // DISTINCT, PostgreSQL orders only by what is selected.
-pub(super) const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
+const Q_SUPERVISORS_WITH_UNFINISHED: &str = concat!(
     "SELECT DISTINCT supervisor COLLATE \"C\" FROM agents WHERE ",
     unfinished!(),
     " ORDER BY 1"
 );
-pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
+const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \"C\"";
 
 // The parent-death plan. `walk` follows the edges' primary key (tenant, parent,
 // child) one level at a time, carrying the level. It is a UNION, so a row already
@@ -96,7 +134,7 @@ pub(super) const Q_TENANTS: &str = "SELECT id FROM tenants ORDER BY id COLLATE \
 // agent that corruption gave two parents). Within a level, newest first, like
 // unwinding a stack. An edge without an agent row (no `created_ms`) comes last
 // in its level, where SQLite's NULL (the smallest value) puts it.
-pub(super) const Q_DESCENDANTS: &str = concat!(
+const Q_DESCENDANTS: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT child, CAST(1 AS BIGINT) FROM edges WHERE tenant = ?1 AND parent = ?2",
     " UNION",
@@ -111,13 +149,13 @@ pub(super) const Q_DESCENDANTS: &str = concat!(
 );
 
 // An agent's own spend: every run of it (the (tenant, agent, seq) index).
-pub(super) const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
      CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
      FROM runs WHERE tenant = ?1 AND agent = ?2";
 // Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
 // then every run of each agent met, plus its own. The first row's types are
 // given: PostgreSQL does not infer a column's type from the recursive term.
-pub(super) const Q_SUBTREE_USAGE: &str = concat!(
+const Q_SUBTREE_USAGE: &str = concat!(
     "WITH RECURSIVE walk(name, level) AS (",
     " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
     " UNION",
@@ -130,74 +168,3 @@ pub(super) const Q_SUBTREE_USAGE: &str = concat!(
     "  COALESCE(SUM(runs.cost_usd), 0.0)",
     " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
 );
-
-// The idempotency keys (`sqlite::idempotency`'s statements, private there).
-const Q_REPLY: &str = "SELECT caller, key, scope, request_hash, status, body, created_ms, expires_ms \
-     FROM idempotency WHERE tenant = ?1 AND caller = ?2 AND key = ?3 AND expires_ms > ?4";
-const D_EXPIRED: &str = "DELETE FROM idempotency WHERE tenant = ?1 AND expires_ms <= ?2";
-// SQLite's `INSERT OR IGNORE`. A key another transaction is inserting makes
-// this one wait for it and then do nothing, so the read after it sees the
-// first answer (the tenant's lock already queues them; this holds without it).
-const I_REPLY: &str = "INSERT INTO idempotency \
-     (tenant, caller, key, scope, request_hash, status, body, created_ms, expires_ms) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (tenant, caller, key) DO NOTHING";
-
-fn reply_row(tenant: &TenantId, r: &Row) -> Tx<IdempotentReply> {
-    Ok(IdempotentReply {
-        tenant: tenant.clone(),
-        caller: r.try_get(0)?,
-        key: r.try_get(1)?,
-        scope: r.try_get(2)?,
-        request_hash: r.try_get(3)?,
-        status: narrow(r.try_get(4)?, "idempotency.status")?,
-        body: r.try_get(5)?,
-        created_ms: r.try_get(6)?,
-        expires_ms: r.try_get(7)?,
-    })
-}
-
-impl Idempotency for PgStore {
-    fn idempotent_reply(
-        &self,
-        tenant: &TenantId,
-        caller: &str,
-        key: &str,
-        now_ms: i64,
-    ) -> Result<Option<IdempotentReply>> {
-        self.read(|db| {
-            db.query_opt(Q_REPLY, &[&tenant.as_str(), &caller, &key, &now_ms])?
-                .map(|r| reply_row(tenant, &r))
-                .transpose()
-        })
-    }
-
-    fn keep_idempotent_reply(
-        &self,
-        reply: &IdempotentReply,
-        now_ms: i64,
-    ) -> Result<IdempotentReply> {
-        let tenant = &reply.tenant;
-        let t = tenant.as_str();
-        self.write(t, |db| {
-            db.exec(D_EXPIRED, &[&t, &now_ms])?;
-            db.exec(
-                I_REPLY,
-                &[
-                    &t,
-                    &reply.caller,
-                    &reply.key,
-                    &reply.scope,
-                    &reply.request_hash,
-                    &i64::from(reply.status),
-                    &reply.body,
-                    &reply.created_ms,
-                    &reply.expires_ms,
-                ],
-            )?;
-            reply_row(
-                tenant,
-                &db.query_one(Q_REPLY, &[&t, &reply.caller, &reply.key, &now_ms])?,
-            )
-        })
-    }
-}

@@ -1,17 +1,18 @@
-//! [`Removal`] on SQLite: the shared removal (`crate::removal`) inside one
-//! `BEGIN IMMEDIATE` transaction, so a resume or an admission on another
-//! connection waits for it and then sees the tree whole or gone.
+//! [`Removal`] once for every [`SqlStore`]: the shared removal
+//! (`crate::removal`) in one transaction of the tenant's, so a resume or an
+//! admission on another connection (or node) waits for it and then sees
+//! the tree whole or gone.
 
 use brood_core::{AgentName, TenantId};
 
-use super::SqliteStore;
+use super::SqlStore;
 use crate::contract::Removal;
 use crate::removal::{finished_trees, remove_job, remove_subtree};
 use crate::types::{FinishedTree, NewEvent, Removed, RemovedJob, Result};
 
-impl Removal for SqliteStore {
+impl<S: SqlStore> Removal for S {
     fn remove_tree(&self, tenant: &TenantId, top: &AgentName) -> Result<Removed> {
-        self.write(|tx| remove_subtree(tx, tenant, top))
+        self.writing(tenant, |db| remove_subtree(db, tenant, top))
     }
 
     fn finished_trees(
@@ -20,7 +21,7 @@ impl Removal for SqliteStore {
         ended_before_ms: i64,
         limit: u32,
     ) -> Result<Vec<FinishedTree>> {
-        self.read(|conn| finished_trees(conn, tenant, ended_before_ms, limit))
+        self.reading(|db| finished_trees(db, tenant, ended_before_ms, limit))
     }
 
     fn remove_job(
@@ -30,6 +31,6 @@ impl Removal for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<RemovedJob> {
-        self.write(|tx| remove_job(tx, tenant, id, events, now_ms))
+        self.writing(tenant, |db| remove_job(db, tenant, id, events, now_ms))
     }
 }

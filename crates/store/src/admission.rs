@@ -20,6 +20,25 @@ use crate::checks::{check_events, check_json_object};
 use crate::db::{Db, MAX_WALK_DEPTH, Value, not_found};
 use crate::types::{Agent, NewAgent, NewEvent, StoreError};
 
+// A subtree's spend: the walk of the descendants (edges' primary key, level
+// guard), then every run of each agent met, plus its own. The types are
+// spelt out for PostgreSQL, which does not infer a column's type from the
+// recursive term and sums BIGINTs as NUMERIC; SQLite reads the casts as the
+// integers and text they already are.
+pub(crate) const Q_SUBTREE_USAGE: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name) AS (SELECT DISTINCT name FROM walk)",
+    " SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT),",
+    "  CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT),",
+    "  COALESCE(SUM(runs.cost_usd), 0.0)",
+    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
+);
+
 /// What an admission is decided on. Every count is as the store would hold
 /// it had each admission before this one been written alone.
 pub(crate) trait AdmitFacts {
@@ -110,7 +129,7 @@ pub(crate) fn created_in_run<D: Db>(db: &D, p: &Agent) -> Result<i64, D::Err> {
 pub(crate) fn subtree_cost<D: Db>(db: &D, tenant: &TenantId, name: &str) -> Result<f64, D::Err> {
     Ok(db
         .usage(
-            D::SQL.subtree_usage,
+            Q_SUBTREE_USAGE,
             &[
                 Value::from(tenant.as_str()),
                 Value::from(name),

@@ -6,9 +6,16 @@
 
 use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
 
+use crate::admission::Q_SUBTREE_USAGE;
 use crate::checks::refused;
 use crate::db::{Db, MAX_WALK_DEPTH, Value, not_found};
 use crate::types::{Agent, Message, Spend, StoreError};
+
+// An agent's own spend: every run of it (the (tenant, agent, seq) index).
+// Cast for PostgreSQL, which sums BIGINTs as NUMERIC.
+const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
+     FROM runs WHERE tenant = ?1 AND agent = ?2";
 
 /// `Transcripts::append_message`: the position read here must still be the
 /// last one when the message is inserted (the store's write lock, or the
@@ -131,8 +138,8 @@ pub(crate) fn spend<D: Db>(db: &D, tenant: &TenantId, name: &AgentName) -> Resul
         return Err(not_found(tenant, name).into());
     }
     let (t, n) = (Value::from(tenant.as_str()), Value::from(name.as_str()));
-    let own = db.usage(D::SQL.own_usage, &[t, n])?;
-    let subtree = db.usage(D::SQL.subtree_usage, &[t, n, Value::from(MAX_WALK_DEPTH)])?;
+    let own = db.usage(Q_OWN_USAGE, &[t, n])?;
+    let subtree = db.usage(Q_SUBTREE_USAGE, &[t, n, Value::from(MAX_WALK_DEPTH)])?;
     Ok(Spend { own, subtree })
 }
 

@@ -118,10 +118,6 @@ pub(crate) struct Statements {
     pub created_since: &'static str,
     /// `?1` tenant, `?2` parent: its unfinished children's names and specs.
     pub unfinished_children_specs: &'static str,
-    /// `?1` tenant, `?2` agent: its runs' usage summed.
-    pub own_usage: &'static str,
-    /// `?1` tenant, `?2` agent, `?3` the walk's guard: its subtree's usage.
-    pub subtree_usage: &'static str,
     /// `?1` tenant, `?2` candidate, `?3` agent, `?4` guard: agents met on
     /// the walk up, whether the candidate was one (1 or 0), the top level.
     pub ancestor_or_self: &'static str,

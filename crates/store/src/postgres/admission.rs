@@ -1,4 +1,4 @@
-//! Admission's group commit on PostgreSQL (`SqlStore::admit_grouped`).
+//! Admission's group commit on PostgreSQL (`SqlStore::commit_group`).
 //!
 //! Admissions are group-committed, as on SQLite (`crate::group`): the
 //! tenant's lock is held until the commit, and the commit waits for the WAL
@@ -11,13 +11,11 @@
 //! between two nodes' groups), and admissions in different tenants still run
 //! at once on the pool's other connections.
 
-use brood_core::Quotas;
-
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
 use super::{PgStore, Tx};
 use crate::group::Group;
-use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
+use crate::types::{Agent, Result, StoreError};
 
 /// The most admissions one group commit takes: about what a burst of
 /// requesters on one node queues behind one flush, few enough that the
@@ -25,18 +23,12 @@ use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
 pub(crate) const GROUP_MAX: usize = 64;
 
 impl PgStore {
-    pub(super) fn admit_queued(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        let lost = |message: String| StoreError::PostgresSetup {
+    /// The error of an admission whose group was lost.
+    pub(super) fn admission_lost(&self, message: String) -> StoreError {
+        StoreError::PostgresSetup {
             target: self.pool.target.clone(),
             message,
-        };
-        self.admissions
-            .admit(new, quotas, events, |g| self.admit_group(g), &lost)
+        }
     }
 
     /// Runs a group (all of one tenant) in one transaction
@@ -49,7 +41,7 @@ impl PgStore {
     /// alone, so that one admission's failure is its own. A connection lost
     /// under it runs it once more on a new one, as any write does
     /// (`Pool::with`).
-    fn admit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+    pub(super) fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
         let ran = self.pool.with(|c| {
             c.tx(None, |db| {
                 if let Some(first) = group.tickets().first() {

@@ -10,7 +10,6 @@
 //! - the recursive walks cast their literal levels to BIGINT: PostgreSQL
 //!   types `1` as INTEGER, and the level guard's parameter would then be an
 //!   INTEGER, which an i64 cannot be bound to;
-//! - the spend sums are cast back to BIGINT (`SUM(bigint)` is NUMERIC);
 //! - SQLite's two-argument `MAX` is `GREATEST`, and the WHERE of a JSON
 //!   path is `jsonb`'s;
 //! - where nodes race for rows (a claim, a take) they are read
@@ -22,8 +21,6 @@ use crate::db::Statements;
 /// SQLite's statements, but those PostgreSQL reads otherwise (see above
 /// and beside each for why it differs).
 pub(crate) const STATEMENTS: Statements = Statements {
-    own_usage: Q_OWN_USAGE,
-    subtree_usage: Q_SUBTREE_USAGE,
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
     children: Q_CHILDREN,
@@ -146,25 +143,4 @@ const Q_DESCENDANTS: &str = concat!(
     agent_cols!("agents."),
     " FROM plan LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = plan.name",
     " ORDER BY plan.level DESC, agents.created_ms DESC NULLS LAST, plan.name COLLATE \"C\" DESC"
-);
-
-// An agent's own spend: every run of it (the (tenant, agent, seq) index).
-const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
-     CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
-     FROM runs WHERE tenant = ?1 AND agent = ?2";
-// Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
-// then every run of each agent met, plus its own. The first row's types are
-// given: PostgreSQL does not infer a column's type from the recursive term.
-const Q_SUBTREE_USAGE: &str = concat!(
-    "WITH RECURSIVE walk(name, level) AS (",
-    " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
-    " UNION",
-    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
-    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
-    "),",
-    " plan(name) AS (SELECT DISTINCT name FROM walk)",
-    " SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT),",
-    "  CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT),",
-    "  COALESCE(SUM(runs.cost_usd), 0.0)",
-    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
 );

@@ -13,11 +13,6 @@ use super::db::Params;
 use crate::sqlite::sql::{I_EVENT, Q_AGENT_EXISTS};
 use crate::types::{Event, NewEvent};
 
-// The checks both stores share, their errors turned into this store's.
-pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
-    Ok(crate::checks::check_events(events)?)
-}
-
 /// Appends `events` to the tenant's log with the next sequence numbers,
 /// inside the caller's transaction, in three round trips whatever their
 /// number: the agents they name checked together, the tenant's row advanced
@@ -32,7 +27,7 @@ pub(crate) fn append_events_tx(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    check_events(events)?;
+    crate::checks::check_events(events)?;
     let ts = tenant.as_str();
     let names: Vec<&str> = events.iter().map(|e| e.agent.as_str()).collect();
     let checks: Vec<[&(dyn ToSql + Sync); 2]> = names.iter().map(|n| [&ts as _, n as _]).collect();
@@ -82,20 +77,7 @@ pub(crate) fn append_events_tx(
         .collect();
     let inserts: Vec<(&str, Params<'_>)> = params.iter().map(|p| (I_EVENT, &p[..])).collect();
     db.pipeline(&inserts)?;
-    Ok(events
-        .iter()
-        .zip(next..)
-        .map(|(e, seq)| Event {
-            tenant: tenant.clone(),
-            seq,
-            ts_ms: now_ms,
-            agent: e.agent.clone(),
-            run: e.run.clone(),
-            session: e.session.clone(),
-            kind: e.kind.clone(),
-            payload: e.payload.clone(),
-        })
-        .collect())
+    Ok(crate::checks::numbered(tenant, next, now_ms, events))
 }
 
 /// The tenant's row, made if new, its next sequence number advanced by `$2`

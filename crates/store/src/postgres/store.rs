@@ -7,11 +7,12 @@
 //! the sweepers' lease locked for its holder's session (`sweeps`), and the
 //! other nodes' writes heard.
 
-use brood_core::{Quotas, TenantId};
+use brood_core::TenantId;
 
 use super::{Db, Fail, PgStore, Tx};
+use crate::group::{Group, Groups};
 use crate::sql_store::SqlStore;
-use crate::types::{Agent, LeaseLock, NewAgent, NewEvent, Result};
+use crate::types::{Agent, LeaseLock, Result, StoreError};
 
 impl SqlStore for PgStore {
     type Err = Fail;
@@ -50,13 +51,16 @@ impl SqlStore for PgStore {
         self.wrote();
     }
 
-    fn admit_grouped(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_queued(new, quotas, events)
+    fn admissions(&self) -> &Groups {
+        &self.admissions
+    }
+
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+        PgStore::commit_group(self, group)
+    }
+
+    fn admission_lost(&self, message: String) -> StoreError {
+        PgStore::admission_lost(self, message)
     }
 
     fn lease_lock(&self, name: &str) -> Result<LeaseLock> {

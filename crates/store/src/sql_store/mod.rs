@@ -14,6 +14,7 @@ use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, Tenant
 
 use crate::contract::{Admission, Records, Recovery, Runs, Transcripts};
 use crate::db::{Db, Value};
+use crate::group::{Group, Groups};
 use crate::types::{
     Agent, Channel, EndItem, Event, LeaseLock, Message, NewAgent, NewEvent, Result, Run, RunEnd,
     Spend, StoreError,
@@ -89,14 +90,16 @@ pub(crate) trait SqlStore {
     /// [`SqlStore::writing_quiet`] that changed something).
     fn announce(&self);
 
-    /// Admission through the store's group commit, each admission decided
-    /// by `admission::decide`.
-    fn admit_grouped(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent>;
+    /// The admissions queued for their group commit (`crate::group`).
+    fn admissions(&self) -> &Groups;
+
+    /// Commits a group of admissions, each decided by `admission::decide`,
+    /// in one transaction: one answer per ticket of its final `tickets()`,
+    /// in order (see `Groups::admit`).
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>>;
+
+    /// The error of an admission whose group was lost, naming the store.
+    fn admission_lost(&self, message: String) -> StoreError;
 
     /// `Sweeps::lease_lock`: a store shared by nodes locks a lease for its
     /// holder's session; one file's store leaves it to the runtime's lock
@@ -119,13 +122,27 @@ pub(crate) trait SqlStore {
     }
 }
 
+/// Admission through the store's group commit: the requesters queue, and
+/// the one whose turn it is commits what is queued.
+fn admit_grouped<S: SqlStore>(
+    store: &S,
+    new: &NewAgent,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Result<Agent> {
+    let lost = |message: String| store.admission_lost(message);
+    store
+        .admissions()
+        .admit(new, quotas, events, |g| store.commit_group(g), &lost)
+}
+
 fn text(s: &str) -> Value<'_> {
     Value::from(s)
 }
 
 impl<S: SqlStore> Admission for S {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.admit_grouped(new, None, events)
+        admit_grouped(self, new, None, events)
     }
 
     fn admit_with_quotas(
@@ -134,7 +151,7 @@ impl<S: SqlStore> Admission for S {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.admit_grouped(new, Some(quotas), events)
+        admit_grouped(self, new, Some(quotas), events)
     }
 
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {

@@ -18,7 +18,7 @@
 //! Admissions queue in front of the connection, first come first served, and the
 //! thread whose turn it is runs what is queued (up to `GROUP_MAX`) as one group
 //! commit: one such transaction, with a savepoint per admission so that each
-//! still succeeds or fails alone (`admit_queued`). A thread of the store's own
+//! still succeeds or fails alone (`commit_group`). A thread of the store's own
 //! copies the WAL back into the database, off the requesters' path
 //! (`Checkpointer`).
 //!
@@ -39,10 +39,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::group::{Group, Groups, Ticket};
-use brood_core::{AgentName, Quotas, TenantId};
+use brood_core::{AgentName, TenantId};
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
-use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
+use crate::types::{Agent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;
@@ -516,30 +516,26 @@ impl SqliteStore {
         body(&conn).map_err(|f| f.at(&self.path))
     }
 
-    /// Admission through the group commit (`crate::group`). Each admission
-    /// stays all-or-nothing on its own: it runs in its own savepoint, inside
-    /// the group's `BEGIN IMMEDIATE` transaction, after the admissions queued
-    /// before it, whose writes it sees (so the quota counts stay exact), and
-    /// it is answered only once the group has committed.
-    fn admit_queued(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        let run = |group: &mut Group<'_>| {
-            let answers = self.admit_group(group.tickets());
-            // Counted per admission, not per commit: the frames a commit
-            // writes grow with its group.
-            let admitted = answers.iter().filter(|a| a.is_ok()).count();
-            self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
-            answers
-        };
-        let lost = |message: String| StoreError::Sqlite {
+    /// A group of admissions committed (`SqlStore::commit_group`). Each
+    /// admission stays all-or-nothing on its own: it runs in its own
+    /// savepoint, inside the group's `BEGIN IMMEDIATE` transaction, after the
+    /// admissions queued before it, whose writes it sees (so the quota counts
+    /// stay exact), and it is answered only once the group has committed.
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+        let answers = self.admit_group(group.tickets());
+        // Counted per admission, not per commit: the frames a commit
+        // writes grow with its group.
+        let admitted = answers.iter().filter(|a| a.is_ok()).count();
+        self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
+        answers
+    }
+
+    /// The error of an admission whose group was lost.
+    fn admission_lost(&self, message: String) -> StoreError {
+        StoreError::Sqlite {
             path: self.path.clone(),
             source: sqlite_message(message),
-        };
-        self.admissions.admit(new, quotas, events, run, &lost)
+        }
     }
 
     /// Runs `tickets` in one `BEGIN IMMEDIATE` transaction and commits it: one

@@ -261,31 +261,16 @@ pub(crate) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key,
 pub(crate) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
      updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
 
-// ---- budgets (SPEC 9) ----------------------------------------------------------
+// ---- create_limit and budgets (SPEC 9) -------------------------------------------
 
-// An agent's own spend: every run of it (the (tenant, agent, seq) index).
-pub(crate) const Q_OWN_USAGE: &str = "SELECT COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0), \
-     COALESCE(SUM(cost_usd), 0.0) FROM runs WHERE tenant = ?1 AND agent = ?2";
-// Its subtree's: the walk of `Q_DESCENDANTS` (edges' primary key, level guard),
-// then every run of each agent met, plus its own.
-pub(crate) const Q_SUBTREE_USAGE: &str = concat!(
-    "WITH RECURSIVE walk(name, level) AS (",
-    " SELECT ?2, 0",
-    " UNION",
-    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
-    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
-    "),",
-    " plan(name) AS (SELECT DISTINCT name FROM walk)",
-    " SELECT COALESCE(SUM(runs.tokens_in), 0), COALESCE(SUM(runs.tokens_out), 0),",
-    "  COALESCE(SUM(runs.cost_usd), 0.0)",
-    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
-);
+// `create_limit`: when the parent's current run was created, and the children
+// it has created since (through `agents_by_parent`).
+const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
+const Q_CREATED_SINCE: &str = "SELECT COUNT(*) FROM agents INDEXED BY agents_by_parent \
+     WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
 // A parent's unfinished children with their specs (the budget check), through
 // the partial index of unfinished agents.
-pub(crate) const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
-pub(crate) const Q_CREATED_SINCE: &str = "SELECT COUNT(*) FROM agents INDEXED BY agents_by_parent \
-     WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
-pub(crate) const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
+const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
     "SELECT name, spec FROM agents INDEXED BY agents_unfinished_by_parent",
     " WHERE tenant = ?1 AND parent = ?2 AND ",
     unfinished!()
@@ -331,8 +316,6 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     run_created: Q_RUN_CREATED,
     created_since: Q_CREATED_SINCE,
     unfinished_children_specs: Q_UNFINISHED_CHILDREN_SPECS,
-    own_usage: Q_OWN_USAGE,
-    subtree_usage: Q_SUBTREE_USAGE,
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
     children: Q_CHILDREN,

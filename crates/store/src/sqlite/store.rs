@@ -6,12 +6,13 @@
 //! by the runtime on a file beside it, so the contract's defaults stand
 //! there.
 
-use brood_core::{Quotas, TenantId};
+use brood_core::TenantId;
 use rusqlite::Connection;
 
 use super::{Fail, SqliteStore, Tx};
+use crate::group::{Group, Groups};
 use crate::sql_store::SqlStore;
-use crate::types::{Agent, NewAgent, NewEvent, Result};
+use crate::types::{Agent, Result, StoreError};
 
 impl SqlStore for SqliteStore {
     type Err = Fail;
@@ -43,12 +44,15 @@ impl SqlStore for SqliteStore {
 
     fn announce(&self) {}
 
-    fn admit_grouped(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_queued(new, quotas, events)
+    fn admissions(&self) -> &Groups {
+        &self.admissions
+    }
+
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+        SqliteStore::commit_group(self, group)
+    }
+
+    fn admission_lost(&self, message: String) -> StoreError {
+        SqliteStore::admission_lost(self, message)
     }
 }

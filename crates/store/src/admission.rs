@@ -15,9 +15,29 @@ use std::borrow::Cow;
 
 use brood_core::{AgentName, Code, Quotas, Status, TenantId, TenantQuotas};
 
+use crate::checks::refused;
 use crate::checks::{check_events, check_json_object};
-use crate::txn::{MAX_WALK_DEPTH, Txn, Val, not_found, refused};
+use crate::db::{Db, MAX_WALK_DEPTH, Value, not_found};
 use crate::types::{Agent, NewAgent, NewEvent, StoreError};
+
+// A subtree's spend: the walk of the descendants (edges' primary key, level
+// guard), then every run of each agent met, plus its own. The types are
+// spelt out for PostgreSQL, which does not infer a column's type from the
+// recursive term and sums BIGINTs as NUMERIC; SQLite reads the casts as the
+// integers and text they already are.
+pub(crate) const Q_SUBTREE_USAGE: &str = concat!(
+    "WITH RECURSIVE walk(name, level) AS (",
+    " SELECT CAST(?2 AS TEXT), CAST(0 AS BIGINT)",
+    " UNION",
+    " SELECT edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    "),",
+    " plan(name) AS (SELECT DISTINCT name FROM walk)",
+    " SELECT CAST(COALESCE(SUM(runs.tokens_in), 0) AS BIGINT),",
+    "  CAST(COALESCE(SUM(runs.tokens_out), 0) AS BIGINT),",
+    "  COALESCE(SUM(runs.cost_usd), 0.0)",
+    " FROM plan CROSS JOIN runs WHERE runs.tenant = ?1 AND runs.agent = plan.name"
+);
 
 /// What an admission is decided on. Every count is as the store would hold
 /// it had each admission before this one been written alone.
@@ -48,7 +68,7 @@ pub(crate) trait AdmitFacts {
 /// admissions before it and holds the write lock to the commit.
 pub(crate) struct Live<'a, D>(pub &'a D);
 
-impl<D: Txn> AdmitFacts for Live<'_, D> {
+impl<D: Db> AdmitFacts for Live<'_, D> {
     type Err = D::Err;
 
     fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Cow<'_, Agent>>, D::Err> {
@@ -66,7 +86,7 @@ impl<D: Txn> AdmitFacts for Live<'_, D> {
     fn tree_size(&self, p: &Agent) -> Result<i64, D::Err> {
         self.0.int(
             D::SQL.tree_size,
-            &[Val::Text(p.tenant.as_str()), Val::Text(p.root.as_str())],
+            &[Value::from(p.tenant.as_str()), Value::from(p.root.as_str())],
         )
     }
 
@@ -84,36 +104,36 @@ impl<D: Txn> AdmitFacts for Live<'_, D> {
 }
 
 /// A parent's unfinished children, read on `db`.
-pub(crate) fn fanout<D: Txn>(db: &D, tenant: &TenantId, parent: &AgentName) -> Result<i64, D::Err> {
+pub(crate) fn fanout<D: Db>(db: &D, tenant: &TenantId, parent: &AgentName) -> Result<i64, D::Err> {
     db.int(
         D::SQL.fanout,
-        &[Val::Text(tenant.as_str()), Val::Text(parent.as_str())],
+        &[Value::from(tenant.as_str()), Value::from(parent.as_str())],
     )
 }
 
 /// The children `p`'s current run has created (read through
 /// `agents_by_parent`, from the run's creation on), read on `db`.
-pub(crate) fn created_in_run<D: Txn>(db: &D, p: &Agent) -> Result<i64, D::Err> {
-    let since = db.int(D::SQL.run_created, &[Val::Text(p.run.as_str())])?;
+pub(crate) fn created_in_run<D: Db>(db: &D, p: &Agent) -> Result<i64, D::Err> {
+    let since = db.int(D::SQL.run_created, &[Value::from(p.run.as_str())])?;
     db.int(
         D::SQL.created_since,
         &[
-            Val::Text(p.tenant.as_str()),
-            Val::Text(p.name.as_str()),
-            Val::Int(since),
+            Value::from(p.tenant.as_str()),
+            Value::from(p.name.as_str()),
+            Value::from(since),
         ],
     )
 }
 
 /// What a subtree has spent, read on `db`.
-pub(crate) fn subtree_cost<D: Txn>(db: &D, tenant: &TenantId, name: &str) -> Result<f64, D::Err> {
+pub(crate) fn subtree_cost<D: Db>(db: &D, tenant: &TenantId, name: &str) -> Result<f64, D::Err> {
     Ok(db
         .usage(
-            D::SQL.subtree_usage,
+            Q_SUBTREE_USAGE,
             &[
-                Val::Text(tenant.as_str()),
-                Val::Text(name),
-                Val::Int(MAX_WALK_DEPTH),
+                Value::from(tenant.as_str()),
+                Value::from(name),
+                Value::from(MAX_WALK_DEPTH),
             ],
         )?
         .cost_usd)
@@ -121,10 +141,10 @@ pub(crate) fn subtree_cost<D: Txn>(db: &D, tenant: &TenantId, name: &str) -> Res
 
 /// What `p`'s unfinished children with a `cost_limit` hold of its budget,
 /// read on `db`.
-pub(crate) fn held<D: Txn>(db: &D, p: &Agent) -> Result<f64, D::Err> {
+pub(crate) fn held<D: Db>(db: &D, p: &Agent) -> Result<f64, D::Err> {
     let kids = db.pairs(
         D::SQL.unfinished_children_specs,
-        &[Val::Text(p.tenant.as_str()), Val::Text(p.name.as_str())],
+        &[Value::from(p.tenant.as_str()), Value::from(p.name.as_str())],
     )?;
     let mut held = 0.0;
     for (kid, spec) in kids {
@@ -409,7 +429,7 @@ pub(crate) fn check_quota_key(tenant: &TenantId, key: &str, value: u32) -> Resul
 }
 
 /// `Admission::is_ancestor_or_self`, read on `db`.
-pub(crate) fn is_ancestor_or_self<D: Txn>(
+pub(crate) fn is_ancestor_or_self<D: Db>(
     db: &D,
     tenant: &TenantId,
     candidate: &AgentName,
@@ -418,10 +438,10 @@ pub(crate) fn is_ancestor_or_self<D: Txn>(
     let [met, found, level] = db.ints(
         D::SQL.ancestor_or_self,
         &[
-            Val::Text(tenant.as_str()),
-            Val::Text(candidate.as_str()),
-            Val::Text(agent.as_str()),
-            Val::Int(MAX_WALK_DEPTH),
+            Value::from(tenant.as_str()),
+            Value::from(candidate.as_str()),
+            Value::from(agent.as_str()),
+            Value::from(MAX_WALK_DEPTH),
         ],
     )?;
     if met == 0 {

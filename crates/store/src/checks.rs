@@ -1,11 +1,12 @@
 //! What both stores check and build the same way, whatever their SQL: a
 //! status move through the one transition function, the current run, JSON
-//! that must be one object, the `agent.stop` event, artifacts' encoding.
+//! that must be one object, the `agent.stop` event, events as numbered,
+//! artifacts' encoding.
 //! Each store's transactions call these and turn the error into their own.
 
-use brood_core::{Code, RunId, Status, Terminal};
+use brood_core::{Code, RunId, Status, TenantId, Terminal};
 
-use crate::types::{Agent, Artifact, NewEvent, StoreError};
+use crate::types::{Agent, Artifact, Event, NewEvent, StoreError};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -62,6 +63,29 @@ pub(crate) fn check_json_object(
             format!("{} is not JSON: {e}", what()),
         )),
     }
+}
+
+/// `events` as appended to `tenant`'s log, numbered from `next`, at `ts_ms`.
+pub(crate) fn numbered(
+    tenant: &TenantId,
+    next: i64,
+    ts_ms: i64,
+    events: &[NewEvent],
+) -> Vec<Event> {
+    events
+        .iter()
+        .zip(next..)
+        .map(|(e, seq)| Event {
+            tenant: tenant.clone(),
+            seq,
+            ts_ms,
+            agent: e.agent.clone(),
+            run: e.run.clone(),
+            session: e.session.clone(),
+            kind: e.kind.clone(),
+            payload: e.payload.clone(),
+        })
+        .collect()
 }
 
 pub(crate) fn check_events(events: &[NewEvent]) -> Result<()> {

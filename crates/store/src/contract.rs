@@ -1,5 +1,5 @@
-//! The store's contract, by concern: what the supervisor codes against and
-//! every backend implements (SQLite here; PostgreSQL next), and what
+//! The store's contract, by concern: what the supervisor codes against, what
+//! both backends implement (once for both, in `sql_store`), and what
 //! `brood-store-conformance` checks. Every mutating method runs in one
 //! transaction and either does all of what it says or nothing; events it
 //! names are appended in the same transaction, so the event log never

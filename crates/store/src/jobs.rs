@@ -1,9 +1,9 @@
 //! Jobs, their items and every attempt (SPEC 10, [`crate::Jobs`]), written
 //! once for both stores over [`Db`]: the reads, the checks (the status
 //! machines, the fencing of an attempt), the writes and the events of each
-//! call, in order. Each store runs a call in its own transaction
-//! (`sqlite::jobs`: `BEGIN IMMEDIATE`; `postgres::jobs`: under the
-//! tenant's advisory lock), so the checks still hold when it commits.
+//! call, in order. Each call runs in the store's transaction of the
+//! tenant (`sql_store::jobs`: SQLite's `BEGIN IMMEDIATE`, PostgreSQL's
+//! tenant lock), so the checks still hold when it commits.
 
 use std::collections::BTreeSet;
 
@@ -12,7 +12,6 @@ use brood_core::{AgentName, Code, ItemStatus, JobStatus, TenantId};
 
 use crate::checks::{check_json_object, refused};
 use crate::db::{Db, Row, int, narrow, parse};
-use crate::steps::agent_exists;
 use crate::types::{Attempt, AttemptOutcome, Job, JobItem, NewEvent, NewItem, NewJob, StoreError};
 
 // The columns of a job, an item and an attempt row, in the order `job_from`,
@@ -285,7 +284,7 @@ pub(crate) fn create_job<D: Db>(
     events: &[NewEvent],
 ) -> Result<Job, D::Err> {
     let t = &job.tenant;
-    if !agent_exists(db, t, &job.owner)? {
+    if !db.exists(t, &job.owner)? {
         return Err(StoreError::NotFound {
             tenant: t.to_string(),
             name: job.owner.to_string(),

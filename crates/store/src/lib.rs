@@ -18,6 +18,7 @@ mod checks;
 mod contract;
 mod db;
 mod group;
+mod idempotency;
 mod shares;
 // First, and with its macros (`agent_cols!`, `unfinished!`, `run_cols!`):
 // the PostgreSQL store assembles its own statements from the same column lists.
@@ -31,9 +32,7 @@ mod records;
 mod removal;
 mod runs;
 mod sql_store;
-mod steps;
 mod sweeps;
-mod txn;
 mod types;
 
 pub use contract::{

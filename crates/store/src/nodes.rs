@@ -1,16 +1,15 @@
 //! The nodes sharing the store (issue 15, [`crate::Nodes`]), written once
 //! for both stores over [`Db`]: registering, heartbeats, leaving, claiming
 //! the agents placed on a node, and the inbox of inputs between nodes.
-//! What only one store can say reaches here as the statement to run:
-//! SQLite's two-argument `MAX` and PostgreSQL's `GREATEST`, PostgreSQL's
+//! What only one store can say comes from its `Statements` (the macros
+//! below build both stores' texts): SQLite's two-argument `MAX` and PostgreSQL's `GREATEST`, PostgreSQL's
 //! `FOR UPDATE SKIP LOCKED` (two nodes never claim or take one row, and
 //! never wait on each other) and its byte-order collation (`COLLATE "C"`,
 //! SQLite's order).
 
 use brood_core::{AgentName, Code, TenantId};
 
-use crate::db::{Db, Row, int, narrow, parse};
-use crate::steps::agent_at;
+use crate::db::{Db, Row, agent_at, int, narrow, parse};
 use crate::types::{Agent, Inbound, NewNode, Node, StoreError};
 
 const U_NODE: &str = "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) \
@@ -122,15 +121,10 @@ pub(crate) fn register<D: Db>(db: &D, node: &NewNode, now_ms: i64) -> Result<Nod
     })
 }
 
-/// A heartbeat with the store's `u_heartbeat` (the later of the two times
-/// kept); a node that is not registered is refused.
-pub(crate) fn heartbeat<D: Db>(
-    db: &D,
-    u_heartbeat: &str,
-    id: &str,
-    now_ms: i64,
-) -> Result<(), D::Err> {
-    if db.exec(u_heartbeat, &[id.into(), now_ms.into()])? == 0 {
+/// A heartbeat with the store's `heartbeat` statement (the later of the
+/// two times kept); a node that is not registered is refused.
+pub(crate) fn heartbeat<D: Db>(db: &D, id: &str, now_ms: i64) -> Result<(), D::Err> {
+    if db.exec(D::SQL.heartbeat, &[id.into(), now_ms.into()])? == 0 {
         return Err(node_missing(id).into());
     }
     Ok(())
@@ -141,10 +135,9 @@ pub(crate) fn leave<D: Db>(db: &D, id: &str) -> Result<(), D::Err> {
     Ok(())
 }
 
-/// The agents placed on `node` (read with the store's `q_placed`), now its.
+/// The agents placed on `node` (read with the store's `placed`), now its.
 pub(crate) fn claim_placed<D: Db>(
     db: &D,
-    q_placed: &str,
     tenant: &TenantId,
     node: &str,
     limit: u32,
@@ -152,7 +145,7 @@ pub(crate) fn claim_placed<D: Db>(
     let placed = crate::placed_on(node);
     let t = tenant.as_str();
     let mut claimed = db.query(
-        q_placed,
+        D::SQL.placed,
         &[t.into(), placed.as_str().into(), int(limit)],
         |r| agent_at(r, 0),
     )?;
@@ -217,16 +210,15 @@ pub(crate) fn post_input<D: Db>(
 }
 
 /// The oldest inputs for `host`'s agents, taken with the store's
-/// `d_take_inbox`, in the order they were posted.
+/// `take_inbox`, in the order they were posted.
 pub(crate) fn take_inputs<D: Db>(
     db: &D,
-    d_take_inbox: &str,
     tenant: &TenantId,
     host: &str,
     limit: u32,
 ) -> Result<Vec<Inbound>, D::Err> {
     let params = [host.into(), tenant.as_str().into(), int(limit)];
-    let mut rows = db.query(d_take_inbox, &params, |r| {
+    let mut rows = db.query(D::SQL.take_inbox, &params, |r| {
         Ok((
             r.int(0)?,
             Inbound {
@@ -241,9 +233,9 @@ pub(crate) fn take_inputs<D: Db>(
     Ok(rows.into_iter().map(|(_, i)| i).collect())
 }
 
-/// Every node, read with the store's `q_nodes`.
-pub(crate) fn nodes<D: Db>(db: &D, q_nodes: &str) -> Result<Vec<Node>, D::Err> {
-    db.query(q_nodes, &[], |r| {
+/// Every node, read with the store's `nodes`.
+pub(crate) fn nodes<D: Db>(db: &D) -> Result<Vec<Node>, D::Err> {
+    db.query(D::SQL.nodes, &[], |r| {
         Ok(Node {
             id: r.text(0)?,
             address: r.text(1)?,

@@ -6,14 +6,22 @@
 
 use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
 
-use crate::txn::{MAX_WALK_DEPTH, Txn, Val, not_found, refused};
+use crate::admission::Q_SUBTREE_USAGE;
+use crate::checks::refused;
+use crate::db::{Db, MAX_WALK_DEPTH, Value, not_found};
 use crate::types::{Agent, Message, Spend, StoreError};
+
+// An agent's own spend: every run of it (the (tenant, agent, seq) index).
+// Cast for PostgreSQL, which sums BIGINTs as NUMERIC.
+const Q_OWN_USAGE: &str = "SELECT CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), COALESCE(SUM(cost_usd), 0.0) \
+     FROM runs WHERE tenant = ?1 AND agent = ?2";
 
 /// `Transcripts::append_message`: the position read here must still be the
 /// last one when the message is inserted (the store's write lock, or the
 /// tenant's).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn append_message<D: Txn>(
+pub(crate) fn append_message<D: Db>(
     db: &D,
     tenant: &TenantId,
     agent: &AgentName,
@@ -27,11 +35,11 @@ pub(crate) fn append_message<D: Txn>(
         return Err(not_found(tenant, agent).into());
     }
     let (t, a, s) = (
-        Val::Text(tenant.as_str()),
-        Val::Text(agent.as_str()),
-        Val::Text(session.as_str()),
+        Value::from(tenant.as_str()),
+        Value::from(agent.as_str()),
+        Value::from(session.as_str()),
     );
-    let r = Val::Text(run.as_str());
+    let r = Value::from(run.as_str());
     if db.int(D::SQL.run_of_agent, &[t, a, r])? == 0 {
         return Err(refused(
             Code::Conflict,
@@ -46,11 +54,11 @@ pub(crate) fn append_message<D: Txn>(
             t,
             a,
             s,
-            Val::Int(seq),
+            Value::from(seq),
             r,
-            Val::Text(role),
-            Val::Text(content),
-            Val::Int(now_ms),
+            Value::from(role),
+            Value::from(content),
+            Value::from(now_ms),
         ],
     )?;
     Ok(Message {
@@ -66,7 +74,7 @@ pub(crate) fn append_message<D: Txn>(
 }
 
 /// `Records::children`.
-pub(crate) fn children<D: Txn>(
+pub(crate) fn children<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -78,12 +86,12 @@ pub(crate) fn children<D: Txn>(
     }
     db.agents(
         D::SQL.children,
-        &[Val::Text(tenant.as_str()), Val::Text(name.as_str())],
+        &[Value::from(tenant.as_str()), Value::from(name.as_str())],
     )
 }
 
 /// `Records::descendants_post_order`.
-pub(crate) fn descendants_post_order<D: Txn>(
+pub(crate) fn descendants_post_order<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -94,9 +102,9 @@ pub(crate) fn descendants_post_order<D: Txn>(
     let rows = db.plan(
         D::SQL.descendants,
         &[
-            Val::Text(tenant.as_str()),
-            Val::Text(name.as_str()),
-            Val::Int(MAX_WALK_DEPTH),
+            Value::from(tenant.as_str()),
+            Value::from(name.as_str()),
+            Value::from(MAX_WALK_DEPTH),
         ],
     )?;
     let corrupt = |value: String| StoreError::Corrupt {
@@ -125,24 +133,24 @@ pub(crate) fn descendants_post_order<D: Txn>(
 }
 
 /// `Records::spend`.
-pub(crate) fn spend<D: Txn>(db: &D, tenant: &TenantId, name: &AgentName) -> Result<Spend, D::Err> {
+pub(crate) fn spend<D: Db>(db: &D, tenant: &TenantId, name: &AgentName) -> Result<Spend, D::Err> {
     if !db.exists(tenant, name)? {
         return Err(not_found(tenant, name).into());
     }
-    let (t, n) = (Val::Text(tenant.as_str()), Val::Text(name.as_str()));
-    let own = db.usage(D::SQL.own_usage, &[t, n])?;
-    let subtree = db.usage(D::SQL.subtree_usage, &[t, n, Val::Int(MAX_WALK_DEPTH)])?;
+    let (t, n) = (Value::from(tenant.as_str()), Value::from(name.as_str()));
+    let own = db.usage(Q_OWN_USAGE, &[t, n])?;
+    let subtree = db.usage(Q_SUBTREE_USAGE, &[t, n, Value::from(MAX_WALK_DEPTH)])?;
     Ok(Spend { own, subtree })
 }
 
 /// `Recovery::unfinished_of`: a supervisor named twice is listed once.
-pub(crate) fn unfinished_of<D: Txn>(db: &D, supervisors: &[String]) -> Result<Vec<Agent>, D::Err> {
+pub(crate) fn unfinished_of<D: Db>(db: &D, supervisors: &[String]) -> Result<Vec<Agent>, D::Err> {
     let mut out = Vec::new();
     for (i, s) in supervisors.iter().enumerate() {
         if supervisors[..i].contains(s) {
             continue;
         }
-        out.extend(db.agents(D::SQL.unfinished_of, &[Val::Text(s)])?);
+        out.extend(db.agents(D::SQL.unfinished_of, &[Value::from(s)])?);
     }
     Ok(out)
 }

@@ -1,8 +1,7 @@
 //! Removing a finished tree or a job (issue 25, [`crate::Removal`]), written
-//! once for both stores: the walk, the checks and the order of the deletes
-//! are here, over [`RemovalDb`], the few reads and writes each store gives in
-//! its own transaction (`sqlite::removal`, `postgres::removal`). The SQL is
-//! the standard both speak (`?N` parameters, read as `$N` on PostgreSQL).
+//! once for both stores over [`Db`], inside the store's transaction: the
+//! walk, the checks and the order of the deletes. The SQL is the standard
+//! both speak (`?N` parameters, read as `$N` on PostgreSQL).
 //!
 //! Every table that holds a row of an agent is emptied of the removed ones:
 //! `messages events runs channels edges inbox`, the jobs they own
@@ -17,37 +16,13 @@ use std::collections::{BTreeSet, HashSet};
 
 use brood_core::{AgentName, Code, JobStatus, TenantId};
 
-use crate::types::{Agent, Channel, Job, NewEvent, Removed, RemovedJob, StoreError};
+use crate::db::{Db, Row, Value, narrow, not_found, parse};
+use crate::jobs::load_job;
+use crate::types::{Agent, Channel, FinishedTree, NewEvent, Removed, RemovedJob, StoreError};
 
 /// The most agents one removal walks: far past any tree a quota lets grow
 /// (SPEC 9 ceiling: 100,000), so reaching it means the parents loop.
 const MAX_AGENTS: usize = 1_000_000;
-
-/// What the shared removal needs of a store, inside one of its
-/// transactions. Parameters and columns are text (names, ids, statuses,
-/// JSON), so one signature serves both stores.
-pub(crate) trait RemovalDb {
-    type Err: From<StoreError>;
-    fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<Option<Agent>, Self::Err>;
-    /// Direct children, in creation order.
-    fn children(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>, Self::Err>;
-    fn channel(
-        &self,
-        tenant: &TenantId,
-        parent: &AgentName,
-        child: &AgentName,
-    ) -> Result<Option<Channel>, Self::Err>;
-    fn job(&self, tenant: &TenantId, id: &str) -> Result<Option<Job>, Self::Err>;
-    /// Every row of `sql`, each column as text (`None` for NULL).
-    fn rows(&self, sql: &str, params: &[&str]) -> Result<Vec<Vec<Option<String>>>, Self::Err>;
-    fn exec(&self, sql: &str, params: &[&str]) -> Result<u64, Self::Err>;
-    fn append_events(
-        &self,
-        tenant: &TenantId,
-        events: &[NewEvent],
-        now_ms: i64,
-    ) -> Result<(), Self::Err>;
-}
 
 const Q_JOBS_OWNED: &str = "SELECT id, status FROM jobs WHERE tenant = ?1 AND owner = ?2";
 const Q_CUSTOMERS_IN_TREE: &str = "SELECT name, customer FROM agents \
@@ -82,7 +57,7 @@ const D_AGENT: &str = "DELETE FROM agents WHERE tenant = ?1 AND name = ?2";
 /// The query of [`crate::Removal::finished_trees`]: per root, its agents
 /// and last change, kept when none is unfinished and no job an agent of it
 /// owns is pending or running. `?1` tenant, `?2` the cutoff, `?3` the limit.
-pub(crate) const Q_FINISHED_TREES: &str = concat!(
+const Q_FINISHED_TREES: &str = concat!(
     "SELECT a.root, COUNT(*), MAX(a.updated_ms) FROM agents a WHERE a.tenant = ?1 ",
     "GROUP BY a.root HAVING MAX(a.updated_ms) < ?2 ",
     "AND SUM(CASE WHEN ",
@@ -104,15 +79,56 @@ fn text(row: &[Option<String>], i: usize) -> Option<&str> {
     row.get(i).and_then(|c| c.as_deref())
 }
 
+/// Every row of `sql`, its first `N` columns as text (`None` for NULL);
+/// every parameter is text (names, ids, patterns).
+fn rows<D: Db, const N: usize>(
+    db: &D,
+    sql: &str,
+    params: &[&str],
+) -> Result<Vec<[Option<String>; N]>, D::Err> {
+    let values: Vec<Value<'_>> = params.iter().map(|p| Value::from(*p)).collect();
+    db.query(sql, &values, |r| {
+        let mut row: [Option<String>; N] = std::array::from_fn(|_| None);
+        for (i, c) in row.iter_mut().enumerate() {
+            *c = r.text_opt(i)?;
+        }
+        Ok(row)
+    })
+}
+
+/// Runs `sql` with text parameters.
+fn exec<D: Db>(db: &D, sql: &str, params: &[&str]) -> Result<u64, D::Err> {
+    let values: Vec<Value<'_>> = params.iter().map(|p| Value::from(*p)).collect();
+    db.exec(sql, &values)
+}
+
+/// [`crate::Removal::finished_trees`].
+pub(crate) fn finished_trees<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    ended_before_ms: i64,
+    limit: u32,
+) -> Result<Vec<FinishedTree>, D::Err> {
+    let params = [tenant.as_str().into(), ended_before_ms.into(), limit.into()];
+    db.query(Q_FINISHED_TREES, &params, |r| {
+        Ok(FinishedTree {
+            root: parse("agents.root", r.text(0)?, AgentName::new)?,
+            agents: narrow(r.int(1)?, "the count of a tree's agents")?,
+            last_end_ms: r.int(2)?,
+        })
+    })
+}
+
 /// `top` and every agent under it, each after its parent.
-fn subtree<D: RemovalDb>(db: &D, tenant: &TenantId, top: Agent) -> Result<Vec<Agent>, D::Err> {
+fn subtree<D: Db>(db: &D, tenant: &TenantId, top: Agent) -> Result<Vec<Agent>, D::Err> {
     let mut seen: HashSet<AgentName> = HashSet::from([top.name.clone()]);
     let mut out = vec![top];
     let mut next = 0;
     while next < out.len() {
         let name = out[next].name.clone();
         next += 1;
-        for c in db.children(tenant, &name)? {
+        let params = [tenant.as_str().into(), name.as_str().into()];
+        for c in db.agents(D::SQL.children, &params)? {
             if !seen.insert(c.name.clone()) || out.len() >= MAX_AGENTS {
                 return Err(StoreError::Corrupt {
                     what: "agents.parent",
@@ -153,17 +169,13 @@ fn unfinished(a: &Agent, top: &AgentName) -> StoreError {
 }
 
 /// Removes `top`'s subtree: see [`crate::Removal::remove_tree`].
-pub(crate) fn remove_subtree<D: RemovalDb>(
+pub(crate) fn remove_subtree<D: Db>(
     db: &D,
     tenant: &TenantId,
     top: &AgentName,
 ) -> Result<Removed, D::Err> {
     let Some(first) = db.agent(tenant, top)? else {
-        return Err(StoreError::NotFound {
-            tenant: tenant.to_string(),
-            name: top.to_string(),
-        }
-        .into());
+        return Err(not_found(tenant, top).into());
     };
     let agents = subtree(db, tenant, first)?;
     if let Some(a) = agents.iter().find(|a| !a.status.is_finished()) {
@@ -174,7 +186,7 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
     // The jobs the removed agents own go with them, once finished.
     let mut jobs = Vec::new();
     for a in &agents {
-        for row in db.rows(Q_JOBS_OWNED, &[t, a.name.as_str()])? {
+        for row in rows::<_, 2>(db, Q_JOBS_OWNED, &[t, a.name.as_str()])? {
             let (Some(id), Some(status)) = (text(&row, 0), text(&row, 1)) else {
                 continue;
             };
@@ -193,7 +205,7 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
     // tree outside the subtree may still name one of it.
     let root = agents[0].root.as_str();
     let mut customers = BTreeSet::new();
-    for row in db.rows(Q_CUSTOMERS_IN_TREE, &[t, root])? {
+    for row in rows::<_, 2>(db, Q_CUSTOMERS_IN_TREE, &[t, root])? {
         let (Some(name), Some(customer)) = (text(&row, 0), text(&row, 1)) else {
             continue;
         };
@@ -209,7 +221,10 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
         customers.insert(name.to_owned());
     }
     let channels: Vec<Channel> = match &agents[0].parent {
-        Some(p) => db.channel(tenant, p, top)?.into_iter().collect(),
+        Some(p) => {
+            let params = [t.into(), p.as_str().into(), top.as_str().into()];
+            db.channels(D::SQL.channel, &params)?
+        }
         None => Vec::new(),
     };
     let mut shas = BTreeSet::new();
@@ -218,29 +233,29 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
     }
     let mut cgroups = Vec::new();
     for a in &agents {
-        for row in db.rows(Q_CHANNEL_ARTIFACTS, &[t, a.name.as_str()])? {
+        for row in rows::<_, 1>(db, Q_CHANNEL_ARTIFACTS, &[t, a.name.as_str()])? {
             if let Some(json) = text(&row, 0) {
                 let artifacts = crate::checks::decode_artifacts(json)?;
                 shas.extend(artifacts.into_iter().map(|a| a.sha256));
             }
         }
-        for row in db.rows(Q_RUN_CGROUPS, &[t, a.name.as_str()])? {
+        for row in rows::<_, 1>(db, Q_RUN_CGROUPS, &[t, a.name.as_str()])? {
             if let Some(cg) = text(&row, 0) {
                 cgroups.push(cg.to_owned());
             }
         }
     }
     for name in &customers {
-        db.exec(U_NO_CUSTOMER, &[t, name])?;
+        exec(db, U_NO_CUSTOMER, &[t, name])?;
     }
     for id in &jobs {
         for sql in [D_ATTEMPTS, D_ITEMS, D_JOB] {
-            db.exec(sql, &[t, id])?;
+            exec(db, sql, &[t, id])?;
         }
     }
     if let Some(p) = &agents[0].parent {
-        db.exec(D_CHANNEL, &[t, p.as_str(), top.as_str()])?;
-        db.exec(D_EDGE, &[t, p.as_str(), top.as_str()])?;
+        exec(db, D_CHANNEL, &[t, p.as_str(), top.as_str()])?;
+        exec(db, D_EDGE, &[t, p.as_str(), top.as_str()])?;
     }
     // Every row that names an agent first (a message before its run), so
     // no foreign key points at an agent when it goes; then the agents,
@@ -255,18 +270,18 @@ pub(crate) fn remove_subtree<D: RemovalDb>(
             D_EDGES_OF_PARENT,
             D_INBOX,
         ] {
-            db.exec(sql, &[t, n])?;
+            exec(db, sql, &[t, n])?;
         }
     }
     for a in agents.iter().rev() {
-        db.exec(D_AGENT, &[t, a.name.as_str()])?;
+        exec(db, D_AGENT, &[t, a.name.as_str()])?;
     }
     let mut blobs = Vec::new();
     for sha in shas {
         let pattern = format!("%{sha}%");
-        if db.rows(Q_BLOB_NAMED, &[t, &pattern])?.is_empty() {
-            db.exec(D_BLOB_CHUNKS, &[t, &sha])?;
-            db.exec(D_BLOB, &[t, &sha])?;
+        if rows::<_, 1>(db, Q_BLOB_NAMED, &[t, &pattern])?.is_empty() {
+            exec(db, D_BLOB_CHUNKS, &[t, &sha])?;
+            exec(db, D_BLOB, &[t, &sha])?;
             blobs.push(sha);
         }
     }
@@ -287,14 +302,14 @@ pub fn is_job_worker(job: &str, name: &str) -> bool {
 }
 
 /// Removes job `id`: see [`crate::Removal::remove_job`].
-pub(crate) fn remove_job<D: RemovalDb>(
+pub(crate) fn remove_job<D: Db>(
     db: &D,
     tenant: &TenantId,
     id: &str,
     events: &[NewEvent],
     now_ms: i64,
 ) -> Result<RemovedJob, D::Err> {
-    let Some(job) = db.job(tenant, id)? else {
+    let Some(job) = load_job(db, tenant, id)? else {
         return Err(StoreError::Refused {
             code: Code::NotFound,
             message: format!("no job {id:?}"),
@@ -310,7 +325,7 @@ pub(crate) fn remove_job<D: RemovalDb>(
     }
     let t = tenant.as_str();
     let mut workers = Vec::new();
-    for row in db.rows(Q_JOB_WORKERS, &[t, id])? {
+    for row in rows::<_, 1>(db, Q_JOB_WORKERS, &[t, id])? {
         let Some(w) = text(&row, 0).filter(|w| is_job_worker(id, w)) else {
             continue;
         };
@@ -325,7 +340,7 @@ pub(crate) fn remove_job<D: RemovalDb>(
         }
     }
     for sql in [D_ATTEMPTS, D_ITEMS, D_JOB] {
-        db.exec(sql, &[t, id])?;
+        exec(db, sql, &[t, id])?;
     }
     let mut removed = Removed::default();
     for w in &workers {

@@ -2,7 +2,7 @@
 //! recovery's ends): start, status changes, the intent of a stop, a run's
 //! end (alone or a stop's in post-order), usage, resume, and the end of
 //! what a dead supervisor ran. Each body runs inside the store's
-//! transaction ([`Txn`]), which keeps what it reads true until the commit;
+//! transaction ([`Db`]), which keeps what it reads true until the commit;
 //! every status change goes through `Status::transition` (`checks`).
 
 use brood_core::{
@@ -10,18 +10,19 @@ use brood_core::{
 };
 
 use crate::admission::fanout;
+use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
-use crate::txn::{Txn, Val, refused};
+use crate::db::{Db, Value};
 use crate::types::{Agent, EndItem, NewEvent, RunEnd};
 
-fn text(s: &str) -> Val<'_> {
-    Val::Text(s)
+fn text(s: &str) -> Value<'_> {
+    Value::from(s)
 }
 
 /// `Runs::start_run`: `queued` → `running`, the run gets its pid, cgroup
 /// and deadline.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn start_run<D: Txn>(
+pub(crate) fn start_run<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -35,15 +36,18 @@ pub(crate) fn start_run<D: Txn>(
     let to = check_move(&agent, Status::Running)?;
     check_current_run(&agent, run)?;
     let (t, n) = (text(tenant.as_str()), text(name.as_str()));
-    db.exec(D::SQL.status, &[t, n, text(&to.encode()), Val::Int(now_ms)])?;
+    db.exec(
+        D::SQL.status,
+        &[t, n, text(&to.encode()), Value::from(now_ms)],
+    )?;
     db.exec(
         D::SQL.run_started,
         &[
             t,
             text(run.as_str()),
-            Val::Int(i64::from(pid)),
+            Value::from(i64::from(pid)),
             text(cgroup),
-            Val::Int(now_ms),
+            Value::from(now_ms),
         ],
     )?;
     db.append_events(tenant, events, now_ms)?;
@@ -51,7 +55,7 @@ pub(crate) fn start_run<D: Txn>(
 }
 
 /// `Runs::set_status`: any other legal move, with its detail.
-pub(crate) fn set_status<D: Txn>(
+pub(crate) fn set_status<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -89,8 +93,8 @@ pub(crate) fn set_status<D: Txn>(
             text(tenant.as_str()),
             text(name.as_str()),
             text(&to.encode()),
-            Val::MaybeText(detail),
-            Val::Int(now_ms),
+            Value::Text(detail),
+            Value::from(now_ms),
         ],
     )?;
     db.append_events(tenant, events, now_ms)?;
@@ -100,7 +104,7 @@ pub(crate) fn set_status<D: Txn>(
 /// Ends the agent's current run with `outcome`: the agent's status and
 /// detail, and the run's outcome, exit code, result and end time. The
 /// caller has checked the move.
-pub(crate) fn write_end<D: Txn>(
+pub(crate) fn write_end<D: Db>(
     db: &D,
     agent: &Agent,
     outcome: Terminal,
@@ -116,8 +120,8 @@ pub(crate) fn write_end<D: Txn>(
             t,
             text(agent.name.as_str()),
             text(&Status::Ended(outcome).encode()),
-            Val::MaybeText(detail),
-            Val::Int(now_ms),
+            Value::Text(detail),
+            Value::from(now_ms),
         ],
     )?;
     db.exec(
@@ -126,9 +130,9 @@ pub(crate) fn write_end<D: Txn>(
             t,
             text(agent.run.as_str()),
             text(&outcome.encode()),
-            Val::MaybeInt(exit_code.map(i64::from)),
-            Val::MaybeText(result),
-            Val::Int(now_ms),
+            Value::Int(exit_code.map(i64::from)),
+            Value::Text(result),
+            Value::from(now_ms),
         ],
     )?;
     Ok(())
@@ -136,7 +140,7 @@ pub(crate) fn write_end<D: Txn>(
 
 /// `Runs::mark_stopping`: the status read here decides the write, so the
 /// transaction must keep another end of the same run from falling between.
-pub(crate) fn mark_stopping<D: Txn>(
+pub(crate) fn mark_stopping<D: Db>(
     db: &D,
     tenant: &TenantId,
     names: &[AgentName],
@@ -155,7 +159,7 @@ pub(crate) fn mark_stopping<D: Txn>(
                         text(tenant.as_str()),
                         text(name.as_str()),
                         text(&to.encode()),
-                        Val::Int(now_ms),
+                        Value::from(now_ms),
                     ],
                 )?;
             }
@@ -174,7 +178,7 @@ pub(crate) fn mark_stopping<D: Txn>(
 }
 
 /// `Runs::end_run`: the run's end, and its result on the parent's channel.
-pub(crate) fn end_run<D: Txn>(
+pub(crate) fn end_run<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -208,9 +212,9 @@ pub(crate) fn end_run<D: Txn>(
                 text(tenant.as_str()),
                 text(parent.as_str()),
                 text(name.as_str()),
-                Val::MaybeText(end.result.as_deref()),
-                Val::MaybeText(out.map(|o| o.refs.as_str())),
-                Val::MaybeText(artifacts.as_deref()),
+                Value::Text(end.result.as_deref()),
+                Value::Text(out.map(|o| o.refs.as_str())),
+                Value::Text(artifacts.as_deref()),
             ],
         )?;
     }
@@ -220,7 +224,7 @@ pub(crate) fn end_run<D: Txn>(
 
 /// `Runs::end_runs`: a stop's ends in the order given (post-order); an item
 /// without an end only appends its events.
-pub(crate) fn end_runs<D: Txn>(
+pub(crate) fn end_runs<D: Db>(
     db: &D,
     tenant: &TenantId,
     items: &[EndItem],
@@ -239,7 +243,7 @@ pub(crate) fn end_runs<D: Txn>(
 }
 
 /// `Runs::record_usage`: one update, no read before it.
-pub(crate) fn record_usage<D: Txn>(
+pub(crate) fn record_usage<D: Db>(
     db: &D,
     tenant: &TenantId,
     run: &RunId,
@@ -252,9 +256,9 @@ pub(crate) fn record_usage<D: Txn>(
         &[
             text(tenant.as_str()),
             text(run.as_str()),
-            Val::Int(to_sql_count(tokens_in)),
-            Val::Int(to_sql_count(tokens_out)),
-            Val::Real(cost_usd),
+            Value::from(to_sql_count(tokens_in)),
+            Value::from(to_sql_count(tokens_out)),
+            Value::from(cost_usd),
         ],
     )?;
     if changed == 0 {
@@ -270,7 +274,7 @@ pub(crate) fn record_usage<D: Txn>(
 /// `Runs::resume` (and `resume_within`, with `quotas`): the parent's status
 /// and its fanout are read here and must still hold at the commit.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn resume<D: Txn>(
+pub(crate) fn resume<D: Db>(
     db: &D,
     tenant: &TenantId,
     name: &AgentName,
@@ -334,8 +338,8 @@ pub(crate) fn resume<D: Txn>(
             text(run.as_str()),
             t,
             n,
-            Val::Int(last + 1),
-            Val::Int(now_ms),
+            Value::from(last + 1),
+            Value::from(now_ms),
         ],
     )?;
     db.exec(
@@ -346,13 +350,13 @@ pub(crate) fn resume<D: Txn>(
             text(&to.encode()),
             text(run.as_str()),
             text(supervisor),
-            Val::Int(now_ms),
+            Value::from(now_ms),
         ],
     )?;
     // The channel shows the current run: no result until this run ends (SPEC 4,
     // `result.md` only with a terminal status). The old result stays on its run.
     if let Some(p) = &agent.parent {
-        let none = Val::MaybeText(None);
+        let none = Value::Text(None);
         db.exec(
             D::SQL.channel_result,
             &[t, text(p.as_str()), n, none, none, none],
@@ -367,7 +371,7 @@ pub(crate) fn resume<D: Txn>(
 /// are locked (PostgreSQL), it locks each tenant it ends agents in before
 /// it reads them for good, so an admission or a resume under one of them,
 /// on any node, either sees the end or is seen by it.
-pub(crate) fn recover<D: Txn>(
+pub(crate) fn recover<D: Db>(
     db: &D,
     dead: &[String],
     lost: bool,

@@ -80,13 +80,9 @@ pub(crate) fn repair<D: Db>(
     Ok(old)
 }
 
-/// [`crate::SlotShares::slot_shares`], read with the store's `q_shares`.
-pub(crate) fn shares<D: Db>(
-    db: &D,
-    q_shares: &str,
-    tenant: &str,
-) -> Result<Vec<(String, u64)>, D::Err> {
-    db.query(q_shares, &[tenant.into()], |r| {
+/// [`crate::SlotShares::slot_shares`], read with the store's `slot_shares`.
+pub(crate) fn shares<D: Db>(db: &D, tenant: &str) -> Result<Vec<(String, u64)>, D::Err> {
+    db.query(D::SQL.slot_shares, &[tenant.into()], |r| {
         Ok((r.text(0)?, count(r.int(1)?)))
     })
 }

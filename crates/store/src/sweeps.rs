@@ -1,17 +1,24 @@
 //! The sweepers' lease and reads (SPEC 9, [`crate::Sweeps`]), written once
 //! for both stores over [`Db`]: the lease taken (one upsert that bumps the
-//! epoch and returns it) and read, the fence checked inside a sweeper's
-//! write, the overdue runs and the orphans. Each store keeps what differs:
-//! SQLite's operating-system lock on a file beside the store, PostgreSQL's
-//! session lock and the lease row read `FOR SHARE` (`Q_LEASE_FOR_SHARE`,
-//! passed in as the fence's read).
+//! epoch and returns it) and read, the fenced writes (the fence checked
+//! inside the sweeper's write, then a stop's intent or a run's end), the
+//! overdue runs and the orphans. Each store keeps what differs: SQLite's
+//! operating-system lock on a file beside the store, PostgreSQL's session
+//! lock and the lease row read `FOR SHARE` (`Statements::lease_fenced`).
+//!
+//! On SQLite an operating-system lock on a file makes a lease's holder
+//! exclusive and the store only records epochs. On PostgreSQL the holders
+//! are on different nodes, so the lease row itself orders them: taking the
+//! lease is one atomic upsert that bumps the epoch (concurrent takers queue
+//! on the row's lock), and a fenced write reads the row `FOR SHARE`, so a
+//! taker that comes after the check waits for the write to commit; a write
+//! whose epoch is stale never commits after the lease moved on.
 
-use brood_core::Code;
+use brood_core::{AgentName, Code, TenantId, Terminal};
 
 use crate::checks::refused;
-use crate::db::{Db, Row, int, narrow};
-use crate::steps::agent_at;
-use crate::types::{Agent, Fence};
+use crate::db::{Db, Row, agent_at, int, narrow};
+use crate::types::{Agent, Fence, NewEvent, RunEnd};
 
 pub(crate) const Q_LEASE: &str = "SELECT name, holder, epoch FROM leases WHERE name = ?1";
 // One statement, so the epoch read back is the one this call wrote: two
@@ -80,10 +87,11 @@ pub(crate) fn lease<D: Db>(db: &D, name: &str) -> Result<Option<Fence>, D::Err> 
 }
 
 /// Inside a sweeper's transaction: refuse unless `fence` still names the
-/// lease's holder and epoch, read with `q_lease` (the store's read of the
-/// lease row: [`Q_LEASE`], or one that also locks it).
-pub(crate) fn check_fence<D: Db>(db: &D, q_lease: &str, fence: &Fence) -> Result<(), D::Err> {
-    match db.query_opt(q_lease, &[fence.lease.as_str().into()], |r| fence_from(r))? {
+/// lease's holder and epoch, read with the store's `lease_fenced` ([`Q_LEASE`],
+/// or one that also locks the row).
+fn check_fence<D: Db>(db: &D, fence: &Fence) -> Result<(), D::Err> {
+    let params = [fence.lease.as_str().into()];
+    match db.query_opt(D::SQL.lease_fenced, &params, |r| fence_from(r))? {
         Some(now) if now.holder == fence.holder && now.epoch == fence.epoch => Ok(()),
         Some(now) => Err(refused(
             Code::Conflict,
@@ -112,4 +120,39 @@ pub(crate) fn overdue<D: Db>(db: &D, now_ms: i64, limit: u32) -> Result<Vec<Agen
 /// [`crate::Sweeps::orphans`].
 pub(crate) fn orphans<D: Db>(db: &D, limit: u32) -> Result<Vec<Agent>, D::Err> {
     db.query(Q_ORPHANS, &[int(limit)], |r| agent_at(r, 0))
+}
+
+/// [`crate::Sweeps::sweep_stop`], inside the tenant's write: the fence,
+/// then the intent recorded as `Runs::mark_stopping` does (the status read
+/// there decides the write, so another end of the same run must not fall
+/// in between), and the sweeper's events.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stop<D: Db>(
+    db: &D,
+    fence: &Fence,
+    tenant: &TenantId,
+    names: &[AgentName],
+    outcome: Terminal,
+    now_ms: i64,
+    events: &[NewEvent],
+) -> Result<Vec<Agent>, D::Err> {
+    check_fence(db, fence)?;
+    let out = crate::runs::mark_stopping(db, tenant, names, outcome, now_ms)?;
+    db.append_events(tenant, events, now_ms)?;
+    Ok(out)
+}
+
+/// [`crate::Sweeps::sweep_end`], inside the tenant's write: the fence, then
+/// the agent's current run ended as `Runs::end_run` ends it.
+pub(crate) fn end<D: Db>(
+    db: &D,
+    fence: &Fence,
+    tenant: &TenantId,
+    name: &AgentName,
+    end: &RunEnd,
+    events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    check_fence(db, fence)?;
+    let agent = db.must_agent(tenant, name)?;
+    crate::runs::end_run(db, tenant, name, &agent.run, end, events)
 }

@@ -1,9 +1,4 @@
-//! PostgreSQL as a [`SqlStore`] (the contract's `Admission`, `Runs`,
-//! `Transcripts`, `Records` and `Recovery`, written once in
-//! `crate::sql_store`): every read-then-write runs in a transaction under
-//! its tenant's advisory lock (`PgStore::write`), so it is exact across
-//! nodes; and admission's group commit, with the statements this dialect
-//! reads otherwise than SQLite (the walk up the parents, a run's deadline).
+//! Admission's group commit on PostgreSQL (`SqlStore::commit_group`).
 //!
 //! Admissions are group-committed, as on SQLite (`crate::group`): the
 //! tenant's lock is held until the commit, and the commit waits for the WAL
@@ -16,52 +11,11 @@
 //! between two nodes' groups), and admissions in different tenants still run
 //! at once on the pool's other connections.
 
-use brood_core::{Quotas, TenantId};
-
 use super::admit::admit_group_tx;
 use super::db::LOCK_TENANT;
-use super::txn::On;
-use super::{Fail, PgStore, Tx};
+use super::{PgStore, Tx};
 use crate::group::Group;
-use crate::sql_store::SqlStore;
-use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
-
-// The cycle check: walk up from ?3 through the parents (the primary key at each
-// step), stopping at ?2 when it is met and at the level guard ?4. Returns how many
-// agents the walk met (0: ?3 does not exist), whether ?2 was among them, and the
-// highest level reached (the guard: a parent chain that loops climbs to it).
-// Rewritten from SQLite's: PostgreSQL has no MAX of a boolean (`bool_or`
-// instead), and the level is BIGINT in both terms of the recursive CTE (they
-// must agree), so `?4` is BIGINT and takes an i64.
-pub(super) const Q_ANCESTOR_OR_SELF: &str = "WITH RECURSIVE up(name, parent, level) AS (\
-     SELECT name, parent, CAST(0 AS BIGINT) FROM agents WHERE tenant = ?1 AND name = ?3 \
-     UNION ALL \
-     SELECT agents.name, agents.parent, up.level + 1 FROM up CROSS JOIN agents \
-      WHERE agents.tenant = ?1 AND agents.name = up.parent \
-       AND up.name <> ?2 AND up.level < ?4\
-     ) \
-     SELECT COUNT(*), COALESCE(bool_or(name = ?2), FALSE), \
-      CAST(COALESCE(MAX(level), 0) AS BIGINT) FROM up";
-
-// The deadline is the start plus the `timeout_s` of the effective policy recorded
-// in the agent's spec at admission (NULL, no deadline, when it has none).
-// Rewritten from SQLite's `json_extract`: the spec is read as `jsonb`, and only a
-// JSON number counts (truncated to whole seconds, as SQLite's CAST does), so an
-// odd value gives no deadline instead of failing the cast and the whole start.
-// Capped at the deadline of the parent's run, as SQLite's is (LEAST skips a
-// NULL: a parent without a deadline caps nothing, and a run without a timeout
-// keeps none).
-pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms = ?5, \
-     deadline_ms = (SELECT CASE WHEN own.ms IS NULL THEN NULL ELSE LEAST(own.ms, pr.deadline_ms) END \
-       FROM agents c \
-       CROSS JOIN LATERAL (SELECT ?5 + 1000 * (CASE \
-         WHEN jsonb_typeof(CAST(c.spec AS jsonb) #> '{policy,timeout_s}') = 'number' \
-         THEN CAST(trunc(CAST(CAST(c.spec AS jsonb) #>> '{policy,timeout_s}' AS NUMERIC)) AS BIGINT) \
-         END) AS ms) AS own \
-       LEFT JOIN agents p ON p.tenant = c.tenant AND p.name = c.parent \
-       LEFT JOIN runs pr ON pr.tenant = p.tenant AND pr.id = p.run AND pr.ended_ms IS NULL \
-       WHERE c.tenant = ?1 AND c.name = runs.agent) \
-     WHERE id = ?2 AND tenant = ?1";
+use crate::types::{Agent, Result, StoreError};
 
 /// The most admissions one group commit takes: about what a burst of
 /// requesters on one node queues behind one flush, few enough that the
@@ -69,18 +23,12 @@ pub(super) const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, s
 pub(crate) const GROUP_MAX: usize = 64;
 
 impl PgStore {
-    fn admit_queued(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        let lost = |message: String| StoreError::PostgresSetup {
+    /// The error of an admission whose group was lost.
+    pub(super) fn admission_lost(&self, message: String) -> StoreError {
+        StoreError::PostgresSetup {
             target: self.pool.target.clone(),
             message,
-        };
-        self.admissions
-            .admit(new, quotas, events, |g| self.admit_group(g), &lost)
+        }
     }
 
     /// Runs a group (all of one tenant) in one transaction
@@ -93,7 +41,7 @@ impl PgStore {
     /// alone, so that one admission's failure is its own. A connection lost
     /// under it runs it once more on a new one, as any write does
     /// (`Pool::with`).
-    fn admit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+    pub(super) fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
         let ran = self.pool.with(|c| {
             c.tx(None, |db| {
                 if let Some(first) = group.tickets().first() {
@@ -144,29 +92,3 @@ impl PgStore {
 /// The tenant's advisory transaction lock if no one holds it (`LOCK_TENANT`
 /// waits for it).
 const TRY_LOCK_TENANT: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))";
-
-impl SqlStore for PgStore {
-    type Err = Fail;
-    type Db<'c> = On<'c, 'c>;
-
-    fn reading<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.read(|db| f(&On(db)))
-    }
-
-    fn writing<T>(&self, tenant: &TenantId, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write(tenant.as_str(), |db| f(&On(db)))
-    }
-
-    fn writing_any<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
-        self.write_any(|db| f(&On(db)))
-    }
-
-    fn admit_grouped(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        self.admit_queued(new, quotas, events)
-    }
-}

@@ -26,11 +26,10 @@ use brood_core::{AgentName, Status, TenantId};
 use tokio_postgres::types::ToSql;
 
 use super::db::{LOCK_TENANT, Params};
-use super::rows::agent_from;
 use super::steps::U_TENANT_SEQ;
-use super::txn::On;
 use super::{Db, Fail, Tx, corrupt};
 use crate::admission::{AdmitFacts, cost_limit_of, created_in_run, decide, held, subtree_cost};
+use crate::db::agent_at;
 use crate::group::Ticket;
 use crate::types::{Agent, NewAgent, NewEvent};
 
@@ -105,7 +104,7 @@ struct Facts {
 /// would hold had each admission before this one been written alone. Only
 /// `create_limit` and the budget read more, on the transaction.
 struct GroupFacts<'a, 'd> {
-    db: On<'a, 'd>,
+    db: &'a Db<'d>,
     read: &'a Facts,
     pending: &'a [Agent],
 }
@@ -147,7 +146,7 @@ impl AdmitFacts for GroupFacts<'_, '_> {
 
     fn created_in_run(&self, p: &Agent) -> Tx<i64> {
         // The children admitted earlier in the group were created in this run too.
-        Ok(created_in_run(&self.db, p)?.saturating_add(count(self.pending_children(p))))
+        Ok(created_in_run(self.db, p)?.saturating_add(count(self.pending_children(p))))
     }
 
     fn held(&self, p: &Agent) -> Tx<f64> {
@@ -157,11 +156,11 @@ impl AdmitFacts for GroupFacts<'_, '_> {
             .pending_children(p)
             .filter_map(|a| cost_limit_of(&a.spec))
             .sum();
-        Ok(held(&self.db, p)? + pending)
+        Ok(held(self.db, p)? + pending)
     }
 
     fn subtree_cost(&self, tenant: &TenantId, name: &AgentName) -> Tx<f64> {
-        subtree_cost(&self.db, tenant, name.as_str())
+        subtree_cost(self.db, tenant, name.as_str())
     }
 }
 
@@ -180,7 +179,7 @@ pub(crate) fn admit_group_tx(db: &Db<'_>, tickets: &[Arc<Ticket>]) -> Tx<Vec<Tx<
     let mut of_ticket: Vec<usize> = Vec::new();
     for (i, t) in tickets.iter().enumerate() {
         let group = GroupFacts {
-            db: On(db),
+            db,
             read: &facts,
             pending: &admitted,
         };
@@ -239,7 +238,7 @@ fn read_facts(db: &Db<'_>, ts: &str, tickets: &[Arc<Ticket>]) -> Tx<Facts> {
         existing: HashSet::new(),
     };
     for r in &read[2] {
-        let a = agent_from(r)?;
+        let a = agent_at(r, 0)?;
         facts.parents.insert(a.name.as_str().to_owned(), a);
     }
     for r in &read[3] {

@@ -11,13 +11,14 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement, Transaction};
 
 use brood_core::TenantId;
 
+use super::sql::STATEMENTS;
 use super::{Fail, Tx};
-use crate::db::Value;
+use crate::db::{Statements, Value};
 use crate::types::{Event, NewEvent};
 
 /// Waits for `f` on this thread. Not tokio's `block_on`, which refuses to
@@ -262,8 +263,14 @@ fn with_params<T>(values: &[Value<'_>], f: impl FnOnce(Params<'_>) -> T) -> T {
 impl crate::db::Row for Row {
     type Err = Fail;
 
+    /// A BIGINT, or a boolean as 1 or 0 (`EXISTS`, `bool_or`: SQLite gives
+    /// both as integers, and the shared logic reads them as such).
     fn int(&self, i: usize) -> Tx<i64> {
-        Ok(self.try_get(i)?)
+        if self.columns().get(i).map(|c| c.type_()) == Some(&Type::BOOL) {
+            Ok(i64::from(self.try_get::<_, bool>(i)?))
+        } else {
+            Ok(self.try_get(i)?)
+        }
     }
 
     fn int_opt(&self, i: usize) -> Tx<Option<i64>> {
@@ -285,15 +292,13 @@ impl crate::db::Row for Row {
     fn bytes(&self, i: usize) -> Tx<Vec<u8>> {
         Ok(self.try_get(i)?)
     }
-
-    fn bool(&self, i: usize) -> Tx<bool> {
-        Ok(self.try_get(i)?)
-    }
 }
 
 impl crate::db::Db for Db<'_> {
     type Err = Fail;
     type Row<'r> = Row;
+    const LOCKS_TENANTS: bool = true;
+    const SQL: &'static Statements = &STATEMENTS;
 
     fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
         with_params(params, |p| Db::exec(self, sql, p))
@@ -324,6 +329,11 @@ impl crate::db::Db for Db<'_> {
 
     fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
         super::steps::append_events_tx(self, tenant, events, now_ms)
+    }
+
+    fn lock_tenant(&self, tenant: &str) -> Tx<()> {
+        Db::exec(self, LOCK_TENANT, &[&tenant])?;
+        Ok(())
     }
 }
 

@@ -27,29 +27,22 @@
 //! once), recorded in `schema_migrations`.
 //!
 //! The code: this file opens the store, holds the pool and migrates; `db`
-//! is the blocking facade (queries on a connection or a transaction), `rows`
-//! decodes records, `txn` gives the bodies shared with SQLite (`crate::txn`)
-//! their reads and writes, `admit` reads and writes a group of admissions,
-//! `admission` makes this store a `crate::sql_store::SqlStore` (the
-//! contract's methods written once for both stores), `records` holds this
-//! dialect's statements of the records, and the rest of the contract is in
-//! `sweeps`, `jobs` and their neighbours.
+//! is the blocking facade (queries on a connection or a transaction) and
+//! the shared logic's `crate::db::Db` on it, `sql` this dialect's own
+//! statements (its `crate::db::Statements`), `steps` the event log's
+//! numbering, `admission` the group commit and `admit` a group's reads and
+//! writes, `news` the writes announced and heard, `sweeps` the lease's
+//! session lock, and `store` this store as a `crate::sql_store::SqlStore`:
+//! the whole contract is written once for both stores there.
 
 mod admission;
 mod admit;
-mod blobs;
 mod db;
-mod jobs;
 mod news;
-mod nodes;
-mod records;
-mod removal;
-mod rows;
-mod shares;
+mod sql;
 mod steps;
+mod store;
 mod sweeps;
-mod tx;
-mod txn;
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;

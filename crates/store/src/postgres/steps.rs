@@ -1,6 +1,8 @@
-//! The shared steps of the transactions, as in `sqlite::steps`: loading and
-//! checking agents, events appended with their sequence numbers, a run's end
-//! written. The SQL is `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`.
+//! The event log on PostgreSQL, as `sqlite::steps` on SQLite: events
+//! appended with the tenant's next sequence numbers, inside the caller's
+//! transaction, in three round trips whatever their number. The SQL is
+//! `sqlite::sql`'s, read as PostgreSQL by `db::to_pg`, but the tenant's
+//! upsert.
 
 use brood_core::{RunId, TenantId};
 
@@ -10,13 +12,6 @@ use tokio_postgres::types::ToSql;
 use super::db::Params;
 use crate::sqlite::sql::{I_EVENT, Q_AGENT_EXISTS};
 use crate::types::{Event, NewEvent};
-
-pub(crate) use crate::steps::{load_agent, must_agent};
-
-// The checks both stores share, their errors turned into this store's.
-pub(crate) fn check_events(events: &[NewEvent]) -> Tx<()> {
-    Ok(crate::checks::check_events(events)?)
-}
 
 /// Appends `events` to the tenant's log with the next sequence numbers,
 /// inside the caller's transaction, in three round trips whatever their
@@ -32,7 +27,7 @@ pub(crate) fn append_events_tx(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    check_events(events)?;
+    crate::checks::check_events(events)?;
     let ts = tenant.as_str();
     let names: Vec<&str> = events.iter().map(|e| e.agent.as_str()).collect();
     let checks: Vec<[&(dyn ToSql + Sync); 2]> = names.iter().map(|n| [&ts as _, n as _]).collect();
@@ -82,20 +77,7 @@ pub(crate) fn append_events_tx(
         .collect();
     let inserts: Vec<(&str, Params<'_>)> = params.iter().map(|p| (I_EVENT, &p[..])).collect();
     db.pipeline(&inserts)?;
-    Ok(events
-        .iter()
-        .zip(next..)
-        .map(|(e, seq)| Event {
-            tenant: tenant.clone(),
-            seq,
-            ts_ms: now_ms,
-            agent: e.agent.clone(),
-            run: e.run.clone(),
-            session: e.session.clone(),
-            kind: e.kind.clone(),
-            payload: e.payload.clone(),
-        })
-        .collect())
+    Ok(crate::checks::numbered(tenant, next, now_ms, events))
 }
 
 /// The tenant's row, made if new, its next sequence number advanced by `$2`

@@ -1,12 +1,15 @@
 //! [`crate::db::Db`] on SQLite: the shared logic's statements on the
-//! store's connection (inside a write, its `BEGIN IMMEDIATE` transaction),
-//! each prepared once and kept in the connection's statement cache.
+//! store's connection (a reader's, or the writer's inside its
+//! `BEGIN IMMEDIATE` transaction, which is that connection), each prepared
+//! once and kept in the connection's statement cache, every [`Value`]
+//! bound as it is (no copy).
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, ToSql, Transaction};
+use rusqlite::{Connection, ToSql};
 
+use super::sql::STATEMENTS;
 use super::{Fail, Tx, append_events_tx};
-use crate::db::{Db, Row, Value};
+use crate::db::{Db, Row, Statements, Value};
 use crate::types::{Event, NewEvent};
 use brood_core::TenantId;
 
@@ -48,15 +51,13 @@ impl Row for rusqlite::Row<'_> {
     fn bytes(&self, i: usize) -> Tx<Vec<u8>> {
         Ok(self.get(i)?)
     }
-
-    fn bool(&self, i: usize) -> Tx<bool> {
-        Ok(self.get(i)?)
-    }
 }
 
 impl Db for Connection {
     type Err = Fail;
     type Row<'r> = rusqlite::Row<'r>;
+    const LOCKS_TENANTS: bool = false;
+    const SQL: &'static Statements = &STATEMENTS;
 
     fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
         let n = self
@@ -97,36 +98,9 @@ impl Db for Connection {
     fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
         append_events_tx(self, tenant, events, now_ms)
     }
-}
 
-/// A write's transaction is its connection: every call goes to it.
-impl Db for Transaction<'_> {
-    type Err = Fail;
-    type Row<'r> = rusqlite::Row<'r>;
-
-    fn exec(&self, sql: &str, params: &[Value<'_>]) -> Tx<u64> {
-        Db::exec(&**self, sql, params)
-    }
-
-    fn query<T>(
-        &self,
-        sql: &str,
-        params: &[Value<'_>],
-        each: impl FnMut(&rusqlite::Row<'_>) -> Tx<T>,
-    ) -> Tx<Vec<T>> {
-        Db::query(&**self, sql, params, each)
-    }
-
-    fn query_opt<T>(
-        &self,
-        sql: &str,
-        params: &[Value<'_>],
-        one: impl FnOnce(&rusqlite::Row<'_>) -> Tx<T>,
-    ) -> Tx<Option<T>> {
-        Db::query_opt(&**self, sql, params, one)
-    }
-
-    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
-        append_events_tx(self, tenant, events, now_ms)
+    fn lock_tenant(&self, _tenant: &str) -> Tx<()> {
+        // `BEGIN IMMEDIATE` already holds the file's one write lock.
+        Ok(())
     }
 }

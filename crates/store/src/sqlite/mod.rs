@@ -18,7 +18,7 @@
 //! Admissions queue in front of the connection, first come first served, and the
 //! thread whose turn it is runs what is queued (up to `GROUP_MAX`) as one group
 //! commit: one such transaction, with a savepoint per admission so that each
-//! still succeeds or fails alone (`admit_queued`). A thread of the store's own
+//! still succeeds or fails alone (`commit_group`). A thread of the store's own
 //! copies the WAL back into the database, off the requesters' path
 //! (`Checkpointer`).
 //!
@@ -27,44 +27,36 @@
 //! `schema_migrations`; opening an up-to-date file changes nothing.
 //!
 //! The code: this file opens the store, runs the writer (group commit, the
-//! checkpointer) and migrates; `sql` holds every statement, `rows` decodes
-//! records, `steps` the steps transactions share, `txn` the shared bodies'
-//! reads and writes (`crate::txn`), `tx` admission's writes, `store` this
-//! store as a `crate::sql_store::SqlStore` (the contract's methods written
-//! once for both stores) and `sweeps` the budgets, lease and sweepers.
+//! checkpointer) and migrates; `sql` holds every statement (the dialect's
+//! `crate::db::Statements` among them), `db` is the shared logic's
+//! `crate::db::Db` on a connection, `steps` the event log's numbering,
+//! `admit` admission's writes, and `store` this store as a
+//! `crate::sql_store::SqlStore`: the whole contract is written once for
+//! both stores there.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::group::{Group, Groups, Ticket};
-use brood_core::{AgentName, Quotas, TenantId};
+use brood_core::{AgentName, TenantId};
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
-use crate::types::{Agent, NewAgent, NewEvent, Result, StoreError};
+use crate::types::{Agent, Result, StoreError};
 
 #[macro_use]
 pub(crate) mod sql;
+// After `sql`, whose macros they use.
+mod admit;
 mod db;
-mod rows;
 mod steps;
 mod store;
-mod sweeps;
 #[cfg(test)]
 mod tests;
-mod tx;
-mod txn;
-// After `sql`, whose macros the modules above use.
-mod blobs;
-mod idempotency;
-mod jobs;
-mod nodes;
-mod removal;
-mod shares;
 
+use admit::admit_tx;
 use sql::*;
 use steps::*;
-use tx::*;
 
 /// The embedded migrations, in the order they apply. A version is never reused or
 /// edited once released: a change is a new file.
@@ -283,13 +275,6 @@ fn not_found(tenant: &TenantId, name: &AgentName) -> Fail {
     })
 }
 
-fn corrupt(what: &'static str, value: impl Into<String>) -> Fail {
-    Fail::Store(StoreError::Corrupt {
-        what,
-        value: value.into(),
-    })
-}
-
 /// An error SQLite did not raise but that belongs with its errors (opening and
 /// migrating the file), so it travels in the same variants with the path.
 fn sqlite_message(message: String) -> rusqlite::Error {
@@ -485,8 +470,10 @@ impl SqliteStore {
     }
 
     /// Runs `body` in one `BEGIN IMMEDIATE` transaction and commits it; any error
-    /// rolls everything back (the transaction is dropped uncommitted).
-    fn write<T>(&self, body: impl FnOnce(&Transaction<'_>) -> Tx<T>) -> Result<T> {
+    /// rolls everything back (the transaction is dropped uncommitted). `body`
+    /// is given the connection: the transaction is on it, and the shared
+    /// logic's `Db` is the connection's.
+    fn write<T>(&self, body: impl FnOnce(&Connection) -> Tx<T>) -> Result<T> {
         let mut conn = self.lock();
         let run = |conn: &mut Connection| -> Tx<T> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -529,30 +516,26 @@ impl SqliteStore {
         body(&conn).map_err(|f| f.at(&self.path))
     }
 
-    /// Admission through the group commit (`crate::group`). Each admission
-    /// stays all-or-nothing on its own: it runs in its own savepoint, inside
-    /// the group's `BEGIN IMMEDIATE` transaction, after the admissions queued
-    /// before it, whose writes it sees (so the quota counts stay exact), and
-    /// it is answered only once the group has committed.
-    fn admit_queued(
-        &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent> {
-        let run = |group: &mut Group<'_>| {
-            let answers = self.admit_group(group.tickets());
-            // Counted per admission, not per commit: the frames a commit
-            // writes grow with its group.
-            let admitted = answers.iter().filter(|a| a.is_ok()).count();
-            self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
-            answers
-        };
-        let lost = |message: String| StoreError::Sqlite {
+    /// A group of admissions committed (`SqlStore::commit_group`). Each
+    /// admission stays all-or-nothing on its own: it runs in its own
+    /// savepoint, inside the group's `BEGIN IMMEDIATE` transaction, after the
+    /// admissions queued before it, whose writes it sees (so the quota counts
+    /// stay exact), and it is answered only once the group has committed.
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
+        let answers = self.admit_group(group.tickets());
+        // Counted per admission, not per commit: the frames a commit
+        // writes grow with its group.
+        let admitted = answers.iter().filter(|a| a.is_ok()).count();
+        self.committed(u32::try_from(admitted).unwrap_or(u32::MAX));
+        answers
+    }
+
+    /// The error of an admission whose group was lost.
+    fn admission_lost(&self, message: String) -> StoreError {
+        StoreError::Sqlite {
             path: self.path.clone(),
             source: sqlite_message(message),
-        };
-        self.admissions.admit(new, quotas, events, run, &lost)
+        }
     }
 
     /// Runs `tickets` in one `BEGIN IMMEDIATE` transaction and commits it: one

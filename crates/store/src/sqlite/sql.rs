@@ -72,8 +72,18 @@ macro_rules! run_cols {
     };
 }
 
-// The statements of the steps both stores share, kept with them.
-pub(crate) use crate::steps::{Q_AGENT, Q_AGENT_EXISTS, U_STATUS_DETAIL};
+pub(crate) const Q_AGENT: &str = concat!(
+    "SELECT ",
+    agent_cols!(""),
+    " FROM agents WHERE tenant = ?1 AND name = ?2"
+);
+pub(crate) const Q_AGENT_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM agents WHERE tenant = ?1 AND name = ?2)";
+pub(crate) const U_STATUS_DETAIL: &str = "UPDATE agents SET status = ?3, detail = ?4, updated_ms = ?5 \
+     WHERE tenant = ?1 AND name = ?2";
+pub(crate) const U_RUN_ENDED: &str = "UPDATE runs SET outcome = ?3, exit_code = ?4, result = ?5, ended_ms = ?6 \
+     WHERE id = ?2 AND tenant = ?1";
+
 pub(crate) const Q_CHILDREN: &str = concat!(
     "SELECT ",
     agent_cols!(""),
@@ -256,6 +266,26 @@ pub(crate) const I_TENANT_QUOTA: &str = "INSERT INTO tenant_quotas (tenant, key,
 pub(crate) const U_RESUMED: &str = "UPDATE agents SET status = ?3, detail = NULL, run = ?4, supervisor = ?5, \
      updated_ms = ?6 WHERE tenant = ?1 AND name = ?2";
 
+// ---- create_limit and budgets (SPEC 9) -------------------------------------------
+
+// `create_limit`: when the parent's current run was created, and the children
+// it has created since (through `agents_by_parent`).
+const Q_RUN_CREATED: &str = "SELECT created_ms FROM runs WHERE id = ?1";
+const Q_CREATED_SINCE: &str = "SELECT COUNT(*) FROM agents INDEXED BY agents_by_parent \
+     WHERE tenant = ?1 AND parent = ?2 AND created_ms >= ?3";
+// A parent's unfinished children with their specs (the budget check), through
+// the partial index of unfinished agents.
+const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
+    "SELECT name, spec FROM agents INDEXED BY agents_unfinished_by_parent",
+    " WHERE tenant = ?1 AND parent = ?2 AND ",
+    unfinished!()
+);
+
+// ---- what SQLite says its own way of the nodes, the shares and the lease --------
+
+// SQLite's two-argument `MAX` is PostgreSQL's `GREATEST`.
+const U_HEARTBEAT: &str = "UPDATE nodes SET heartbeat_ms = MAX(heartbeat_ms, ?2) WHERE id = ?1";
+
 /// The hot queries whose plans [`SqliteStore::query_plans`] reports.
 pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("agent", Q_AGENT),
@@ -282,16 +312,15 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("next_seq", Q_NEXT_SEQ),
 ];
 
-/// The statements the bodies shared with PostgreSQL run (`crate::txn`).
-pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
+/// The statements the bodies shared with PostgreSQL run (`crate::db`).
+pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
+    agent: Q_AGENT,
     agent_exists: Q_AGENT_EXISTS,
     fanout: Q_FANOUT,
     tree_size: Q_TREE_SIZE,
-    run_created: super::sweeps::Q_RUN_CREATED,
-    created_since: super::sweeps::Q_CREATED_SINCE,
-    unfinished_children_specs: super::sweeps::Q_UNFINISHED_CHILDREN_SPECS,
-    own_usage: super::sweeps::Q_OWN_USAGE,
-    subtree_usage: super::sweeps::Q_SUBTREE_USAGE,
+    run_created: Q_RUN_CREATED,
+    created_since: Q_CREATED_SINCE,
+    unfinished_children_specs: Q_UNFINISHED_CHILDREN_SPECS,
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
     children: Q_CHILDREN,
@@ -299,7 +328,7 @@ pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
     status: U_STATUS,
     status_detail: U_STATUS_DETAIL,
     run_started: U_RUN_STARTED,
-    run_ended: crate::steps::U_RUN_ENDED,
+    run_ended: U_RUN_ENDED,
     run_usage: U_RUN_USAGE,
     channel_result: U_CHANNEL_RESULT,
     last_run_seq: Q_LAST_RUN_SEQ,
@@ -323,4 +352,12 @@ pub(crate) const STATEMENTS: crate::txn::Statements = crate::txn::Statements {
     last_event_seq: Q_LAST_EVENT_SEQ,
     tenant_quotas: Q_TENANT_QUOTAS,
     set_tenant_quota: I_TENANT_QUOTA,
+    // `BEGIN IMMEDIATE` already holds the write lock: the row as it is, no
+    // row locks, SQLite's own byte order.
+    lease_fenced: crate::sweeps::Q_LEASE,
+    heartbeat: U_HEARTBEAT,
+    placed: crate::nodes::q_placed!("", ""),
+    take_inbox: crate::nodes::d_take_inbox!(""),
+    nodes: crate::nodes::q_nodes!(""),
+    slot_shares: crate::shares::q_shares!(""),
 };

@@ -1,21 +1,13 @@
-//! The shared steps of the transactions: loading and checking agents, events
-//! appended with their sequence numbers, a run's end written.
+//! The event log on SQLite: events appended with the tenant's next
+//! sequence numbers, inside the caller's transaction.
 
 use super::{I_EVENT, Q_NEXT_SEQ, Tx, U_NEXT_SEQ, not_found};
+use crate::db::Db as _;
 use crate::types::Event;
 use crate::types::NewEvent;
 use brood_core::RunId;
 use brood_core::TenantId;
 use rusqlite::Connection;
-
-// ---- shared steps of the transactions -------------------------------------------
-
-pub(super) use crate::steps::{agent_exists, load_agent, must_agent};
-
-// The checks both stores share, their errors turned into this store's.
-pub(super) fn check_events(events: &[NewEvent]) -> Tx<()> {
-    Ok(crate::checks::check_events(events)?)
-}
 
 /// Appends `events` to the tenant's log with the next sequence numbers. Runs inside
 /// the caller's transaction, so the numbers and the change they describe commit
@@ -29,10 +21,10 @@ pub(super) fn append_events_tx(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    check_events(events)?;
+    crate::checks::check_events(events)?;
     for e in events {
         // The foreign key would refuse it too, with a message that names nothing.
-        if !agent_exists(tx, tenant, &e.agent)? {
+        if !tx.exists(tenant, &e.agent)? {
             return Err(not_found(tenant, &e.agent));
         }
     }
@@ -54,7 +46,6 @@ pub(super) fn insert_events_tx(
         .prepare_cached(Q_NEXT_SEQ)?
         .query_row([tenant.as_str()], |r| r.get(0))?;
     let mut insert = tx.prepare_cached(I_EVENT)?;
-    let mut out = Vec::with_capacity(events.len());
     for (seq, e) in (next..).zip(events) {
         insert.execute((
             tenant.as_str(),
@@ -66,19 +57,9 @@ pub(super) fn insert_events_tx(
             e.kind.as_str(),
             e.payload.as_str(),
         ))?;
-        out.push(Event {
-            tenant: tenant.clone(),
-            seq,
-            ts_ms: now_ms,
-            agent: e.agent.clone(),
-            run: e.run.clone(),
-            session: e.session.clone(),
-            kind: e.kind.clone(),
-            payload: e.payload.clone(),
-        });
     }
     let after = next + i64::try_from(events.len()).unwrap_or(i64::MAX);
     tx.prepare_cached(U_NEXT_SEQ)?
         .execute((tenant.as_str(), after))?;
-    Ok(out)
+    Ok(crate::checks::numbered(tenant, next, now_ms, events))
 }

@@ -1,36 +1,25 @@
 //! Admission's writes on SQLite: an admission decided by the shared
 //! decisions (`crate::admission`, on the transaction as it goes) and its
 //! rows inserted one statement a row, inside the group commit's savepoint
-//! (`SqliteStore::admit_group`). Also the sweepers' entries into the shared
-//! run bodies (`crate::runs`).
+//! (`SqliteStore::admit_group`).
 
-use super::txn::On;
 use super::{I_AGENT, I_CHANNEL, I_EDGE, I_RUN, I_TENANT, Tx, insert_events_tx};
 use crate::admission::{Admitted, Live, decide};
-use crate::types::Agent;
-use crate::types::NewAgent;
-use crate::types::NewEvent;
-use crate::types::RunEnd;
-use brood_core::AgentName;
-use brood_core::Quotas;
-use brood_core::RunId;
-use brood_core::Status;
-use brood_core::TenantId;
-use brood_core::Terminal;
-use rusqlite::Transaction;
+use crate::types::{Agent, NewAgent, NewEvent};
+use brood_core::{AgentName, Quotas, Status};
+use rusqlite::Connection;
 
 /// Admission, with the quota checks when `quotas` is given: decided on the
 /// transaction, which sees the admissions before it in the group, then
 /// written. The agent returned is built from the values it was inserted
 /// with: reading it back cost a query and a decode of every column.
 pub(super) fn admit_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     new: &NewAgent,
     quotas: Option<&Quotas>,
     events: &[NewEvent],
 ) -> Tx<Agent> {
-    let on = On(tx);
-    let facts = Live(&on);
+    let facts = Live(tx);
     let Admitted { agent, parent } = decide(&facts, new, quotas, events)?;
     let t = &new.tenant;
     tx.prepare_cached(I_TENANT)?
@@ -76,27 +65,4 @@ pub(super) fn admit_tx(
     // Checked by `decide` already: only the numbering and the rows remain.
     insert_events_tx(tx, t, events, new.now_ms)?;
     Ok(agent)
-}
-
-/// `crate::runs::mark_stopping` on a transaction (the sweepers').
-pub(super) fn mark_stopping_tx(
-    tx: &Transaction<'_>,
-    tenant: &TenantId,
-    names: &[AgentName],
-    outcome: Terminal,
-    now_ms: i64,
-) -> Tx<Vec<Agent>> {
-    crate::runs::mark_stopping(&On(tx), tenant, names, outcome, now_ms)
-}
-
-/// `crate::runs::end_run` on a transaction (the sweepers').
-pub(super) fn end_run_tx(
-    tx: &Transaction<'_>,
-    tenant: &TenantId,
-    name: &AgentName,
-    run: &RunId,
-    end: &RunEnd,
-    events: &[NewEvent],
-) -> Tx<Agent> {
-    crate::runs::end_run(&On(tx), tenant, name, run, end, events)
 }

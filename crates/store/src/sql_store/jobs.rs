@@ -1,26 +1,28 @@
-//! [`Jobs`] on SQLite: the shared logic (`crate::jobs`), every mutation in
-//! one `BEGIN IMMEDIATE` transaction, so its checks (the status machines,
-//! the fencing token) still hold when it writes the change and its events.
+//! [`Jobs`] once for every [`SqlStore`]: the shared logic (`crate::jobs`),
+//! every mutation in one transaction of the tenant's (SQLite's
+//! `BEGIN IMMEDIATE`, PostgreSQL's tenant lock), so its checks (the status
+//! machines, the fencing token) still hold when it writes the change and
+//! its events.
 
 use brood_core::{AgentName, ItemStatus, JobStatus, TenantId};
 
-use super::SqliteStore;
+use super::SqlStore;
 use crate::contract::Jobs;
 use crate::jobs;
 use crate::types::{Attempt, Job, JobItem, NewEvent, NewItem, NewJob, Result};
 
-impl Jobs for SqliteStore {
+impl<S: SqlStore> Jobs for S {
     fn create_job(&self, job: &NewJob, items: &[NewItem], events: &[NewEvent]) -> Result<Job> {
         jobs::check_new_job(job, items)?;
-        self.write(|tx| jobs::create_job(tx, job, items, events))
+        self.writing(&job.tenant, |db| jobs::create_job(db, job, items, events))
     }
 
     fn job(&self, tenant: &TenantId, id: &str) -> Result<Option<Job>> {
-        self.read(|conn| jobs::load_job(conn, tenant, id))
+        self.reading(|db| jobs::load_job(db, tenant, id))
     }
 
     fn jobs(&self, tenant: &TenantId) -> Result<Vec<Job>> {
-        self.read(|conn| jobs::jobs(conn, tenant))
+        self.reading(|db| jobs::jobs(db, tenant))
     }
 
     fn set_job_status(
@@ -31,7 +33,9 @@ impl Jobs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Job> {
-        self.write(|tx| jobs::set_job_status(tx, tenant, id, to, now_ms, events))
+        self.writing(tenant, |db| {
+            jobs::set_job_status(db, tenant, id, to, now_ms, events)
+        })
     }
 
     fn job_items(
@@ -40,7 +44,7 @@ impl Jobs for SqliteStore {
         job: &str,
         status: Option<ItemStatus>,
     ) -> Result<Vec<JobItem>> {
-        self.read(|conn| jobs::job_items(conn, tenant, job, status))
+        self.reading(|db| jobs::job_items(db, tenant, job, status))
     }
 
     fn next_pending_item(
@@ -49,11 +53,11 @@ impl Jobs for SqliteStore {
         job: &str,
         now_ms: i64,
     ) -> Result<Option<JobItem>> {
-        self.read(|conn| jobs::next_pending_item(conn, tenant, job, now_ms))
+        self.reading(|db| jobs::next_pending_item(db, tenant, job, now_ms))
     }
 
     fn item_counts(&self, tenant: &TenantId, job: &str) -> Result<Vec<(ItemStatus, u32)>> {
-        self.read(|conn| jobs::item_counts(conn, tenant, job))
+        self.reading(|db| jobs::item_counts(db, tenant, job))
     }
 
     fn start_attempt(
@@ -65,7 +69,9 @@ impl Jobs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<Attempt> {
-        self.write(|tx| jobs::start_attempt(tx, tenant, job, item, worker, now_ms, events))
+        self.writing(tenant, |db| {
+            jobs::start_attempt(db, tenant, job, item, worker, now_ms, events)
+        })
     }
 
     fn report_result(
@@ -79,9 +85,9 @@ impl Jobs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<JobItem> {
-        self.write(|tx| {
+        self.writing(tenant, |db| {
             jobs::report_result(
-                tx, tenant, job, item, attempt, worker, result, now_ms, events,
+                db, tenant, job, item, attempt, worker, result, now_ms, events,
             )
         })
     }
@@ -97,9 +103,9 @@ impl Jobs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<JobItem> {
-        self.write(|tx| {
+        self.writing(tenant, |db| {
             let max = max_attempts;
-            jobs::fail_attempt(tx, tenant, job, item, attempt, error, max, now_ms, events)
+            jobs::fail_attempt(db, tenant, job, item, attempt, error, max, now_ms, events)
         })
     }
 
@@ -111,10 +117,12 @@ impl Jobs for SqliteStore {
         now_ms: i64,
         events: &[NewEvent],
     ) -> Result<JobItem> {
-        self.write(|tx| jobs::retry_item(tx, tenant, job, item, now_ms, events))
+        self.writing(tenant, |db| {
+            jobs::retry_item(db, tenant, job, item, now_ms, events)
+        })
     }
 
     fn attempts(&self, tenant: &TenantId, job: &str, item: &str) -> Result<Vec<Attempt>> {
-        self.read(|conn| jobs::attempts(conn, tenant, job, item))
+        self.reading(|db| jobs::attempts(db, tenant, job, item))
     }
 }

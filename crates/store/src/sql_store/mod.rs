@@ -1,25 +1,40 @@
-//! The contract's `Admission`, `Runs`, `Transcripts`, `Records` and
-//! `Recovery`, written once for every store given as a [`SqlStore`]: each
-//! method is a shared body (`admission`, `runs`, `records`) or one of the
-//! store's statements, run on a connection or in a transaction the store
-//! opens. A store gives only how it reads, how it writes (SQLite's
-//! `BEGIN IMMEDIATE`, PostgreSQL's tenant lock) and how it admits (its
-//! group commit).
+//! The whole contract, written once for every store given as a
+//! [`SqlStore`]: each method is a shared body (`admission`, `runs`,
+//! `records`, `jobs`, `sweeps`, `nodes`, `shares`, `blobs`, `removal`,
+//! `idempotency`) or one of the store's statements, run on a connection or
+//! in a transaction the store opens. A store gives only how it reads, how
+//! it writes (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's tenant lock, and
+//! whether the other nodes hear of it), how it admits (its group commit),
+//! and the few parts only PostgreSQL has (a lease's session lock, the news
+//! of other nodes' writes). Here `Admission`, `Runs`, `Transcripts`,
+//! `Records` and `Recovery`; the other traits each in a module of their
+//! own below.
 
 use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
 
 use crate::contract::{Admission, Records, Recovery, Runs, Transcripts};
-use crate::txn::{Txn, Val};
+use crate::db::{Db, Value};
+use crate::group::{Group, Groups};
 use crate::types::{
-    Agent, Channel, EndItem, Event, Message, NewAgent, NewEvent, Result, Run, RunEnd, Spend,
-    StoreError,
+    Agent, Channel, EndItem, Event, LeaseLock, Message, NewAgent, NewEvent, Result, Run, RunEnd,
+    Spend, StoreError,
 };
 use crate::{admission, records, runs};
 
-/// A store the shared contract runs on.
+mod blobs;
+mod idempotency;
+mod jobs;
+mod nodes;
+mod removal;
+mod shares;
+mod sweeps;
+
+/// A store the shared contract runs on: how it runs a body. Every write is
+/// one transaction (or, for [`SqlStore::writing_one`], one statement) that
+/// commits before the method returns.
 pub(crate) trait SqlStore {
     type Err: From<StoreError>;
-    type Db<'c>: Txn<Err = Self::Err>;
+    type Db<'c>: Db<Err = Self::Err>;
 
     /// Runs `f` on a connection (reads that need no transaction).
     fn reading<T>(
@@ -28,7 +43,8 @@ pub(crate) trait SqlStore {
     ) -> Result<T>;
 
     /// Runs `f` in a transaction that reads and then writes in `tenant`,
-    /// holding what keeps its reads true until the commit.
+    /// holding what keeps its reads true until the commit; the other nodes
+    /// hear of it.
     fn writing<T>(
         &self,
         tenant: &TenantId,
@@ -36,29 +52,97 @@ pub(crate) trait SqlStore {
     ) -> Result<T>;
 
     /// Runs `f` in a transaction that locks no tenant first: a write with
-    /// no read before it, or a body that locks what it needs (recovery).
+    /// no read before it, or a body that locks what it needs (recovery);
+    /// the other nodes hear of it.
     fn writing_any<T>(
         &self,
         f: impl Fn(&Self::Db<'_>) -> std::result::Result<T, Self::Err>,
     ) -> Result<T>;
 
-    /// Admission through the store's group commit, each admission decided
-    /// by `admission::decide`.
-    fn admit_grouped(
+    /// [`SqlStore::writing_any`] without telling the other nodes: the
+    /// caller calls [`SqlStore::announce`] when the write changed what they
+    /// would look at (a claim or a take that found nothing is no news, and
+    /// a blob's chunk never is: the news that names the blob is).
+    fn writing_quiet<T>(
         &self,
-        new: &NewAgent,
-        quotas: Option<&Quotas>,
-        events: &[NewEvent],
-    ) -> Result<Agent>;
+        f: impl Fn(&Self::Db<'_>) -> std::result::Result<T, Self::Err>,
+    ) -> Result<T>;
+
+    /// Runs `f` in a transaction that holds `tenant`'s concurrency slots
+    /// (on PostgreSQL a lock of their own, apart from the tenant's, so that
+    /// starts and ends never queue behind admissions), not announced: the
+    /// news of a start or an end is its record's.
+    fn writing_slots<T>(
+        &self,
+        tenant: &TenantId,
+        f: impl Fn(&Self::Db<'_>) -> std::result::Result<T, Self::Err>,
+    ) -> Result<T>;
+
+    /// Runs `f`, one statement, committed on its own where the store can
+    /// do without a transaction around it, and not announced (a heartbeat
+    /// every tick is no news to the other nodes).
+    fn writing_one<T>(
+        &self,
+        f: impl Fn(&Self::Db<'_>) -> std::result::Result<T, Self::Err>,
+    ) -> Result<T>;
+
+    /// Tells the other nodes that this one wrote (after a
+    /// [`SqlStore::writing_quiet`] that changed something).
+    fn announce(&self);
+
+    /// The admissions queued for their group commit (`crate::group`).
+    fn admissions(&self) -> &Groups;
+
+    /// Commits a group of admissions, each decided by `admission::decide`,
+    /// in one transaction: one answer per ticket of its final `tickets()`,
+    /// in order (see `Groups::admit`).
+    fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>>;
+
+    /// The error of an admission whose group was lost, naming the store.
+    fn admission_lost(&self, message: String) -> StoreError;
+
+    /// `Sweeps::lease_lock`: a store shared by nodes locks a lease for its
+    /// holder's session; one file's store leaves it to the runtime's lock
+    /// on a file beside it.
+    fn lease_lock(&self, name: &str) -> Result<LeaseLock> {
+        let _ = name;
+        Ok(LeaseLock::NotShared)
+    }
+
+    /// `Sweeps::break_lease_lock`.
+    fn break_lease_lock(&self, name: &str) -> Result<bool> {
+        let _ = name;
+        Ok(false)
+    }
+
+    /// `Nodes::hear`: a store that other nodes write to tells this one.
+    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+        let _ = (me, on_news);
+        Ok(())
+    }
 }
 
-fn text(s: &str) -> Val<'_> {
-    Val::Text(s)
+/// Admission through the store's group commit: the requesters queue, and
+/// the one whose turn it is commits what is queued.
+fn admit_grouped<S: SqlStore>(
+    store: &S,
+    new: &NewAgent,
+    quotas: Option<&Quotas>,
+    events: &[NewEvent],
+) -> Result<Agent> {
+    let lost = |message: String| store.admission_lost(message);
+    store
+        .admissions()
+        .admit(new, quotas, events, |g| store.commit_group(g), &lost)
+}
+
+fn text(s: &str) -> Value<'_> {
+    Value::from(s)
 }
 
 impl<S: SqlStore> Admission for S {
     fn admit(&self, new: &NewAgent, events: &[NewEvent]) -> Result<Agent> {
-        self.admit_grouped(new, None, events)
+        admit_grouped(self, new, None, events)
     }
 
     fn admit_with_quotas(
@@ -67,7 +151,7 @@ impl<S: SqlStore> Admission for S {
         quotas: &Quotas,
         events: &[NewEvent],
     ) -> Result<Agent> {
-        self.admit_grouped(new, Some(quotas), events)
+        admit_grouped(self, new, Some(quotas), events)
     }
 
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
@@ -81,7 +165,11 @@ impl<S: SqlStore> Admission for S {
         admission::check_quota_key(tenant, key, value)?;
         // One upsert, no read before it: no tenant lock needed.
         self.writing_any(|db| {
-            let params = [text(tenant.as_str()), text(key), Val::Int(i64::from(value))];
+            let params = [
+                text(tenant.as_str()),
+                text(key),
+                Value::from(i64::from(value)),
+            ];
             db.exec(S::Db::SQL.set_tenant_quota, &params)?;
             Ok(())
         })
@@ -247,8 +335,8 @@ impl<S: SqlStore> Transcripts for S {
     ) -> Result<Vec<Event>> {
         let (t, after, limit) = (
             text(tenant.as_str()),
-            Val::Int(after),
-            Val::Int(limit.into()),
+            Value::from(after),
+            Value::from(limit),
         );
         self.reading(|db| match agent {
             None => db.events(S::Db::SQL.events, &[t, after, limit]),

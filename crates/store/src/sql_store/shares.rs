@@ -1,0 +1,36 @@
+//! [`SlotShares`] once for every [`SqlStore`]: the shared logic
+//! (`crate::shares`), each change one transaction that holds the tenant's
+//! slots (`SqlStore::writing_slots`).
+
+use brood_core::TenantId;
+
+use super::SqlStore;
+use crate::contract::SlotShares;
+use crate::shares;
+use crate::types::Result;
+
+impl<S: SqlStore> SlotShares for S {
+    fn slot_acquire(&self, tenant: &TenantId, holder: &str, max: u32) -> Result<bool> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::acquire(db, t, holder, max))
+    }
+
+    fn slot_release(&self, tenant: &TenantId, holder: &str) -> Result<()> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::release(db, t, holder))
+    }
+
+    fn slot_repair(&self, tenant: &TenantId, holder: &str, actual: u64) -> Result<u64> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::repair(db, t, holder, actual))
+    }
+
+    fn slot_shares(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        self.reading(|db| shares::shares(db, tenant.as_str()))
+    }
+
+    fn slot_forget(&self, tenant: &TenantId, holders: &[String]) -> Result<u64> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::forget(db, t, holders))
+    }
+}

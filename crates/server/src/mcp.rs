@@ -162,8 +162,7 @@ pub(crate) struct SessionStart {
     root: bool,
     /// The root as it was admitted (the operator's sessions only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<brood_api::Agent>)]
-    agent: Option<Value>,
+    agent: Option<brood_api::Agent>,
     /// What `/mcp` takes from the session's `brood mcp` to act as its root
     /// (the operator's sessions only), good while the stream is open.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -563,7 +563,8 @@ impl Supervisor {
             skipped: Vec::new(),
         };
         for t in found {
-            let shown = crate::remove::tree_json(&t.root, t.agents as usize, Some(t.last_end_ms));
+            let shown =
+                crate::remove::removed_tree(&t.root, t.agents as usize, Some(t.last_end_ms));
             if dry_run {
                 reply.removed.push(shown);
                 continue;

@@ -46,7 +46,7 @@ impl Dispatcher {
         )?;
         let removed = self.remove_subtree(name)?;
         let last = removed.agents.iter().map(|a| a.updated_ms).max();
-        Ok(remove::tree_json(name, removed.agents.len(), last))
+        Ok(remove::removed_tree(name, removed.agents.len(), last))
     }
 
     /// Whether this supervisor still holds `name`: a run whose end is being

@@ -455,11 +455,11 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
                         let t0 = Instant::now();
                         let a = crate::api(sup.spawn(me.clone(), r).await)?;
                         let o = t0.elapsed();
-                        if a["status"] == "failed" {
+                        if a.status == "failed" {
                             anyhow::bail!(
                                 "bench spawn ({}): the agent failed to start: {}",
                                 level.name(),
-                                a["detail"]
+                                serde_json::json!(a.detail)
                             );
                         }
                         crate::api(

@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use brood_runtime::{Caller, Config, SpawnRequest, Supervisor};
 use serde_json::{Value, json};
 
-use crate::{Exit, api, render, unsafe_uid, wait_code};
+use crate::remote::typed;
+use crate::{Exit, api, render, unsafe_uid, wait_code_of};
 
 /// What `brood run` starts: the program (its path already resolved against
 /// the caller's directory), its task, directory and protocol.
@@ -104,7 +105,7 @@ async fn run_with_daemon(r: &crate::remote::Remote, start: Start, json_out: bool
         .call("POST", "/api/agents", Some(body))
         .await
         .map_err(|e| crate::start::cwd_hint(e, start.cwd_defaulted))?;
-    let name = started["name"].as_str().unwrap_or_default().to_owned();
+    let name = typed::<brood_api::Agent>(&started)?.name;
     // Ctrl-C cancels the tree (and then we report it like any other end).
     let ep = r.endpoint().clone();
     let n2 = name.clone();
@@ -122,8 +123,9 @@ async fn run_with_daemon(r: &crate::remote::Remote, start: Start, json_out: bool
                 Some(json!({"timeout_s": 3600.0})),
             )
             .await?;
-        if w["timed_out"] != true {
-            break w["agents"][0].clone();
+        let w: brood_api::WaitReply = typed(&w)?;
+        if !w.timed_out {
+            break first_of(w)?;
         }
     };
     let tree: brood_api::Trees = crate::remote::typed(
@@ -142,22 +144,21 @@ async fn run_with_daemon(r: &crate::remote::Remote, start: Start, json_out: bool
 
 /// What `brood run` prints of a root that ended, and its exit code.
 async fn report(
-    a: Value,
+    a: brood_api::Agent,
     tree: brood_api::Trees,
     guessed: bool,
     json_out: bool,
     src: Option<crate::logs::Source<'_>>,
 ) -> Result<i32> {
-    let agent: Option<brood_api::Agent> = serde_json::from_value(a.clone()).ok();
     // A brood-protocol agent that `auto` ran as a plain program answered
     // the task with its handshake: that is no result.
     let handshake = guessed
-        && a["status"] == "completed"
-        && a["result"].as_str().is_some_and(crate::start::is_handshake);
+        && a.status == "completed"
+        && a.result.as_deref().is_some_and(crate::start::is_handshake);
     if json_out {
         println!("{}", json!({"agent": a, "tree": tree.trees.first()}));
     } else {
-        if let Some(res) = a["result"].as_str()
+        if let Some(res) = a.result.as_deref()
             && !handshake
         {
             print!("{res}");
@@ -176,29 +177,29 @@ async fn report(
                 "{} answered with brood's protocol handshake ({{\"type\":\"ready\"}} on its first line): \
                  it speaks the brood protocol, but --protocol auto ran it as a plain program \
                  (auto picks brood only for brood's own agents); run it with --protocol brood",
-                a["name"].as_str().unwrap_or("the agent")
+                a.name
             ),
         )
         .into());
     }
-    if let Some(agent) = &agent
-        && agent.status == "failed"
-    {
+    if a.status == "failed" {
         match &src {
-            Some(src) => crate::logs::explain_failures(src, std::slice::from_ref(agent)).await,
-            None => eprint!("{}", crate::logs::why_failed(agent, None)),
+            Some(src) => crate::logs::explain_failures(src, std::slice::from_ref(&a)).await,
+            None => eprint!("{}", crate::logs::why_failed(&a, None)),
         }
     }
-    Ok(wait_code(&a))
+    Ok(wait_code_of(&a.state))
 }
 
 /// Starts the root, waits for it (Ctrl-C cancels it), and returns its record and
 /// its tree.
-async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, brood_api::Trees)> {
+async fn supervise_root(
+    sup: &Supervisor,
+    req: SpawnRequest,
+) -> Result<(brood_api::Agent, brood_api::Trees)> {
     let me = Caller::User { uid: unsafe_uid() };
     let started = api(sup.spawn(me.clone(), req).await)?;
-    let name = brood_core::AgentName::new(started["name"].as_str().unwrap_or(""))
-        .map_err(|e| Exit(1, e.to_string()))?;
+    let name = brood_core::AgentName::new(&started.name).map_err(|e| Exit(1, e.to_string()))?;
     // Ctrl-C cancels the tree (and then we report it like any other end).
     let sup2 = sup.clone();
     let n2 = name.clone();
@@ -208,10 +209,17 @@ async fn supervise_root(sup: &Supervisor, req: SpawnRequest) -> Result<(Value, b
             let _ = sup2.cancel(me2, n2).await;
         }
     });
-    let r = api(sup.wait(me, vec![name.clone()], None).await)?;
-    let a = r["agents"][0].clone();
+    let a = first_of(api(sup.wait(me, vec![name.clone()], None).await)?)?;
     let tree = api(sup.view().tree(Some(&name)))?;
     Ok((a, tree))
+}
+
+/// The one agent a wait for one agent answers with.
+fn first_of(w: brood_api::WaitReply) -> Result<brood_api::Agent> {
+    w.agents
+        .into_iter()
+        .next()
+        .ok_or_else(|| Exit(1, "the wait answered with no agent".to_owned()).into())
 }
 
 /// A supervisor for `cfg` with its control socket bound (the socket first, so a

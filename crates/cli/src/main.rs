@@ -299,12 +299,7 @@ pub(crate) fn bin_dir() -> Option<PathBuf> {
         .and_then(|p| p.parent().map(Path::to_path_buf))
 }
 
-/// Exit code of `wait` for one agent JSON (SPEC 4).
-pub(crate) fn wait_code(a: &Value) -> i32 {
-    wait_code_of(a["state"].as_str().unwrap_or(""))
-}
-
-/// Exit code of `wait` for an agent in `state` (its `state` field).
+/// Exit code of `wait` for an agent in `state` (its `state` field, SPEC 4).
 pub(crate) fn wait_code_of(state: &str) -> i32 {
     let outcome = state.strip_prefix("closed/").unwrap_or(state);
     brood_core::Terminal::decode(outcome)

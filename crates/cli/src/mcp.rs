@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
+use brood_api::{ErrorBody, SessionStart};
 use brood_mcp::{Answer, Backend, Owner, ToolError, Tools};
 use brood_server::client::{self, Endpoint};
 use rmcp::service::RequestContext;
@@ -60,11 +61,11 @@ impl Stdio {
     /// Asks the daemon for the session's owner and keeps the answer's stream
     /// open in a task of its own.
     async fn open(&self, client: Option<String>) -> Result<Session, ToolError> {
-        let (tx, rx) = oneshot::channel::<Result<Value, ToolError>>();
+        let (tx, rx) = oneshot::channel::<Result<SessionStart, ToolError>>();
         let tx = Arc::new(Mutex::new(Some(tx)));
         let send = {
             let tx = tx.clone();
-            move |r: Result<Value, ToolError>| {
+            move |r: Result<SessionStart, ToolError>| {
                 if let Ok(mut g) = tx.lock()
                     && let Some(tx) = g.take()
                 {
@@ -91,11 +92,11 @@ impl Stdio {
                 Some(&body),
                 None,
                 move |ev| {
-                    let v = serde_json::from_str::<Value>(&ev.data).map_err(|e| {
+                    let v = serde_json::from_str::<SessionStart>(&ev.data).map_err(|e| {
                         ToolError::new("Internal", format!("the session's answer: {e}"))
                     });
                     if let Ok(v) = &v {
-                        holding.store(v["root"] == json!(true), Ordering::SeqCst);
+                        holding.store(v.root, Ordering::SeqCst);
                     }
                     first(v);
                     true
@@ -106,16 +107,10 @@ impl Stdio {
                 return;
             }
             let ended = match r {
-                Ok(Some(a)) => {
-                    let err = &a.body["error"];
-                    ToolError::new(
-                        err["code"].as_str().unwrap_or("Internal"),
-                        err["message"]
-                            .as_str()
-                            .map(str::to_owned)
-                            .unwrap_or_else(|| format!("HTTP {}: {}", a.status, a.body)),
-                    )
-                }
+                Ok(Some(a)) => match serde_json::from_value::<ErrorBody>(a.body.clone()) {
+                    Ok(e) => ToolError::new(&e.error.code, e.error.message),
+                    Err(_) => ToolError::new("Internal", format!("HTTP {}: {}", a.status, a.body)),
+                },
                 Ok(None) => ToolError::new("Unavailable", "the daemon ended this MCP session"),
                 Err(e) => ToolError::new("Unavailable", e.0),
             };
@@ -128,9 +123,12 @@ impl Stdio {
         let v = rx.await.map_err(|_| {
             ToolError::new("Internal", "the session's task ended without an answer")
         })??;
-        let name = v["owner"].as_str().unwrap_or_default().to_owned();
-        let root = v["root"].as_bool().unwrap_or(false);
-        let capability = v["capability"].as_str().map(str::to_owned);
+        let SessionStart {
+            owner: name,
+            root,
+            capability,
+            ..
+        } = v;
         if root && capability.is_none() {
             // Without it the tools would act as the operator: refuse them all.
             return Err(ToolError::new(

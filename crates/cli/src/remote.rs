@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use brood_core::Code;
 use brood_server::client::{self, Answer, ClientError, Endpoint};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::Exit;
@@ -89,15 +90,13 @@ pub(crate) fn ok(a: Answer) -> Result<Value> {
     if (200..300).contains(&a.status) {
         return Ok(a.body);
     }
-    let err = &a.body["error"];
-    let code = err["code"]
-        .as_str()
-        .and_then(Code::parse)
-        .unwrap_or(Code::Internal);
-    let message = err["message"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("HTTP {}: {}", a.status, a.body));
+    let (code, message) = match brood_api::ErrorBody::deserialize(&a.body) {
+        Ok(e) => (
+            Code::parse(&e.error.code).unwrap_or(Code::Internal),
+            e.error.message,
+        ),
+        Err(_) => (Code::Internal, format!("HTTP {}: {}", a.status, a.body)),
+    };
     Err(crate::refusal(code, message).into())
 }
 

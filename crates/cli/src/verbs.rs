@@ -43,7 +43,8 @@ pub(crate) async fn send(r: &Remote, name: &str, text: String) -> Result<i32> {
             Some(json!({"text": text})),
         )
         .await?;
-    println!("{}", v["id"].as_str().unwrap_or(""));
+    let sent: brood_api::InputReply = typed(&v)?;
+    println!("{}", sent.id);
     Ok(0)
 }
 

@@ -36,6 +36,7 @@ async fn wait_for(env: &Env, n: &str) -> Value {
         .wait(me(), vec![name(n)], Some(Duration::from_secs(60)))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["timed_out"], false, "{n} did not finish: {r}");
     r["agents"][0].clone()
 }

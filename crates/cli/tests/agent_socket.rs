@@ -150,6 +150,7 @@ async fn the_socket_lives_from_ready_to_the_end_and_exec_agents_have_none() {
         .wait(me(), vec![name("a")], Some(LONG))
         .await
         .unwrap();
+    let done = serde_json::to_value(&done).unwrap();
     assert_eq!(done["agents"][0]["status"], "completed", "{done}");
     let p = sock(&env, "a");
     assert!(
@@ -553,6 +554,7 @@ async fn the_shim_sends_its_arguments_and_prints_the_reply() {
         .wait(me(), vec![name("a")], Some(LONG))
         .await
         .unwrap();
+    let a = serde_json::to_value(&a).unwrap();
     assert_eq!(a["agents"][0]["status"], "completed");
     let p = sock(&env, "a");
     assert!(eventually_async(LONG, || !p.exists()).await);

@@ -164,6 +164,7 @@ async fn a_whole_run_exports_as_valid_standard_events() {
         )
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     assert_eq!(w["agents"][1]["status"], "failed", "{w}");
     env.sup.cancel(me(), name("stuck")).await.unwrap();
@@ -172,6 +173,7 @@ async fn a_whole_run_exports_as_valid_standard_events() {
         .wait(me(), vec![name("stuck")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "cancelled", "{w}");
 
     // Close the finished child, then resume it (its parent still runs).
@@ -185,6 +187,7 @@ async fn a_whole_run_exports_as_valid_standard_events() {
         .wait(me(), vec![name("ok")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
 
     env.sup.send(me(), name("root"), "go".into()).await.unwrap();
@@ -193,6 +196,7 @@ async fn a_whole_run_exports_as_valid_standard_events() {
         .wait(me(), vec![name("root")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     env.sup.close(me(), name("root")).await.unwrap();
 

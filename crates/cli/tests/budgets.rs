@@ -115,6 +115,7 @@ async fn spend_past_a_limit_stops_the_whole_subtree() {
         )
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     // Every agent of the tree ended inside the wait's bound: the stop was the
     // budget's, not the wait's.
     assert_eq!(r["timed_out"], false, "{r}");

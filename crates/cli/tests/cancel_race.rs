@@ -50,6 +50,7 @@ async fn cancel_between_admission_and_start_leaves_no_orphan() {
     let a = show(&env, "racer");
     assert_eq!(a["status"], "queued", "admitted but not started: {a}");
     let c = env.sup.cancel(me(), name("racer")).await.expect("cancel");
+    let c = serde_json::to_value(&c).unwrap();
     assert_eq!(c["status"], "cancelled", "{c}");
     {
         let (m, cv) = &*gate;
@@ -57,6 +58,7 @@ async fn cancel_between_admission_and_start_leaves_no_orphan() {
         cv.notify_all();
     }
     let reply = spawn.await.unwrap().expect("spawn answers");
+    let reply = serde_json::to_value(&reply).unwrap();
     assert_eq!(reply["status"], "cancelled", "{reply}");
     // The process that started anyway is killed and its group removed.
     let clean = eventually_async(Duration::from_secs(5), || {

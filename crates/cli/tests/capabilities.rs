@@ -218,6 +218,7 @@ async fn the_runtime_refuses_its_own_tools_when_not_granted() {
         .wait(me(), vec![name("toolless")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     assert!(
         env.sup.view().agent(&name("kid")).is_err(),

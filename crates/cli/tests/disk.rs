@@ -113,6 +113,7 @@ async fn wait_for(env: &Env, n: &str) -> Value {
         .wait(me(), vec![name(n)], Some(Duration::from_secs(30)))
         .await
         .expect("wait");
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["timed_out"], false, "{n} never ended: {w}");
     show(env, n)
 }

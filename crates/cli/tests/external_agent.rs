@@ -128,6 +128,7 @@ async fn claude_code_runs_as_a_contained_child() {
         .wait(me(), vec![name("claude")], Some(Duration::from_secs(120)))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     let a = &r["agents"][0];
     assert_eq!(
         a["status"],
@@ -178,6 +179,7 @@ async fn claude_code_dies_with_its_parent() {
         .wait(me(), vec![name("claude")], Some(Duration::from_secs(20)))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     let a = &r["agents"][0];
     assert_eq!(
         (a["status"].as_str(), a["reason"].as_str()),

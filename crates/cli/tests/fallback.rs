@@ -77,6 +77,7 @@ async fn nobody_inside_a_tree_is_the_operator(pid_namespace: bool) {
         .wait(me(), vec![name("c")], Some(Duration::from_secs(20)))
         .await
         .expect("wait c");
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["agents"][0]["status"], "completed", "{r}");
     let child = read_or_empty(&d.join("child.out"));
     assert!(
@@ -137,6 +138,7 @@ async fn without_cgroups_a_policy_with_limits_needs_allow_weaker_sandbox() {
         .wait(me(), vec![name("limited")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let a = &w["agents"][0];
     assert_eq!(a["status"], "failed", "{a}");
     let detail = a["detail"].as_str().unwrap_or_default();
@@ -158,6 +160,7 @@ async fn without_cgroups_a_policy_with_limits_needs_allow_weaker_sandbox() {
         .wait(me(), vec![name("limited")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     env.sup.flush().await;
     let meta: serde_json::Value = serde_json::from_str(&read(

@@ -131,6 +131,7 @@ async fn case(parent: Parent, child: Child) {
         )
         .await
         .expect("wait");
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["timed_out"], false, "{parent:?}/{child:?}: {r}");
     let c = show(&env, "c");
     assert_eq!(c["status"], "cancelled", "{parent:?}/{child:?}: {c}");
@@ -256,6 +257,7 @@ async fn without_cgroups_process_groups_still_take_the_child() {
         .wait(me(), vec![name("c")], Some(Duration::from_secs(5)))
         .await
         .expect("wait");
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["agents"][0]["state"], "cancelled:parent_dead", "{r}");
     env.sup.flush().await;
     let meta: serde_json::Value = serde_json::from_str(&read(
@@ -306,6 +308,7 @@ async fn a_child_that_ignores_sigterm_lives_at_least_the_grace() {
             .wait(me(), vec![name("c")], Some(Duration::from_secs(5)))
             .await
             .expect("wait");
+        let r = serde_json::to_value(&r).unwrap();
         assert_eq!(r["timed_out"], false, "{r}");
     }
 }

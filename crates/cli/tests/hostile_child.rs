@@ -545,6 +545,7 @@ async fn a_child_cannot_remount_its_cgroups_in_a_user_namespace_to_raise_its_lim
         .wait(me(), vec![name("remounter")], Some(Duration::from_secs(30)))
         .await
         .expect("wait");
+    let w = serde_json::to_value(&w).unwrap();
     let result = w["agents"][0]["result"]
         .as_str()
         .unwrap_or_default()

@@ -159,6 +159,7 @@ async fn hands_back(plant: Plant, narrow: bool) {
         .wait(me(), vec![name("c")], Some(Duration::from_secs(30)))
         .await
         .expect("wait");
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["timed_out"], false, "{plant:?}: the run never ended: {w}");
     let v = show(&env, "c");
     let detail = v["detail"].as_str().unwrap_or_default().to_owned();
@@ -262,6 +263,7 @@ async fn hands_back(plant: Plant, narrow: bool) {
         .wait(me(), vec![name("after")], Some(Duration::from_secs(10)))
         .await
         .expect("wait for after");
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["timed_out"], false, "{w}");
     assert_eq!(show(&env, "after")["status"], "completed");
     env.sup.cancel(me(), name("p")).await.unwrap();

@@ -11,7 +11,6 @@ mod common;
 use std::time::Duration;
 
 use brood_core::{ItemStatus, JobStatus};
-use brood_runtime::JobOp;
 use brood_store::AttemptOutcome;
 use common::*;
 use serde_json::{Value, json};
@@ -122,18 +121,8 @@ async fn five_hundred_rows_retry_exactly_up_to_max_attempts_then_retry_and_repla
 
     // Retry only the failed items: the job reopens, each failed item gets
     // one more attempt (they fail again), completed items are untouched.
-    let r = env
-        .sup
-        .job(
-            me(),
-            JobOp::Retry {
-                job: "big".into(),
-                item: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(r["retried"].as_array().unwrap().len(), 20, "{r}");
+    let r = env.sup.job_retry(me(), "big".into(), None).await.unwrap();
+    assert_eq!(r.retried.len(), 20, "{r:?}");
     let job = finished(&env, "big", 120).await;
     assert_eq!(job.status, JobStatus::Failed, "{job:?}");
     for it in store.job_items(&t, "big", None).unwrap() {
@@ -214,11 +203,11 @@ async fn a_stale_workers_report_is_refused_and_the_item_keeps_one_result() {
     );
     let w2 = attempts[1].worker.clone().unwrap();
     assert_ne!(w2, w1);
-    let report = |v: i64| JobOp::Report(json!({"job": "stale", "item": "a", "result": {"v": v}}));
+    let report = |v: i64| json!({"job": "stale", "item": "a", "result": {"v": v}});
     // The late report of attempt 1's worker: refused, nothing recorded.
     let e = env
         .sup
-        .job(brood_runtime::Caller::Agent(w1.clone()), report(1))
+        .job_report(brood_runtime::Caller::Agent(w1.clone()), report(1))
         .await
         .unwrap_err();
     assert!(
@@ -231,15 +220,15 @@ async fn a_stale_workers_report_is_refused_and_the_item_keeps_one_result() {
     // The current holder's report is the one result.
     let r = env
         .sup
-        .job(brood_runtime::Caller::Agent(w2.clone()), report(2))
+        .job_report(brood_runtime::Caller::Agent(w2.clone()), report(2))
         .await
         .unwrap();
-    assert_eq!(r["accepted"], true, "{r}");
+    assert!(r.accepted, "{r:?}");
     // Reporting again, or the stale one again: refused.
     for w in [w2, w1] {
         let e = env
             .sup
-            .job(brood_runtime::Caller::Agent(w.clone()), report(3))
+            .job_report(brood_runtime::Caller::Agent(w.clone()), report(3))
             .await
             .unwrap_err();
         assert!(
@@ -286,7 +275,7 @@ async fn a_cancel_in_the_middle_keeps_the_completed_results_and_stops_the_worker
     .await;
     assert!(some);
     let v = env.sup.job_cancel(me(), "mid".into()).await.unwrap();
-    assert_eq!(v["status"], "cancelled", "{v}");
+    assert_eq!(v.status, "cancelled", "{v:?}");
     let done: Vec<(String, Option<String>)> = store
         .job_items(&t, "mid", Some(ItemStatus::Completed))
         .unwrap()
@@ -322,13 +311,7 @@ async fn a_cancel_in_the_middle_keeps_the_completed_results_and_stops_the_worker
     // A cancelled job is not retried (a replay makes a new one).
     let e = env
         .sup
-        .job(
-            me(),
-            JobOp::Retry {
-                job: "mid".into(),
-                item: None,
-            },
-        )
+        .job_retry(me(), "mid".into(), None)
         .await
         .unwrap_err();
     assert_eq!(e.code, brood_core::Code::Conflict);
@@ -378,6 +361,7 @@ async fn an_agent_runs_its_own_job_through_the_protocol() {
         .wait(me(), vec![name("orch")], Some(Duration::from_secs(60)))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     let a = &r["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     let lines: Vec<&str> = a["result"].as_str().unwrap().lines().collect();

@@ -32,6 +32,7 @@ async fn a_keeper_that_dies_is_reported_and_replaced_and_its_agents_are_recorded
         .wait(me(), vec![name("before")], Some(Duration::from_secs(10)))
         .await
         .expect("wait");
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["agents"][0]["status"], "failed", "{r}");
     assert!(!alive(pid), "the agent outlived its keeper");
 

@@ -75,6 +75,7 @@ async fn resume_starts_a_new_run_that_sees_its_history() {
         .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed");
     let run1 = w["agents"][0]["run"].as_str().unwrap().to_owned();
 
@@ -83,12 +84,14 @@ async fn resume_starts_a_new_run_that_sees_its_history() {
         .resume(me(), name("mem"), Some("second question".into()))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     assert_ne!(r["run"].as_str().unwrap(), run1, "a new run");
     let w = env
         .sup
         .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let a = &w["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     let res = a["result"].as_str().unwrap();
@@ -152,6 +155,7 @@ async fn an_init_larger_than_the_pipe_arrives_whole() {
         .wait(me(), vec![name("long")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let a = &w["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     let res = a["result"].as_str().unwrap();
@@ -174,6 +178,7 @@ async fn send_close_and_wait_timeout() {
         .wait(me(), vec![name("ear")], Some(Duration::from_millis(200)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["timed_out"], true);
     env.sup.send(me(), name("ear"), "one".into()).await.unwrap();
     env.sup.send(me(), name("ear"), "two".into()).await.unwrap();
@@ -182,6 +187,7 @@ async fn send_close_and_wait_timeout() {
         .wait(me(), vec![name("ear")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["result"], "heard\none\ntwo", "{w}");
     let e = env
         .sup
@@ -190,6 +196,7 @@ async fn send_close_and_wait_timeout() {
         .unwrap_err();
     assert_eq!(e.code, Code::Conflict, "{e}");
     let c = env.sup.close(me(), name("ear")).await.unwrap();
+    let c = serde_json::to_value(&c).unwrap();
     assert_eq!(c["status"], "closed");
     assert_eq!(c["state"], "closed/completed");
     // A closed agent can still be resumed.
@@ -204,6 +211,7 @@ async fn send_close_and_wait_timeout() {
         .wait(me(), vec![name("ear")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["state"], "cancelled:user");
 }
 
@@ -222,6 +230,7 @@ async fn the_environment_is_built_from_nothing() {
         .wait(me(), vec![name("envy")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let out = w["agents"][0]["result"].as_str().unwrap().to_owned();
     let names: Vec<&str> = out
         .lines()
@@ -294,6 +303,7 @@ async fn a_refused_child_leaves_only_an_event_in_its_parents_log() {
         .wait(me(), vec![name("mother")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     env.sup.flush().await;
     let ev = json_lines(session_dir(&env, "mother").join("events.jsonl"));
@@ -384,6 +394,7 @@ async fn a_group_that_cannot_be_removed_leaves_the_agent_stopping_and_the_stop_i
         .wait(me(), vec![name("a")], Some(Duration::from_secs(20)))
         .await
         .expect("wait");
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["timed_out"], false, "the retry never got through: {w}");
     let v = show(&env, "a");
     assert_eq!(

@@ -48,6 +48,7 @@ async fn bad_lines_fail_only_their_own_run() {
         .wait(me(), vec![name("parent")], Some(Duration::from_secs(30)))
         .await
         .expect("wait");
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["timed_out"], false);
 
     env.sup.flush().await;
@@ -103,12 +104,14 @@ async fn bad_lines_fail_only_their_own_run() {
         .spawn(me(), req("after", agent(&["--result", "still here"])))
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["status"], "running");
     let w = env
         .sup
         .wait(me(), vec![name("after")], Some(Duration::from_secs(10)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["result"], "still here");
     // The failed children left no process behind.
     for n in ["notjson", "long", "utf8", "noresult"] {
@@ -134,6 +137,7 @@ async fn a_flood_of_output_is_drained_and_the_run_completes() {
         .wait(me(), vec![name("flood")], Some(Duration::from_secs(30)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     assert_eq!(w["agents"][0]["result"], "flooded");
 }
@@ -172,6 +176,7 @@ async fn crash_and_exit_code_and_error_and_exec_outcomes() {
         )
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let by = |n: &str| -> Value {
         w["agents"]
             .as_array()
@@ -235,6 +240,7 @@ async fn a_seed_protocol_childs_words_land_in_its_transcript_once() {
         )
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     for a in w["agents"].as_array().unwrap() {
         assert_eq!(a["state"], "completed", "{a}");
     }

@@ -123,6 +123,7 @@ async fn a_full_tenant_queues_and_starts_when_a_slot_frees() {
             .spawn(me(), req(n, agent(&["--hang"])))
             .await
             .unwrap();
+        let r = serde_json::to_value(&r).unwrap();
         assert_eq!(r["status"], "running", "{r}");
     }
     // Not waiting for `ready` (a `--ready` spawn is held until then, slot
@@ -133,8 +134,10 @@ async fn a_full_tenant_queues_and_starts_when_a_slot_frees() {
         r
     };
     let r3 = env.sup.spawn(me(), queued("q3")).await.unwrap();
+    let r3 = serde_json::to_value(&r3).unwrap();
     assert_eq!(r3["status"], "queued", "no slot: {r3}");
     let r4 = env.sup.spawn(me(), queued("q4")).await.unwrap();
+    let r4 = serde_json::to_value(&r4).unwrap();
     assert_eq!(r4["status"], "queued");
     assert!(
         processes_of(&env, "q3").is_empty(),

@@ -23,6 +23,7 @@ async fn run_probe(env: &Env, name_: &str, policy: Value, flags: &[&str]) -> Val
         .wait(me(), vec![name(name_)], Some(Duration::from_secs(30)))
         .await
         .expect("wait");
+    let w = serde_json::to_value(&w).unwrap();
     w["agents"][0].clone()
 }
 
@@ -220,6 +221,7 @@ async fn limits_stop_a_fork_bomb_and_a_memory_hog_while_siblings_go_on() {
         .wait(me(), vec![name("family")], Some(Duration::from_secs(60)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     let b = show(&env, "bomb");
     let r = b["result"].as_str().unwrap_or("");
@@ -288,6 +290,7 @@ async fn iso_ns_gives_a_private_mount_table_from_the_policy() {
         .wait(me(), vec![name("isolated")], Some(Duration::from_secs(30)))
         .await
         .unwrap();
+    let wres = serde_json::to_value(&wres).unwrap();
     let a = &wres["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     let res = a["result"].as_str().unwrap();
@@ -324,6 +327,7 @@ async fn a_parents_limit_binds_its_children() {
         .wait(me(), vec![name("limited")], Some(Duration::from_secs(30)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     assert_eq!(w["agents"][0]["status"], "completed", "{w}");
     let k = show(&env, "kid");
     assert_eq!(
@@ -377,6 +381,7 @@ async fn a_named_root_becomes_the_agents_slash() {
         .wait(me(), vec![name("rooted")], Some(Duration::from_secs(30)))
         .await
         .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
     let a = &w["agents"][0];
     assert_eq!(a["status"], "completed", "{a}");
     assert_eq!(

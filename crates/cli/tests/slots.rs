@@ -43,6 +43,7 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
     let mut c = req("c", agent(&["--hang"]));
     c.await_ready = false;
     let c = env.sup.spawn(me(), c).await.unwrap();
+    let c = serde_json::to_value(&c).unwrap();
     assert_eq!(c["status"], "queued", "{c}");
     // The reconciler gives back the gone supervisor's share, and the queued
     // agent takes the free slot.

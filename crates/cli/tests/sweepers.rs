@@ -76,6 +76,7 @@ async fn a_run_past_its_timeout_fails_timed_out_with_its_subtree() {
         )
         .await
         .unwrap();
+    let r = serde_json::to_value(&r).unwrap();
     assert_eq!(r["timed_out"], false, "{r}");
     assert_eq!(state(&env, "slow"), ("failed".into(), "timed_out".into()));
     assert_eq!(

@@ -1,11 +1,14 @@
 //! Each tool as calls of the HTTP API (docs/api.md): arguments checked and
-//! turned into paths and bodies, answers passed back as they are (the
-//! `brood_api` types' JSON), refusals as [`ToolError`]s with the API's code.
+//! turned into paths and bodies, answers read into their `brood_api` types
+//! and passed back as those types' JSON, refusals (`brood_api::ErrorBody`)
+//! as [`ToolError`]s with the API's code.
 
 use std::time::{Duration, Instant};
 
+use brood_api::{Agent, AgentList, ErrorBody, JobView};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -18,6 +21,16 @@ const FINISHED: [&str; 4] = ["completed", "failed", "cancelled", "closed"];
 fn parse<T: DeserializeOwned>(tool: &str, args: Value) -> Result<T, ToolError> {
     serde_json::from_value(args)
         .map_err(|e| ToolError::new("BadRequest", format!("{tool}: arguments: {e}")))
+}
+
+/// A typed answer as a tool's structured result: the JSON the API sent.
+fn out<T: Serialize>(v: &T) -> Result<Value, ToolError> {
+    serde_json::to_value(v).map_err(|e| {
+        ToolError::new(
+            "Internal",
+            format!("writing the answer as JSON failed: {e}"),
+        )
+    })
 }
 
 /// A name or id as one path segment: SPEC 1's name characters only, so an
@@ -74,14 +87,17 @@ impl<B: Backend> Tools<B> {
             "send" => {
                 let p: params::Send = parse(tool, args)?;
                 let path = format!("/api/agents/{}/input", seg("agent", &p.agent)?);
-                self.api(ctx, "POST", &path, Some(json!({"text": p.text})))
-                    .await
+                let sent: brood_api::InputReply = self
+                    .typed(ctx, "POST", &path, Some(json!({"text": p.text})))
+                    .await?;
+                out(&sent)
             }
             "wait" => self.wait(parse(tool, args)?, ctx).await,
             "cancel" | "close" => {
                 let p: params::Agent = parse(tool, args)?;
                 let path = format!("/api/agents/{}/{tool}", seg("agent", &p.agent)?);
-                self.api(ctx, "POST", &path, Some(json!({}))).await
+                let a: Agent = self.typed(ctx, "POST", &path, Some(json!({}))).await?;
+                out(&a)
             }
             "resume" => {
                 let p: params::Resume = parse(tool, args)?;
@@ -90,7 +106,8 @@ impl<B: Backend> Tools<B> {
                     Some(t) => json!({ "text": t }),
                     None => json!({}),
                 };
-                self.api(ctx, "POST", &path, Some(body)).await
+                let a: Agent = self.typed(ctx, "POST", &path, Some(body)).await?;
+                out(&a)
             }
             "list" => {
                 let p: params::List = parse(tool, args)?;
@@ -102,7 +119,8 @@ impl<B: Backend> Tools<B> {
                 if let Some(p) = parent {
                     path.push_str(&format!("&parent={}", seg("agent", &p)?));
                 }
-                self.api(ctx, "GET", &path, None).await
+                let l: AgentList = self.typed(ctx, "GET", &path, None).await?;
+                out(&l)
             }
             "tree" => {
                 let p: params::Tree = parse(tool, args)?;
@@ -114,7 +132,8 @@ impl<B: Backend> Tools<B> {
                     Some(r) => format!("/api/tree?root={}", seg("agent", &r)?),
                     None => "/api/tree".to_owned(),
                 };
-                self.api(ctx, "GET", &path, None).await
+                let t: brood_api::Trees = self.typed(ctx, "GET", &path, None).await?;
+                out(&t)
             }
             "show" => self.show(parse(tool, args)?, ctx).await,
             "events" => self.events(parse(tool, args)?, ctx).await,
@@ -123,16 +142,19 @@ impl<B: Backend> Tools<B> {
                 let p: params::Job = parse(tool, args)?;
                 let verb = tool.trim_start_matches("job_");
                 let path = format!("/api/jobs/{}/{verb}", seg("job", &p.id)?);
-                self.api(ctx, "POST", &path, Some(json!({}))).await
+                let job: JobView = self.typed(ctx, "POST", &path, Some(json!({}))).await?;
+                out(&job)
             }
             "job_show" => {
                 let p: params::JobShow = parse(tool, args)?;
                 let Some(id) = p.id else {
-                    return self.api(ctx, "GET", "/api/jobs", None).await;
+                    let jobs: brood_api::JobList =
+                        self.typed(ctx, "GET", "/api/jobs", None).await?;
+                    return out(&jobs);
                 };
                 let id = seg("job", &id)?;
-                let job = self
-                    .api(ctx, "GET", &format!("/api/jobs/{id}"), None)
+                let job: JobView = self
+                    .typed(ctx, "GET", &format!("/api/jobs/{id}"), None)
                     .await?;
                 if !p.items.unwrap_or(false) && p.status.is_none() {
                     return Ok(json!({ "job": job }));
@@ -141,8 +163,8 @@ impl<B: Backend> Tools<B> {
                 if let Some(s) = p.status {
                     path.push_str(&format!("?status={}", q(&s)));
                 }
-                let items = self.api(ctx, "GET", &path, None).await?;
-                Ok(json!({"job": job, "items": items["items"]}))
+                let items: brood_api::ItemList = self.typed(ctx, "GET", &path, None).await?;
+                Ok(json!({"job": job, "items": items.items}))
             }
             "job_export" => {
                 let p: params::JobExport = parse(tool, args)?;
@@ -183,7 +205,8 @@ impl<B: Backend> Tools<B> {
                 if let Some(s) = p.start {
                     body["start"] = json!(s);
                 }
-                self.api(ctx, "POST", &path, Some(body)).await
+                let job: JobView = self.typed(ctx, "POST", &path, Some(body)).await?;
+                out(&job)
             }
             "job_retry" => {
                 let p: params::JobRetry = parse(tool, args)?;
@@ -192,7 +215,9 @@ impl<B: Backend> Tools<B> {
                     Some(i) => format!("/api/jobs/{id}/items/{}/retry", seg("item", &i)?),
                     None => format!("/api/jobs/{id}/retry"),
                 };
-                self.api(ctx, "POST", &path, Some(json!({}))).await
+                let r: brood_api::RetryReply =
+                    self.typed(ctx, "POST", &path, Some(json!({}))).await?;
+                out(&r)
             }
             other => Err(ToolError::new(
                 "NotFound",
@@ -221,14 +246,27 @@ impl<B: Backend> Tools<B> {
         if (200..300).contains(&a.status) {
             return Ok(a.body);
         }
-        let err = &a.body["error"];
-        Err(ToolError::new(
-            err["code"].as_str().unwrap_or("Internal"),
-            err["message"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| format!("HTTP {}: {}", a.status, a.body)),
-        ))
+        Err(match serde_json::from_value::<ErrorBody>(a.body.clone()) {
+            Ok(e) => ToolError::new(&e.error.code, e.error.message),
+            Err(_) => ToolError::new("Internal", format!("HTTP {}: {}", a.status, a.body)),
+        })
+    }
+
+    /// [`Self::api`] for a JSON answer, read into its `brood_api` type `T`.
+    async fn typed<T: DeserializeOwned>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T, ToolError> {
+        let v = self.api(ctx, method, path, body).await?;
+        serde_json::from_value(v).map_err(|e| {
+            ToolError::new(
+                "Internal",
+                format!("{method} {path}: the answer is not what the API documents: {e}"),
+            )
+        })
     }
 
     async fn spawn(
@@ -292,7 +330,8 @@ impl<B: Backend> Tools<B> {
         if let Some(c) = p.capabilities {
             body["policy"] = Value::Object(c);
         }
-        self.api(ctx, "POST", "/api/agents", Some(body)).await
+        let a: Agent = self.typed(ctx, "POST", "/api/agents", Some(body)).await?;
+        out(&a)
     }
 
     async fn wait(
@@ -316,8 +355,8 @@ impl<B: Backend> Tools<B> {
                     Some(o) => format!("/api/agents?parent={}", seg("agent", &o.name)?),
                     None => "/api/agents".to_owned(),
                 };
-                let l = self.api(ctx, "GET", &path, None).await?;
-                names_of(&l["agents"])
+                let l: AgentList = self.typed(ctx, "GET", &path, None).await?;
+                l.agents.into_iter().map(|a| a.name).collect()
             }
         };
         let mut agents = Vec::new();
@@ -326,34 +365,32 @@ impl<B: Backend> Tools<B> {
             // Once the time ran out, the rest are only looked at (a wait of 0).
             let left = deadline.saturating_duration_since(Instant::now());
             let path = format!("/api/agents/{}/wait", seg("agent", n)?);
-            let w = self
-                .api(
+            let w: brood_api::WaitReply = self
+                .typed(
                     ctx,
                     "POST",
                     &path,
                     Some(json!({"timeout_s": left.as_secs_f64()})),
                 )
                 .await?;
-            timed_out |= w["timed_out"].as_bool().unwrap_or(false);
-            if let Some(a) = w["agents"].as_array() {
-                agents.extend(a.iter().cloned());
-            }
+            timed_out |= w.timed_out;
+            agents.extend(w.agents);
         }
         // What is still running: the session's whole subtree when it has
         // one, else what was waited for.
         let still_running = match &owner {
             Some(o) => {
                 let path = format!("/api/agents/{}/descendants", seg("agent", &o.name)?);
-                let d = self.api(ctx, "GET", &path, None).await?;
-                live_names(&d["agents"])
+                let d: AgentList = self.typed(ctx, "GET", &path, None).await?;
+                live_names(&d.agents)
             }
             None => {
                 // What was waited for, and below it.
-                let mut live = live_names(&Value::Array(agents.clone()));
+                let mut live = live_names(&agents);
                 for n in live.clone() {
                     let path = format!("/api/agents/{}/descendants", seg("agent", &n)?);
-                    let d = self.api(ctx, "GET", &path, None).await?;
-                    live.extend(live_names(&d["agents"]));
+                    let d: AgentList = self.typed(ctx, "GET", &path, None).await?;
+                    live.extend(live_names(&d.agents));
                 }
                 live
             }
@@ -367,10 +404,11 @@ impl<B: Backend> Tools<B> {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Value, ToolError> {
         let name = seg("agent", &p.agent)?;
-        let mut v = self
-            .api(ctx, "GET", &format!("/api/agents/{name}"), None)
+        let detail: brood_api::AgentDetail = self
+            .typed(ctx, "GET", &format!("/api/agents/{name}"), None)
             .await?;
-        let parent = v["parent"].as_str().map(str::to_owned);
+        let parent = detail.agent.parent.clone();
+        let mut v = out(&detail)?;
         v["refs"] = match (&self.home, parent) {
             (Some(home), Some(parent)) => {
                 // The parent's channel to it, in the ctx tree (SPEC 4); a
@@ -415,14 +453,16 @@ impl<B: Backend> Tools<B> {
         }
         let text = self.api(ctx, "GET", &path, None).await?;
         let text = text.as_str().unwrap_or_default();
-        let mut events: Vec<Value> = text
+        // An event stream: each event's data is a `brood_api::Event`; what
+        // is not one (a `resync` says only that the stream fell behind) is
+        // left out.
+        let mut events: Vec<brood_api::Event> = text
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim_start()).ok())
-            .filter(|e| e.get("sequence").is_some())
+            .filter_map(|d| serde_json::from_str(d.trim_start()).ok())
             .collect();
         events.truncate(limit);
-        let next_after = events.last().and_then(|e| e["sequence"].as_u64());
+        let next_after = events.last().map(|e| e.sequence);
         Ok(json!({"events": events, "next_after": next_after}))
     }
 
@@ -456,37 +496,22 @@ impl<B: Backend> Tools<B> {
                 body[k] = v;
             }
         }
-        let job = self.api(ctx, "POST", "/api/jobs", Some(body)).await?;
+        let job: JobView = self.typed(ctx, "POST", "/api/jobs", Some(body)).await?;
         if !p.start.unwrap_or(false) {
-            return Ok(job);
+            return out(&job);
         }
-        let id = job["id"].as_str().unwrap_or_default().to_owned();
-        let path = format!("/api/jobs/{}/start", seg("job", &id)?);
-        self.api(ctx, "POST", &path, Some(json!({}))).await
+        let path = format!("/api/jobs/{}/start", seg("job", &job.id)?);
+        let started: JobView = self.typed(ctx, "POST", &path, Some(json!({}))).await?;
+        out(&started)
     }
 }
 
-fn names_of(agents: &Value) -> Vec<String> {
+fn live_names(agents: &[Agent]) -> Vec<String> {
     agents
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn live_names(agents: &Value) -> Vec<String> {
-    agents
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|x| !FINISHED.contains(&x["status"].as_str().unwrap_or_default()))
-                .filter_map(|x| x["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+        .iter()
+        .filter(|a| !FINISHED.contains(&a.status.as_str()))
+        .map(|a| a.name.clone())
+        .collect()
 }
 
 #[cfg(test)]

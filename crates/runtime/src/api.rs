@@ -49,8 +49,6 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-pub type ApiResult = Result<Value, ApiError>;
-
 /// Who is asking. Decided by the supervisor from peer credentials and the
 /// caller's cgroup, never from what the caller claims.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -56,9 +56,8 @@ pub mod supervisor;
 pub mod veil;
 pub mod view;
 
-pub use api::{ApiError, ApiResult, Caller, SpawnRequest, check_secrets};
+pub use api::{ApiError, Caller, SpawnRequest, check_secrets};
 pub use supervisor::{
-    Config, DoorHost, Hooks, HostInfo, JobOp, NodeConfig, SocketHost, StartError, Supervisor,
-    Sweeper,
+    Config, DoorHost, Hooks, HostInfo, NodeConfig, SocketHost, StartError, Supervisor, Sweeper,
 };
 pub use view::View;

@@ -160,7 +160,7 @@ pub fn remove_files(paths: &Paths, removed: &Removed) -> usize {
 }
 
 /// A tree as removal answers it: its root, its agents, and its last end.
-pub fn tree_json(
+pub fn removed_tree(
     root: &AgentName,
     agents: usize,
     last_end_ms: Option<i64>,
@@ -185,7 +185,7 @@ pub fn remove_tree_here(
     let removed = store.remove_tree(tenant, name).map_err(store_error)?;
     remove_files(paths, &removed);
     let last = removed.agents.iter().map(|a| a.updated_ms).max();
-    Ok(tree_json(name, removed.agents.len(), last))
+    Ok(removed_tree(name, removed.agents.len(), last))
 }
 
 /// A prune without a supervisor: every finished tree older than
@@ -207,15 +207,17 @@ pub fn prune_here(
     };
     for t in prune_candidates(store, tenant, older_than_ms, now_ms)? {
         if dry_run {
-            reply
-                .removed
-                .push(tree_json(&t.root, t.agents as usize, Some(t.last_end_ms)));
+            reply.removed.push(removed_tree(
+                &t.root,
+                t.agents as usize,
+                Some(t.last_end_ms),
+            ));
             continue;
         }
         match store.remove_tree(tenant, &t.root) {
             Ok(removed) => {
                 remove_files(paths, &removed);
-                reply.removed.push(tree_json(
+                reply.removed.push(removed_tree(
                     &t.root,
                     removed.agents.len(),
                     Some(t.last_end_ms),

@@ -1,5 +1,5 @@
 //! An agent and its runs as every surface shows them: `brood_api`'s types,
-//! built from the store's records (and as JSON for the verbs' replies).
+//! built from the store's records.
 
 use std::sync::Arc;
 
@@ -42,11 +42,8 @@ pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent 
     }
 }
 
-pub(crate) fn agent_json(store: &Arc<dyn Store>, a: &Agent) -> Value {
-    to_json(&agent_view(store, a))
-}
-
-/// A typed reply as the verbs' JSON. Serialising these plain structs cannot
+/// A typed answer as JSON, for the surfaces that speak JSON (the child
+/// protocol's replies, the control socket's ops). Serialising these plain structs cannot
 /// fail; `Null` is what a failure would give rather than a panic.
 pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)

@@ -33,7 +33,7 @@ use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, internal};
+use crate::api::{ApiError, Caller, SpawnRequest, internal};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
@@ -50,7 +50,6 @@ pub(crate) use crate::hosts::{host_alive, registered_nodes};
 mod identify;
 mod io;
 mod jobs;
-pub use jobs::JobOp;
 mod launch;
 mod launcher;
 mod nodes;
@@ -64,7 +63,6 @@ mod protocol;
 mod queue;
 mod records;
 mod remove;
-pub use remove::RemoveOp;
 mod routed;
 mod secrets;
 mod sockets;
@@ -239,20 +237,25 @@ pub struct HostInfo {
 }
 
 pub(crate) enum Cmd {
-    Spawn(Caller, Box<SpawnRequest>, Reply),
+    Spawn(Caller, Box<SpawnRequest>, Reply<brood_api::Agent>),
     /// A run that ended with a result, its refs checked and artifacts taken.
     Harvested(Box<Harvested>),
-    Send(Caller, AgentName, String, Reply),
-    Wait(Caller, Vec<AgentName>, Option<Duration>, Reply),
-    Cancel(Caller, AgentName, Reply),
-    Close(Caller, AgentName, Reply),
+    Send(Caller, AgentName, String, Reply<brood_api::InputReply>),
+    Wait(
+        Caller,
+        Vec<AgentName>,
+        Option<Duration>,
+        Reply<brood_api::WaitReply>,
+    ),
+    Cancel(Caller, AgentName, Reply<brood_api::Agent>),
+    Close(Caller, AgentName, Reply<brood_api::Agent>),
     /// A resume, with a root's secret values given again (issue 25).
     Resume(
         Caller,
         AgentName,
         Option<String>,
         Box<brood_api::Secrets>,
-        Reply,
+        Reply<brood_api::Agent>,
     ),
     Identify(i32, u32, oneshot::Sender<Result<Caller, String>>),
     /// A creation refused before it reached the dispatcher (a malformed request).
@@ -268,8 +271,9 @@ pub(crate) enum Cmd {
     /// A stop's group is empty (or could not be confirmed so: the error).
     StopDone(u64, Result<(), String>),
     WaitTimeout(u64),
-    /// The answer to an agent's protocol `request`, computed off the loop.
-    AgentReply(AgentName, u64, ApiResult),
+    /// The answer to an agent's protocol `request`, computed off the loop:
+    /// JSON, as the protocol's `reply` carries it.
+    AgentReply(AgentName, u64, Result<Value, ApiError>),
     /// The sweepers' clock (SPEC 9).
     Tick,
     /// Another node changed the shared store (issue 15): stops recorded for
@@ -278,9 +282,9 @@ pub(crate) enum Cmd {
     /// A request on an agent's socket (SPEC 8), from its connection's task.
     AgentSocket(AgentName, crate::agent_socket::Request),
     /// Jobs (SPEC 10): start, cancel, a worker's report, assign, retry.
-    Job(Caller, jobs::JobOp, Reply),
+    Job(Caller, jobs::JobOp),
     /// A finished tree or a job removed (issue 25).
-    Remove(Caller, remove::RemoveOp, Reply),
+    Remove(Caller, remove::RemoveOp),
     /// The running agents' `artifact/` measured against their `disk_max`:
     /// those over it (issue 24).
     DiskChecked(Vec<disk::DiskOver>),
@@ -299,11 +303,14 @@ pub(crate) enum AgentEv {
     Exited { status: i32 },
 }
 
-/// Where an answer goes: a caller awaiting a oneshot, or an agent's stdin as a
-/// protocol `reply`.
-pub(crate) enum Reply {
-    Api(oneshot::Sender<ApiResult>),
-    Agent { agent: AgentName, re: u64 },
+/// Where a verb's answer goes: the caller awaiting it, typed as the verb's
+/// `brood_api` answer. (An agent's protocol `request` is answered by a task
+/// that awaits the verb and hands the JSON back as [`Cmd::AgentReply`].)
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+/// Answers a verb's caller; one that stopped waiting is not an error.
+pub(crate) fn answer<T>(reply: Reply<T>, r: Result<T, ApiError>) {
+    let _ = reply.send(r);
 }
 
 /// A handle to a running supervisor. Cheap to clone.
@@ -366,7 +373,7 @@ struct Live {
     stopping: Option<u64>,
     /// Cancelled while its launch was in flight: kill whatever starts.
     cancelled_before_start: bool,
-    spawn_reply: Option<(Reply, bool)>,
+    spawn_reply: Option<(Reply<brood_api::Agent>, bool)>,
     /// The node that admitted it for this one and holds a `--ready` spawn
     /// open: told when it is ready (routed.rs).
     ready_news: Option<String>,
@@ -578,20 +585,13 @@ impl Dispatcher {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
             Cmd::Harvested(h) => self.on_harvested(*h),
             Cmd::Send(caller, name, text, reply) => {
-                let r = self.on_send(&caller, &name, &text);
-                self.agents.respond(reply, r);
+                answer(reply, self.on_send(&caller, &name, &text))
             }
             Cmd::Wait(caller, names, timeout, reply) => {
                 self.on_wait(&caller, names, timeout, reply)
             }
-            Cmd::Cancel(caller, name, reply) => {
-                let r = self.on_cancel(&caller, &name);
-                self.agents.respond(reply, r);
-            }
-            Cmd::Close(caller, name, reply) => {
-                let r = self.on_close(&caller, &name);
-                self.agents.respond(reply, r);
-            }
+            Cmd::Cancel(caller, name, reply) => answer(reply, self.on_cancel(&caller, &name)),
+            Cmd::Close(caller, name, reply) => answer(reply, self.on_close(&caller, &name)),
             Cmd::Resume(caller, name, text, secrets, reply) => {
                 self.on_resume(&caller, &name, text, *secrets, reply)
             }
@@ -604,7 +604,7 @@ impl Dispatcher {
             Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
             Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
             Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
-            Cmd::AgentReply(agent, re, r) => self.agents.respond(Reply::Agent { agent, re }, r),
+            Cmd::AgentReply(agent, re, r) => self.agents.reply_to_agent(&agent, re, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
             Cmd::Tick => {
                 if shutdown.is_none() {
@@ -620,20 +620,13 @@ impl Dispatcher {
                     self.on_news();
                 }
             }
-            Cmd::Job(caller, op, reply) => {
-                let r = self.on_job(&caller, op);
-                self.agents.respond(reply, r);
-            }
-            Cmd::Remove(caller, op, reply) => {
-                let r = self.on_remove(&caller, op);
-                self.agents.respond(reply, r);
-            }
+            Cmd::Job(caller, op) => self.on_job(&caller, op),
+            Cmd::Remove(caller, op) => self.on_remove(&caller, op),
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
             Cmd::DiskChecked(over) => self.on_disk_checked(over),
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
-                    let r = self.wait_result(&w.names, true);
-                    self.agents.respond(w.reply, r);
+                    answer(w.reply, self.wait_result(&w.names, true));
                 }
             }
             Cmd::Shutdown(reply) => {

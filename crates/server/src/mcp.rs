@@ -24,6 +24,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use brood_api::SessionStart;
 use brood_core::{AgentName, Code};
 use brood_mcp::{Answer, Backend, Owner, ToolError, Tools};
 use brood_runtime::{ApiError, Caller, SpawnRequest};
@@ -33,7 +34,7 @@ use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use utoipa::ToSchema;
@@ -150,24 +151,6 @@ pub(crate) struct SessionBody {
     #[serde(default)]
     #[schema(value_type = Option<std::collections::BTreeMap<String, String>>)]
     secrets: Option<brood_api::Secrets>,
-}
-
-/// The one event of `POST /api/mcp/session`'s stream: whom the session's
-/// tools act as.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct SessionStart {
-    /// The agent the session works for: the new root, or the calling agent.
-    owner: String,
-    /// True when the session made a root of its own (the operator's).
-    root: bool,
-    /// The root as it was admitted (the operator's sessions only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<brood_api::Agent>)]
-    agent: Option<Value>,
-    /// What `/mcp` takes from the session's `brood mcp` to act as its root
-    /// (the operator's sessions only), good while the stream is open.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    capability: Option<String>,
 }
 
 /// `POST /api/mcp/session`: as an event stream, one event with the agent the

@@ -172,8 +172,11 @@ async fn with_supervisor(sup: &Supervisor, exe: &str, p: &Params) -> Result<(Run
         .await,
     )
     .context("starting the jobs' owner")?;
-    if a["status"] == "failed" {
-        bail!("bench jobs: the owner failed to start: {}", a["detail"]);
+    if a.status == "failed" {
+        bail!(
+            "bench jobs: the owner failed to start: {}",
+            serde_json::json!(a.detail)
+        );
     }
     let worker = vec![exe.to_owned(), "test-agent".into(), "--job-worker".into()];
     let out = async {

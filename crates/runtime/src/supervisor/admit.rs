@@ -5,7 +5,7 @@
 //! parent's log and a count in `/metrics`.
 
 use super::{
-    Dispatcher, Live, Pending, Reply, deadline_unix_s, ev, new_run_id, now_ms, now_unix_s,
+    Dispatcher, Live, Pending, Reply, answer, deadline_unix_s, ev, new_run_id, now_ms, now_unix_s,
     rand_u32, stored_policy,
 };
 use crate::api::ApiError;
@@ -16,7 +16,7 @@ use crate::api::not_found;
 use crate::hosts::host_alive;
 use crate::hosts::registered_nodes;
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::Code;
@@ -258,7 +258,12 @@ impl Dispatcher {
         }
     }
 
-    pub(super) fn on_spawn(&mut self, caller: Caller, req: SpawnRequest, reply: Reply) {
+    pub(super) fn on_spawn(
+        &mut self,
+        caller: Caller,
+        req: SpawnRequest,
+        reply: Reply<brood_api::Agent>,
+    ) {
         let parent = match &caller {
             Caller::Agent(me) => Some(me.clone()),
             Caller::User { .. } => req.parent.clone(),
@@ -283,14 +288,14 @@ impl Dispatcher {
                     let r = self
                         .records
                         .agent(&name)
-                        .map(|a| agent_json(&self.records.store, &a));
-                    self.agents.respond(reply, r);
+                        .map(|a| agent_view(&self.records.store, &a));
+                    answer(reply, r);
                 }
             },
             Ok(None) => {}
             Err(e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
-                self.agents.respond(reply, Err(e));
+                answer(reply, Err(e));
             }
         }
     }

@@ -7,7 +7,9 @@ use brood_core::{AgentName, Code, RunId};
 use brood_proto::ToAgent;
 use brood_store::Protocol;
 
-use crate::api::{ApiError, ApiResult, Caller};
+use serde_json::Value;
+
+use crate::api::{ApiError, Caller};
 
 use super::{Live, Reply};
 
@@ -23,32 +25,24 @@ pub(super) struct Agents {
     /// that saw it in the store came first. Kept while the parent lives.
     pub(super) ends_told: HashMap<AgentName, (AgentName, RunId)>,
     /// `--ready` spawns placed on another node, answered when it is ready.
-    pub(super) ready_waits: Vec<(AgentName, Reply)>,
+    pub(super) ready_waits: Vec<(AgentName, Reply<brood_api::Agent>)>,
 }
 
 impl Agents {
-    /// An answer to whoever asked: a caller awaiting it, or an agent as a
-    /// protocol `reply` on its stdin.
-    pub(super) fn respond(&self, reply: Reply, r: ApiResult) {
-        match reply {
-            Reply::Api(tx) => {
-                let _ = tx.send(r);
-            }
-            Reply::Agent { agent, re } => {
-                let msg = match r {
-                    Ok(v) => brood_proto::Reply::ok(re, v),
-                    Err(e) => brood_proto::Reply::err(
-                        re,
-                        brood_proto::ErrorBody {
-                            code: e.code.as_str().to_owned(),
-                            reason: e.code.as_str().to_owned(),
-                            message: e.message,
-                        },
-                    ),
-                };
-                self.to_agent(&agent, &ToAgent::Reply(msg));
-            }
-        }
+    /// The answer to an agent's protocol `request`: a `reply` on its stdin.
+    pub(super) fn reply_to_agent(&self, agent: &AgentName, re: u64, r: Result<Value, ApiError>) {
+        let msg = match r {
+            Ok(v) => brood_proto::Reply::ok(re, v),
+            Err(e) => brood_proto::Reply::err(
+                re,
+                brood_proto::ErrorBody {
+                    code: e.code.as_str().to_owned(),
+                    reason: e.code.as_str().to_owned(),
+                    message: e.message,
+                },
+            ),
+        };
+        self.to_agent(agent, &ToAgent::Reply(msg));
     }
 
     /// A protocol message to a live `brood`-protocol agent; nothing for

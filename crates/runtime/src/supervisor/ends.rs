@@ -2,9 +2,9 @@
 //! projection, the parent's context pack (SPEC 4), a pending spawn reply, the
 //! waiters, and the stop of descendants left behind.
 
-use super::{Dispatcher, UnrecordedEnd, ev, now_ms};
+use super::{Dispatcher, UnrecordedEnd, answer, ev, now_ms};
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::Status;
@@ -191,8 +191,7 @@ impl Dispatcher {
         if let Some(l) = self.agents.live.get_mut(&agent.name)
             && let Some((reply, _)) = l.spawn_reply.take()
         {
-            self.agents
-                .respond(reply, Ok(agent_json(&self.records.store, agent)));
+            answer(reply, Ok(agent_view(&self.records.store, agent)));
         }
         let done = self
             .waiters
@@ -235,7 +234,7 @@ impl Dispatcher {
         for id in ids {
             if let Some(w) = self.waiters.take(id) {
                 let r = self.wait_result(&w.names, false);
-                self.agents.respond(w.reply, r);
+                answer(w.reply, r);
             }
         }
     }

@@ -4,12 +4,11 @@
 //! its answer.
 
 use super::{
-    Cmd, Config, Dispatcher, HostInfo, JobOp, RemoveOp, Reply, StartError, Supervisor, Waiters,
-    agents::Agents, host::Host, jobs, launcher::Launcher, now_ms, queue, records::Records, sockets,
-    sweep,
+    Cmd, Config, Dispatcher, HostInfo, Reply, StartError, Supervisor, Waiters, agents::Agents,
+    host::Host, jobs, jobs::JobOp, launcher::Launcher, now_ms, queue, records::Records,
+    remove::RemoveOp, sockets, sweep,
 };
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::Caller;
 use crate::api::SpawnRequest;
 use crate::hosts::host_alive;
@@ -322,10 +321,11 @@ impl Supervisor {
         self.projection.flush().await;
     }
 
-    pub(super) async fn call(&self, mk: impl FnOnce(Reply) -> Cmd) -> ApiResult {
+    /// Sends the command `mk` makes and awaits its typed answer.
+    pub(super) async fn call<T>(&self, mk: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, ApiError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(mk(Reply::Api(tx)))
+            .send(mk(tx))
             .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?;
         rx.await
             .map_err(|_| ApiError::new(Code::Internal, "the supervisor has stopped"))?
@@ -336,7 +336,11 @@ impl Supervisor {
     /// on the dispatcher. A refusal at the intake is counted and noted in the
     /// would-be parent's log like any refused creation; one for the rate only
     /// counted, so a flood writes nothing.
-    pub async fn spawn(&self, caller: Caller, req: SpawnRequest) -> ApiResult {
+    pub async fn spawn(
+        &self,
+        caller: Caller,
+        req: SpawnRequest,
+    ) -> Result<brood_api::Agent, ApiError> {
         if let Err(e) = self.intake.rate(&caller) {
             self.metrics.refusal(e.code);
             return Err(e);
@@ -374,7 +378,14 @@ impl Supervisor {
     pub fn intake(&self) -> &Arc<crate::intake::Intake> {
         &self.intake
     }
-    pub async fn send(&self, caller: Caller, name: AgentName, text: String) -> ApiResult {
+    /// An input for a running agent: its id (`in-<n>`), or where it was
+    /// posted when another node runs the agent.
+    pub async fn send(
+        &self,
+        caller: Caller,
+        name: AgentName,
+        text: String,
+    ) -> Result<brood_api::InputReply, ApiError> {
         self.call(|r| Cmd::Send(caller, name, text, r)).await
     }
     /// Resolves when every named agent's run is over (records final), or at the
@@ -385,16 +396,29 @@ impl Supervisor {
         caller: Caller,
         names: Vec<AgentName>,
         timeout: Option<Duration>,
-    ) -> ApiResult {
+    ) -> Result<brood_api::WaitReply, ApiError> {
         self.call(|r| Cmd::Wait(caller, names, timeout, r)).await
     }
-    pub async fn cancel(&self, caller: Caller, name: AgentName) -> ApiResult {
+    pub async fn cancel(
+        &self,
+        caller: Caller,
+        name: AgentName,
+    ) -> Result<brood_api::Agent, ApiError> {
         self.call(|r| Cmd::Cancel(caller, name, r)).await
     }
-    pub async fn close(&self, caller: Caller, name: AgentName) -> ApiResult {
+    pub async fn close(
+        &self,
+        caller: Caller,
+        name: AgentName,
+    ) -> Result<brood_api::Agent, ApiError> {
         self.call(|r| Cmd::Close(caller, name, r)).await
     }
-    pub async fn resume(&self, caller: Caller, name: AgentName, text: Option<String>) -> ApiResult {
+    pub async fn resume(
+        &self,
+        caller: Caller,
+        name: AgentName,
+        text: Option<String>,
+    ) -> Result<brood_api::Agent, ApiError> {
         self.resume_with(caller, name, text, brood_api::Secrets::new())
             .await
     }
@@ -408,32 +432,87 @@ impl Supervisor {
         name: AgentName,
         text: Option<String>,
         secrets: brood_api::Secrets,
-    ) -> ApiResult {
+    ) -> Result<brood_api::Agent, ApiError> {
         self.call(|r| Cmd::Resume(caller, name, text, Box::new(secrets), r))
             .await
     }
 
-    /// A job's control (SPEC 10): start, cancel, a worker's report, assign, retry.
-    pub async fn job(&self, caller: Caller, op: JobOp) -> ApiResult {
-        self.call(|r| Cmd::Job(caller, op, r)).await
-    }
-
     /// Starts a pending job (SPEC 10): its workers are created as its owner's children.
-    pub async fn job_start(&self, caller: Caller, id: String) -> ApiResult {
-        self.job(caller, JobOp::Start(id)).await
+    pub async fn job_start(
+        &self,
+        caller: Caller,
+        id: String,
+    ) -> Result<brood_api::JobView, ApiError> {
+        self.call(|r| Cmd::Job(caller, JobOp::Start(id, r))).await
     }
 
     /// Cancels a job: no more assignment, its workers cancelled, completed items kept.
-    pub async fn job_cancel(&self, caller: Caller, id: String) -> ApiResult {
-        self.job(caller, JobOp::Cancel(id)).await
+    pub async fn job_cancel(
+        &self,
+        caller: Caller,
+        id: String,
+    ) -> Result<brood_api::JobView, ApiError> {
+        self.call(|r| Cmd::Job(caller, JobOp::Cancel(id, r))).await
+    }
+
+    /// A worker's `job.report {job?, item?, result, stop?}` for the item it
+    /// holds (only a worker, never the operator, reports): accepted, and
+    /// its next item unless it asked to stop.
+    pub async fn job_report(
+        &self,
+        caller: Caller,
+        args: serde_json::Value,
+    ) -> Result<brood_api::ReportReply, ApiError> {
+        self.call(|r| Cmd::Job(caller, JobOp::Report(args, r)))
+            .await
+    }
+
+    /// The pending `item` of running job `job` gets its next attempt now:
+    /// on `worker` (a live agent under the job's owner holding no item), or
+    /// on a new worker.
+    pub async fn job_assign(
+        &self,
+        caller: Caller,
+        job: String,
+        item: String,
+        worker: Option<AgentName>,
+    ) -> Result<brood_api::AssignReply, ApiError> {
+        self.call(|reply| {
+            Cmd::Job(
+                caller,
+                JobOp::Assign {
+                    job,
+                    item,
+                    worker,
+                    reply,
+                },
+            )
+        })
+        .await
+    }
+
+    /// The failed `item` of job `job` (or, without one, every failed item)
+    /// back to pending; a failed job reopens.
+    pub async fn job_retry(
+        &self,
+        caller: Caller,
+        job: String,
+        item: Option<String>,
+    ) -> Result<brood_api::RetryReply, ApiError> {
+        self.call(|reply| Cmd::Job(caller, JobOp::Retry { job, item, reply }))
+            .await
     }
 
     /// Removes the finished tree of root `name` (issue 25): every record of
     /// it, then its files; its names are free again. The operator's: an
     /// agent is refused (a whole tree is never in its own subtree).
-    pub async fn remove_tree(&self, caller: Caller, name: AgentName) -> ApiResult {
+    pub async fn remove_tree(
+        &self,
+        caller: Caller,
+        name: AgentName,
+    ) -> Result<brood_api::RemovedTree, ApiError> {
         let r = self
-            .call(|r| Cmd::Remove(caller, RemoveOp::Tree(name), r))
+            .call(|r| Cmd::Remove(caller, RemoveOp::Tree(name, r)))
             .await;
         // Whoever was answered may look at the ctx tree next: its files go first.
         self.flush().await;
@@ -442,9 +521,13 @@ impl Supervisor {
 
     /// Removes job `id` (not running) with its items, attempts and its own
     /// workers' trees (issue 25).
-    pub async fn remove_job(&self, caller: Caller, id: String) -> ApiResult {
+    pub async fn remove_job(
+        &self,
+        caller: Caller,
+        id: String,
+    ) -> Result<brood_api::RemovedJob, ApiError> {
         let r = self
-            .call(|r| Cmd::Remove(caller, RemoveOp::Job(id), r))
+            .call(|r| Cmd::Remove(caller, RemoveOp::Job(id, r)))
             .await;
         self.flush().await;
         r
@@ -480,7 +563,8 @@ impl Supervisor {
             skipped: Vec::new(),
         };
         for t in found {
-            let shown = crate::remove::tree_json(&t.root, t.agents as usize, Some(t.last_end_ms));
+            let shown =
+                crate::remove::removed_tree(&t.root, t.agents as usize, Some(t.last_end_ms));
             if dry_run {
                 reply.removed.push(shown);
                 continue;

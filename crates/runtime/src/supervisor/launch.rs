@@ -3,11 +3,11 @@
 //! veil, then the spawner; and what the launch's answer records (`agent.start`).
 
 use super::{
-    Cmd, Dispatcher, NETNS_POOL_DEPTH, deadline_unix_s, ev_value, io, now_ms, reap_orphan_launch,
-    task_of,
+    Cmd, Dispatcher, NETNS_POOL_DEPTH, answer, deadline_unix_s, ev_value, io, now_ms,
+    reap_orphan_launch, task_of,
 };
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::FailReason;
@@ -429,8 +429,8 @@ impl Dispatcher {
                         let r = self
                             .records
                             .agent(&name)
-                            .map(|a| agent_json(&self.records.store, &a));
-                        self.agents.respond(reply, r);
+                            .map(|a| agent_view(&self.records.store, &a));
+                        answer(reply, r);
                     }
                     return;
                 }
@@ -486,8 +486,8 @@ impl Dispatcher {
                     let r = self
                         .records
                         .agent(&name)
-                        .map(|a| agent_json(&self.records.store, &a));
-                    self.agents.respond(reply, r);
+                        .map(|a| agent_view(&self.records.store, &a));
+                    answer(reply, r);
                 }
                 return;
             }
@@ -563,8 +563,7 @@ impl Dispatcher {
             if await_ready && protocol == Protocol::Brood {
                 l.spawn_reply = Some((reply, true));
             } else {
-                self.agents
-                    .respond(reply, Ok(agent_json(&self.records.store, &agent)));
+                answer(reply, Ok(agent_view(&self.records.store, &agent)));
             }
         }
     }

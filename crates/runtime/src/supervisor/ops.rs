@@ -7,8 +7,8 @@ use std::time::Duration;
 use brood_core::{AgentName, Code};
 use serde_json::{Value, json};
 
-use super::{JobOp, Supervisor, now_ms, to_json};
-use crate::api::{ApiError, ApiResult, Caller, SpawnRequest, bad};
+use super::{Supervisor, now_ms, to_json};
+use crate::api::{ApiError, Caller, SpawnRequest, bad};
 
 fn name_arg(args: &Value, key: &str) -> Result<AgentName, ApiError> {
     let s = args
@@ -64,10 +64,16 @@ async fn blocking<T: Send + 'static>(
 
 /// Serves one verb. `op` names are the protocol's (`spawn send wait close cancel
 /// resume list`) plus the control socket's read verbs (`show tree events ping`).
-pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -> ApiResult {
+/// A JSON surface: each answer is the verb's typed `brood_api` answer as JSON.
+pub async fn handle(
+    sup: &Supervisor,
+    caller: &Caller,
+    op: &str,
+    args: &Value,
+) -> Result<Value, ApiError> {
     match op {
         "spawn" => match SpawnRequest::from_json(args) {
-            Ok(req) => sup.spawn(caller.clone(), req).await,
+            Ok(req) => sup.spawn(caller.clone(), req).await.map(|v| to_json(&v)),
             Err(e) => {
                 let parent = match caller {
                     Caller::Agent(me) => Some(me.clone()),
@@ -87,7 +93,9 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                 .get("text")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("missing string argument \"text\""))?;
-            sup.send(caller.clone(), name, text.to_owned()).await
+            sup.send(caller.clone(), name, text.to_owned())
+                .await
+                .map(|v| to_json(&v))
         }
         "wait" => {
             let names = names_arg(args)?;
@@ -104,14 +112,21 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
             let r = sup.wait(caller.clone(), names, timeout).await;
             // Whoever waited may read result.md next: let the files catch up first.
             sup.flush().await;
-            r
+            r.map(|v| to_json(&v))
         }
-        "cancel" => sup.cancel(caller.clone(), name_arg(args, "name")?).await,
-        "close" => sup.close(caller.clone(), name_arg(args, "name")?).await,
+        "cancel" => sup
+            .cancel(caller.clone(), name_arg(args, "name")?)
+            .await
+            .map(|v| to_json(&v)),
+        "close" => sup
+            .close(caller.clone(), name_arg(args, "name")?)
+            .await
+            .map(|v| to_json(&v)),
         "resume" => {
             let text = args.get("text").and_then(Value::as_str).map(str::to_owned);
             sup.resume(caller.clone(), name_arg(args, "name")?, text)
                 .await
+                .map(|v| to_json(&v))
         }
         "list" => {
             let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
@@ -163,31 +178,30 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
             let job = crate::jobs::get(store, sup.tenant(), caller, id)?;
             crate::jobs::view(store, &job).map(|v| to_json(&v))
         }
-        "job.report" => sup.job(caller.clone(), JobOp::Report(args.clone())).await,
-        "job.start" => {
-            sup.job(caller.clone(), JobOp::Start(str_arg(args, "job")?))
-                .await
-        }
-        "job.cancel" => {
-            sup.job(caller.clone(), JobOp::Cancel(str_arg(args, "job")?))
-                .await
-        }
+        "job.report" => sup
+            .job_report(caller.clone(), args.clone())
+            .await
+            .map(|v| to_json(&v)),
+        "job.start" => sup
+            .job_start(caller.clone(), str_arg(args, "job")?)
+            .await
+            .map(|v| to_json(&v)),
+        "job.cancel" => sup
+            .job_cancel(caller.clone(), str_arg(args, "job")?)
+            .await
+            .map(|v| to_json(&v)),
         "job.assign" => {
             let worker = opt_name_arg(args, "worker")?;
-            let op = JobOp::Assign {
-                job: str_arg(args, "job")?,
-                item: str_arg(args, "item")?,
-                worker,
-            };
-            sup.job(caller.clone(), op).await
+            let (job, item) = (str_arg(args, "job")?, str_arg(args, "item")?);
+            sup.job_assign(caller.clone(), job, item, worker)
+                .await
+                .map(|v| to_json(&v))
         }
         "job.retry" => {
             let item = args.get("item").and_then(Value::as_str).map(str::to_owned);
-            let op = JobOp::Retry {
-                job: str_arg(args, "job")?,
-                item,
-            };
-            sup.job(caller.clone(), op).await
+            sup.job_retry(caller.clone(), str_arg(args, "job")?, item)
+                .await
+                .map(|v| to_json(&v))
         }
         "job.list" => {
             let store = sup.store().as_ref();
@@ -232,7 +246,10 @@ pub async fn handle(sup: &Supervisor, caller: &Caller, op: &str, args: &Value) -
                 .await?
             };
             if body.start == Some(true) {
-                return sup.job(caller.clone(), JobOp::Start(job.id)).await;
+                return sup
+                    .job_start(caller.clone(), job.id)
+                    .await
+                    .map(|v| to_json(&v));
             }
             crate::jobs::view(sup.store().as_ref(), &job).map(|v| to_json(&v))
         }

@@ -3,11 +3,12 @@
 //! collection of its result).
 
 use super::{
-    AgentEv, Cmd, Dispatcher, EXEC_OUT_MAX, STDERR_TAIL, ev, exit_code, handle, now_ms, outcome_of,
+    AgentEv, Cmd, Dispatcher, EXEC_OUT_MAX, STDERR_TAIL, answer, ev, exit_code, handle, now_ms,
+    outcome_of,
 };
 use crate::api::Caller;
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::FailReason;
@@ -208,8 +209,8 @@ impl Dispatcher {
                     let r = self
                         .records
                         .agent(name)
-                        .map(|a| agent_json(&self.records.store, &a));
-                    self.agents.respond(reply, r);
+                        .map(|a| agent_view(&self.records.store, &a));
+                    answer(reply, r);
                 }
             }
             FromAgent::Chunk { delta } => {

@@ -13,39 +13,40 @@ use brood_core::{AgentName, Code};
 use brood_store::Removed;
 use serde_json::json;
 
-use super::{Dispatcher, internal, now_ms, to_json};
-use crate::api::{ApiError, ApiResult, Caller};
+use super::{Dispatcher, Reply, answer, internal, now_ms};
+use crate::api::{ApiError, Caller};
 use crate::remove;
 
-/// What is removed.
-#[derive(Debug)]
-pub enum RemoveOp {
+/// What is removed, and where its typed answer goes.
+pub(crate) enum RemoveOp {
     /// A root's whole tree, every agent of it finished.
-    Tree(AgentName),
+    Tree(AgentName, Reply<brood_api::RemovedTree>),
     /// A job that is not running, with its own workers' subtrees.
-    Job(String),
+    Job(String, Reply<brood_api::RemovedJob>),
 }
 
 impl Dispatcher {
-    pub(super) fn on_remove(&mut self, caller: &Caller, op: RemoveOp) -> ApiResult {
+    pub(super) fn on_remove(&mut self, caller: &Caller, op: RemoveOp) {
         match op {
-            RemoveOp::Tree(name) => {
-                remove::removable_root(
-                    self.records.store.as_ref(),
-                    &self.records.tenant,
-                    caller,
-                    &name,
-                )?;
-                let removed = self.remove_subtree(&name)?;
-                let last = removed.agents.iter().map(|a| a.updated_ms).max();
-                Ok(to_json(&remove::tree_json(
-                    &name,
-                    removed.agents.len(),
-                    last,
-                )))
-            }
-            RemoveOp::Job(id) => self.remove_job(caller, &id),
+            RemoveOp::Tree(name, reply) => answer(reply, self.remove_tree(caller, &name)),
+            RemoveOp::Job(id, reply) => answer(reply, self.remove_job(caller, &id)),
         }
+    }
+
+    fn remove_tree(
+        &mut self,
+        caller: &Caller,
+        name: &AgentName,
+    ) -> Result<brood_api::RemovedTree, ApiError> {
+        remove::removable_root(
+            self.records.store.as_ref(),
+            &self.records.tenant,
+            caller,
+            name,
+        )?;
+        let removed = self.remove_subtree(name)?;
+        let last = removed.agents.iter().map(|a| a.updated_ms).max();
+        Ok(remove::removed_tree(name, removed.agents.len(), last))
     }
 
     /// Whether this supervisor still holds `name`: a run whose end is being
@@ -92,7 +93,7 @@ impl Dispatcher {
         Ok(removed)
     }
 
-    fn remove_job(&mut self, caller: &Caller, id: &str) -> ApiResult {
+    fn remove_job(&mut self, caller: &Caller, id: &str) -> Result<brood_api::RemovedJob, ApiError> {
         let job = crate::jobs::get(
             self.records.store.as_ref(),
             &self.records.tenant,
@@ -128,7 +129,7 @@ impl Dispatcher {
             })?;
         self.records.project_events(&events);
         self.after_removal(&r.workers);
-        Ok(to_json(&brood_api::RemovedJob {
+        Ok(brood_api::RemovedJob {
             job: r.job.id,
             status: r.job.status.as_str().to_owned(),
             agents: r
@@ -137,7 +138,7 @@ impl Dispatcher {
                 .iter()
                 .map(|a| a.name.to_string())
                 .collect(),
-        }))
+        })
     }
 
     /// What a committed removal leaves: its ctx files and the blobs no

@@ -6,14 +6,13 @@
 //! bytes fetched from the store off the dispatcher first); and closes made
 //! through another node of agents this node ran, shown in its ctx tree.
 
-use super::{Cmd, Dispatcher, Reply, ev, now_ms, stored_policy};
+use super::{Cmd, Dispatcher, Reply, answer, ev, now_ms, stored_policy};
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::internal;
 use crate::hosts::host_alive;
 use crate::hosts::registered_nodes;
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::Code;
@@ -21,7 +20,6 @@ use brood_core::Status;
 use brood_store::Agent;
 use brood_store::Protocol;
 use serde_json::Value;
-use serde_json::json;
 use std::collections::HashSet;
 
 /// The sender of an inbox entry that is no input but news of a child's end:
@@ -49,7 +47,12 @@ pub(crate) struct EndedElsewhere {
 impl Dispatcher {
     /// An input for an agent another node runs: posted in the store for its
     /// host, which delivers it when the news of this write reaches it.
-    pub(super) fn route_input(&mut self, a: &Agent, from: &str, text: &str) -> ApiResult {
+    pub(super) fn route_input(
+        &mut self,
+        a: &Agent,
+        from: &str,
+        text: &str,
+    ) -> Result<brood_api::InputReply, ApiError> {
         let host = brood_store::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
         let takes = a.protocol == Protocol::Brood
             && matches!(a.status, Status::Running | Status::Blocked)
@@ -72,13 +75,16 @@ impl Dispatcher {
             .store
             .post_input(&self.records.tenant, &a.name, host, from, text, now_ms())
             .map_err(internal)?;
-        Ok(json!({"id": format!("routed-{}", a.run), "node": host}))
+        Ok(brood_api::InputReply {
+            id: format!("routed-{}", a.run),
+            node: Some(host.to_owned()),
+        })
     }
 
     /// A `--ready` spawn admitted here for another node: answered when
     /// that node says the agent is ready, or when the store shows it ended
     /// (issue 25: it used to be answered `queued` at once).
-    pub(super) fn wait_ready_elsewhere(&mut self, name: AgentName, reply: Reply) {
+    pub(super) fn wait_ready_elsewhere(&mut self, name: AgentName, reply: Reply<brood_api::Agent>) {
         self.agents.ready_waits.push((name, reply));
         self.answer_ready_waits(None);
     }
@@ -96,7 +102,7 @@ impl Dispatcher {
                 Ok(Some(a)) => a,
                 Ok(None) => {
                     let gone = ApiError::new(Code::NotFound, format!("no agent named {name}"));
-                    self.agents.respond(reply, Err(gone));
+                    answer(reply, Err(gone));
                     continue;
                 }
                 Err(e) => {
@@ -106,8 +112,7 @@ impl Dispatcher {
                 }
             };
             if ready == Some(&name) || a.status.is_finished() {
-                self.agents
-                    .respond(reply, Ok(agent_json(&self.records.store, &a)));
+                answer(reply, Ok(agent_view(&self.records.store, &a)));
             } else {
                 still.push((name, reply));
             }

@@ -377,11 +377,10 @@ impl Dispatcher {
             .on_send(caller, name, input)
             .map_err(|e| err(errno(&e), e.message.clone()))?;
         // `on_send` names the input after the seq of its recorded message.
-        let seq = r["id"]
-            .as_str()
-            .and_then(|i| i.strip_prefix("in-"))
-            .and_then(|n| n.parse::<i64>().ok())
-            .unwrap_or(0);
+        let seq =
+            r.id.strip_prefix("in-")
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(0);
         let Some(s) = self.sockets.by_agent.get_mut(name) else {
             return Ok(());
         };

@@ -1,13 +1,12 @@
 //! The verbs on live agents (SPEC 4, 11): send, wait, cancel, close, resume,
 //! each authorised against the caller first.
 
-use super::{Cmd, Dispatcher, Live, Pending, Reply, ev, new_run_id, now_ms, stored_policy};
+use super::{Cmd, Dispatcher, Live, Pending, Reply, answer, ev, new_run_id, now_ms, stored_policy};
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::Caller;
 use crate::api::internal;
 use crate::objects::project_agent;
-use crate::shown::agent_json;
+use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::CancelReason;
@@ -17,12 +16,16 @@ use brood_core::Terminal;
 use brood_proto::ToAgent;
 use brood_store::Protocol;
 use serde_json::Value;
-use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
 impl Dispatcher {
-    pub(super) fn on_send(&mut self, caller: &Caller, name: &AgentName, text: &str) -> ApiResult {
+    pub(super) fn on_send(
+        &mut self,
+        caller: &Caller,
+        name: &AgentName,
+        text: &str,
+    ) -> Result<brood_api::InputReply, ApiError> {
         self.agents.tool_granted(caller, "send")?;
         let a = self.records.agent(name)?;
         self.records.authorize(caller, &a)?;
@@ -38,7 +41,12 @@ impl Dispatcher {
 
     /// An input for a live agent of this supervisor, recorded and written
     /// to its stdin.
-    pub(super) fn deliver_input(&mut self, name: &AgentName, from: &str, text: &str) -> ApiResult {
+    pub(super) fn deliver_input(
+        &mut self,
+        name: &AgentName,
+        from: &str,
+        text: &str,
+    ) -> Result<brood_api::InputReply, ApiError> {
         let a = self.records.agent(name)?;
         let Some(l) = self.agents.live.get(name) else {
             return Err(ApiError::new(
@@ -98,7 +106,7 @@ impl Dispatcher {
                 text: text.to_owned(),
             },
         );
-        Ok(json!({"id": id}))
+        Ok(brood_api::InputReply { id, node: None })
     }
 
     pub(super) fn on_wait(
@@ -106,10 +114,10 @@ impl Dispatcher {
         caller: &Caller,
         names: Vec<AgentName>,
         timeout: Option<Duration>,
-        reply: Reply,
+        reply: Reply<brood_api::WaitReply>,
     ) {
         if let Err(e) = self.agents.tool_granted(caller, "wait") {
-            return self.agents.respond(reply, Err(e));
+            return answer(reply, Err(e));
         }
         for n in &names {
             match self
@@ -118,7 +126,7 @@ impl Dispatcher {
                 .and_then(|a| self.records.authorize(caller, &a))
             {
                 Ok(()) => {}
-                Err(e) => return self.agents.respond(reply, Err(e)),
+                Err(e) => return answer(reply, Err(e)),
             }
         }
         let all_done = names.iter().all(|n| {
@@ -131,8 +139,7 @@ impl Dispatcher {
                 && !self.agents.live.contains_key(n)
         });
         if all_done {
-            let r = self.wait_result(&names, false);
-            return self.agents.respond(reply, r);
+            return answer(reply, self.wait_result(&names, false));
         }
         let id = self.id();
         self.waiters.add(id, names, reply);
@@ -145,20 +152,28 @@ impl Dispatcher {
         }
     }
 
-    pub(super) fn wait_result(&self, names: &[AgentName], timed_out: bool) -> ApiResult {
-        let mut rows = Vec::new();
+    pub(super) fn wait_result(
+        &self,
+        names: &[AgentName],
+        timed_out: bool,
+    ) -> Result<brood_api::WaitReply, ApiError> {
+        let mut agents = Vec::new();
         for n in names {
             let a = self.records.agent(n)?;
-            rows.push(agent_json(&self.records.store, &a));
+            agents.push(agent_view(&self.records.store, &a));
         }
-        Ok(json!({"agents": rows, "timed_out": timed_out}))
+        Ok(brood_api::WaitReply { agents, timed_out })
     }
 
-    pub(super) fn on_cancel(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+    pub(super) fn on_cancel(
+        &mut self,
+        caller: &Caller,
+        name: &AgentName,
+    ) -> Result<brood_api::Agent, ApiError> {
         let a = self.records.agent(name)?;
         self.records.authorize(caller, &a)?;
         if a.status.is_finished() {
-            return Ok(agent_json(&self.records.store, &a));
+            return Ok(agent_view(&self.records.store, &a));
         }
         if self
             .agents
@@ -166,20 +181,24 @@ impl Dispatcher {
             .get(name)
             .is_some_and(|l| l.stopping.is_some())
         {
-            return Ok(agent_json(&self.records.store, &a));
+            return Ok(agent_view(&self.records.store, &a));
         }
         self.stop_subtree(name, Terminal::Cancelled(CancelReason::User));
         let a = self.records.agent(name)?;
-        Ok(agent_json(&self.records.store, &a))
+        Ok(agent_view(&self.records.store, &a))
     }
 
-    pub(super) fn on_close(&mut self, caller: &Caller, name: &AgentName) -> ApiResult {
+    pub(super) fn on_close(
+        &mut self,
+        caller: &Caller,
+        name: &AgentName,
+    ) -> Result<brood_api::Agent, ApiError> {
         self.agents.tool_granted(caller, "close")?;
         let a = self.records.agent(name)?;
         self.records.authorize(caller, &a)?;
         let Status::Ended(t) = a.status else {
             if matches!(a.status, Status::Closed(_)) {
-                return Ok(agent_json(&self.records.store, &a));
+                return Ok(agent_view(&self.records.store, &a));
             }
             return Err(ApiError::new(
                 Code::Conflict,
@@ -212,7 +231,7 @@ impl Dispatcher {
         self.records.project_events(&[ev1]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
         self.tell_host_of_close(&a);
-        Ok(agent_json(&self.records.store, &a))
+        Ok(agent_view(&self.records.store, &a))
     }
 
     pub(super) fn on_resume(
@@ -221,10 +240,10 @@ impl Dispatcher {
         name: &AgentName,
         text: Option<String>,
         given: brood_api::Secrets,
-        reply: Reply,
+        reply: Reply<brood_api::Agent>,
     ) {
         if let Err(e) = self.agents.tool_granted(caller, "resume") {
-            return self.agents.respond(reply, Err(e));
+            return answer(reply, Err(e));
         }
         let r = (|| -> Result<(), ApiError> {
             let a = self.records.agent(name)?;
@@ -380,11 +399,11 @@ impl Dispatcher {
                     let r = self
                         .records
                         .agent(name)
-                        .map(|a| agent_json(&self.records.store, &a));
-                    self.agents.respond(reply, r);
+                        .map(|a| agent_view(&self.records.store, &a));
+                    answer(reply, r);
                 }
             },
-            Err(e) => self.agents.respond(reply, Err(e)),
+            Err(e) => answer(reply, Err(e)),
         }
     }
 }

@@ -10,7 +10,7 @@ use super::Reply;
 
 pub(super) struct Waiter {
     pub(super) names: Vec<AgentName>,
-    pub(super) reply: Reply,
+    pub(super) reply: Reply<brood_api::WaitReply>,
 }
 
 #[derive(Default)]
@@ -19,7 +19,12 @@ pub(super) struct Waiters {
 }
 
 impl Waiters {
-    pub(super) fn add(&mut self, id: u64, names: Vec<AgentName>, reply: Reply) {
+    pub(super) fn add(
+        &mut self,
+        id: u64,
+        names: Vec<AgentName>,
+        reply: Reply<brood_api::WaitReply>,
+    ) {
         self.by_id.insert(id, Waiter { names, reply });
     }
 
@@ -74,11 +79,8 @@ mod tests {
         AgentName::new(s).unwrap()
     }
 
-    fn reply() -> Reply {
-        Reply::Agent {
-            agent: n("caller"),
-            re: 0,
-        }
+    fn reply() -> Reply<brood_api::WaitReply> {
+        tokio::sync::oneshot::channel().0
     }
 
     #[test]

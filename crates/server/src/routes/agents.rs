@@ -15,25 +15,17 @@ use brood_api::{
 };
 use brood_runtime::{ApiError, Caller, SpawnRequest};
 use serde::Deserialize;
-use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::path_name;
 use crate::body::Body;
-use crate::error::{HttpError, bad, json};
+use crate::error::{HttpError, answer, bad, json};
 use crate::idempotency;
 use crate::state::{Api, may_see};
 
 /// The longest a `wait` long-polls, and its default.
 const WAIT_MAX_S: f64 = 3600.0;
 const WAIT_DEFAULT_S: f64 = 30.0;
-
-fn reply(status: StatusCode, r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => json(status, &v),
-        Err(e) => HttpError(e).into_response(),
-    }
-}
 
 #[utoipa::path(
     post, path = "/api/agents", tag = "agents",
@@ -72,7 +64,7 @@ pub(crate) async fn spawn(
             let parent = value.parent.clone();
             let requested = value.name.clone();
             match SpawnRequest::from_body(value) {
-                Ok(req) => reply(
+                Ok(req) => answer(
                     StatusCode::CREATED,
                     api.sup().spawn(caller.clone(), req).await,
                 ),
@@ -209,7 +201,7 @@ pub(crate) async fn descendants(
 }
 
 /// A verb on one agent: the body parsed, the key honoured, the verb run.
-async fn act<T, F, Fut>(
+async fn act<T, A, F, Fut>(
     api: &Api,
     caller: &Caller,
     headers: &HeaderMap,
@@ -220,7 +212,8 @@ async fn act<T, F, Fut>(
 ) -> Response
 where
     F: FnOnce(brood_core::AgentName, T) -> Fut,
-    Fut: std::future::Future<Output = Result<Value, ApiError>>,
+    Fut: std::future::Future<Output = Result<A, ApiError>>,
+    A: serde::Serialize,
 {
     let (name, Body { value, bytes }) = match path_name(name).and_then(|n| Ok((n, body?))) {
         Ok(x) => x,
@@ -228,7 +221,7 @@ where
     };
     let route = format!("POST /api/agents/{name}/{route}");
     idempotency::once(api, caller, headers, &route, &bytes, || async move {
-        reply(StatusCode::OK, f(name, value).await)
+        answer(StatusCode::OK, f(name, value).await)
     })
     .await
 }

@@ -10,7 +10,7 @@ use brood_api::{
     ReportReply, RetryReply,
 };
 use brood_core::AgentName;
-use brood_runtime::{Caller, JobOp};
+use brood_runtime::Caller;
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -20,17 +20,22 @@ use crate::error::{HttpError, answer, bad, now_ms};
 use crate::idempotency;
 use crate::state::Api;
 
-/// A job operation on the supervisor, once per `Idempotency-Key`.
-async fn control(
+/// A job operation on the supervisor (`op`, a verb's call), once per
+/// `Idempotency-Key`.
+async fn control<T, Fut>(
     api: &Api,
     caller: &Caller,
     headers: &HeaderMap,
     route: String,
     bytes: &[u8],
-    op: JobOp,
-) -> Response {
+    op: Fut,
+) -> Response
+where
+    T: serde::Serialize,
+    Fut: std::future::Future<Output = Result<T, brood_runtime::ApiError>>,
+{
     idempotency::once(api, caller, headers, &route, bytes, || async {
-        answer(StatusCode::OK, api.sup().job(caller.clone(), op).await)
+        answer(StatusCode::OK, op.await)
     })
     .await
 }
@@ -66,11 +71,7 @@ pub(crate) async fn job_assign(
         Err(e) => return bad(format!("worker: {e}")).into_response(),
     };
     let route = format!("POST /api/jobs/{id}/items/{item}/assign");
-    let op = JobOp::Assign {
-        job: id,
-        item,
-        worker,
-    };
+    let op = api.sup().job_assign(caller.clone(), id, item, worker);
     control(&api, &caller, &headers, route, &bytes, op).await
 }
 
@@ -100,10 +101,7 @@ pub(crate) async fn job_retry(
         Err(e) => return e.into_response(),
     };
     let route = format!("POST /api/jobs/{id}/items/{item}/retry");
-    let op = JobOp::Retry {
-        job: id,
-        item: Some(item),
-    };
+    let op = api.sup().job_retry(caller.clone(), id, Some(item));
     control(&api, &caller, &headers, route, &bytes, op).await
 }
 
@@ -132,10 +130,7 @@ pub(crate) async fn job_retry_failed(
         Err(e) => return e.into_response(),
     };
     let route = format!("POST /api/jobs/{id}/retry");
-    let op = JobOp::Retry {
-        job: id,
-        item: None,
-    };
+    let op = api.sup().job_retry(caller.clone(), id, None);
     control(&api, &caller, &headers, route, &bytes, op).await
 }
 
@@ -166,7 +161,8 @@ pub(crate) async fn job_report(
     };
     let route = format!("POST /api/jobs/{id}/items/{item}/report");
     let args = json!({"job": id, "item": item, "result": value.result, "stop": value.stop});
-    control(&api, &caller, &headers, route, &bytes, JobOp::Report(args)).await
+    let op = api.sup().job_report(caller.clone(), args);
+    control(&api, &caller, &headers, route, &bytes, op).await
 }
 
 /// `GET /api/jobs/{id}/export`'s format.
@@ -296,11 +292,8 @@ pub(crate) async fn job_replay(
             })
         };
         let r = match made {
-            Ok(job) if value.start == Some(true) => {
-                sup.job(caller.clone(), JobOp::Start(job.id)).await
-            }
-            Ok(job) => brood_runtime::jobs::view(store.as_ref(), &job)
-                .map(|v| serde_json::to_value(v).unwrap_or_default()),
+            Ok(job) if value.start == Some(true) => sup.job_start(caller.clone(), job.id).await,
+            Ok(job) => brood_runtime::jobs::view(store.as_ref(), &job),
             Err(e) => Err(e),
         };
         answer(StatusCode::CREATED, r)

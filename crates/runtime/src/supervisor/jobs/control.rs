@@ -6,7 +6,6 @@ use brood_core::{ItemStatus, JobStatus};
 
 use super::job_error;
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::Caller;
 use crate::supervisor::{Dispatcher, now_ms};
 use brood_core::AgentName;
@@ -26,7 +25,7 @@ impl Dispatcher {
         id: &str,
         item: &str,
         worker: Option<&AgentName>,
-    ) -> ApiResult {
+    ) -> Result<brood_api::AssignReply, ApiError> {
         let store = self.records.store.clone();
         let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         if !self.jobs.runs.contains_key(id) {
@@ -76,7 +75,10 @@ impl Dispatcher {
                     .is_some_and(|h| h.own && h.job == id);
                 let a = self.try_assign(id, w, Some(item), own)?;
                 self.jobs.dirty.insert(id.to_owned());
-                Ok(json!({"assigned": w.as_str(), "assignment": a}))
+                Ok(brood_api::AssignReply {
+                    assigned: w.to_string(),
+                    assignment: a,
+                })
             }
             None => {
                 let before = self.jobs.runs.get(id).map_or(0, |r| r.next_worker);
@@ -91,9 +93,15 @@ impl Dispatcher {
                     )
                     .and_then(|w| w.item.as_ref().map(|(_, a, _)| *a));
                 self.jobs.dirty.insert(id.to_owned());
-                Ok(
-                    json!({"assigned": name, "assignment": {"job": id, "item": item, "attempt": attempt}}),
-                )
+                Ok(brood_api::AssignReply {
+                    assigned: name,
+                    assignment: Some(brood_api::Assignment {
+                        job: id.to_owned(),
+                        item: item.to_owned(),
+                        attempt,
+                        instruction: None,
+                    }),
+                })
             }
         }
     }
@@ -107,7 +115,7 @@ impl Dispatcher {
         caller: &Caller,
         id: &str,
         item: Option<&str>,
-    ) -> ApiResult {
+    ) -> Result<brood_api::RetryReply, ApiError> {
         let store = self.records.store.clone();
         let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         let items: Vec<String> = match item {
@@ -200,6 +208,9 @@ impl Dispatcher {
             retried.push(i.clone());
         }
         self.jobs.dirty.insert(id.to_owned());
-        Ok(json!({"job": id, "retried": retried}))
+        Ok(brood_api::RetryReply {
+            job: id.to_owned(),
+            retried,
+        })
     }
 }

@@ -31,12 +31,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use brood_core::{ItemStatus, JobStatus};
 use brood_store::Job;
 
-use super::{Dispatcher, ev_value, now_ms};
+use super::{Dispatcher, Reply, answer, ev_value, now_ms};
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::Caller;
 use crate::api::internal;
-use crate::shown::to_json;
 use brood_core::AgentName;
 use brood_core::CancelReason;
 use brood_core::Code;
@@ -47,24 +45,26 @@ use brood_store::StoreError;
 use serde_json::Value;
 use serde_json::json;
 
-/// What the dispatcher is asked to do with a job (SPEC 10 "Control").
-#[derive(Debug)]
-pub enum JobOp {
-    Start(String),
-    Cancel(String),
+/// What the dispatcher is asked to do with a job (SPEC 10 "Control"), each
+/// with where its typed answer goes.
+pub(crate) enum JobOp {
+    Start(String, Reply<brood_api::JobView>),
+    Cancel(String, Reply<brood_api::JobView>),
     /// A worker's `job.report {job?, item?, result, stop?}`.
-    Report(Value),
+    Report(Value, Reply<brood_api::ReportReply>),
     /// The item's next attempt now: on `worker` (a live agent under the
     /// job's owner that holds no item), or on a new worker.
     Assign {
         job: String,
         item: String,
         worker: Option<AgentName>,
+        reply: Reply<brood_api::AssignReply>,
     },
     /// A failed item (or, without one, every failed item) back to pending.
     Retry {
         job: String,
         item: Option<String>,
+        reply: Reply<brood_api::RetryReply>,
     },
 }
 
@@ -182,21 +182,32 @@ fn counts_json(counts: &BTreeMap<ItemStatus, u32>) -> Value {
 }
 
 impl Dispatcher {
-    pub(super) fn on_job(&mut self, caller: &Caller, op: JobOp) -> ApiResult {
+    pub(super) fn on_job(&mut self, caller: &Caller, op: JobOp) {
         match op {
-            JobOp::Start(id) => self.on_job_start(caller, &id),
-            JobOp::Cancel(id) => self.on_job_cancel(caller, &id),
-            JobOp::Report(args) => match caller {
-                Caller::Agent(me) => self.on_job_report(me, &args),
-                Caller::User { .. } => Err(ApiError::new(
-                    Code::Forbidden,
-                    "a report comes from the worker holding the item, not from the operator",
-                )),
-            },
-            JobOp::Assign { job, item, worker } => {
-                self.on_job_assign(caller, &job, &item, worker.as_ref())
+            JobOp::Start(id, reply) => answer(reply, self.on_job_start(caller, &id)),
+            JobOp::Cancel(id, reply) => answer(reply, self.on_job_cancel(caller, &id)),
+            JobOp::Report(args, reply) => {
+                let r = match caller {
+                    Caller::Agent(me) => self.on_job_report(me, &args),
+                    Caller::User { .. } => Err(ApiError::new(
+                        Code::Forbidden,
+                        "a report comes from the worker holding the item, not from the operator",
+                    )),
+                };
+                answer(reply, r)
             }
-            JobOp::Retry { job, item } => self.on_job_retry(caller, &job, item.as_deref()),
+            JobOp::Assign {
+                job,
+                item,
+                worker,
+                reply,
+            } => answer(
+                reply,
+                self.on_job_assign(caller, &job, &item, worker.as_ref()),
+            ),
+            JobOp::Retry { job, item, reply } => {
+                answer(reply, self.on_job_retry(caller, &job, item.as_deref()))
+            }
         }
     }
 
@@ -313,7 +324,11 @@ impl Dispatcher {
         Ok(run)
     }
 
-    pub(super) fn on_job_start(&mut self, caller: &Caller, id: &str) -> ApiResult {
+    pub(super) fn on_job_start(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<brood_api::JobView, ApiError> {
         let store = self.records.store.clone();
         let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         let owner = job.owner.clone();
@@ -344,17 +359,21 @@ impl Dispatcher {
         }
         self.jobs.runs.insert(id.to_owned(), run);
         self.jobs.dirty.insert(id.to_owned());
-        crate::jobs::view(self.records.store.as_ref(), &job).map(|v| to_json(&v))
+        crate::jobs::view(self.records.store.as_ref(), &job)
     }
 
-    pub(super) fn on_job_cancel(&mut self, caller: &Caller, id: &str) -> ApiResult {
+    pub(super) fn on_job_cancel(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<brood_api::JobView, ApiError> {
         let store = self.records.store.clone();
         let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
         job.status
             .transition(JobStatus::Cancelled)
             .map_err(|e| ApiError::new(Code::Conflict, format!("job {id}: {e}")))?;
         let job = self.end_job(id, &job.owner, JobStatus::Cancelled, None)?;
-        crate::jobs::view(self.records.store.as_ref(), &job).map(|v| to_json(&v))
+        crate::jobs::view(self.records.store.as_ref(), &job)
     }
 
     /// Ends a job: no more assignment, its workers' attempts failed with the

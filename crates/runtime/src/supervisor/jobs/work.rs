@@ -6,7 +6,6 @@ use brood_core::{ItemStatus, JobStatus};
 
 use super::{Work, job_error};
 use crate::api::ApiError;
-use crate::api::ApiResult;
 use crate::api::Caller;
 use crate::api::SpawnRequest;
 use crate::supervisor::{Dispatcher, now_ms};
@@ -62,7 +61,11 @@ impl Dispatcher {
     }
 
     /// `job.report` from a worker: its result for the item it holds.
-    pub(super) fn on_job_report(&mut self, worker: &AgentName, args: &Value) -> ApiResult {
+    pub(super) fn on_job_report(
+        &mut self,
+        worker: &AgentName,
+        args: &Value,
+    ) -> Result<brood_api::ReportReply, ApiError> {
         let Some(w) = self.jobs.workers.get(worker) else {
             return Err(ApiError::new(
                 Code::Forbidden,
@@ -140,7 +143,10 @@ impl Dispatcher {
         } else {
             self.assign(&job, worker, None)
         };
-        Ok(json!({"accepted": true, "next": next}))
+        Ok(brood_api::ReportReply {
+            accepted: true,
+            next,
+        })
     }
 
     /// Starts the next attempt of `item` (or of the next pending item of
@@ -150,7 +156,7 @@ impl Dispatcher {
         job: &str,
         worker: &AgentName,
         item: Option<&str>,
-    ) -> Option<Value> {
+    ) -> Option<brood_api::Assignment> {
         self.try_assign(job, worker, item, true).ok().flatten()
     }
 
@@ -162,7 +168,7 @@ impl Dispatcher {
         worker: &AgentName,
         item: Option<&str>,
         own: bool,
-    ) -> Result<Option<Value>, ApiError> {
+    ) -> Result<Option<brood_api::Assignment>, ApiError> {
         let Some(run) = self.jobs.runs.get(job) else {
             return Ok(None);
         };
@@ -232,9 +238,12 @@ impl Dispatcher {
                 own,
             },
         );
-        Ok(Some(
-            json!({"job": job, "item": next.id, "attempt": a.number, "instruction": text}),
-        ))
+        Ok(Some(brood_api::Assignment {
+            job: job.to_owned(),
+            item: next.id,
+            attempt: Some(a.number),
+            instruction: Some(text),
+        }))
     }
 
     /// After each command: workers that ended, jobs topped up with workers,
@@ -366,10 +375,7 @@ impl Dispatcher {
             parent: Some(owner.clone()),
             argv,
             protocol: Protocol::Brood,
-            task: assignment["instruction"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+            task: assignment.instruction.unwrap_or_default(),
             env: Vec::new(),
             secrets: brood_api::Secrets::new(),
             cwd: None,

@@ -344,6 +344,10 @@ pub(crate) enum Cmd {
         /// Print the checks as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Also remove what dead supervisors left on this host, whatever
+        /// their root: their groups, with any process still in them killed.
+        #[arg(long)]
+        fix: bool,
     },
     /// A live demo: a tree of agents counting lines, a tree whose root is
     /// SIGKILLed, a model-driven tree and a job (README "What the demo shows").

@@ -10,7 +10,7 @@ mod jobs;
 mod nodes;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -304,8 +304,45 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
     ))
 }
 
-/// `slots`: the global `--slots`, which `bench cluster` gives its nodes.
+/// A benchmark, stopped by SIGINT or SIGTERM without leaving anything
+/// behind (issue 28): the measuring is dropped, which stops the nodes it
+/// started (SIGTERM, then waited for: they remove their own groups); then
+/// every group this process's own supervisors made is killed and removed,
+/// and the temporary roots it made under the temp directory go. Exits 130
+/// or 143 at once, as a shell reports those signals.
 pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> Result<i32> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let (code, name) = tokio::select! {
+        r = measure(root, slots, which) => return r,
+        _ = int.recv() => (130, "SIGINT"),
+        _ = term.recv() => (143, "SIGTERM"),
+    };
+    let groups = cgroup::detect(Path::new("/")).and_then(|det| cgroup::remove_own(&det));
+    if let Err(e) = &groups {
+        eprintln!("bench: removing this benchmark's cgroups failed: {e}");
+    }
+    let mine = format!("-{}", std::process::id());
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("brood-bench-") && n.ends_with(&mine) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    eprintln!(
+        "bench: stopped by {name}; its nodes stopped and {} group(s) of its own removed",
+        groups.unwrap_or(0)
+    );
+    // Exit now: the runtime's shutdown would wait for blocking work still
+    // running (a floor's spawner), and nothing of it is wanted any more.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(code)
+}
+
+async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> Result<i32> {
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
     let me = Caller::User {
         uid: crate::unsafe_uid(),

@@ -20,7 +20,7 @@ pub struct Services<'a> {
 /// Exit 0 when the store and the slot counter answer (a host layer that is
 /// missing is reported, not a failure: brood runs weaker there), 1 when one
 /// of them does not (a supervisor could not start with them).
-pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> {
+pub fn run(root: &Path, services: &Services<'_>, json_out: bool, fix: bool) -> Result<i32> {
     let mut layers: Vec<(String, bool, String)> = Vec::new();
     let db = services
         .store
@@ -78,6 +78,9 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> 
         Ok(k) => ("kill".into(), true, format!("{k} on the agent's group (whole subtree, setsid'd processes included)")),
         Err(e) => ("kill".into(), false, format!("no cgroup can be made here ({e}); process groups plus a subreaper (a setsid'd process can escape)")),
     });
+    if let Ok(d) = &det {
+        layers.push(leftovers(d, fix));
+    }
     for (what, ok) in &limits {
         layers.push(("limits".into(), *ok, (*what).to_owned()));
     }
@@ -224,6 +227,54 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool) -> Result<i32> 
         }
     }
     Ok(if services_ok { 0 } else { 1 })
+}
+
+/// What dead supervisors left on this host (issue 28): listed, or with `fix`
+/// removed, every root's (a leftover holding processes has them killed:
+/// nothing answers for them). Available when nothing is left afterwards.
+fn leftovers(det: &cgroup::Detected, fix: bool) -> (String, bool, String) {
+    let name = "leftovers".to_owned();
+    if fix {
+        return match cgroup::Cgroups::reap_host(det, None, true) {
+            Ok(l) => {
+                let killed: usize = l.reaped.values().map(|r| r.pids_killed.len()).sum();
+                (
+                    name,
+                    true,
+                    format!(
+                        "removed {} group(s) of dead supervisors ({killed} process(es) killed) and {} empty instance director(ies)",
+                        l.groups(),
+                        l.instance_dirs_removed
+                    ),
+                )
+            }
+            Err(e) => (
+                name,
+                false,
+                format!("removing the groups of dead supervisors failed: {e}"),
+            ),
+        };
+    }
+    match cgroup::dead_on_host(det) {
+        Ok(dead) if dead.is_empty() => (name, true, "no group of a dead supervisor".into()),
+        Ok(dead) => (
+            name,
+            false,
+            format!(
+                "{} group(s) of dead supervisors ({}); `brood doctor --fix` removes them",
+                dead.len(),
+                dead.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        Err(e) => (
+            name,
+            false,
+            format!("looking for the groups of dead supervisors failed: {e}"),
+        ),
+    }
 }
 
 /// The store: its kind, where it is, whether it opens and its schema

@@ -545,13 +545,14 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
         } => verbs::events(&remote, &root, name, follow, &format).await,
         Cmd::Job { what } => job::run(&remote, what).await,
         Cmd::Quota { what } => quota(&root, &cli_config, what),
-        Cmd::Doctor { json } => doctor::run(
+        Cmd::Doctor { json, fix } => doctor::run(
             &root_of(&root),
             &doctor::Services {
                 store: cli.store.as_deref(),
                 slots: cli.slots.as_deref(),
             },
             json,
+            fix,
         ),
         Cmd::Fsck { json } => fsck(&root, json),
         Cmd::Demo => demo::run(root).await,

@@ -202,3 +202,65 @@ async fn an_idle_stream_gets_keep_alives() {
     }
     s.env.sup.shutdown().await;
 }
+
+fn sql(db: &std::path::Path, stmt: &str) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    c.execute_batch(stmt).unwrap();
+}
+
+/// Issue 28: a failed read is never "no events". The event log cannot be
+/// read when the API starts (its table is renamed away under the running
+/// supervisor); the hub tries again until it can, and a subscriber that
+/// connected meanwhile gets every event, in order, with none missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_comes_back_when_the_event_log_could_not_be_read_at_first() {
+    let s = Served::start_hooked(
+        |_| {},
+        brood_server::EventLimits::default(),
+        |env| {
+            sql(
+                &env.root().join("brood.db"),
+                "ALTER TABLE events RENAME TO events_away",
+            );
+        },
+    )
+    .await;
+    let To::Unix(sock) = s.unix.clone() else {
+        unreachable!()
+    };
+    // The hub has failed at least once by now (it starts with the API).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The log is back; a subscriber from its start connects before the
+    // hub's next try, so what is appended next may fall between its
+    // catch-up and the head the hub then reads.
+    sql(
+        &s.env.root().join("brood.db"),
+        "ALTER TABLE events_away RENAME TO events",
+    );
+    let mut stream = Stream::open(&sock, "/api/events", None).await;
+    quick_agents(&s, &["after1", "after2"]).await;
+    let end = s
+        .env
+        .sup
+        .store()
+        .last_event_seq(s.env.sup.tenant())
+        .unwrap();
+    assert!(end > 0);
+    let mut got = Vec::new();
+    while got.last().is_none_or(|l| *l < end) {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(30), stream.next_seq())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no event after {got:?} in 30 s: the hub gave up on the event log (head {end})"
+                )
+            });
+        got.push(next.1);
+    }
+    assert_eq!(
+        got,
+        (1..=end).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+}

@@ -26,8 +26,158 @@ fn instance_dir(root: &Path) -> PathBuf {
     ))
 }
 
+/// The tests here start supervisors, and a start removes what dead
+/// supervisors left on the host: one at a time, so each sees its own
+/// leftovers before its own start (or `brood doctor --fix`) removes them.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The `s<pid>-<starttime>` groups under an instance directory.
+fn incarnations(inst: &Path) -> Vec<String> {
+    match std::fs::read_dir(inst) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('s') && !n.contains('.'))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("reading {}: {e}", inst.display()),
+    }
+}
+
+/// `brood run` of one hanging agent on `root`, SIGKILLed once the agent
+/// runs: the dead incarnation's group is left, with nothing in it.
+fn killed_supervisor(root: &Path) -> PathBuf {
+    #[allow(clippy::disallowed_methods)]
+    let mut run = Command::new(exe())
+        .args([
+            "--root",
+            root.to_str().unwrap(),
+            "run",
+            "--name",
+            "top",
+            "--",
+        ])
+        .args(agent(&["--hang"]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let inst = instance_dir(root);
+    assert!(
+        eventually(Duration::from_secs(15), || !pids_under(&inst).is_empty()),
+        "the agent never ran"
+    );
+    let pids = pids_under(&inst);
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            for p in &pids {
+                let mut status = 0;
+                // SAFETY: waitpid(2) on one pid without blocking (this
+                // process is the orphans' subreaper).
+                unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) };
+            }
+            pids_under(&inst).is_empty() && pids.iter().all(|p| !alive(*p))
+        }),
+        "the agents died with their supervisor"
+    );
+    let left = incarnations(&inst);
+    assert_eq!(
+        left.len(),
+        1,
+        "the dead supervisor's group is left: {left:?}"
+    );
+    inst.join(&left[0])
+}
+
+/// Issue 28 item 2: after a supervisor dies by SIGKILL, the next brood to
+/// start on the host, whatever its root, removes the groups it left (and
+/// its root's instance directory, empty then); `brood doctor` lists such
+/// groups and `brood doctor --fix` removes them.
+#[test]
+fn a_dead_supervisors_groups_go_at_the_next_start_of_any_root_and_with_doctor_fix() {
+    let _one = serial();
+    // SAFETY: prctl(2) with integer arguments, on this test process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+
+    // Another root's start.
+    let dead = tempfile::tempdir().unwrap();
+    let group = killed_supervisor(dead.path());
+    let other = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cfg = brood_runtime::Config::new(other.path().to_path_buf());
+        cfg.agent_sockets = Some(brood_server::agent_sockets());
+        let sup = brood_runtime::Supervisor::start(cfg).expect("another root starts");
+        assert!(
+            !group.exists(),
+            "{} outlived the next start of another root",
+            group.display()
+        );
+        assert!(
+            !instance_dir(dead.path()).exists(),
+            "the dead root's empty instance directory is left"
+        );
+        sup.shutdown().await;
+    });
+
+    // `brood doctor` names it; `--fix` removes it.
+    let dead = tempfile::tempdir().unwrap();
+    let group = killed_supervisor(dead.path());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let doctor = |fix: bool| {
+        let args: &[&str] = if fix {
+            &["doctor", "--fix"]
+        } else {
+            &["doctor"]
+        };
+        let out = brood(elsewhere.path(), args);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = doctor(false);
+    let name = group.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("leftovers") && l.contains(&name)),
+        "doctor lists {name}: {listed}"
+    );
+    assert!(
+        group.exists(),
+        "doctor without --fix removed {}",
+        group.display()
+    );
+    let fixed = doctor(true);
+    assert!(
+        !group.exists(),
+        "{} outlived doctor --fix: {fixed}",
+        group.display()
+    );
+    let line = fixed
+        .lines()
+        .find(|l| l.starts_with("leftovers"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("removed") && !line.contains("removed 0 group"),
+        "{fixed}"
+    );
+    assert!(
+        doctor(false)
+            .lines()
+            .any(|l| l.starts_with("leftovers") && l.contains("no group of a dead supervisor")),
+        "nothing is left after --fix"
+    );
+}
+
 #[test]
 fn supervisor_sigkill_takes_the_whole_tree_and_restart_records_it() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     // This test plays the host's init: the supervisor's orphans (its agents,

@@ -212,6 +212,48 @@ fn sse_of(e: &Event, format: EventFormat) -> Option<SseEvent> {
     Some(SseEvent::default().id(id).data(data))
 }
 
+/// Sends what the store holds after `*last`, up to `upto` when given, that
+/// the filter passes, moving `*last` on. False when the subscriber is gone
+/// or the read failed: the stream then ends, and the client resumes with its
+/// `Last-Event-ID` (a failed read is never taken for "nothing more").
+async fn from_store(
+    api: &Api,
+    filter: &mut Filter,
+    last: &mut i64,
+    upto: Option<i64>,
+    format: EventFormat,
+    tx: &mpsc::Sender<SseEvent>,
+) -> bool {
+    let sup = api.sup().clone();
+    loop {
+        let batch = match sup
+            .store()
+            .events(sup.tenant(), *last, filter.agent.as_ref(), PAGE)
+        {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the event log for a subscriber failed");
+                return false;
+            }
+        };
+        for e in &batch {
+            if upto.is_some_and(|u| e.seq > u) {
+                return true;
+            }
+            *last = e.seq;
+            if filter.matches(api, e)
+                && let Some(s) = sse_of(e, format)
+                && tx.send(s).await.is_err()
+            {
+                return false;
+            }
+        }
+        if batch.len() < PAGE as usize {
+            return true;
+        }
+    }
+}
+
 /// Feeds one subscriber: the store after `after`, then the broadcast.
 async fn feed(
     api: Api,
@@ -222,37 +264,33 @@ async fn feed(
     mut live: broadcast::Receiver<Arc<Vec<Event>>>,
     tx: mpsc::Sender<SseEvent>,
 ) {
-    let sup = api.sup().clone();
-    loop {
-        let batch = match sup
-            .store()
-            .events(sup.tenant(), last, filter.agent.as_ref(), PAGE)
-        {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(error = %e, "reading the event log for a subscriber failed");
-                return;
-            }
-        };
-        for e in &batch {
-            last = e.seq;
-            if filter.matches(&api, e)
-                && let Some(s) = sse_of(e, format)
-                && tx.send(s).await.is_err()
-            {
-                return;
-            }
-        }
-        if batch.len() < PAGE as usize {
-            break;
-        }
+    if !from_store(&api, &mut filter, &mut last, None, format, &tx).await {
+        return;
     }
     if !follow {
         return;
     }
+    // The hub's batches follow each other without a gap; only the first one
+    // this subscriber takes may start past where its catch-up ended, and an
+    // empty one says the hub lost the log for a while (see `Hub`): what lies
+    // between comes from the store, so the stream stays gapless.
+    let mut first_live = true;
     loop {
         match live.recv().await {
             Ok(batch) => {
+                let gap = match batch.first() {
+                    // The hub could not follow the log for a while.
+                    None => Some(None),
+                    Some(first) if std::mem::take(&mut first_live) && first.seq > last + 1 => {
+                        Some(Some(first.seq - 1))
+                    }
+                    Some(_) => None,
+                };
+                if let Some(upto) = gap
+                    && !from_store(&api, &mut filter, &mut last, upto, format, &tx).await
+                {
+                    return;
+                }
                 for e in batch.iter() {
                     if e.seq <= last {
                         continue;

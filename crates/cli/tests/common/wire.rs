@@ -126,7 +126,18 @@ impl Served {
         f: impl FnOnce(&mut brood_runtime::Config),
         limits: brood_server::EventLimits,
     ) -> Served {
+        Served::start_hooked(f, limits, |_| {}).await
+    }
+
+    /// [`Served::start_limited`], calling `before_api` once the supervisor
+    /// runs and before the API (and its event hub) starts.
+    pub async fn start_hooked(
+        f: impl FnOnce(&mut brood_runtime::Config),
+        limits: brood_server::EventLimits,
+        before_api: impl FnOnce(&Env),
+    ) -> Served {
         let env = start_with(Duration::from_millis(500), f);
+        before_api(&env);
         let sock = env.root().join("brood.sock");
         let token = brood_server::Token::load_or_create(env.root()).unwrap();
         let api =

@@ -57,11 +57,13 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 mod detect;
+mod leftovers;
 mod limits;
 mod v1;
 
 use detect::*;
 pub use detect::{Detected, Layout, detect};
+pub use leftovers::{HostLeftovers, Leftovers, dead_on_host, remove_own};
 use limits::*;
 pub use limits::{LimitHandles, Limits, PROCESS_LEAF, weight_to_shares};
 use v1::*;
@@ -219,15 +221,6 @@ pub struct Group {
     pub dir: PathBuf,
 }
 
-/// What [`Cgroups::reap_leftovers`] cleaned up.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Leftovers {
-    /// `s<pid>-<starttime>` groups of dead incarnations that were removed.
-    pub groups: usize,
-    /// Processes that were still in them and were killed.
-    pub pids_killed: Vec<i32>,
-}
-
 /// Which hierarchy holds the groups, and so how they are killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -273,7 +266,15 @@ impl Cgroups {
             what: "our own process looks dead".to_owned(),
         })?;
         let (kind, base) = base_dir(det, instance, &format!("s{pid}-{start}"))?;
-        fs::create_dir_all(&base).map_err(|e| io_err("mkdir -p", &base, e))?;
+        // Another instance's start removes `brood-<instance>` when it finds it
+        // empty (`reap_host`); made between our `mkdir`s, it is made again.
+        let mut tries = 0;
+        while let Err(e) = fs::create_dir_all(&base) {
+            tries += 1;
+            if e.kind() != io::ErrorKind::NotFound || tries >= 5 {
+                return Err(io_err("mkdir -p", &base, e));
+            }
+        }
         if kind == Kind::V2 {
             // cgroup.kill exists in every non-root v2 group since Linux 5.14; without
             // it a tree could not be killed atomically, so refuse rather than pretend.
@@ -554,77 +555,6 @@ impl Cgroups {
             }
         }
         Ok(())
-    }
-
-    /// Start-up hygiene (SPEC 6, "Supervisor death"): under `brood-<instance>/`,
-    /// every `s<pid>-<starttime>` group whose process is not alive with that start
-    /// time belongs to a dead incarnation: kill its subtree, wait until empty,
-    /// remove it, and its v1 limit mirrors (also when only a mirror was left).
-    /// Directories of another shape are not ours and are left alone. Every
-    /// leftover is tried; the first error is returned after that.
-    pub fn reap_leftovers(det: &Detected, instance: &str) -> Result<Leftovers, CgroupError> {
-        let (kind, own) = grouping(det)?;
-        let dir = instance_dir(&own, instance)?;
-        // The instance directories of the limit mirrors, from a probe incarnation.
-        let probe = Cgroups::assemble(det, kind, instance, dir.join("s1-1"));
-        let mut names = BTreeSet::new();
-        for inst in std::iter::once(dir.clone()).chain(
-            probe
-                .mirror_dirs(&GroupPath::default())
-                .iter()
-                .filter_map(|m| m.parent().map(Path::to_path_buf)),
-        ) {
-            let entries = match fs::read_dir(&inst) {
-                Ok(e) => e,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("read dir", &inst, e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| io_err("read dir", &inst, e))?;
-                if let Some(name) = entry.file_name().to_str()
-                    && parse_incarnation(name).is_some()
-                {
-                    names.insert(name.to_owned());
-                }
-            }
-        }
-        let mut out = Leftovers::default();
-        let mut first_err = None;
-        for name in names {
-            let Some((pid, start)) = parse_incarnation(&name) else {
-                continue;
-            };
-            let result = start_time(pid).and_then(|alive| {
-                if alive == Some(start) {
-                    return Ok(());
-                }
-                let dead = Cgroups::assemble(det, kind, instance, dir.join(&name));
-                let all = dead.group(&GroupPath::default());
-                let mut pids = if exists(&all.dir)? {
-                    dead.pids(&all)?
-                } else {
-                    Vec::new()
-                };
-                for m in dead.mirror_dirs(&all.rel) {
-                    if exists(&m)? {
-                        pids.extend(pids_under(&m)?);
-                    }
-                }
-                pids.sort_unstable();
-                pids.dedup();
-                dead.kill_and_remove(&all, EMPTY_TIMEOUT)?;
-                out.groups += 1;
-                out.pids_killed.extend(pids);
-                Ok(())
-            });
-            if let Err(e) = result {
-                first_err.get_or_insert(e);
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
     }
 
     /// On clean shutdown: kill and remove everything of this incarnation. The

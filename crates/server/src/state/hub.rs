@@ -1,7 +1,9 @@
 //! The one reader of the store's event log a server has (`GET /api/events`
 //! subscribes to it): it reads what was appended whenever the supervisor's
 //! dispatcher has handled a command (and every quarter second, for events
-//! other supervisors of a shared store wrote) and broadcasts each batch.
+//! other supervisors of a shared store wrote) and broadcasts each batch. An
+//! empty batch means "read the store": the hub could not follow the log for
+//! a while (issue 28: a failed read is retried, never taken for "empty").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,9 @@ use tokio::sync::broadcast;
 pub(crate) const PAGE: u32 = 1000;
 /// How often the hub looks at the store without being told of a change.
 const IDLE_POLL: Duration = Duration::from_millis(250);
+/// The first and the longest pause between tries of a read that failed.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How far a subscriber may fall behind before it is told to resync.
 #[derive(Debug, Clone, Copy)]
 pub struct EventLimits {
@@ -66,11 +71,31 @@ impl Hub {
         let tenant = sup.tenant().clone();
         let mut changed = sup.changed();
         tokio::spawn(async move {
-            let mut head = match store.last_event_seq(&tenant) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the event log's head failed; the API streams no events");
-                    return;
+            // A failed read is not "no events" (issue 28): the head is read
+            // again, backing off, until the store answers; subscribers wait
+            // meanwhile and miss nothing (they catch up from their own point).
+            let mut pause = RETRY_FIRST;
+            let mut failed = false;
+            let mut head = loop {
+                match store.last_event_seq(&tenant) {
+                    Ok(h) => {
+                        // Subscribers that came while the log could not be
+                        // read may have missed what was appended up to this
+                        // head: an empty batch tells them to read the store.
+                        if failed && let Some(tx) = weak.upgrade() {
+                            let _ = tx.send(Arc::new(Vec::new()));
+                        }
+                        break h;
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::error!(error = %e, retry_in = ?pause, "reading the event log's head failed; trying again");
+                        if weak.upgrade().is_none() {
+                            return;
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_MAX);
+                    }
                 }
             };
             loop {

@@ -1,0 +1,333 @@
+//! Start-up hygiene (SPEC 6, "Supervisor death"; issue 28): the groups that
+//! dead supervisor incarnations left behind.
+//!
+//! A supervisor killed by SIGKILL cannot remove its groups; its processes die
+//! with it (or with the keeper), but the empty `s<pid>-<starttime>` groups stay.
+//! Every start reaps its own instance's leftovers (killing what is still in
+//! them: that instance's processes answer to no live supervisor) and removes
+//! the *empty* leftovers of every other instance on the host, whatever its
+//! root. Another instance's leftover that still holds a process is left alone
+//! and reported: its owner's next start, or `brood doctor --fix` (which the
+//! operator asks for), kills it. Whether an incarnation is dead is judged by
+//! its pid *and* start time, so a live supervisor's groups are never touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::{
+    CgroupError, Cgroups, Detected, EMPTY_TIMEOUT, GroupPath, Kind, exists, grouping, instance_dir,
+    io_err, parse_incarnation, pids_under, start_time,
+};
+
+/// What [`Cgroups::reap_leftovers`] cleaned up.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Leftovers {
+    /// `s<pid>-<starttime>` groups of dead incarnations that were removed.
+    pub groups: usize,
+    /// Processes that were still in them and were killed.
+    pub pids_killed: Vec<i32>,
+}
+
+/// What [`Cgroups::reap_host`] cleaned up, instance by instance.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HostLeftovers {
+    /// Per instance (`brood-<instance>`), what was removed.
+    pub reaped: BTreeMap<String, Leftovers>,
+    /// Dead incarnations of other instances that still hold processes, left
+    /// alone: the group and its processes.
+    pub busy: Vec<(PathBuf, Vec<i32>)>,
+    /// `brood-<instance>` directories of other instances removed because
+    /// nothing was left in them.
+    pub instance_dirs_removed: usize,
+}
+
+impl HostLeftovers {
+    /// Groups removed, over every instance.
+    pub fn groups(&self) -> usize {
+        self.reaped.values().map(|l| l.groups).sum()
+    }
+}
+
+/// How a dead incarnation's group is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Kill what is in it, then remove it.
+    Kill,
+    /// Remove it only when no process is in it.
+    EmptyOnly,
+}
+
+impl Cgroups {
+    /// Start-up hygiene (SPEC 6, "Supervisor death"): under `brood-<instance>/`,
+    /// every `s<pid>-<starttime>` group whose process is not alive with that start
+    /// time belongs to a dead incarnation: kill its subtree, wait until empty,
+    /// remove it, and its v1 limit mirrors (also when only a mirror was left).
+    /// Directories of another shape are not ours and are left alone. Every
+    /// leftover is tried; the first error is returned after that.
+    pub fn reap_leftovers(det: &Detected, instance: &str) -> Result<Leftovers, CgroupError> {
+        let (kind, own) = grouping(det)?;
+        reap_instance(det, kind, &own, instance, Mode::Kill, &mut Vec::new())
+    }
+
+    /// [`Cgroups::reap_leftovers`] for every `brood-<instance>` directory beside
+    /// ours on this host, whatever root it serves: `own` (this supervisor's
+    /// instance, if any) is reaped as that function does; another instance's
+    /// dead incarnations are removed when empty, or killed and removed too
+    /// when `kill_others` (the operator's `brood doctor --fix`). Another
+    /// instance's directory left empty is removed; a starting supervisor
+    /// re-makes its own (see [`Cgroups::open`]). Every instance is tried; the
+    /// first error is returned after that.
+    pub fn reap_host(
+        det: &Detected,
+        own: Option<&str>,
+        kill_others: bool,
+    ) -> Result<HostLeftovers, CgroupError> {
+        let (kind, own_dir) = grouping(det)?;
+        let mut out = HostLeftovers::default();
+        let mut first_err = None;
+        for instance in instances(det, kind, &own_dir)? {
+            let ours = own == Some(instance.as_str());
+            let mode = if ours || kill_others {
+                Mode::Kill
+            } else {
+                Mode::EmptyOnly
+            };
+            match reap_instance(det, kind, &own_dir, &instance, mode, &mut out.busy) {
+                Ok(l) => {
+                    if l.groups > 0 {
+                        out.reaped.insert(instance.clone(), l);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            }
+            if !ours && remove_instance_if_empty(det, kind, &own_dir, &instance) {
+                out.instance_dirs_removed += 1;
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+/// Kills and removes every group this process made, under every instance
+/// (a benchmark interrupted by SIGINT or SIGTERM cleans up after its
+/// in-process supervisors with this); then the instance directories it
+/// leaves empty. How many incarnation groups were removed.
+pub fn remove_own(det: &Detected) -> Result<usize, CgroupError> {
+    let (kind, own) = grouping(det)?;
+    // SAFETY: getpid(2) has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let Some(start) = start_time(pid)? else {
+        return Ok(0);
+    };
+    let me = format!("s{pid}-{start}");
+    let mut removed = 0;
+    let mut first_err = None;
+    for instance in instances(det, kind, &own)? {
+        if !incarnations(det, kind, &own, &instance)?.contains(&me) {
+            continue;
+        }
+        let ours = Cgroups::assemble(
+            det,
+            kind,
+            &instance,
+            instance_dir(&own, &instance)?.join(&me),
+        );
+        match ours.kill_and_remove(&ours.group(&GroupPath::default()), EMPTY_TIMEOUT) {
+            Ok(()) => {
+                removed += 1;
+                remove_instance_if_empty(det, kind, &own, &instance);
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
+}
+
+/// The groups of dead incarnations on this host, every instance's, without
+/// touching them (what `brood doctor` reports and `--fix` removes).
+pub fn dead_on_host(det: &Detected) -> Result<Vec<PathBuf>, CgroupError> {
+    let (kind, own) = grouping(det)?;
+    let mut out = Vec::new();
+    for instance in instances(det, kind, &own)? {
+        for name in incarnations(det, kind, &own, &instance)? {
+            let Some((pid, start)) = parse_incarnation(&name) else {
+                continue;
+            };
+            if start_time(pid)? != Some(start) {
+                out.push(instance_dir(&own, &instance)?.join(name));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The directories holding `brood-<instance>` directories: our own in the
+/// grouping hierarchy, and its mirror in each v1 hierarchy that carries
+/// limits (found from a probe incarnation's mirror paths: `<own v1>/brood-x/s1-1`).
+fn parents(det: &Detected, kind: Kind, own: &Path) -> Result<Vec<PathBuf>, CgroupError> {
+    let probe_dir = instance_dir(own, "x")?.join("s1-1");
+    let probe = Cgroups::assemble(det, kind, "x", probe_dir);
+    let mut out = vec![own.to_path_buf()];
+    for m in probe.mirror_dirs(&GroupPath::default()) {
+        if let Some(p) = m.parent().and_then(Path::parent) {
+            out.push(p.to_path_buf());
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+/// Every instance with a directory in any hierarchy: `brood-<instance>` names
+/// that are valid instance keys (so `brood-<instance>.supervisor` leaves and
+/// anything not brood's are skipped).
+fn instances(det: &Detected, kind: Kind, own: &Path) -> Result<BTreeSet<String>, CgroupError> {
+    let mut out = BTreeSet::new();
+    for parent in parents(det, kind, own)? {
+        let entries = match fs::read_dir(&parent) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("read dir", &parent, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err("read dir", &parent, e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if let Some(instance) = name.strip_prefix("brood-")
+                && instance_dir(own, instance).is_ok()
+                && entry.file_type().is_ok_and(|t| t.is_dir())
+            {
+                out.insert(instance.to_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Removes another instance's directories once nothing is in them: the
+/// grouping hierarchy's first (a live incarnation keeps it non-empty, and
+/// `rmdir` refuses it), then the v1 mirrors'. Whether it was removed.
+fn remove_instance_if_empty(det: &Detected, kind: Kind, own: &Path, instance: &str) -> bool {
+    let Ok(dir) = instance_dir(own, instance) else {
+        return false;
+    };
+    match fs::remove_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        // Not empty, or busy: in use.
+        Err(_) => return false,
+    }
+    let probe = Cgroups::assemble(det, kind, instance, dir.join("s1-1"));
+    for m in probe.mirror_dirs(&GroupPath::default()) {
+        if let Some(inst) = m.parent() {
+            // A mirror still holding a group is left for its owner.
+            let _ = fs::remove_dir(inst);
+        }
+    }
+    true
+}
+
+/// The `s<pid>-<starttime>` names under an instance's directories, in the
+/// grouping hierarchy and in the limit mirrors (a mirror may be all a dead
+/// incarnation left).
+fn incarnations(
+    det: &Detected,
+    kind: Kind,
+    own: &Path,
+    instance: &str,
+) -> Result<BTreeSet<String>, CgroupError> {
+    let dir = instance_dir(own, instance)?;
+    // The instance directories of the limit mirrors, from a probe incarnation.
+    let probe = Cgroups::assemble(det, kind, instance, dir.join("s1-1"));
+    let mut names = BTreeSet::new();
+    for inst in std::iter::once(dir.clone()).chain(
+        probe
+            .mirror_dirs(&GroupPath::default())
+            .iter()
+            .filter_map(|m| m.parent().map(Path::to_path_buf)),
+    ) {
+        let entries = match fs::read_dir(&inst) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("read dir", &inst, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err("read dir", &inst, e))?;
+            if let Some(name) = entry.file_name().to_str()
+                && parse_incarnation(name).is_some()
+            {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// One instance's dead incarnations (see [`Cgroups::reap_leftovers`]); in
+/// [`Mode::EmptyOnly`], one that still holds a process is left and named in
+/// `busy`.
+fn reap_instance(
+    det: &Detected,
+    kind: Kind,
+    own: &Path,
+    instance: &str,
+    mode: Mode,
+    busy: &mut Vec<(PathBuf, Vec<i32>)>,
+) -> Result<Leftovers, CgroupError> {
+    let dir = instance_dir(own, instance)?;
+    let names = incarnations(det, kind, own, instance)?;
+    let mut out = Leftovers::default();
+    let mut first_err = None;
+    for name in names {
+        let Some((pid, start)) = parse_incarnation(&name) else {
+            continue;
+        };
+        let result = start_time(pid).and_then(|alive| {
+            if alive == Some(start) {
+                return Ok(());
+            }
+            let dead = Cgroups::assemble(det, kind, instance, dir.join(&name));
+            let all = dead.group(&GroupPath::default());
+            let mut pids = if exists(&all.dir)? {
+                dead.pids(&all)?
+            } else {
+                Vec::new()
+            };
+            for m in dead.mirror_dirs(&all.rel) {
+                if exists(&m)? {
+                    pids.extend(pids_under(&m)?);
+                }
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            if mode == Mode::EmptyOnly && !pids.is_empty() {
+                busy.push((all.dir.clone(), pids));
+                return Ok(());
+            }
+            dead.kill_and_remove(&all, EMPTY_TIMEOUT)?;
+            out.groups += 1;
+            out.pids_killed.extend(pids);
+            Ok(())
+        });
+        if let Err(e) = result {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}

@@ -7,6 +7,7 @@ mod api;
 mod cluster;
 mod daemons;
 mod jobs;
+mod memory;
 mod nodes;
 
 use std::ffi::OsString;
@@ -101,6 +102,20 @@ pub enum Which {
         /// `brood serve` nodes (more than one needs `--store postgres://…`).
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The `brood serve` daemon's RSS and open descriptors with 0, 100 and
+    /// 1,000 live idle agents (roots created through its API), and per live
+    /// agent, against 32 KiB and 2 descriptors; the daemon's own process
+    /// only (the agents are processes of their own). On SQLite, and also on
+    /// a database made for the run on the server of `--store postgres://…`.
+    Memory {
+        /// Live agents at each reading, comma-separated (0, the baseline,
+        /// is always read).
+        #[arg(long, value_delimiter = ',', default_value = "0,100,1000")]
+        agents: Vec<usize>,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
@@ -390,6 +405,33 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
             };
             let out = cluster::run(&root, &exe, &params).await?;
             print_result(&out, as_json);
+        }
+        Which::Memory {
+            agents,
+            json: as_json,
+        } => {
+            let store = crate::store_spec();
+            if let Some(s) = store
+                .as_deref()
+                .filter(|s| !brood_store::is_postgres_url(s))
+            {
+                anyhow::bail!(crate::Exit(
+                    2,
+                    format!(
+                        "bench memory: --store is a PostgreSQL server (postgres://…) or nothing (SQLite in the node's root), not {s:?}"
+                    )
+                ));
+            }
+            let params = memory::Params {
+                levels: memory::levels(&agents),
+                store,
+            };
+            let out = memory::run(&root, &exe, &params).await?;
+            if as_json {
+                println!("{out}");
+            } else {
+                memory::print(&out);
+            }
         }
         Which::Nodes {
             rounds,

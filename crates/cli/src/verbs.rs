@@ -181,12 +181,10 @@ pub(crate) async fn nodes(r: &Remote, root: &Option<PathBuf>, json_out: bool) ->
     let l: brood_api::NodeList = match r.read("/api/nodes").await? {
         Some(v) => typed(&v)?,
         None => {
+            // Read from the store with each heartbeat's age on its clock,
+            // as a daemon answers it: this machine's clock is no judge.
             let store = view(root)?.store().clone();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            api(brood_runtime::nodes::list(store.as_ref(), now))?
+            api(brood_runtime::nodes::list(store.as_ref()))?
         }
     };
     if json_out {

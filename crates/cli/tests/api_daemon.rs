@@ -219,8 +219,12 @@ fn a_clients_error_is_not_logged_as_the_daemons() {
         .unwrap();
     let _d = Daemon(child);
     let sock = root.join("brood.sock");
+    // The file exists from bind(2) on, before the daemon listens: wait
+    // until a connection is taken.
     assert!(
-        eventually(std::time::Duration::from_secs(10), || sock.exists()),
+        eventually(std::time::Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        }),
         "the daemon's socket"
     );
     let body = json!({"name": "x", "argv": ["/bin/sleep", "30"], "protocol": "exec"});

@@ -103,15 +103,12 @@ mod tests {
         let store = SqliteStore::open(&path).unwrap();
         let id = "s1-elsewhere";
         store
-            .register_node(
-                &NewNode {
-                    id: id.into(),
-                    address: "127.0.0.1:1".into(),
-                    labels: serde_json::json!({ MACHINE_LABEL: "another machine" }).to_string(),
-                    capacity: None,
-                },
-                1_000,
-            )
+            .register_node(&NewNode {
+                id: id.into(),
+                address: "127.0.0.1:1".into(),
+                labels: serde_json::json!({ MACHINE_LABEL: "another machine" }).to_string(),
+                capacity: None,
+            })
             .unwrap();
         let nodes = registered_nodes(&store).unwrap();
         assert!(

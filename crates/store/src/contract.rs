@@ -494,20 +494,27 @@ pub trait Jobs {
 /// The nodes sharing the store (issue 15): each registers itself when it
 /// starts, heartbeats on its tick and leaves when it stops; any node lists
 /// them with their load.
+///
+/// Node expiry is judged on the store's clock (issue 28): registrations and
+/// heartbeats take no time from the caller, the store writes its own, and
+/// [`Nodes::nodes`] gives each heartbeat's age on that same clock. A node's
+/// own clock, which may be off by more than the expiry on another machine,
+/// never enters the judgement.
 pub trait Nodes {
-    /// Records `node` (again, if it was: its registration is replaced and
-    /// its start and heartbeat are `now_ms`).
-    fn register_node(&self, node: &NewNode, now_ms: i64) -> Result<Node>;
+    /// Records `node` (again, if it was: its registration is replaced), its
+    /// start and heartbeat the store's time now.
+    fn register_node(&self, node: &NewNode) -> Result<Node>;
 
-    /// The node is alive at `now_ms`. `NotFound` for a node never
-    /// registered (or that left).
-    fn heartbeat_node(&self, id: &str, now_ms: i64) -> Result<()>;
+    /// The node is alive at the store's time now. `NotFound` for a node
+    /// never registered (or that left).
+    fn heartbeat_node(&self, id: &str) -> Result<()>;
 
     /// A node that stopped cleanly: its record goes (its agents' records
     /// stay; they were ended by its shutdown).
     fn leave_node(&self, id: &str) -> Result<()>;
 
-    /// Every registered node, by id, with the unfinished agents each runs.
+    /// Every registered node, by id, with the unfinished agents each runs
+    /// and its heartbeat's age on the store's clock at this read.
     fn nodes(&self) -> Result<Vec<Node>>;
 
     /// The agents another node admitted in `tenant` for `node` to run,

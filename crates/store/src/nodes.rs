@@ -2,20 +2,23 @@
 //! for both stores over [`Db`]: registering, heartbeats, leaving, claiming
 //! the agents placed on a node, and the inbox of inputs between nodes.
 //! What only one store can say comes from its `Statements` (the macros
-//! below build both stores' texts): SQLite's two-argument `MAX` and PostgreSQL's `GREATEST`, PostgreSQL's
+//! below build both stores' texts): its clock, PostgreSQL's
 //! `FOR UPDATE SKIP LOCKED` (two nodes never claim or take one row, and
 //! never wait on each other) and its byte-order collation (`COLLATE "C"`,
 //! SQLite's order).
+//!
+//! Node expiry is judged on the store's clock (issue 28): a heartbeat is
+//! written with the store's time, and the nodes are read with each
+//! heartbeat's age on that same clock, so no node's own clock enters the
+//! judgement. Two machines whose clocks differ by more than the expiry
+//! would otherwise declare each other lost, or never expire a dead one.
+//! Each dialect reads its clock its own way (`$now` in the macros below).
 
 use brood_core::{AgentName, Code, TenantId};
 
 use crate::db::{Db, Row, agent_at, int, narrow, parse};
 use crate::types::{Agent, Inbound, NewNode, Node, StoreError};
 
-const U_NODE: &str = "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
-     ON CONFLICT (id) DO UPDATE SET address = excluded.address, labels = excluded.labels, \
-     capacity = excluded.capacity, started_ms = excluded.started_ms, heartbeat_ms = excluded.heartbeat_ms";
 const D_NODE: &str = "DELETE FROM nodes WHERE id = ?1";
 const U_CLAIM: &str =
     "UPDATE agents SET supervisor = ?4 WHERE tenant = ?1 AND name = ?2 AND supervisor = ?3";
@@ -24,15 +27,51 @@ const U_REPLACE: &str = "UPDATE agents SET supervisor = ?5 \
 const I_INBOX: &str = "INSERT INTO inbox (tenant, host, agent, sender, text, created_ms) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
+/// `node` registered (again: its record replaced), started and heartbeating
+/// at `$now`, the store's clock in milliseconds (one value a statement on
+/// both stores, so the start and the heartbeat are the same time); returns
+/// that time.
+macro_rules! u_node {
+    ($now:expr) => {
+        concat!(
+            "INSERT INTO nodes (id, address, labels, capacity, started_ms, heartbeat_ms) ",
+            "VALUES (?1, ?2, ?3, ?4, ",
+            $now,
+            ", ",
+            $now,
+            ") ON CONFLICT (id) DO UPDATE SET address = excluded.address, ",
+            "labels = excluded.labels, capacity = excluded.capacity, ",
+            "started_ms = excluded.started_ms, heartbeat_ms = excluded.heartbeat_ms ",
+            "RETURNING started_ms"
+        )
+    };
+}
+pub(crate) use u_node;
+
+/// A node's heartbeat at `$now`, the store's clock. Its time, not the later
+/// of it and the one recorded: every heartbeat is on the one clock, so the
+/// latest written is the latest, and a time recorded ahead of the store's
+/// (by a node on its own clock, before issue 28) must not stay, keeping a
+/// dead node alive until the store's clock catches up with it.
+macro_rules! u_heartbeat {
+    ($now:expr) => {
+        concat!("UPDATE nodes SET heartbeat_ms = ", $now, " WHERE id = ?1")
+    };
+}
+pub(crate) use u_heartbeat;
+
 /// Each node with the unfinished agents it runs (the partial index on
-/// `agents.supervisor` holds exactly those), ordered by `$collate`d id.
+/// `agents.supervisor` holds exactly those) and its heartbeat's age at
+/// `$now`, the store's clock, ordered by `$collate`d id.
 macro_rules! q_nodes {
-    ($collate:literal) => {
+    ($collate:literal, $now:expr) => {
         concat!(
             "SELECT n.id, n.address, n.labels, n.capacity, n.started_ms, n.heartbeat_ms, ",
             "(SELECT COUNT(*) FROM agents a WHERE a.supervisor = n.id AND ",
             unfinished!("a."),
-            ") FROM nodes n ORDER BY n.id",
+            "), ",
+            $now,
+            " - n.heartbeat_ms FROM nodes n ORDER BY n.id",
             $collate
         )
     };
@@ -98,33 +137,35 @@ pub(crate) fn node_missing(id: &str) -> StoreError {
     }
 }
 
-/// Writes `node`'s row (after [`check_labels`]); the node as registered.
-pub(crate) fn register<D: Db>(db: &D, node: &NewNode, now_ms: i64) -> Result<Node, D::Err> {
-    db.exec(
-        U_NODE,
+/// Writes `node`'s row (after [`check_labels`]) with the store's
+/// `register_node`, at the store's time; the node as registered.
+pub(crate) fn register<D: Db>(db: &D, node: &NewNode) -> Result<Node, D::Err> {
+    let at = db.query_one(
+        D::SQL.register_node,
         &[
             (&node.id).into(),
             (&node.address).into(),
             (&node.labels).into(),
             node.capacity.map(i64::from).into(),
-            now_ms.into(),
         ],
+        |r| r.int(0),
     )?;
     Ok(Node {
         id: node.id.clone(),
         address: node.address.clone(),
         labels: node.labels.clone(),
         capacity: node.capacity,
-        started_ms: now_ms,
-        heartbeat_ms: now_ms,
+        started_ms: at,
+        heartbeat_ms: at,
+        heartbeat_age_ms: 0,
         live_agents: 0,
     })
 }
 
-/// A heartbeat with the store's `heartbeat` statement (the later of the
-/// two times kept); a node that is not registered is refused.
-pub(crate) fn heartbeat<D: Db>(db: &D, id: &str, now_ms: i64) -> Result<(), D::Err> {
-    if db.exec(D::SQL.heartbeat, &[id.into(), now_ms.into()])? == 0 {
+/// A heartbeat with the store's `heartbeat` statement, at the store's time;
+/// a node that is not registered is refused.
+pub(crate) fn heartbeat<D: Db>(db: &D, id: &str) -> Result<(), D::Err> {
+    if db.exec(D::SQL.heartbeat, &[id.into()])? == 0 {
         return Err(node_missing(id).into());
     }
     Ok(())
@@ -233,7 +274,8 @@ pub(crate) fn take_inputs<D: Db>(
     Ok(rows.into_iter().map(|(_, i)| i).collect())
 }
 
-/// Every node, read with the store's `nodes`.
+/// Every node with its heartbeat's age on the store's clock, read with the
+/// store's `nodes`.
 pub(crate) fn nodes<D: Db>(db: &D) -> Result<Vec<Node>, D::Err> {
     db.query(D::SQL.nodes, &[], |r| {
         Ok(Node {
@@ -247,6 +289,7 @@ pub(crate) fn nodes<D: Db>(db: &D) -> Result<Vec<Node>, D::Err> {
             started_ms: r.int(4)?,
             heartbeat_ms: r.int(5)?,
             live_agents: narrow(r.int(6)?, "nodes.live_agents")?,
+            heartbeat_age_ms: r.int(7)?,
         })
     })
 }

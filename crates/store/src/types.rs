@@ -441,7 +441,8 @@ pub struct NewNode {
 }
 
 /// A node as the store knows it: its registration, its last heartbeat and
-/// its load (the unfinished agents it runs).
+/// its load (the unfinished agents it runs). Its times are the store's
+/// clock's, not the node's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub id: String,
@@ -450,6 +451,10 @@ pub struct Node {
     pub capacity: Option<u32>,
     pub started_ms: i64,
     pub heartbeat_ms: i64,
+    /// How long ago its last heartbeat was, on the store's clock when the
+    /// nodes were read: what its expiry is judged on, so that no reader's
+    /// clock enters it.
+    pub heartbeat_age_ms: i64,
     pub live_agents: u32,
 }
 

@@ -26,6 +26,20 @@ fn the_whole_suite_runs_on_one_shared_database() {
     conformance::conformance(&store);
 }
 
+/// Issue 28: node expiry is judged on the store's clock (the server's), a
+/// heartbeat recorded by a node whose clock was skewed written here as the
+/// administrator.
+#[test]
+fn node_expiry_is_judged_on_the_stores_clock() {
+    let (db, store) = fresh();
+    conformance::node_expiry_is_judged_on_the_stores_clock(&store, &|id, ms| {
+        conformance::pg::admin_on(
+            &db.name,
+            &format!("UPDATE nodes SET heartbeat_ms = {ms} WHERE id = '{id}'"),
+        );
+    });
+}
+
 #[test]
 fn opening_twice_migrates_once_and_a_bad_url_is_named() {
     let (db, store) = fresh();

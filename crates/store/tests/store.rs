@@ -38,6 +38,26 @@ fn the_whole_suite_runs_on_one_shared_database() {
     conformance::conformance(&store);
 }
 
+/// Issue 28: node expiry is judged on the store's clock, a heartbeat
+/// recorded by a node whose clock was skewed written here through a
+/// connection of the test's own.
+#[test]
+fn node_expiry_is_judged_on_the_stores_clock() {
+    let (_dir, path, store) = fresh();
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.busy_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    conformance::node_expiry_is_judged_on_the_stores_clock(&store, &|id, ms| {
+        let n = raw
+            .execute(
+                "UPDATE nodes SET heartbeat_ms = ?2 WHERE id = ?1",
+                rusqlite::params![id, ms],
+            )
+            .unwrap();
+        assert_eq!(n, 1, "node {id} is registered");
+    });
+}
+
 // ---- raw rows -------------------------------------------------------------------
 
 const TABLES: [&str; 12] = [

@@ -1,7 +1,7 @@
 //! Real `brood serve` nodes for the benchmarks that measure a deployment
-//! (`bench nodes`, `bench cluster`): started as separate processes, called
-//! over their control sockets with the same client the CLI uses, stopped
-//! (SIGTERM, then reaped) when dropped.
+//! (`bench nodes`, `bench cluster`, `bench memory`): started as separate
+//! processes, called over their control sockets with the same client the
+//! CLI uses, stopped (SIGTERM, then reaped) when dropped.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -72,6 +72,11 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// The daemon's process id (the `brood serve` process itself).
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `brood --root ROOT serve --grace 0.3 ARGS…` on `store` (a PostgreSQL
     /// URL, or none: the SQLite file in its root), answering once its
     /// `/healthz` does (the socket is bound before the supervisor starts).

@@ -211,7 +211,7 @@ impl Supervisor {
                 labels,
                 capacity: node.capacity,
             };
-            if let Err(e) = store.register_node(&new, now_ms()) {
+            if let Err(e) = store.register_node(&new) {
                 tracing::error!(error = %e, "registering this node in the store");
             }
         }

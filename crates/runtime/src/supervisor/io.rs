@@ -14,7 +14,7 @@ use brood_launch::Launched;
 use brood_proto::{Decoded, Frame, Framer, LineError, LineErrorKind};
 use brood_store::Protocol;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -77,6 +77,10 @@ impl Reader<'_> {
             .send(Cmd::Agent(self.name.clone(), self.run.clone(), e));
     }
 
+    fn stderr(&self, bytes: &[u8]) {
+        self.send(AgentEv::Stderr(String::from_utf8_lossy(bytes).into_owned()));
+    }
+
     fn stdout(&mut self, bytes: &[u8], eof: bool) {
         if self.protocol == Protocol::Exec {
             if !bytes.is_empty() {
@@ -130,8 +134,8 @@ async fn read_loop(
     stderr: OwnedFd,
     tx: &mpsc::UnboundedSender<Cmd>,
 ) -> std::io::Result<()> {
-    let mut out = pipe::Receiver::from_owned_fd(stdout)?;
-    let mut err = pipe::Receiver::from_owned_fd(stderr)?;
+    let out = pipe::Receiver::from_owned_fd(stdout)?;
+    let err = pipe::Receiver::from_owned_fd(stderr)?;
     // SAFETY: the AsyncFd takes ownership of the pidfd, so the descriptor stays open
     // for exactly as long as it is registered and is deregistered before it closes.
     let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE)? };
@@ -144,35 +148,41 @@ async fn read_loop(
         broken: false,
         tx,
     };
-    let mut obuf = vec![0u8; 64 * 1024];
-    let mut ebuf = vec![0u8; 8 * 1024];
     let (mut out_open, mut err_open) = (true, true);
     loop {
         tokio::select! {
-            n = out.read(&mut obuf), if out_open => match n {
-                Ok(0) | Err(_) => { out_open = false; r.stdout(&[], true); }
-                Ok(n) => r.stdout(&obuf[..n], false),
-            },
-            n = err.read(&mut ebuf), if err_open => match n {
-                Ok(0) | Err(_) => err_open = false,
-                Ok(n) => r.send(AgentEv::Stderr(String::from_utf8_lossy(&ebuf[..n]).into_owned())),
-            },
+            ready = out.readable(), if out_open => {
+                match ready.and_then(|()| read_now(&out, OUT_READ, |b| r.stdout(b, false))) {
+                    Ok(0) => { out_open = false; r.stdout(&[], true); }
+                    Ok(_) => {}
+                    // Woken without data (readiness is cleared): wait again.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => { out_open = false; r.stdout(&[], true); }
+                }
+            }
+            ready = err.readable(), if err_open => {
+                match ready.and_then(|()| read_now(&err, ERR_READ, |b| r.stderr(b))) {
+                    Ok(0) => err_open = false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => err_open = false,
+                }
+            }
             g = pidfd.readable() => {
                 let mut g = g?;
                 // Everything written before the exit is in the pipes now.
                 if out_open {
                     loop {
-                        match out.try_read(&mut obuf) {
+                        match read_now(&out, OUT_READ, |b| r.stdout(b, false)) {
                             Ok(0) => { r.stdout(&[], true); break; }
-                            Ok(n) => r.stdout(&obuf[..n], false),
+                            Ok(_) => {}
                             Err(_) => break,
                         }
                     }
                 }
                 if err_open {
-                    while let Ok(n) = err.try_read(&mut ebuf) {
+                    while let Ok(n) = read_now(&err, ERR_READ, |b| r.stderr(b)) {
                         if n == 0 { break; }
-                        r.send(AgentEv::Stderr(String::from_utf8_lossy(&ebuf[..n]).into_owned()));
                     }
                 }
                 let mut status = 0;
@@ -189,6 +199,37 @@ async fn read_loop(
             }
         }
     }
+}
+
+/// The most of stdout one read takes: a whole pipe's default buffer.
+const OUT_READ: usize = 64 * 1024;
+/// The most of stderr one read takes, so one `Stderr` event at most.
+const ERR_READ: usize = 8 * 1024;
+
+thread_local! {
+    /// What every IO task on this thread reads into. A read is handed on
+    /// (framed, or copied into an event) before its task next yields, so
+    /// one buffer a thread serves every agent; a buffer of each task's own
+    /// (64 KiB for stdout, 8 KiB for stderr, zeroed, so resident, when
+    /// allocated) cost the supervisor 72 KiB of memory a live agent
+    /// (`brood bench memory`, docs/benchmarks.md).
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; OUT_READ]);
+}
+
+/// One read of what `rx` holds now, at most `max` bytes, into this
+/// thread's scratch buffer, handed to `f` unless empty: the count as
+/// `read(2)` answers it (0 at end of file), `WouldBlock` when nothing is
+/// there (tokio then clears the pipe's readiness).
+fn read_now(rx: &pipe::Receiver, max: usize, f: impl FnOnce(&[u8])) -> std::io::Result<usize> {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let max = max.min(buf.len());
+        let n = rx.try_read(&mut buf[..max])?;
+        if n > 0 {
+            f(&buf[..n]);
+        }
+        Ok(n)
+    })
 }
 
 fn reap_blocking(pid: i32) -> i32 {

@@ -134,7 +134,7 @@ impl Dispatcher {
     /// others (or removed by hand): its agents the store says finished are
     /// stopped here, then it registers again.
     fn heartbeat(&mut self) {
-        match self.records.store.heartbeat_node(&self.host.me, now_ms()) {
+        match self.records.store.heartbeat_node(&self.host.me) {
             Ok(()) => {}
             Err(StoreError::Refused {
                 code: Code::NotFound,
@@ -142,7 +142,7 @@ impl Dispatcher {
             }) => {
                 self.fence_off();
                 if let Some(new) = self.node_record()
-                    && let Err(e) = self.records.store.register_node(&new, now_ms())
+                    && let Err(e) = self.records.store.register_node(&new)
                 {
                     tracing::warn!(error = %e, "registering this node again");
                 }
@@ -195,6 +195,10 @@ impl Dispatcher {
     /// Every other node whose heartbeat is older than the expiry: what it ran
     /// ends lost, its record goes, and the lease's lock it may hold is broken.
     /// Any node may do it (the store's transaction makes it happen once).
+    /// The age is the store's (issue 28): heartbeats are written on the
+    /// store's clock and aged on it, so a node whose clock is off by more
+    /// than the expiry neither declares live nodes lost nor keeps a dead one
+    /// alive. A read that fails judges nothing: the round is skipped.
     fn declare_lost_nodes(&mut self) {
         let Some(expiry) = self.host.cfg.node.as_ref().map(|n| n.expiry) else {
             return;
@@ -209,7 +213,7 @@ impl Dispatcher {
         };
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
         for n in nodes {
-            if n.id == self.host.me || now - n.heartbeat_ms <= expiry_ms {
+            if n.id == self.host.me || n.heartbeat_age_ms <= expiry_ms {
                 continue;
             }
             // Its queue goes to live nodes first; what it ran, and what no

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use brood_store::{Node, placed_for, placed_on};
 
-use super::{Dispatcher, Live, Pending, now_ms, stored_policy};
+use super::{Dispatcher, Live, Pending, stored_policy};
 use crate::api::ApiError;
 use crate::api::internal;
 use brood_core::Code;
@@ -70,18 +70,18 @@ impl Dispatcher {
         Ok((host != self.host.me && live.iter().any(|n| n.id == host)).then(|| host.to_owned()))
     }
 
-    /// The registered nodes whose heartbeat is within the expiry.
+    /// The registered nodes whose heartbeat is within the expiry, on the
+    /// store's clock (as `declare_lost_nodes` judges it: issue 28).
     fn live_nodes(&self) -> Result<Vec<Node>, brood_store::StoreError> {
         let expiry = self.host.cfg.node.as_ref().map_or(i64::MAX, |n| {
             i64::try_from(n.expiry.as_millis()).unwrap_or(i64::MAX)
         });
-        let now = now_ms();
         Ok(self
             .records
             .store
             .nodes()?
             .into_iter()
-            .filter(|n| now - n.heartbeat_ms <= expiry)
+            .filter(|n| n.heartbeat_age_ms <= expiry)
             .collect())
     }
 
@@ -308,6 +308,7 @@ mod tests {
             capacity,
             started_ms: 0,
             heartbeat_ms: 0,
+            heartbeat_age_ms: 0,
             live_agents: live,
         }
     }

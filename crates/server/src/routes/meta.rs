@@ -69,7 +69,7 @@ pub(crate) async fn nodes(
     let sup = api.sup();
     crate::error::answer(
         StatusCode::OK,
-        brood_runtime::nodes::list(sup.store().as_ref(), crate::error::now_ms()),
+        brood_runtime::nodes::list(sup.store().as_ref()),
     )
 }
 

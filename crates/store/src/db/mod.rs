@@ -158,7 +158,10 @@ pub(crate) struct Statements {
     /// `?1` lease: the lease row inside a sweeper's write, as the fence
     /// reads it (PostgreSQL keeps it as read until the commit).
     pub lease_fenced: &'static str,
-    /// `?1` node, `?2` now: its heartbeat, the later of the two kept.
+    /// `?1` id, `?2` address, `?3` labels, `?4` capacity: a node
+    /// registered at the store's time, which it returns (`nodes::u_node!`).
+    pub register_node: &'static str,
+    /// `?1` node: its heartbeat at the store's time (`nodes::u_heartbeat!`).
     pub heartbeat: &'static str,
     /// `?1` tenant, `?2` `placed_on(node)`, `?3` limit: the agents placed
     /// on a node, oldest first, locked as read where nodes race for them.
@@ -166,7 +169,8 @@ pub(crate) struct Statements {
     /// `?1` host, `?2` tenant, `?3` limit: the oldest inputs for a host's
     /// agents, taken (deleted and returned).
     pub take_inbox: &'static str,
-    /// Every node with its unfinished agents, by id in byte order.
+    /// Every node with its unfinished agents and its heartbeat's age on the
+    /// store's clock, by id in byte order.
     pub nodes: &'static str,
     /// `?1` tenant: every slot share, by holder in byte order.
     pub slot_shares: &'static str,

@@ -10,13 +10,25 @@
 //! - the recursive walks cast their literal levels to BIGINT: PostgreSQL
 //!   types `1` as INTEGER, and the level guard's parameter would then be an
 //!   INTEGER, which an i64 cannot be bound to;
-//! - SQLite's two-argument `MAX` is `GREATEST`, and the WHERE of a JSON
+//! - SQLite's two-argument `MIN` is `LEAST`, and the WHERE of a JSON
 //!   path is `jsonb`'s;
+//! - the store's clock, which node expiry is judged on (`crate::nodes`), is
+//!   the server's `statement_timestamp()`;
 //! - where nodes race for rows (a claim, a take) they are read
 //!   `FOR UPDATE SKIP LOCKED`, so two nodes never get one row and never
 //!   wait on each other; a sweeper's fence reads the lease `FOR SHARE`.
 
 use crate::db::Statements;
+
+// The store's clock, in milliseconds since the epoch: the server's, never a
+// node's. `statement_timestamp()` rather than `clock_timestamp()`: one value for
+// the whole statement, so a node's start and its heartbeat are one time and
+// every node read is aged against the same instant.
+macro_rules! now_ms {
+    () => {
+        "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)"
+    };
+}
 
 /// SQLite's statements, but those PostgreSQL reads otherwise (see above
 /// and beside each for why it differs).
@@ -32,10 +44,11 @@ pub(crate) const STATEMENTS: Statements = Statements {
     tenants: Q_TENANTS,
     run_started: U_RUN_STARTED,
     lease_fenced: Q_LEASE_FOR_SHARE,
+    register_node: crate::nodes::u_node!(now_ms!()),
     heartbeat: U_HEARTBEAT,
     placed: crate::nodes::q_placed!(" COLLATE \"C\"", " FOR UPDATE SKIP LOCKED"),
     take_inbox: crate::nodes::d_take_inbox!(" FOR UPDATE SKIP LOCKED"),
-    nodes: crate::nodes::q_nodes!(" COLLATE \"C\""),
+    nodes: crate::nodes::q_nodes!(" COLLATE \"C\"", now_ms!()),
     slot_shares: crate::shares::q_shares!(" COLLATE \"C\""),
     ..crate::sqlite::sql::STATEMENTS
 };
@@ -77,9 +90,7 @@ const U_RUN_STARTED: &str = "UPDATE runs SET pid = ?3, cgroup = ?4, started_ms =
        WHERE c.tenant = ?1 AND c.name = runs.agent) \
      WHERE id = ?2 AND tenant = ?1";
 
-// SQLite's two-argument `MAX`.
-const U_HEARTBEAT: &str =
-    "UPDATE nodes SET heartbeat_ms = GREATEST(heartbeat_ms, ?2) WHERE id = ?1";
+const U_HEARTBEAT: &str = crate::nodes::u_heartbeat!(now_ms!());
 
 // Inside a sweeper's write: the row stays as read until the write commits
 // (an `acquire_lease` meanwhile waits for it).

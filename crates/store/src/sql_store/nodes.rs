@@ -13,13 +13,13 @@ use crate::nodes;
 use crate::types::{Agent, Inbound, NewNode, Node, Result};
 
 impl<S: SqlStore> Nodes for S {
-    fn register_node(&self, node: &NewNode, now_ms: i64) -> Result<Node> {
+    fn register_node(&self, node: &NewNode) -> Result<Node> {
         nodes::check_labels(node)?;
-        self.writing_any(|db| nodes::register(db, node, now_ms))
+        self.writing_any(|db| nodes::register(db, node))
     }
 
-    fn heartbeat_node(&self, id: &str, now_ms: i64) -> Result<()> {
-        self.writing_one(|db| nodes::heartbeat(db, id, now_ms))
+    fn heartbeat_node(&self, id: &str) -> Result<()> {
+        self.writing_one(|db| nodes::heartbeat(db, id))
     }
 
     fn leave_node(&self, id: &str) -> Result<()> {

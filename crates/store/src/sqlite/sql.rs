@@ -283,8 +283,16 @@ const Q_UNFINISHED_CHILDREN_SPECS: &str = concat!(
 
 // ---- what SQLite says its own way of the nodes, the shares and the lease --------
 
-// SQLite's two-argument `MAX` is PostgreSQL's `GREATEST`.
-const U_HEARTBEAT: &str = "UPDATE nodes SET heartbeat_ms = MAX(heartbeat_ms, ?2) WHERE id = ?1";
+// The store's clock, in milliseconds since the epoch: node expiry is judged on
+// it (`crate::nodes`). 'now' is the same for the whole statement, so a node's
+// start and its heartbeat are one time.
+macro_rules! now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+const U_HEARTBEAT: &str = crate::nodes::u_heartbeat!(now_ms!());
 
 /// The hot queries whose plans [`SqliteStore::query_plans`] reports.
 pub(crate) const PLANNED: &[(&str, &str)] = &[
@@ -355,9 +363,10 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     // `BEGIN IMMEDIATE` already holds the write lock: the row as it is, no
     // row locks, SQLite's own byte order.
     lease_fenced: crate::sweeps::Q_LEASE,
+    register_node: crate::nodes::u_node!(now_ms!()),
     heartbeat: U_HEARTBEAT,
     placed: crate::nodes::q_placed!("", ""),
     take_inbox: crate::nodes::d_take_inbox!(""),
-    nodes: crate::nodes::q_nodes!(""),
+    nodes: crate::nodes::q_nodes!("", now_ms!()),
     slot_shares: crate::shares::q_shares!(""),
 };

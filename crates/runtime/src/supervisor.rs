@@ -224,6 +224,8 @@ pub enum StartError {
     Launch(#[from] LaunchError),
     #[error("starting the projection thread: {0}")]
     Projection(#[source] std::io::Error),
+    #[error("starting the dispatcher's thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error(transparent)]
     Slots(#[from] crate::slots::SlotError),
 }

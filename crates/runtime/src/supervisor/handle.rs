@@ -299,7 +299,16 @@ impl Supervisor {
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
         }
-        tokio::spawn(disp.run(rx));
+        // The dispatcher on a thread of its own: its store calls block that
+        // thread only, never one of the runtime's workers, whose queued tasks
+        // (the sockets' accepts, a request's identification) would wait with
+        // it while the store is away (issue 27). It still spawns onto, and
+        // times with, the runtime it was started on.
+        let rt = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("brood-dispatch".into())
+            .spawn(move || rt.block_on(disp.run(rx)))
+            .map_err(StartError::Thread)?;
         Ok(Supervisor {
             tx,
             store,

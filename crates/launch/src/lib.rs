@@ -26,4 +26,4 @@ pub mod spawn;
 pub mod veil;
 pub mod written;
 
-pub use spawn::{Containment, LaunchError, LaunchSpec, Launched, Spawner};
+pub use spawn::{Containment, KeeperWatch, LaunchError, LaunchSpec, Launched, Spawner};

@@ -57,6 +57,7 @@ mod ops;
 pub use ops::handle;
 mod orphans;
 mod outcome;
+mod outsider;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
 mod placement;
 mod protocol;
@@ -223,6 +224,8 @@ pub enum StartError {
     Launch(#[from] LaunchError),
     #[error("starting the projection thread: {0}")]
     Projection(#[source] std::io::Error),
+    #[error("starting the dispatcher's thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error(transparent)]
     Slots(#[from] crate::slots::SlotError),
 }
@@ -327,6 +330,8 @@ pub struct Supervisor {
     /// the callers' rates, the paths it names (issue 24).
     intake: Arc<crate::intake::Intake>,
     me: String,
+    /// The operator proven off the loop (`outsider`).
+    outsiders: Arc<outsider::Outsiders>,
     /// Bumped after every command the dispatcher handled: whoever streams the
     /// event log (SSE) reads the store again then instead of polling it.
     changed: watch::Receiver<u64>,
@@ -715,6 +720,7 @@ impl Dispatcher {
             metrics: self.host.metrics.clone(),
             intake: self.host.intake.clone(),
             me: self.host.me.clone(),
+            outsiders: self.host.outsiders.clone(),
             changed: self.records.changed.subscribe(),
         }
     }

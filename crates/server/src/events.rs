@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, mpsc};
 use utoipa::IntoParams;
 
 use crate::error::{HttpError, bad};
-use crate::state::hub::PAGE;
+use crate::state::hub::{PAGE, off_the_runtime};
 use crate::state::{Api, event_json, may_see};
 
 /// The filters of `GET /api/events`.
@@ -226,10 +226,14 @@ async fn from_store(
 ) -> bool {
     let sup = api.sup().clone();
     loop {
-        let batch = match sup
-            .store()
-            .events(sup.tenant(), *last, filter.agent.as_ref(), PAGE)
-        {
+        let (store, tenant, after, agent) = (
+            sup.store().clone(),
+            sup.tenant().clone(),
+            *last,
+            filter.agent.clone(),
+        );
+        let read = off_the_runtime(move || store.events(&tenant, after, agent.as_ref(), PAGE));
+        let batch = match read.await {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "reading the event log for a subscriber failed");

@@ -186,6 +186,20 @@ struct KeeperState {
     deaths: std::sync::atomic::AtomicU64,
 }
 
+/// The keeper's pid, readable from any thread ([`Spawner::keeper_watch`]).
+#[derive(Clone)]
+pub struct KeeperWatch(std::sync::Arc<KeeperState>);
+
+impl KeeperWatch {
+    /// The keeper's pid now, `None` without a PID namespace.
+    pub fn pid(&self) -> Option<i32> {
+        match self.0.pid.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p),
+        }
+    }
+}
+
 /// Handle to the spawner thread. Dropping every handle ends the thread, which (by
 /// design) kills every agent it started.
 #[derive(Clone)]
@@ -244,6 +258,12 @@ impl Spawner {
     /// replaced has another pid: [`Spawner::keeper_pid`]).
     pub fn containment(&self) -> &Containment {
         &self.containment
+    }
+
+    /// A handle that reads the keeper's pid from any thread, as
+    /// [`Spawner::keeper_pid`] does (the keeper may be replaced).
+    pub fn keeper_watch(&self) -> KeeperWatch {
+        KeeperWatch(self.keeper.clone())
     }
 
     /// The keeper's pid now, `None` without a PID namespace.

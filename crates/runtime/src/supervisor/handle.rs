@@ -241,6 +241,13 @@ impl Supervisor {
             operator.clone(),
             veil.clone(),
         ));
+        let own_cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let outsiders = Arc::new(super::outsider::Outsiders {
+            uid,
+            own_cgroups: own_cgroups.clone(),
+            cgroups: cgroups.clone(),
+            keeper: spawner.keeper_watch(),
+        });
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -255,7 +262,8 @@ impl Supervisor {
                 groups: supplementary_groups(),
                 // What identify compares callers' groups with: read once, the
                 // groups a process is in do not change under it.
-                own_cgroups: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+                own_cgroups,
+                outsiders: outsiders.clone(),
                 brood_exe: std::env::current_exe().ok(),
                 intake: intake.clone(),
                 metrics: metrics.clone(),
@@ -291,7 +299,16 @@ impl Supervisor {
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);
         }
-        tokio::spawn(disp.run(rx));
+        // The dispatcher on a thread of its own: its store calls block that
+        // thread only, never one of the runtime's workers, whose queued tasks
+        // (the sockets' accepts, a request's identification) would wait with
+        // it while the store is away (issue 27). It still spawns onto, and
+        // times with, the runtime it was started on.
+        let rt = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("brood-dispatch".into())
+            .spawn(move || rt.block_on(disp.run(rx)))
+            .map_err(StartError::Thread)?;
         Ok(Supervisor {
             tx,
             store,
@@ -302,6 +319,7 @@ impl Supervisor {
             metrics,
             intake,
             me: disp_me,
+            outsiders,
             changed,
         })
     }
@@ -599,6 +617,11 @@ impl Supervisor {
     /// provably outside every tree; refused for a process inside a tree that
     /// no live agent accounts for (`supervisor::identify`).
     pub async fn identify(&self, pid: i32, uid: u32) -> Result<Caller, ApiError> {
+        // The operator needs no look at the live agents: proven here, it
+        // never waits for the loop (issue 27).
+        if let Some(c) = self.outsiders.operator(pid, uid) {
+            return Ok(c);
+        }
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Cmd::Identify(pid, uid, tx)).is_err() {
             return Err(ApiError::new(

@@ -34,6 +34,8 @@ pub(super) struct Host {
     /// `/proc/self/cgroup` of this process: where it sits on each hierarchy,
     /// what a caller's groups are compared with (`identify`).
     pub(super) own_cgroups: String,
+    /// The operator proven off the loop, shared with the handles.
+    pub(super) outsiders: Arc<super::outsider::Outsiders>,
     /// This binary, executable by every agent (so it can call `brood spawn`).
     pub(super) brood_exe: Option<PathBuf>,
     /// The handles' intake (rates, the creation's paths), shared with them.

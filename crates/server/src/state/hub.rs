@@ -57,6 +57,23 @@ pub fn event_json(e: &Event) -> brood_api::Event {
     }
 }
 
+/// Runs a store read on the blocking pool: a store that is away holds a
+/// blocking thread until its deadline, never one of the runtime's few
+/// workers, which go on serving every other request (issue 27: reads never
+/// queue behind a stuck store call).
+pub(crate) async fn off_the_runtime<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, brood_store::StoreError> + Send + 'static,
+) -> Result<T, brood_store::StoreError> {
+    match tokio::task::spawn_blocking(read).await {
+        Ok(r) => r,
+        // Only a read that panicked (or a runtime shutting down) gets here.
+        Err(e) => Err(brood_store::StoreError::Io {
+            path: "(a store read on the blocking pool)".into(),
+            source: std::io::Error::other(format!("it did not finish: {e}")),
+        }),
+    }
+}
+
 /// The one reader of the store's event log, broadcasting what it reads.
 pub(crate) struct Hub {
     pub(crate) tx: broadcast::Sender<Arc<Vec<Event>>>,
@@ -77,7 +94,8 @@ impl Hub {
             let mut pause = RETRY_FIRST;
             let mut failed = false;
             let mut head = loop {
-                match store.last_event_seq(&tenant) {
+                let (st, t) = (store.clone(), tenant.clone());
+                match off_the_runtime(move || st.last_event_seq(&t)).await {
                     Ok(h) => {
                         // Subscribers that came while the log could not be
                         // read may have missed what was appended up to this
@@ -102,7 +120,8 @@ impl Hub {
                 // The API is gone when nobody holds the sender any more.
                 let Some(tx) = weak.upgrade() else { return };
                 loop {
-                    match store.events(&tenant, head, None, PAGE) {
+                    let (st, t) = (store.clone(), tenant.clone());
+                    match off_the_runtime(move || st.events(&t, head, None, PAGE)).await {
                         Ok(batch) if batch.is_empty() => break,
                         Ok(batch) => {
                             let full = batch.len() == PAGE as usize;

@@ -1,0 +1,90 @@
+//! While the store is away (issue 27 items 2 and 5): a node on PostgreSQL
+//! behind a network that goes silent keeps answering its operator. Its
+//! dispatcher is stuck in a store call (the sweepers read the store every
+//! tick) until the call's deadline; the control socket still identifies the
+//! operator without it, so `/healthz` answers at once, before the stuck call
+//! has even failed (the node logs that failure when it comes). Once the
+//! network is back, the node works as before.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use brood_store_conformance::pg::Fresh;
+use common::cluster::{NO_REDIS, serve_with};
+use common::proxy::Proxy;
+use common::*;
+use serde_json::json;
+
+/// The error a store call behind the silent network ends with
+/// (`StoreError::PostgresDeadline`), in the node's log.
+const DEADLINE: &str = "no answer within";
+
+#[test]
+fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
+    let db = Fresh::new();
+    let (proxy, url) = Proxy::for_postgres(&db.url);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("n0");
+    std::fs::create_dir_all(&root).unwrap();
+    let node = serve_with(&root, &url, "z0", &[NO_REDIS]);
+    let sock = root.join("brood.sock");
+    let log = root.with_extension("log");
+    let (s, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "before", "argv": agent(&["--hang"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+
+    proxy.go_silent(true);
+    // The sweepers tick every 0.1 s: the dispatcher is in a store call that
+    // will not come back before its deadline.
+    std::thread::sleep(Duration::from_millis(500));
+    // On a thread, so that a healthz that waits for the loop fails this test
+    // (after a minute) rather than hanging the suite.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s2 = sock.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(&s2, "GET", "/healthz", None));
+    });
+    let health = rx.recv_timeout(Duration::from_secs(60));
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    // The stuck call does fail, at its deadline, and says so.
+    let failed = eventually(Duration::from_secs(60), || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(DEADLINE)
+    });
+    // The network back before anything is asserted: a node whose store is
+    // away does not stop (its shutdown records the ends), and the test's
+    // end waits for it to stop.
+    proxy.go_silent(false);
+    let (status, health) = health.expect("/healthz never answered while the store was away");
+    assert_eq!(status, 200, "{health}");
+    assert!(
+        !logged.contains(DEADLINE),
+        "/healthz waited for the dispatcher's store call to fail: {logged}"
+    );
+    assert!(failed, "the dispatcher's store call had no deadline");
+
+    // The network is back: the node works as before.
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let (s, _) = http(
+                &sock,
+                "POST",
+                "/api/agents",
+                Some(&json!({"name": "after", "argv": agent(&["--hang"])})),
+            );
+            s == 201
+        }),
+        "the node never worked again once the store was back"
+    );
+    let (s, v) = http(&sock, "GET", "/api/agents/before", None);
+    assert_eq!((s, v["status"].as_str()), (200, Some("running")), "{v}");
+    drop(node);
+}

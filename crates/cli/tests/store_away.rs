@@ -13,8 +13,8 @@ mod common;
 use std::time::Duration;
 
 use brood_store_conformance::pg::Fresh;
+use brood_store_conformance::proxy::Proxy;
 use common::cluster::{NO_REDIS, serve_with};
-use common::proxy::Proxy;
 use common::*;
 use serde_json::json;
 

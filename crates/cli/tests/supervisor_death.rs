@@ -95,36 +95,15 @@ fn killed_supervisor(root: &Path) -> PathBuf {
     inst.join(&left[0])
 }
 
-/// Issue 28 item 2: after a supervisor dies by SIGKILL, the next brood to
-/// start on the host, whatever its root, removes the groups it left (and
-/// its root's instance directory, empty then); `brood doctor` lists such
-/// groups and `brood doctor --fix` removes them.
+/// Issue 28 item 2: after a supervisor dies by SIGKILL, `brood doctor`
+/// (from any root) lists the groups it left and `brood doctor --fix` removes
+/// them. (A start reaps only its own root's: another root's supervisor may
+/// live in another PID namespace; see `cgroup::leftovers`.)
 #[test]
-fn a_dead_supervisors_groups_go_at_the_next_start_of_any_root_and_with_doctor_fix() {
+fn a_dead_supervisors_groups_are_listed_by_doctor_and_removed_by_doctor_fix() {
     let _one = serial();
     // SAFETY: prctl(2) with integer arguments, on this test process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-
-    // Another root's start.
-    let dead = tempfile::tempdir().unwrap();
-    let group = killed_supervisor(dead.path());
-    let other = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let mut cfg = brood_runtime::Config::new(other.path().to_path_buf());
-        cfg.agent_sockets = Some(brood_server::agent_sockets());
-        let sup = brood_runtime::Supervisor::start(cfg).expect("another root starts");
-        assert!(
-            !group.exists(),
-            "{} outlived the next start of another root",
-            group.display()
-        );
-        assert!(
-            !instance_dir(dead.path()).exists(),
-            "the dead root's empty instance directory is left"
-        );
-        sup.shutdown().await;
-    });
 
     // `brood doctor` names it; `--fix` removes it.
     let dead = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ mod jobs;
 mod messages;
 mod nodes;
 pub mod pg;
+pub mod proxy;
 mod recovery;
 mod removal;
 mod runs;

@@ -89,59 +89,7 @@ fn the_lease_lock_has_one_holder_across_stores_and_can_be_broken() {
     assert!(!a.break_lease_lock("nobody-holds-this").unwrap());
 }
 
-/// A TCP proxy in front of the real server that can go silent: while
-/// `silent`, it reads what either side sends and forwards nothing (a network
-/// that black-holes, the server never hearing the query nor the client the
-/// answer), without closing anything.
-struct Proxy {
-    port: u16,
-    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Proxy {
-    fn to(upstream: std::net::SocketAddr) -> Proxy {
-        use std::io::{Read, Write};
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let quiet = silent.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(server) = std::net::TcpStream::connect(upstream) else {
-                    continue;
-                };
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    let quiet = quiet.clone();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 16 * 1024];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => {
-                                    let _ = to.shutdown(std::net::Shutdown::Write);
-                                    return;
-                                }
-                                Ok(n) => n,
-                            };
-                            if !quiet.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
-                        }
-                    });
-                }
-            }
-        });
-        Proxy { port, silent }
-    }
-
-    fn go_silent(&self, yes: bool) {
-        self.silent.store(yes, std::sync::atomic::Ordering::SeqCst);
-    }
-}
+use brood_store_conformance::proxy::Proxy;
 
 /// Issue 27: every store call has a deadline. Behind a network that goes
 /// silent, a call fails past the deadline naming it, instead of waiting as

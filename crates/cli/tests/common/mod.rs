@@ -5,7 +5,6 @@
 pub mod anthropic;
 pub mod cluster;
 pub mod model;
-pub mod proxy;
 // The real Redis of the slot-counter tests, shared with brood-runtime's.
 #[path = "../../../runtime/tests/support/redis.rs"]
 pub mod redis;

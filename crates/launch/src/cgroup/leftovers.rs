@@ -2,14 +2,16 @@
 //! dead supervisor incarnations left behind.
 //!
 //! A supervisor killed by SIGKILL cannot remove its groups; its processes die
-//! with it (or with the keeper), but the empty `s<pid>-<starttime>` groups stay.
-//! Every start reaps its own instance's leftovers (killing what is still in
-//! them: that instance's processes answer to no live supervisor) and removes
-//! the *empty* leftovers of every other instance on the host, whatever its
-//! root. Another instance's leftover that still holds a process is left alone
-//! and reported: its owner's next start, or `brood doctor --fix` (which the
-//! operator asks for), kills it. Whether an incarnation is dead is judged by
-//! its pid *and* start time, so a live supervisor's groups are never touched.
+//! with it (or with the keeper), but the `s<pid>-<starttime>` groups stay.
+//! Whether an incarnation is dead is judged by its pid *and* start time in
+//! this process's PID namespace. That is sound for a supervisor's own root
+//! (every start reaps it: [`Cgroups::reap_leftovers`]), but not for another
+//! root's: its supervisor may run in another PID namespace (a node started
+//! under `unshare`, a container sharing the hierarchy), where its pid says
+//! nothing here, and even an empty group of it is its live base. So other
+//! roots' leftovers are removed only when the operator asks
+//! ([`Cgroups::reap_host`] from `brood doctor --fix`, run in the host's PID
+//! namespace), and a benchmark removes its own ([`remove_own`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

@@ -84,17 +84,11 @@ impl Supervisor {
                         "disabled by configuration".into(),
                     ));
                 }
-                // Ours killed and removed; other roots' dead incarnations
-                // removed when empty (issue 28: nothing left behind on the host).
-                match Cgroups::reap_host(&det, Some(&instance), false) {
-                    Ok(l) => {
-                        if l.groups() > 0 || !l.busy.is_empty() || l.instance_dirs_removed > 0 {
-                            tracing::info!(?l, "reaped leftover cgroups");
-                        }
-                        for (group, pids) in &l.busy {
-                            tracing::warn!(group = %group.display(), ?pids, "a dead supervisor's group still holds processes; its root's next start or `brood doctor --fix` kills them");
-                        }
-                    }
+                // Only this root's: another root's supervisor may run in
+                // another PID namespace, where its pid says nothing here
+                // (`cgroup::leftovers`).
+                match Cgroups::reap_leftovers(&det, &instance) {
+                    Ok(l) => tracing::info!(?l, "reaped leftover cgroups"),
                     Err(e) => tracing::warn!(error = %e, "reaping leftover cgroups failed"),
                 }
                 Cgroups::open(&det, &instance)

@@ -1,7 +1,8 @@
 //! A TCP proxy in front of a real server that can go silent: while silent,
 //! it reads what either side sends and forwards nothing (a network that
 //! black-holes: the server never hears the query, the client never the
-//! answer), without closing anything.
+//! answer), without closing anything. Shared by the store's tests and the
+//! CLI's (a test fixture: it panics when it cannot set itself up).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -357,6 +357,25 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
     std::process::exit(code)
 }
 
+/// The store the nodes of `bench NAME` run on: the global `--store` when it
+/// is a PostgreSQL server, none (SQLite in each node's root) when not given;
+/// anything else is refused (exit 2), naming the bench.
+fn daemons_store(name: &str) -> Result<Option<String>> {
+    let store = crate::store_spec();
+    if let Some(s) = store
+        .as_deref()
+        .filter(|s| !brood_store::is_postgres_url(s))
+    {
+        anyhow::bail!(crate::Exit(
+            2,
+            format!(
+                "bench {name}: --store is a PostgreSQL server (postgres://…) or nothing (SQLite in the node's root), not {s:?}"
+            )
+        ));
+    }
+    Ok(store)
+}
+
 async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> Result<i32> {
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
     let me = Caller::User {
@@ -384,18 +403,7 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
             nodes,
             json: as_json,
         } => {
-            let store = crate::store_spec();
-            if let Some(s) = store
-                .as_deref()
-                .filter(|s| !brood_store::is_postgres_url(s))
-            {
-                anyhow::bail!(crate::Exit(
-                    2,
-                    format!(
-                        "bench cluster: --store is a PostgreSQL server (postgres://…) or nothing (SQLite in the node's root), not {s:?}"
-                    )
-                ));
-            }
+            let store = daemons_store("cluster")?;
             let params = cluster::Params {
                 n: n.max(1),
                 clients: clients.max(1),
@@ -410,18 +418,7 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
             agents,
             json: as_json,
         } => {
-            let store = crate::store_spec();
-            if let Some(s) = store
-                .as_deref()
-                .filter(|s| !brood_store::is_postgres_url(s))
-            {
-                anyhow::bail!(crate::Exit(
-                    2,
-                    format!(
-                        "bench memory: --store is a PostgreSQL server (postgres://…) or nothing (SQLite in the node's root), not {s:?}"
-                    )
-                ));
-            }
+            let store = daemons_store("memory")?;
             let params = memory::Params {
                 levels: memory::levels(&agents),
                 store,

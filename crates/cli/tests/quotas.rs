@@ -326,3 +326,63 @@ async fn create_limit_and_depth_limit_are_refused_at_exactly_the_bound() {
     );
     env.sup.cancel(me(), name("d0")).await.unwrap();
 }
+
+/// Creations that reach the loop together are admitted together (one store
+/// commit for the lot); none of them may see past another's write: per parent,
+/// `create_limit` holds exactly; every root is admitted once, under its own name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creations_that_arrive_together_keep_every_bound() {
+    let env = start(Duration::from_millis(300));
+    set_quota(&env, "max_tree_size", 1000);
+    set_quota(&env, "max_fanout", 100);
+    let parents = ["q1", "q2", "q3", "q4"];
+    for p in parents {
+        let args = json!({"name": p, "argv": agent(&["--hang"]), "policy": {"create_limit": 3}, "await_ready": true});
+        handle(&env.sup, &me(), "spawn", &args).await.unwrap();
+    }
+    let mut calls = Vec::new();
+    for i in 0..80 {
+        let sup = env.sup.clone();
+        // Children of the four parents interleaved with roots, as a burst of
+        // clients sends them.
+        let args = if i % 2 == 0 {
+            json!({"parent": parents[(i / 2) % 4], "name": format!("k{i}"), "argv": agent(&["--hang"])})
+        } else {
+            json!({"name": format!("root{i}"), "argv": agent(&["--hang"])})
+        };
+        calls.push(tokio::spawn(async move {
+            (i, handle(&sup, &me(), "spawn", &args).await)
+        }));
+    }
+    let (mut roots, mut kids, mut limited) = (0, 0, 0);
+    for c in calls {
+        let (i, r) = c.await.unwrap();
+        match r {
+            Ok(_) if i % 2 == 1 => roots += 1,
+            Ok(_) => kids += 1,
+            Err(e) if e.code == Code::CreateLimit && i % 2 == 0 => limited += 1,
+            Err(e) => panic!("creation {i}: unexpected refusal: {e}"),
+        }
+    }
+    assert_eq!((roots, kids, limited), (40, 12, 28));
+    for p in parents {
+        let n = env
+            .sup
+            .store()
+            .children(env.sup.tenant(), &name(p))
+            .unwrap()
+            .len();
+        assert_eq!(n, 3, "{p} has exactly its create_limit of children");
+    }
+    let all = env.sup.store().agents(env.sup.tenant(), true).unwrap();
+    assert_eq!(all.len(), 4 + 12 + 40, "one record per admitted creation");
+    for i in (1..80).step_by(2) {
+        env.sup
+            .cancel(me(), name(&format!("root{i}")))
+            .await
+            .unwrap();
+    }
+    for p in parents {
+        env.sup.cancel(me(), name(p)).await.unwrap();
+    }
+}

@@ -12,10 +12,12 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`); its work is split by
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `orphans`, `disk`); a part
+//! takes only what it reads and returns what it needs done elsewhere, which
+//! the loop carries out (`route`). The work that spans parts is split by
 //! concern into the submodules: `handle` (the public handle and start-up),
-//! `admit`, `launch`, `protocol`, `ends`, `verbs`, `stops`, `collect`,
-//! `sweep`, `sockets`, `identify`, `orphans`.
+//! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `stops`,
+//! `collect`, `sweep`, `identify`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brood_core::policy::Policy;
 use brood_core::{
-    AgentEvent, AgentName, CancelReason, Code, RunId, SessionName, TenantId, Terminal,
+    AgentEvent, AgentName, CancelReason, Code, FailReason, RunId, SessionName, TenantId, Terminal,
 };
 use brood_launch::cgroup::Group;
 use brood_launch::{LaunchError, Launched};
@@ -39,6 +41,7 @@ use crate::projection::Projection;
 
 mod admit;
 mod agents;
+mod batch;
 mod collect;
 mod disk;
 mod ends;
@@ -64,6 +67,7 @@ mod protocol;
 mod queue;
 mod records;
 mod remove;
+mod route;
 mod routed;
 mod secrets;
 mod sockets;
@@ -545,6 +549,10 @@ struct Dispatcher {
     sockets: sockets::Sockets,
     /// The jobs this supervisor runs and their workers (SPEC 10).
     jobs: jobs::Runner,
+    /// The zombies it adopted and the keeper's deaths, watched each tick.
+    orphans: orphans::Orphans,
+    /// The running agents' disk, measured each tick.
+    disk: disk::DiskWatch,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -578,8 +586,49 @@ impl Dispatcher {
     /// The loop: one command at a time, then what follows any command.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
-        while let Some(cmd) = rx.recv().await {
-            self.dispatch(cmd, &mut shutdown);
+        let mut held: Option<Cmd> = None;
+        loop {
+            let cmd = match held.take() {
+                Some(c) => c,
+                None => match rx.recv().await {
+                    Some(c) => c,
+                    None => return,
+                },
+            };
+            match cmd {
+                // Creations queued together are admitted together
+                // (`batch`); the first command that cannot join is next.
+                Cmd::Spawn(caller, req, reply) if shutdown.is_none() => {
+                    let mut spawns = vec![batch::Spawn {
+                        caller,
+                        req: *req,
+                        reply,
+                    }];
+                    while let Ok(c) = rx.try_recv() {
+                        match c {
+                            Cmd::Spawn(caller, req, reply) => {
+                                let s = batch::Spawn {
+                                    caller,
+                                    req: *req,
+                                    reply,
+                                };
+                                if batch::joins(&spawns, &s) {
+                                    spawns.push(s);
+                                } else {
+                                    held = Some(Cmd::Spawn(s.caller, Box::new(s.req), s.reply));
+                                    break;
+                                }
+                            }
+                            other => {
+                                held = Some(other);
+                                break;
+                            }
+                        }
+                    }
+                    self.on_spawns(spawns);
+                }
+                cmd => self.dispatch(cmd, &mut shutdown),
+            }
             self.after_command(&mut shutdown);
         }
     }
@@ -628,7 +677,11 @@ impl Dispatcher {
             Cmd::Job(caller, op) => self.on_job(&caller, op),
             Cmd::Remove(caller, op) => self.on_remove(&caller, op),
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
-            Cmd::DiskChecked(over) => self.on_disk_checked(over),
+            Cmd::DiskChecked(over) => {
+                for name in self.disk.checked(over, &mut self.agents) {
+                    self.stop_subtree(&name, Terminal::Failed(FailReason::BudgetExceeded));
+                }
+            }
             Cmd::WaitTimeout(id) => {
                 if let Some(w) = self.waiters.take(id) {
                     answer(w.reply, self.wait_result(&w.names, true));

@@ -274,28 +274,39 @@ impl Dispatcher {
             .tool_granted(&caller, "create")
             .and_then(|()| self.admit(&caller, req));
         match admitted {
-            Ok(Some((name, await_ready))) => match self.agents.live.get_mut(&name) {
-                // Launching, or (with `--ready`) waiting for a slot: the
-                // launch answers (at `ready` for `--ready`).
-                Some(l) if l.pending.is_none() || await_ready => {
-                    l.spawn_reply = Some((reply, await_ready))
-                }
-                // Placed on another node: that node tells when it is ready.
-                None if await_ready => self.wait_ready_elsewhere(name, reply),
-                // Waiting for a slot, or placed on another node: say so now
-                // rather than hold the caller.
-                _ => {
-                    let r = self
-                        .records
-                        .agent(&name)
-                        .map(|a| agent_view(&self.records.store, &a));
-                    answer(reply, r);
-                }
-            },
-            Ok(None) => {}
+            Ok(admitted) => self.answer_spawn(admitted, reply),
             Err(e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
                 answer(reply, Err(e));
+            }
+        }
+    }
+
+    /// The answer to an admitted creation's caller, now or when it is due.
+    pub(super) fn answer_spawn(
+        &mut self,
+        admitted: Option<(AgentName, bool)>,
+        reply: Reply<brood_api::Agent>,
+    ) {
+        let Some((name, await_ready)) = admitted else {
+            return;
+        };
+        match self.agents.live.get_mut(&name) {
+            // Launching, or (with `--ready`) waiting for a slot: the
+            // launch answers (at `ready` for `--ready`).
+            Some(l) if l.pending.is_none() || await_ready => {
+                l.spawn_reply = Some((reply, await_ready))
+            }
+            // Placed on another node: that node tells when it is ready.
+            None if await_ready => self.wait_ready_elsewhere(name, reply),
+            // Waiting for a slot, or placed on another node: say so now
+            // rather than hold the caller.
+            _ => {
+                let r = self
+                    .records
+                    .agent(&name)
+                    .map(|a| agent_view(&self.records.store, &a));
+                answer(reply, r);
             }
         }
     }
@@ -350,14 +361,22 @@ impl Dispatcher {
         req: SpawnRequest,
     ) -> Result<Option<(AgentName, bool)>, ApiError> {
         let d = self.decide(caller, &req)?;
-        self.record_admission(d, req)
+        // The tenant's overrides are read each time.
+        let quotas = self.tenant_quotas()?;
+        self.launcher.max_concurrent = quotas.max_concurrent;
+        let agent = self
+            .records
+            .store
+            .admit_with_quotas(&d.new, &quotas, &d.events)
+            .map_err(internal)?;
+        self.record_admission(d, req, agent)
     }
 
     /// Everything admission decides before anything is written: who the
     /// parent is, the child's effective policy (attenuation), the refusals
     /// in SPEC 5's order, the record and the events to write. Reads the
     /// dispatcher's state and the store, writes nothing.
-    fn decide(&self, caller: &Caller, req: &SpawnRequest) -> Result<Decision, ApiError> {
+    pub(super) fn decide(&self, caller: &Caller, req: &SpawnRequest) -> Result<Decision, ApiError> {
         let parent = match (caller, &req.parent) {
             (Caller::Agent(me), None) => Some(me.clone()),
             (Caller::Agent(me), Some(p)) if p == me => Some(me.clone()),
@@ -523,13 +542,14 @@ impl Dispatcher {
         })
     }
 
-    /// Records a decided admission: the store's transaction (which counts
-    /// the quotas, so they hold under any concurrency), the projection, the
-    /// live entry, the queue for a slot.
-    fn record_admission(
+    /// What follows a decided admission the store has recorded (`agent`,
+    /// its transaction counted the quotas, so they hold under any
+    /// concurrency): the projection, the live entry, the queue for a slot.
+    pub(super) fn record_admission(
         &mut self,
         d: Decision,
         req: SpawnRequest,
+        agent: Agent,
     ) -> Result<Option<(AgentName, bool)>, ApiError> {
         let Decision {
             parent_live,
@@ -540,14 +560,6 @@ impl Dispatcher {
             events,
         } = d;
         let (name, parent, run) = (new.name.clone(), new.parent.clone(), new.run.clone());
-        // The tenant's overrides are read each time.
-        let quotas = self.tenant_quotas()?;
-        self.launcher.max_concurrent = quotas.max_concurrent;
-        let agent = self
-            .records
-            .store
-            .admit_with_quotas(&new, &quotas, &events)
-            .map_err(internal)?;
         self.records.project_events(&events);
         if brood_store::placed_for(&agent.supervisor).is_some() {
             // Admitted here for another node to run: that node claims it
@@ -629,7 +641,8 @@ impl Dispatcher {
         for (file, text) in crate::objects::control_files(agent, policy, spec) {
             self.records.projection.write(adir.join(file), text);
         }
-        self.project_shim(name);
+        self.records
+            .project_shim(self.host.cfg.bin_dir.as_deref(), name);
         self.records.projection.append(adir.join("log"), Vec::new());
         self.records.projection.write(
             adir.join("meta.json"),
@@ -765,6 +778,6 @@ pub(super) struct Decision {
     secrets: brood_api::Secrets,
     spec: Value,
     /// The record to write: name, parent, run and time among it.
-    new: NewAgent,
-    events: Vec<NewEvent>,
+    pub(super) new: NewAgent,
+    pub(super) events: Vec<NewEvent>,
 }

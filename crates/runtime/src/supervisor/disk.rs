@@ -1,4 +1,4 @@
-//! Disk as a resource (issue 24 item 6), the dispatcher's side: each
+//! Disk as a resource (issue 24 item 6), the supervisor's part: each
 //! sweeper tick, the `artifact/` of every running agent this supervisor
 //! hosts is measured against its `disk_max` (`channel::usage`, on a
 //! blocking thread, one pass at a time); an agent past it is stopped
@@ -19,11 +19,15 @@
 //! disk either (docs/security.md, "Disk").
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use brood_core::{AgentName, FailReason, RunId, Terminal};
+use brood_core::{AgentName, RunId, Terminal};
 use brood_launch::cgroup::{Cgroups, Group};
+use tokio::sync::mpsc;
 
-use super::{Cmd, Dispatcher};
+use super::Cmd;
+use super::agents::Agents;
+use crate::paths::Paths;
 
 /// One running agent's `artifact/` found over its limit: why, in words
 /// naming the limit.
@@ -63,23 +67,38 @@ fn over_written(cgroups: Option<&Cgroups>, t: &Target) -> Option<String> {
     })
 }
 
-impl Dispatcher {
-    /// Starts a measure of every running agent's `artifact/`, unless the
+/// A part of the supervisor: the measure of its running agents' disk, one
+/// pass at a time.
+#[derive(Default)]
+pub(super) struct DiskWatch {
+    /// A measure is under way (its answer is a `Cmd::DiskChecked`).
+    busy: bool,
+}
+
+impl DiskWatch {
+    /// Starts a measure of every running agent's `artifact/` (and what its
+    /// processes wrote) on a blocking thread, answered on `tx`, unless the
     /// last one has not answered yet (a tick never queues a second walk).
-    pub(super) fn watch_disk(&mut self) {
-        if self.sweep.disk_busy {
+    /// `default`: the `disk_max` of a policy that names none.
+    pub(super) fn start(
+        &mut self,
+        agents: &Agents,
+        paths: &Paths,
+        default: u64,
+        cgroups: Option<Arc<Cgroups>>,
+        tx: &mpsc::UnboundedSender<Cmd>,
+    ) {
+        if self.busy {
             return;
         }
-        let default = self.host.cfg.resource_defaults.disk_max;
-        let targets: Vec<Target> = self
-            .agents
+        let targets: Vec<Target> = agents
             .live
             .iter()
             .filter(|(_, l)| l.pid.is_some() && l.stopping.is_none())
             .map(|(n, l)| Target {
                 name: n.clone(),
                 run: l.run.clone(),
-                channel: l.channel_dir(&self.host.paths, n),
+                channel: l.channel_dir(paths, n),
                 group: l.group.clone(),
                 limit: crate::enforce::file_size_max(&l.policy, default),
             })
@@ -87,9 +106,8 @@ impl Dispatcher {
         if targets.is_empty() {
             return;
         }
-        self.sweep.disk_busy = true;
-        let tx = self.host.tx.clone();
-        let cgroups = self.launcher.cgroups.clone();
+        self.busy = true;
+        let tx = tx.clone();
         tokio::task::spawn_blocking(move || {
             let over: Vec<DiskOver> = targets
                 .into_iter()
@@ -113,12 +131,14 @@ impl Dispatcher {
         });
     }
 
-    /// The answer of [`Self::watch_disk`]: each agent still on the run that
-    /// was measured, and not already stopping, is stopped.
-    pub(super) fn on_disk_checked(&mut self, over: Vec<DiskOver>) {
-        self.sweep.disk_busy = false;
+    /// The answer of [`DiskWatch::start`]: the agents to stop
+    /// `failed (budget_exceeded)` with their subtrees, each still on the run
+    /// that was measured and not already stopping (its budget note says why).
+    pub(super) fn checked(&mut self, over: Vec<DiskOver>, agents: &mut Agents) -> Vec<AgentName> {
+        self.busy = false;
+        let mut stop = Vec::new();
         for o in over {
-            let Some(l) = self.agents.live.get_mut(&o.name) else {
+            let Some(l) = agents.live.get_mut(&o.name) else {
                 continue;
             };
             if l.run != o.run || l.stopping.is_some() || l.pid.is_none() {
@@ -126,38 +146,47 @@ impl Dispatcher {
             }
             tracing::info!(agent = %o.name, why = %o.why, "over its disk_max; stopping the subtree");
             l.budget_note = Some(format!("disk: {}", o.why));
-            self.stop_subtree(&o.name, Terminal::Failed(FailReason::BudgetExceeded));
+            stop.push(o.name);
         }
+        stop
     }
+}
 
-    /// The `artifact/` directories of the stopped targets this supervisor
-    /// hosts: they record no result, so what they wrote there goes.
-    pub(super) fn channels_of(&self, targets: &[(AgentName, Terminal)]) -> Vec<ToClear> {
-        targets
-            .iter()
-            .filter_map(|(n, _)| self.agents.live.get(n)?.channel_dir(&self.host.paths, n))
-            .map(|channel| ToClear {
-                channel,
-                set_aside: None,
-            })
-            .collect()
-    }
+/// The `artifact/` directories of the stopped targets this supervisor
+/// hosts: they record no result, so what they wrote there goes.
+pub(super) fn channels_of(
+    agents: &Agents,
+    paths: &Paths,
+    targets: &[(AgentName, Terminal)],
+) -> Vec<ToClear> {
+    targets
+        .iter()
+        .filter_map(|(n, _)| agents.live.get(n)?.channel_dir(paths, n))
+        .map(|channel| ToClear {
+            channel,
+            set_aside: None,
+        })
+        .collect()
+}
 
-    /// The `artifact/` of `name`'s run, which ended without a result, set
-    /// aside now (one rename) for removal once its group is empty.
-    pub(super) fn set_aside_artifacts(&self, name: &AgentName) -> Option<ToClear> {
-        let l = self.agents.live.get(name)?;
-        let channel = l.channel_dir(&self.host.paths, name)?;
-        match crate::channel::clear::set_aside(&channel, l.run.as_str()) {
-            Ok(Some(name)) => Some(ToClear {
-                channel,
-                set_aside: Some(name),
-            }),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(agent = %name, error = %e, "setting artifact/ aside; left for brood fsck");
-                None
-            }
+/// The `artifact/` of `name`'s run, which ended without a result, set
+/// aside now (one rename) for removal once its group is empty.
+pub(super) fn set_aside_artifacts(
+    agents: &Agents,
+    paths: &Paths,
+    name: &AgentName,
+) -> Option<ToClear> {
+    let l = agents.live.get(name)?;
+    let channel = l.channel_dir(paths, name)?;
+    match crate::channel::clear::set_aside(&channel, l.run.as_str()) {
+        Ok(Some(name)) => Some(ToClear {
+            channel,
+            set_aside: Some(name),
+        }),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(agent = %name, error = %e, "setting artifact/ aside; left for brood fsck");
+            None
         }
     }
 }

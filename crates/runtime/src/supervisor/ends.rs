@@ -88,7 +88,7 @@ impl Dispatcher {
         // anyone hears of the end (so a resume finds an empty one), and goes
         // once its group is empty.
         let clear = match &harvest {
-            None => self.set_aside_artifacts(name),
+            None => super::disk::set_aside_artifacts(&self.agents, &self.host.paths, name),
             Some(_) => None,
         };
         self.records.project_events(&events);

@@ -289,6 +289,8 @@ impl Supervisor {
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
             jobs: jobs::Runner::default(),
+            orphans: super::orphans::Orphans::default(),
+            disk: super::disk::DiskWatch::default(),
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);

@@ -12,22 +12,34 @@
 
 use std::collections::HashSet;
 
-use super::Dispatcher;
+use brood_launch::Spawner;
 
-impl Dispatcher {
+use super::agents::Agents;
+
+/// A part of the supervisor: what it remembers of its adopted children and
+/// of the keeper between ticks.
+#[derive(Default)]
+pub(super) struct Orphans {
+    /// Zombie children no live agent accounted for at the last tick.
+    zombies: HashSet<i32>,
+    /// Keeper deaths already reported.
+    keeper_deaths: u64,
+}
+
+impl Orphans {
     /// Reaps the zombies among the supervisor's children that no live agent
     /// accounts for (see the module docs). With a PID namespace, its keeper
     /// reaps orphans instead, and this does nothing.
-    pub(super) fn reap_orphans(&mut self) {
-        if self.launcher.spawner.keeper_pid().is_some() {
+    pub(super) fn reap(&mut self, spawner: &Spawner, agents: &Agents) {
+        if spawner.keeper_pid().is_some() {
             return;
         }
-        let agents: HashSet<i32> = self.agents.live.values().filter_map(|l| l.pid).collect();
+        let live: HashSet<i32> = agents.live.values().filter_map(|l| l.pid).collect();
         let zombies: HashSet<i32> = own_children()
             .into_iter()
-            .filter(|p| !agents.contains(p) && is_zombie(*p))
+            .filter(|p| !live.contains(p) && is_zombie(*p))
             .collect();
-        for pid in zombies.intersection(&self.sweep.orphan_zombies) {
+        for pid in zombies.intersection(&self.zombies) {
             let mut status = 0;
             // SAFETY: waitpid(2) on one pid, without blocking; it is a zombie
             // child no IO task waits for (see the module docs).
@@ -36,7 +48,7 @@ impl Dispatcher {
                 tracing::debug!(pid, "reaped an orphan adopted as subreaper");
             }
         }
-        self.sweep.orphan_zombies = zombies;
+        self.zombies = zombies;
     }
 
     /// The keeper is PID 1 of the agents' namespace; if it dies (killed by
@@ -44,17 +56,17 @@ impl Dispatcher {
     /// and the namespace takes no new process. The spawner replaces it
     /// before the next launch; this looks every tick so the death is reported
     /// when it happens, not when the next start fails.
-    pub(super) fn watch_keeper(&mut self) {
-        self.launcher.spawner.check_keeper();
-        let deaths = self.launcher.spawner.keeper_deaths();
-        if deaths > self.sweep.keeper_deaths {
+    pub(super) fn watch_keeper(&mut self, spawner: &Spawner) {
+        spawner.check_keeper();
+        let deaths = spawner.keeper_deaths();
+        if deaths > self.keeper_deaths {
             tracing::error!(
                 deaths,
-                keeper = ?self.launcher.spawner.keeper_pid(),
+                keeper = ?spawner.keeper_pid(),
                 "the keeper (PID 1 of the agents' namespace) died, and every agent in its \
                  namespace with it; a new keeper was started for the next agents"
             );
-            self.sweep.keeper_deaths = deaths;
+            self.keeper_deaths = deaths;
         }
     }
 }

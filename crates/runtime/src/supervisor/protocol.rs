@@ -220,7 +220,7 @@ impl Dispatcher {
                 if l.unsaid.len() + delta.len() <= MAX_UNSAID {
                     l.unsaid.push_str(&delta);
                 }
-                self.sock_chunk(name, run, &delta)
+                self.sockets.chunk(name, run, &delta)
             }
             FromAgent::Pong | FromAgent::Unknown => {}
             FromAgent::Message { role, content } => {
@@ -373,7 +373,7 @@ impl Dispatcher {
                         .projection
                         .write(dir.join("latest.md"), content);
                 }
-                self.sock_message(name, &m);
+                self.sockets.message(name, &m);
             }
             Err(e) => tracing::error!(agent = %name, error = %e, "recording a message failed"),
         }

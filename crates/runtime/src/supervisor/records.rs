@@ -111,6 +111,16 @@ impl Records {
         }
     }
 
+    /// Writes the agent's shim (SPEC 3 `agent/<name>`), with the renderer the
+    /// rebuild uses; `bin_dir` is where the `brood` it calls is.
+    pub(super) fn project_shim(&self, bin_dir: Option<&std::path::Path>, name: &AgentName) {
+        let program = crate::objects::shim_program(bin_dir);
+        self.projection.write_exec(
+            self.paths.shim(name),
+            crate::objects::shim(&self.paths.root, &program, name),
+        );
+    }
+
     /// Events already in the store, appended to their sessions' `events.jsonl`.
     pub(super) fn project_events(&self, events: &[NewEvent]) {
         for e in events {

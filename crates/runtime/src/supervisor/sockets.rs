@@ -1,14 +1,19 @@
 //! The dispatcher's side of the per-agent sockets (SPEC 8; the IO side is
 //! [`crate::agent_socket`], the reference docs/agent-socket.md).
 //!
-//! For each live protocol `brood` agent that reported `ready`, the dispatcher
-//! keeps a [`Sock`]: the listener (closed when a stop of the agent begins), the
-//! client ids its `send`s delivered in this run (id → seq of the recorded input
-//! message, which makes a retry idempotent), whether the current turn is over,
-//! and the requests following the stream. The hooks below are called where the
-//! agent's chunks, messages, status and end already flow through the
-//! dispatcher; each only pushes frames into unbounded channels, so nothing here
-//! ever waits on a client.
+//! A part of the supervisor that owns its state: for each live protocol
+//! `brood` agent that reported `ready`, a [`Sock`]: the listener (closed when
+//! a stop of the agent begins), the client ids its `send`s delivered in this
+//! run (id → seq of the recorded input message, which makes a retry
+//! idempotent), whether the current turn is over, and the requests following
+//! the stream. The hooks below are called where the agent's chunks, messages,
+//! status and end already flow through the dispatcher; each only pushes frames
+//! into unbounded channels, so nothing here ever waits on a client.
+//!
+//! The part never acts on another: what a request needs done elsewhere (an
+//! input delivered, a cancel) it returns as a [`SockFollow`], which the loop
+//! carries out (`route/sockets.rs`) and reports back (`delivered`,
+//! `cancelling`, `refused`).
 //!
 //! Everything is run-scoped on purpose: the socket exists only while the run
 //! lives, so a client id needs remembering only as long as the run does.
@@ -19,7 +24,8 @@ use brood_core::{AgentName, Code, RunId, SessionName, Status};
 use brood_store::{Message, Protocol};
 use serde_json::{Value, json};
 
-use super::{Cmd, Dispatcher, Supervisor};
+use super::records::Records;
+use super::{Cmd, Live, Supervisor};
 use crate::agent_socket::{self, Access, Listener, Out, Request};
 use crate::api::{ApiError, Caller};
 
@@ -78,6 +84,29 @@ fn done(id: Option<&str>, run: &RunId, status: &str) -> Value {
     v
 }
 
+/// What a request needs the rest of the supervisor to do, carried out by
+/// the loop and reported back to the part.
+pub(super) enum SockFollow {
+    /// A new input for the agent (SPEC 8 `send`): recorded and delivered as
+    /// `on_send` does, then [`Sockets::delivered`] with its seq, or
+    /// [`Sockets::refused`].
+    Deliver {
+        caller: Caller,
+        run: RunId,
+        id: String,
+        input: String,
+        out: Out,
+    },
+    /// A `cancel` of the agent's run: `on_cancel`, then
+    /// [`Sockets::cancelling`] or [`Sockets::refused`].
+    Cancel {
+        caller: Caller,
+        run: RunId,
+        id: Option<String>,
+        out: Out,
+    },
+}
+
 /// An API refusal in the socket's words (SPEC 8 error codes).
 fn errno(e: &ApiError) -> &'static str {
     match e.code {
@@ -96,41 +125,35 @@ impl Supervisor {
     }
 }
 
-impl Dispatcher {
-    /// The agent reported `ready`: a protocol `brood` agent can take input from
-    /// now on, so its socket is bound (SPEC 8).
-    pub(super) fn sock_ready(&mut self, name: &AgentName) {
-        let Some(l) = self.agents.live.get(name) else {
-            return;
-        };
-        if l.protocol != Protocol::Brood || l.stopping.is_some() {
+impl Sockets {
+    /// The agent reported `ready`: a protocol `brood` agent can take input
+    /// from now on, so its socket is bound (SPEC 8) by `bind`, given the run
+    /// and who may connect (`None`: a supervisor without a transport has no
+    /// socket, and a client finds none, as for an agent that is not live).
+    pub(super) fn ready(
+        &mut self,
+        name: &AgentName,
+        live: &Live,
+        operator_uid: u32,
+        bind: impl FnOnce(&RunId, Access) -> Option<Listener>,
+    ) {
+        if live.protocol != Protocol::Brood || live.stopping.is_some() {
             return;
         }
-        let (run, session, parent) = (l.run.clone(), l.session.clone(), l.parent.clone());
-        let model = match &l.policy.models {
+        let model = match &live.policy.models {
             Some(m) if m.len() == 1 => m.iter().next().cloned(),
             _ => None,
         };
         let access = Access {
-            operator_uid: self.host.uid,
-            parent,
+            operator_uid,
+            parent: live.parent.clone(),
         };
-        // No host (a supervisor without a transport): no socket, and a
-        // client finds none, as for an agent that is not live.
-        let listener = self.host.cfg.agent_sockets.as_ref().map(|host| {
-            host(
-                self.handle(),
-                name.clone(),
-                run.clone(),
-                self.host.paths.agent_socket(name),
-                access,
-            )
-        });
-        self.sockets.by_agent.insert(
+        let listener = bind(&live.run, access);
+        self.by_agent.insert(
             name.clone(),
             Sock {
-                run,
-                session,
+                run: live.run.clone(),
+                session: live.session.clone(),
                 model,
                 listener,
                 ids: HashMap::new(),
@@ -143,19 +166,9 @@ impl Dispatcher {
         );
     }
 
-    /// Writes the agent's shim (SPEC 3 `agent/<name>`), with the renderer the
-    /// rebuild uses.
-    pub(super) fn project_shim(&self, name: &AgentName) {
-        let program = crate::objects::shim_program(self.host.cfg.bin_dir.as_deref());
-        self.records.projection.write_exec(
-            self.host.paths.shim(name),
-            crate::objects::shim(&self.host.paths.root, &program, name),
-        );
-    }
-
     /// A protocol `chunk`: a `delta` to everyone following the turn.
-    pub(super) fn sock_chunk(&mut self, name: &AgentName, run: &RunId, text: &str) {
-        let Some(s) = self.sockets.by_agent.get_mut(name) else {
+    pub(super) fn chunk(&mut self, name: &AgentName, run: &RunId, text: &str) {
+        let Some(s) = self.by_agent.get_mut(name) else {
             return;
         };
         s.active = true;
@@ -169,8 +182,8 @@ impl Dispatcher {
     }
 
     /// A message the agent sent, as recorded (with its seq).
-    pub(super) fn sock_message(&mut self, name: &AgentName, m: &Message) {
-        let Some(s) = self.sockets.by_agent.get_mut(name) else {
+    pub(super) fn message(&mut self, name: &AgentName, m: &Message) {
+        let Some(s) = self.by_agent.get_mut(name) else {
             return;
         };
         if crate::objects::is_agent_message(&m.role) {
@@ -181,18 +194,13 @@ impl Dispatcher {
     }
 
     /// The agent's `status`: `blocked` ends the turn (`done{status:"blocked"}`
-    /// to its followers), `running` starts one.
-    pub(super) fn sock_status(&mut self, name: &AgentName, run: &RunId, to: Status) {
-        // A stopping agent's followers wait for the end of its run.
-        if self
-            .agents
-            .live
-            .get(name)
-            .is_none_or(|l| l.stopping.is_some())
-        {
+    /// to its followers), `running` starts one. A stopping agent's followers
+    /// wait for the end of its run instead.
+    pub(super) fn status(&mut self, name: &AgentName, run: &RunId, to: Status, stopping: bool) {
+        if stopping {
             return;
         }
-        let Some(s) = self.sockets.by_agent.get_mut(name) else {
+        let Some(s) = self.by_agent.get_mut(name) else {
             return;
         };
         match to {
@@ -220,8 +228,8 @@ impl Dispatcher {
 
     /// A stop of the agent begins (SPEC 6 step 3, "close its sockets"): no new
     /// connection; the requests in flight hear the end of the run.
-    pub(super) fn sock_close(&mut self, name: &AgentName) {
-        if let Some(s) = self.sockets.by_agent.get_mut(name)
+    pub(super) fn close(&mut self, name: &AgentName) {
+        if let Some(s) = self.by_agent.get_mut(name)
             && let Some(mut l) = s.listener.take()
         {
             l.close();
@@ -230,14 +238,13 @@ impl Dispatcher {
 
     /// The agent leaves the live set (its run's end is recorded): every
     /// follower gets `done` with the run's status, and the socket goes.
-    pub(super) fn sock_end(&mut self, name: &AgentName) {
-        let Some(s) = self.sockets.by_agent.remove(name) else {
+    pub(super) fn end(&mut self, name: &AgentName, records: &Records) {
+        let Some(s) = self.by_agent.remove(name) else {
             return;
         };
-        let status = self
-            .records
+        let status = records
             .store
-            .agent(&self.records.tenant, name)
+            .agent(&records.tenant, name)
             .ok()
             .flatten()
             .filter(|a| a.run == s.run)
@@ -249,8 +256,17 @@ impl Dispatcher {
         // Dropping the listener closes it and removes the file.
     }
 
-    pub(super) fn on_agent_socket(&mut self, name: AgentName, r: Request) {
-        match r {
+    /// A request from `name`'s socket: answered here when the part can
+    /// (a retried `send`, a `resume`, a refusal), or what the loop must do
+    /// for it. `stopping`: whether a stop of the agent has begun.
+    pub(super) fn request(
+        &mut self,
+        name: &AgentName,
+        r: Request,
+        records: &Records,
+        stopping: bool,
+    ) -> Option<SockFollow> {
+        let (out, answered) = match r {
             Request::Send {
                 caller,
                 run,
@@ -258,38 +274,52 @@ impl Dispatcher {
                 session,
                 input,
                 out,
-            } => {
-                if let Err(f) = self.sock_send(&name, &caller, &run, &id, session, &input, &out) {
-                    let _ = out.send(f);
+            } => match self.send(name, &run, &id, session, records, stopping, &out) {
+                Ok(true) => return None,
+                Ok(false) => {
+                    return Some(SockFollow::Deliver {
+                        caller,
+                        run,
+                        id,
+                        input,
+                        out,
+                    });
                 }
-            }
+                Err(f) => (out, f),
+            },
             Request::Resume {
                 run,
                 session,
                 after,
                 out,
-            } => {
-                if let Err(f) = self.sock_resume(&name, &run, session, after, &out) {
-                    let _ = out.send(f);
-                }
-            }
+            } => match self.resume(name, &run, session, after, records, &out) {
+                Ok(()) => return None,
+                Err(f) => (out, f),
+            },
             Request::Cancel {
                 caller,
                 run,
                 id,
                 out,
-            } => {
-                if let Err(f) = self.sock_cancel(&name, &caller, &run, id.as_deref(), &out) {
-                    let _ = out.send(f);
+            } => match self.sock_of(name, &run, id.as_deref()) {
+                Ok(_) => {
+                    return Some(SockFollow::Cancel {
+                        caller,
+                        run,
+                        id,
+                        out,
+                    });
                 }
-            }
-        }
+                Err(f) => (out, f),
+            },
+        };
+        let _ = out.send(answered);
+        None
     }
 
     /// The socket of `name`'s run `run`, while that run can take requests.
     fn sock_of(&self, name: &AgentName, run: &RunId, id: Option<&str>) -> Result<&Sock, Value> {
-        self.sockets
-            .by_agent
+        self.by_agent
             .get(name)
             .filter(|s| &s.run == run)
             .ok_or_else(|| {
@@ -317,72 +347,74 @@ impl Dispatcher {
         }
     }
 
+    /// A `send`: `Ok(true)` when answered here (a retry of an input already
+    /// delivered), `Ok(false)` when the input is new and must be delivered.
     #[allow(clippy::too_many_arguments)]
-    fn sock_send(
+    fn send(
         &mut self,
         name: &AgentName,
-        caller: &Caller,
         run: &RunId,
         id: &str,
         session: Option<String>,
-        input: &str,
+        records: &Records,
+        stopping: bool,
         out: &Out,
-    ) -> Result<(), Value> {
+    ) -> Result<bool, Value> {
         let s = self.sock_of(name, run, Some(id))?;
         Self::check_session(s, name, run, Some(id), session)?;
         let err = |code: &str, m: String| agent_socket::error_frame(Some(id), run, code, &m);
-        if let Some(&seq) = s.ids.get(id) {
-            // A retry: the input is not delivered again. Replay what the agent
-            // said after it (up to the next input), then follow if still going.
-            let msgs = self
-                .records
-                .store
-                .messages(&self.records.tenant, name, &s.session)
-                .map_err(|e| err("EIO", format!("reading the session's messages: {e}")))?;
-            let _ = out.send(start(Some(id), run, &s.model));
-            let mut later_input = false;
-            for m in msgs.iter().filter(|m| m.seq > seq) {
-                if m.role == "user" {
-                    later_input = true;
-                    break;
-                }
-                let _ = out.send(message(Some(id), m));
+        let Some(&seq) = s.ids.get(id) else {
+            if stopping {
+                return Err(err(
+                    "EHOSTDOWN",
+                    format!("agent {name} is stopping; it takes no input"),
+                ));
             }
-            if later_input || s.turn_over {
-                let _ = out.send(done(Some(id), run, "blocked"));
-                return Ok(());
+            return Ok(false);
+        };
+        // A retry: the input is not delivered again. Replay what the agent
+        // said after it (up to the next input), then follow if still going.
+        let msgs = records
+            .store
+            .messages(&records.tenant, name, &s.session)
+            .map_err(|e| err("EIO", format!("reading the session's messages: {e}")))?;
+        let _ = out.send(start(Some(id), run, &s.model));
+        let mut later_input = false;
+        for m in msgs.iter().filter(|m| m.seq > seq) {
+            if m.role == "user" {
+                later_input = true;
+                break;
             }
-            let sub = Sub {
-                id: Some(id.to_owned()),
-                out: out.clone(),
-                turn: true,
-            };
-            if let Some(s) = self.sockets.by_agent.get_mut(name) {
-                s.subs.push(sub);
-            }
-            return Ok(());
+            let _ = out.send(message(Some(id), m));
         }
-        if self
-            .agents
-            .live
-            .get(name)
-            .is_none_or(|l| l.stopping.is_some())
-        {
-            return Err(err(
-                "EHOSTDOWN",
-                format!("agent {name} is stopping; it takes no input"),
-            ));
+        if later_input || s.turn_over {
+            let _ = out.send(done(Some(id), run, "blocked"));
+            return Ok(true);
         }
-        let r = self
-            .on_send(caller, name, input)
-            .map_err(|e| err(errno(&e), e.message.clone()))?;
-        // `on_send` names the input after the seq of its recorded message.
-        let seq =
-            r.id.strip_prefix("in-")
-                .and_then(|n| n.parse::<i64>().ok())
-                .unwrap_or(0);
-        let Some(s) = self.sockets.by_agent.get_mut(name) else {
-            return Ok(());
+        let sub = Sub {
+            id: Some(id.to_owned()),
+            out: out.clone(),
+            turn: true,
+        };
+        if let Some(s) = self.by_agent.get_mut(name) {
+            s.subs.push(sub);
+        }
+        Ok(true)
+    }
+
+    /// A new input was recorded and delivered as message `seq`: its client id
+    /// is remembered (a retry is not delivered again) and its client follows
+    /// the turn.
+    pub(super) fn delivered(
+        &mut self,
+        name: &AgentName,
+        run: &RunId,
+        id: &str,
+        seq: i64,
+        out: &Out,
+    ) {
+        let Some(s) = self.by_agent.get_mut(name) else {
+            return;
         };
         s.ids.insert(id.to_owned(), seq);
         s.order.push_back(id.to_owned());
@@ -400,23 +432,40 @@ impl Dispatcher {
             out: out.clone(),
             turn: true,
         });
-        Ok(())
     }
 
-    fn sock_resume(
+    /// A cancel was begun: its client hears the run's end, sent by
+    /// [`Sockets::end`] once the stop's processes are gone.
+    pub(super) fn cancelling(&mut self, name: &AgentName, id: Option<&str>, out: &Out) {
+        if let Some(s) = self.by_agent.get_mut(name) {
+            s.subs.push(Sub {
+                id: id.map(str::to_owned),
+                out: out.clone(),
+                turn: false,
+            });
+        }
+    }
+
+    /// What the loop was asked to do for a request was refused: the client
+    /// hears why, in the socket's words.
+    pub(super) fn refused(out: &Out, id: Option<&str>, run: &RunId, e: &ApiError) {
+        let _ = out.send(agent_socket::error_frame(id, run, errno(e), &e.message));
+    }
+
+    fn resume(
         &mut self,
         name: &AgentName,
         run: &RunId,
         session: Option<String>,
         after: i64,
+        records: &Records,
         out: &Out,
     ) -> Result<(), Value> {
         let s = self.sock_of(name, run, None)?;
         Self::check_session(s, name, run, None, session)?;
-        let msgs = self
-            .records
+        let msgs = records
             .store
-            .messages(&self.records.tenant, name, &s.session)
+            .messages(&records.tenant, name, &s.session)
             .map_err(|e| {
                 let m = format!("reading the session's messages: {e}");
                 agent_socket::error_frame(None, run, "EIO", &m)
@@ -429,34 +478,11 @@ impl Dispatcher {
             let _ = out.send(done(None, run, "blocked"));
             return Ok(());
         }
-        if let Some(s) = self.sockets.by_agent.get_mut(name) {
+        if let Some(s) = self.by_agent.get_mut(name) {
             s.subs.push(Sub {
                 id: None,
                 out: out.clone(),
                 turn: true,
-            });
-        }
-        Ok(())
-    }
-
-    fn sock_cancel(
-        &mut self,
-        name: &AgentName,
-        caller: &Caller,
-        run: &RunId,
-        id: Option<&str>,
-        out: &Out,
-    ) -> Result<(), Value> {
-        self.sock_of(name, run, id)?;
-        self.on_cancel(caller, name)
-            .map_err(|e| agent_socket::error_frame(id, run, errno(&e), &e.message))?;
-        // The end is recorded when the stop's processes are gone; `sock_end`
-        // answers then.
-        if let Some(s) = self.sockets.by_agent.get_mut(name) {
-            s.subs.push(Sub {
-                id: id.map(str::to_owned),
-                out: out.clone(),
-                turn: false,
             });
         }
         Ok(())

@@ -242,7 +242,7 @@ impl Dispatcher {
                     pgids.push(p);
                 }
             }
-            self.sock_close(n);
+            self.sockets.close(n);
             let reason = t.reason().unwrap_or("stopped").to_owned();
             self.agents.to_agent(n, &ToAgent::Cancel { reason });
         }
@@ -253,7 +253,7 @@ impl Dispatcher {
             // own process group.
             pgids.push(p);
         }
-        let mut clear = self.channels_of(&targets);
+        let mut clear = super::disk::channels_of(&self.agents, &self.host.paths, &targets);
         clear.extend(also);
         self.stops.insert(
             id,

@@ -55,14 +55,6 @@ pub(super) struct SweepState {
     /// The tick before which a lease held elsewhere is not asked for again
     /// (asking the store's lock costs a connection).
     next_lease_try: u64,
-    /// Zombie children no live agent accounted for at the last tick
-    /// (`supervisor::orphans`).
-    pub(super) orphan_zombies: std::collections::HashSet<i32>,
-    /// Keeper deaths already reported.
-    pub(super) keeper_deaths: u64,
-    /// A measure of the running agents' `artifact/` is under way
-    /// (`supervisor::disk`).
-    pub(super) disk_busy: bool,
 }
 
 /// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
@@ -95,11 +87,17 @@ impl Dispatcher {
         if self.sweep.ticks.is_multiple_of(ORPHANS_EVERY) {
             self.end_records_without_agents();
         }
-        self.reap_orphans();
-        self.watch_keeper();
+        self.orphans.reap(&self.launcher.spawner, &self.agents);
+        self.orphans.watch_keeper(&self.launcher.spawner);
         // Every supervisor for the agents it hosts, lease or not: only it
         // can stop their processes.
-        self.watch_disk();
+        self.disk.start(
+            &self.agents,
+            &self.host.paths,
+            self.host.cfg.resource_defaults.disk_max,
+            self.launcher.cgroups.clone(),
+            &self.host.tx,
+        );
         let ticks = self.sweep.ticks;
         if let Some(fence) = self.hold_lease() {
             let r = (|| -> Result<(), StoreError> {

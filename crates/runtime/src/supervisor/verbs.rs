@@ -357,7 +357,8 @@ impl Dispatcher {
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
                 self.records.projection.write(adir.join(file), text);
             }
-            self.project_shim(name);
+            self.records
+                .project_shim(self.host.cfg.bin_dir.as_deref(), name);
             let parent_pair = a
                 .parent
                 .clone()

@@ -595,39 +595,14 @@ impl Dispatcher {
                     None => return,
                 },
             };
-            match cmd {
-                // Creations queued together are admitted together
-                // (`batch`); the first command that cannot join is next.
-                Cmd::Spawn(caller, req, reply) if shutdown.is_none() => {
-                    let mut spawns = vec![batch::Spawn {
-                        caller,
-                        req: *req,
-                        reply,
-                    }];
-                    while let Ok(c) = rx.try_recv() {
-                        match c {
-                            Cmd::Spawn(caller, req, reply) => {
-                                let s = batch::Spawn {
-                                    caller,
-                                    req: *req,
-                                    reply,
-                                };
-                                if batch::joins(&spawns, &s) {
-                                    spawns.push(s);
-                                } else {
-                                    held = Some(Cmd::Spawn(s.caller, Box::new(s.req), s.reply));
-                                    break;
-                                }
-                            }
-                            other => {
-                                held = Some(other);
-                                break;
-                            }
-                        }
-                    }
-                    self.on_spawns(spawns);
-                }
-                cmd => self.dispatch(cmd, &mut shutdown),
+            // Creations and starts queued together are recorded together
+            // (`batch`); the first command that cannot join is next.
+            let (work, next) = batch::gather(cmd, &mut rx, shutdown.is_some());
+            held = next;
+            match work {
+                batch::Work::Spawns(s) => self.on_spawns(s),
+                batch::Work::Starts(s) => self.on_launches(s),
+                batch::Work::One(cmd) => self.dispatch(cmd, &mut shutdown),
             }
             self.after_command(&mut shutdown);
         }

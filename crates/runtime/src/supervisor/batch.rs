@@ -1,11 +1,13 @@
-//! Creations that arrive together are admitted together (issue 27). The
-//! loop takes, with a creation, the creations queued right behind it, decides
+//! Creations that arrive together are admitted together, and starts that
+//! arrive together are recorded together (issue 27). The loop takes, with a
+//! creation (a start), those of its kind queued right behind it, works out
 //! each (reads only), then has the store record them all at once: one thread
-//! a creation, so their transactions meet in the store's group commit (one
-//! commit for the lot on SQLite; on PostgreSQL their round trips overlap and
-//! share a WAL flush) instead of following each other round trip after round
-//! trip. What follows each (the projection, the live entry, the queue for a
-//! slot, the answer) is done in arrival order, as for one creation.
+//! a record, so their transactions meet in the store's group commit (one
+//! commit for a batch of admissions on SQLite; on PostgreSQL their round
+//! trips overlap and share a WAL flush) instead of following each other
+//! round trip after round trip. What follows each (the projection, the live
+//! entry, the queue for a slot, the answer) is done in arrival order, as for
+//! one.
 //!
 //! A batch holds only creations that cannot see each other: decisions read
 //! the loop's state and the store before anything of the batch is written,
@@ -14,10 +16,13 @@
 //! naming a customer, each start a batch of their own. The store's
 //! transaction checks the quotas either way.
 
-use brood_core::{AgentName, Code};
-use brood_store::{Agent, StoreError};
+use brood_core::{AgentName, Code, RunId};
+use brood_launch::{LaunchError, Launched};
+use brood_store::StoreError;
+use tokio::sync::mpsc;
 
-use super::{Dispatcher, Reply, answer};
+use super::launch::{Made, Starting};
+use super::{Cmd, Dispatcher, Reply, answer};
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
 
 /// The most creations admitted together: enough for a burst of clients, few
@@ -39,6 +44,115 @@ impl Spawn {
             Caller::User { .. } => self.req.parent.as_ref(),
         }
     }
+}
+
+/// A spawner's answer: the process of a run (or why it did not start).
+pub(super) struct Launch {
+    name: AgentName,
+    run: RunId,
+    result: Result<Launched, LaunchError>,
+    made: Made,
+}
+
+/// What the loop does next: a batch, or one command.
+pub(super) enum Work {
+    Spawns(Vec<Spawn>),
+    Starts(Vec<Launch>),
+    One(Cmd),
+}
+
+/// `first` and the commands of its kind queued right behind it that may go
+/// with it, and the first that may not (the next to do). Nothing new is
+/// admitted together while shutting down.
+pub(super) fn gather(
+    first: Cmd,
+    rx: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutting_down: bool,
+) -> (Work, Option<Cmd>) {
+    match first {
+        Cmd::Spawn(caller, req, reply) if !shutting_down => {
+            let mut spawns = vec![Spawn {
+                caller,
+                req: *req,
+                reply,
+            }];
+            while let Ok(c) = rx.try_recv() {
+                let Cmd::Spawn(caller, req, reply) = c else {
+                    return (Work::Spawns(spawns), Some(c));
+                };
+                let s = Spawn {
+                    caller,
+                    req: *req,
+                    reply,
+                };
+                if !joins(&spawns, &s) {
+                    let next = Cmd::Spawn(s.caller, Box::new(s.req), s.reply);
+                    return (Work::Spawns(spawns), Some(next));
+                }
+                spawns.push(s);
+            }
+            (Work::Spawns(spawns), None)
+        }
+        Cmd::Launched(name, run, result, made) => {
+            let mut starts = vec![Launch {
+                name,
+                run,
+                result,
+                made: *made,
+            }];
+            while starts.len() < MAX_BATCH
+                && let Ok(c) = rx.try_recv()
+            {
+                let Cmd::Launched(name, run, result, made) = c else {
+                    return (Work::Starts(starts), Some(c));
+                };
+                starts.push(Launch {
+                    name,
+                    run,
+                    result,
+                    made: *made,
+                });
+            }
+            (Work::Starts(starts), None)
+        }
+        cmd => (Work::One(cmd), None),
+    }
+}
+
+/// Runs `record` for each item on a thread of its own, so their store
+/// transactions overlap; the answers in the items' order. A thread that
+/// cannot be made records on the caller's.
+fn record_together<T: Sync, R: Send>(
+    items: &[T],
+    record: impl Fn(&T) -> Result<R, StoreError> + Sync,
+) -> Vec<Result<R, StoreError>> {
+    if items.len() == 1 {
+        return items.iter().map(&record).collect();
+    }
+    std::thread::scope(|scope| {
+        let record = &record;
+        let running: Vec<_> = items
+            .iter()
+            .map(|item| {
+                std::thread::Builder::new()
+                    .name("brood-record".into())
+                    .spawn_scoped(scope, move || record(item))
+                    .map_err(|_| item)
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|r| match r {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(StoreError::Refused {
+                        code: Code::Internal,
+                        message: "the thread writing a record panicked".into(),
+                    })
+                }),
+                Err(item) => record(item),
+            })
+            .collect()
+    })
 }
 
 /// Whether `next` may be admitted together with `batch` (module docs).
@@ -94,36 +208,14 @@ impl Dispatcher {
         };
         self.launcher.max_concurrent = quotas.max_concurrent;
         tracing::debug!(n = decided.len(), "admitting creations together");
-        let store = &self.records.store;
-        let recorded: Vec<Result<Agent, ApiError>> = std::thread::scope(|scope| {
-            let running: Vec<_> = decided
-                .iter()
-                .map(|(_, d)| {
-                    let admit = || store.admit_with_quotas(&d.new, &quotas, &d.events);
-                    // A thread that cannot be made admits on the loop's own.
-                    std::thread::Builder::new()
-                        .name("brood-admit".into())
-                        .spawn_scoped(scope, admit)
-                        .map_err(|_| Box::new(admit()))
-                })
-                .collect();
-            running
-                .into_iter()
-                .map(|r| match r {
-                    Ok(h) => h.join().unwrap_or_else(|_| {
-                        Err(StoreError::Refused {
-                            code: Code::Internal,
-                            message: "the thread recording an admission panicked".into(),
-                        })
-                    }),
-                    Err(done) => *done,
-                })
-                .map(|r| r.map_err(internal))
-                .collect()
+        let store = self.records.store.as_ref();
+        let recorded = record_together(&decided, |(_, d)| {
+            store.admit_with_quotas(&d.new, &quotas, &d.events)
         });
         for ((s, d), r) in decided.into_iter().zip(recorded) {
             let parent = s.parent().cloned();
             let requested = s.req.name.as_ref().map(|n| n.to_string());
+            let r = r.map_err(internal);
             match r.and_then(|agent| self.record_admission(d, s.req, agent)) {
                 Ok(admitted) => self.answer_spawn(admitted, s.reply),
                 Err(e) => {
@@ -131,6 +223,20 @@ impl Dispatcher {
                     answer(s.reply, Err(e));
                 }
             }
+        }
+    }
+
+    /// Starts answered by the spawner: each taken up, their records written
+    /// together, what follows each in order.
+    pub(super) fn on_launches(&mut self, starts: Vec<Launch>) {
+        let starting: Vec<Starting> = starts
+            .into_iter()
+            .filter_map(|l| self.launch_begins(l.name, l.run, l.result, l.made))
+            .collect();
+        let (store, tenant) = (self.records.store.as_ref(), &self.records.tenant);
+        let recorded = record_together(&starting, |s| s.record(store, tenant));
+        for (s, r) in starting.into_iter().zip(recorded) {
+            self.launch_started(s, r);
         }
     }
 

@@ -12,6 +12,7 @@ use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::FailReason;
 use brood_core::RunId;
+use brood_core::TenantId;
 use brood_core::Terminal;
 use brood_core::policy::Policy;
 use brood_launch::LaunchError;
@@ -25,7 +26,10 @@ use brood_proto::HistoryMessage;
 use brood_proto::InitConfig;
 use brood_proto::ToAgent;
 use brood_store::Agent;
+use brood_store::NewEvent;
 use brood_store::Protocol;
+use brood_store::Store;
+use brood_store::StoreError;
 use serde_json::Value;
 use serde_json::json;
 use std::path::PathBuf;
@@ -397,6 +401,23 @@ impl Dispatcher {
         r: Result<Launched, LaunchError>,
         made: Made,
     ) {
+        if let Some(s) = self.launch_begins(name, run, r, made) {
+            let start = s.record(self.records.store.as_ref(), &self.records.tenant);
+            self.launch_started(s, start);
+        }
+    }
+
+    /// What the spawner's answer needs before its start is recorded: the
+    /// process taken up by its live entry, or (nobody wants it any more, or
+    /// it did not start) everything of it ended here. `Some`: the start to
+    /// record ([`Starting::record`]), then [`Self::launch_started`].
+    pub(super) fn launch_begins(
+        &mut self,
+        name: AgentName,
+        run: RunId,
+        r: Result<Launched, LaunchError>,
+        made: Made,
+    ) -> Option<Starting> {
         let Made {
             group,
             sandbox,
@@ -409,7 +430,7 @@ impl Dispatcher {
                 Ok(p) => reap_orphan_launch(p, group, self.launcher.cgroups.clone()),
                 Err(_) => self.remove_group(group),
             }
-            return;
+            return None;
         };
         l.group = group;
         l.sandbox = sandbox;
@@ -432,7 +453,7 @@ impl Dispatcher {
                             .map(|a| agent_view(&self.records.store, &a));
                         answer(reply, r);
                     }
-                    return;
+                    return None;
                 }
                 self.finish(
                     &name,
@@ -442,7 +463,7 @@ impl Dispatcher {
                     Some(detail),
                     None,
                 );
-                return;
+                return None;
             }
         };
         let cgroup_path = l
@@ -461,16 +482,29 @@ impl Dispatcher {
                 start_payload[k] = v.clone();
             }
         }
-        let start_events = [ev_value(&name, Some(&run), &session, start_payload.clone())];
-        let start = self.records.store.start_run(
-            &self.records.tenant,
-            &name,
-            &run,
-            launched.pid,
-            &cgroup_path,
-            now_ms(),
-            &start_events,
-        );
+        let start_events = vec![ev_value(&name, Some(&run), &session, start_payload.clone())];
+        Some(Starting {
+            name,
+            run,
+            launched,
+            cgroup_path,
+            start_payload,
+            start_events,
+        })
+    }
+
+    /// What follows a start the store recorded (or refused: cancelled
+    /// between admission and start): the IO task, the projection, the first
+    /// words to the agent, the creator's answer.
+    pub(super) fn launch_started(&mut self, s: Starting, start: Result<Agent, StoreError>) {
+        let Starting {
+            name,
+            run,
+            launched,
+            start_payload,
+            start_events,
+            ..
+        } = s;
         let agent = match start {
             Ok(a) => a,
             Err(e) => {
@@ -876,5 +910,32 @@ impl Prep {
             keep,
         })
         .map_err(|e| format!("its view of the ctx tree: {e}"))
+    }
+}
+
+/// A launched process whose start is to be recorded (`launch_begins`).
+pub(super) struct Starting {
+    name: AgentName,
+    run: RunId,
+    launched: Launched,
+    cgroup_path: String,
+    start_payload: Value,
+    start_events: Vec<NewEvent>,
+}
+
+impl Starting {
+    /// The start's record: the run, its pid and group, `agent.start`. Needs
+    /// nothing of the dispatcher, so starts that arrive together are
+    /// recorded together (`batch`).
+    pub(super) fn record(&self, store: &dyn Store, tenant: &TenantId) -> Result<Agent, StoreError> {
+        store.start_run(
+            tenant,
+            &self.name,
+            &self.run,
+            self.launched.pid,
+            &self.cgroup_path,
+            now_ms(),
+            &self.start_events,
+        )
     }
 }

@@ -15,7 +15,9 @@
 //! `waiters`, `stops`, `sweep`, `sockets`, `jobs`); its work is split by
 //! concern into the submodules: `handle` (the public handle and start-up),
 //! `admit`, `launch`, `protocol`, `ends`, `verbs`, `stops`, `collect`,
-//! `sweep`, `sockets`, `identify`, `orphans`.
+//! `sweep`, `sockets`, `identify`, `orphans`. A part that needs another
+//! part's work returns it as follow-ups, which `route` applies (so far the
+//! jobs runner, `jobs`, which holds no dispatcher).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -64,6 +66,7 @@ mod protocol;
 mod queue;
 mod records;
 mod remove;
+mod route;
 mod routed;
 mod secrets;
 mod sockets;

@@ -17,7 +17,9 @@
 //! the loop carries out (`route`). The work that spans parts is split by
 //! concern into the submodules: `handle` (the public handle and start-up),
 //! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `stops`,
-//! `collect`, `sweep`, `identify`.
+//! `collect`, `sweep`, `identify`. A part that needs another part's work
+//! returns it as follow-ups, which `route` applies (the jobs runner and the
+//! agent sockets, which hold no dispatcher).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

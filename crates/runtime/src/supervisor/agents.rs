@@ -76,3 +76,15 @@ impl Agents {
         self.live.values().filter(|l| l.launching).count()
     }
 }
+
+impl super::jobs::RunningHere for Agents {
+    fn running(&self, agent: &AgentName) -> bool {
+        self.live.get(agent).is_some_and(|l| l.stopping.is_none())
+    }
+
+    fn run_of(&self, agent: &AgentName) -> Option<(RunId, brood_core::SessionName)> {
+        self.live
+            .get(agent)
+            .map(|l| (l.run.clone(), l.session.clone()))
+    }
+}

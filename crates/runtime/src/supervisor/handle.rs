@@ -242,6 +242,7 @@ impl Supervisor {
             cgroups: cgroups.clone(),
             keeper: spawner.keeper_watch(),
         });
+        let brood_exe = std::env::current_exe().ok();
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -258,7 +259,7 @@ impl Supervisor {
                 // groups a process is in do not change under it.
                 own_cgroups,
                 outsiders: outsiders.clone(),
-                brood_exe: std::env::current_exe().ok(),
+                brood_exe: brood_exe.clone(),
                 intake: intake.clone(),
                 metrics: metrics.clone(),
             },
@@ -288,7 +289,7 @@ impl Supervisor {
             next_id: 1,
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
-            jobs: jobs::Runner::default(),
+            jobs: jobs::Runner::new(brood_exe),
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
         };

@@ -118,7 +118,11 @@ impl Dispatcher {
                 format!("job {id}'s worker {n} has not ended yet; remove the job once it has"),
             ));
         }
-        let events = self.job_event(&job.owner, json!({"type": "job.removed", "job": id}));
+        let events = super::jobs::job_event(
+            &self.agents,
+            &job.owner,
+            json!({"type": "job.removed", "job": id}),
+        );
         let r = self
             .records
             .store

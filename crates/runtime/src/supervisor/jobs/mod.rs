@@ -1,4 +1,5 @@
-//! Running jobs (SPEC 10) on the dispatcher: a started job keeps up to
+//! Running jobs (SPEC 10): the runner, a part of the supervisor that owns
+//! the jobs it runs and their workers. A started job keeps up to
 //! `concurrency` workers (children of its owner) busy; each worker is given
 //! an item when it starts (its task is the item's instruction) and the next
 //! one in the reply to each `job.report`, until none is left or it asks to
@@ -9,6 +10,15 @@
 //! ran out of attempts (or it ran past `max_runtime_s`), `cancelled` when
 //! cancelled or its owner ended while it ran.
 //!
+//! The runner knows no other part. Each call is lent what it reads
+//! ([`Env`]: the store and tenant, where recorded events go, whether an
+//! agent runs here) and records its own decisions in the store; what another
+//! part must do (admit a worker, stop one, note a refused one) it returns as
+//! [`JobFollow`]s, in order, for the loop to apply
+//! (`supervisor::route::jobs`), and what admission said comes back through
+//! [`Runner::admitted`]. A caller is answered by the runner once the answer
+//! is known: at once, or when the step that knows it runs.
+//!
 //! Durable across a crash: the store holds every job, item and attempt. At
 //! start the items a dead incarnation was running get a failed attempt
 //! (`runtime_restart`) that does not count against `max_attempts`, and a job
@@ -16,34 +26,36 @@
 //! `brood resume OWNER`, since a crash cancels every agent).
 //!
 //! Workers that end are noted in `gone` and dealt with after the command
-//! (never inside a stop), and jobs are topped up with workers only then.
+//! ([`Runner::drive`]; never inside a stop), and jobs are topped up with
+//! workers only then.
 //!
-//! - `mod.rs`: the runner's state, start, cancel, ending a job, recovery,
-//!   taking up running jobs, progress;
-//! - `work.rs`: items to workers (assignment, reports, failures, timeouts);
+//! - `mod.rs`: the runner's state, what it is lent, start, cancel, ending a
+//!   job, recovery, taking up running jobs, progress;
+//! - `follow.rs`: the entry points the loop calls (a command, the clock,
+//!   after each command) and the follow-ups and steps they return;
+//! - `work.rs`: items to workers (assignment, reports, failures, a job's
+//!   next worker, its end when done);
 //! - `control.rs`: an operator's or owner's hand on items (assign, retry).
 
 mod control;
+mod follow;
 mod work;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 
-use brood_core::{ItemStatus, JobStatus};
-use brood_store::Job;
+use brood_core::{AgentName, CancelReason, Code, ItemStatus, JobStatus, RunId, SessionName};
+use brood_core::{TenantId, Terminal};
+use brood_store::{Job, NewEvent, Store, StoreError};
+use serde_json::{Value, json};
 
-use super::{Dispatcher, Reply, answer, ev_value, now_ms};
-use crate::api::ApiError;
-use crate::api::Caller;
-use crate::api::internal;
-use brood_core::AgentName;
-use brood_core::CancelReason;
-use brood_core::Code;
-use brood_core::SessionName;
-use brood_core::Terminal;
-use brood_store::NewEvent;
-use brood_store::StoreError;
-use serde_json::Value;
-use serde_json::json;
+use super::{Reply, ev_value, now_ms};
+use crate::api::{ApiError, Caller, internal};
+pub(super) use follow::JobFollow;
+use follow::Step;
 
 /// What the dispatcher is asked to do with a job (SPEC 10 "Control"), each
 /// with where its typed answer goes.
@@ -74,8 +86,32 @@ pub const RUNTIME_RESTART: &str = "runtime_restart";
 /// At most one `job.progress` a second per job (and one as it ends).
 const PROGRESS_EVERY_MS: i64 = 1000;
 
-#[derive(Default)]
-pub(super) struct Runner {
+/// What the runner reads of the rest of the supervisor, lent for one call:
+/// the store it records jobs in, where a recorded event goes next, and the
+/// agents running here. Nothing in it lets the runner act on another part;
+/// what it needs done elsewhere it returns ([`JobFollow`]).
+pub(in crate::supervisor) struct Env<'a> {
+    pub(in crate::supervisor) store: &'a dyn Store,
+    pub(in crate::supervisor) tenant: &'a TenantId,
+    /// Called with events once the store holds them (the ctx projection).
+    pub(in crate::supervisor) project: &'a dyn Fn(&[NewEvent]),
+    pub(in crate::supervisor) agents: &'a dyn RunningHere,
+}
+
+/// The runner's view of the agents this supervisor runs.
+pub(in crate::supervisor) trait RunningHere {
+    /// `agent` runs here and no stop covers it: an owner whose jobs may
+    /// start workers, an agent that may be given an item.
+    fn running(&self, agent: &AgentName) -> bool;
+    /// The run and session of `agent` while it is live here (stopping or
+    /// not): where the events of its jobs go.
+    fn run_of(&self, agent: &AgentName) -> Option<(RunId, SessionName)>;
+}
+
+/// The jobs this supervisor runs and their workers: the part that owns
+/// them. Its methods record what they decide in the store themselves and
+/// return, as [`JobFollow`]s, what another part must do.
+pub(in crate::supervisor) struct Runner {
     runs: HashMap<String, JobRun>,
     /// What each live worker holds.
     workers: HashMap<AgentName, Work>,
@@ -85,6 +121,9 @@ pub(super) struct Runner {
     dirty: BTreeSet<String>,
     /// Whether the attempts of a dead incarnation were failed yet.
     recovered: bool,
+    /// This binary: the program of a worker whose job names none (the
+    /// reference agent).
+    brood_exe: Option<PathBuf>,
 }
 
 struct JobRun {
@@ -148,19 +187,6 @@ impl JobRun {
     }
 }
 
-impl Runner {
-    /// Whether this runner runs job `id` now.
-    pub(super) fn runs_job(&self, id: &str) -> bool {
-        self.runs.contains_key(id)
-    }
-
-    pub(super) fn note_gone(&mut self, name: &AgentName) {
-        if self.workers.contains_key(name) {
-            self.gone.push(name.clone());
-        }
-    }
-}
-
 fn job_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Refused { code, message } => ApiError::new(code, message),
@@ -181,55 +207,48 @@ fn counts_json(counts: &BTreeMap<ItemStatus, u32>) -> Value {
     Value::Object(m)
 }
 
-impl Dispatcher {
-    pub(super) fn on_job(&mut self, caller: &Caller, op: JobOp) {
-        match op {
-            JobOp::Start(id, reply) => answer(reply, self.on_job_start(caller, &id)),
-            JobOp::Cancel(id, reply) => answer(reply, self.on_job_cancel(caller, &id)),
-            JobOp::Report(args, reply) => {
-                let r = match caller {
-                    Caller::Agent(me) => self.on_job_report(me, &args),
-                    Caller::User { .. } => Err(ApiError::new(
-                        Code::Forbidden,
-                        "a report comes from the worker holding the item, not from the operator",
-                    )),
-                };
-                answer(reply, r)
-            }
-            JobOp::Assign {
-                job,
-                item,
-                worker,
-                reply,
-            } => answer(
-                reply,
-                self.on_job_assign(caller, &job, &item, worker.as_ref()),
-            ),
-            JobOp::Retry { job, item, reply } => {
-                answer(reply, self.on_job_retry(caller, &job, item.as_deref()))
-            }
+/// A job's event, in its owner's log: in its current run and session while
+/// it is live here, else in its default session.
+pub(in crate::supervisor) fn job_event(
+    agents: &dyn RunningHere,
+    owner: &AgentName,
+    payload: Value,
+) -> Vec<NewEvent> {
+    let (run, session) = match agents.run_of(owner) {
+        Some((run, session)) => (Some(run), session),
+        None => (None, SessionName::default_session()),
+    };
+    vec![ev_value(owner, run.as_ref(), &session, payload)]
+}
+
+impl Runner {
+    pub(in crate::supervisor) fn new(brood_exe: Option<PathBuf>) -> Runner {
+        Runner {
+            runs: HashMap::new(),
+            workers: HashMap::new(),
+            gone: Vec::new(),
+            dirty: BTreeSet::new(),
+            recovered: false,
+            brood_exe,
         }
     }
 
-    /// The owner is not (or no more) running here: no worker starts under it.
-    fn owner_gone(&self, owner: &AgentName) -> bool {
-        self.agents
-            .live
-            .get(owner)
-            .is_none_or(|l| l.stopping.is_some())
+    /// Whether this runner runs job `id` now.
+    pub(in crate::supervisor) fn runs_job(&self, id: &str) -> bool {
+        self.runs.contains_key(id)
     }
 
-    pub(super) fn job_event(&self, owner: &AgentName, payload: Value) -> Vec<NewEvent> {
-        let (run, session) = match self.agents.live.get(owner) {
-            Some(l) => (Some(l.run.clone()), l.session.clone()),
-            None => (None, SessionName::default_session()),
-        };
-        vec![ev_value(owner, run.as_ref(), &session, payload)]
+    /// `name` left the live set: if it was a worker, its end is dealt with
+    /// after the command ([`Runner::drive`]), never inside whatever removed it.
+    pub(in crate::supervisor) fn note_gone(&mut self, name: &AgentName) {
+        if self.workers.contains_key(name) {
+            self.gone.push(name.clone());
+        }
     }
 
     /// The runner's view of a job from its record: its spec read, its
     /// counts loaded.
-    fn load_run(&self, job: &Job) -> Result<JobRun, ApiError> {
+    fn load_run(&self, job: &Job, env: &Env) -> Result<JobRun, ApiError> {
         let id = &job.id;
         let spec: Value = serde_json::from_str(&job.spec).unwrap_or(Value::Null);
         let worker = &spec["worker"];
@@ -240,7 +259,6 @@ impl Dispatcher {
                 .collect(),
             None => {
                 let exe = self
-                    .host
                     .brood_exe
                     .as_ref()
                     .map(|p| p.to_string_lossy().into_owned())
@@ -268,10 +286,9 @@ impl Dispatcher {
                 format!("job {id}: worker.argv is empty"),
             ));
         }
-        let counts: BTreeMap<ItemStatus, u32> = self
-            .records
+        let counts: BTreeMap<ItemStatus, u32> = env
             .store
-            .item_counts(&self.records.tenant, id)
+            .item_counts(env.tenant, id)
             .map_err(job_error)?
             .into_iter()
             .collect();
@@ -305,10 +322,9 @@ impl Dispatcher {
         run.progress.done_then = run.done();
         // Worker names go on from the ones a job already used, so a taken-up
         // job never asks for a name its earlier workers hold.
-        run.next_worker = self
-            .records
+        run.next_worker = env
             .store
-            .children(&self.records.tenant, &job.owner)
+            .children(env.tenant, &job.owner)
             .map(|cs| {
                 cs.iter()
                     .filter_map(|a| {
@@ -324,15 +340,15 @@ impl Dispatcher {
         Ok(run)
     }
 
-    pub(super) fn on_job_start(
+    fn start(
         &mut self,
         caller: &Caller,
         id: &str,
+        env: &Env,
     ) -> Result<brood_api::JobView, ApiError> {
-        let store = self.records.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
+        let job = crate::jobs::get(env.store, env.tenant, caller, id)?;
         let owner = job.owner.clone();
-        if self.owner_gone(&owner) {
+        if !env.agents.running(&owner) {
             return Err(ApiError::new(
                 Code::Conflict,
                 format!(
@@ -340,56 +356,72 @@ impl Dispatcher {
                 ),
             ));
         }
-        let mut run = self.load_run(&job)?;
-        let events = self.job_event(&owner, json!({"type": "job.started", "job": id}));
-        let job = self
-            .records
+        let mut run = self.load_run(&job, env)?;
+        let events = job_event(
+            env.agents,
+            &owner,
+            json!({"type": "job.started", "job": id}),
+        );
+        let job = env
             .store
-            .set_job_status(
-                &self.records.tenant,
-                id,
-                JobStatus::Running,
-                now_ms(),
-                &events,
-            )
+            .set_job_status(env.tenant, id, JobStatus::Running, now_ms(), &events)
             .map_err(job_error)?;
-        self.records.project_events(&events);
+        (env.project)(&events);
         if let (Some(s), Some(started)) = (job_spec_runtime(&job), job.started_ms) {
             run.deadline_ms = Some(started.saturating_add(s));
         }
-        self.jobs.runs.insert(id.to_owned(), run);
-        self.jobs.dirty.insert(id.to_owned());
-        crate::jobs::view(self.records.store.as_ref(), &job)
+        self.runs.insert(id.to_owned(), run);
+        self.dirty.insert(id.to_owned());
+        crate::jobs::view(env.store, &job)
     }
 
-    pub(super) fn on_job_cancel(
+    /// `cancel`: the job ends `cancelled` ([`Runner::end_job`]); the caller
+    /// is answered once it has.
+    fn cancel(
         &mut self,
         caller: &Caller,
         id: &str,
-    ) -> Result<brood_api::JobView, ApiError> {
-        let store = self.records.store.clone();
-        let job = crate::jobs::get(store.as_ref(), &self.records.tenant, caller, id)?;
-        job.status
-            .transition(JobStatus::Cancelled)
-            .map_err(|e| ApiError::new(Code::Conflict, format!("job {id}: {e}")))?;
-        let job = self.end_job(id, &job.owner, JobStatus::Cancelled, None)?;
-        crate::jobs::view(self.records.store.as_ref(), &job)
+        reply: Reply<brood_api::JobView>,
+        env: &Env,
+    ) -> Vec<JobFollow> {
+        let job = crate::jobs::get(env.store, env.tenant, caller, id).and_then(|job| {
+            job.status
+                .transition(JobStatus::Cancelled)
+                .map_err(|e| ApiError::new(Code::Conflict, format!("job {id}: {e}")))?;
+            Ok(job)
+        });
+        match job {
+            Ok(job) => self.end_job(
+                id,
+                &job.owner,
+                JobStatus::Cancelled,
+                None,
+                follow::OnEnd::Answer(reply),
+            ),
+            Err(e) => {
+                super::answer(reply, Err(e));
+                Vec::new()
+            }
+        }
     }
 
     /// Ends a job: no more assignment, its workers' attempts failed with the
     /// reason and the workers stopped (completed items are kept as they are),
-    /// a last `job.progress`, then the status with its event.
+    /// a last `job.progress`, then the status with its event. Each worker is
+    /// stopped right after its attempt is failed, before the next one's, so
+    /// the steps come back as follow-ups in that order.
     fn end_job(
         &mut self,
         id: &str,
         owner: &AgentName,
         to: JobStatus,
-        reason: Option<&str>,
-    ) -> Result<Job, ApiError> {
-        let (kind, why) = match to {
-            JobStatus::Completed => ("job.completed", "the job completed"),
-            JobStatus::Failed => ("job.failed", "the job failed"),
-            _ => ("job.cancelled", "the job was cancelled"),
+        reason: Option<&'static str>,
+        then: follow::OnEnd,
+    ) -> Vec<JobFollow> {
+        let why = match to {
+            JobStatus::Completed => "the job completed",
+            JobStatus::Failed => "the job failed",
+            _ => "the job was cancelled",
         };
         let why = reason.unwrap_or(why);
         // Workers still at work are stopped when the job is cancelled or cut
@@ -397,31 +429,38 @@ impl Dispatcher {
         // on their own when told there is no next item.
         let stop = (to == JobStatus::Cancelled || reason.is_some())
             .then_some(Terminal::Cancelled(CancelReason::JobCancelled));
-        let mine: Vec<AgentName> = self
-            .jobs
+        let mut steps: Vec<JobFollow> = self
             .workers
             .iter()
             .filter(|(_, w)| w.job == id)
-            .map(|(n, _)| n.clone())
+            .map(|(n, _)| Step::end_worker(n.clone(), why, stop))
             .collect();
-        for w in mine {
-            self.fail_work(&w, why);
-            let own = self.jobs.workers.remove(&w).is_some_and(|w| w.own);
-            // An agent given an item by `assign` is not the job's to stop.
-            if let Some(t) = stop
-                && own
-            {
-                self.stop_subtree(&w, t);
-            }
-        }
-        self.emit_progress(id, true);
-        let counts = match self.jobs.runs.remove(id) {
+        steps.push(Step::ended(id, owner, to, reason, then));
+        steps
+    }
+
+    /// The end of a job once its workers are dealt with: a last
+    /// `job.progress`, then its status with its event.
+    fn ended(
+        &mut self,
+        id: &str,
+        owner: &AgentName,
+        to: JobStatus,
+        reason: Option<&str>,
+        env: &Env,
+    ) -> Result<Job, ApiError> {
+        let kind = match to {
+            JobStatus::Completed => "job.completed",
+            JobStatus::Failed => "job.failed",
+            _ => "job.cancelled",
+        };
+        self.emit_progress(id, true, env);
+        let counts = match self.runs.remove(id) {
             Some(r) => counts_json(&r.counts),
             None => {
-                let c = self
-                    .records
+                let c = env
                     .store
-                    .item_counts(&self.records.tenant, id)
+                    .item_counts(env.tenant, id)
                     .map_err(job_error)?
                     .into_iter()
                     .collect();
@@ -432,38 +471,20 @@ impl Dispatcher {
         if let Some(r) = reason {
             payload["reason"] = json!(r);
         }
-        let events = self.job_event(owner, payload);
-        let job = self
-            .records
+        let events = job_event(env.agents, owner, payload);
+        let job = env
             .store
-            .set_job_status(&self.records.tenant, id, to, now_ms(), &events)
+            .set_job_status(env.tenant, id, to, now_ms(), &events)
             .map_err(job_error)?;
-        self.records.project_events(&events);
+        (env.project)(&events);
         Ok(job)
-    }
-
-    /// What the runner does on the sweepers' clock: once, the attempts a
-    /// dead incarnation was running are failed; running jobs whose owner
-    /// runs here are taken up; attempts and jobs past their time end;
-    /// progress is told.
-    pub(super) fn job_tick(&mut self) {
-        if !self.jobs.recovered {
-            self.jobs.recovered = true;
-            self.recover_jobs();
-        }
-        self.take_up_jobs();
-        self.job_timeouts();
-        let ids: Vec<String> = self.jobs.runs.keys().cloned().collect();
-        for id in ids {
-            self.emit_progress(&id, false);
-        }
     }
 
     /// Items left `running` by a dead incarnation (their worker is no live
     /// agent of this runner): a failed attempt each, `runtime_restart`, that
     /// does not use up the item's attempts; what was completed stays as it is.
-    fn recover_jobs(&mut self) {
-        let jobs = match self.records.store.jobs(&self.records.tenant) {
+    fn recover_jobs(&mut self, env: &Env) {
+        let jobs = match env.store.jobs(env.tenant) {
             Ok(j) => j,
             Err(e) => {
                 tracing::error!(error = %e, "reading jobs to recover");
@@ -471,11 +492,10 @@ impl Dispatcher {
             }
         };
         for job in jobs.iter().filter(|j| j.status == JobStatus::Running) {
-            let items = match self.records.store.job_items(
-                &self.records.tenant,
-                &job.id,
-                Some(ItemStatus::Running),
-            ) {
+            let items = match env
+                .store
+                .job_items(env.tenant, &job.id, Some(ItemStatus::Running))
+            {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::error!(job = job.id, error = %e, "reading running items");
@@ -486,17 +506,18 @@ impl Dispatcher {
                 if it
                     .worker
                     .as_ref()
-                    .is_some_and(|w| self.jobs.workers.contains_key(w))
+                    .is_some_and(|w| self.workers.contains_key(w))
                 {
                     continue;
                 }
-                let events = self.job_event(
+                let events = job_event(
+                    env.agents,
                     &job.owner,
                     json!({"type": "job.item.failed", "job": job.id, "item": it.id, "attempt": it.attempts,
                            "worker": it.worker.as_ref().map(|w| w.as_str()), "error": RUNTIME_RESTART}),
                 );
-                match self.records.store.fail_attempt(
-                    &self.records.tenant,
+                match env.store.fail_attempt(
+                    env.tenant,
                     &job.id,
                     &it.id,
                     it.attempts,
@@ -505,7 +526,7 @@ impl Dispatcher {
                     now_ms(),
                     &events,
                 ) {
-                    Ok(_) => self.records.project_events(&events),
+                    Ok(_) => (env.project)(&events),
                     Err(e) => {
                         tracing::warn!(job = job.id, item = it.id, error = %e, "failing a crashed attempt")
                     }
@@ -516,22 +537,22 @@ impl Dispatcher {
 
     /// Running jobs this runner does not run yet whose owner runs here (a
     /// job taken up after a restart, once its owner is resumed).
-    fn take_up_jobs(&mut self) {
-        let Ok(jobs) = self.records.store.jobs(&self.records.tenant) else {
+    fn take_up_jobs(&mut self, env: &Env) {
+        let Ok(jobs) = env.store.jobs(env.tenant) else {
             return;
         };
         for job in jobs {
             if job.status != JobStatus::Running
-                || self.jobs.runs.contains_key(&job.id)
-                || self.owner_gone(&job.owner)
+                || self.runs.contains_key(&job.id)
+                || !env.agents.running(&job.owner)
             {
                 continue;
             }
-            match self.load_run(&job) {
+            match self.load_run(&job, env) {
                 Ok(run) => {
                     tracing::info!(job = job.id, "taking up a running job");
-                    self.jobs.runs.insert(job.id.clone(), run);
-                    self.jobs.dirty.insert(job.id);
+                    self.runs.insert(job.id.clone(), run);
+                    self.dirty.insert(job.id);
                 }
                 Err(e) => tracing::warn!(job = job.id, error = %e, "taking up a job"),
             }
@@ -540,9 +561,9 @@ impl Dispatcher {
 
     /// `job.progress`: counts by status, items a second, and an ETA, when
     /// something changed (at most once a second, unless `last`).
-    fn emit_progress(&mut self, id: &str, last: bool) {
+    fn emit_progress(&mut self, id: &str, last: bool, env: &Env) {
         let now = now_ms();
-        let Some(run) = self.jobs.runs.get_mut(id) else {
+        let Some(run) = self.runs.get_mut(id) else {
             return;
         };
         if !run.progress.changed || (!last && now - run.progress.last_ms < PROGRESS_EVERY_MS) {
@@ -567,14 +588,9 @@ impl Dispatcher {
             "total": total, "done": done, "items_per_s": (rate * 10.0).round() / 10.0,
             "eta_s": eta_s,
         });
-        let owner = run.owner.clone();
-        let events = self.job_event(&owner, payload);
-        match self
-            .records
-            .store
-            .append_events(&self.records.tenant, &events, now)
-        {
-            Ok(_) => self.records.project_events(&events),
+        let events = job_event(env.agents, &run.owner, payload);
+        match env.store.append_events(env.tenant, &events, now) {
+            Ok(_) => (env.project)(&events),
             Err(e) => tracing::warn!(job = id, error = %e, "recording job progress"),
         }
     }

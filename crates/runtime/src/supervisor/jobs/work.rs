@@ -1,46 +1,45 @@
 //! Items to workers: assignment, a worker's report (fenced, checked against
-//! the output schema), failed attempts, timeouts, topping a job up with
-//! workers and ending it when every item is done.
+//! the output schema), failed attempts, a job's next worker and its end when
+//! every item is done.
 
 use brood_core::{ItemStatus, JobStatus};
 
-use super::{Work, job_error};
+use super::follow::{JobFollow, OnEnd};
+use super::{Env, Runner, Work, job_error, job_event};
 use crate::api::ApiError;
-use crate::api::Caller;
 use crate::api::SpawnRequest;
-use crate::supervisor::{Dispatcher, now_ms};
+use crate::supervisor::now_ms;
 use brood_core::AgentName;
 use brood_core::Code;
-use brood_core::FailReason;
 use brood_core::SessionName;
-use brood_core::Terminal;
 use brood_store::Protocol;
 use serde_json::Value;
 use serde_json::json;
 
-impl Dispatcher {
+impl Runner {
     /// Fails the attempt `worker` holds, if any.
-    pub(super) fn fail_work(&mut self, worker: &AgentName, why: &str) {
-        let Some(w) = self.jobs.workers.get_mut(worker) else {
+    pub(super) fn fail_work(&mut self, worker: &AgentName, why: &str, env: &Env) {
+        let Some(w) = self.workers.get_mut(worker) else {
             return;
         };
         let Some((item, attempt, _)) = w.item.take() else {
             return;
         };
         let job = w.job.clone();
-        let (owner, max) = match self.jobs.runs.get(&job) {
+        let (owner, max) = match self.runs.get(&job) {
             Some(r) => (r.owner.clone(), r.max_attempts),
-            None => match self.records.store.job(&self.records.tenant, &job) {
+            None => match env.store.job(env.tenant, &job) {
                 Ok(Some(j)) => (j.owner, 1),
                 _ => return,
             },
         };
-        let events = self.job_event(
+        let events = job_event(
+            env.agents,
             &owner,
             json!({"type": "job.item.failed", "job": job, "item": item, "attempt": attempt, "worker": worker.as_str(), "error": why}),
         );
-        match self.records.store.fail_attempt(
-            &self.records.tenant,
+        match env.store.fail_attempt(
+            env.tenant,
             &job,
             &item,
             attempt,
@@ -50,23 +49,24 @@ impl Dispatcher {
             &events,
         ) {
             Ok(it) => {
-                self.records.project_events(&events);
-                if let Some(r) = self.jobs.runs.get_mut(&job) {
+                (env.project)(&events);
+                if let Some(r) = self.runs.get_mut(&job) {
                     r.moved(ItemStatus::Running, it.status);
                 }
             }
             Err(e) => tracing::warn!(job, item, error = %e, "failing a job attempt"),
         }
-        self.jobs.dirty.insert(job);
+        self.dirty.insert(job);
     }
 
     /// `job.report` from a worker: its result for the item it holds.
-    pub(super) fn on_job_report(
+    pub(super) fn report(
         &mut self,
         worker: &AgentName,
         args: &Value,
+        env: &Env,
     ) -> Result<brood_api::ReportReply, ApiError> {
-        let Some(w) = self.jobs.workers.get(worker) else {
+        let Some(w) = self.workers.get(worker) else {
             return Err(ApiError::new(
                 Code::Forbidden,
                 format!("agent {worker} is not working on a job item"),
@@ -96,7 +96,7 @@ impl Dispatcher {
             ));
         };
         let stop = args.get("stop").and_then(Value::as_bool).unwrap_or(false);
-        let Some(run) = self.jobs.runs.get(&job) else {
+        let Some(run) = self.runs.get(&job) else {
             return Err(ApiError::new(
                 Code::Conflict,
                 format!("job {job} is not running"),
@@ -107,17 +107,17 @@ impl Dispatcher {
             && let Err(why) = crate::jobs::validate(schema, result)
         {
             let reason = format!("the result does not satisfy output_schema: {why}");
-            self.fail_work(worker, &reason);
+            self.fail_work(worker, &reason, env);
             return Err(ApiError::new(Code::BadRequest, reason));
         }
-        let events = self.job_event(
+        let events = job_event(
+            env.agents,
             &owner,
             json!({"type": "job.item.completed", "job": job, "item": item, "attempt": attempt, "worker": worker.as_str()}),
         );
-        self.records
-            .store
+        env.store
             .report_result(
-                &self.records.tenant,
+                env.tenant,
                 &job,
                 &item,
                 attempt,
@@ -127,21 +127,23 @@ impl Dispatcher {
                 &events,
             )
             .map_err(job_error)?;
-        self.records.project_events(&events);
-        if let Some(r) = self.jobs.runs.get_mut(&job) {
+        (env.project)(&events);
+        if let Some(r) = self.runs.get_mut(&job) {
             r.moved(ItemStatus::Running, ItemStatus::Completed);
         }
-        if let Some(w) = self.jobs.workers.get_mut(worker) {
+        if let Some(w) = self.workers.get_mut(worker) {
             w.item = None;
         }
-        self.jobs.dirty.insert(job.clone());
+        self.dirty.insert(job.clone());
         // Only the runner's own workers are handed the next item: an agent
         // given one by `assign` is its owner's to direct.
-        let own = self.jobs.workers.get(worker).is_some_and(|w| w.own);
+        let own = self.workers.get(worker).is_some_and(|w| w.own);
         let next = if stop || !own {
             None
         } else {
-            self.assign(&job, worker, None)
+            self.try_assign(&job, worker, None, true, env)
+                .ok()
+                .flatten()
         };
         Ok(brood_api::ReportReply {
             accepted: true,
@@ -150,26 +152,18 @@ impl Dispatcher {
     }
 
     /// Starts the next attempt of `item` (or of the next pending item of
-    /// `job`) on `worker`: its assignment, or `None` when none is left.
-    pub(super) fn assign(
-        &mut self,
-        job: &str,
-        worker: &AgentName,
-        item: Option<&str>,
-    ) -> Option<brood_api::Assignment> {
-        self.try_assign(job, worker, item, true).ok().flatten()
-    }
-
-    /// [`Self::assign`] with the reason when it cannot. `own`: the worker is
-    /// one of the runner's (counted in the job's `workers`).
+    /// `job`) on `worker`: its assignment, `None` when none is left, or the
+    /// reason when it cannot. `own`: the worker is one of the runner's
+    /// (counted in the job's `workers`).
     pub(super) fn try_assign(
         &mut self,
         job: &str,
         worker: &AgentName,
         item: Option<&str>,
         own: bool,
+        env: &Env,
     ) -> Result<Option<brood_api::Assignment>, ApiError> {
-        let Some(run) = self.jobs.runs.get(job) else {
+        let Some(run) = self.runs.get(job) else {
             return Ok(None);
         };
         let (owner, instruction, timeout) = (
@@ -180,10 +174,9 @@ impl Dispatcher {
         let now = now_ms();
         let next = match item {
             Some(i) => {
-                let items = self
-                    .records
+                let items = env
                     .store
-                    .job_items(&self.records.tenant, job, Some(ItemStatus::Pending))
+                    .job_items(env.tenant, job, Some(ItemStatus::Pending))
                     .map_err(job_error)?;
                 match items.into_iter().find(|it| it.id == i) {
                     Some(it) => it,
@@ -197,10 +190,9 @@ impl Dispatcher {
                     }
                 }
             }
-            None => match self
-                .records
+            None => match env
                 .store
-                .next_pending_item(&self.records.tenant, job, now)
+                .next_pending_item(env.tenant, job, now)
                 .map_err(job_error)?
             {
                 Some(it) => it,
@@ -211,7 +203,8 @@ impl Dispatcher {
             serde_json::from_str(&next.input).unwrap_or_default();
         let text = crate::jobs::template::render(&instruction, &fields)
             .map_err(|e| ApiError::new(Code::Internal, format!("job {job}: {e}")))?;
-        let events = self.job_event(
+        let events = job_event(
+            env.agents,
             &owner,
             json!({"type": "job.item.started", "job": job, "item": next.id, "attempt": next.attempts + 1, "worker": worker.as_str()}),
         );
@@ -221,16 +214,15 @@ impl Dispatcher {
         } else {
             now
         };
-        let a = self
-            .records
+        let a = env
             .store
-            .start_attempt(&self.records.tenant, job, &next.id, worker, at, &events)
+            .start_attempt(env.tenant, job, &next.id, worker, at, &events)
             .map_err(job_error)?;
-        self.records.project_events(&events);
-        if let Some(r) = self.jobs.runs.get_mut(job) {
+        (env.project)(&events);
+        if let Some(r) = self.runs.get_mut(job) {
             r.moved(ItemStatus::Pending, ItemStatus::Running);
         }
-        self.jobs.workers.insert(
+        self.workers.insert(
             worker.clone(),
             Work {
                 job: job.to_owned(),
@@ -246,35 +238,13 @@ impl Dispatcher {
         }))
     }
 
-    /// After each command: workers that ended, jobs topped up with workers,
-    /// jobs that are done, progress.
-    pub(crate) fn drive_jobs(&mut self) {
-        for w in std::mem::take(&mut self.jobs.gone) {
-            let why = self.worker_end(&w);
-            self.fail_work(&w, &why);
-            if let Some(work) = self.jobs.workers.remove(&w) {
-                if work.own
-                    && let Some(run) = self.jobs.runs.get_mut(&work.job)
-                {
-                    run.workers = run.workers.saturating_sub(1);
-                }
-                self.jobs.dirty.insert(work.job);
-            }
-        }
-        for job in std::mem::take(&mut self.jobs.dirty) {
-            self.top_up(&job);
-            self.maybe_finish(&job);
-            self.emit_progress(&job, false);
-        }
-    }
-
     /// Why a worker that held an item ended without reporting, as its
     /// record says (issue 25: the real cause, e.g. the reference agent's
     /// `no provider`, is in the worker's detail and stderr tail, and an
     /// attempt's error is where a job's owner looks).
-    fn worker_end(&self, w: &AgentName) -> String {
+    pub(super) fn worker_end(&self, w: &AgentName, env: &Env) -> String {
         let base = "the worker ended without reporting";
-        let Ok(Some(a)) = self.records.store.agent(&self.records.tenant, w) else {
+        let Ok(Some(a)) = env.store.agent(env.tenant, w) else {
             return base.to_owned();
         };
         let mut why = format!("{base}: {w} {}", a.status.api_word());
@@ -287,74 +257,38 @@ impl Dispatcher {
         why
     }
 
-    /// Attempts past their `item_timeout_s` fail and their workers stop; a
-    /// job past its `max_runtime_s` fails.
-    pub(super) fn job_timeouts(&mut self) {
-        // Items whose backoff ended wait for a worker: look again each tick.
-        let running: Vec<String> = self.jobs.runs.keys().cloned().collect();
-        self.jobs.dirty.extend(running);
-        let now = now_ms();
-        let late: Vec<(AgentName, bool)> = self
-            .jobs
-            .workers
-            .iter()
-            .filter(|(_, w)| w.item.as_ref().is_some_and(|(_, _, d)| *d <= now))
-            .map(|(n, w)| (n.clone(), w.own))
-            .collect();
-        for (w, own) in late {
-            self.fail_work(&w, "the attempt timed out (item_timeout_s)");
-            if own {
-                self.stop_subtree(&w, Terminal::Failed(FailReason::TimedOut));
-            } else {
-                // Not the job's agent to stop: it just holds nothing now, and
-                // a late report from it is refused.
-                self.jobs.workers.remove(&w);
-            }
+    /// The next worker `job` wants to top it up to its concurrency, its
+    /// attempt started: `None` when it wants none (enough workers, no item
+    /// ready, its owner not running here) or one could not be prepared.
+    pub(super) fn want_worker(
+        &mut self,
+        job: &str,
+        env: &Env,
+    ) -> Option<(AgentName, AgentName, SpawnRequest)> {
+        let run = self.runs.get(job)?;
+        if run.workers >= run.concurrency || run.count(ItemStatus::Pending) == 0 {
+            return None;
         }
-        let overdue: Vec<(String, AgentName)> = self
-            .jobs
-            .runs
-            .iter()
-            .filter(|(_, r)| r.deadline_ms.is_some_and(|d| d <= now))
-            .map(|(id, r)| (id.clone(), r.owner.clone()))
-            .collect();
-        for (id, owner) in overdue {
-            if let Err(e) = self.end_job(
-                &id,
-                &owner,
-                JobStatus::Failed,
-                Some("the job ran past max_runtime_s"),
-            ) {
-                tracing::warn!(job = id, error = %e, "failing a job past max_runtime_s");
-            }
+        if !env.agents.running(&run.owner) {
+            return None;
         }
-    }
-
-    fn top_up(&mut self, job: &str) {
-        loop {
-            let Some(run) = self.jobs.runs.get(job) else {
-                return;
-            };
-            if run.workers >= run.concurrency || run.count(ItemStatus::Pending) == 0 {
-                return;
-            }
-            let owner = run.owner.clone();
-            if self.owner_gone(&owner) {
-                return;
-            }
-            // Stop at the first worker not started: no item ready (all in
-            // their backoff) or a refusal.
-            if !matches!(self.start_worker(job, None), Ok(true)) {
-                return;
-            }
-        }
+        // Stop at the first worker not prepared: no item ready (all in
+        // their backoff) or a refusal.
+        self.begin_worker(job, None, env).ok().flatten()
     }
 
     /// A new worker (a child of the job's owner) given `item`, or the next
-    /// pending item; `Ok(false)` when there was none to give.
-    pub(super) fn start_worker(&mut self, job: &str, item: Option<&str>) -> Result<bool, ApiError> {
-        let Some(run) = self.jobs.runs.get(job) else {
-            return Ok(false);
+    /// pending item: its attempt started, and the worker, its owner and the
+    /// request that creates it; `Ok(None)` when there was no item to give.
+    /// What admission says comes back to [`Runner::admitted`].
+    pub(super) fn begin_worker(
+        &mut self,
+        job: &str,
+        item: Option<&str>,
+        env: &Env,
+    ) -> Result<Option<(AgentName, AgentName, SpawnRequest)>, ApiError> {
+        let Some(run) = self.runs.get(job) else {
+            return Ok(None);
         };
         let owner = run.owner.clone();
         let n = run.next_worker + 1;
@@ -362,12 +296,12 @@ impl Dispatcher {
         let worker = AgentName::new(&format!("{job}-w{n}"))
             .map_err(|e| ApiError::new(Code::InvalidName, format!("job {job}'s worker: {e}")))?;
         // The attempt first, so the worker's report finds it.
-        let Some(assignment) = self.try_assign(job, &worker, item, true)? else {
-            self.jobs.workers.remove(&worker);
-            return Ok(false);
+        let Some(assignment) = self.try_assign(job, &worker, item, true, env)? else {
+            self.workers.remove(&worker);
+            return Ok(None);
         };
         // The name is used from here on, whatever admission says.
-        if let Some(run) = self.jobs.runs.get_mut(job) {
+        if let Some(run) = self.runs.get_mut(job) {
             run.next_worker = n;
         }
         let req = SpawnRequest {
@@ -389,29 +323,17 @@ impl Dispatcher {
             label: Some(format!("worker of job {job}")),
             placement: None,
         };
-        let operator = Caller::User { uid: self.host.uid };
-        match self.admit(&operator, req) {
-            Ok(_) => {
-                if let Some(run) = self.jobs.runs.get_mut(job) {
-                    run.workers += 1;
-                }
-                Ok(true)
-            }
-            Err(e) => {
-                self.note_refusal(Some(&owner), Some(worker.as_str()), &e);
-                self.fail_work(&worker, &format!("the worker could not be created: {e}"));
-                self.jobs.workers.remove(&worker);
-                Err(e)
-            }
-        }
+        Ok(Some((worker, owner, req)))
     }
 
-    fn maybe_finish(&mut self, job: &str) {
-        let Some(run) = self.jobs.runs.get(job) else {
-            return;
+    /// The job ends if every item is done, or if its owner ended and no
+    /// worker is left.
+    pub(super) fn maybe_finish(&mut self, job: &str, env: &Env) -> Vec<JobFollow> {
+        let Some(run) = self.runs.get(job) else {
+            return Vec::new();
         };
         let owner = run.owner.clone();
-        let busy = self.jobs.workers.values().any(|w| w.job == job);
+        let busy = self.workers.values().any(|w| w.job == job);
         let (to, reason) =
             if run.count(ItemStatus::Pending) == 0 && run.count(ItemStatus::Running) == 0 {
                 if run.count(ItemStatus::Failed) > 0 {
@@ -419,13 +341,11 @@ impl Dispatcher {
                 } else {
                     (JobStatus::Completed, None)
                 }
-            } else if self.owner_gone(&owner) && !busy {
+            } else if !env.agents.running(&owner) && !busy {
                 (JobStatus::Cancelled, Some("its owner ended"))
             } else {
-                return;
+                return Vec::new();
             };
-        if let Err(e) = self.end_job(job, &owner, to, reason) {
-            tracing::warn!(job, error = %e, "ending a job");
-        }
+        self.end_job(job, &owner, to, reason, OnEnd::Log("ending a job"))
     }
 }

@@ -1,7 +1,9 @@
-//! The loop's routing: where a command reaches the part that owns it, and
-//! where what a part returns for the others (its follow-ups) is carried out,
-//! in order. A part never holds the dispatcher: it gets what it reads, and
-//! hands back what it needs done, so its decisions are apart from the work
-//! the loop does for them (issue 26; what lets store work move off the loop).
+//! The loop's routing: where the follow-ups of the supervisor's parts are
+//! applied. A part decides, records what it owns and returns what it needs
+//! another part to do; the applier here does it, in the order given, and
+//! hands back to the part what it asked to hear (a worker admitted or
+//! refused). A part never holds the dispatcher, so its decisions can move
+//! off the loop while their effects stay on it.
 
+mod jobs;
 mod sockets;

@@ -71,6 +71,11 @@ pub enum StoreError {
         target: String,
         after: std::time::Duration,
     },
+    /// A write whose COMMIT went unanswered (the connection lost, or no
+    /// answer within the deadline) and whose fate the store could not learn
+    /// from the server: it may have been done. It was not run again.
+    #[error("store postgres {target}: {message}")]
+    PostgresInDoubt { target: String, message: String },
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

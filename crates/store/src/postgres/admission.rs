@@ -38,35 +38,42 @@ impl PgStore {
     /// lock, so the groups grow with the contention instead of queueing
     /// behind it. If the transaction fails (a write a check did not foresee,
     /// the commit) and it held more than one admission, each runs again
-    /// alone, so that one admission's failure is its own. A connection lost
-    /// under it runs it once more on a new one, as any write does
-    /// (`Pool::with`).
+    /// alone, so that one admission's failure is its own; unless the group
+    /// is in doubt (its COMMIT unanswered, its fate unknown), which every
+    /// admission of it is told. A lost connection or a lost COMMIT is
+    /// handled as for any write (`Pool::transact`).
     pub(super) fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
-        let ran = self.pool.with(|c| {
-            c.tx(None, |db| {
-                if let Some(first) = group.tickets().first() {
-                    let key = first.new.tenant.as_str();
-                    let free: bool = db.query_one(TRY_LOCK_TENANT, &[&key])?.try_get(0)?;
-                    if !free {
-                        db.exec(LOCK_TENANT, &[&key])?;
-                        group.take_more();
-                    }
+        let ran = self.pool.transact(None, |db| {
+            if let Some(first) = group.tickets().first() {
+                let key = first.new.tenant.as_str();
+                let free: bool = db.query_one(TRY_LOCK_TENANT, &[&key])?.try_get(0)?;
+                if !free {
+                    db.exec(LOCK_TENANT, &[&key])?;
+                    group.take_more();
                 }
-                admit_group_tx(db, group.tickets())
-            })
+            }
+            admit_group_tx(db, group.tickets())
         });
         let tickets = group.tickets();
         match ran {
             Ok(answers) => self.answered(answers),
             Err(e) if tickets.len() == 1 => vec![Err(e)],
+            // The group may have been admitted: run alone, each admission
+            // would be a second one.
+            Err(StoreError::PostgresInDoubt { target, message }) => tickets
+                .iter()
+                .map(|_| {
+                    Err(StoreError::PostgresInDoubt {
+                        target: target.clone(),
+                        message: message.clone(),
+                    })
+                })
+                .collect(),
             Err(_) => tickets
                 .iter()
                 .flat_map(|t| {
                     let alone = std::slice::from_ref(t);
-                    match self
-                        .pool
-                        .with(|c| c.tx(None, |db| admit_group_tx(db, alone)))
-                    {
+                    match self.pool.transact(None, |db| admit_group_tx(db, alone)) {
                         Ok(answers) => self.answered(answers),
                         Err(e) => vec![Err(e)],
                     }

@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, Statement, Transaction};
+use tokio_postgres::{Client, Row, Statement};
 
 use brood_core::TenantId;
 
@@ -87,6 +88,27 @@ pub(crate) struct Conn {
     deadline: Deadline,
 }
 
+/// How a transaction ended, as far as its client knows.
+pub(crate) enum Commit<T> {
+    /// The server answered the COMMIT: it is done, and `T` is its answer.
+    Done(T),
+    /// The COMMIT was sent and its answer never came: the connection was
+    /// lost, or the deadline passed (`lost` says which). Transaction `xid`,
+    /// of the session `backend`, may or may not have committed; `out` is
+    /// what the body answered, true if it did.
+    Unanswered {
+        out: T,
+        xid: i64,
+        backend: i32,
+        lost: Fail,
+    },
+}
+
+/// The transaction's id, which assigns it one (a write has one anyway; a
+/// body that writes nothing gets one too, so that every transaction's fate
+/// can be asked for), and the session's process, in case it must be ended.
+const Q_TX_ID: &str = "SELECT txid_current(), pg_backend_pid()";
+
 impl Conn {
     pub(crate) fn new(client: Client, deadline: Deadline) -> Conn {
         Conn {
@@ -101,10 +123,11 @@ impl Conn {
         self.client.is_closed() || self.deadline.expired.get()
     }
 
-    /// Queries outside a transaction (a read of one statement).
+    /// Queries on the connection: outside a transaction, each statement
+    /// commits on its own; inside one (`tx`), they are the transaction's.
     pub(crate) fn db(&self) -> Db<'_> {
         Db {
-            on: On::Client(&self.client),
+            client: &self.client,
             stmts: &self.stmts,
             deadline: &self.deadline,
         }
@@ -113,34 +136,66 @@ impl Conn {
     /// Runs `f` in a transaction, committed when it returns `Ok` and rolled
     /// back otherwise. With `lock`, the transaction first takes the advisory
     /// lock of that key (a tenant's name), so read-then-write bodies on the
-    /// same key run one at a time across every node.
-    pub(crate) fn tx<T>(&mut self, lock: Option<&str>, f: impl FnOnce(&Db<'_>) -> Tx<T>) -> Tx<T> {
-        let tx = self.deadline.wait(self.client.transaction())?;
-        let db = Db {
-            on: On::Tx(&tx),
-            stmts: &self.stmts,
-            deadline: &self.deadline,
+    /// same key run one at a time across every node. `BEGIN`, the
+    /// transaction's id and the lock go in one round trip. A COMMIT whose
+    /// answer never came is [`Commit::Unanswered`], with what the caller
+    /// needs to learn its fate (`Pool::transact`).
+    pub(crate) fn tx<T>(
+        &self,
+        lock: Option<&str>,
+        f: impl FnOnce(&Db<'_>) -> Tx<T>,
+    ) -> Tx<Commit<T>> {
+        let db = self.db();
+        let mut open = Open {
+            db: &db,
+            done: false,
         };
-        if let Some(key) = lock {
-            db.exec(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[&key],
-            )?;
-        }
+        let (xid, backend) = db.begin(lock)?;
         let out = f(&db)?;
-        self.deadline.wait(tx.commit())?;
-        Ok(out)
+        // Answered or not, the transaction is no longer this client's to end.
+        open.done = true;
+        match self.deadline.wait(self.client.batch_execute("COMMIT")) {
+            Ok(()) => Ok(Commit::Done(out)),
+            Err(Fail::Pg(e)) if super::connection_lost(&e) => Ok(Commit::Unanswered {
+                out,
+                xid,
+                backend,
+                lost: Fail::Pg(e),
+            }),
+            Err(lost @ Fail::Deadline(_)) => Ok(Commit::Unanswered {
+                out,
+                xid,
+                backend,
+                lost,
+            }),
+            // The server answered with an error: nothing was committed.
+            Err(e) => Err(e),
+        }
     }
 }
 
-enum On<'a> {
-    Client(&'a Client),
-    Tx(&'a Transaction<'a>),
+/// A transaction this client opened and has not ended yet: dropped so (the
+/// body failed), it is rolled back. The `ROLLBACK` is sent, not waited for
+/// (as tokio-postgres's own `Transaction` does): the connection answers it
+/// before anything sent after it, and a lost connection rolls back anyway.
+struct Open<'a, 'c> {
+    db: &'a Db<'c>,
+    done: bool,
 }
 
-/// Where the store's SQL runs: a connection, or a transaction on it.
+impl Drop for Open<'_, '_> {
+    fn drop(&mut self) {
+        if self.done || self.db.deadline.expired.get() {
+            return;
+        }
+        // The first poll sends it; the answer is the connection's to drop.
+        let _ = self.db.client.batch_execute("ROLLBACK").now_or_never();
+    }
+}
+
+/// Where the store's SQL runs: a connection, or the transaction open on it.
 pub(crate) struct Db<'a> {
-    on: On<'a>,
+    client: &'a Client,
     stmts: &'a RefCell<HashMap<String, Statement>>,
     deadline: &'a Deadline,
 }
@@ -157,10 +212,7 @@ impl Db<'_> {
             return Ok(s.clone());
         }
         let text = to_pg(sql);
-        let s = match &self.on {
-            On::Client(c) => self.deadline.wait(c.prepare(&text))?,
-            On::Tx(t) => self.deadline.wait(t.prepare(&text))?,
-        };
+        let s = self.deadline.wait(self.client.prepare(&text))?;
         self.stmts.borrow_mut().insert(sql.to_owned(), s.clone());
         Ok(s)
     }
@@ -168,37 +220,25 @@ impl Db<'_> {
     /// Every row `sql` gives.
     pub(crate) fn query(&self, sql: &str, params: Params<'_>) -> Tx<Vec<Row>> {
         let s = self.statement(sql)?;
-        Ok(match &self.on {
-            On::Client(c) => self.deadline.wait(c.query(&s, params))?,
-            On::Tx(t) => self.deadline.wait(t.query(&s, params))?,
-        })
+        self.deadline.wait(self.client.query(&s, params))
     }
 
     /// The one row `sql` gives, or none.
     pub(crate) fn query_opt(&self, sql: &str, params: Params<'_>) -> Tx<Option<Row>> {
         let s = self.statement(sql)?;
-        Ok(match &self.on {
-            On::Client(c) => self.deadline.wait(c.query_opt(&s, params))?,
-            On::Tx(t) => self.deadline.wait(t.query_opt(&s, params))?,
-        })
+        self.deadline.wait(self.client.query_opt(&s, params))
     }
 
     /// The one row `sql` gives (an error if it gives none or more).
     pub(crate) fn query_one(&self, sql: &str, params: Params<'_>) -> Tx<Row> {
         let s = self.statement(sql)?;
-        Ok(match &self.on {
-            On::Client(c) => self.deadline.wait(c.query_one(&s, params))?,
-            On::Tx(t) => self.deadline.wait(t.query_one(&s, params))?,
-        })
+        self.deadline.wait(self.client.query_one(&s, params))
     }
 
     /// Runs `sql`; how many rows it changed.
     pub(crate) fn exec(&self, sql: &str, params: Params<'_>) -> Tx<u64> {
         let s = self.statement(sql)?;
-        Ok(match &self.on {
-            On::Client(c) => self.deadline.wait(c.execute(&s, params))?,
-            On::Tx(t) => self.deadline.wait(t.execute(&s, params))?,
-        })
+        self.deadline.wait(self.client.execute(&s, params))
     }
 
     /// Runs `statements` in order, sent together: one round trip for all
@@ -211,26 +251,47 @@ impl Db<'_> {
             .iter()
             .map(|(sql, _)| self.statement(sql))
             .collect::<Tx<_>>()?;
-        let futures = prepared.iter().zip(statements).map(|(s, (_, params))| {
-            let on = &self.on;
-            async move {
-                match on {
-                    On::Client(c) => c.query(s, params).await,
-                    On::Tx(t) => t.query(s, params).await,
-                }
-            }
-        });
+        let futures = prepared
+            .iter()
+            .zip(statements)
+            .map(|(s, (_, params))| self.client.query(s, params));
         self.deadline
             .wait(futures_util::future::try_join_all(futures))
     }
 
     /// Runs statements without parameters (the schema, locks).
     pub(crate) fn batch(&self, sql: &str) -> Tx<()> {
-        match &self.on {
-            On::Client(c) => self.deadline.wait(c.batch_execute(sql))?,
-            On::Tx(t) => self.deadline.wait(t.batch_execute(sql))?,
-        }
-        Ok(())
+        self.deadline.wait(self.client.batch_execute(sql))
+    }
+
+    /// Opens a transaction: `BEGIN`, its id and the session's process
+    /// (`Q_TX_ID`), and `lock`'s advisory lock when given, sent together
+    /// (one round trip; the server runs them in order, so the id and the
+    /// lock are the transaction's).
+    fn begin(&self, lock: Option<&str>) -> Tx<(i64, i32)> {
+        let id = self.statement(Q_TX_ID)?;
+        let locked = match lock {
+            Some(key) => Some((self.statement(LOCK_TENANT)?, key)),
+            None => None,
+        };
+        let row = self.deadline.wait(async {
+            let lock = async {
+                match &locked {
+                    Some((s, key)) => {
+                        let p: [&(dyn ToSql + Sync); 1] = [key];
+                        self.client.execute(s, &p).await.map(drop)
+                    }
+                    None => Ok(()),
+                }
+            };
+            let begun = futures_util::future::try_join3(
+                self.client.batch_execute("BEGIN"),
+                self.client.query_one(&id, &[]),
+                lock,
+            );
+            begun.await.map(|((), row, ())| row)
+        })?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
     }
 }
 

@@ -13,7 +13,9 @@
 //! Connections. A fixed pool (`Options::connections`): a caller takes one,
 //! uses it for one method, gives it back; one found closed (the server
 //! restarted, the network dropped) is replaced by a new one before use, so a
-//! restarted server costs the calls in flight, not the store.
+//! restarted server costs the calls in flight, not the store. A write lost
+//! with its connection is never done twice: one whose COMMIT went
+//! unanswered is asked about (`commit`), not run again.
 //!
 //! Exactness across nodes. Every transaction that reads and then writes
 //! takes `pg_advisory_xact_lock` on its tenant first: two nodes admitting
@@ -26,10 +28,11 @@
 //! transaction under a session advisory lock (nodes starting together migrate
 //! once), recorded in `schema_migrations`.
 //!
-//! The code: this file opens the store, holds the pool and migrates; `db`
-//! is the blocking facade (queries on a connection or a transaction) and
-//! the shared logic's `crate::db::Db` on it, `sql` this dialect's own
-//! statements (its `crate::db::Statements`), `steps` the event log's
+//! The code: this file opens the store, holds the pool and migrates;
+//! `commit` runs a write's transaction on it and learns the fate of one
+//! whose COMMIT went unanswered; `db` is the blocking facade (queries on a
+//! connection or a transaction) and the shared logic's `crate::db::Db` on
+//! it, `sql` this dialect's own statements (its `crate::db::Statements`), `steps` the event log's
 //! numbering, `admission` the group commit and `admit` a group's reads and
 //! writes, `news` the writes announced and heard, `sweeps` the lease's
 //! session lock, and `store` this store as a `crate::sql_store::SqlStore`:
@@ -37,6 +40,7 @@
 
 mod admission;
 mod admit;
+mod commit;
 mod db;
 mod news;
 mod sql;
@@ -265,52 +269,62 @@ impl Pool {
     /// Runs `f` on a connection of the pool (a live one: a closed one is
     /// replaced first), then gives the connection back. When the connection
     /// was lost under `f` (the server restarted or ended the session), `f`
-    /// runs once more on a new one: its transaction was rolled back by the
-    /// server with the connection, so nothing is done twice. (A loss during
-    /// the commit itself is the one case this cannot tell; the retry then
-    /// meets the committed state and is refused as a repeat.)
-    pub(crate) fn with<T>(&self, mut f: impl FnMut(&mut Conn) -> Tx<T>) -> Result<T> {
-        let mut client = {
-            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            loop {
-                if let Some(c) = slots.pop() {
-                    break c;
-                }
-                slots = self
-                    .freed
-                    .wait(slots)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        };
-        let mut attempt = 0;
+    /// runs once more on a new one. For reads, and for what is the same
+    /// done twice as once (a single statement that sets what it sets, a
+    /// migration that looks first at what is applied); a transaction that
+    /// writes goes through [`Pool::transact`], which never runs a body
+    /// again that may have committed.
+    pub(crate) fn with<T>(&self, mut f: impl FnMut(&Conn) -> Tx<T>) -> Result<T> {
+        let mut slot = self.take();
+        let mut again = true;
         let r = loop {
-            attempt += 1;
-            let r = (|| {
-                let mut c = match client.take() {
-                    Some(c) if !c.is_closed() => c,
-                    _ => self.connect()?,
-                };
-                let r = f(&mut c);
-                client = Some(c);
-                r
-            })();
-            match r {
-                Err(Fail::Pg(e)) if attempt == 1 && connection_lost(&e) => {
+            match self.live(&mut slot).and_then(|c| f(c)) {
+                Err(Fail::Pg(e)) if again && connection_lost(&e) => {
                     eprintln!(
                         "brood store: postgres connection to {} lost ({e}); trying once more",
                         self.target
                     );
-                    client = None;
+                    slot = None;
+                    again = false;
                 }
                 r => break r,
             }
         };
+        self.give(slot);
+        r.map_err(|e| e.at(&self.target))
+    }
+
+    /// A slot of the pool (its connection, if it has one), once one is free.
+    fn take(&self) -> Option<Conn> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(c) = slots.pop() {
+                return c;
+            }
+            slots = self
+                .freed
+                .wait(slots)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Gives a slot back to the pool.
+    fn give(&self, slot: Option<Conn>) {
         {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            slots.push(client);
+            slots.push(slot);
         }
         self.freed.notify_one();
-        r.map_err(|e| e.at(&self.target))
+    }
+
+    /// The slot's connection, live: none yet, or a closed one, is replaced
+    /// by a new one.
+    fn live<'s>(&self, slot: &'s mut Option<Conn>) -> Tx<&'s mut Conn> {
+        let c = match slot.take() {
+            Some(c) if !c.is_closed() => c,
+            _ => self.connect()?,
+        };
+        Ok(slot.insert(c))
     }
 }
 
@@ -467,7 +481,7 @@ impl PgStore {
     /// Runs `f` in a transaction that first takes `tenant`'s advisory lock
     /// (every read-then-write body: exact across nodes).
     pub(crate) fn write<T>(&self, tenant: &str, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
-        let out = self.pool.with(|c| c.tx(Some(tenant), &f))?;
+        let out = self.pool.transact(Some(tenant), &f)?;
         self.wrote();
         Ok(out)
     }
@@ -475,7 +489,7 @@ impl PgStore {
     /// Runs `f` in a transaction without a tenant's lock (bodies that span
     /// tenants, as the sweepers' and recovery's, lock what they need).
     pub(crate) fn write_any<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
-        let out = self.pool.with(|c| c.tx(None, &f))?;
+        let out = self.pool.transact(None, &f)?;
         self.wrote();
         Ok(out)
     }
@@ -485,7 +499,7 @@ impl PgStore {
     /// something, so that a look that found nothing (a claim, a take) is no
     /// news to the other nodes, who would look back.
     pub(crate) fn write_quiet<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
-        self.pool.with(|c| c.tx(None, &f))
+        self.pool.transact(None, &f)
     }
 
     /// A write committed: the other nodes hear of it, when this store
@@ -499,7 +513,7 @@ impl PgStore {
 
 /// The migrations not applied yet, each in its transaction; the caller holds
 /// the migration lock.
-fn migrate_locked(c: &mut Conn) -> Tx<()> {
+fn migrate_locked(c: &Conn) -> Tx<()> {
     c.db().batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
             version    BIGINT NOT NULL PRIMARY KEY,
@@ -516,7 +530,7 @@ fn migrate_locked(c: &mut Conn) -> Tx<()> {
             continue;
         }
         let now = crate::now_ms();
-        c.tx(None, |db| {
+        let ran = c.tx(None, |db| {
             db.batch(sql)?;
             db.exec(
                 "INSERT INTO schema_migrations (version, applied_ms) VALUES ($1, $2)",
@@ -524,6 +538,12 @@ fn migrate_locked(c: &mut Conn) -> Tx<()> {
             )?;
             Ok(())
         })?;
+        // A COMMIT whose answer was lost fails the migration; the caller's
+        // retry (`Pool::with`) reads what is applied again first, so a
+        // migration that did commit is not applied twice.
+        if let db::Commit::Unanswered { lost, .. } = ran {
+            return Err(lost);
+        }
     }
     Ok(())
 }

@@ -38,12 +38,14 @@ impl SqlStore for PgStore {
         // `slots:<tenant>`: apart from the tenant's own lock, so that starts
         // and ends never queue behind admissions.
         let key = format!("slots:{tenant}");
-        self.pool.with(|c| c.tx(Some(&key), &f))
+        self.pool.transact(Some(&key), &f)
     }
 
     fn writing_one<T>(&self, f: impl Fn(&Self::Db<'_>) -> Tx<T>) -> Result<T> {
         // On the connection: the statement commits on its own, one round
-        // trip where a transaction would cost three.
+        // trip where a transaction would cost three. Run again when the
+        // connection is lost, even after it committed: it sets what it
+        // sets (a heartbeat), so twice is once.
         self.pool.with(|c| f(&c.db()))
     }
 

@@ -265,6 +265,102 @@ pub fn concurrent_admissions_are_exact_and_each_fails_alone(store: &dyn Store) {
     assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
 }
 
+/// Admissions handed over together (`admit_all_with_quotas`, one caller's
+/// batch, here two callers' at once, more than one group commit takes) are
+/// each answered as if alone, in its batch's order: a taken name and a
+/// missing agent fail alone, and the fanout holds exactly, decided in queue
+/// order, so in each batch the admitted ones come before the refused ones.
+pub fn admissions_handed_over_together_are_each_answered_in_order(store: &dyn Store) {
+    const EACH: usize = 45;
+    const FANOUT: u32 = 60;
+    let t = tenant("conf-batch");
+    let p = running(store, &t, "p", None);
+    let before = all_events(store, &t).len();
+    let q = Quotas {
+        max_fanout: FANOUT,
+        ..Quotas::CEILINGS
+    };
+    let barrier = std::sync::Barrier::new(2);
+    let answers: Vec<Vec<Result<brood_store::Agent, StoreError>>> = std::thread::scope(|s| {
+        let calls: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|batch| {
+                let (t, q, barrier) = (&t, &q, &barrier);
+                s.spawn(move || {
+                    let mut news = Vec::new();
+                    let mut events = Vec::new();
+                    for i in 0..EACH {
+                        // The first of each batch takes p's own name.
+                        let n = if i == 0 {
+                            "p".to_owned()
+                        } else {
+                            format!("{batch}{i}")
+                        };
+                        let new = new_agent(t, &n, Some("p"), "sup-batch");
+                        let mut ev = spawn_events(&new);
+                        if i == 7 {
+                            ev.push(event(&name("ghost"), None, "agent.note"));
+                        }
+                        events.push(ev);
+                        news.push(new);
+                    }
+                    let batch: Vec<_> = news
+                        .iter()
+                        .zip(&events)
+                        .map(|(n, e)| (n, e.as_slice()))
+                        .collect();
+                    barrier.wait();
+                    store.admit_all_with_quotas(&batch, q)
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let mut admitted = Vec::new();
+    for (batch, answers) in ["a", "b"].into_iter().zip(answers) {
+        assert_eq!(answers.len(), EACH, "one answer per admission");
+        let mut refused_for_fanout = false;
+        for (i, r) in answers.into_iter().enumerate() {
+            match (i, r) {
+                (0, Err(StoreError::Refused { code, .. })) => assert_eq!(code, Code::NameTaken),
+                (7, Err(StoreError::NotFound { name, .. })) => assert_eq!(name, "ghost"),
+                (i, Ok(a)) => {
+                    assert!(
+                        !refused_for_fanout,
+                        "{batch}{i} admitted after a refusal of its batch"
+                    );
+                    assert_eq!(a.name.as_str(), format!("{batch}{i}"));
+                    assert_eq!(Some(&a), store.agent(&t, &a.name).unwrap().as_ref());
+                    admitted.push(a.name);
+                }
+                (i, Err(StoreError::Refused { code, message })) => {
+                    assert_eq!(code, Code::QuotaFanout, "{batch}{i}: {message}");
+                    refused_for_fanout = true;
+                }
+                (i, r) => panic!("{batch}{i}: unexpected {r:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        admitted.len(),
+        FANOUT as usize,
+        "exactly max_fanout admitted"
+    );
+    let mut kids: Vec<AgentName> = store
+        .children(&t, &p.name)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    kids.sort();
+    admitted.sort();
+    assert_eq!(kids, admitted);
+    let evs = all_events(store, &t);
+    assert_eq!(evs.len(), before + 2 * admitted.len());
+    let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>());
+}
+
 /// A parent's `create_limit` and budget hold against admissions racing under
 /// it, as a group commit decides them together: each counts the children
 /// admitted before it in the same transaction, not only those written.

@@ -220,6 +220,10 @@ pub const CASES: &[(&str, Case)] = &[
         racing_children_keep_create_limit_and_budget,
     ),
     (
+        "admissions_handed_over_together_are_each_answered_in_order",
+        admissions_handed_over_together_are_each_answered_in_order,
+    ),
+    (
         "idempotent_replies_keep_the_first_answer_until_they_expire",
         idempotent_replies_keep_the_first_answer_until_they_expire,
     ),
@@ -319,6 +323,7 @@ macro_rules! conformance_tests {
     create_limit_is_counted_in_the_admission_transaction,
     concurrent_admissions_are_exact_and_each_fails_alone,
     racing_children_keep_create_limit_and_budget,
+    admissions_handed_over_together_are_each_answered_in_order,
     idempotent_replies_keep_the_first_answer_until_they_expire,
     idempotency_keys_are_the_callers_own,
     resume_within_counts_the_parents_fanout,

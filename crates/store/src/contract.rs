@@ -54,6 +54,21 @@ pub trait Admission {
         events: &[NewEvent],
     ) -> Result<Agent>;
 
+    /// [`Admission::admit_with_quotas`] for admissions that arrived
+    /// together: each checked and answered as if it came alone, in order,
+    /// recorded with as few commits as the store can (a group commit takes
+    /// the lot, up to its maximum). One answer per admission, in order.
+    fn admit_all_with_quotas(
+        &self,
+        batch: &[(&NewAgent, &[NewEvent])],
+        quotas: &Quotas,
+    ) -> Vec<Result<Agent>> {
+        batch
+            .iter()
+            .map(|(new, events)| self.admit_with_quotas(new, quotas, events))
+            .collect()
+    }
+
     /// The tenant's quota overrides; every field `None` when it has none (also
     /// for a tenant the store has never seen). Values are as they were set, not
     /// clamped: clamping to the platform's ceilings is `QuotaConfig::effective`.

@@ -76,21 +76,56 @@ impl Groups {
         new: &NewAgent,
         quotas: Option<&Quotas>,
         events: &[NewEvent],
-        run: impl FnOnce(&mut Group<'_>) -> Vec<Result<Agent>>,
+        mut run: impl FnMut(&mut Group<'_>) -> Vec<Result<Agent>>,
         lost: &dyn Fn(String) -> StoreError,
     ) -> Result<Agent> {
-        let me = Arc::new(Ticket {
-            new: new.clone(),
-            quotas: quotas.copied(),
-            events: events.to_vec(),
-            state: Mutex::new(TicketState::Waiting),
-            wake: Condvar::new(),
-        });
-        let lead = {
-            let mut q = lock(&self.queue);
-            q.waiting.push_back(Arc::clone(&me));
-            !std::mem::replace(&mut q.leading, true)
-        };
+        let me = ticket(new, quotas, events);
+        let lead = self.enqueue(std::slice::from_ref(&me));
+        self.settle(&me, lead, &mut run, lost)
+    }
+
+    /// [`Groups::admit`] for many admissions of one caller at once: all are
+    /// queued together, so a group taken after that holds as many of them as
+    /// it may (one commit for a batch that arrived together), then each is
+    /// waited for (or led) in turn. One answer per admission, in order.
+    pub(crate) fn admit_all(
+        &self,
+        batch: &[(&NewAgent, &[NewEvent])],
+        quotas: Option<&Quotas>,
+        mut run: impl FnMut(&mut Group<'_>) -> Vec<Result<Agent>>,
+        lost: &dyn Fn(String) -> StoreError,
+    ) -> Vec<Result<Agent>> {
+        let mine: Vec<Arc<Ticket>> = batch
+            .iter()
+            .map(|(new, events)| ticket(new, quotas, events))
+            .collect();
+        let mut lead = self.enqueue(&mine);
+        let mut answers = Vec::with_capacity(mine.len());
+        for t in &mine {
+            answers.push(self.settle(t, lead, &mut run, lost));
+            // Only the first ticket can have been given the lead by `enqueue`;
+            // a later one hears of it from the leader before it (`Lead`).
+            lead = false;
+        }
+        answers
+    }
+
+    /// Queues `tickets` in order; whether the caller leads (the queue was idle).
+    fn enqueue(&self, tickets: &[Arc<Ticket>]) -> bool {
+        let mut q = lock(&self.queue);
+        q.waiting.extend(tickets.iter().cloned());
+        !tickets.is_empty() && !std::mem::replace(&mut q.leading, true)
+    }
+
+    /// `me`'s answer: given by a leader, or made by leading its group
+    /// (when `lead`, or when a leader hands over to it).
+    fn settle(
+        &self,
+        me: &Arc<Ticket>,
+        lead: bool,
+        run: &mut dyn FnMut(&mut Group<'_>) -> Vec<Result<Agent>>,
+        lost: &dyn Fn(String) -> StoreError,
+    ) -> Result<Agent> {
         if !lead {
             let mut state = lock(&me.state);
             loop {
@@ -112,7 +147,7 @@ impl Groups {
         group.take_more();
         let answers = run(&mut group);
         for (t, answer) in group.tickets.iter().zip(answers) {
-            if Arc::ptr_eq(t, &me) {
+            if Arc::ptr_eq(t, me) {
                 *lock(&t.state) = TicketState::Done(answer);
             } else {
                 answer_ticket(t, answer);
@@ -126,10 +161,20 @@ impl Groups {
             // than panic.
             TicketState::Waiting | TicketState::Lead => Err(lost(format!(
                 "admission of agent {} led its group commit but got no answer",
-                new.name
+                me.new.name
             ))),
         }
     }
+}
+
+fn ticket(new: &NewAgent, quotas: Option<&Quotas>, events: &[NewEvent]) -> Arc<Ticket> {
+    Arc::new(Ticket {
+        new: new.clone(),
+        quotas: quotas.copied(),
+        events: events.to_vec(),
+        state: Mutex::new(TicketState::Waiting),
+        wake: Condvar::new(),
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

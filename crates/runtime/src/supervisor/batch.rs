@@ -1,11 +1,11 @@
 //! Creations that arrive together are admitted together, and starts that
 //! arrive together are recorded together (issue 27). The loop takes, with a
 //! creation (a start), those of its kind queued right behind it, works out
-//! each (reads only), then has the store record them all at once: one thread
-//! a record, so their transactions meet in the store's group commit (one
-//! commit for a batch of admissions on SQLite; on PostgreSQL their round
-//! trips overlap and share a WAL flush) instead of following each other
-//! round trip after round trip. What follows each (the projection, the live
+//! each (reads only), then has the store record them all at once instead of
+//! one round trip after another: the admissions as one group commit
+//! (`Store::admit_all_with_quotas`: on PostgreSQL a few set-based statements
+//! for the lot), the starts one thread each, so their transactions overlap
+//! on the store's connections. What follows each (the projection, the live
 //! entry, the queue for a slot, the answer) is done in arrival order, as for
 //! one.
 //!
@@ -208,10 +208,11 @@ impl Dispatcher {
         };
         self.launcher.max_concurrent = quotas.max_concurrent;
         tracing::debug!(n = decided.len(), "admitting creations together");
-        let store = self.records.store.as_ref();
-        let recorded = record_together(&decided, |(_, d)| {
-            store.admit_with_quotas(&d.new, &quotas, &d.events)
-        });
+        let records: Vec<_> = decided
+            .iter()
+            .map(|(_, d)| (&d.new, d.events.as_slice()))
+            .collect();
+        let recorded = self.records.store.admit_all_with_quotas(&records, &quotas);
         for ((s, d), r) in decided.into_iter().zip(recorded) {
             let parent = s.parent().cloned();
             let requested = s.req.name.as_ref().map(|n| n.to_string());

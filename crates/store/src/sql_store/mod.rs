@@ -154,6 +154,16 @@ impl<S: SqlStore> Admission for S {
         admit_grouped(self, new, Some(quotas), events)
     }
 
+    fn admit_all_with_quotas(
+        &self,
+        batch: &[(&NewAgent, &[NewEvent])],
+        quotas: &Quotas,
+    ) -> Vec<Result<Agent>> {
+        let lost = |message: String| self.admission_lost(message);
+        self.admissions()
+            .admit_all(batch, Some(quotas), |g| self.commit_group(g), &lost)
+    }
+
     fn tenant_quotas(&self, tenant: &TenantId) -> Result<TenantQuotas> {
         self.reading(|db| {
             let rows = db.named_ints(S::Db::SQL.tenant_quotas, &[text(tenant.as_str())])?;

@@ -231,18 +231,21 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool, fix: bool) -> R
 
 /// What dead supervisors left on this host (issue 28): listed, or with `fix`
 /// removed, every root's (a leftover holding processes has them killed:
-/// nothing answers for them). Available when nothing is left afterwards.
+/// nothing answers for them). Dead is told by an incarnation's liveness
+/// mark, or without one by its pid in this PID namespace (the host's, where
+/// the operator runs this). Available when nothing is left afterwards.
 fn leftovers(det: &cgroup::Detected, fix: bool) -> (String, bool, String) {
     let name = "leftovers".to_owned();
     if fix {
         return match cgroup::Cgroups::reap_host(det, None, true) {
             Ok(l) => {
                 let killed: usize = l.reaped.values().map(|r| r.pids_killed.len()).sum();
+                let marks: usize = l.reaped.values().map(|r| r.marks).sum();
                 (
                     name,
                     true,
                     format!(
-                        "removed {} group(s) of dead supervisors ({killed} process(es) killed) and {} empty instance director(ies)",
+                        "removed {} group(s) of dead supervisors ({killed} process(es) killed), {marks} liveness mark(s) left without a group and {} empty instance director(ies)",
                         l.groups(),
                         l.instance_dirs_removed
                     ),

@@ -483,7 +483,15 @@ async fn a_policy_naming_brood_machinery_is_refused_with_reserved_path() {
     let env = start(GRACE);
     let root = env.root().to_path_buf();
     let cg = hierarchies().into_iter().next().unwrap();
+    let marks = brood_launch::cgroup::detect(Path::new("/"))
+        .unwrap()
+        .marks
+        .expect("root has a place for liveness marks");
     let cases: Vec<(Value, String)> = vec![
+        (
+            json!({"files": [{"path": marks.join("x").display().to_string(), "mode": "rw"}]}),
+            "liveness marks".into(),
+        ),
         (
             json!({"files": [{"path": cg.display().to_string(), "mode": "rw"}]}),
             "cgroup hierarchy".into(),
@@ -521,6 +529,50 @@ async fn a_policy_naming_brood_machinery_is_refused_with_reserved_path() {
         .spawn(me(), ok)
         .await
         .expect("a rule on ctx/ is fine");
+
+    // Granted all of `/`, an agent still cannot reach the supervisors'
+    // liveness marks: one that could remake a live supervisor's mark would
+    // have it taken for dead (and `brood doctor --fix` kill its agents).
+    let mark = marks
+        .join(brood_runtime::paths::instance_key(&root))
+        .join(format!(
+            "{}.lock",
+            brood_runtime::supervisor::supervisor_id(std::process::id() as i32).unwrap()
+        ));
+    assert!(mark.exists(), "{}", mark.display());
+    let (m, forged) = (mark.display().to_string(), marks.join("s1-1.lock"));
+    let f = forged.display().to_string();
+    let mut r = req(
+        "marks",
+        agent(&[
+            "--probe-read",
+            &m,
+            "--probe-write",
+            &f,
+            "--result",
+            "probed",
+        ]),
+    );
+    r.policy = Some(json!({"files": [{"path": "/", "mode": "rw"}]}));
+    r.await_ready = false;
+    env.sup.spawn(me(), r).await.expect("spawn");
+    let w = env
+        .sup
+        .wait(me(), vec![name("marks")], Some(Duration::from_secs(30)))
+        .await
+        .expect("wait");
+    let a = serde_json::to_value(&w).unwrap()["agents"][0].clone();
+    let result = a["result"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(a["status"], "completed", "{a}");
+    assert!(
+        result.contains(&format!("read {m}: error: No such file")),
+        "{result}"
+    );
+    assert!(
+        result.contains(&format!("write {f}: ")) && !result.contains(&format!("write {f}: ok")),
+        "{result}"
+    );
+    assert!(!forged.exists());
 }
 
 /// The way around a covered `/sys/fs/cgroup` that a process without

@@ -2,6 +2,9 @@
 //! runs, with grandchild processes (one of them setsid()'d). Every process of the
 //! tree must be gone within a second, with no restart; a restarted supervisor then
 //! holds nothing `running` without a process and has removed the old groups.
+//! What a dead supervisor leaves goes at the next start of any root and with
+//! `brood doctor --fix`, told dead by its liveness mark; a live one in a PID
+//! namespace of its own is left alone (issue 28 item 2).
 
 // Test helpers outside #[test] functions may panic like the tests themselves.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -95,10 +98,236 @@ fn killed_supervisor(root: &Path) -> PathBuf {
     inst.join(&left[0])
 }
 
+/// The liveness mark (`cgroup::alive`) of the incarnation whose group is
+/// `group`.
+fn mark_of(group: &Path) -> PathBuf {
+    let det = brood_launch::cgroup::detect(Path::new("/")).expect("cgroups on this host");
+    let inst = group
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let name = group.file_name().unwrap().to_str().unwrap();
+    det.marks
+        .expect("root has a place for liveness marks")
+        .join(inst.strip_prefix("brood-").unwrap())
+        .join(format!("{name}.lock"))
+}
+
+/// Starts and shuts down a supervisor of `root` in this process.
+fn start_and_stop(root: &Path) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cfg = brood_runtime::Config::new(root.to_path_buf());
+        cfg.agent_sockets = Some(brood_server::agent_sockets());
+        let sup = brood_runtime::Supervisor::start(cfg).expect("a supervisor starts");
+        sup.shutdown().await;
+    });
+}
+
+/// `brood doctor` (with `--fix` or not) on `root`: its `leftovers` line.
+fn doctor_leftovers(root: &Path, fix: bool) -> String {
+    let args: &[&str] = if fix {
+        &["doctor", "--fix"]
+    } else {
+        &["doctor"]
+    };
+    let out = brood(root, args);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("leftovers"))
+        .unwrap_or_else(|| panic!("no leftovers line: {}", text(&out)))
+        .to_owned()
+}
+
+/// `brood serve` of `root` as PID 1 of a PID namespace of its own (as
+/// `many_nodes_placement` runs a node); stopped with SIGTERM when dropped.
+struct Unshared {
+    unshare: std::process::Child,
+    /// The node's pid here.
+    node: i32,
+    stopped: bool,
+}
+
+impl Unshared {
+    fn start(root: &Path) -> Unshared {
+        #[allow(clippy::disallowed_methods)]
+        let unshare = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(exe())
+            .arg("--root")
+            .arg(root)
+            .args(["serve", "--grace", "0.3"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let u = unshare.id();
+        let mut node = 0;
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                node = std::fs::read_to_string(format!("/proc/{u}/task/{u}/children"))
+                    .ok()
+                    .and_then(|c| c.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0);
+                node > 0 && std::os::unix::net::UnixStream::connect(root.join("brood.sock")).is_ok()
+            }),
+            "brood serve under unshare did not start"
+        );
+        Unshared {
+            unshare,
+            node,
+            stopped: false,
+        }
+    }
+
+    /// `brood ARGS…` on `root` run inside the node's PID and mount
+    /// namespaces: a caller from outside is not the operator there.
+    fn brood(&self, root: &Path, args: &[&str]) -> std::process::Output {
+        #[allow(clippy::disallowed_methods)]
+        Command::new("nsenter")
+            .args(["-t", &self.node.to_string(), "-p", "-m"])
+            .arg(exe())
+            .arg("--root")
+            .arg(root)
+            .args(args)
+            .env_remove("BROOD_SOCKET")
+            .output()
+            .unwrap()
+    }
+
+    /// SIGTERM to the node: it stops cleanly. Whether `unshare` exited.
+    fn stop(&mut self) -> bool {
+        if self.stopped {
+            return true;
+        }
+        // SAFETY: signalling the node this test started (not reaped yet:
+        // `unshare` reaps it before it exits itself).
+        unsafe { libc::kill(self.node, libc::SIGTERM) };
+        self.stopped = eventually(Duration::from_secs(20), || {
+            matches!(self.unshare.try_wait(), Ok(Some(_)))
+        });
+        self.stopped
+    }
+}
+
+impl Drop for Unshared {
+    fn drop(&mut self) {
+        if !self.stop() {
+            // `--kill-child` takes the node with it.
+            let _ = self.unshare.kill();
+            let _ = self.unshare.wait();
+        }
+    }
+}
+
+/// Issue 28 item 2: a supervisor killed by SIGKILL leaves its groups and
+/// its liveness mark (free now); the next start of a different root removes
+/// them, and the dead root's instance directories, empty then.
+#[test]
+fn a_dead_supervisors_empty_groups_go_at_the_next_start_of_another_root() {
+    let _one = serial();
+    // SAFETY: prctl(2) with integer arguments, on this test process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let dead = tempfile::tempdir().unwrap();
+    let group = killed_supervisor(dead.path());
+    let mark = mark_of(&group);
+    assert!(mark.exists(), "{} was never made", mark.display());
+
+    let other = tempfile::tempdir().unwrap();
+    start_and_stop(other.path());
+    assert!(
+        !group.exists(),
+        "{} outlived the next start of another root",
+        group.display()
+    );
+    assert!(!mark.exists(), "{} outlived its group", mark.display());
+    assert!(
+        !instance_dir(dead.path()).exists() && !mark.parent().unwrap().exists(),
+        "the dead root's empty instance directories are left"
+    );
+}
+
+/// Issue 28 item 2: a live supervisor in a PID namespace of its own, its
+/// base empty (its pid, 1, names another process here), is told alive by
+/// its liveness mark: `brood doctor` lists only a dead supervisor's group
+/// beside it, a start of another root and `brood doctor --fix` remove only
+/// that one, and the live one still starts agents afterwards.
+#[test]
+fn a_live_supervisor_in_another_pid_namespace_is_left_alone_by_other_starts_and_doctor() {
+    let _one = serial();
+    // SAFETY: prctl(2) with integer arguments, on this test process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let live = tempfile::tempdir().unwrap();
+    let mut node = Unshared::start(live.path());
+    let inst = instance_dir(live.path());
+    // Its socket answers before its supervisor has started.
+    assert!(
+        eventually(Duration::from_secs(20), || incarnations(&inst).len() == 1),
+        "the node's incarnation group: {:?}",
+        incarnations(&inst)
+    );
+    let names = incarnations(&inst);
+    let base = inst.join(&names[0]);
+    assert!(
+        names[0].starts_with("s1-"),
+        "the node is PID 1 of its namespace: {names:?}"
+    );
+    assert!(pids_under(&base).is_empty(), "its base is empty");
+    let live_mark = mark_of(&base);
+    assert!(live_mark.exists(), "{}", live_mark.display());
+
+    let dead = tempfile::tempdir().unwrap();
+    let gone = killed_supervisor(dead.path());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let listed = doctor_leftovers(elsewhere.path(), false);
+    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(listed.contains(&gone.display().to_string()), "{listed}");
+    assert!(!listed.contains(&base.display().to_string()), "{listed}");
+
+    let other = tempfile::tempdir().unwrap();
+    start_and_stop(other.path());
+    assert!(
+        !gone.exists(),
+        "{} outlived another root's start",
+        name(&gone)
+    );
+    let fixed = doctor_leftovers(elsewhere.path(), true);
+    assert!(
+        base.exists() && live_mark.exists(),
+        "the live node's base or mark was removed: {fixed}"
+    );
+
+    let out = node.brood(
+        live.path(),
+        &[
+            "spawn",
+            "--name",
+            "after",
+            "--",
+            exe(),
+            "test-agent",
+            "--hang",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        eventually(Duration::from_secs(10), || !pids_under(&base).is_empty()),
+        "the node's agent runs in its base"
+    );
+    assert!(node.stop(), "the node stops on SIGTERM");
+    assert!(
+        !base.exists() && !live_mark.exists(),
+        "a clean stop removes the node's groups and mark"
+    );
+}
+
 /// Issue 28 item 2: after a supervisor dies by SIGKILL, `brood doctor`
 /// (from any root) lists the groups it left and `brood doctor --fix` removes
-/// them. (A start reaps only its own root's: another root's supervisor may
-/// live in another PID namespace; see `cgroup::leftovers`.)
+/// them.
 #[test]
 fn a_dead_supervisors_groups_are_listed_by_doctor_and_removed_by_doctor_fix() {
     let _one = serial();

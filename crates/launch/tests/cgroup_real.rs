@@ -471,3 +471,78 @@ fn many_groups_are_created_and_removed_as_one_subtree() {
     fx.cg.remove(&top).unwrap();
     assert!(!top.dir.exists());
 }
+
+/// Field 22 (start time) of /proc/<pid>/stat (proc(5)).
+fn start_time(pid: i32) -> u64 {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    text[text.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 28 item 2: an incarnation's liveness mark decides before its pid.
+/// Held, it is alive though its pid is dead here; free, it is dead though
+/// its pid names a live process (as a supervisor's in another PID namespace
+/// does); a free mark without a group goes too; unlocked, the held one is
+/// dead and goes with its group.
+#[test]
+fn liveness_marks_decide_before_pids() {
+    let fx = Fixture::new(host_v2());
+    let marks = fx.det.marks.clone().unwrap().join(&fx.instance);
+    let inst = fx.cg.base().parent().unwrap().to_path_buf();
+    let me = fx
+        .cg
+        .base()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let own_mark = marks.join(format!("{me}.lock"));
+    assert_eq!(fx.cg.mark(), Ok(own_mark.as_path()));
+
+    let held = inst.join("s999998-1");
+    fs::create_dir(&held).unwrap();
+    let held_mark = marks.join("s999998-1.lock");
+    let lock = File::create(&held_mark).unwrap();
+    // SAFETY: flock(2) on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    #[allow(clippy::disallowed_methods)]
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id() as i32;
+    let name = format!("s{pid}-{}", start_time(pid));
+    let free = inst.join(&name);
+    fs::create_dir(&free).unwrap();
+    let free_mark = marks.join(format!("{name}.lock"));
+    File::create(&free_mark).unwrap();
+    let orphan_mark = marks.join("s999997-1.lock");
+    File::create(&orphan_mark).unwrap();
+
+    let left = Cgroups::reap_leftovers(&fx.det, &fx.instance).unwrap();
+    assert_eq!((left.groups, left.marks), (1, 1), "{left:?}");
+    assert!(!free.exists() && !free_mark.exists() && !orphan_mark.exists());
+    assert!(
+        held.exists() && held_mark.exists(),
+        "a held mark's group went"
+    );
+    assert!(fx.cg.base().exists() && own_mark.exists());
+    assert!(!gone(pid), "a process outside the group was touched");
+
+    drop(lock);
+    let left = Cgroups::reap_leftovers(&fx.det, &fx.instance).unwrap();
+    assert_eq!(left.groups, 1, "{left:?}");
+    assert!(!held.exists() && !held_mark.exists());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    fx.cg.destroy().unwrap();
+    assert!(!own_mark.exists(), "destroy removes the incarnation's mark");
+}

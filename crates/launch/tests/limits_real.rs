@@ -154,6 +154,7 @@ impl Fixture {
     fn leftovers(&self) -> Vec<PathBuf> {
         std::iter::once(self.cg.base().to_path_buf())
             .chain(self.cg.v1_mirror().values().cloned())
+            .chain(self.cg.mark().ok().map(Path::to_path_buf))
             .filter(|p| p.exists())
             .collect()
     }
@@ -168,12 +169,7 @@ impl Drop for Fixture {
         let destroyed = self.cg.destroy();
         let reaped = Cgroups::reap_leftovers(&self.det, &self.instance);
         let left = self.leftovers();
-        for inst in std::iter::once(self.cg.base())
-            .chain(self.cg.v1_mirror().values().map(PathBuf::as_path))
-            .filter_map(Path::parent)
-        {
-            let _ = fs::remove_dir(inst);
-        }
+        self.cg.remove_instance_dirs();
         if !std::thread::panicking() {
             destroyed.unwrap();
             reaped.unwrap();

@@ -4,10 +4,13 @@
 //! the layout of `$BROOD_ROOT`, once at start; each launch prepares it afresh
 //! (a few `lstat`s), so a control socket bound later is still bound back.
 //!
-//! Reserved: every cgroup hierarchy; `$BROOD_ROOT` except `ctx/` (the ABI
-//! agents read), the control socket (agents call the API through it, as
-//! themselves) and the `iso = ns` mount point; the store's file, its WAL,
-//! shared memory and journal, and the sweeper lock, wherever they are.
+//! Reserved: every cgroup hierarchy; the supervisors' liveness marks
+//! (`/run/brood/incarnations`: one that could unlink and remake a live
+//! supervisor's mark would have it taken for dead); `$BROOD_ROOT` except
+//! `ctx/` (the ABI agents read), the control socket (agents call the API
+//! through it, as themselves) and the `iso = ns` mount point; the store's
+//! file, its WAL, shared memory and journal, and the sweeper lock, wherever
+//! they are.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,10 @@ pub struct Veil {
     spec: VeilSpec,
     /// `$BROOD_ROOT/ctx`, the one part of the root a policy may name.
     ctx: PathBuf,
+    /// The directory of the supervisors' liveness marks, covered with the
+    /// cgroup hierarchies when it exists (the supervisor's cgroups made it
+    /// before the veil is worked out).
+    marks: Option<PathBuf>,
 }
 
 impl Veil {
@@ -54,8 +61,14 @@ impl Veil {
             files.push(PathBuf::from(name));
         }
         files.push(canonical_file(&paths.sweeper_lock()));
+        let marks = brood_launch::cgroup::detect(Path::new("/"))
+            .ok()
+            .and_then(|d| d.marks)
+            .and_then(|m| std::fs::canonicalize(m).ok());
+        let mut covers = veil::cgroup_covers(&mounts);
+        covers.extend(marks.clone());
         let spec = VeilSpec {
-            covers: veil::cgroup_covers(&mounts),
+            covers,
             root: root.clone(),
             keep: KEEP.iter().map(OsString::from).collect(),
             files,
@@ -66,6 +79,7 @@ impl Veil {
             mounts,
             ctx: root.join("ctx"),
             spec,
+            marks,
         })
     }
 
@@ -105,6 +119,7 @@ impl Veil {
                             .iter()
                             .filter(|f| !f.starts_with(&self.spec.root)),
                     )
+                    .chain(&self.marks)
                     .find(|x| x.starts_with(src) && x.as_path() != src);
                 if let Some(x) = below {
                     return Err(format!(
@@ -121,6 +136,9 @@ impl Veil {
 
     /// What of brood's machinery `p` (a canonical path) is, if any.
     pub fn reserved(&self, p: &Path) -> Option<String> {
+        if let Some(m) = self.marks.as_ref().filter(|m| p.starts_with(m)) {
+            return Some(format!("the supervisors' liveness marks {}", m.display()));
+        }
         if let Some(c) = self.spec.covers.iter().find(|c| p.starts_with(c)) {
             return Some(format!("the cgroup hierarchy {}", c.display()));
         }
@@ -142,7 +160,13 @@ impl Veil {
             .spec
             .covers
             .iter()
-            .map(|c| format!("{} (cgroup hierarchies)", c.display()))
+            .map(|c| {
+                if Some(c) == self.marks.as_ref() {
+                    format!("{} (the supervisors' liveness marks)", c.display())
+                } else {
+                    format!("{} (cgroup hierarchies)", c.display())
+                }
+            })
             .collect();
         out.push(format!(
             "{} (brood's root; ctx/, brood.sock and ns/ bound back)",

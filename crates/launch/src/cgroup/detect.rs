@@ -71,6 +71,10 @@ pub struct Detected {
     pub own_v1: BTreeMap<String, String>,
     /// What our own v2 group's `cgroup.controllers` offers (none enabled by us).
     pub v2_controllers: Vec<String>,
+    /// Where the liveness marks of this user's supervisor incarnations live
+    /// (`cgroup::alive`): `<fs_root>/run/brood/incarnations` for root;
+    /// `None` when this user has no such place.
+    pub marks: Option<PathBuf>,
 }
 
 /// One line of the mount table that is a cgroup filesystem.
@@ -171,6 +175,8 @@ pub fn detect(fs_root: &Path) -> Result<Detected, CgroupError> {
         own_v2,
         own_v1,
         v2_controllers,
+        // SAFETY: geteuid(2) has no preconditions.
+        marks: super::alive::marks_dir(fs_root, unsafe { libc::geteuid() }),
     })
 }
 

@@ -18,8 +18,9 @@
 //! under our own cgroup, never at a hierarchy root (we may only own a delegated
 //! subtree, and on this host processes start in a v1 cgroup of their own), with one
 //! directory per supervisor incarnation, so the next start can tell which groups an
-//! earlier, dead incarnation left behind and kill them ([`Cgroups::reap_leftovers`],
-//! SPEC 6 "Supervisor death").
+//! earlier, dead incarnation left behind and kill them ([`Cgroups::reap_host`],
+//! SPEC 6 "Supervisor death"). Dead is told by the incarnation's liveness mark
+//! (`alive`), which [`Cgroups::open`] takes before it makes the group.
 //!
 //! **Limits** ([`Cgroups::set_limits`], SPEC 5 `resources`) go, per controller,
 //! wherever this host has that controller:
@@ -45,7 +46,8 @@
 //! The code, by hierarchy: this file is the one interface (groups, kill, empty,
 //! remove, leftovers); `detect` finds the layout; `limits` places each limit
 //! in v2 or in a v1 mirror; `v1` is what only v1 needs (the freezer kill, the
-//! mirrors' paths, the leftovers of a mirror).
+//! mirrors' paths, the leftovers of a mirror); `alive` the incarnations'
+//! liveness marks and `leftovers` what dead ones left.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -56,6 +58,7 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+mod alive;
 mod detect;
 mod leftovers;
 mod limits;
@@ -253,11 +256,17 @@ pub struct Cgroups {
     places: [(&'static str, Place); 3],
     /// The instance name, for the supervisor's own leaf on v2-limit hosts.
     instance: String,
+    /// The liveness mark this process holds for the incarnation
+    /// (`cgroup::alive`), or why there is none.
+    mark: Result<PathBuf, String>,
 }
 
 impl Cgroups {
     /// Creates (`mkdir -p`) `<own cgroup>/brood-<instance>/s<pid>-<starttime>` in the
-    /// grouping hierarchy and returns the handle to it.
+    /// grouping hierarchy and returns the handle to it. First it takes the
+    /// incarnation's liveness mark, held until [`Cgroups::destroy`] or the
+    /// end of this process; one that cannot be made is no error
+    /// ([`Cgroups::mark`] says why).
     pub fn open(det: &Detected, instance: &str) -> Result<Cgroups, CgroupError> {
         // SAFETY: getpid(2) has no preconditions.
         let pid = unsafe { libc::getpid() };
@@ -265,28 +274,26 @@ impl Cgroups {
             path: PathBuf::from(format!("/proc/{pid}/stat")),
             what: "our own process looks dead".to_owned(),
         })?;
-        let (kind, base) = base_dir(det, instance, &format!("s{pid}-{start}"))?;
-        // Another instance's start removes `brood-<instance>` when it finds it
-        // empty (`reap_host`); made between our `mkdir`s, it is made again.
-        let mut tries = 0;
-        while let Err(e) = fs::create_dir_all(&base) {
-            tries += 1;
-            if e.kind() != io::ErrorKind::NotFound || tries >= 5 {
-                return Err(io_err("mkdir -p", &base, e));
+        let name = format!("s{pid}-{start}");
+        let (kind, base) = base_dir(det, instance, &name)?;
+        // The mark before the group: a looker that finds the group finds it
+        // held, never free (which would read as dead).
+        let mark = match &det.marks {
+            Some(m) => alive::hold(m, instance, &name).map_err(|e| e.to_string()),
+            None => Err("this user has no place for liveness marks \
+                 (no /run/user/<uid> of its own)"
+                .to_owned()),
+        };
+        let made = make_base(kind, &base);
+        if let Err(e) = made {
+            if let Ok((path, true)) = &mark {
+                alive::release(path);
             }
+            return Err(e);
         }
-        if kind == Kind::V2 {
-            // cgroup.kill exists in every non-root v2 group since Linux 5.14; without
-            // it a tree could not be killed atomically, so refuse rather than pretend.
-            let kill = base.join("cgroup.kill");
-            if !kill.exists() {
-                return Err(CgroupError::NoCgroupFs(format!(
-                    "{} is missing (cgroup.kill needs Linux 5.14)",
-                    kill.display()
-                )));
-            }
-        }
-        Ok(Cgroups::assemble(det, kind, instance, base))
+        let mut c = Cgroups::assemble(det, kind, instance, base);
+        c.mark = mark.map(|(path, _)| path);
+        Ok(c)
     }
 
     /// The handle for the incarnation at `base`, with its mirrors and the place of
@@ -312,6 +319,18 @@ impl Cgroups {
             v1_mirror,
             places,
             instance: instance.to_owned(),
+            mark: Err("a handle on an incarnation holds no mark of it".to_owned()),
+        }
+    }
+
+    /// The file of the liveness mark this process holds for its incarnation
+    /// (`cgroup::alive`), or why it runs without one: then a start of
+    /// another root cannot tell it alive and leaves its groups alone, and
+    /// its own root's next start and `brood doctor` judge it by its pid.
+    pub fn mark(&self) -> Result<&Path, &str> {
+        match &self.mark {
+            Ok(p) => Ok(p),
+            Err(e) => Err(e),
         }
     }
 
@@ -557,10 +576,16 @@ impl Cgroups {
         Ok(())
     }
 
-    /// On clean shutdown: kill and remove everything of this incarnation. The
-    /// `brood-<instance>` directory stays: another incarnation may be starting in it.
+    /// On clean shutdown: kill and remove everything of this incarnation,
+    /// then its liveness mark (a group that could not be removed keeps it,
+    /// held while this process lives). The `brood-<instance>` directory
+    /// stays: another incarnation may be starting in it.
     pub fn destroy(&self) -> Result<(), CgroupError> {
-        self.kill_and_remove(&self.group(&GroupPath::default()), EMPTY_TIMEOUT)
+        self.kill_and_remove(&self.group(&GroupPath::default()), EMPTY_TIMEOUT)?;
+        if let Ok(path) = &self.mark {
+            alive::release(path);
+        }
+        Ok(())
     }
 
     /// After [`Cgroups::destroy`]: removes this instance's `brood-<instance>`
@@ -568,7 +593,8 @@ impl Cgroups {
     /// using them (`rmdir` refuses a non-empty group, which is then left alone).
     pub fn remove_instance_dirs(&self) {
         let bases = std::iter::once(&self.base).chain(self.v1_mirror.values());
-        for base in bases {
+        let marks = self.mark.as_ref().ok();
+        for base in bases.chain(marks) {
             if let Some(dir) = base.parent() {
                 let _ = fs::remove_dir(dir);
             }
@@ -604,6 +630,31 @@ impl Cgroups {
         // "/brood-x/s1-2a" is another incarnation, not a group below "/brood-x/s1-2".
         rest.strip_prefix('/').map(|rel| self.base.join(rel))
     }
+}
+
+/// `mkdir -p` of an incarnation's base; on v2, checks it can be killed.
+fn make_base(kind: Kind, base: &Path) -> Result<(), CgroupError> {
+    // Another instance's start removes `brood-<instance>` when it finds it
+    // empty (`reap_host`); made between our `mkdir`s, it is made again.
+    let mut tries = 0;
+    while let Err(e) = fs::create_dir_all(base) {
+        tries += 1;
+        if e.kind() != io::ErrorKind::NotFound || tries >= 5 {
+            return Err(io_err("mkdir -p", base, e));
+        }
+    }
+    if kind == Kind::V2 {
+        // cgroup.kill exists in every non-root v2 group since Linux 5.14; without
+        // it a tree could not be killed atomically, so refuse rather than pretend.
+        let kill = base.join("cgroup.kill");
+        if !kill.exists() {
+            return Err(CgroupError::NoCgroupFs(format!(
+                "{} is missing (cgroup.kill needs Linux 5.14)",
+                kill.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `mirror` joined with a group path (empty: the mirror itself).

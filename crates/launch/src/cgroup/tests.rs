@@ -316,6 +316,64 @@ fn open_on_a_fake_v1_tree_makes_the_base_and_names_mirrors() {
 }
 
 #[test]
+fn an_incarnation_holds_its_liveness_mark_once_per_process() {
+    let root = fake_root(None, Some(V1_MOUNTS), Some(V1_CGROUP));
+    let d = detect(root.path()).unwrap();
+    // SAFETY: geteuid(2) has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests run as root");
+    let marks = root.path().join("run/brood/incarnations");
+    assert_eq!(d.marks.as_deref(), Some(marks.as_path()));
+    let cg = Cgroups::open(&d, "m").unwrap();
+    let me = cg.base().file_name().unwrap().to_str().unwrap().to_owned();
+    let mark = marks.join("m").join(format!("{me}.lock"));
+    assert_eq!(cg.mark(), Ok(mark.as_path()));
+    // Held: another open file description of it cannot lock it.
+    assert!(matches!(
+        alive::look(d.marks.as_deref(), "m", &me),
+        alive::Mark::Held
+    ));
+    // A second handle on the same incarnation in this process shares it.
+    let again = Cgroups::open(&d, "m").unwrap();
+    assert_eq!(again.mark(), Ok(mark.as_path()));
+    // (What `destroy` does once the groups are gone: tests/cgroup_real.rs.)
+    alive::release(&mark);
+    assert!(!mark.exists(), "a released mark is removed");
+    assert!(alive::remove_instance_if_empty(d.marks.as_deref(), "m"));
+    assert!(!marks.join("m").exists());
+    // Free (nobody holds it), then gone once the looker removes it.
+    fs::create_dir_all(marks.join("m")).unwrap();
+    fs::write(marks.join("m/s7-7.lock"), "").unwrap();
+    match alive::look(d.marks.as_deref(), "m", "s7-7") {
+        alive::Mark::Free(taken) => taken.remove(),
+        other => panic!("a mark nobody holds: {other:?}"),
+    }
+    assert!(!marks.join("m/s7-7.lock").exists());
+    assert!(matches!(
+        alive::look(d.marks.as_deref(), "m", "s7-7"),
+        alive::Mark::None
+    ));
+}
+
+#[test]
+fn another_user_has_marks_only_in_a_runtime_directory_of_its_own() {
+    let root = tempfile::tempdir().unwrap();
+    assert_eq!(
+        alive::marks_dir(root.path(), 0),
+        Some(root.path().join("run/brood/incarnations"))
+    );
+    assert_eq!(alive::marks_dir(root.path(), 4242), None);
+    let runtime = root.path().join("run/user/4242");
+    fs::create_dir_all(&runtime).unwrap();
+    // Root's, not the user's: not a place for its marks.
+    assert_eq!(alive::marks_dir(root.path(), 4242), None);
+    std::os::unix::fs::chown(&runtime, Some(4242), None).unwrap();
+    assert_eq!(
+        alive::marks_dir(root.path(), 4242),
+        Some(runtime.join("brood/incarnations"))
+    );
+}
+
+#[test]
 fn incarnation_names_and_stat_start_times_parse() {
     assert_eq!(parse_incarnation("s999999-1"), Some((999_999, 1)));
     for bad in ["s-1", "s1-", "x1-1", "s0-1", "s1-1-1", "s1_1", "tenant"] {

@@ -81,7 +81,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VeilSpec {
     /// Directories covered with an empty read-only tmpfs: the cgroup
-    /// hierarchies ([`cgroup_covers`]).
+    /// hierarchies ([`cgroup_covers`]) and the supervisors' liveness marks
+    /// (`cgroup::alive`).
     pub covers: Vec<PathBuf>,
     /// brood's root directory, covered with a read-only tmpfs.
     pub root: PathBuf,

@@ -84,14 +84,21 @@ impl Supervisor {
                         "disabled by configuration".into(),
                     ));
                 }
-                // Only this root's: another root's supervisor may run in
-                // another PID namespace, where its pid says nothing here
-                // (`cgroup::leftovers`).
-                match Cgroups::reap_leftovers(&det, &instance) {
+                // This root's dead incarnations, and every other root's that
+                // are dead by their liveness mark and empty (issue 28 item 2;
+                // `cgroup::leftovers`).
+                match Cgroups::reap_host(&det, Some(&instance), false) {
                     Ok(l) => tracing::info!(?l, "reaped leftover cgroups"),
                     Err(e) => tracing::warn!(error = %e, "reaping leftover cgroups failed"),
                 }
-                Cgroups::open(&det, &instance)
+                let c = Cgroups::open(&det, &instance)?;
+                if let Err(why) = c.mark() {
+                    tracing::warn!(
+                        why,
+                        "no liveness mark: this supervisor is judged by its pid, so other roots' starts leave its groups alone"
+                    );
+                }
+                Ok(c)
             }) {
                 Ok(c) => {
                     let d = format!("{} at {}", c.layout(), c.base().display());

@@ -49,7 +49,7 @@ use brood_core::{
 };
 use brood_store::{
     Agent, Artifact, Channel, ChannelOutput, Event, Fence, Message, NewAgent, NewEvent, Protocol,
-    Run, RunEnd, Store, StoreError, Usage,
+    Run, RunEnd, StartItem, Store, StoreError, Usage,
 };
 
 /// One case of the suite.
@@ -115,6 +115,10 @@ pub const CASES: &[(&str, Case)] = &[
     (
         "start_run_of_a_stale_run_is_refused",
         start_run_of_a_stale_run_is_refused,
+    ),
+    (
+        "starts_recorded_together_refuse_only_their_own",
+        starts_recorded_together_refuse_only_their_own,
     ),
     (
         "illegal_transitions_are_refused_and_change_nothing",
@@ -296,6 +300,7 @@ macro_rules! conformance_tests {
     start_run_records_pid_and_cgroup,
     start_run_after_cancel_while_queued_is_refused,
     start_run_of_a_stale_run_is_refused,
+    starts_recorded_together_refuse_only_their_own,
     illegal_transitions_are_refused_and_change_nothing,
     set_status_blocks_unblocks_and_closes,
     end_run_records_the_run_and_the_channel_result,

@@ -62,6 +62,59 @@ pub fn start_run_after_cancel_while_queued_is_refused(store: &dyn Store) {
     assert_eq!((run.pid, run.outcome), (None, Some(USER)));
 }
 
+/// Starts recorded together (`start_runs`) are each answered as if alone: a
+/// start refused (its agent cancelled meanwhile) writes nothing and refuses
+/// only itself; the others are recorded with their pids and events.
+pub fn starts_recorded_together_refuse_only_their_own(store: &dyn Store) {
+    let t = tenant("conf-starts");
+    let a = admit(store, &t, "a", None);
+    let b = admit(store, &t, "b", None);
+    let c = admit(store, &t, "c", None);
+    store
+        .mark_stopping(&t, std::slice::from_ref(&b.name), USER, now())
+        .unwrap();
+    let items: Vec<StartItem> = [(&a, 11), (&b, 12), (&c, 13)]
+        .into_iter()
+        .map(|(x, pid)| StartItem {
+            name: x.name.clone(),
+            run: x.run.clone(),
+            pid,
+            cgroup: format!("/cg/{}", x.name),
+            now_ms: now(),
+            events: vec![event(&x.name, Some(&x.run), "agent.start")],
+        })
+        .collect();
+    let before = all_events(store, &t).len();
+    let answers = store.start_runs(&t, &items);
+    assert_eq!(answers.len(), 3);
+    match &answers[1] {
+        Err(StoreError::Transition { name, .. }) => assert_eq!(name, "b"),
+        other => panic!("b: expected a transition refusal, got {other:?}"),
+    }
+    for (i, x, pid) in [(0, &a, 11), (2, &c, 13)] {
+        let got = answers[i].as_ref().unwrap();
+        assert_eq!(
+            (got.name.as_str(), got.status),
+            (x.name.as_str(), Status::Running)
+        );
+        let run = store.run(&t, &x.run).unwrap().unwrap();
+        assert_eq!(run.pid, Some(pid));
+    }
+    let run_b = store.run(&t, &b.run).unwrap().unwrap();
+    assert_eq!((run_b.pid, run_b.outcome), (None, Some(USER)));
+    let evs = all_events(store, &t);
+    let starts: Vec<&str> = evs[before..]
+        .iter()
+        .filter(|e| e.kind == "agent.start")
+        .map(|e| e.agent.as_str())
+        .collect();
+    assert_eq!(
+        starts,
+        ["a", "c"],
+        "one agent.start each for the started ones"
+    );
+}
+
 pub fn start_run_of_a_stale_run_is_refused(store: &dyn Store) {
     let t = tenant("conf-stalestart");
     let a = admit(store, &t, "a", None);

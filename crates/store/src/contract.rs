@@ -113,6 +113,21 @@ pub trait Runs {
         events: &[NewEvent],
     ) -> Result<Agent>;
 
+    /// [`Runs::start_run`] for starts that arrived together, in one
+    /// transaction where the store can: each checked and answered as if
+    /// alone (a refused one writes nothing and refuses only itself), in
+    /// order. One answer per item.
+    fn start_runs(&self, tenant: &TenantId, items: &[StartItem]) -> Vec<Result<Agent>> {
+        items
+            .iter()
+            .map(|it| {
+                self.start_run(
+                    tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+                )
+            })
+            .collect()
+    }
+
     /// Any other status change, checked by `Status::transition`; `detail` replaces
     /// the agent's detail text. When `to` ends the run, use `end_run` instead.
     fn set_status(

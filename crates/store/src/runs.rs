@@ -13,7 +13,7 @@ use crate::admission::fanout;
 use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
 use crate::db::{Db, Value};
-use crate::types::{Agent, EndItem, NewEvent, RunEnd};
+use crate::types::{Agent, EndItem, NewEvent, RunEnd, StartItem, StoreError};
 
 fn text(s: &str) -> Value<'_> {
     Value::from(s)
@@ -238,6 +238,27 @@ pub(crate) fn end_runs<D: Db>(
                 out.push(db.must_agent(tenant, &it.name)?);
             }
         }
+    }
+    Ok(out)
+}
+
+/// `Runs::start_runs`: each start as `start_run`, in one transaction; a
+/// refused one (checked before it writes) refuses only itself, a failed
+/// statement fails them all.
+pub(crate) fn start_runs<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    items: &[StartItem],
+) -> Result<Vec<Result<Agent, StoreError>>, D::Err> {
+    let mut out = Vec::with_capacity(items.len());
+    for it in items {
+        let r = start_run(
+            db, tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+        );
+        out.push(match r {
+            Ok(a) => Ok(a),
+            Err(e) => Err(D::refusal(e)?),
+        });
     }
     Ok(out)
 }

@@ -257,6 +257,18 @@ impl RunEnd {
     }
 }
 
+/// One item of [`Runs::start_runs`](crate::Runs::start_runs): what
+/// [`Runs::start_run`](crate::Runs::start_run) takes for one run.
+#[derive(Debug, Clone)]
+pub struct StartItem {
+    pub name: AgentName,
+    pub run: RunId,
+    pub pid: i32,
+    pub cgroup: String,
+    pub now_ms: i64,
+    pub events: Vec<NewEvent>,
+}
+
 /// One item of [`Store::end_runs`].
 #[derive(Debug, Clone)]
 pub struct EndItem {

@@ -2,10 +2,10 @@
 //! arrive together are recorded together (issue 27). The loop takes, with a
 //! creation (a start), those of its kind queued right behind it, works out
 //! each (reads only), then has the store record them all at once instead of
-//! one round trip after another: the admissions as one group commit
+//! one transaction after another: the admissions as one group commit
 //! (`Store::admit_all_with_quotas`: on PostgreSQL a few set-based statements
-//! for the lot), the starts one thread each, so their transactions overlap
-//! on the store's connections. What follows each (the projection, the live
+//! for the lot), the starts in one transaction (`Store::start_runs`). What
+//! follows each (the projection, the live
 //! entry, the queue for a slot, the answer) is done in arrival order, as for
 //! one.
 //!
@@ -16,9 +16,8 @@
 //! naming a customer, each start a batch of their own. The store's
 //! transaction checks the quotas either way.
 
-use brood_core::{AgentName, Code, RunId};
+use brood_core::{AgentName, RunId};
 use brood_launch::{LaunchError, Launched};
-use brood_store::StoreError;
 use tokio::sync::mpsc;
 
 use super::launch::{Made, Starting};
@@ -119,42 +118,6 @@ pub(super) fn gather(
     }
 }
 
-/// Runs `record` for each item on a thread of its own, so their store
-/// transactions overlap; the answers in the items' order. A thread that
-/// cannot be made records on the caller's.
-fn record_together<T: Sync, R: Send>(
-    items: &[T],
-    record: impl Fn(&T) -> Result<R, StoreError> + Sync,
-) -> Vec<Result<R, StoreError>> {
-    if items.len() == 1 {
-        return items.iter().map(&record).collect();
-    }
-    std::thread::scope(|scope| {
-        let record = &record;
-        let running: Vec<_> = items
-            .iter()
-            .map(|item| {
-                std::thread::Builder::new()
-                    .name("brood-record".into())
-                    .spawn_scoped(scope, move || record(item))
-                    .map_err(|_| item)
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|r| match r {
-                Ok(h) => h.join().unwrap_or_else(|_| {
-                    Err(StoreError::Refused {
-                        code: Code::Internal,
-                        message: "the thread writing a record panicked".into(),
-                    })
-                }),
-                Err(item) => record(item),
-            })
-            .collect()
-    })
-}
-
 /// Whether `next` may be admitted together with `batch` (module docs).
 pub(super) fn joins(batch: &[Spawn], next: &Spawn) -> bool {
     if batch.len() >= MAX_BATCH || next.req.customer.is_some() {
@@ -234,8 +197,8 @@ impl Dispatcher {
             .into_iter()
             .filter_map(|l| self.launch_begins(l.name, l.run, l.result, l.made))
             .collect();
-        let (store, tenant) = (self.records.store.as_ref(), &self.records.tenant);
-        let recorded = record_together(&starting, |s| s.record(store, tenant));
+        let items: Vec<_> = starting.iter().map(Starting::item).collect();
+        let recorded = self.records.store.start_runs(&self.records.tenant, &items);
         for (s, r) in starting.into_iter().zip(recorded) {
             self.launch_started(s, r);
         }

@@ -28,6 +28,7 @@ use brood_proto::ToAgent;
 use brood_store::Agent;
 use brood_store::NewEvent;
 use brood_store::Protocol;
+use brood_store::StartItem;
 use brood_store::Store;
 use brood_store::StoreError;
 use serde_json::Value;
@@ -924,9 +925,20 @@ pub(super) struct Starting {
 }
 
 impl Starting {
-    /// The start's record: the run, its pid and group, `agent.start`. Needs
-    /// nothing of the dispatcher, so starts that arrive together are
-    /// recorded together (`batch`).
+    /// The start's record as one item of the store's `start_runs`: starts
+    /// that arrive together are recorded together (`batch`).
+    pub(super) fn item(&self) -> StartItem {
+        StartItem {
+            name: self.name.clone(),
+            run: self.run.clone(),
+            pid: self.launched.pid,
+            cgroup: self.cgroup_path.clone(),
+            now_ms: now_ms(),
+            events: self.start_events.clone(),
+        }
+    }
+
+    /// The start's record: the run, its pid and group, `agent.start`.
     pub(super) fn record(&self, store: &dyn Store, tenant: &TenantId) -> Result<Agent, StoreError> {
         store.start_run(
             tenant,

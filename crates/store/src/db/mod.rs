@@ -187,6 +187,10 @@ pub(crate) type PlanRow = (String, i64, Option<Agent>);
 /// true at the commit (SQLite's write lock, PostgreSQL's tenant lock).
 pub(crate) trait Db: Sized {
     type Err: From<StoreError>;
+    /// The caller's error inside `e`, when `e` is one the shared logic made
+    /// (a refusal, a missing row: no statement failed, so the transaction
+    /// goes on); `Err(e)` back when a statement failed.
+    fn refusal(e: Self::Err) -> Result<StoreError, Self::Err>;
     type Row<'r>: Row<Err = Self::Err>;
     /// Whether a transaction must lock a tenant before it reads that
     /// tenant's rows for good (PostgreSQL's advisory locks); SQLite's write

@@ -357,6 +357,12 @@ impl crate::db::Row for Row {
 
 impl crate::db::Db for Db<'_> {
     type Err = Fail;
+    fn refusal(e: Fail) -> Result<crate::StoreError, Fail> {
+        match e {
+            Fail::Store(e) => Ok(e),
+            e => Err(e),
+        }
+    }
     type Row<'r> = Row;
     const LOCKS_TENANTS: bool = true;
     const SQL: &'static Statements = &STATEMENTS;

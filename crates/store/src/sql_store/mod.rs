@@ -10,14 +10,16 @@
 //! `Records` and `Recovery`; the other traits each in a module of their
 //! own below.
 
-use brood_core::{AgentName, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal};
+use brood_core::{
+    AgentName, Code, Quotas, RunId, SessionName, Status, TenantId, TenantQuotas, Terminal,
+};
 
 use crate::contract::{Admission, Records, Recovery, Runs, Transcripts};
 use crate::db::{Db, Value};
 use crate::group::{Group, Groups};
 use crate::types::{
     Agent, Channel, EndItem, Event, LeaseLock, Message, NewAgent, NewEvent, Result, Run, RunEnd,
-    Spend, StoreError,
+    Spend, StartItem, StoreError,
 };
 use crate::{admission, records, runs};
 
@@ -209,6 +211,37 @@ impl<S: SqlStore> Runs for S {
         self.writing(tenant, |db| {
             runs::start_run(db, tenant, name, run, pid, cgroup, now_ms, events)
         })
+    }
+
+    fn start_runs(&self, tenant: &TenantId, items: &[StartItem]) -> Vec<Result<Agent>> {
+        match self.writing(tenant, |db| runs::start_runs(db, tenant, items)) {
+            Ok(answers) => answers,
+            // One start cannot fail alone here, so the lot did: each runs
+            // alone, so that a failure is its own. Not when the lot's fate
+            // is unknown (its COMMIT unanswered): it may have been recorded.
+            Err(e) if items.len() > 1 && !matches!(e, StoreError::PostgresInDoubt { .. }) => items
+                .iter()
+                .map(|it| {
+                    self.start_run(
+                        tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                let message = e.to_string();
+                let mut out = vec![Err(e)];
+                out.extend(items.iter().skip(1).map(|it| {
+                    Err(StoreError::Refused {
+                        code: Code::Internal,
+                        message: format!(
+                            "the start of {} was recorded with others: {message}",
+                            it.name
+                        ),
+                    })
+                }));
+                out
+            }
+        }
     }
 
     fn set_status(

@@ -55,6 +55,12 @@ impl Row for rusqlite::Row<'_> {
 
 impl Db for Connection {
     type Err = Fail;
+    fn refusal(e: Fail) -> Result<crate::StoreError, Fail> {
+        match e {
+            Fail::Store(e) => Ok(e),
+            e => Err(e),
+        }
+    }
     type Row<'r> = rusqlite::Row<'r>;
     const LOCKS_TENANTS: bool = false;
     const SQL: &'static Statements = &STATEMENTS;

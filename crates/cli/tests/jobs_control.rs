@@ -325,7 +325,10 @@ async fn a_cancel_in_the_middle_keeps_the_completed_results_and_stops_the_worker
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_its_own_job_through_the_protocol() {
     let env = roomy();
-    let worker = [exe(), "test-agent", "--job-worker"];
+    // Each item takes a while, so the job is still running when the agent's
+    // requests after `job.start` (a report, an assign, a retry) arrive: a
+    // retry of a completed job is a conflict, not the empty retry asserted.
+    let worker = [exe(), "test-agent", "--job-worker", "--item-delay", "2000"];
     let create = json!({"id": "mine", "instruction": "Echo {t}", "input": "id,t\na,x\nb,y\nc,z\n",
                         "id_column": "id", "concurrency": 2, "worker": {"argv": worker}});
     let requests: Vec<(&str, Value)> = vec![

@@ -404,3 +404,92 @@ async fn a_group_that_cannot_be_removed_leaves_the_agent_stopping_and_the_stop_i
     );
     assert!(eventually(Duration::from_secs(5), || !group.exists()));
 }
+
+/// Processes that exit together have their ends recorded together (one
+/// transaction, `supervisor::batch`): each ends once, with its own outcome,
+/// result and `agent.stop`, and a parent whose children end in a burst hears
+/// each child's end exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_exit_together_each_end_once() {
+    let env = start(Duration::from_millis(300));
+    let n: usize = 48;
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let sup = env.sup.clone();
+        let argv = if i.is_multiple_of(3) {
+            agent(&["--error", &format!("e{i}")])
+        } else {
+            agent(&["--result", &format!("r{i}")])
+        };
+        calls.push(tokio::spawn(async move {
+            sup.spawn(me(), req(&format!("x{i}"), argv)).await
+        }));
+    }
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    // A parent whose children all end at once, waited for by it.
+    let child = serde_json::json!({"name": "kid", "argv": agent(&["--result", "k"])});
+    let spawn_n = format!("12:{child}");
+    env.sup
+        .spawn(me(), req("mum", agent(&["--spawn-n", &spawn_n, "--wait"])))
+        .await
+        .unwrap();
+    let mut names: Vec<_> = (0..n).map(|i| name(&format!("x{i}"))).collect();
+    names.push(name("mum"));
+    let w = env
+        .sup
+        .wait(me(), names, Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
+    for a in w["agents"].as_array().unwrap() {
+        let who = a["name"].as_str().unwrap();
+        if who == "mum" {
+            assert_eq!(a["status"], "completed", "{a}");
+            let res = a["result"].as_str().unwrap();
+            for k in 1..=12 {
+                assert_eq!(
+                    res.matches(&format!("kid-{k}: completed: k")).count(),
+                    1,
+                    "mum heard kid-{k} once: {res}"
+                );
+            }
+            continue;
+        }
+        let i: usize = who[1..].parse().unwrap();
+        if i.is_multiple_of(3) {
+            assert_eq!(a["status"], "failed", "{a}");
+        } else {
+            assert_eq!(
+                (&a["status"], &a["result"]),
+                (&"completed".into(), &format!("r{i}").into()),
+                "{a}"
+            );
+        }
+    }
+    let events = env
+        .sup
+        .store()
+        .events(env.sup.tenant(), 0, None, u32::MAX)
+        .unwrap();
+    let mut ended: Vec<String> = (0..n)
+        .map(|i| format!("x{i}"))
+        .chain((1..=12).map(|k| format!("kid-{k}")))
+        .chain(["mum".to_owned()])
+        .collect();
+    ended.sort();
+    let mut stops: Vec<String> = events
+        .iter()
+        .filter(|e| e.kind == "agent.stop")
+        .map(|e| e.agent.to_string())
+        .collect();
+    stops.sort();
+    assert_eq!(stops, ended, "one agent.stop per agent");
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=events.len() as i64).collect::<Vec<_>>(),
+        "gapless"
+    );
+}

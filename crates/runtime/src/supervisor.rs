@@ -555,6 +555,9 @@ struct Dispatcher {
     orphans: orphans::Orphans,
     /// The running agents' disk, measured each tick.
     disk: disk::DiskWatch,
+    /// While a batch of ends is handled: the ends waiting to be recorded
+    /// together (`batch`).
+    ends_together: Option<Vec<ends::Ending>>,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -604,6 +607,7 @@ impl Dispatcher {
             match work {
                 batch::Work::Spawns(s) => self.on_spawns(s),
                 batch::Work::Starts(s) => self.on_launches(s),
+                batch::Work::Exits(e) => self.on_exits(e),
                 batch::Work::One(cmd) => self.dispatch(cmd, &mut shutdown),
             }
             self.after_command(&mut shutdown);

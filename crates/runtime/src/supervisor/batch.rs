@@ -1,13 +1,13 @@
-//! Creations that arrive together are admitted together, and starts that
-//! arrive together are recorded together (issue 27). The loop takes, with a
-//! creation (a start), those of its kind queued right behind it, works out
-//! each (reads only), then has the store record them all at once instead of
-//! one transaction after another: the admissions as one group commit
-//! (`Store::admit_all_with_quotas`: on PostgreSQL a few set-based statements
-//! for the lot), the starts in one transaction (`Store::start_runs`). What
-//! follows each (the projection, the live
-//! entry, the queue for a slot, the answer) is done in arrival order, as for
-//! one.
+//! Creations that arrive together are admitted together, and the starts and
+//! ends of processes that arrive together are recorded together (issue 27).
+//! The loop takes, with a creation (a start, an exit), those of its kind
+//! queued right behind it, works out each (reads only), then has the store
+//! record them all at once instead of one transaction after another: the
+//! admissions as one group commit (`Store::admit_all_with_quotas`: on
+//! PostgreSQL a few set-based statements for the lot), the starts in one
+//! transaction (`Store::start_runs`), the ends in one (`Store::end_runs`).
+//! What follows each (the projection, the live entry, the queue for a slot,
+//! the answer, the parent told) is done in arrival order, as for one.
 //!
 //! A batch holds only creations that cannot see each other: decisions read
 //! the loop's state and the store before anything of the batch is written,
@@ -17,11 +17,14 @@
 //! transaction checks the quotas either way.
 
 use brood_core::{AgentName, RunId};
+use std::collections::HashSet;
+
 use brood_launch::{LaunchError, Launched};
+use brood_store::EndItem;
 use tokio::sync::mpsc;
 
 use super::launch::{Made, Starting};
-use super::{Cmd, Dispatcher, Reply, answer};
+use super::{AgentEv, Cmd, Dispatcher, Reply, answer};
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
 
 /// The most creations admitted together: enough for a burst of clients, few
@@ -53,10 +56,18 @@ pub(super) struct Launch {
     made: Made,
 }
 
+/// A process that exited: its agent, run and wait status.
+pub(super) struct Exit {
+    name: AgentName,
+    run: RunId,
+    status: i32,
+}
+
 /// What the loop does next: a batch, or one command.
 pub(super) enum Work {
     Spawns(Vec<Spawn>),
     Starts(Vec<Launch>),
+    Exits(Vec<Exit>),
     One(Cmd),
 }
 
@@ -113,6 +124,18 @@ pub(super) fn gather(
                 });
             }
             (Work::Starts(starts), None)
+        }
+        Cmd::Agent(name, run, AgentEv::Exited { status }) => {
+            let mut exits = vec![Exit { name, run, status }];
+            while exits.len() < MAX_BATCH
+                && let Ok(c) = rx.try_recv()
+            {
+                let Cmd::Agent(name, run, AgentEv::Exited { status }) = c else {
+                    return (Work::Exits(exits), Some(c));
+                };
+                exits.push(Exit { name, run, status });
+            }
+            (Work::Exits(exits), None)
         }
         cmd => (Work::One(cmd), None),
     }
@@ -201,6 +224,77 @@ impl Dispatcher {
         let recorded = self.records.store.start_runs(&self.records.tenant, &items);
         for (s, r) in starting.into_iter().zip(recorded) {
             self.launch_started(s, r);
+        }
+    }
+
+    /// Processes that exited together: each end worked out as alone, the
+    /// ends recorded in one transaction (`Store::end_runs`), what follows
+    /// each in order. An exit whose agent is the parent or a child of
+    /// another in the batch is handled alone, after the ones before it are
+    /// recorded: what follows an end (its descendants stopped) must see the
+    /// others' records as they would be had each come alone.
+    pub(super) fn on_exits(&mut self, exits: Vec<Exit>) {
+        let names: HashSet<AgentName> = exits.iter().map(|e| e.name.clone()).collect();
+        let parent_of =
+            |d: &Dispatcher, n: &AgentName| d.agents.live.get(n).and_then(|l| l.parent.clone());
+        let parents: HashSet<AgentName> = names.iter().filter_map(|n| parent_of(self, n)).collect();
+        self.ends_together = Some(Vec::new());
+        for e in exits {
+            let related = parents.contains(&e.name)
+                || parent_of(self, &e.name).is_some_and(|p| names.contains(&p));
+            if related {
+                self.record_ends_together();
+                self.ends_together = None;
+                self.on_agent(e.name, e.run, AgentEv::Exited { status: e.status });
+                self.ends_together = Some(Vec::new());
+            } else {
+                self.on_agent(e.name, e.run, AgentEv::Exited { status: e.status });
+            }
+        }
+        self.record_ends_together();
+        self.ends_together = None;
+    }
+
+    /// The ends waiting in `ends_together`, recorded in one transaction and
+    /// followed up in order; if that transaction fails, each alone.
+    fn record_ends_together(&mut self) {
+        let Some(ends) = self.ends_together.replace(Vec::new()) else {
+            return;
+        };
+        if ends.is_empty() {
+            return;
+        }
+        let items: Vec<EndItem> = ends
+            .iter()
+            .map(|e| EndItem {
+                name: e.name.clone(),
+                run: e.run.clone(),
+                end: Some(e.end.clone()),
+                events: e.events.clone(),
+                now_ms: e.end.now_ms,
+            })
+            .collect();
+        match self.records.store.end_runs(&self.records.tenant, &items) {
+            Ok(agents) if agents.len() == ends.len() => {
+                for (e, a) in ends.into_iter().zip(agents) {
+                    self.finish_recorded(e, Ok(a));
+                }
+            }
+            r => {
+                if let Err(err) = &r {
+                    tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
+                }
+                for e in ends {
+                    let r = self.records.store.end_run(
+                        &self.records.tenant,
+                        &e.name,
+                        &e.run,
+                        &e.end,
+                        &e.events,
+                    );
+                    self.finish_recorded(e, r);
+                }
+            }
         }
     }
 

@@ -7,16 +7,21 @@ use crate::objects::project_agent;
 use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
+use brood_core::RunId;
 use brood_core::Status;
 use brood_core::Terminal;
 use brood_proto::ToAgent;
 use brood_store::Agent;
+use brood_store::NewEvent;
 use brood_store::RunEnd;
+use brood_store::StoreError;
 use serde_json::json;
 
 impl Dispatcher {
     /// A run is over and no stop covers it: record the outcome, tell the parent and
     /// the waiters, then clean up its group (and stop its descendants, if any).
+    /// While the loop handles a batch of ends (`batch`), the record waits to
+    /// be written with the others' ([`Self::finish_recorded`] follows).
     pub(super) fn finish(
         &mut self,
         name: &AgentName,
@@ -26,9 +31,32 @@ impl Dispatcher {
         detail: Option<String>,
         harvest: Option<crate::channel::Harvest>,
     ) {
-        let Some(l) = self.agents.live.get(name) else {
+        let Some(e) = self.finish_begins(name, outcome, exit_code, result, detail, harvest) else {
             return;
         };
+        if let Some(later) = self.ends_together.as_mut() {
+            later.push(e);
+            return;
+        }
+        let r =
+            self.records
+                .store
+                .end_run(&self.records.tenant, &e.name, &e.run, &e.end, &e.events);
+        self.finish_recorded(e, r);
+    }
+
+    /// What a run's end records: its outcome and the events of it (in its
+    /// log and in its parent's).
+    fn finish_begins(
+        &self,
+        name: &AgentName,
+        outcome: Terminal,
+        exit_code: Option<i32>,
+        result: Option<String>,
+        detail: Option<String>,
+        harvest: Option<crate::channel::Harvest>,
+    ) -> Option<Ending> {
+        let l = self.agents.live.get(name)?;
         let run = l.run.clone();
         let session = l.session.clone();
         let mut events = vec![ev(
@@ -56,25 +84,40 @@ impl Dispatcher {
         let end = RunEnd {
             outcome,
             exit_code,
-            result: result.clone(),
+            result,
             detail,
             now_ms: now_ms(),
             output: harvest.as_ref().map(|h| h.output.clone()),
         };
-        let agent = match self.records.store.end_run(
-            &self.records.tenant,
+        Some(Ending {
+            name: name.clone(),
+            run,
+            end,
+            events,
+            harvest,
+        })
+    }
+
+    /// What follows a run's end the store recorded (or failed to: kept in
+    /// the live entry and tried again at the next tick).
+    pub(super) fn finish_recorded(&mut self, e: Ending, recorded: Result<Agent, StoreError>) {
+        let Ending {
             name,
-            &run,
-            &end,
-            &events,
-        ) {
+            end,
+            events,
+            harvest,
+            ..
+        } = e;
+        let name = &name;
+        let result = end.result;
+        let agent = match recorded {
             Ok(a) => a,
-            Err(e) => {
-                tracing::error!(agent = %name, error = %e, "recording the end of a run failed; retried at the next tick");
+            Err(err) => {
+                tracing::error!(agent = %name, error = %err, "recording the end of a run failed; retried at the next tick");
                 if let Some(l) = self.agents.live.get_mut(name) {
                     l.unrecorded = Some(Box::new(UnrecordedEnd {
-                        outcome,
-                        exit_code,
+                        outcome: end.outcome,
+                        exit_code: end.exit_code,
                         result,
                         detail: end.detail,
                         harvest,
@@ -238,4 +281,13 @@ impl Dispatcher {
             }
         }
     }
+}
+
+/// A run's end, worked out and waiting to be recorded (`finish`).
+pub(super) struct Ending {
+    pub(super) name: AgentName,
+    pub(super) run: RunId,
+    pub(super) end: RunEnd,
+    pub(super) events: Vec<NewEvent>,
+    harvest: Option<crate::channel::Harvest>,
 }

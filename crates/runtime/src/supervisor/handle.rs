@@ -299,6 +299,7 @@ impl Supervisor {
             jobs: jobs::Runner::new(brood_exe),
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
+            ends_together: None,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);

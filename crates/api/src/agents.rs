@@ -278,8 +278,12 @@ pub struct InputReply {
 /// `GET /healthz`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Health {
-    /// Always `ok` when the supervisor answers.
+    /// `ok`, or `degraded` when the store does not answer (`store` says
+    /// why): the node still answers and its agents keep running.
     pub status: String,
+    /// `ok`, or why the store is not answering, as its probe last found
+    /// (a read once a second, off the dispatcher).
+    pub store: String,
     pub version: String,
     pub tenant: String,
     /// How processes are contained here (cgroup v2, hybrid, ...).

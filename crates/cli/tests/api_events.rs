@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::sql;
 use common::wire::*;
 use serde_json::Value;
 
@@ -201,12 +202,6 @@ async fn an_idle_stream_gets_keep_alives() {
         idle.fill().await;
     }
     s.env.sup.shutdown().await;
-}
-
-fn sql(db: &std::path::Path, stmt: &str) {
-    let c = rusqlite::Connection::open(db).unwrap();
-    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    c.execute_batch(stmt).unwrap();
 }
 
 /// Issue 28: a failed read is never "no events". The event log cannot be

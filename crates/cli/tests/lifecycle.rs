@@ -493,3 +493,68 @@ async fn processes_that_exit_together_each_end_once() {
         "gapless"
     );
 }
+
+/// Issue 28: a read that fails is not an empty answer. A resumed agent
+/// waits for a slot; when the slot frees, its history cannot be read (the
+/// messages table is renamed away under the running supervisor). It is not
+/// started without its history: it keeps waiting, and once the table is
+/// back it starts and sees its earlier messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_whose_history_cannot_be_read_waits_until_it_can() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .store()
+        .set_tenant_quota(env.sup.tenant(), "max_concurrent", 1)
+        .unwrap();
+    env.sup
+        .spawn(
+            me(),
+            req("mem", agent(&["--message", "I remember this", "--history"])),
+        )
+        .await
+        .unwrap();
+    env.sup
+        .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    // The one slot held, so the resume below waits for it.
+    env.sup
+        .spawn(me(), req("hog", agent(&["--hang"])))
+        .await
+        .unwrap();
+    // The resume is answered once its run starts: asked on a task of its own.
+    let sup = env.sup.clone();
+    let resumed =
+        tokio::spawn(async move { sup.resume(me(), name("mem"), Some("again".into())).await });
+    assert!(
+        eventually_async(Duration::from_secs(10), || show(&env, "mem")["status"]
+            == "queued")
+        .await,
+        "the resume never queued: {}",
+        show(&env, "mem")
+    );
+    let db = env.root().join("brood.db");
+    sql(&db, "ALTER TABLE messages RENAME TO messages_away");
+    env.sup.cancel(me(), name("hog")).await.unwrap();
+    // Several ticks with the slot free and the history unreadable.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        show(&env, "mem")["status"],
+        "queued",
+        "not started without its history"
+    );
+    assert!(processes_of(&env, "mem").is_empty());
+    sql(&db, "ALTER TABLE messages_away RENAME TO messages");
+    resumed.await.unwrap().unwrap();
+    let w = env
+        .sup
+        .wait(me(), vec![name("mem")], Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
+    let a = &w["agents"][0];
+    assert_eq!(a["status"], "completed", "{a}");
+    let res = a["result"].as_str().unwrap();
+    assert!(res.contains("assistant: I remember this"), "{res}");
+    assert!(res.contains("user: again"), "{res}");
+}

@@ -2,9 +2,10 @@
 //! behind a network that goes silent keeps answering its operator. Its
 //! dispatcher is stuck in a store call (the sweepers read the store every
 //! tick) until the call's deadline; the control socket still identifies the
-//! operator without it, so `/healthz` answers at once, before the stuck call
+//! operator without it, so `/healthz` answers at once and, once the store's
+//! probe finds it silent, says the node is `degraded`, before the stuck call
 //! has even failed (the node logs that failure when it comes). Once the
-//! network is back, the node works as before.
+//! network is back, the node works as before and its health is `ok`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -45,13 +46,27 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     // will not come back before its deadline.
     std::thread::sleep(Duration::from_millis(500));
     // On a thread, so that a healthz that waits for the loop fails this test
-    // (after a minute) rather than hanging the suite.
+    // (after a minute) rather than hanging the suite. It is asked until it
+    // says the store is away (its probe reads once a second).
     let (tx, rx) = std::sync::mpsc::channel();
     let s2 = sock.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(http(&s2, "GET", "/healthz", None));
+        loop {
+            let (s, v) = http(&s2, "GET", "/healthz", None);
+            let done = s != 200 || v["status"] == "degraded";
+            let _ = tx.send((s, v));
+            if done {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     });
-    let health = rx.recv_timeout(Duration::from_secs(60));
+    let mut health = rx.recv_timeout(Duration::from_secs(60));
+    while let Ok((200, v)) = &health
+        && v["status"] == "ok"
+    {
+        health = rx.recv_timeout(Duration::from_secs(60));
+    }
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     // The stuck call does fail, at its deadline, and says so.
     let failed = eventually(Duration::from_secs(60), || {
@@ -65,6 +80,13 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     proxy.go_silent(false);
     let (status, health) = health.expect("/healthz never answered while the store was away");
     assert_eq!(status, 200, "{health}");
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert!(
+        health["store"]
+            .as_str()
+            .is_some_and(|s| s.contains("has not answered")),
+        "{health}"
+    );
     assert!(
         !logged.contains(DEADLINE),
         "/healthz waited for the dispatcher's store call to fail: {logged}"
@@ -86,5 +108,13 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     );
     let (s, v) = http(&sock, "GET", "/api/agents/before", None);
     assert_eq!((s, v["status"].as_str()), (200, Some("running")), "{v}");
+    // And its health says so again.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let (_, h) = http(&sock, "GET", "/healthz", None);
+            h["status"] == "ok" && h["store"] == "ok"
+        }),
+        "/healthz still says degraded once the store is back"
+    );
     drop(node);
 }

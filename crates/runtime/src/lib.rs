@@ -52,6 +52,7 @@ pub mod rebuild;
 pub mod remove;
 mod shown;
 pub mod slots;
+pub mod store_health;
 pub mod supervisor;
 pub mod veil;
 pub mod view;

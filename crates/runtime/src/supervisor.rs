@@ -338,6 +338,8 @@ pub struct Supervisor {
     me: String,
     /// The operator proven off the loop (`outsider`).
     outsiders: Arc<outsider::Outsiders>,
+    /// Whether the store answers, probed off the loop.
+    store_health: Arc<crate::store_health::StoreHealth>,
     /// Bumped after every command the dispatcher handled: whoever streams the
     /// event log (SSE) reads the store again then instead of polling it.
     changed: watch::Receiver<u64>,
@@ -755,6 +757,7 @@ impl Dispatcher {
             intake: self.host.intake.clone(),
             me: self.host.me.clone(),
             outsiders: self.host.outsiders.clone(),
+            store_health: self.host.store_health.clone(),
             changed: self.records.changed.subscribe(),
         }
     }

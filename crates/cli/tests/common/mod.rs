@@ -407,3 +407,11 @@ pub fn database_exists(admin: &str, name: &str) -> bool {
         row.get::<_, i64>(0) > 0
     })
 }
+
+/// Runs `stmt` on the SQLite store at `db` beside the running supervisor
+/// (a test's way to make the store fail under it: a table renamed away).
+pub fn sql(db: &Path, stmt: &str) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(Duration::from_secs(5)).unwrap();
+    c.execute_batch(stmt).unwrap();
+}

@@ -249,6 +249,11 @@ impl Supervisor {
             cgroups: cgroups.clone(),
             keeper: spawner.keeper_watch(),
         });
+        let store_health = crate::store_health::StoreHealth::start(
+            store.clone(),
+            tenant.clone(),
+            Duration::from_secs(1),
+        );
         let brood_exe = std::env::current_exe().ok();
         let disp = Dispatcher {
             host: Host {
@@ -266,6 +271,7 @@ impl Supervisor {
                 // groups a process is in do not change under it.
                 own_cgroups,
                 outsiders: outsiders.clone(),
+                store_health: store_health.clone(),
                 brood_exe: brood_exe.clone(),
                 intake: intake.clone(),
                 metrics: metrics.clone(),
@@ -325,6 +331,7 @@ impl Supervisor {
             intake,
             me: disp_me,
             outsiders,
+            store_health,
             changed,
         })
     }
@@ -340,6 +347,11 @@ impl Supervisor {
     }
     pub fn tenant(&self) -> &TenantId {
         &self.tenant
+    }
+    /// Whether the store answers now, as its probe last found
+    /// (`store_health`): `Err` says why not. Never waits for the store.
+    pub fn store_health(&self) -> Result<(), String> {
+        self.store_health.check()
     }
     pub fn paths(&self) -> &Paths {
         &self.paths

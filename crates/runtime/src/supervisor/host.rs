@@ -36,6 +36,8 @@ pub(super) struct Host {
     pub(super) own_cgroups: String,
     /// The operator proven off the loop, shared with the handles.
     pub(super) outsiders: Arc<super::outsider::Outsiders>,
+    /// Whether the store answers (its probe), shared with the handles.
+    pub(super) store_health: Arc<crate::store_health::StoreHealth>,
     /// This binary, executable by every agent (so it can call `brood spawn`).
     pub(super) brood_exe: Option<PathBuf>,
     /// The handles' intake (rates, the creation's paths), shared with them.

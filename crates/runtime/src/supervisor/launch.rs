@@ -60,6 +60,23 @@ impl Dispatcher {
             {
                 return;
             }
+            let Some(run) = self.agents.live.get(&name).map(|l| l.run.clone()) else {
+                self.launcher.waiting.pop();
+                self.launcher.give_slot(&self.records.tenant);
+                continue;
+            };
+            // What the launch reads of the store comes first, before anything
+            // is made: an error is not an empty history (issue 28). The agent
+            // keeps its place and its turn comes again after the next command
+            // (at the latest the next tick).
+            let read = match self.launch_reads(&name, &run) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "reading what a launch needs failed; the agent waits and is tried again");
+                    self.launcher.give_slot(&self.records.tenant);
+                    return;
+                }
+            };
             self.launcher.waiting.pop();
             let Some(l) = self.agents.live.get_mut(&name) else {
                 self.launcher.give_slot(&self.records.tenant);
@@ -70,8 +87,7 @@ impl Dispatcher {
                 continue;
             };
             l.launching = true;
-            let run = l.run.clone();
-            self.launch(&name, &run, &p.argv, p.cwd.as_deref(), p.group_parent);
+            self.launch(&name, &run, &p.argv, p.cwd.as_deref(), p.group_parent, read);
         }
     }
 
@@ -82,6 +98,21 @@ impl Dispatcher {
     /// policy file, the channel's `artifact/` and handoff, the sandbox and
     /// namespace preparation) runs on a blocking thread with the spawn, and
     /// everything comes back as one `Cmd::Launched`.
+    /// What a launch reads of the store: the agent's record and, for a
+    /// protocol agent, its `init` frame (with the session's history).
+    fn launch_reads(&self, name: &AgentName, run: &RunId) -> Result<LaunchReads, StoreError> {
+        let agent = self.records.store.agent(&self.records.tenant, name)?;
+        // A protocol agent's init goes into its stdin pipe before it starts, so
+        // it reads it at once instead of waiting for the start to be recorded.
+        let init = match (self.agents.live.get(name), &agent) {
+            (Some(l), Some(a)) if l.protocol == Protocol::Brood => {
+                Some(self.init_frame(run, a, l.instruction.clone())?)
+            }
+            _ => None,
+        };
+        Ok(LaunchReads { agent, init })
+    }
+
     pub(super) fn launch(
         &mut self,
         name: &AgentName,
@@ -89,6 +120,7 @@ impl Dispatcher {
         argv: &[String],
         cwd: Option<&str>,
         group_parent: Option<Group>,
+        read: LaunchReads,
     ) {
         let fail = |tx: &mpsc::UnboundedSender<Cmd>, what: String| {
             let _ = tx.send(Cmd::Launched(
@@ -140,20 +172,7 @@ impl Dispatcher {
             .and_then(|l| l.parent.as_ref())
             .and_then(|p| self.agents.live.get(p))
             .is_some_and(|p| p.limited);
-        let a = self
-            .records
-            .store
-            .agent(&self.records.tenant, name)
-            .ok()
-            .flatten();
-        // A protocol agent's init goes into its stdin pipe before it starts, so
-        // it reads it at once instead of waiting for the start to be recorded.
-        let init = match (self.agents.live.get(name), &a) {
-            (Some(l), Some(a)) if l.protocol == Protocol::Brood => {
-                Some(self.init_frame(run, a, l.instruction.clone()))
-            }
-            _ => None,
-        };
+        let LaunchReads { agent: a, init } = read;
         // The veiled namespace every agent joins, got (and made again when
         // what it hides changed) on the spawner's thread (crate::veil).
         let veil = self
@@ -610,12 +629,11 @@ impl Dispatcher {
         run: &RunId,
         agent: &Agent,
         instruction: Option<String>,
-    ) -> Vec<u8> {
+    ) -> Result<Vec<u8>, StoreError> {
         let history = self
             .records
             .store
-            .messages(&self.records.tenant, &agent.name, &agent.session)
-            .unwrap_or_default()
+            .messages(&self.records.tenant, &agent.name, &agent.session)?
             .into_iter()
             .map(|m| HistoryMessage {
                 role: m.role,
@@ -649,7 +667,7 @@ impl Dispatcher {
             },
             agent_config: Value::Object(Default::default()),
         };
-        brood_proto::encode(&init)
+        Ok(brood_proto::encode(&init))
     }
 }
 
@@ -950,4 +968,11 @@ impl Starting {
             &self.start_events,
         )
     }
+}
+
+/// What a launch read of the store before anything was made
+/// (`launch_reads`).
+pub(super) struct LaunchReads {
+    agent: Option<Agent>,
+    init: Option<Vec<u8>>,
 }

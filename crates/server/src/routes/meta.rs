@@ -16,13 +16,18 @@ use crate::state::Api;
 
 #[utoipa::path(
     get, path = "/healthz", tag = "service",
-    responses((status = 200, description = "The supervisor answers.", body = Health))
+    responses((status = 200, description = "The supervisor answers; `status` is `degraded` while its store does not.", body = Health))
 )]
 pub(crate) async fn healthz(State(api): State<Api>) -> Response {
+    let (status, store) = match api.sup().store_health() {
+        Ok(()) => ("ok", "ok".to_owned()),
+        Err(why) => ("degraded", why),
+    };
     json(
         StatusCode::OK,
         &Health {
-            status: "ok".into(),
+            status: status.into(),
+            store,
             version: env!("CARGO_PKG_VERSION").into(),
             tenant: api.sup().tenant().to_string(),
             containment: api.sup().host_info().containment.clone(),

@@ -67,6 +67,19 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     {
         health = rx.recv_timeout(Duration::from_secs(60));
     }
+    // New work waits a bounded time, then is refused with when to ask again,
+    // instead of queueing behind the stuck dispatcher.
+    let (tx2, rx2) = std::sync::mpsc::channel();
+    let s3 = sock.clone();
+    std::thread::spawn(move || {
+        let _ = tx2.send(http_full(
+            &s3,
+            "POST",
+            "/api/agents",
+            Some(&json!({"name": "during", "argv": agent(&["--hang"])})),
+        ));
+    });
+    let refused = rx2.recv_timeout(Duration::from_secs(60));
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     // The stuck call does fail, at its deadline, and says so.
     let failed = eventually(Duration::from_secs(60), || {
@@ -81,6 +94,14 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     let (status, health) = health.expect("/healthz never answered while the store was away");
     assert_eq!(status, 200, "{health}");
     assert_eq!(health["status"], "degraded", "{health}");
+    let (status, head, body) =
+        refused.expect("a creation while the store was away was never answered");
+    assert_eq!(status, 503, "{head}\n{body}");
+    assert_eq!(body["error"]["code"], "Unavailable", "{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
     assert!(
         health["store"]
             .as_str()

@@ -318,6 +318,17 @@ pub fn narrow_policy(dir: &Path) -> Value {
 /// closed after it: the status and the JSON body (`Null` when empty, a
 /// string when not JSON).
 pub fn http(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let (status, _, v) = http_full(sock, method, path, body);
+    (status, v)
+}
+
+/// [`http`] with the answer's head (status line and headers) too.
+pub fn http_full(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, String, Value) {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(sock)
         .unwrap_or_else(|e| panic!("connecting to {}: {e}", sock.display()));
@@ -342,7 +353,7 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16
     } else {
         serde_json::from_str(rest).unwrap_or_else(|_| Value::String(rest.to_owned()))
     };
-    (status, v)
+    (status, head.to_owned(), v)
 }
 
 /// A free loopback port (bound and released: the daemon binds it next).

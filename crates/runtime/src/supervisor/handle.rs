@@ -38,6 +38,10 @@ use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 use tokio::sync::watch;
 
+/// How long a creation waits for a store that is not answering before it
+/// is refused `unavailable` (`Supervisor::store_answers`).
+const STORE_WAIT: Duration = Duration::from_secs(2);
+
 impl Supervisor {
     /// Opens the store, cleans up after a dead predecessor, and starts the
     /// dispatcher on the current tokio runtime.
@@ -389,6 +393,7 @@ impl Supervisor {
             self.metrics.refusal(e.code);
             return Err(e);
         }
+        self.store_answers().await?;
         let (intake, store, tenant) =
             (self.intake.clone(), self.store.clone(), self.tenant.clone());
         let (c2, req) = (caller.clone(), req);
@@ -416,6 +421,27 @@ impl Supervisor {
             }
         };
         self.call(|r| Cmd::Spawn(caller, Box::new(req), r)).await
+    }
+
+    /// New work waits a bounded time for a store that is not answering
+    /// (issue 27 item 5), then is refused `unavailable` with a time to ask
+    /// again, instead of queueing behind a dispatcher stuck in a store call.
+    async fn store_answers(&self) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + STORE_WAIT;
+        loop {
+            let why = match self.store_health.check() {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::new(
+                    Code::Unavailable,
+                    format!("{why}; nothing new is admitted until it does"),
+                )
+                .retry_after(1));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The intake's limits and checks, for the surfaces that create jobs.

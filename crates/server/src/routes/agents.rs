@@ -40,7 +40,7 @@ const WAIT_DEFAULT_S: f64 = 30.0;
         (status = 413, description = "Body over 1 MiB.", body = ErrorBody),
         (status = 422, description = "Idempotency-Key reused with another request.", body = ErrorBody),
         (status = 429, description = "A quota or budget is spent.", body = ErrorBody),
-        (status = 503, description = "No live node has the labels of its `placement` and free capacity (docs/many-nodes.md).", body = ErrorBody),
+        (status = 503, description = "No live node has the labels of its `placement` and free capacity (docs/many-nodes.md), or the store has not answered for 2 s (`Retry-After` says when to ask again).", body = ErrorBody),
     )
 )]
 pub(crate) async fn spawn(

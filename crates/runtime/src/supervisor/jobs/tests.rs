@@ -1,7 +1,12 @@
 //! The runner's decisions, on a real SQLite store, with the loop's part
 //! played by the test: what it is asked to do, and in which order.
 
-use super::*;
+use brood_core::{AgentName, Code, ItemStatus, RunId, SessionName, TenantId};
+use brood_store::NewEvent;
+use serde_json::{Value, json};
+
+use super::{Env, JobFollow, JobOp, Runner, RunningHere};
+use crate::api::{ApiError, Caller};
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 

@@ -339,7 +339,10 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
         eprintln!("bench: removing this benchmark's cgroups failed: {e}");
     }
     let mine = format!("-{}", std::process::id());
-    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+    for base in scratch_bases() {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             if n.starts_with("brood-bench-") && n.ends_with(&mine) {
@@ -355,6 +358,20 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
     // running (a floor's spawner), and nothing of it is wanted any more.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     std::process::exit(code)
+}
+
+/// Where a benchmark makes its temporary roots (`brood-bench-*-<pid>`),
+/// preferred first: tmpfs where there is one (so the projection's file
+/// writes are not a disk's), then the temp directory. An interrupted
+/// benchmark removes its own from each.
+pub(crate) fn scratch_bases() -> Vec<PathBuf> {
+    let shm = Path::new("/dev/shm");
+    let mut bases = Vec::new();
+    if shm.is_dir() {
+        bases.push(shm.to_path_buf());
+    }
+    bases.push(std::env::temp_dir());
+    bases
 }
 
 /// The store the nodes of `bench NAME` run on: the global `--store` when it

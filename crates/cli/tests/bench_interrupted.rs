@@ -95,10 +95,15 @@ fn groups_left_by(pids: &[i32]) -> Vec<String> {
         .collect()
 }
 
-/// Temporary roots of benchmark `pid` still in the temp directory.
+/// Temporary roots of benchmark `pid` still where benchmarks make them:
+/// tmpfs (`/dev/shm`, where `bench cluster` puts its nodes' roots) and the
+/// temp directory.
 fn roots_left_by(pid: i32) -> Vec<String> {
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
+    let shm = std::path::Path::new("/dev/shm");
+    [shm.to_path_buf(), std::env::temp_dir()]
+        .into_iter()
+        .filter(|d| d.is_dir())
+        .flat_map(|d| std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())))
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("brood-bench-") && n.ends_with(&format!("-{pid}")))

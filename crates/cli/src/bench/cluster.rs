@@ -53,15 +53,9 @@ pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result
         Some(r) => r.clone(),
         // The roots on tmpfs where there is one, so the projection's file
         // writes are not a disk's.
-        None => {
-            let shm = Path::new("/dev/shm");
-            let base = if shm.is_dir() {
-                shm.to_path_buf()
-            } else {
-                std::env::temp_dir()
-            };
-            base.join(format!("brood-bench-cluster-{}", std::process::id()))
-        }
+        None => super::scratch_bases()
+            .remove(0)
+            .join(format!("brood-bench-cluster-{}", std::process::id())),
     };
     let mut out = measure(&dir, exe, p, db.as_ref().map(|d| d.url.as_str())).await;
     if let (Ok(v), Some(db)) = (&mut out, &db) {

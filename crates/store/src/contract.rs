@@ -118,14 +118,7 @@ pub trait Runs {
     /// alone (a refused one writes nothing and refuses only itself), in
     /// order. One answer per item.
     fn start_runs(&self, tenant: &TenantId, items: &[StartItem]) -> Vec<Result<Agent>> {
-        items
-            .iter()
-            .map(|it| {
-                self.start_run(
-                    tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
-                )
-            })
-            .collect()
+        start_each(self, tenant, items)
     }
 
     /// Any other status change, checked by `Status::transition`; `detail` replaces
@@ -256,6 +249,23 @@ pub trait Transcripts {
     /// The sequence number of the tenant's last event (0 when it has none):
     /// where a reader that wants only what comes next starts.
     fn last_event_seq(&self, tenant: &TenantId) -> Result<i64>;
+}
+
+/// Each start recorded alone, in order: `Runs::start_runs` where a store has
+/// nothing better, and a store's fallback when its one transaction failed.
+pub(crate) fn start_each<S: Runs + ?Sized>(
+    store: &S,
+    tenant: &TenantId,
+    items: &[StartItem],
+) -> Vec<Result<Agent>> {
+    items
+        .iter()
+        .map(|it| {
+            store.start_run(
+                tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+            )
+        })
+        .collect()
 }
 
 /// Reads of the records: agents, runs, the tree, channels and spend.

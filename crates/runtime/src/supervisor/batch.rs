@@ -285,13 +285,7 @@ impl Dispatcher {
                     tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
                 }
                 for e in ends {
-                    let r = self.records.store.end_run(
-                        &self.records.tenant,
-                        &e.name,
-                        &e.run,
-                        &e.end,
-                        &e.events,
-                    );
+                    let r = e.record(self.records.store.as_ref(), &self.records.tenant);
                     self.finish_recorded(e, r);
                 }
             }

@@ -9,11 +9,13 @@ use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::RunId;
 use brood_core::Status;
+use brood_core::TenantId;
 use brood_core::Terminal;
 use brood_proto::ToAgent;
 use brood_store::Agent;
 use brood_store::NewEvent;
 use brood_store::RunEnd;
+use brood_store::Store;
 use brood_store::StoreError;
 use serde_json::json;
 
@@ -38,10 +40,7 @@ impl Dispatcher {
             later.push(e);
             return;
         }
-        let r =
-            self.records
-                .store
-                .end_run(&self.records.tenant, &e.name, &e.run, &e.end, &e.events);
+        let r = e.record(self.records.store.as_ref(), &self.records.tenant);
         self.finish_recorded(e, r);
     }
 
@@ -290,4 +289,12 @@ pub(super) struct Ending {
     pub(super) end: RunEnd,
     pub(super) events: Vec<NewEvent>,
     harvest: Option<crate::channel::Harvest>,
+}
+
+impl Ending {
+    /// The end's record, alone (`Store::end_run`); with others, it is one
+    /// item of `Store::end_runs` (`batch`).
+    pub(super) fn record(&self, store: &dyn Store, tenant: &TenantId) -> Result<Agent, StoreError> {
+        store.end_run(tenant, &self.name, &self.run, &self.end, &self.events)
+    }
 }

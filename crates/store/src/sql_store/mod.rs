@@ -219,14 +219,9 @@ impl<S: SqlStore> Runs for S {
             // One start cannot fail alone here, so the lot did: each runs
             // alone, so that a failure is its own. Not when the lot's fate
             // is unknown (its COMMIT unanswered): it may have been recorded.
-            Err(e) if items.len() > 1 && !matches!(e, StoreError::PostgresInDoubt { .. }) => items
-                .iter()
-                .map(|it| {
-                    self.start_run(
-                        tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
-                    )
-                })
-                .collect(),
+            Err(e) if items.len() > 1 && !matches!(e, StoreError::PostgresInDoubt { .. }) => {
+                crate::contract::start_each(self, tenant, items)
+            }
             Err(e) => {
                 let message = e.to_string();
                 let mut out = vec![Err(e)];

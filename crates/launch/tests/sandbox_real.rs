@@ -15,8 +15,9 @@
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::Read;
-use std::net::TcpListener;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::net::{Shutdown, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -53,9 +54,9 @@ fn spec_for(argv: &[&str], sandbox: Option<Prepared>) -> LaunchSpec {
     }
 }
 
-fn read_all(fd: OwnedFd) -> String {
+fn read_all(mut r: impl Read) -> String {
     let mut s = String::new();
-    File::from(fd).read_to_string(&mut s).unwrap();
+    r.read_to_string(&mut s).unwrap();
     s
 }
 
@@ -63,7 +64,10 @@ fn read_all(fd: OwnedFd) -> String {
 /// output. The spawner must outlive the process (PR_SET_PDEATHSIG).
 fn run_on(sp: &Spawner, argv: &[&str], sandbox: Option<Prepared>) -> Result<Out, LaunchError> {
     let l = sp.launch_blocking(spec_for(argv, sandbox))?;
-    drop(l.stdin);
+    let stdio = UnixStream::from(l.stdio);
+    stdio.set_nonblocking(false).unwrap();
+    // The child's end of input.
+    stdio.shutdown(Shutdown::Write).unwrap();
     let mut pfd = libc::pollfd {
         fd: l.pidfd.as_raw_fd(),
         events: libc::POLLIN,
@@ -74,8 +78,8 @@ fn run_on(sp: &Spawner, argv: &[&str], sandbox: Option<Prepared>) -> Result<Out,
         // SAFETY: our own unreaped child.
         unsafe { libc::kill(l.pid, libc::SIGKILL) };
     }
-    let stderr = std::thread::spawn(move || read_all(l.stderr));
-    let stdout = read_all(l.stdout);
+    let stderr = std::thread::spawn(move || read_all(File::from(l.stderr)));
+    let stdout = read_all(stdio);
     let mut status = 0;
     // SAFETY: our own child (forked by the spawner thread of this process).
     assert_eq!(unsafe { libc::waitpid(l.pid, &mut status, 0) }, l.pid);
@@ -427,7 +431,7 @@ fn no_descriptor_of_the_sandbox_reaches_the_agent() {
             )
         })
         .collect();
-    drop(l.stdin);
+    drop(l.stdio);
     let mut status = 0;
     // SAFETY: our own child.
     unsafe { libc::waitpid(l.pid, &mut status, 0) };
@@ -469,7 +473,7 @@ fn the_supervisor_death_signal_survives_the_sandbox() {
         libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
         "status {status:#x}"
     );
-    drop(l.stdin);
+    drop(l.stdio);
 }
 
 /// One prepared sandbox serves many launches (the launcher prepares once per

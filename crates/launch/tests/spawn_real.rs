@@ -7,9 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::net::Shutdown;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::sync::OnceLock;
 
 use brood_launch::{LaunchSpec, Spawner};
@@ -54,14 +55,30 @@ fn spawner() -> &'static Spawner {
     })
 }
 
-fn read_all(fd: OwnedFd) -> String {
+fn read_all(mut r: impl Read) -> String {
     let mut s = String::new();
-    File::from(fd).read_to_string(&mut s).unwrap();
+    r.read_to_string(&mut s).unwrap();
     s
 }
 
+/// The child's stdin and stdout (one socket, left non-blocking by the
+/// launcher), blocking: (to read its output, to write its input).
+fn stdio(fd: OwnedFd) -> (UnixStream, UnixStream) {
+    let s = UnixStream::from(fd);
+    s.set_nonblocking(false).unwrap();
+    let w = s.try_clone().unwrap();
+    (s, w)
+}
+
+/// The child's output to its end, once its input is ended.
+fn output_after_input(fd: OwnedFd) -> UnixStream {
+    let (out, w) = stdio(fd);
+    w.shutdown(Shutdown::Write).unwrap();
+    out
+}
+
 /// Reads the child's stdout to its end and reaps it; (exit code, stdout).
-fn finish(pid: i32, stdout: OwnedFd) -> (i32, String) {
+fn finish(pid: i32, stdout: UnixStream) -> (i32, String) {
     let out = read_all(stdout);
     let mut status = 0;
     // SAFETY: our own unreaped child.
@@ -78,8 +95,7 @@ fn the_child_starts_with_default_signals_and_an_empty_mask() {
     let l = spawner()
         .launch_blocking(spec(&["/bin/cat", "/proc/self/status"], b""))
         .unwrap();
-    drop(l.stdin);
-    let (code, status) = finish(l.pid, l.stdout);
+    let (code, status) = finish(l.pid, output_after_input(l.stdio));
     assert_eq!(code, 0);
     for field in ["SigBlk", "SigIgn", "SigCgt"] {
         let line = status
@@ -108,8 +124,7 @@ fn the_prelude_is_in_stdin_when_the_program_starts() {
         ))
         .unwrap();
     assert_eq!(l.stdin_written, 11);
-    drop(l.stdin);
-    let (code, out) = finish(l.pid, l.stdout);
+    let (code, out) = finish(l.pid, output_after_input(l.stdio));
     assert_eq!((code, out.as_str()), (0, "got:first line\n"));
 }
 
@@ -128,15 +143,13 @@ fn a_prelude_larger_than_the_pipe_is_written_in_part() {
         big.len()
     );
     let rest = big[l.stdin_written..].to_vec();
-    let stdin = l.stdin;
-    // The launcher leaves stdin non-blocking (for the async writer); write the
-    // rest blocking from a thread while the child's output is read.
-    // SAFETY: fcntl(2) on a descriptor we own.
-    unsafe { libc::fcntl(stdin.as_raw_fd(), libc::F_SETFL, 0) };
+    // Write the rest from a thread while the child's output is read.
+    let (stdout, mut stdin) = stdio(l.stdio);
     let writer = std::thread::spawn(move || {
-        File::from(stdin).write_all(&rest).unwrap();
+        stdin.write_all(&rest).unwrap();
+        stdin.shutdown(Shutdown::Write).unwrap();
     });
-    let (code, out) = finish(l.pid, l.stdout);
+    let (code, out) = finish(l.pid, stdout);
     writer.join().unwrap();
     assert_eq!(code, 0);
     let want = {
@@ -144,12 +157,13 @@ fn a_prelude_larger_than_the_pipe_is_written_in_part() {
         let l2 = spawner()
             .launch_blocking(spec(&["/usr/bin/sha256sum"], b""))
             .unwrap();
-        let stdin = l2.stdin;
-        // SAFETY: as above.
-        unsafe { libc::fcntl(stdin.as_raw_fd(), libc::F_SETFL, 0) };
+        let (stdout, mut stdin) = stdio(l2.stdio);
         let data = big.clone();
-        let w = std::thread::spawn(move || File::from(stdin).write_all(&data).unwrap());
-        let r = finish(l2.pid, l2.stdout);
+        let w = std::thread::spawn(move || {
+            stdin.write_all(&data).unwrap();
+            stdin.shutdown(Shutdown::Write).unwrap();
+        });
+        let r = finish(l2.pid, stdout);
         w.join().unwrap();
         r.1
     };
@@ -188,8 +202,7 @@ fn no_file_the_child_writes_grows_past_file_size_max() {
     let mut s = spec(&["/bin/sh", "-c", &script], b"");
     s.file_size_max = Some(1024);
     let l = spawner().launch_blocking(s).unwrap();
-    drop(l.stdin);
-    let (code, out) = finish(l.pid, l.stdout);
+    let (code, out) = finish(l.pid, output_after_input(l.stdio));
     assert_eq!(code, 0, "{out}");
     let lines: Vec<&str> = out.lines().collect();
     // `ulimit -f` counts 512-byte blocks: 1024 bytes are 2.

@@ -417,9 +417,12 @@ struct Live {
     admitted: std::time::Instant,
     /// What its launch enforced (containment, sandbox), for `agent.start`.
     launch_meta: Value,
-    /// Its prepared sandbox: what the result collector is confined with, so
-    /// that it opens the child's files with the child's rights.
-    sandbox: Option<brood_launch::sandbox::Prepared>,
+    /// Its sandbox as specified: the result collector is confined with it
+    /// (prepared again then), so that it opens the child's files with the
+    /// child's rights. The spec, not the prepared ruleset, is kept: a
+    /// ruleset is a descriptor, and the daemon holds as few as it can a
+    /// live agent (`brood bench memory`).
+    sandbox: Option<collect::KeptSandbox>,
     /// When this run must end (its start plus `timeout_s`), in Unix seconds.
     deadline_unix_s: Option<u64>,
     /// `iso = ns`: the agent runs in a private mount namespace.

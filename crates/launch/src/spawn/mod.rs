@@ -26,7 +26,7 @@
 //! (setuid's broadcast would reach the supervisor's). So no code of the agent
 //! ever runs outside its group.
 //!
-//! The agent's first input (its `init`) is written into its stdin pipe before the
+//! The agent's first input (its `init`) is written into its stdin before the
 //! clone, as far as the pipe takes it without blocking, so the agent reads it as
 //! soon as it starts instead of waiting for the supervisor to record the start. When the
 //! spec carries a [`crate::sandbox::Prepared`], the child then drops its
@@ -78,7 +78,7 @@ pub struct LaunchSpec {
     /// The agent's own view of the ctx tree, made in a mount namespace of
     /// its own after it joins the veil (`crate::veil::view`).
     pub view: Option<crate::veil::PreparedView>,
-    /// Written to the child's stdin before it starts, as far as the pipe takes
+    /// Written to the child's stdin before it starts, as far as the socket takes
     /// it without blocking ([`Launched::stdin_written`] says how far).
     pub stdin_prelude: Vec<u8>,
     /// The agent's end of its door to the supervisor (a UNIX socket pair,
@@ -100,7 +100,7 @@ pub const DOOR_FD: RawFd = 3;
 /// How many extra `cgroup.procs` files a launch may join (one per v1 hierarchy).
 pub const MAX_EXTRA_PROCS: usize = 8;
 
-/// A started process. The caller owns the pipes and must reap `pid`
+/// A started process. The caller owns its stdio and must reap `pid`
 /// (wait for `pidfd` to become readable, then `waitpid`).
 #[derive(Debug)]
 pub struct Launched {
@@ -108,9 +108,14 @@ pub struct Launched {
     /// A pidfd taken while the child cannot yet have been reaped, so signals and
     /// waits through it never hit a recycled pid.
     pub pidfd: OwnedFd,
+    /// One end of a stream socket pair whose other end is the child's
+    /// stdin and stdout (descriptors 0 and 1): what is written here the
+    /// child reads, what it writes is read here. Shutting down the writing
+    /// side (`shutdown(2)` `SHUT_WR`) is the child's end of input. One
+    /// descriptor in the supervisor for both, where two pipes took two.
     /// Non-blocking.
-    pub stdin: OwnedFd,
-    pub stdout: OwnedFd,
+    pub stdio: OwnedFd,
+    /// The read end of the child's stderr pipe.
     pub stderr: OwnedFd,
     /// How many bytes of [`LaunchSpec::stdin_prelude`] are already in the pipe;
     /// the rest is the caller's to write.
@@ -510,13 +515,13 @@ fn launch_here(
         .map(|c| c.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
-    let (in_rd, in_wr) = stdio_pipe().map_err(|e| fail(context("stdin pipe", e)))?;
-    let (out_rd, out_wr) = stdio_pipe().map_err(|e| fail(context("stdout pipe", e)))?;
+    let (ours, theirs) =
+        stdio_socket().map_err(|e| fail(context("stdin and stdout socket pair", e)))?;
     let (err_rd, err_wr) = stdio_pipe().map_err(|e| fail(context("stderr pipe", e)))?;
-    // The first bytes the agent reads (its init) are in the pipe before it
+    // The first bytes the agent reads (its init) are in the socket before it
     // starts, so it never waits for the supervisor after exec. Without blocking:
-    // what does not fit in the pipe now is the caller's to send (`stdin_written`).
-    let stdin_written = write_nonblocking(&in_wr, &spec.stdin_prelude)
+    // what does not fit in the socket now is the caller's to send (`stdin_written`).
+    let stdin_written = write_nonblocking(&ours, &spec.stdin_prelude)
         .map_err(|e| fail(context("writing the agent's first input", e)))?;
     let mut extra = [-1 as RawFd; MAX_EXTRA_PROCS];
     for (slot, f) in extra.iter_mut().zip(&spec.extra_procs) {
@@ -539,7 +544,7 @@ fn launch_here(
         argv: argv_ptrs.as_ptr(),
         envp: env_ptrs.as_ptr(),
         cwd: cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-        stdio: [in_rd.as_raw_fd(), out_wr.as_raw_fd(), err_wr.as_raw_fd()],
+        stdio: [theirs.as_raw_fd(), theirs.as_raw_fd(), err_wr.as_raw_fd()],
         procs_fd: spec
             .cgroup_procs
             .as_ref()
@@ -567,7 +572,7 @@ fn launch_here(
     };
     let (pid, pidfd) = clone_child(&child, stack).map_err(|e| fail(context("clone", e)))?;
     // The child's ends are its own now (or it is gone).
-    drop((in_rd, out_wr, err_wr));
+    drop((theirs, err_wr));
     let errno = child.errno.load(Ordering::Acquire);
     let failed = if errno != 0 {
         Some(io::Error::from_raw_os_error(errno))
@@ -612,8 +617,7 @@ fn launch_here(
     Ok(Launched {
         pid,
         pidfd,
-        stdin: in_wr,
-        stdout: out_rd,
+        stdio: ours,
         stderr: err_rd,
         stdin_written,
     })
@@ -634,6 +638,27 @@ fn stdio_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: two fresh descriptors owned by nobody else.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     Ok((above_stdio(rd)?, above_stdio(wr)?))
+}
+
+/// A close-on-exec stream socket pair for a child's stdin and stdout: (the
+/// supervisor's end, the child's end), both >= 3 like [`stdio_pipe`]'s.
+fn stdio_socket() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors owned by nobody else.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(ours)?, above_stdio(theirs)?))
 }
 
 /// `fd` itself when it is >= 3, else a close-on-exec copy that is (a supervisor

@@ -41,7 +41,10 @@ pub(crate) struct Collect {
     refs: Vec<Value>,
     channel: Option<PathBuf>,
     policy: Policy,
-    confinement: brood_launch::confine::Confinement,
+    /// The child's sandbox, prepared again on the collector's thread, and
+    /// its ids: what the collector is confined with.
+    sandbox: Option<KeptSandbox>,
+    ids: Option<brood_launch::confine::FsIds>,
     /// The parent runs on another node (issue 15): the artifacts' bytes go
     /// into the shared store before the end is recorded.
     share: bool,
@@ -104,10 +107,8 @@ impl Dispatcher {
             refs,
             channel,
             policy: l.policy.clone(),
-            confinement: brood_launch::confine::Confinement {
-                sandbox: l.sandbox.clone(),
-                ids,
-            },
+            sandbox: l.sandbox.clone(),
+            ids,
             share,
         };
         let group = l.group.clone();
@@ -142,7 +143,8 @@ impl Dispatcher {
                 refs,
                 channel,
                 policy,
-                confinement,
+                sandbox,
+                ids,
                 share,
             } = c;
             let shared_blobs = blobs.clone();
@@ -156,6 +158,13 @@ impl Dispatcher {
                 let started = std::thread::Builder::new()
                     .name("brood-collect".into())
                     .spawn(move || {
+                        let confinement = match confinement(sandbox, ids) {
+                            Ok(c) => c,
+                            Err(refused) => {
+                                let _ = done_tx.send(Err(refused));
+                                return;
+                            }
+                        };
                         let h = crate::channel::harvest(&crate::channel::Input {
                             refs: &refs,
                             channel: channel.as_deref(),
@@ -260,3 +269,79 @@ impl Dispatcher {
         }
     }
 }
+
+/// An agent's sandbox as its launch specified it, with the identity (device
+/// and inode) of every path a rule named then: what the result collector is
+/// confined with once the agent has ended. The prepared ruleset is not kept
+/// while the agent lives, since it is a descriptor and the daemon holds as
+/// few as it can a live agent (`brood bench memory`).
+#[derive(Clone)]
+pub(crate) struct KeptSandbox {
+    spec: brood_launch::sandbox::SandboxSpec,
+    fs: Vec<Option<(u64, u64)>>,
+    exec: Vec<Option<(u64, u64)>>,
+}
+
+impl KeptSandbox {
+    /// Taken where the launch prepares the same spec, before the child runs.
+    pub(crate) fn new(spec: brood_launch::sandbox::SandboxSpec) -> KeptSandbox {
+        KeptSandbox {
+            fs: spec.fs.iter().map(|(p, _)| identity(p)).collect(),
+            exec: spec.exec.iter().map(|p| identity(p)).collect(),
+            spec,
+        }
+    }
+
+    /// The ruleset again, with only the rules whose path is still what it
+    /// was at the launch. A path the agent removed, or replaced (by a
+    /// symlink to elsewhere, say), is left out: a rule then would grant
+    /// nothing, or what the child never had. Leaving a rule out only takes
+    /// rights away. The agent's group is empty by now, so it cannot swap a
+    /// path between this look and the preparation.
+    fn prepare(self) -> Result<brood_launch::sandbox::Prepared, String> {
+        brood_launch::sandbox::prepare(&self.unchanged()).map_err(|e| e.to_string())
+    }
+
+    /// The spec with only the rules whose path is what it was at launch.
+    fn unchanged(self) -> brood_launch::sandbox::SandboxSpec {
+        let KeptSandbox { mut spec, fs, exec } = self;
+        let mut fs_ids = fs.into_iter();
+        spec.fs.retain(|(p, _)| {
+            let was = fs_ids.next().flatten();
+            was.is_some() && identity(p) == was
+        });
+        let mut exec_ids = exec.into_iter();
+        spec.exec.retain(|p| {
+            let was = exec_ids.next().flatten();
+            was.is_some() && identity(p) == was
+        });
+        spec
+    }
+}
+
+/// The device and inode `path` resolves to (following symlinks, as the
+/// ruleset's own open does), if it exists.
+fn identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// What the collector is confined with: the child's sandbox prepared again
+/// ([`KeptSandbox::prepare`]) and its ids.
+fn confinement(
+    sandbox: Option<KeptSandbox>,
+    ids: Option<brood_launch::confine::FsIds>,
+) -> Result<brood_launch::confine::Confinement, crate::channel::Refused> {
+    let sandbox = match sandbox {
+        None => None,
+        Some(kept) => Some(kept.prepare().map_err(|e| {
+            crate::channel::Refused(format!(
+                "not collected: preparing the agent's sandbox for the collector: {e}"
+            ))
+        })?),
+    };
+    Ok(brood_launch::confine::Confinement { sandbox, ids })
+}
+
+#[cfg(test)]
+mod tests;

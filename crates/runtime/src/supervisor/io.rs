@@ -1,8 +1,9 @@
 //! One IO task per agent process: stdout (protocol frames or exec output), stderr
 //! (the agent's log), the exit (through its pidfd), and a writer for stdin.
+//! stdin and stdout are one socket (the launcher's `Launched::stdio`).
 //!
 //! When the pidfd says the process exited, the task first drains whatever the
-//! process wrote before exiting (a `done` line is usually still in the pipe), then
+//! process wrote before exiting (a `done` line is usually still in the socket), then
 //! reaps it and reports `Exited` last, so the dispatcher always sees an agent's
 //! final words before its death. It does not wait for end of file on stdout: a
 //! grandchild that inherited the pipe could hold it open forever.
@@ -15,7 +16,9 @@ use brood_proto::{Decoded, Frame, Framer, LineError, LineErrorKind};
 use brood_store::Protocol;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use super::{AgentEv, Cmd};
@@ -31,19 +34,25 @@ pub(crate) fn start(
     let Launched {
         pid,
         pidfd,
-        stdin,
-        stdout,
+        stdio,
         stderr,
         stdin_written: _,
     } = p;
-    match pipe::Sender::from_owned_fd(stdin) {
-        Ok(w) => {
-            tokio::spawn(write_stdin(w, stdin_rx));
-        }
-        Err(e) => tracing::error!(agent = %name, error = %e, "registering stdin failed"),
-    }
+    // One socket is the agent's stdin and stdout: its writing half takes
+    // what the supervisor sends (dropped, it is the agent's end of input),
+    // its reading half what the agent writes.
+    let stdio = UnixStream::from_std(std::os::unix::net::UnixStream::from(stdio));
     tokio::spawn(async move {
-        if let Err(e) = read_loop(&name, &run, protocol, pid, pidfd, stdout, stderr, &tx).await {
+        let io = stdio.map(|s| {
+            let (out, w) = s.into_split();
+            tokio::spawn(write_stdin(w, stdin_rx));
+            out
+        });
+        let read = match io {
+            Ok(out) => read_loop(&name, &run, protocol, pid, pidfd, out, stderr, &tx).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = read {
             tracing::error!(agent = %name, error = %e, "agent IO failed; reaping");
             let status = reap_blocking(pid);
             let _ = tx.send(Cmd::Agent(name, run, AgentEv::Exited { status }));
@@ -51,7 +60,7 @@ pub(crate) fn start(
     });
 }
 
-async fn write_stdin(mut w: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn write_stdin(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
     while let Some(buf) = rx.recv().await {
         if w.write_all(&buf).await.is_err() {
             // The agent closed its stdin or died; its exit is reported elsewhere.
@@ -130,11 +139,10 @@ async fn read_loop(
     protocol: Protocol,
     pid: i32,
     pidfd: OwnedFd,
-    stdout: OwnedFd,
+    out: OwnedReadHalf,
     stderr: OwnedFd,
     tx: &mpsc::UnboundedSender<Cmd>,
 ) -> std::io::Result<()> {
-    let out = pipe::Receiver::from_owned_fd(stdout)?;
     let err = pipe::Receiver::from_owned_fd(stderr)?;
     // SAFETY: the AsyncFd takes ownership of the pidfd, so the descriptor stays open
     // for exactly as long as it is registered and is deregistered before it closes.
@@ -152,7 +160,7 @@ async fn read_loop(
     loop {
         tokio::select! {
             ready = out.readable(), if out_open => {
-                match ready.and_then(|()| read_now(&out, OUT_READ, |b| r.stdout(b, false))) {
+                match ready.and_then(|()| read_now(|b| out.try_read(b), OUT_READ, |b| r.stdout(b, false))) {
                     Ok(0) => { out_open = false; r.stdout(&[], true); }
                     Ok(_) => {}
                     // Woken without data (readiness is cleared): wait again.
@@ -161,7 +169,7 @@ async fn read_loop(
                 }
             }
             ready = err.readable(), if err_open => {
-                match ready.and_then(|()| read_now(&err, ERR_READ, |b| r.stderr(b))) {
+                match ready.and_then(|()| read_now(|b| err.try_read(b), ERR_READ, |b| r.stderr(b))) {
                     Ok(0) => err_open = false,
                     Ok(_) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -170,10 +178,10 @@ async fn read_loop(
             }
             g = pidfd.readable() => {
                 let mut g = g?;
-                // Everything written before the exit is in the pipes now.
+                // Everything written before the exit is in the socket and the pipe now.
                 if out_open {
                     loop {
-                        match read_now(&out, OUT_READ, |b| r.stdout(b, false)) {
+                        match read_now(|b| out.try_read(b), OUT_READ, |b| r.stdout(b, false)) {
                             Ok(0) => { r.stdout(&[], true); break; }
                             Ok(_) => {}
                             Err(_) => break,
@@ -181,7 +189,7 @@ async fn read_loop(
                     }
                 }
                 if err_open {
-                    while let Ok(n) = read_now(&err, ERR_READ, |b| r.stderr(b)) {
+                    while let Ok(n) = read_now(|b| err.try_read(b), ERR_READ, |b| r.stderr(b)) {
                         if n == 0 { break; }
                     }
                 }
@@ -216,15 +224,19 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; OUT_READ]);
 }
 
-/// One read of what `rx` holds now, at most `max` bytes, into this
-/// thread's scratch buffer, handed to `f` unless empty: the count as
-/// `read(2)` answers it (0 at end of file), `WouldBlock` when nothing is
-/// there (tokio then clears the pipe's readiness).
-fn read_now(rx: &pipe::Receiver, max: usize, f: impl FnOnce(&[u8])) -> std::io::Result<usize> {
+/// One read (`try_read`, a tokio pipe's or socket's) of what is there
+/// now, at most `max` bytes, into this thread's scratch buffer, handed to
+/// `f` unless empty: the count as `read(2)` answers it (0 at end of file),
+/// `WouldBlock` when nothing is there (tokio then clears the readiness).
+fn read_now(
+    try_read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+    max: usize,
+    f: impl FnOnce(&[u8]),
+) -> std::io::Result<usize> {
     SCRATCH.with(|buf| {
         let mut buf = buf.borrow_mut();
         let max = max.min(buf.len());
-        let n = rx.try_read(&mut buf[..max])?;
+        let n = try_read(&mut buf[..max])?;
         if n > 0 {
             f(&buf[..n]);
         }

@@ -721,7 +721,7 @@ struct Prep {
 #[derive(Default)]
 pub(crate) struct Made {
     group: Option<Group>,
-    sandbox: Option<brood_launch::sandbox::Prepared>,
+    sandbox: Option<super::collect::KeptSandbox>,
     launch_meta: Value,
 }
 
@@ -817,7 +817,7 @@ impl Prep {
         };
         let sandbox =
             brood_launch::sandbox::prepare(&sandbox_spec).map_err(|e| format!("sandbox: {e}"))?;
-        made.sandbox = Some(sandbox.clone());
+        made.sandbox = Some(super::collect::KeptSandbox::new(sandbox_spec));
         let ns = match self.ns {
             Some(plan) => {
                 if let Some(dir) = &plan.scratch_dir {

@@ -116,6 +116,6 @@ pub(super) fn reap_orphan_launch(p: Launched, group: Option<Group>, cg: Option<A
         }
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(p.pid, std::ptr::null_mut(), 0) };
-        drop::<(OwnedFd, OwnedFd, OwnedFd, OwnedFd)>((p.pidfd, p.stdin, p.stdout, p.stderr));
+        drop::<(OwnedFd, OwnedFd, OwnedFd)>((p.pidfd, p.stdio, p.stderr));
     });
 }

@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 
+mod at;
+
 /// The owner of the ctx tree when the supervisor is root: `nobody`, a uid no
 /// agent runs as (an agent's uid is its root's, the operator's).
 pub const CTX_OWNER: u32 = 65534;
@@ -147,6 +149,9 @@ struct Writer {
     dirs: HashSet<PathBuf>,
     nonce: u64,
     owner: Option<u32>,
+    /// `<pid>.<tid>` of the projection thread, for its temp files' names
+    /// (see [`temp_beside`]); asked of the kernel once.
+    tag: String,
 }
 
 impl Writer {
@@ -189,20 +194,29 @@ impl Writer {
                 Op::Flush(done) => flushes.push(done),
             }
         }
+        // Each directory written in is opened once for the batch (`at`).
+        let mut open: HashMap<PathBuf, at::Dir> = HashMap::new();
         for (p, b, mode) in writes {
             self.nonce += 1;
-            let n = self.nonce;
+            let tmp = self.temp_name(&p);
             let owner = self.owner;
-            if let Err(e) = self.with_dir(&p, |p| write_atomic_in(p, &b, n, owner, mode)) {
+            let r = self.in_dir(&mut open, &p, |dir, name| {
+                dir.replace(&p, name, &tmp, &b, owner, mode)
+            });
+            if let Err(e) = r {
                 tracing::warn!(error = %e, "ctx projection write failed");
             }
         }
         for (p, b) in appends {
             let owner = self.owner;
-            if let Err(e) = self.with_dir(&p, |p| append_in(p, &b, owner)) {
+            let mode = mode_of(&p);
+            if let Err(e) = self.in_dir(&mut open, &p, |dir, name| {
+                dir.append(&p, name, &b, owner, mode)
+            }) {
                 tracing::warn!(error = %e, "ctx projection append failed");
             }
         }
+        drop(open);
         for p in removals {
             self.dirs.retain(|d| !d.starts_with(&p));
             let r = match fs::symlink_metadata(&p) {
@@ -229,21 +243,60 @@ impl Writer {
         Ok(())
     }
 
-    /// Runs `f` with the file's directory in place; if the directory vanished
-    /// since it was cached (someone removed the tree), makes it again and retries.
-    fn with_dir(&mut self, path: &Path, f: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
-        let Some(dir) = path.parent() else {
-            return f(path);
+    /// Runs `f` with the file's directory, opened (once a batch, kept in
+    /// `open`), and the file's name; if the directory vanished since it was
+    /// cached (someone removed the tree), makes it again and retries.
+    fn in_dir(
+        &mut self,
+        open: &mut HashMap<PathBuf, at::Dir>,
+        path: &Path,
+        f: impl Fn(&at::Dir, &std::ffi::OsStr) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(io::Error::other(format!(
+                "{} has no directory or file name",
+                path.display()
+            )));
         };
-        self.mkdirs(dir)?;
-        match f(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.dirs.remove(dir);
-                self.mkdirs(dir)?;
-                f(path)
+        let mut first = true;
+        loop {
+            let r = self.mkdirs(dir).and_then(|()| {
+                if !open.contains_key(dir) {
+                    let d = at::Dir::open(dir)
+                        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+                    open.insert(dir.to_path_buf(), d);
+                }
+                match open.get(dir) {
+                    Some(d) => f(d, name),
+                    None => Err(io::Error::other(format!(
+                        "{} was not opened",
+                        dir.display()
+                    ))),
+                }
+            });
+            match r {
+                Err(e) if first && e.kind() == io::ErrorKind::NotFound => {
+                    first = false;
+                    self.dirs.remove(dir);
+                    open.remove(dir);
+                }
+                r => return r,
             }
-            r => r,
         }
+    }
+
+    /// The temp file a write of `path` goes through: `.<name>.tmp.<pid>.<tid>.<nonce>`
+    /// ([`temp_beside`]'s shape), the ids asked of the kernel once.
+    fn temp_name(&mut self, path: &Path) -> std::ffi::OsString {
+        if self.tag.is_empty() {
+            // SAFETY: gettid has no preconditions and cannot fail.
+            let tid = unsafe { libc::gettid() };
+            self.tag = format!("{}.{tid}", std::process::id());
+        }
+        let mut tmp = std::ffi::OsString::from(".");
+        tmp.push(path.file_name().unwrap_or_default());
+        tmp.push(format!(".tmp.{}.{}", self.tag, self.nonce));
+        tmp
     }
 }
 
@@ -448,6 +501,7 @@ fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
     append_in(path, bytes, None)
 }
 
+#[cfg(test)]
 fn append_in(path: &Path, bytes: &[u8], owner: Option<u32>) -> io::Result<()> {
     let mut f = OpenOptions::new()
         .append(true)
@@ -509,5 +563,72 @@ mod tests {
         let e = write_atomic(&d.path().join("dir/file"), b"x", 2, None).unwrap_err();
         assert!(e.to_string().contains("is a symlink"), "{e}");
         assert_eq!(fs::read_dir(&real).unwrap().count(), 0);
+    }
+
+    /// The projection thread's own writes (relative to their directory,
+    /// `at`) keep the same rules: never through a symlink, no temp file
+    /// left, a file holding the bytes already keeps its inode, a file
+    /// rewritten in one batch is written once with its last bytes, and a
+    /// directory removed under it is made again.
+    #[tokio::test]
+    async fn the_thread_writes_relative_to_the_directory_by_the_same_rules() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = Projection::start().unwrap();
+        let dir = d.path().join("agent/a.d");
+        let target = d.path().join("secret");
+        fs::write(&target, "keep").unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("status")).unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("log")).unwrap();
+        p.write(dir.join("status"), "dead\n");
+        p.append(dir.join("log"), "line\n");
+        p.write(dir.join("meta.json"), "{}");
+        p.write(dir.join("pid"), "1\n");
+        p.write(dir.join("pid"), "2\n");
+        p.append(dir.join("events"), "a\n");
+        p.append(dir.join("events"), "b\n");
+        p.flush().await;
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+        for link in ["status", "log"] {
+            assert!(
+                fs::symlink_metadata(dir.join(link))
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+            );
+        }
+        assert_eq!(fs::read_to_string(dir.join("pid")).unwrap(), "2\n");
+        assert_eq!(fs::read_to_string(dir.join("events")).unwrap(), "a\nb\n");
+        let mut names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["events", "log", "meta.json", "pid", "status"],
+            "no temp file left"
+        );
+        let ino = fs::metadata(dir.join("meta.json")).unwrap().ino();
+        p.write(dir.join("meta.json"), "{}");
+        p.flush().await;
+        assert_eq!(
+            fs::metadata(dir.join("meta.json")).unwrap().ino(),
+            ino,
+            "unchanged: kept"
+        );
+        p.write(dir.join("meta.json"), "{\"a\":1}");
+        p.flush().await;
+        assert_ne!(
+            fs::metadata(dir.join("meta.json")).unwrap().ino(),
+            ino,
+            "changed: replaced"
+        );
+        // Removed under it (a rebuild, an operator): made again.
+        fs::remove_dir_all(d.path().join("agent")).unwrap();
+        p.write(dir.join("pid"), "3\n");
+        p.flush().await;
+        assert_eq!(fs::read_to_string(dir.join("pid")).unwrap(), "3\n");
     }
 }

@@ -36,6 +36,9 @@ pub(super) struct Child {
     pub(super) door: RawFd,
     /// `RLIMIT_FSIZE` to set with `prlimit64(2)`; `None`: inherited.
     pub(super) file_size: Option<KernelRlimit>,
+    /// `RLIMIT_NOFILE` as the supervisor was started with, when it raised
+    /// its own ([`super::raise_open_files`]): the agent gets it back.
+    pub(super) open_files: Option<KernelRlimit>,
     /// NULL: no view of its own. Points into the spec, alive until exec.
     pub(super) view: *const crate::veil::PreparedView,
     /// Set by the child when it fails before exec; shared memory (`CLONE_VM`).
@@ -298,6 +301,20 @@ pub(super) fn child_setup(c: &Child) -> io::Result<()> {
                 libc::SYS_prlimit64,
                 0,
                 libc::RLIMIT_FSIZE,
+                limit as *const KernelRlimit,
+                std::ptr::null_mut::<KernelRlimit>(),
+            ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // The descriptor limit the supervisor was started with, not the one
+        // it raised for itself: a program that uses select(2) must not meet
+        // a descriptor above 1024 because its supervisor holds many.
+        if let Some(limit) = &c.open_files
+            && libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                libc::RLIMIT_NOFILE,
                 limit as *const KernelRlimit,
                 std::ptr::null_mut::<KernelRlimit>(),
             ) != 0

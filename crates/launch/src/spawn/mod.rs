@@ -219,6 +219,7 @@ impl Spawner {
     /// `want_pid_namespace = false` forces the weaker containment (used by `doctor`
     /// comparisons and tests of the fallback).
     pub fn start(want_pid_namespace: bool) -> Result<Spawner, LaunchError> {
+        raise_open_files();
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Containment>();
         let keeper = std::sync::Arc::new(KeeperState::default());
@@ -560,6 +561,7 @@ fn launch_here(
             .map_or(std::ptr::null(), std::sync::Arc::as_ptr),
         plan,
         door: spec.door.as_ref().map_or(-1, |d| d.as_raw_fd()),
+        open_files: started_open_files(),
         file_size: spec
             .file_size_max
             .map(|n| child::KernelRlimit { cur: n, max: n }),
@@ -638,6 +640,50 @@ fn stdio_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: two fresh descriptors owned by nobody else.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     Ok((above_stdio(rd)?, above_stdio(wr)?))
+}
+
+/// `RLIMIT_NOFILE` as the process had it before [`raise_open_files`]
+/// raised it, once it has.
+static STARTED_OPEN_FILES: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+
+/// Raises this process's soft limit of open descriptors to its hard limit,
+/// once. The supervisor holds a few descriptors for every live agent (its
+/// stdio, its door, its socket, its pidfd: `brood bench memory`), so the
+/// usual soft limit of 1,024 would refuse new agents at about 200 live
+/// ones, where the hard limit (often 524,288) would not. Each agent gets
+/// the limit the process was started with back before exec
+/// ([`started_open_files`]).
+pub fn raise_open_files() {
+    STARTED_OPEN_FILES.get_or_init(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit(2)/setrlimit(2) on a struct we own.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+                return None;
+            }
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return None;
+            }
+        }
+        Some((lim.rlim_cur, lim.rlim_max))
+    });
+}
+
+/// The limit to give a child back: the one the process started with, if
+/// [`raise_open_files`] raised it.
+fn started_open_files() -> Option<child::KernelRlimit> {
+    STARTED_OPEN_FILES
+        .get()
+        .copied()
+        .flatten()
+        .map(|(cur, max)| child::KernelRlimit { cur, max })
 }
 
 /// A close-on-exec stream socket pair for a child's stdin and stdout: (the

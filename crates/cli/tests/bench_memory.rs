@@ -82,11 +82,15 @@ fn check_store(s: &Value, store: &str, v: &Value) {
         base.get("rss_kib_per_agent").is_none(),
         "no cost per agent at 0: {v}"
     );
-    // Each live agent holds descriptors in the daemon (its pidfd at least):
+    // Each live agent holds descriptors in the daemon (its stderr pipe at
+    // least; its exit is watched on the daemon's one io_uring, no pidfd):
     // the counts are the real daemon's, not the bench's own.
     let fds = |l: &Value| l["fds"].as_f64().unwrap();
     assert!(fds(five) >= fds(base) + 5.0, "{v}");
-    assert_eq!(five["fd_kinds"]["anon_inode:[pidfd]"], 5, "{v}");
+    let kind = |l: &Value, k: &str| l["fd_kinds"][k].as_u64().unwrap_or(0);
+    assert_eq!(kind(five, "pipe"), kind(base, "pipe") + 5, "{v}");
+    assert_eq!(kind(five, "anon_inode:[pidfd]"), 0, "{v}");
+    assert_eq!(kind(five, "anon_inode:[io_uring]"), 1, "{v}");
     let per = five["fds_per_agent"].as_f64().unwrap();
     assert!((per - (fds(five) - fds(base)) / 5.0).abs() < 0.01, "{v}");
     let kib = five["rss_kib_per_agent"].as_f64().unwrap();

@@ -5,12 +5,13 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use brood_core::Code;
 use brood_runtime::supervisor::handle;
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_names_are_refused_and_nothing_is_created() {
@@ -557,4 +558,70 @@ async fn a_launch_whose_history_cannot_be_read_waits_until_it_can() {
     let res = a["result"].as_str().unwrap();
     assert!(res.contains("assistant: I remember this"), "{res}");
     assert!(res.contains("user: again"), "{res}");
+}
+
+/// How a daemon learns its agents exited (issue 28 item 4): on its one
+/// io_uring, with no descriptor an agent, or, with `BROOD_EXIT_WATCH=pidfd`
+/// (a kernel without the ring, or one whose ring misbehaves), through a
+/// pidfd each. Either way an exit is seen and recorded, and what the
+/// daemon holds for a live agent says which way it went.
+#[test]
+fn an_exit_is_seen_through_the_ring_or_through_a_pidfd_where_the_ring_is_off() {
+    for (vars, pidfds_per_agent) in [
+        (&[][..], 0),
+        (&[(brood_launch::spawn::exits::ENV, "pidfd")][..], 1),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("r");
+        let d = serve_daemon_with(&root, None, vars);
+        let o = brood(
+            &root,
+            &["spawn", "--name", "quick", "--", "sh", "-c", "exit 3"],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let o = brood(&root, &["wait", "quick", "--timeout", "20s"]);
+        let v = show_via(&root, "quick");
+        assert_eq!(
+            (v["status"].as_str(), v["exit_code"].as_i64()),
+            (Some("failed"), Some(3)),
+            "{vars:?}: {v} ({})",
+            text(&o)
+        );
+        let hang = agent(&["--hang"]);
+        let mut args = vec!["spawn", "--name", "idle", "--"];
+        args.extend(hang.iter().map(String::as_str));
+        let o = brood(&root, &args);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            eventually(
+                Duration::from_secs(20),
+                || show_via(&root, "idle")["status"] == "running"
+            ),
+            "{vars:?}: idle never ran"
+        );
+        let pidfds = std::fs::read_dir(format!("/proc/{}/fd", d.0.id()))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy() == "anon_inode:[pidfd]")
+            .count();
+        assert_eq!(
+            pidfds, pidfds_per_agent,
+            "{vars:?}: pidfds held for one live agent"
+        );
+        let o = brood(&root, &["cancel", "idle"]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            eventually(
+                Duration::from_secs(20),
+                || show_via(&root, "idle")["status"] == "cancelled"
+            ),
+            "{vars:?}: idle never ended"
+        );
+        drop(d);
+    }
+}
+
+fn show_via(root: &Path, name: &str) -> Value {
+    let o = brood(root, &["show", name, "--json"]);
+    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
 }

@@ -217,3 +217,49 @@ fn no_file_the_child_writes_grows_past_file_size_max() {
         assert_eq!(std::fs::metadata(f).unwrap().len(), 1024, "{}", f.display());
     }
 }
+
+/// The ring tells each exit once, with the process left for its owner to
+/// reap (its status intact), however many are watched at once (issue 28
+/// item 4: no pidfd an agent).
+#[test]
+fn the_exit_ring_tells_every_exit_once_and_leaves_the_status_to_reap() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let sp = spawner();
+    assert!(
+        brood_launch::spawn::exits::available(),
+        "this kernel has no io_uring with IORING_OP_WAITID (Linux 6.7), or it is disabled"
+    );
+    let (tx, rx) = mpsc::channel();
+    let mut pids = Vec::new();
+    for i in 0..100u32 {
+        let code = i % 7;
+        let l = sp
+            .launch_blocking(spec(&["/bin/sh", "-c", &format!("exit {code}")], b""))
+            .unwrap();
+        drop(l.pidfd);
+        let tx = tx.clone();
+        let pid = l.pid;
+        brood_launch::spawn::exits::watch(pid, move || tx.send(pid).unwrap())
+            .unwrap_or_else(|_| panic!("the ring refused to watch {pid}"));
+        pids.push((pid, code));
+    }
+    drop(tx);
+    let mut told: Vec<i32> = Vec::new();
+    while let Ok(pid) = rx.recv_timeout(Duration::from_secs(20)) {
+        told.push(pid);
+    }
+    told.sort_unstable();
+    let mut want: Vec<i32> = pids.iter().map(|(p, _)| *p).collect();
+    want.sort_unstable();
+    assert_eq!(told, want, "each exit told once");
+    for (pid, code) in pids {
+        let mut status = 0;
+        // SAFETY: our own child, a zombie the ring left unreaped.
+        assert_eq!(
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) },
+            pid
+        );
+        assert_eq!(libc::WEXITSTATUS(status), code as i32);
+    }
+}

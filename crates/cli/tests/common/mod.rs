@@ -110,6 +110,8 @@ pub fn unless_gone<T>(r: std::io::Result<T>, path: &Path) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        // A cgroup's file read while the group is being removed.
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => None,
         Err(e) => panic!("{}: {e}", path.display()),
     }
 }
@@ -368,6 +370,11 @@ pub fn free_port() -> u16 {
 /// `brood serve` on `root` (and `--listen ADDR` when given), its log on the
 /// test's stderr, once its socket accepts.
 pub fn serve_daemon(root: &Path, listen: Option<&str>) -> Daemon {
+    serve_daemon_with(root, listen, &[])
+}
+
+/// [`serve_daemon`] with these variables added to its environment.
+pub fn serve_daemon_with(root: &Path, listen: Option<&str>, vars: &[(&str, &str)]) -> Daemon {
     let mut args = vec!["serve", "--grace", "0.3"];
     if let Some(l) = listen {
         args.extend(["--listen", l]);
@@ -377,6 +384,7 @@ pub fn serve_daemon(root: &Path, listen: Option<&str>) -> Daemon {
         .arg("--root")
         .arg(root)
         .args(&args)
+        .envs(vars.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .spawn()

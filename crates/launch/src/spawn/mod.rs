@@ -46,6 +46,7 @@ use std::thread;
 use crate::sandbox::{ChildPlan, ChildStep, Prepared};
 
 mod child;
+pub mod exits;
 mod keeper;
 
 use child::*;
@@ -100,8 +101,9 @@ pub const DOOR_FD: RawFd = 3;
 /// How many extra `cgroup.procs` files a launch may join (one per v1 hierarchy).
 pub const MAX_EXTRA_PROCS: usize = 8;
 
-/// A started process. The caller owns its stdio and must reap `pid`
-/// (wait for `pidfd` to become readable, then `waitpid`).
+/// A started process. The caller owns its stdio and must reap `pid`: once
+/// [`exits::watch`] says it exited (then `pidfd` may be dropped at once),
+/// or once `pidfd` becomes readable, then `waitpid`.
 #[derive(Debug)]
 pub struct Launched {
     pub pid: i32,
@@ -220,6 +222,9 @@ impl Spawner {
     /// comparisons and tests of the fallback).
     pub fn start(want_pid_namespace: bool) -> Result<Spawner, LaunchError> {
         raise_open_files();
+        // Before the spawner thread exists: it may start no thread once it
+        // made a PID namespace.
+        exits::start();
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Containment>();
         let keeper = std::sync::Arc::new(KeeperState::default());

@@ -1,8 +1,10 @@
 //! One IO task per agent process: stdout (protocol frames or exec output), stderr
-//! (the agent's log), the exit (through its pidfd), and a writer for stdin.
-//! stdin and stdout are one socket (the launcher's `Launched::stdio`).
+//! (the agent's log), the exit, and a writer for stdin. stdin and stdout are
+//! one socket (the launcher's `Launched::stdio`). The exit is told by the
+//! launcher's ring (`brood_launch::spawn::exits`: no descriptor an agent),
+//! or, where the kernel has none, by the agent's pidfd.
 //!
-//! When the pidfd says the process exited, the task first drains whatever the
+//! When the exit is told, the task first drains whatever the
 //! process wrote before exiting (a `done` line is usually still in the socket), then
 //! reaps it and reports `Exited` last, so the dispatcher always sees an agent's
 //! final words before its death. It does not wait for end of file on stdout: a
@@ -19,7 +21,7 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::{AgentEv, Cmd};
 
@@ -42,14 +44,32 @@ pub(crate) fn start(
     // what the supervisor sends (dropped, it is the agent's end of input),
     // its reading half what the agent writes.
     let stdio = UnixStream::from_std(std::os::unix::net::UnixStream::from(stdio));
+    let exit = match brood_launch::spawn::exits::available() {
+        true => {
+            let (tx, rx) = oneshot::channel();
+            let watched = brood_launch::spawn::exits::watch(pid, move || {
+                let _ = tx.send(());
+            });
+            match watched {
+                Ok(()) => {
+                    drop(pidfd);
+                    Ok(Exit::Told(Some(rx)))
+                }
+                Err(_) => Exit::pidfd(pidfd),
+            }
+        }
+        false => Exit::pidfd(pidfd),
+    };
     tokio::spawn(async move {
-        let io = stdio.map(|s| {
-            let (out, w) = s.into_split();
-            tokio::spawn(write_stdin(w, stdin_rx));
-            out
-        });
+        let io = stdio
+            .and_then(|s| exit.map(|exit| (s, exit)))
+            .map(|(s, exit)| {
+                let (out, w) = s.into_split();
+                tokio::spawn(write_stdin(w, stdin_rx));
+                (out, exit)
+            });
         let read = match io {
-            Ok(out) => read_loop(&name, &run, protocol, pid, pidfd, out, stderr, &tx).await,
+            Ok((out, exit)) => read_loop(&name, &run, protocol, pid, exit, out, stderr, &tx).await,
             Err(e) => Err(e),
         };
         if let Err(e) = read {
@@ -138,15 +158,12 @@ async fn read_loop(
     run: &RunId,
     protocol: Protocol,
     pid: i32,
-    pidfd: OwnedFd,
+    mut exit: Exit,
     out: OwnedReadHalf,
     stderr: OwnedFd,
     tx: &mpsc::UnboundedSender<Cmd>,
 ) -> std::io::Result<()> {
     let err = pipe::Receiver::from_owned_fd(stderr)?;
-    // SAFETY: the AsyncFd takes ownership of the pidfd, so the descriptor stays open
-    // for exactly as long as it is registered and is deregistered before it closes.
-    let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE)? };
     let mut r = Reader {
         name,
         run,
@@ -176,8 +193,8 @@ async fn read_loop(
                     Err(_) => err_open = false,
                 }
             }
-            g = pidfd.readable() => {
-                let mut g = g?;
+            told = exit.told() => {
+                told?;
                 // Everything written before the exit is in the socket and the pipe now.
                 if out_open {
                     loop {
@@ -203,7 +220,8 @@ async fn read_loop(
                 if got < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                g.clear_ready();
+                // Told, but not a zombie yet (should not happen): look again soon.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
         }
     }
@@ -249,4 +267,43 @@ fn reap_blocking(pid: i32) -> i32 {
     // SAFETY: waitpid on our own child; blocking is acceptable on this error path.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     status
+}
+
+/// How the IO task learns its process exited.
+enum Exit {
+    /// The launcher's ring calls back (`None` once it has).
+    Told(Option<oneshot::Receiver<()>>),
+    /// The process's pidfd turns readable.
+    Pidfd(AsyncFd<OwnedFd>),
+}
+
+impl Exit {
+    fn pidfd(fd: OwnedFd) -> std::io::Result<Exit> {
+        // SAFETY: the AsyncFd takes ownership of the pidfd, so the descriptor stays open
+        // for exactly as long as it is registered and is deregistered before it closes.
+        Ok(Exit::Pidfd(unsafe {
+            AsyncFd::register_with_interest(fd, Interest::READABLE)?
+        }))
+    }
+
+    /// Resolves once the process has exited, and at once from then on.
+    async fn told(&mut self) -> std::io::Result<()> {
+        match self {
+            Exit::Told(rx) => {
+                if let Some(r) = rx.as_mut() {
+                    // A dropped sender (the ring's thread gone) tells too:
+                    // the reap that follows says what happened.
+                    let _ = r.await;
+                    *rx = None;
+                }
+                Ok(())
+            }
+            Exit::Pidfd(fd) => {
+                let mut g = fd.readable().await?;
+                // A pidfd stays readable once its process exited.
+                g.retain_ready();
+                Ok(())
+            }
+        }
+    }
 }

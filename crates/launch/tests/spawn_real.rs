@@ -263,3 +263,44 @@ fn the_exit_ring_tells_every_exit_once_and_leaves_the_status_to_reap() {
         assert_eq!(libc::WEXITSTATUS(status), code as i32);
     }
 }
+
+/// The kernel's waitid wakes on every child's change of state and looks
+/// again: other children exiting around a watched one must not be taken
+/// for its exit.
+#[test]
+fn the_exit_ring_is_not_fooled_by_another_child_exiting() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let sp = spawner();
+    assert!(
+        brood_launch::spawn::exits::available(),
+        "this kernel has no io_uring with IORING_OP_WAITID (Linux 6.7), or it is disabled"
+    );
+    let long = sp
+        .launch_blocking(spec(&["/bin/sh", "-c", "read -r x; exit 5"], b""))
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let pid = long.pid;
+    brood_launch::spawn::exits::watch(pid, move || tx.send(()).unwrap())
+        .unwrap_or_else(|_| panic!("the ring refused to watch {pid}"));
+    for _ in 0..10 {
+        let l = sp.launch_blocking(spec(&["/bin/true"], b"")).unwrap();
+        let (code, _) = finish(l.pid, output_after_input(l.stdio));
+        assert_eq!(code, 0);
+    }
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "told of an exit while the child still runs"
+    );
+    let (out, w) = stdio(long.stdio);
+    drop(w);
+    let (code, _) = finish(pid, {
+        let mut o = out;
+        o.write_all(b"go\n").unwrap();
+        o.shutdown(Shutdown::Write).unwrap();
+        o
+    });
+    assert_eq!(code, 5);
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("told of the exit");
+}

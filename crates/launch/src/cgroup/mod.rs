@@ -504,7 +504,13 @@ impl Cgroups {
             return Ok(!self.pids(g)?.is_empty());
         }
         let path = g.dir.join("cgroup.events");
-        let text = fs::read_to_string(&path).map_err(|e| io_err("read", &path, e))?;
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            // Removed meanwhile (by another stop of the same agent): a group
+            // that is gone holds no process.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err("read", &path, e)),
+        };
         text.lines()
             .find_map(|l| l.strip_prefix("populated "))
             .map(|v| v.trim() == "1")

@@ -31,7 +31,8 @@ type Callback = Box<dyn FnOnce() + Send>;
 /// One agent being watched: where the kernel writes what it saw (it must
 /// not move while the wait is queued) and whom to tell.
 struct Watch {
-    _info: Box<libc::siginfo_t>,
+    pid: i32,
+    info: Box<libc::siginfo_t>,
     done: Callback,
 }
 
@@ -145,11 +146,11 @@ fn serve(mut ring: IoUring, wake: OwnedFd) {
             // EBUSY: completions to take first; anything else, the same.
             Err(_) => {}
         }
-        let done: Vec<(u64, bool)> = ring
+        let done: Vec<(u64, i32, bool)> = ring
             .completion()
-            .map(|c| (c.user_data(), io_uring::cqueue::more(c.flags())))
+            .map(|c| (c.user_data(), c.result(), io_uring::cqueue::more(c.flags())))
             .collect();
-        for (token, more) in done {
+        for (token, res, more) in done {
             if token == WAKE {
                 let mut n: u64 = 0;
                 // SAFETY: an 8-byte read into a live u64 from our eventfd.
@@ -159,11 +160,23 @@ fn serve(mut ring: IoUring, wake: OwnedFd) {
                 }
                 continue;
             }
-            // The wait ended (the child exited, or the wait failed: either
-            // way its owner looks for itself now).
-            if let Some(w) = watches.remove(&token) {
-                (w.done)();
+            let Some(mut w) = watches.remove(&token) else {
+                continue;
+            };
+            // SAFETY: the kernel filled the siginfo (or left it zeroed).
+            let seen = unsafe { w.info.si_pid() };
+            if res == 0 && seen != w.pid {
+                // Ended without naming the child (the kernel's waitid wakes
+                // on every child's change and looks again; should it answer
+                // for another, or for none): wait again.
+                let e = wait_entry(w.pid, &raw mut *w.info, token);
+                watches.insert(token, w);
+                queue.push(e);
+                continue;
             }
+            // The child exited, or the wait failed: either way its owner
+            // looks for itself now.
+            (w.done)();
         }
         let new: Vec<(i32, Callback)> =
             std::mem::take(&mut *shared.pending.lock().unwrap_or_else(|p| p.into_inner()));
@@ -172,18 +185,24 @@ fn serve(mut ring: IoUring, wake: OwnedFd) {
             next += 1;
             // SAFETY: a zeroed siginfo_t is a valid value for the kernel to fill.
             let mut info: Box<libc::siginfo_t> = Box::new(unsafe { std::mem::zeroed() });
-            let e = opcode::WaitId::new(
-                libc::P_PID,
-                pid as libc::id_t,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-            .infop((&raw mut *info).cast_const().cast())
-            .build()
-            .user_data(token);
-            watches.insert(token, Watch { _info: info, done });
+            let e = wait_entry(pid, &raw mut *info, token);
+            watches.insert(token, Watch { pid, info, done });
             queue.push(e);
         }
     }
+}
+
+/// The asynchronous `waitid` for `pid`'s exit, writing into `info` (a
+/// watch's own, which stays put until its completion is taken).
+fn wait_entry(pid: i32, info: *mut libc::siginfo_t, token: u64) -> squeue::Entry {
+    opcode::WaitId::new(
+        libc::P_PID,
+        pid as libc::id_t,
+        libc::WEXITED | libc::WNOWAIT,
+    )
+    .infop(info.cast_const())
+    .build()
+    .user_data(token)
 }
 
 /// The thread starts inside `get_or_init`: its shared half is there once

@@ -10,7 +10,7 @@
 //! final words before its death. It does not wait for end of file on stdout: a
 //! grandchild that inherited the pipe could hold it open forever.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use brood_core::{AgentName, RunId};
 use brood_launch::Launched;
@@ -195,19 +195,23 @@ async fn read_loop(
             }
             told = exit.told() => {
                 told?;
-                // Everything written before the exit is in the socket and the pipe now.
+                // Everything written before the exit is in the socket and the
+                // pipe now. Read by the descriptor itself: tokio's `try_read`
+                // answers from the readiness its reactor last saw, and the
+                // ring's word (from another thread) can come before the
+                // reactor has seen the last bytes arrive.
                 if out_open {
                     loop {
-                        match read_now(|b| out.try_read(b), OUT_READ, |b| r.stdout(b, false)) {
-                            Ok(0) => { r.stdout(&[], true); break; }
+                        match read_now(|b| read_fd(out.as_ref().as_raw_fd(), b), OUT_READ, |b| r.stdout(b, false)) {
+                            Ok(0) => { out_open = false; r.stdout(&[], true); break; }
                             Ok(_) => {}
                             Err(_) => break,
                         }
                     }
                 }
                 if err_open {
-                    while let Ok(n) = read_now(|b| err.try_read(b), ERR_READ, |b| r.stderr(b)) {
-                        if n == 0 { break; }
+                    while let Ok(n) = read_now(|b| read_fd(err.as_raw_fd(), b), ERR_READ, |b| r.stderr(b)) {
+                        if n == 0 { err_open = false; break; }
                     }
                 }
                 let mut status = 0;
@@ -267,6 +271,18 @@ fn reap_blocking(pid: i32) -> i32 {
     // SAFETY: waitpid on our own child; blocking is acceptable on this error path.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     status
+}
+
+/// One `read(2)` of a non-blocking descriptor (the agent's socket or
+/// stderr pipe), past tokio's readiness: `WouldBlock` when it is empty.
+fn read_fd(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: a read into a live buffer of its own length from a descriptor
+    // the task owns for as long as this call.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n.unsigned_abs())
 }
 
 /// How the IO task learns its process exited.

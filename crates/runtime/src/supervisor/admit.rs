@@ -243,6 +243,11 @@ impl Dispatcher {
                 if let Some(r) = &preq.rules {
                     op.rules = r.clone();
                 }
+                // Resuming after a restart is the operator's to give a
+                // root: a root is resumed by asking for it.
+                if let Some(o) = preq.on_restart {
+                    op.on_restart = o;
+                }
                 let view = ParentView {
                     policy: &op,
                     budget_remaining: None,

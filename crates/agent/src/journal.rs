@@ -255,10 +255,7 @@ mod tests {
         let (mut j, _) = Journal::read(&history());
         assert_eq!(j.replayed("shell", r#"{"command":"echo b >> f"}"#), None);
         // Even a call that would have matched runs once the replay is over.
-        assert_eq!(
-            j.replayed("create", r#"{"task":"t","name":"kid"}"#),
-            None
-        );
+        assert_eq!(j.replayed("create", r#"{"task":"t","name":"kid"}"#), None);
         // A first run has nothing to replay.
         let (mut j, in_flight) = Journal::read(&[m("user", "task".into())]);
         assert!(in_flight.is_empty());

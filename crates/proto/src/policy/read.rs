@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use brood_core::policy::{
-    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, OnRestart, PolicyError, Resources, Rule,
+    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, OnRestart, PolicyError, Resources,
+    Rule,
 };
 use serde_json::{Map, Value};
 

@@ -147,10 +147,7 @@ fn any_on_restart() -> BoxedStrategy<OnRestart> {
 }
 
 fn narrow_on_restart(p: OnRestart) -> BoxedStrategy<OnRestart> {
-    narrow(
-        select(vec![OnRestart::Cancel, p]).boxed(),
-        any_on_restart(),
-    )
+    narrow(select(vec![OnRestart::Cancel, p]).boxed(), any_on_restart())
 }
 
 fn any_secrets() -> BoxedStrategy<BTreeSet<String>> {
@@ -196,7 +193,18 @@ fn any_policy() -> BoxedStrategy<Policy> {
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create, (secrets, on_restart)),
+                (
+                    files,
+                    mounts,
+                    network,
+                    models,
+                    path,
+                    window,
+                    cost_limit,
+                    depth,
+                    create,
+                    (secrets, on_restart),
+                ),
             )| {
                 Policy {
                     tools,
@@ -525,7 +533,19 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets, on_restart),
+                (
+                    files,
+                    mounts,
+                    network,
+                    models,
+                    path,
+                    window,
+                    cost_limit,
+                    depth,
+                    create,
+                    secrets,
+                    on_restart,
+                ),
             )| {
                 Policy {
                     tools,

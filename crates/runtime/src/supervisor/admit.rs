@@ -274,6 +274,11 @@ impl Dispatcher {
             Caller::User { .. } => req.parent.clone(),
         };
         let requested = req.name.as_ref().map(|n| n.to_string());
+        if self.agents.tool_granted(&caller, "create").is_ok()
+            && let Some(child) = self.created_before(&caller, &req)
+        {
+            return answer(reply, Ok(child));
+        }
         let admitted = self
             .agents
             .tool_granted(&caller, "create")

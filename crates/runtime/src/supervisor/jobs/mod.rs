@@ -161,6 +161,9 @@ struct Work {
     /// Started by this runner (counted in its job's `workers`), not an agent
     /// given an item by `assign`.
     own: bool,
+    /// The item and result (JSON text) of its last accepted report: a
+    /// repeat of it is answered, not recorded again.
+    last: Option<(String, String)>,
 }
 
 impl JobRun {

@@ -168,12 +168,20 @@ pub fn recover_resuming_starts_again_what_it_is_asked_to(store: &dyn Store) {
     };
     // `orphan` is asked for, its parent `lone` is not; `stopping` is asked
     // for, but its stop was recorded.
-    let resuming = [asked("root"), asked("kid"), asked("stopping"), asked("orphan")];
+    let resuming = [
+        asked("root"),
+        asked("kid"),
+        asked("stopping"),
+        asked("orphan"),
+    ];
     let at = now();
     let r = store
         .recover_resuming(std::slice::from_ref(&dead), &resuming, "sup-new", at)
         .unwrap();
-    assert_eq!(r.resumed, vec![(t.clone(), name("root")), (t.clone(), name("kid"))]);
+    assert_eq!(
+        r.resumed,
+        vec![(t.clone(), name("root")), (t.clone(), name("kid"))]
+    );
     assert_eq!(r.agents.len(), 6);
     for a in &r.agents {
         assert_eq!(get(store, &t, a.name.as_str()), *a);

@@ -348,6 +348,27 @@ fn a_resumed_parent_gets_its_child_again_and_a_cancel_child_is_ended_and_told() 
     ]);
     top.extend(a.iter().map(String::as_str));
     r.ok(&top);
+    // Resumable, but its secret's value lived in the dead supervisor only.
+    let mut secretive = vec![
+        "spawn",
+        "--name",
+        "secretive",
+        "--ready",
+        "--policy",
+        &resume,
+        "--secret",
+        "RESTART_TEST_KEY",
+        "--",
+    ];
+    let h = agent(&["--hang"]);
+    secretive.extend(h.iter().map(String::as_str));
+    let o = r
+        .command()
+        .env("RESTART_TEST_KEY", "k")
+        .args(&secretive)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let mut plain = vec!["spawn", "--name", "plain", "--ready", "--"];
     let b = agent(&[
         "--spawn",
@@ -381,7 +402,7 @@ fn a_resumed_parent_gets_its_child_again_and_a_cancel_child_is_ended_and_told() 
         "{}",
         r.log()
     );
-    for n in ["quits", "plain", "plain-kid"] {
+    for n in ["quits", "plain", "plain-kid", "secretive"] {
         let a = r.show(n);
         assert_eq!(
             (a["status"].as_str(), a["reason"].as_str()),
@@ -566,5 +587,21 @@ fn a_job_of_200_items_completes_across_two_restarts_each_item_reported_once() {
     assert_eq!(per_item.len(), 200, "{per_item:?}");
     assert!(per_item.values().all(|n| *n == 1), "{per_item:?}");
     assert_eq!(r.show("owner")["runs"].as_array().unwrap().len(), 3);
+    // Its workers were not resumed: each had one run; the items they held
+    // went to new workers.
+    let all = r.json(&["ps", "--json", "--all"]);
+    let workers: Vec<String> = all
+        .as_array()
+        .or_else(|| all["agents"].as_array())
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .filter(|n| n.starts_with("big-w"))
+        .map(str::to_owned)
+        .collect();
+    assert!(!workers.is_empty());
+    for w in &workers {
+        assert_eq!(r.show(w)["runs"].as_array().unwrap().len(), 1, "{w}");
+    }
     drop(d);
 }

@@ -433,8 +433,14 @@ fn a_resumed_parent_gets_its_child_again_and_a_cancel_child_is_ended_and_told() 
     // The child the restart ended is told to its resumed parent (its log).
     assert!(
         eventually(Duration::from_secs(10), || {
-            r.ok(&["logs", "top", "--json"])
+            // Its stderr as written, whatever pieces it was read in.
+            let text: String = r
+                .ok(&["logs", "top", "--json"])
                 .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter_map(|v| v["log"]["text"].as_str().map(str::to_owned))
+                .collect();
+            text.lines()
                 .any(|l| l.contains("child quits") && l.contains("runtime_restart"))
         }),
         "logs: {:?}\nshow: {}\nserve: {}",
@@ -574,10 +580,23 @@ fn a_job_of_200_items_completes_across_two_restarts_each_item_reported_once() {
     assert!(restarted > 0, "some items were running at a kill");
     // Reported exactly once: one `job.item.completed` per item, whatever
     // the restarts did.
-    let events = lines(&r.session_file("owner", "events.jsonl"));
+    // The ctx tree's log is written after the store, off the loop: read
+    // once it holds the job's end.
+    let log = r.session_file("owner", "events.jsonl");
+    assert!(eventually(Duration::from_secs(10), || {
+        lines(&log)
+            .iter()
+            .any(|e| e.contains(r#""type":"job.completed""#))
+    }));
+    let events = lines(&log);
     let mut per_item: std::collections::BTreeMap<String, u32> = Default::default();
     for e in &events {
         let v: Value = serde_json::from_str(e).unwrap();
+        // Only the restarts failed an attempt (none was refused for an
+        // owner not started yet, say).
+        if v["type"] == "job.item.failed" {
+            assert_eq!(v["error"], "runtime_restart", "{v}");
+        }
         if v["type"] == "job.item.completed" {
             *per_item
                 .entry(v["item"].as_str().unwrap().to_owned())

@@ -10,6 +10,7 @@
 //! script) and its tools ([`tools`]), children included.
 
 pub mod io;
+pub mod journal;
 pub mod provider;
 pub mod run;
 pub mod settings;

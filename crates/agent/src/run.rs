@@ -4,7 +4,8 @@
 //! is reported). Every model message, tool call and tool result goes to the
 //! session as a protocol `message`, so `brood show`, the ctx files and
 //! `resume` see the whole conversation, and a resumed agent continues from
-//! its history.
+//! its history: the calls a crash left in flight run first, and a call the
+//! history records as done is not run again (`journal`).
 
 use std::time::Instant;
 
@@ -12,13 +13,12 @@ use brood_proto::{DoneResult, FromAgent, HistoryMessage};
 use serde_json::{Value, json};
 
 use crate::io::{Halt, Io};
+use crate::journal::Journal;
 use crate::provider::{ChatMessage, Provider, ProviderError, ToolCall, ToolSpec};
 use crate::settings::Settings;
 use crate::tools;
 
-/// Transcript roles beyond the chat's own: a call the model made and what it got.
-pub const ROLE_CALL: &str = "tool_call";
-pub const ROLE_RESULT: &str = "tool";
+pub use crate::journal::{ROLE_CALL, ROLE_RESULT};
 
 /// How a run ended, for the process's exit.
 pub enum End {
@@ -224,14 +224,32 @@ fn turns(
         .collect();
     let mut messages = vec![ChatMessage::System(settings.system_prompt.clone())];
     messages.extend(from_history(history));
-    // The instruction is already the last message of a resumed session
-    // (the runtime recorded it); a first run records it now.
+    // A resumed session holds its instruction already: the runtime recorded
+    // a resume's new input, and a run started again after a restart (or a
+    // resume without input) is given the task the first run recorded. A
+    // first run records it now.
     let recorded = history
-        .last()
-        .is_some_and(|m| m.role == "user" && m.content == instruction);
+        .iter()
+        .any(|m| m.role == "user" && m.content == instruction);
     if !recorded && !instruction.is_empty() {
         message(io, "user", instruction.to_owned())?;
         messages.push(ChatMessage::User(instruction.to_owned()));
+    }
+    // What a crash left in flight runs now, before the model is asked, so
+    // every call has its result; what was done is not done again (journal).
+    let (mut journal, in_flight) = Journal::read(history);
+    for c in in_flight {
+        let result = tools::run(&c.name, &c.arguments, settings, io)?;
+        message(
+            io,
+            ROLE_RESULT,
+            json!({"id": c.id, "name": c.name, "content": result}).to_string(),
+        )?;
+        journal.push(&c.name, &c.arguments, &result);
+        messages.push(ChatMessage::Tool {
+            call_id: c.id,
+            content: result,
+        });
     }
     let mut last = String::new();
     for _ in 0..settings.max_turns {
@@ -305,7 +323,10 @@ fn turns(
             return Ok(Outcome::Answer(turn.text));
         }
         for c in &turn.calls {
-            let result = tools::run(&c.name, &c.arguments, settings, io)?;
+            let result = match journal.replayed(&c.name, &c.arguments) {
+                Some(recorded) => recorded,
+                None => tools::run(&c.name, &c.arguments, settings, io)?,
+            };
             message(
                 io,
                 ROLE_RESULT,

@@ -229,9 +229,18 @@ pub struct AgentDetail {
     pub life: String,
     pub iso: String,
     pub allow_weaker_sandbox: bool,
+    /// What a start after its supervisor died does with it (the policy's
+    /// `on_restart`, issue 29): `cancel` or `resume`. `cancel` in the
+    /// answers of older daemons and for agents recorded before it existed.
+    #[serde(default = "cancel")]
+    pub on_restart: String,
     pub spend: Spend,
     pub cost_limit: Option<f64>,
     pub runs: Vec<RunView>,
+}
+
+fn cancel() -> String {
+    "cancel".to_owned()
 }
 
 /// An agent with its spend and its children, recursively.

@@ -206,6 +206,7 @@ fn fields() -> Value {
                 ]
             },
             "rules": {"type": "array", "items": {"type": "string", "pattern": rule}, "description": "`allow <subject> <class>:<name> <perm>` rules."},
+            "on_restart": {"type": "string", "enum": ["cancel", "resume"], "description": "What a start after its supervisor died does with the agent: `cancel` (the default) ends it `cancelled (runtime_restart)`, `resume` starts it again as a new run with its history; a child may hold `resume` only when its parent does."},
         }
     })
 }

@@ -9,6 +9,7 @@ mod daemons;
 mod jobs;
 mod memory;
 mod nodes;
+mod restart;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -116,6 +117,18 @@ pub enum Which {
         /// is always read).
         #[arg(long, value_delimiter = ',', default_value = "0,100,1000")]
         agents: Vec<usize>,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// N live resumable roots (`on_restart: resume`) on a `brood serve`
+    /// node killed with SIGKILL and started again: the time until every one
+    /// runs again, against the time to start them fresh. On SQLite, and also
+    /// on a database made for the run on the server of `--store postgres://…`.
+    Restart {
+        /// Live agents killed and resumed.
+        #[arg(short = 'n', long = "count", default_value_t = 1000)]
+        n: usize,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
@@ -445,6 +458,16 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
                 println!("{out}");
             } else {
                 memory::print(&out);
+            }
+        }
+        Which::Restart { n, json: as_json } => {
+            let store = daemons_store("restart")?;
+            let params = restart::Params { n: n.max(1), store };
+            let out = restart::run(&root, &exe, &params).await?;
+            if as_json {
+                println!("{out}");
+            } else {
+                restart::print(&out);
             }
         }
         Which::Nodes {

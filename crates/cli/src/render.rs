@@ -174,7 +174,7 @@ const SHOWN_CHARS: usize = 200;
 pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
     let a = &d.agent;
     let at = |ms: Option<i64>| ms.map_or_else(|| "-".to_owned(), |m| when(m, tails.now_ms));
-    let fields: [(&str, String); 22] = [
+    let fields: [(&str, String); 23] = [
         ("name", a.name.clone()),
         ("parent", opt(&a.parent)),
         ("status", status(a)),
@@ -188,6 +188,7 @@ pub fn show(d: &AgentDetail, tails: &Tails<'_>) -> String {
         ("life", d.life.clone()),
         ("iso", d.iso.clone()),
         ("allow_weaker_sandbox", d.allow_weaker_sandbox.to_string()),
+        ("on_restart", d.on_restart.clone()),
         ("depth", a.depth.to_string()),
         ("exit_code", opt(&a.exit_code)),
         ("created", at(Some(a.created_ms))),

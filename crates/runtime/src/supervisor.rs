@@ -69,6 +69,7 @@ mod protocol;
 mod queue;
 mod records;
 mod remove;
+mod restart;
 mod route;
 mod routed;
 mod secrets;
@@ -563,6 +564,8 @@ struct Dispatcher {
     /// While a batch of ends is handled: the ends waiting to be recorded
     /// together (`batch`).
     ends_together: Option<Vec<ends::Ending>>,
+    /// What the start resumed of a dead incarnation's agents (issue 29).
+    restart: restart::Restart,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -597,6 +600,9 @@ impl Dispatcher {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         let mut held: Option<Cmd> = None;
+        // What the start resumed goes first, before any command.
+        self.take_up_resumed();
+        self.after_command(&mut shutdown);
         loop {
             let cmd = match held.take() {
                 Some(c) => c,
@@ -711,6 +717,7 @@ impl Dispatcher {
         // A slot freed by whatever this command did goes to the next in line
         // (not while shutting down: nothing new starts then).
         if shutdown.is_none() {
+            self.release_resumed();
             self.pump_queue();
         } else {
             self.launcher.waiting.clear();

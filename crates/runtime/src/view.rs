@@ -128,6 +128,11 @@ impl View {
                 .to_owned()
         };
         let runs = self.store.runs(&self.tenant, name).map_err(internal)?;
+        let on_restart = policy
+            .get("on_restart")
+            .and_then(Value::as_str)
+            .unwrap_or("cancel")
+            .to_owned();
         Ok(api::AgentDetail {
             agent: self.agent_view(&a),
             cost_limit: policy.get("cost_limit").and_then(Value::as_f64),
@@ -138,6 +143,7 @@ impl View {
                 .get("allow_weaker_sandbox")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            on_restart,
             spend: self.spend(name)?,
             runs: runs.iter().map(run_view).collect(),
         })

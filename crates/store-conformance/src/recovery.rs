@@ -138,3 +138,86 @@ pub fn recover_lost_ends_a_lost_nodes_agents_lost(store: &dyn Store) {
     assert_eq!(get(store, &t, "kid"), kid);
     assert!(store.recover_lost(&[dead], now()).unwrap().is_empty());
 }
+
+/// Issue 29: a recovery that resumes. The agents named (parents first) that
+/// it ended `cancelled (runtime_restart)` start again as a new `queued` run
+/// on the new supervisor, in the same transaction; a child only under a
+/// parent resumed, a stop's recorded intent carried out whatever the list
+/// says, the rest ended as `recover` ends them.
+pub fn recover_resuming_starts_again_what_it_is_asked_to(store: &dyn Store) {
+    let t = tenant("conf-resuming");
+    let dead = "sup-resuming-dead".to_owned();
+    let on = |n: &str, parent: Option<&str>| {
+        let new = new_agent(&t, n, parent, &dead);
+        store.admit(&new, &spawn_events(&new)).unwrap()
+    };
+    let root = start(store, &on("root", None));
+    start(store, &on("kid", Some("root")));
+    start(store, &on("cancels", Some("root")));
+    let s = start(store, &on("stopping", Some("root")));
+    store
+        .mark_stopping(&t, std::slice::from_ref(&s.name), RESTART, now())
+        .unwrap();
+    let lone = start(store, &on("lone", None));
+    start(store, &on("orphan", Some("lone")));
+    let asked = |n: &str| brood_store::Resuming {
+        tenant: t.clone(),
+        name: name(n),
+        run: new_run(),
+        events: Vec::new(),
+    };
+    // `orphan` is asked for, its parent `lone` is not; `stopping` is asked
+    // for, but its stop was recorded.
+    let resuming = [
+        asked("root"),
+        asked("kid"),
+        asked("stopping"),
+        asked("orphan"),
+    ];
+    let at = now();
+    let r = store
+        .recover_resuming(std::slice::from_ref(&dead), &resuming, "sup-new", at)
+        .unwrap();
+    assert_eq!(
+        r.resumed,
+        vec![(t.clone(), name("root")), (t.clone(), name("kid"))]
+    );
+    assert_eq!(r.agents.len(), 6);
+    for a in &r.agents {
+        assert_eq!(get(store, &t, a.name.as_str()), *a);
+    }
+    for (n, asked) in [("root", &resuming[0]), ("kid", &resuming[1])] {
+        let a = get(store, &t, n);
+        assert_eq!(
+            (a.status, &a.run, a.supervisor.as_str()),
+            (Status::Queued, &asked.run, "sup-new"),
+            "{n}"
+        );
+        // The run the crash ended stays, ended; the new one follows it.
+        let runs = store.runs(&t, &a.name).unwrap();
+        assert_eq!(runs.len(), 2, "{n}");
+        assert_eq!(runs[0].outcome, Some(RESTART));
+        assert_eq!(runs[1].id, asked.run);
+    }
+    assert_ne!(get(store, &t, "root").run, root.run);
+    for (n, s) in [
+        ("cancels", Status::Ended(RESTART)),
+        ("stopping", Status::Ended(RESTART)),
+        ("lone", Status::Ended(RESTART)),
+        ("orphan", Status::Ended(RESTART)),
+    ] {
+        assert_eq!(get(store, &t, n).status, s, "{n}");
+    }
+    assert_eq!(get(store, &t, "lone").run, lone.run);
+    // Nothing of the dead supervisor is left unfinished; the resumed wait
+    // on the new one.
+    assert!(store.unfinished_of(&[dead]).unwrap().is_empty());
+    let mut queued: Vec<String> = store
+        .unfinished_of(&["sup-new".to_owned()])
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name.to_string())
+        .collect();
+    queued.sort();
+    assert_eq!(queued, ["kid", "root"]);
+}

@@ -320,6 +320,21 @@ pub trait Recovery {
     /// the agents as they are afterwards.
     fn recover(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
 
+    /// [`Recovery::recover`], and in the same transaction the agents of
+    /// `resume` that it ended `cancelled (runtime_restart)` started again
+    /// (issue 29: their policy says `on_restart: resume`), in the order
+    /// given (parents first), each a new run `queued` on `supervisor` as a
+    /// resume makes it, a child only when its parent was resumed. Nothing
+    /// runs without a process: a resumed agent waits `queued` for its
+    /// launch like any other.
+    fn recover_resuming(
+        &self,
+        dead: &[String],
+        resume: &[crate::types::Resuming],
+        supervisor: &str,
+        now_ms: i64,
+    ) -> Result<crate::types::Recovered>;
+
     /// A node the others declared dead (its heartbeat expired, issue 15): as
     /// [`Recovery::recover`], but every agent it ran that was not stopping
     /// ends `Failed(Lost)`: its processes died with it, or are fenced off.

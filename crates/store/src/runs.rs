@@ -13,7 +13,7 @@ use crate::admission::fanout;
 use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
 use crate::db::{Db, Value};
-use crate::types::{Agent, EndItem, NewEvent, RunEnd, StartItem, StoreError};
+use crate::types::{Agent, EndItem, NewEvent, Recovered, Resuming, RunEnd, StartItem, StoreError};
 
 fn text(s: &str) -> Value<'_> {
     Value::from(s)
@@ -463,4 +463,57 @@ pub(crate) fn recover<D: Db>(
         out.push(db.must_agent(&agent.tenant, &agent.name)?);
     }
     Ok(out)
+}
+
+/// `Recovery::recover_resuming`: [`recover`], then, in the same
+/// transaction, each of `resume` (parents before children) started again
+/// as a new run on `supervisor`, as [`resume`] does. Only an agent this
+/// recovery ended `cancelled (runtime_restart)` is resumed, and a child only
+/// when its parent was resumed just before it: whatever else the list
+/// names stays ended, so a list read before the transaction can never
+/// resume what the recovery did not end, nor a child without its parent.
+pub(crate) fn recover_resuming<D: Db>(
+    db: &D,
+    dead: &[String],
+    resuming: &[Resuming],
+    supervisor: &str,
+    now_ms: i64,
+) -> Result<Recovered, D::Err> {
+    // A stop recorded before the crash is carried out, whatever it ends as.
+    let mut stopping: Vec<(&TenantId, &AgentName)> = Vec::new();
+    for r in resuming {
+        if db
+            .agent(&r.tenant, &r.name)?
+            .is_some_and(|a| matches!(a.status, Status::Stopping(_)))
+        {
+            stopping.push((&r.tenant, &r.name));
+        }
+    }
+    let mut agents = recover(db, dead, false, now_ms)?;
+    let mut resumed: Vec<(TenantId, AgentName)> = Vec::new();
+    for r in resuming {
+        if stopping.contains(&(&r.tenant, &r.name)) {
+            continue;
+        }
+        let Some(i) = agents
+            .iter()
+            .position(|a| a.tenant == r.tenant && a.name == r.name)
+        else {
+            continue;
+        };
+        let restarted =
+            agents[i].status == Status::Ended(Terminal::Cancelled(CancelReason::RuntimeRestart));
+        let parent_resumed = agents[i]
+            .parent
+            .as_ref()
+            .is_none_or(|p| resumed.iter().any(|(t, n)| *t == r.tenant && n == p));
+        if !restarted || !parent_resumed {
+            continue;
+        }
+        agents[i] = resume(
+            db, &r.tenant, &r.name, &r.run, supervisor, now_ms, None, &r.events,
+        )?;
+        resumed.push((r.tenant.clone(), r.name.clone()));
+    }
+    Ok(Recovered { agents, resumed })
 }

@@ -269,6 +269,26 @@ pub struct StartItem {
     pub events: Vec<NewEvent>,
 }
 
+/// An agent a restart starts again (issue 29): one item of
+/// [`Recovery::recover_resuming`](crate::Recovery::recover_resuming), the
+/// new run's id and the events its resume records.
+#[derive(Debug, Clone)]
+pub struct Resuming {
+    pub tenant: TenantId,
+    pub name: AgentName,
+    pub run: RunId,
+    pub events: Vec<NewEvent>,
+}
+
+/// What [`Recovery::recover_resuming`](crate::Recovery::recover_resuming)
+/// did: every agent it ended, as it is afterwards (a resumed one `queued`
+/// on its new run), and the names of those it resumed, parents first.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    pub agents: Vec<Agent>,
+    pub resumed: Vec<(TenantId, AgentName)>,
+}
+
 /// One item of [`Store::end_runs`].
 #[derive(Debug, Clone)]
 pub struct EndItem {

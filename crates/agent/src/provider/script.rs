@@ -3,7 +3,7 @@
 //!
 //! ```json
 //! {"agents": {"root": [TURN, ...], "explore": [TURN, ...]},
-//!  "turns": [TURN, ...]}
+//!  "turns": [TURN, ...], "replay": false}
 //! TURN = {"text": "...", "tool_calls": [{"name": "file_read", "arguments": {"path": "a.txt"}}],
 //!         "usage": {"input": 120, "output": 30}, "delay_ms": 0}
 //! ```
@@ -12,7 +12,9 @@
 //! else `turns`; the n-th model call of a conversation plays the n-th turn
 //! (counting the assistant turns already in its history, so a resumed agent
 //! goes on where it stopped). `text` is streamed in pieces; `delay_ms`
-//! makes a turn slow (to cancel it mid-stream in a test).
+//! makes a turn slow (to cancel it mid-stream in a test). With
+//! `"replay": true` every run plays from the first turn instead: a model
+//! that replays its whole plan when resumed.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,6 +32,10 @@ struct ScriptFile {
     agents: std::collections::BTreeMap<String, Vec<ScriptTurn>>,
     #[serde(default)]
     turns: Vec<ScriptTurn>,
+    /// Every run plays from the first turn, whatever its history holds: a
+    /// model that replays its whole plan when resumed (issue 29's tests).
+    #[serde(default)]
+    replay: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +70,9 @@ pub struct Script {
     path: PathBuf,
     who: String,
     turns: Vec<ScriptTurn>,
+    replay: bool,
+    /// Turns played by this process (what `replay` counts).
+    played: usize,
 }
 
 impl Script {
@@ -84,6 +93,8 @@ impl Script {
             path: path.to_owned(),
             who,
             turns,
+            replay: f.replay,
+            played: 0,
         })
     }
 }
@@ -96,10 +107,14 @@ impl Provider for Script {
         delta: &mut dyn FnMut(&str),
         cancel: &CancelFlag,
     ) -> Result<Turn, ProviderError> {
-        let n = messages
-            .iter()
-            .filter(|m| matches!(m, ChatMessage::Assistant { .. }))
-            .count();
+        let n = if self.replay {
+            self.played
+        } else {
+            messages
+                .iter()
+                .filter(|m| matches!(m, ChatMessage::Assistant { .. }))
+                .count()
+        };
         let t = self.turns.get(n).ok_or_else(|| {
             ProviderError::Failed(format!(
                 "the script {} has no turn {} for {} (it has {})",
@@ -135,6 +150,7 @@ impl Provider for Script {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        self.played += 1;
         Ok(Turn {
             text: t.text.clone(),
             calls: t

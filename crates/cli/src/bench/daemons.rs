@@ -61,10 +61,15 @@ pub(super) fn brood(exe: &str, store: Option<&str>) -> std::process::Command {
 pub(super) struct Node {
     pub root: PathBuf,
     child: std::process::Child,
+    /// Killed and reaped already: its pid may be another process's now.
+    reaped: bool,
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
         // SAFETY: signalling the node this benchmark started.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
@@ -72,6 +77,18 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// SIGKILL, as a crash: no shutdown; reaped before this returns.
+    pub(super) fn kill(mut self) -> Result<()> {
+        self.child
+            .kill()
+            .with_context(|| format!("killing the node in {}", self.root.display()))?;
+        self.child
+            .wait()
+            .with_context(|| format!("reaping the node in {}", self.root.display()))?;
+        self.reaped = true;
+        Ok(())
+    }
+
     /// The daemon's process id (the `brood serve` process itself).
     pub(super) fn pid(&self) -> u32 {
         self.child.id()
@@ -104,6 +121,7 @@ impl Node {
         let mut node = Node {
             root: root.to_owned(),
             child,
+            reaped: false,
         };
         let t = Instant::now();
         loop {

@@ -208,7 +208,7 @@ async fn cancel(root: &Path, names: &[String]) -> Result<()> {
 
 /// One call a name, from `CLIENTS` connections taking the next name until
 /// none is left; a call answering other than its status fails the run.
-async fn each<F>(root: &Path, names: &[String], what: F) -> Result<()>
+pub(super) async fn each<F>(root: &Path, names: &[String], what: F) -> Result<()>
 where
     F: Fn(&str) -> (&'static str, String, Option<Value>, u16) + Send + Sync + 'static,
 {

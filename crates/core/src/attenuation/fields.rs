@@ -401,3 +401,20 @@ pub(super) fn create_limit(parent: &ParentView<'_>, c: &Policy) -> Result<(), Re
         Some(_) => Ok(()),
     }
 }
+
+/// `resume` is a right: a child is resumed only under a resumed parent, so
+/// a child asking for it under a parent that is cancelled at a restart asks
+/// for something it could never get (and for more than its parent holds).
+pub(super) fn on_restart(p: &Policy, c: &Policy) -> Result<(), Refusal> {
+    if c.on_restart.is_within(p.on_restart) {
+        return Ok(());
+    }
+    refuse(
+        Code::PolicyExpansion,
+        format!(
+            "on_restart: {}, but the parent's is {} (a child is resumed only under a parent that is)",
+            c.on_restart.as_str(),
+            p.on_restart.as_str()
+        ),
+    )
+}

@@ -2,7 +2,7 @@
 //! far, in the order of the checks, and the parent's live state.
 
 use super::{Code, ParentView, Policy, PolicyRequest, check, derive};
-use crate::policy::{AbsPath, FileRule, Mode, MountEntry, Network, Resources, Rule};
+use crate::policy::{AbsPath, FileRule, Mode, MountEntry, Network, OnRestart, Resources, Rule};
 use std::collections::{BTreeMap, BTreeSet};
 
 const NOW: u64 = 1_000;
@@ -65,6 +65,7 @@ fn parent() -> Policy {
             rule("allow self tool:* use"),
             rule("allow agent:rev shared:notes read"),
         ],
+        on_restart: OnRestart::Cancel,
     }
     .normalise()
     .unwrap()
@@ -190,6 +191,12 @@ fn cases() -> Vec<Case> {
             code: PolicyExpansion,
             says: "timeout_s: none",
             edit: |c| c.timeout_s = None,
+        },
+        Case {
+            step: 6,
+            code: PolicyExpansion,
+            says: "on_restart: resume, but the parent's is cancel",
+            edit: |c| c.on_restart = OnRestart::Resume,
         },
         Case {
             step: 7,
@@ -370,7 +377,7 @@ fn each_expansion_is_refused_with_its_code_and_names_the_field() {
         seen.insert(case.code.as_str());
     }
     // Every code the check can give has a case (16 steps, 14 codes:
-    // PolicyExpansion serves four steps, the window step has two codes).
+    // PolicyExpansion serves several steps, the window step has two codes).
     assert_eq!(seen.len(), 14);
 }
 
@@ -449,6 +456,7 @@ fn narrowing_in_every_field_is_admitted() {
             rule("allow self tool:shell use"),
             rule("allow agent:rev shared:notes read"),
         ],
+        on_restart: OnRestart::Cancel,
     }
     .normalise()
     .unwrap();
@@ -611,3 +619,31 @@ fn window_fails_closed_unless_both_are_unknown() {
 }
 
 mod properties;
+
+#[test]
+fn resume_on_restart_is_a_right_a_child_holds_only_from_its_parent() {
+    let mut p = parent();
+    // Under a parent cancelled at a restart: `cancel` (asked or
+    // inherited) is admitted, `resume` refused naming the field.
+    let v = view(&p);
+    let inherited = derive(&v, &PolicyRequest::default());
+    assert_eq!(inherited.on_restart, OnRestart::Cancel);
+    assert_eq!(check(&v, &inherited), Ok(()));
+    let ask = |o| PolicyRequest {
+        on_restart: Some(o),
+        ..PolicyRequest::default()
+    };
+    let r = check(&v, &derive(&v, &ask(OnRestart::Resume))).unwrap_err();
+    assert_eq!(r.code, Code::PolicyExpansion);
+    assert!(r.message.starts_with("on_restart: resume"), "{r}");
+    // Under a resumed parent: inherited as `resume`, and `cancel` is
+    // always allowed.
+    p.on_restart = OnRestart::Resume;
+    let v = view(&p);
+    let inherited = derive(&v, &PolicyRequest::default());
+    assert_eq!(inherited.on_restart, OnRestart::Resume);
+    assert_eq!(check(&v, &inherited), Ok(()));
+    let cancel = derive(&v, &ask(OnRestart::Cancel));
+    assert_eq!(cancel.on_restart, OnRestart::Cancel);
+    assert_eq!(check(&v, &cancel), Ok(()));
+}

@@ -60,6 +60,8 @@
 //!   Inheriting the parent's limit instead would ask for a reservation the parent
 //!   can almost never make (its own spend already counts against it);
 //! - `resources` inherits each of its four limits separately;
+//! - `on_restart` is inherited like any field: a child of a resumable parent
+//!   is resumable unless it asks `cancel`;
 //! - `create_limit` and `timeout_s` are inherited verbatim here, and narrowed to
 //!   what the parent has left by [`crate::attenuation::derive`], which needs the
 //!   parent's live state (creates used, deadline) that a policy does not hold.
@@ -152,13 +154,17 @@ pub struct Policy {
     /// Ordered tool tiers (`a:b:c` split).
     pub path: Vec<String>,
     pub rules: Vec<Rule>,
+    /// What a start after its supervisor died does with it (issue 29).
+    pub on_restart: OnRestart,
 }
 
 impl Policy {
     /// What the operator holds (SPEC 5's default root): every tool, `/`
     /// read-write (the kernel still applies the operator's own permissions),
     /// network `all`, no limits, window unknown, no mounts (the host's own
-    /// view), an empty `env` and `path`, no rules. The runtime fills in what its
+    /// view), an empty `env` and `path`, no rules, `on_restart: cancel` (the
+    /// default; a root asks `resume` by giving it, which the runtime lets it
+    /// hold, as it does a root's `env`). The runtime fills in what its
     /// configuration adds (a default root policy, the environment it passes).
     pub fn operator(uid: u32, gid: u32, groups: BTreeSet<u32>) -> Policy {
         Policy {
@@ -183,6 +189,7 @@ impl Policy {
             models: None,
             path: Vec::new(),
             rules: Vec::new(),
+            on_restart: OnRestart::Cancel,
         }
     }
 
@@ -254,6 +261,7 @@ pub struct PolicyRequest {
     pub models: Option<BTreeSet<String>>,
     pub path: Option<Vec<String>>,
     pub rules: Option<Vec<Rule>>,
+    pub on_restart: Option<OnRestart>,
 }
 
 impl PolicyRequest {
@@ -335,5 +343,6 @@ pub fn effective(parent: &Policy, req: &PolicyRequest) -> Policy {
         models: req.models.clone().or_else(|| parent.models.clone()),
         path: req.path.clone().unwrap_or_else(|| parent.path.clone()),
         rules: req.rules.clone().unwrap_or_else(|| parent.rules.clone()),
+        on_restart: req.on_restart.unwrap_or(parent.on_restart),
     }
 }

@@ -310,6 +310,43 @@ impl Network {
     }
 }
 
+/// What a supervisor's start does with the agent when the incarnation that
+/// ran it died (SPEC 6 "Supervisor death", issue 29). `Cancel` is the
+/// default. `Resume` is a right, like a tool: a child may hold it only when
+/// its parent does, since a child is resumed only under a parent that is
+/// (a cancelled parent's children are cancelled with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnRestart {
+    /// Ended `cancelled (runtime_restart)`.
+    #[default]
+    Cancel,
+    /// Started again as a new run on its session, with its history.
+    Resume,
+}
+
+impl OnRestart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnRestart::Cancel => "cancel",
+            OnRestart::Resume => "resume",
+        }
+    }
+
+    /// `cancel` or `resume`; anything else is `None`.
+    pub fn parse(s: &str) -> Option<OnRestart> {
+        match s {
+            "cancel" => Some(OnRestart::Cancel),
+            "resume" => Some(OnRestart::Resume),
+            _ => None,
+        }
+    }
+
+    /// Whether a child holding `self` asks no more than `parent` holds.
+    pub fn is_within(self, parent: OnRestart) -> bool {
+        self == OnRestart::Cancel || parent == OnRestart::Resume
+    }
+}
+
 /// Resource limits; `None` is no limit (for `disk_max`, the platform's
 /// default applies: the runtime fills it in at admission).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -25,6 +25,7 @@
 //! | `secrets` | array of variable names (their values are never in a policy: issue 25) |
 //! | `path` | `"a:b:c"` or an array of tiers |
 //! | `rules` | array of `allow <subject> <class>:<name> <perm>` strings |
+//! | `on_restart` | `"cancel"` (the default) or `"resume"` (issue 29) |
 //!
 //! An unknown field is refused (a misspelt `tols` must not silently grant every
 //! tool by inheritance). A field whose value is `null` counts as left out.
@@ -33,7 +34,8 @@
 //! # Writing
 //!
 //! [`to_json`] writes every field of a policy except those that are `None`
-//! (unlimited, or an unknown window), which are left out. Read back and derived
+//! (unlimited, or an unknown window), which are left out; `on_restart` is
+//! always written, so a shown policy says what a restart does. Read back and derived
 //! from a parent holding the same or no limits in those fields (an operator, or
 //! the policy itself), it gives the same policy.
 //!
@@ -56,7 +58,7 @@ use read::*;
 const DOCUMENT: &str = "(document)";
 
 const FIELDS: &str = "tools files mounts network cost_limit window depth_limit create_limit \
-                      timeout_s resources uid gid groups env secrets models path rules";
+                      timeout_s resources uid gid groups env secrets models path rules on_restart";
 
 /// Reads a JSON policy.
 pub fn parse_json(text: &str) -> Result<PolicyRequest, PolicyError> {
@@ -166,6 +168,7 @@ pub fn from_value(v: &Value) -> Result<PolicyRequest, PolicyError> {
             "models" => req.models = Some(words(f, val)?),
             "path" => req.path = Some(path(val)?),
             "rules" => req.rules = Some(rules(val)?),
+            "on_restart" => req.on_restart = Some(on_restart(val)?),
             _ => {
                 return Err(PolicyError::new(
                     key.escape_debug().to_string(),
@@ -277,6 +280,7 @@ pub fn to_json(p: &Policy) -> Value {
         "rules".into(),
         Value::Array(p.rules.iter().map(|r| r.to_text().into()).collect()),
     );
+    m.insert("on_restart".into(), p.on_restart.as_str().into());
     Value::Object(m)
 }
 

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use brood_core::policy::{
-    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, PolicyError, Resources, Rule,
+    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, OnRestart, PolicyError, Resources,
+    Rule,
 };
 use serde_json::{Map, Value};
 
@@ -178,6 +179,16 @@ pub(super) fn mount_object(f: &str, o: &Map<String, Value>) -> Result<MountEntry
         target,
         rw,
         opts,
+    })
+}
+
+pub(super) fn on_restart(v: &Value) -> Result<OnRestart, PolicyError> {
+    let s = string("on_restart", v)?;
+    OnRestart::parse(s).ok_or_else(|| {
+        PolicyError::new(
+            "on_restart",
+            format!("{s:?}: must be \"cancel\" or \"resume\""),
+        )
     })
 }
 

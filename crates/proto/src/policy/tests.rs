@@ -5,7 +5,9 @@ use super::{
     DOCUMENT, FIELDS, Network, Policy, PolicyRequest, from_value, hide_env, parse_json, parse_toml,
     shown, to_json,
 };
-use brood_core::policy::{AbsPath, FileRule, Mode, MountEntry, Resources, Rule, effective};
+use brood_core::policy::{
+    AbsPath, FileRule, Mode, MountEntry, OnRestart, Resources, Rule, effective,
+};
 use std::collections::BTreeSet;
 
 fn ap(s: &str) -> AbsPath {
@@ -67,6 +69,7 @@ fn expected() -> PolicyRequest {
             Rule::parse("r", "allow agent:rev shared:notes read").unwrap(),
             Rule::parse("r", "allow self tool:shell use").unwrap(),
         ]),
+        on_restart: Some(OnRestart::Resume),
     }
 }
 
@@ -92,7 +95,8 @@ const JSON: &str = r#"{
     "secrets": ["OPENAI_API_KEY", "GH_TOKEN"],
     "models": ["local", "gpt-x"],
     "path": "proj:user:sys",
-    "rules": ["allow self tool:shell use", "allow agent:rev shared:notes read"]
+    "rules": ["allow self tool:shell use", "allow agent:rev shared:notes read"],
+    "on_restart": "resume"
 }"#;
 
 const TOML: &str = r#"
@@ -120,6 +124,7 @@ const TOML: &str = r#"
     models = ["local", "gpt-x"]
     path = ["proj", "user", "sys"]
     rules = ["allow self tool:shell use", "allow agent:rev shared:notes read"]
+    on_restart = "resume"
 
     [resources]
     memory_max = "256m"
@@ -192,6 +197,12 @@ fn every_bad_value_is_refused_naming_its_field() {
         (r#"[]"#, DOCUMENT, "must be an object"),
         (r#"{"tols": []}"#, "tols", "not a policy field"),
         (r#"{"tools": "shell"}"#, "tools", "must be an array"),
+        (
+            r#"{"on_restart": "retry"}"#,
+            "on_restart",
+            r#""retry": must be "cancel" or "resume""#,
+        ),
+        (r#"{"on_restart": true}"#, "on_restart", "must be a string"),
         (r#"{"tools": ["a", "b c"]}"#, "tools[1]", "whitespace"),
         (r#"{"tools": ["a", 1]}"#, "tools[1]", "must be a string"),
         (
@@ -543,6 +554,10 @@ fn to_json_round_trips_through_parse_and_effective() {
             tools: Some(BTreeSet::new()),
             models: Some(BTreeSet::new()),
             network: Network::None,
+            ..full()
+        },
+        Policy {
+            on_restart: OnRestart::Cancel,
             ..full()
         },
     ] {

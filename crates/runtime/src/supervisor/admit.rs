@@ -243,6 +243,11 @@ impl Dispatcher {
                 if let Some(r) = &preq.rules {
                     op.rules = r.clone();
                 }
+                // Resuming after a restart is the operator's to give a
+                // root: a root is resumed by asking for it.
+                if let Some(o) = preq.on_restart {
+                    op.on_restart = o;
+                }
                 let view = ParentView {
                     policy: &op,
                     budget_remaining: None,
@@ -269,6 +274,11 @@ impl Dispatcher {
             Caller::User { .. } => req.parent.clone(),
         };
         let requested = req.name.as_ref().map(|n| n.to_string());
+        if self.agents.tool_granted(&caller, "create").is_ok()
+            && let Some(child) = self.created_before(&caller, &req)
+        {
+            return answer(reply, Ok(child));
+        }
         let admitted = self
             .agents
             .tool_granted(&caller, "create")

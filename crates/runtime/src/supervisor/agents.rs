@@ -79,7 +79,12 @@ impl Agents {
 
 impl super::jobs::RunningHere for Agents {
     fn running(&self, agent: &AgentName) -> bool {
-        self.live.get(agent).is_some_and(|l| l.stopping.is_none())
+        // Its process has started: a queued owner (a resume, a restart's)
+        // can have no child admitted yet, and a worker refused for it would
+        // use up an attempt of its item.
+        self.live
+            .get(agent)
+            .is_some_and(|l| l.stopping.is_none() && l.pid.is_some())
     }
 
     fn run_of(&self, agent: &AgentName) -> Option<(RunId, brood_core::SessionName)> {

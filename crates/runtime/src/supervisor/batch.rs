@@ -170,6 +170,12 @@ impl Dispatcher {
         }
         let mut decided = Vec::with_capacity(batch.len());
         for s in batch {
+            if self.agents.tool_granted(&s.caller, "create").is_ok()
+                && let Some(child) = self.created_before(&s.caller, &s.req)
+            {
+                answer(s.reply, Ok(child));
+                continue;
+            }
             let d = self
                 .agents
                 .tool_granted(&s.caller, "create")

@@ -127,21 +127,27 @@ impl Supervisor {
             .into_iter()
             .filter(|s| !host_alive(s, &nodes))
             .collect();
+        let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
+        let mut restart = super::restart::Restart::default();
         if !dead.is_empty() {
-            let recovered = store.recover(&dead, now_ms())?;
-            for a in &recovered {
+            // Those whose policy says `on_restart: resume` start again, in
+            // the same transaction that ends the rest (issue 29).
+            let resuming = super::restart::plan(store.as_ref(), &tenant, &dead, &operator)?;
+            let recovered = store.recover_resuming(&dead, &resuming, &me, now_ms())?;
+            for a in &recovered.agents {
                 project_agent(&projection, &paths, a, None);
             }
             tracing::info!(
-                count = recovered.len(),
+                count = recovered.agents.len(),
+                resumed = recovered.resumed.len(),
                 "recovered agents of dead supervisors"
             );
+            restart = super::restart::Restart::new(recovered.agents, &recovered.resumed, &tenant);
         }
 
         // The ctx tree is a projection of the store: rebuild it whole, so whatever
         // happened to the files while no supervisor ran (a crash mid-write, a
         // deleted tree, the records recovery just wrote) is made true again.
-        let operator = Policy::operator(uid, unsafe_getegid(), supplementary_groups());
         match crate::rebuild::rebuild(
             store.as_ref(),
             &tenant,
@@ -310,6 +316,7 @@ impl Supervisor {
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
+            restart,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);

@@ -462,6 +462,16 @@ impl<S: SqlStore> Recovery for S {
         self.writing_any(|db| runs::recover(db, dead, false, now_ms))
     }
 
+    fn recover_resuming(
+        &self,
+        dead: &[String],
+        resume: &[crate::types::Resuming],
+        supervisor: &str,
+        now_ms: i64,
+    ) -> Result<crate::types::Recovered> {
+        self.writing_any(|db| runs::recover_resuming(db, dead, resume, supervisor, now_ms))
+    }
+
     fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>> {
         self.writing_any(|db| runs::recover(db, dead, true, now_ms))
     }

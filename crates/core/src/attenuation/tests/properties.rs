@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::{
-    AbsPath, Code, FileRule, Mode, MountEntry, NOW, Network, ParentView, Policy, PolicyRequest,
-    Resources, Rule, ap, check, derive, fr, rule,
+    AbsPath, Code, FileRule, Mode, MountEntry, NOW, Network, OnRestart, ParentView, Policy,
+    PolicyRequest, Resources, Rule, ap, check, derive, fr, rule,
 };
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
@@ -142,6 +142,14 @@ fn any_env() -> BoxedStrategy<BTreeMap<String, String>> {
         .boxed()
 }
 
+fn any_on_restart() -> BoxedStrategy<OnRestart> {
+    select(vec![OnRestart::Cancel, OnRestart::Resume]).boxed()
+}
+
+fn narrow_on_restart(p: OnRestart) -> BoxedStrategy<OnRestart> {
+    narrow(select(vec![OnRestart::Cancel, p]).boxed(), any_on_restart())
+}
+
 fn any_secrets() -> BoxedStrategy<BTreeSet<String>> {
     subsequence(vec!["S1", "S2", "S3"], 0..=3)
         .prop_map(|ks| ks.into_iter().map(str::to_owned).collect())
@@ -179,13 +187,24 @@ fn any_policy() -> BoxedStrategy<Policy> {
             opt(select(vec![0.0, 1.0, 2.5, 10.0]).boxed()),
             opt((0u32..4).boxed()),
             opt((0u32..5).boxed()),
-            any_secrets(),
+            (any_secrets(), any_on_restart()),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
+                (
+                    files,
+                    mounts,
+                    network,
+                    models,
+                    path,
+                    window,
+                    cost_limit,
+                    depth,
+                    create,
+                    (secrets, on_restart),
+                ),
             )| {
                 Policy {
                     tools,
@@ -211,6 +230,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
                     models,
                     path,
                     rules,
+                    on_restart,
                 }
                 .normalise()
                 .unwrap()
@@ -507,12 +527,25 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                     .boxed(),
                 any_secrets(),
             ),
+            narrow_on_restart(p.on_restart),
         ),
     )
         .prop_map(
             |(
                 (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
-                (files, mounts, network, models, path, window, cost_limit, depth, create, secrets),
+                (
+                    files,
+                    mounts,
+                    network,
+                    models,
+                    path,
+                    window,
+                    cost_limit,
+                    depth,
+                    create,
+                    secrets,
+                    on_restart,
+                ),
             )| {
                 Policy {
                     tools,
@@ -538,6 +571,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                     models,
                     path,
                     rules,
+                    on_restart,
                 }
                 .normalise()
                 .unwrap()
@@ -701,6 +735,10 @@ fn within(p: &Policy, l: &Live, c: &Policy, paths: &[AbsPath]) -> Vec<Code> {
         Code::PolicyExpansion,
     );
     need(c.secrets.is_subset(&p.secrets), Code::PolicyExpansion);
+    need(
+        c.on_restart == OnRestart::Cancel || p.on_restart == OnRestart::Resume,
+        Code::PolicyExpansion,
+    );
     let (cr, pr) = (&c.resources, &p.resources);
     need(
         at_most(cr.memory_max, pr.memory_max)

@@ -100,8 +100,9 @@ pub(in crate::supervisor) struct Env<'a> {
 
 /// The runner's view of the agents this supervisor runs.
 pub(in crate::supervisor) trait RunningHere {
-    /// `agent` runs here and no stop covers it: an owner whose jobs may
-    /// start workers, an agent that may be given an item.
+    /// `agent` runs here, its process started, and no stop covers it: an
+    /// owner whose jobs may start workers, an agent that may be given an
+    /// item.
     fn running(&self, agent: &AgentName) -> bool;
     /// The run and session of `agent` while it is live here (stopping or
     /// not): where the events of its jobs go.
@@ -161,6 +162,9 @@ struct Work {
     /// Started by this runner (counted in its job's `workers`), not an agent
     /// given an item by `assign`.
     own: bool,
+    /// The item and result (JSON text) of its last accepted report: a
+    /// repeat of it is answered, not recorded again.
+    last: Option<(String, String)>,
 }
 
 impl JobRun {

@@ -369,3 +369,43 @@ fn an_assign_to_a_new_worker_is_answered_once_admission_is_known() {
     assert_eq!(rx.try_recv().unwrap().unwrap_err().code, Code::QuotaFanout);
     assert_eq!(fx.item("c").attempts, 1);
 }
+
+#[test]
+fn a_repeated_report_is_answered_and_recorded_once() {
+    let fx = Fixture::new();
+    let mut r = fx.started(&admit_all);
+    fx.traced();
+    let report = |r: &mut Runner, args: Value| {
+        let (tx, mut rx) = oneshot::channel();
+        let f = fx.with_env(|env| {
+            r.op(
+                &Caller::Agent(name("books-w1")),
+                JobOp::Report(args, tx),
+                env,
+            )
+        });
+        fx.settle(r, f, &admit_all);
+        rx.try_recv().unwrap()
+    };
+    let first = report(&mut r, json!({"result": {"n": 1}, "stop": true})).unwrap();
+    assert!(first.accepted && first.next.is_none());
+    assert_eq!(fx.traced(), ["job.item.completed books-w1"]);
+    // Its answer lost, the worker says it again, with or without the item:
+    // answered, nothing recorded.
+    for again in [
+        json!({"result": {"n": 1}, "stop": true}),
+        json!({"job": "books", "item": "a", "result": {"n": 1}}),
+    ] {
+        let r2 = report(&mut r, again.clone()).unwrap();
+        assert!(r2.accepted && r2.next.is_none(), "{again}");
+        assert_eq!(fx.traced(), Vec::<String>::new(), "{again}");
+    }
+    let a = fx.item("a");
+    assert_eq!((a.status, a.attempts), (ItemStatus::Completed, 1));
+    assert_eq!(a.result.as_deref(), Some(r#"{"n":1}"#));
+    // A different result for it is no repeat: refused, as before.
+    let e = report(&mut r, json!({"result": {"n": 2}})).unwrap_err();
+    assert_eq!(e.code, Code::Conflict);
+    let e = report(&mut r, json!({"item": "a", "result": {"n": 2}})).unwrap_err();
+    assert_eq!(e.code, Code::Conflict);
+}

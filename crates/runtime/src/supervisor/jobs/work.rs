@@ -73,6 +73,14 @@ impl Runner {
             ));
         };
         let job = w.job.clone();
+        if repeated(w, worker, args, env) {
+            // Its answer was lost (a restart, a worker resumed): answered
+            // again, recorded once.
+            return Ok(brood_api::ReportReply {
+                accepted: true,
+                next: None,
+            });
+        }
         let Some((item, attempt, _)) = w.item.clone() else {
             return Err(ApiError::new(
                 Code::Conflict,
@@ -133,6 +141,7 @@ impl Runner {
         }
         if let Some(w) = self.workers.get_mut(worker) {
             w.item = None;
+            w.last = Some((item.clone(), result.to_string()));
         }
         self.dirty.insert(job.clone());
         // Only the runner's own workers are handed the next item: an agent
@@ -228,6 +237,7 @@ impl Runner {
                 job: job.to_owned(),
                 item: Some((next.id.clone(), a.number, at + timeout)),
                 own,
+                last: self.workers.get(worker).and_then(|w| w.last.clone()),
             },
         );
         Ok(Some(brood_api::Assignment {
@@ -347,5 +357,50 @@ impl Runner {
                 return Vec::new();
             };
         self.end_job(job, &owner, to, reason, OnEnd::Log("ending a job"))
+    }
+}
+
+/// Whether `args` repeats a report already recorded for `worker` (issue 29
+/// "nothing done twice"): the item it names is not the one it holds and
+/// is done with this worker's result on record, or it names none, holds
+/// none, and gives the result its last accepted report gave.
+fn repeated(w: &Work, worker: &AgentName, args: &Value, env: &Env) -> bool {
+    let result = args.get("result").map(Value::to_string);
+    let holds = w.item.as_ref().map(|(i, _, _)| i.as_str());
+    match args.get("item").and_then(Value::as_str) {
+        Some(item) if Some(item) != holds => {
+            let job = args.get("job").and_then(Value::as_str).unwrap_or(&w.job);
+            if job != w.job {
+                return false;
+            }
+            if w.last
+                .as_ref()
+                .is_some_and(|(i, r)| i == item && Some(r) == result.as_ref())
+            {
+                return true;
+            }
+            env.store
+                .job_items(env.tenant, job, None)
+                .ok()
+                .into_iter()
+                .flatten()
+                .find(|it| it.id == item)
+                .is_some_and(|it| {
+                    matches!(it.status, ItemStatus::Completed | ItemStatus::Reported)
+                        && it.worker.as_ref() == Some(worker)
+                        && it
+                            .result
+                            .as_ref()
+                            .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                            == args.get("result").cloned()
+                })
+        }
+        Some(_) => false,
+        None => {
+            holds.is_none()
+                && w.last
+                    .as_ref()
+                    .is_some_and(|(_, r)| Some(r) == result.as_ref())
+        }
     }
 }

@@ -459,6 +459,7 @@ async function agentView(name) {
     cards.replaceChildren(
       card("Agent", facts([
         ["state", d.state], ["session", d.session], ["protocol", d.protocol], ["life", d.life], ["iso", d.iso],
+        ["on restart", d.on_restart],
         ["run", d.run], ["pid", d.pid === null ? "" : String(d.pid)], ["cgroup", d.cgroup || ""],
         ["program", kind], ["created", when(d.created_ms)], ["started", when(d.started_ms)], ["ended", when(d.ended_ms)],
         ["exit code", d.exit_code === null ? "" : String(d.exit_code)],

@@ -1,0 +1,308 @@
+//! Resume on restart (issue 29, SPEC 6 "Supervisor death"): what a start
+//! does with the agents a dead incarnation ran whose policy says
+//! `on_restart: resume`, and what a resumed run gets when it asks again for
+//! what its earlier run already did.
+//!
+//! At start ([`plan`]), before anything runs: the dead incarnations' agents
+//! of this tenant that were queued, running or blocked, whose policy says
+//! `resume`, that need no secret value (values live in memory only, and
+//! died with the incarnation) and that are not a job's workers (their
+//! attempts fail and the job gives the items to new workers), parents before
+//! children, a child only under a parent that is resumed. The store's
+//! recovery ends every agent of the dead incarnations and, in the same
+//! transaction, starts those again as new `queued` runs (`Store::
+//! recover_resuming`), so nothing is ever `running` without a process and a
+//! crash in between leaves either all of it or none.
+//!
+//! Then the loop takes them up ([`Dispatcher::take_up_resumed`]) as a resume
+//! does: a live entry each, roots to the queue for a slot, children held
+//! until their parent's process has started (a child's group is made in its
+//! parent's), then queued ([`Dispatcher::release_resumed`]). A child the
+//! restart ended instead (its policy says `cancel`, it is a job's worker, it
+//! needs a secret) is told to its resumed parent once that one runs, as any
+//! child's end is (SPEC 7 `child`). A resumed child whose start fails ends
+//! like any run, and its parent hears of it the same way.
+//!
+//! Nothing done twice ([`Dispatcher::created_before`]): a run that asks for
+//! a child by a name its agent already gave a child in an earlier run gets
+//! that child (its status, and its result once it has one), neither a
+//! second child nor `NameTaken`.
+
+use super::{Dispatcher, Live, Pending, ev, new_run_id, stored_policy};
+use crate::api::Caller;
+use crate::api::SpawnRequest;
+use crate::objects::project_agent;
+use crate::shown::agent_view;
+use brood_core::AgentEvent;
+use brood_core::AgentName;
+use brood_core::Status;
+use brood_core::TenantId;
+use brood_core::policy::OnRestart;
+use brood_core::policy::Policy;
+use brood_store::Agent;
+use brood_store::Job;
+use brood_store::Resuming;
+use brood_store::Store;
+use brood_store::StoreError;
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// What the start resumed, for the loop to take up.
+#[derive(Default)]
+pub(super) struct Restart {
+    /// Resumed at start, parents first: taken up when the loop begins.
+    resumed: Vec<Agent>,
+    /// Resumed children waiting for their parent's process: (parent, child).
+    held: Vec<(AgentName, AgentName)>,
+    /// Children the restart ended, told to their resumed parent once it
+    /// runs: (parent, the child as recorded).
+    ended: Vec<(AgentName, Agent)>,
+}
+
+impl Restart {
+    /// What the start's recovery did: `agents` as they are afterwards,
+    /// `resumed` those it started again, parents first.
+    pub(super) fn new(
+        agents: Vec<Agent>,
+        resumed: &[(TenantId, AgentName)],
+        tenant: &TenantId,
+    ) -> Restart {
+        let is_resumed = |a: &Agent| resumed.iter().any(|(t, n)| *t == a.tenant && *n == a.name);
+        let mut r = Restart::default();
+        for (t, n) in resumed.iter().filter(|(t, _)| t == tenant) {
+            if let Some(a) = agents.iter().find(|a| a.tenant == *t && a.name == *n) {
+                r.resumed.push(a.clone());
+            }
+        }
+        for a in agents {
+            if is_resumed(&a) || a.tenant != *tenant {
+                continue;
+            }
+            if let Some(p) = a.parent.clone()
+                && resumed.iter().any(|(t, n)| *t == a.tenant && *n == p)
+            {
+                r.ended.push((p, a));
+            }
+        }
+        r
+    }
+}
+
+/// The agents of the `dead` incarnations a start resumes (module docs),
+/// parents before children, each with its new run and its `agent.resume`.
+pub(super) fn plan(
+    store: &dyn Store,
+    tenant: &TenantId,
+    dead: &[String],
+    operator: &Policy,
+) -> Result<Vec<Resuming>, StoreError> {
+    let mut unfinished = store.unfinished_of(dead)?;
+    let jobs = store.jobs(tenant)?;
+    unfinished.sort_by(|a, b| (a.depth, &a.name).cmp(&(b.depth, &b.name)));
+    let mut out: Vec<Resuming> = Vec::new();
+    for a in &unfinished {
+        let under_resumed = a
+            .parent
+            .as_ref()
+            .is_none_or(|p| out.iter().any(|r| r.name == *p));
+        if !under_resumed || !resumable(a, tenant, &jobs, operator) {
+            continue;
+        }
+        let run = new_run_id();
+        let events = vec![ev(
+            &a.name,
+            Some(&run),
+            &a.session,
+            AgentEvent::Resume {
+                agent: a.name.clone(),
+                run: run.clone(),
+            },
+        )];
+        out.push(Resuming {
+            tenant: a.tenant.clone(),
+            name: a.name.clone(),
+            run,
+            events,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether a dead incarnation's agent is started again (module docs).
+fn resumable(a: &Agent, tenant: &TenantId, jobs: &[Job], operator: &Policy) -> bool {
+    if a.tenant != *tenant
+        || !matches!(a.status, Status::Queued | Status::Running | Status::Blocked)
+        || brood_store::placed_for(&a.supervisor).is_some()
+    {
+        return false;
+    }
+    let worker = jobs.iter().any(|j| {
+        a.parent.as_ref() == Some(&j.owner) && brood_store::is_job_worker(&j.id, a.name.as_str())
+    });
+    if worker {
+        return false;
+    }
+    let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+    match crate::objects::policy_of(&spec, operator) {
+        Ok(p) => p.on_restart == OnRestart::Resume && p.secrets.is_empty(),
+        Err(e) => {
+            tracing::error!(agent = %a.name, error = %e, "a stored policy does not read back; the agent is not resumed");
+            false
+        }
+    }
+}
+
+impl Dispatcher {
+    /// The agents the start resumed, taken up as a resume takes one up
+    /// (`on_resume`): roots queued for a slot, children held for their
+    /// parent. Called once, before the loop's first command.
+    pub(super) fn take_up_resumed(&mut self) {
+        for a in std::mem::take(&mut self.restart.resumed) {
+            if let Err(e) = self.take_up(&a) {
+                // Its stored policy read back when the start chose it, so
+                // this is a store that changed under it: said, and left
+                // for the orphan sweeper.
+                tracing::error!(agent = %a.name, error = %e.message, "taking up an agent resumed at start");
+            }
+        }
+        tracing::info!(
+            held = self.restart.held.len(),
+            "agents resumed at start taken up"
+        );
+    }
+
+    fn take_up(&mut self, a: &Agent) -> Result<(), crate::api::ApiError> {
+        let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+        let policy = stored_policy(&spec, &self.operator_policy())?;
+        project_agent(&self.records.projection, &self.host.paths, a, None);
+        let adir = self.host.paths.agent_dir(&a.name);
+        for (file, text) in crate::objects::control_files(a, &policy, &spec) {
+            self.records.projection.write(adir.join(file), text);
+        }
+        self.records
+            .project_shim(self.host.cfg.bin_dir.as_deref(), &a.name);
+        let parent_pair = match &a.parent {
+            Some(p) => match self.agents.live.get(p) {
+                Some(l) => Some((p.clone(), l.session.clone())),
+                None => {
+                    return Err(crate::api::ApiError::new(
+                        brood_core::Code::ParentMismatch,
+                        format!("parent {p} of {} was not taken up", a.name),
+                    ));
+                }
+            },
+            None => None,
+        };
+        let (argv, cwd) = super::placement::stored_launch(&spec);
+        // Its instruction is its task again: the history holds the rest.
+        let mut live = Live::new(
+            a.run.clone(),
+            a.session.clone(),
+            parent_pair,
+            a.protocol,
+            policy,
+            None,
+        );
+        live.iso_ns = spec["iso"] == "ns";
+        live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        // Its budget covers what it and its subtree spent in earlier runs.
+        live.subtree_usd = self
+            .records
+            .store
+            .spend(&self.records.tenant, &a.name)
+            .map(|s| s.subtree.cost_usd)
+            .map_err(crate::api::internal)?;
+        live.pending = Some(Pending {
+            argv,
+            cwd,
+            group_parent: None,
+        });
+        self.agents.live.insert(a.name.clone(), live);
+        match &a.parent {
+            Some(p) => self.restart.held.push((p.clone(), a.name.clone())),
+            None => self.launcher.waiting.push(a.name.clone()),
+        }
+        Ok(())
+    }
+
+    /// After each command: resumed children whose parent's process has
+    /// started go to the queue, in its group; children the restart ended
+    /// are told to their parent once it runs. A parent that stopped or
+    /// ended first takes its held children with it (its stop is planned
+    /// from the store, where they are its queued children).
+    pub(super) fn release_resumed(&mut self) {
+        if self.restart.held.is_empty() && self.restart.ended.is_empty() {
+            return;
+        }
+        for (p, c) in std::mem::take(&mut self.restart.held) {
+            let Some(pl) = self.agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
+                continue;
+            };
+            if pl.pid.is_none() {
+                self.restart.held.push((p, c));
+                continue;
+            }
+            let group = pl.group.clone();
+            if let Some(pending) = self
+                .agents
+                .live
+                .get_mut(&c)
+                .filter(|l| l.stopping.is_none())
+                .and_then(|l| l.pending.as_mut())
+            {
+                pending.group_parent = group;
+                self.launcher.waiting.push(c);
+            }
+        }
+        for (p, child) in std::mem::take(&mut self.restart.ended) {
+            let Some(pl) = self.agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
+                continue;
+            };
+            if pl.pid.is_none() {
+                self.restart.ended.push((p, child));
+                continue;
+            }
+            self.tell_of_end(&p, &child, None, None);
+        }
+    }
+
+    /// The child `caller` asks for by a name it already gave a child of its
+    /// own in an earlier run (a resumed run repeating its plan): that child
+    /// as it is now, rather than a second one or `NameTaken`. `None` for
+    /// every other request, which admission decides as ever; a first run
+    /// asking twice for one name is still refused `NameTaken`, since that
+    /// is a mistake worth telling (docs/lifecycle.md "Nothing done twice").
+    pub(super) fn created_before(
+        &self,
+        caller: &Caller,
+        req: &SpawnRequest,
+    ) -> Option<brood_api::Agent> {
+        let Caller::Agent(me) = caller else {
+            return None;
+        };
+        let name = req.name.as_ref()?;
+        if req.parent.as_ref().is_some_and(|p| p != me) {
+            return None;
+        }
+        let run = &self.agents.live.get(me)?.run;
+        let child = self
+            .records
+            .store
+            .agent(&self.records.tenant, name)
+            .ok()
+            .flatten()
+            .filter(|c| c.parent.as_ref() == Some(me))?;
+        let started = self
+            .records
+            .store
+            .run(&self.records.tenant, run)
+            .ok()
+            .flatten()?
+            .created_ms;
+        if child.created_ms >= started {
+            return None;
+        }
+        tracing::info!(parent = %me, child = %name, "a resumed run asked again for a child of an earlier run; given that child");
+        Some(agent_view(&self.records.store, &child))
+    }
+}

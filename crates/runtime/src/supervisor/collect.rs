@@ -72,12 +72,12 @@ impl Dispatcher {
         };
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
         let channel = l.channel_dir(&self.host.paths, name);
-        // A parent not live here runs on another node (or has ended, and
-        // sharing costs only the store's room).
-        let share = self.host.cfg.node.is_some()
-            && l.parent
-                .as_ref()
-                .is_some_and(|p| !self.agents.live.contains_key(p));
+        // On a node of a cluster, every child's artifacts go to the store,
+        // its parent's node or not: any node serves a finished agent's
+        // artifacts (the UI's download, `brood fsck` elsewhere). Shared only
+        // for a parent on another node, they were lost to every other node
+        // (issue 28's fault campaign read them back from each).
+        let share = self.host.cfg.node.is_some() && l.parent.is_some();
         if refs.is_empty() && channel.is_none() {
             // A root that names no refs: nothing to check or take, no thread.
             let nothing = Some(crate::channel::Harvest::default());

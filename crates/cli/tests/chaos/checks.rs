@@ -95,12 +95,16 @@ pub fn round(world: &World, driver: &Driver, ledger: &mut Ledger, report: &Repor
     }
 }
 
-/// The suspects of one look: agents with a process and no live record, and
-/// records holding a slot with no process (by run).
-fn suspects(world: &World) -> Result<BTreeSet<(String, String, String)>, String> {
+/// The suspects of one look, each by what, which agent and its run (the
+/// same suspect at the next look has the same key), with what was seen:
+/// agents with a process and no live record, and records holding a slot
+/// with no process.
+type Suspects = BTreeMap<(&'static str, String, String), String>;
+
+fn suspects(world: &World) -> Result<Suspects, String> {
     let procs = kernel::agent_processes(&roots(world));
     let records = list_all(world, 0)?;
-    let mut out = BTreeSet::new();
+    let mut out = Suspects::new();
     for (name, ps) in &procs {
         let rec = records.get(name);
         if !rec.is_some_and(|r| LIVE.contains(&status(r))) {
@@ -108,26 +112,46 @@ fn suspects(world: &World) -> Result<BTreeSet<(String, String, String)>, String>
                 .iter()
                 .map(|p| format!("pid {} on node {}", p.pid, p.node))
                 .collect();
-            out.insert((
-                "process without a live record".to_owned(),
-                name.clone(),
+            let run = rec.map(|r| r["run"].to_string()).unwrap_or_default();
+            out.insert(
+                ("process without a live record", name.clone(), run),
                 format!(
                     "{} while its record says {}",
                     pids.join(", "),
                     rec.map(|r| r["state"].to_string())
                         .unwrap_or("nothing".into())
                 ),
-            ));
+            );
         }
     }
     for (name, r) in &records {
-        if HOLDS_SLOT.contains(&status(r)) && !procs.contains_key(name) {
-            out.insert((
-                "live record without a process".to_owned(),
-                name.clone(),
-                format!("{} on node {} run {}", r["state"], r["node"], r["run"]),
-            ));
+        if !HOLDS_SLOT.contains(&status(r)) || procs.contains_key(name) {
+            continue;
         }
+        // Not found by its environment: its group and its recorded pid say
+        // more (a zombie's environment reads empty).
+        let group = r["cgroup"].as_str().map(std::path::PathBuf::from);
+        let in_group = group.as_deref().map(kernel::pids_in).unwrap_or_default();
+        let pid = r["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
+        let pid_state = pid.and_then(kernel::state);
+        if in_group
+            .iter()
+            .any(|p| kernel::state(*p).is_some_and(|s| s != 'Z'))
+        {
+            continue;
+        }
+        out.insert((
+            "live record without a process",
+            name.clone(),
+            r["run"].to_string()),
+            format!(
+                "{} on node {} run {} (pid {pid:?} state {pid_state:?}, its group {} holds {in_group:?})",
+                r["state"],
+                r["node"],
+                r["run"],
+                group.map(|g| g.display().to_string()).unwrap_or_default()
+            ),
+        );
     }
     Ok(out)
 }
@@ -145,9 +169,10 @@ fn processes(world: &World, _: &Driver, _: &mut Ledger) -> Vec<String> {
         Ok(s) => s,
         Err(e) => return vec![format!("could not look again: {e}")],
     };
-    first
-        .intersection(&second)
-        .map(|(what, name, detail)| format!("{what}: {name}: {detail}"))
+    second
+        .iter()
+        .filter(|(k, _)| first.contains_key(*k))
+        .map(|((what, name, _), detail)| format!("{what}: {name}: {detail}"))
         .collect()
 }
 

@@ -25,6 +25,36 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// The process's state letter (`R`, `S`, `Z` for a zombie, ...), while it
+/// exists.
+pub fn state(pid: i32) -> Option<char> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()?
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|s| s.chars().next())
+}
+
+/// The pids in a cgroup directory and the groups below it (none when it is
+/// gone).
+pub fn pids_in(dir: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            dirs.extend(
+                rd.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    out
+}
+
 fn pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .map(|rd| {

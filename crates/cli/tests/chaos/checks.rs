@@ -4,7 +4,7 @@
 //! process that is exiting, a record about to be written) is looked at
 //! again after a few sweeps, and only what stays is a violation.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;

@@ -160,6 +160,8 @@ impl Faults {
             Kind::RedisRestart => {
                 world.redis.stop();
                 Shared::disturb(&sh.redis_until, now + UNTIL_HEALED);
+                sh.redis_drain
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 active.until = now + Duration::from_millis(rng.between(300, 3000));
             }
             Kind::DiskFull => {
@@ -168,6 +170,16 @@ impl Faults {
             }
         }
         *report.faults.entry(kind.name()).or_default() += 1;
+        let on = active
+            .node
+            .map(|n| format!(" (node {n})"))
+            .unwrap_or_default();
+        println!(
+            "chaos {}: round {} fault: {}{on}",
+            report.label,
+            sh.round.load(std::sync::atomic::Ordering::SeqCst),
+            kind.name()
+        );
         if active.until > now {
             self.active.push(active);
         }

@@ -5,8 +5,8 @@
 //!
 //! Two windows are judged per node rather than across the cluster, as
 //! docs/reliability.md says they must be: while Redis is away (and until the
-//! reconciler has repaired the shared count), each supervisor counts its own
-//! slots; and while a stopped node's agents are declared lost by the others,
+//! reconciler has repaired the shared count, and what was started past the
+//! limit meanwhile has ended), each supervisor counts its own slots; and while a stopped node's agents are declared lost by the others,
 //! its processes still run until it wakes and stops them, so the kernel
 //! sees them beside their replacements' (the store does not).
 
@@ -41,6 +41,12 @@ pub struct Shared {
     pub usable: Mutex<Vec<bool>>,
     /// Until when the count is judged per node because of Redis.
     pub redis_until: Mutex<Option<Instant>>,
+    /// Set when Redis goes: what the nodes started past the tenant's
+    /// `max_concurrent` while the counter was empty keeps running after it
+    /// is repaired (nothing stops a running agent for it). Cleared by the
+    /// first sample past `redis_until` whose count is within the limit
+    /// again; until then the count is judged per node.
+    pub redis_drain: AtomicBool,
     /// Until when the kernel's count is judged per node because a node was
     /// stopped.
     pub lost_until: Mutex<Option<Instant>>,
@@ -139,7 +145,7 @@ fn sample(s: &Shared, turn: usize) {
         let u = s.usable.lock().unwrap_or_else(|p| p.into_inner());
         (0..u.len()).filter(|i| u[*i]).collect()
     };
-    let redis = Shared::within(&s.redis_until);
+    let redis = Shared::within(&s.redis_until) || s.redis_drain.load(Ordering::SeqCst);
     let lost = Shared::within(&s.lost_until);
     // The kernel first: it needs no node.
     let procs = kernel::agent_processes(&s.roots);
@@ -199,6 +205,9 @@ fn judge_store(s: &Shared, node: usize, agents: &[Value], redis: bool) {
         .collect();
     s.most_holding
         .fetch_max(holding.len() as u64, Ordering::SeqCst);
+    if !Shared::within(&s.redis_until) && holding.len() as u64 <= MAX_CONCURRENT {
+        s.redis_drain.store(false, Ordering::SeqCst);
+    }
     if !redis && holding.len() as u64 > MAX_CONCURRENT {
         s.note(
             "max_concurrent (store)",

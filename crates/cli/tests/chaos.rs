@@ -262,8 +262,11 @@ fn keep_logs(world: &World, report: &Report) {
     );
 }
 
-/// Waits until every node says it is healthy (its store answers), then a
-/// few sweeps more.
+/// Waits until every node says it is healthy (its store answers), then
+/// until every node is registered with a fresh heartbeat (its dispatcher is
+/// past any store call a fault left waiting, and a node declared lost has
+/// stopped what the others ended and registered again), then a few sweeps
+/// more.
 fn settle(world: &World, report: &Report, round: usize) {
     for n in &world.nodes {
         let ok = eventually(Duration::from_secs(60), || {
@@ -281,6 +284,36 @@ fn settle(world: &World, report: &Report, round: usize) {
                 ),
             );
         }
+    }
+    let ids: Vec<String> = world
+        .nodes
+        .iter()
+        .filter_map(|n| n.pid().map(|p| format!("s{p}-")))
+        .collect();
+    let fresh = eventually(Duration::from_secs(60), || {
+        let Ok(a) = http::call(
+            &world.nodes[0].sock(),
+            "GET",
+            "/api/nodes",
+            None,
+            Duration::from_secs(5),
+        ) else {
+            return false;
+        };
+        let nodes = a.json()["nodes"].as_array().cloned().unwrap_or_default();
+        ids.iter().all(|id| {
+            nodes.iter().any(|n| {
+                n["id"].as_str().is_some_and(|x| x.starts_with(id.as_str()))
+                    && n["heartbeat_age_ms"].as_i64().is_some_and(|age| age < 1000)
+            })
+        })
+    });
+    if !fresh {
+        report.violation(
+            round,
+            "healthy once the faults are healed",
+            "not every node is registered with a fresh heartbeat 60 s after".to_owned(),
+        );
     }
     std::thread::sleep(Duration::from_secs(2));
 }

@@ -674,3 +674,47 @@ fn show_via(root: &Path, name: &str) -> Value {
     let o = brood(root, &["show", name, "--json"]);
     serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
 }
+
+/// Issue 28's fault campaign: a run whose end another writer recorded first
+/// (a sweeper, the recovery of a node that took this one for dead) while its
+/// process still ran. When the process then exits, the end already recorded
+/// stands and the supervisor lets the agent go (its group removed), instead
+/// of retrying its own end at every tick for ever, which kept the node from
+/// ever stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_another_writer_recorded_first_stands_when_the_process_exits() {
+    let env = start(Duration::from_millis(300));
+    env.sup
+        .spawn(
+            me(),
+            req("x", agent(&["--sleep-ms", "1500", "--result", "mine"])),
+        )
+        .await
+        .expect("spawn x");
+    let pids = processes_of(&env, "x");
+    assert!(!pids.is_empty());
+    let group = std::path::PathBuf::from(show(&env, "x")["cgroup"].as_str().unwrap());
+    let a = env
+        .sup
+        .store()
+        .agent(env.sup.tenant(), &name("x"))
+        .unwrap()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    env.sup
+        .store()
+        .recover(std::slice::from_ref(&a.supervisor), now)
+        .unwrap();
+    // The process finishes on its own, and its end (completed) is refused.
+    assert!(eventually_async(Duration::from_secs(10), || pids.iter().all(|p| !alive(*p))).await);
+    assert!(
+        eventually_async(Duration::from_secs(10), || !group.exists()).await,
+        "the agent's group is left: its supervisor still holds it"
+    );
+    let v = show(&env, "x");
+    assert_eq!(v["state"], "cancelled:runtime_restart", "{v}");
+    assert_eq!(v["result"], serde_json::Value::Null, "{v}");
+}

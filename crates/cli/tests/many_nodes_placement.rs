@@ -502,3 +502,133 @@ fn spawn_ready_through_another_node_waits_for_ready_there() {
     assert_eq!(v["status"], "failed", "{v}");
     nodes.cancel(0, "late");
 }
+
+/// Issue 28's fault campaign: a child whose parent runs on its own node
+/// hands back an artifact; every other node serves its bytes (the UI's
+/// download), checked against their hash. Its node shared them only for a
+/// parent on another node, so every other node answered 404.
+#[test]
+fn a_child_s_artifacts_are_served_by_every_node_when_its_parent_is_on_its_own() {
+    let nodes = Nodes::start(2);
+    let kid = json!({"name": "kid", "argv": agent(&["--artifact", "out.txt=the kid's bytes", "--result", "done"])});
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "mum", "argv": agent(&["--spawn", &kid.to_string(), "--wait"]),
+               "placement": {"labels": {"zone": "z0"}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let sock0 = nodes.roots[0].join("brood.sock");
+    let (s, w) = http(
+        &sock0,
+        "POST",
+        "/api/agents/mum/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(
+        (s, &w["agents"][0]["status"]),
+        (200, &json!("completed")),
+        "{w}"
+    );
+    // Both ran on node 0.
+    let on0 = agent_on(&nodes, 0, "mum")["node"].clone();
+    assert_eq!(agent_on(&nodes, 0, "kid")["node"], on0);
+    let sock1 = nodes.roots[1].join("brood.sock");
+    let (s, v) = http(&sock1, "GET", "/api/ui/agents/kid", None);
+    assert_eq!(s, 200, "{v}");
+    let art = v["channel"]["artifacts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == "out.txt"))
+        .unwrap_or_else(|| panic!("out.txt among kid's artifacts: {v}"))
+        .clone();
+    let (s, bytes) = http(
+        &sock1,
+        "GET",
+        &format!(
+            "/api/ui/agents/kid/artifacts/{}",
+            art["sha256"].as_str().unwrap()
+        ),
+        None,
+    );
+    assert_eq!(
+        (s, bytes),
+        (200, json!("the kid's bytes")),
+        "served by node 1"
+    );
+}
+
+/// Issue 28's fault campaign: the store could not take a child's artifacts
+/// at the moment it ended (here their table is away for a few seconds), and
+/// they were never offered again: every other node answered 404. The node
+/// that ran it tries again, backing off, and once the store takes them any
+/// node serves them.
+#[test]
+fn a_child_s_artifacts_the_store_could_not_take_at_once_are_shared_when_it_can() {
+    let db = Fresh::new();
+    let nodes = Nodes::on(&db.url, 2, &[]);
+    let kid = json!({"name": "kid", "argv": agent(&["--sleep-ms", "1500", "--artifact", "out.txt=shared late", "--result", "done"])});
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "mum", "argv": agent(&["--spawn", &kid.to_string(), "--wait"]),
+               "placement": {"labels": {"zone": "z0"}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    brood_store_conformance::pg::admin_on(
+        &db.name,
+        "ALTER TABLE blob_chunks RENAME TO blob_chunks_away",
+    );
+    // The kid runs, then ends while the table is away.
+    let kid_pids = || -> Vec<i32> {
+        ctx_pids(&nodes.roots[0])
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|v| v == b"BROOD_AGENT=kid")
+            })
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || !kid_pids().is_empty()),
+        "the kid never ran"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || kid_pids().is_empty()),
+        "the kid never ended"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    brood_store_conformance::pg::admin_on(
+        &db.name,
+        "ALTER TABLE blob_chunks_away RENAME TO blob_chunks",
+    );
+    let (s, w) = http(
+        &nodes.roots[0].join("brood.sock"),
+        "POST",
+        "/api/agents/mum/wait",
+        Some(&json!({"timeout_s": 60})),
+    );
+    assert_eq!(
+        (s, &w["agents"][0]["status"]),
+        (200, &json!("completed")),
+        "{w}"
+    );
+    let sock1 = nodes.roots[1].join("brood.sock");
+    let (s, v) = http(&sock1, "GET", "/api/ui/agents/kid", None);
+    assert_eq!(s, 200, "{v}");
+    let sha = v["channel"]["artifacts"][0]["sha256"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let (s, bytes) = http(
+        &sock1,
+        "GET",
+        &format!("/api/ui/agents/kid/artifacts/{sha}"),
+        None,
+    );
+    assert_eq!(
+        (s, bytes),
+        (200, json!("shared late")),
+        "served by node 1: {v}"
+    );
+    drop(nodes);
+}

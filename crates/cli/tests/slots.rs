@@ -76,3 +76,51 @@ async fn a_redis_counter_knocked_out_of_true_is_repaired_and_the_queue_moves() {
     );
     env.sup.shutdown().await;
 }
+
+/// Issue 28's fault campaign: Redis restarted empty under a supervisor that
+/// holds all of its tenant's slots. The counter says none are held, but the
+/// supervisor's own count still bounds it: a new agent queues instead of
+/// being the third of two (the campaign saw 8 of 6 on one node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_counter_emptied_under_a_full_supervisor_does_not_let_it_start_more() {
+    let server = common::redis::server();
+    // A database of its own: the other test here knocks the same key.
+    let db = 13;
+    let url = format!("{}/{db}", server.url());
+    let env = start_with(Duration::from_millis(300), |c| {
+        c.slots = Some(url.clone());
+    });
+    let key = format!("brood:slots:{}", env.sup.tenant());
+    common::redis::raw_in(server.addr, db, &["DEL", &key]);
+    env.sup
+        .store()
+        .set_tenant_quota(env.sup.tenant(), "max_concurrent", 2)
+        .unwrap();
+    for n in ["a", "b"] {
+        let mut r = req(n, agent(&["--hang"]));
+        r.await_ready = true;
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    assert_eq!(common::redis::held(server.addr, db, &key), 2);
+    // Redis restarted: it kept nothing.
+    common::redis::raw_in(server.addr, db, &["DEL", &key]);
+    let mut c = req("c", agent(&["--hang"]));
+    c.await_ready = false;
+    let c = env.sup.spawn(me(), c).await.unwrap();
+    let c = serde_json::to_value(&c).unwrap();
+    assert_eq!(c["status"], "queued", "{c}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(show(&env, "c")["status"], "queued");
+    for n in ["a", "b", "c"] {
+        env.sup.cancel(me(), name(n)).await.unwrap();
+    }
+    env.sup
+        .wait(
+            me(),
+            vec![name("a"), name("b"), name("c")],
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    env.sup.shutdown().await;
+}

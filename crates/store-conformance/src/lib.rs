@@ -121,6 +121,10 @@ pub const CASES: &[(&str, Case)] = &[
         starts_recorded_together_refuse_only_their_own,
     ),
     (
+        "a_start_by_a_supervisor_the_record_does_not_name_is_refused",
+        a_start_by_a_supervisor_the_record_does_not_name_is_refused,
+    ),
+    (
         "illegal_transitions_are_refused_and_change_nothing",
         illegal_transitions_are_refused_and_change_nothing,
     ),
@@ -305,6 +309,7 @@ macro_rules! conformance_tests {
     start_run_after_cancel_while_queued_is_refused,
     start_run_of_a_stale_run_is_refused,
     starts_recorded_together_refuse_only_their_own,
+    a_start_by_a_supervisor_the_record_does_not_name_is_refused,
     illegal_transitions_are_refused_and_change_nothing,
     set_status_blocks_unblocks_and_closes,
     end_run_records_the_run_and_the_channel_result,

@@ -8,6 +8,10 @@
 //! store's tests and the CLI's (a test fixture: it panics when it cannot set
 //! itself up).
 //!
+//! For the fault campaign (`crates/cli/tests/chaos.rs`) it can also delay
+//! every forwarded read by a latency, and drop every open connection at once
+//! (both sides closed, as a network that resets them).
+//!
 //! What commits. An explicit one is a simple query whose last statement is
 //! `COMMIT` or `END` inside a block a `BEGIN` (or `START TRANSACTION`)
 //! opened, which is what the store sends (tokio-postgres's
@@ -15,10 +19,12 @@
 //! one is a `Sync` after an `Execute` outside such a block: a statement of
 //! the extended protocol that commits on its own.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// How the commit the proxy was told to lose is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,9 +61,22 @@ struct Faults {
     countdown: AtomicUsize,
     armed: Mutex<Option<(Kind, Loss)>>,
     lost: AtomicUsize,
+    /// Added before each forwarded read, either way (0: none).
+    latency_ms: AtomicU64,
+    /// The open connections (the client's side, the server's), by a number
+    /// of their own, so that all can be dropped at once.
+    open: Mutex<HashMap<u64, (TcpStream, TcpStream)>>,
+    next: AtomicU64,
 }
 
 impl Faults {
+    fn delay(&self) {
+        let ms = self.latency_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
     /// Whether a commit of `kind` is the one to lose (counting it down), and how.
     fn take(&self, kind: Kind) -> Option<Loss> {
         let armed = self.armed.lock().unwrap();
@@ -100,6 +119,10 @@ impl Proxy {
                 // Set before the client's message that commits is forwarded,
                 // so that no answer to it can slip through.
                 let cut = Arc::new(AtomicBool::new(false));
+                let id = shared.next.fetch_add(1, Ordering::SeqCst);
+                if let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) {
+                    shared.open.lock().unwrap().insert(id, (c, s));
+                }
                 let up = Upstream {
                     client: client.try_clone().unwrap(),
                     server: server.try_clone().unwrap(),
@@ -108,7 +131,10 @@ impl Proxy {
                 };
                 std::thread::spawn(move || up.run());
                 let faults = shared.clone();
-                std::thread::spawn(move || down(server, client, &faults, &cut));
+                std::thread::spawn(move || {
+                    down(server, client, &faults, &cut);
+                    faults.open.lock().unwrap().remove(&id);
+                });
             }
         });
         Proxy { port, faults }
@@ -130,6 +156,24 @@ impl Proxy {
 
     pub fn go_silent(&self, yes: bool) {
         self.faults.silent.store(yes, Ordering::SeqCst);
+    }
+
+    /// Delays every forwarded read by `latency` from now on (zero: none).
+    pub fn set_latency(&self, latency: Duration) {
+        let ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+        self.faults.latency_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Closes every connection open through the proxy, both sides, as a
+    /// network that resets them; returns how many there were. New
+    /// connections are let through as before.
+    pub fn drop_connections(&self) -> usize {
+        let open: Vec<_> = self.faults.open.lock().unwrap().drain().collect();
+        for (_, (client, server)) in &open {
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+        }
+        open.len()
     }
 
     /// Loses the `nth` explicit commit from now (1: the next), on whichever
@@ -172,6 +216,7 @@ fn down(mut server: TcpStream, mut client: TcpStream, faults: &Faults, cut: &Ato
             }
             Ok(n) => n,
         };
+        faults.delay();
         // Read after the read, so an answer read after the cut is dropped.
         if faults.silent.load(Ordering::SeqCst) || cut.load(Ordering::SeqCst) {
             continue;
@@ -232,6 +277,7 @@ impl Upstream {
                 // closes it, for `CommitUnseen`.
                 return;
             }
+            self.faults.delay();
             if self.faults.silent.load(Ordering::SeqCst) {
                 continue;
             }

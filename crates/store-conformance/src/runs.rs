@@ -82,6 +82,7 @@ pub fn starts_recorded_together_refuse_only_their_own(store: &dyn Store) {
             cgroup: format!("/cg/{}", x.name),
             now_ms: now(),
             events: vec![event(&x.name, Some(&x.run), "agent.start")],
+            supervisor: None,
         })
         .collect();
     let before = all_events(store, &t).len();
@@ -130,6 +131,58 @@ pub fn start_run_of_a_stale_run_is_refused(store: &dyn Store) {
     assert_eq!(code, Code::Conflict);
     assert!(msg.contains(a.run.as_str()), "{msg}");
     assert_eq!(snapshot(store, &t), before);
+}
+
+/// Issue 28's fault campaign: a node declared lost (paused past the
+/// expiry) still held a queued agent that the others had placed again on
+/// another node, and started it when it woke; both nodes then ran it. A
+/// start that names its supervisor is refused when the record names
+/// another, alone or with others, with nothing written; the node the record
+/// names starts it.
+pub fn a_start_by_a_supervisor_the_record_does_not_name_is_refused(store: &dyn Store) {
+    let t = tenant("conf-startfence");
+    let a = admit(store, &t, "a", None);
+    let b = admit(store, &t, "b", None);
+    let sup = a.supervisor.clone();
+    assert!(
+        store.replace_queued(&t, &a.name, &sup, "node-b").unwrap(),
+        "a is placed again on node-b"
+    );
+    let item = |x: &Agent, by: &str| StartItem {
+        name: x.name.clone(),
+        run: x.run.clone(),
+        pid: 7,
+        cgroup: format!("/cg/{}", x.name),
+        now_ms: now(),
+        events: vec![event(&x.name, Some(&x.run), "agent.start")],
+        supervisor: Some(by.to_owned()),
+    };
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(store.start_one(&t, &item(&a, &sup)));
+    assert_eq!(code, Code::Conflict, "{msg}");
+    assert!(msg.contains(&sup), "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+    // With another start that stands: only its own is refused.
+    let answers = store.start_runs(&t, &[item(&a, &sup), item(&b, &sup)]);
+    assert!(
+        matches!(
+            &answers[0],
+            Err(StoreError::Refused {
+                code: Code::Conflict,
+                ..
+            })
+        ),
+        "{:?}",
+        answers[0]
+    );
+    assert_eq!(answers[1].as_ref().unwrap().status, Status::Running);
+    let a_now = store.agent(&t, &a.name).unwrap().unwrap();
+    assert_eq!(a_now.status, Status::Queued);
+    // Claimed by the node it was placed on, it starts there.
+    let claimed = store.claim_placed(&t, "node-b", 10).unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let started = store.start_one(&t, &item(&a, "node-b")).unwrap();
+    assert_eq!(started.status, Status::Running);
 }
 
 pub fn illegal_transitions_are_refused_and_change_nothing(store: &dyn Store) {

@@ -113,6 +113,14 @@ pub trait Runs {
         events: &[NewEvent],
     ) -> Result<Agent>;
 
+    /// [`Runs::start_run`] of one [`StartItem`], its `supervisor` checked
+    /// in the same transaction where the store can.
+    fn start_one(&self, tenant: &TenantId, it: &StartItem) -> Result<Agent> {
+        self.start_run(
+            tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+        )
+    }
+
     /// [`Runs::start_run`] for starts that arrived together, in one
     /// transaction where the store can: each checked and answered as if
     /// alone (a refused one writes nothing and refuses only itself), in
@@ -258,14 +266,7 @@ pub(crate) fn start_each<S: Runs + ?Sized>(
     tenant: &TenantId,
     items: &[StartItem],
 ) -> Vec<Result<Agent>> {
-    items
-        .iter()
-        .map(|it| {
-            store.start_run(
-                tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
-            )
-        })
-        .collect()
+    items.iter().map(|it| store.start_one(tenant, it)).collect()
 }
 
 /// Reads of the records: agents, runs, the tree, channels and spend.

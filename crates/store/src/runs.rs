@@ -31,8 +31,21 @@ pub(crate) fn start_run<D: Db>(
     cgroup: &str,
     now_ms: i64,
     events: &[NewEvent],
+    supervisor: Option<&str>,
 ) -> Result<Agent, D::Err> {
     let agent = db.must_agent(tenant, name)?;
+    if let Some(s) = supervisor
+        && agent.supervisor != s
+    {
+        return Err(refused(
+            Code::Conflict,
+            format!(
+                "agent {name} is hosted by {}, not {s}: this start is refused (its queue was placed again while {s} was declared lost)",
+                agent.supervisor
+            ),
+        )
+        .into());
+    }
     let to = check_move(&agent, Status::Running)?;
     check_current_run(&agent, run)?;
     let (t, n) = (text(tenant.as_str()), text(name.as_str()));
@@ -253,7 +266,15 @@ pub(crate) fn start_runs<D: Db>(
     let mut out = Vec::with_capacity(items.len());
     for it in items {
         let r = start_run(
-            db, tenant, &it.name, &it.run, it.pid, &it.cgroup, it.now_ms, &it.events,
+            db,
+            tenant,
+            &it.name,
+            &it.run,
+            it.pid,
+            &it.cgroup,
+            it.now_ms,
+            &it.events,
+            it.supervisor.as_deref(),
         );
         out.push(match r {
             Ok(a) => Ok(a),

@@ -267,6 +267,11 @@ pub struct StartItem {
     pub cgroup: String,
     pub now_ms: i64,
     pub events: Vec<NewEvent>,
+    /// The supervisor recording the start. When given, a record that names
+    /// another refuses it (`Conflict`): a node declared lost whose queued
+    /// agent was placed again on another node must not start it too (issue
+    /// 28's campaign found both running it). `None`: not checked.
+    pub supervisor: Option<String>,
 }
 
 /// An agent a restart starts again (issue 29): one item of

@@ -285,3 +285,38 @@ fn a_commit_unanswered_past_the_deadline_is_in_doubt_and_not_run_again() {
     assert_eq!(proxy.lost(), 1);
     assert_eq!(store.agent(&t, &new.name).unwrap(), None);
 }
+
+/// Issue 28's fault campaign: a transaction whose COMMIT a silent network
+/// lost holds the tenant's lock on the server, its session idle inside the
+/// transaction, its client gone past the deadline. The server ends that
+/// session once it has been idle `idle_in_transaction_timeout`, so the
+/// tenant's writes go on; before, every one of them waited on the lock until
+/// its `lock_timeout`, for ever, and the cluster stood still.
+#[test]
+fn a_session_left_idle_in_a_transaction_is_ended_and_the_tenant_writes_again() {
+    let db = Fresh::new();
+    let (proxy, url) = Proxy::for_postgres(&db.url);
+    // The client gives up first (in doubt), then the server ends the session.
+    let opts = Options {
+        call_timeout: Duration::from_secs(1),
+        idle_in_transaction_timeout: Duration::from_secs(3),
+        ..Options::default()
+    };
+    let store = PgStore::open_with(&url, opts).unwrap();
+    let t = conf::tenant("idle");
+    let first = conf::new_agent(&t, "first", None, "sup");
+    proxy.lose_commit(1, Loss::Silence);
+    assert!(matches!(
+        store.admit(&first, &[]),
+        Err(StoreError::PostgresInDoubt { .. })
+    ));
+    // Another node, straight to the server, writes in the same tenant.
+    let other = PgStore::open_with(&db.url, Options::default()).unwrap();
+    let second = conf::new_agent(&t, "second", None, "sup");
+    let admitted = other.admit(&second, &[]);
+    assert!(
+        admitted.is_ok(),
+        "the tenant's lock is still held by the lost transaction: {admitted:?}"
+    );
+    assert_eq!(other.agent(&t, &first.name).unwrap(), None);
+}

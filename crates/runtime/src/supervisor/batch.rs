@@ -226,7 +226,7 @@ impl Dispatcher {
             .into_iter()
             .filter_map(|l| self.launch_begins(l.name, l.run, l.result, l.made))
             .collect();
-        let items: Vec<_> = starting.iter().map(Starting::item).collect();
+        let items: Vec<_> = starting.iter().map(|s| s.item(&self.host.me)).collect();
         let recorded = self.records.store.start_runs(&self.records.tenant, &items);
         for (s, r) in starting.into_iter().zip(recorded) {
             self.launch_started(s, r);

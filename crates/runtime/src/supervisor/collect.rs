@@ -45,14 +45,18 @@ pub(crate) struct Collect {
     /// its ids: what the collector is confined with.
     sandbox: Option<KeptSandbox>,
     ids: Option<brood_launch::confine::FsIds>,
-    /// The parent runs on another node (issue 15): the artifacts' bytes go
-    /// into the shared store before the end is recorded.
+    /// On a node of a cluster (issue 15): the artifacts' bytes go into the
+    /// shared store before the end is recorded.
     share: bool,
 }
 
 /// How long reading what a run handed back may take (refs hashed, artifacts
 /// copied, each at most 1 GiB): past it the run fails, naming the limit.
 pub(super) const COLLECT_LIMIT: Duration = Duration::from_secs(60);
+
+/// How many times a child's artifacts are offered to the store, backing off
+/// from 0.5 s to 8 s between tries (about 15 s in all).
+const SHARE_TRIES: u32 = 6;
 
 impl Dispatcher {
     /// Checks the refs of a run that ended with a result and takes its
@@ -75,12 +79,12 @@ impl Dispatcher {
         };
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
         let channel = l.channel_dir(&self.host.paths, name);
-        // A parent not live here runs on another node (or has ended, and
-        // sharing costs only the store's room).
-        let share = self.host.cfg.node.is_some()
-            && l.parent
-                .as_ref()
-                .is_some_and(|p| !self.agents.live.contains_key(p));
+        // On a node of a cluster, every child's artifacts go to the store,
+        // its parent's node or not: any node serves a finished agent's
+        // artifacts (the UI's download, `brood fsck` elsewhere). Shared only
+        // for a parent on another node, they were lost to every other node
+        // (issue 28's fault campaign read them back from each).
+        let share = self.host.cfg.node.is_some() && l.parent.is_some();
         if refs.is_empty() && channel.is_none() {
             // A root that names no refs: nothing to check or take, no thread.
             let nothing = Some(crate::channel::Harvest::default());
@@ -206,17 +210,31 @@ impl Dispatcher {
                 // Off the runtime's workers: up to 1 GiB to the store. A
                 // failure leaves the bytes on this node's disk only: the
                 // parent's node counts them as elsewhere (`brood fsck`).
-                let shared = tokio::task::spawn_blocking(move || {
-                    crate::channel::shared::share(
-                        store.as_ref(),
-                        &tenant,
-                        &shared_blobs,
-                        &artifacts,
-                    )
-                })
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r);
+                // A store away for a moment is waited out, backing off: the
+                // end is recorded once the store is back anyway, and bytes
+                // not shared are lost to every other node (issue 28's
+                // campaign). Past `SHARE_TRIES` they stay on this disk.
+                let mut shared = Err(String::new());
+                for attempt in 0..SHARE_TRIES {
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+                    }
+                    let (store, tenant, blobs, artifacts) = (
+                        store.clone(),
+                        tenant.clone(),
+                        shared_blobs.clone(),
+                        artifacts.clone(),
+                    );
+                    shared = tokio::task::spawn_blocking(move || {
+                        crate::channel::shared::share(store.as_ref(), &tenant, &blobs, &artifacts)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                    if shared.is_ok() {
+                        break;
+                    }
+                }
                 if let Err(e) = shared {
                     tracing::warn!(agent = %name, error = %e, "sharing artifacts with the parent's node");
                 }

@@ -102,15 +102,30 @@ impl Dispatcher {
     pub(super) fn finish_recorded(&mut self, e: Ending, recorded: Result<Agent, StoreError>) {
         let Ending {
             name,
+            run,
             end,
             events,
             harvest,
-            ..
         } = e;
         let name = &name;
-        let result = end.result;
+        let mut result = end.result;
+        let mut harvest = harvest;
+        let mut events = events;
         let agent = match recorded {
             Ok(a) => a,
+            Err(err) if let Some(a) = self.ended_by_another(name, &run, &err) => {
+                // Another writer (a sweeper, another node's recovery) ended
+                // this run first: its outcome stands, and retrying ours
+                // could only fail again, for ever (issue 28's campaign:
+                // the node kept the agent and never stopped). What follows
+                // an end follows the one recorded, which handed nothing back.
+                tracing::warn!(agent = %name, recorded = %a.status.encode(), ours = %end.outcome.encode(), "the run's end was already recorded; its outcome stands");
+                result = None;
+                harvest = None;
+                // Ours were not written: the log holds the other's.
+                events.clear();
+                a
+            }
             Err(err) => {
                 tracing::error!(agent = %name, error = %err, "recording the end of a run failed; retried at the next tick");
                 if let Some(l) = self.agents.live.get_mut(name) {
@@ -149,6 +164,23 @@ impl Dispatcher {
         } else {
             self.remove_group_then_clear(group, clear);
         }
+    }
+
+    /// The record of `name` when `err` refused our end because that run is
+    /// already over (its end recorded by another writer); `None` for any
+    /// other failure, which is worth retrying. A read that fails is not
+    /// taken for an end.
+    fn ended_by_another(&self, name: &AgentName, run: &RunId, err: &StoreError) -> Option<Agent> {
+        if !matches!(err, StoreError::Transition { .. }) {
+            return None;
+        }
+        let a = self
+            .records
+            .store
+            .agent(&self.records.tenant, name)
+            .ok()
+            .flatten()?;
+        (a.run == *run && a.status.is_finished()).then_some(a)
     }
 
     /// The run ends that could not be recorded, recorded now (each tick).

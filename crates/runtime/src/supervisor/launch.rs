@@ -422,7 +422,11 @@ impl Dispatcher {
         made: Made,
     ) {
         if let Some(s) = self.launch_begins(name, run, r, made) {
-            let start = s.record(self.records.store.as_ref(), &self.records.tenant);
+            let start = s.record(
+                self.records.store.as_ref(),
+                &self.records.tenant,
+                &self.host.me,
+            );
             self.launch_started(s, start);
         }
     }
@@ -945,7 +949,9 @@ pub(super) struct Starting {
 impl Starting {
     /// The start's record as one item of the store's `start_runs`: starts
     /// that arrive together are recorded together (`batch`).
-    pub(super) fn item(&self) -> StartItem {
+    /// `me`: this supervisor, which the record must still name (a node
+    /// declared lost may hold a queued agent placed again elsewhere).
+    pub(super) fn item(&self, me: &str) -> StartItem {
         StartItem {
             name: self.name.clone(),
             run: self.run.clone(),
@@ -953,20 +959,18 @@ impl Starting {
             cgroup: self.cgroup_path.clone(),
             now_ms: now_ms(),
             events: self.start_events.clone(),
+            supervisor: Some(me.to_owned()),
         }
     }
 
     /// The start's record: the run, its pid and group, `agent.start`.
-    pub(super) fn record(&self, store: &dyn Store, tenant: &TenantId) -> Result<Agent, StoreError> {
-        store.start_run(
-            tenant,
-            &self.name,
-            &self.run,
-            self.launched.pid,
-            &self.cgroup_path,
-            now_ms(),
-            &self.start_events,
-        )
+    pub(super) fn record(
+        &self,
+        store: &dyn Store,
+        tenant: &TenantId,
+        me: &str,
+    ) -> Result<Agent, StoreError> {
+        store.start_one(tenant, &self.item(me))
     }
 }
 

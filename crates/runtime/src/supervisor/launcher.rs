@@ -31,15 +31,21 @@ pub(super) struct Launcher {
 
 impl Launcher {
     /// One slot from the counter, or `false` when the tenant's `max_concurrent`
-    /// are all held. A counter that fails (Redis gone) must not stop every
-    /// start, nor let the limit go: this supervisor's own count (`used`,
-    /// asked only then) decides.
+    /// are all held. This supervisor's own count (`used`) bounds it first,
+    /// whatever a shared counter says: one that lost its counts (a Redis
+    /// restarted empty, until the reconciler repairs it) would otherwise
+    /// let it start `max_concurrent` more (issue 28's fault campaign saw 8
+    /// of 6 on one node). A counter that fails (Redis gone) must not stop
+    /// every start, nor let the limit go: the own count alone decides.
     pub(super) fn take_slot(&self, tenant: &TenantId, used: impl FnOnce() -> usize) -> bool {
+        if used() >= self.max_concurrent as usize {
+            return false;
+        }
         match self.slots.acquire(tenant, self.max_concurrent) {
             Ok(got) => got,
             Err(e) => {
                 tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
-                used() < self.max_concurrent as usize
+                true
             }
         }
     }

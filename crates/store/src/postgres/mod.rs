@@ -96,11 +96,20 @@ pub struct Options {
     /// caller for as long as TCP retries: many minutes).
     pub call_timeout: Duration,
     /// The server's own limits, set on every connection unless the URL's
-    /// `options` names them: `statement_timeout` and `lock_timeout`
+    /// `options` names them: `statement_timeout`, `lock_timeout` and the
+    /// one below
     /// (advisory locks included), so a statement stuck on the server ends
     /// there too, before the caller's deadline.
     pub statement_timeout: Duration,
     pub lock_timeout: Duration,
+    /// The server ends a session left idle inside a transaction this long
+    /// (`idle_in_transaction_session_timeout`), so that its locks (a
+    /// tenant's advisory lock) go with it: a client whose call missed its
+    /// deadline, its request lost by a network that went silent and came
+    /// back, keeps the connection waiting for an answer that never comes,
+    /// and every write of the tenant then waited on that lock for ever
+    /// (issue 28's fault campaign).
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for Options {
@@ -111,6 +120,7 @@ impl Default for Options {
             call_timeout: Duration::from_secs(20),
             statement_timeout: Duration::from_secs(15),
             lock_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -398,9 +408,10 @@ impl PgStore {
         config.connect_timeout(opts.connect_timeout);
         if config.get_options().is_none() {
             config.options(format!(
-                "-c statement_timeout={} -c lock_timeout={}",
+                "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
                 opts.statement_timeout.as_millis(),
-                opts.lock_timeout.as_millis()
+                opts.lock_timeout.as_millis(),
+                opts.idle_in_transaction_timeout.as_millis()
             ));
         }
         if config.get_application_name().is_none() {

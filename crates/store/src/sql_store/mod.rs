@@ -209,7 +209,23 @@ impl<S: SqlStore> Runs for S {
         events: &[NewEvent],
     ) -> Result<Agent> {
         self.writing(tenant, |db| {
-            runs::start_run(db, tenant, name, run, pid, cgroup, now_ms, events)
+            runs::start_run(db, tenant, name, run, pid, cgroup, now_ms, events, None)
+        })
+    }
+
+    fn start_one(&self, tenant: &TenantId, it: &StartItem) -> Result<Agent> {
+        self.writing(tenant, |db| {
+            runs::start_run(
+                db,
+                tenant,
+                &it.name,
+                &it.run,
+                it.pid,
+                &it.cgroup,
+                it.now_ms,
+                &it.events,
+                it.supervisor.as_deref(),
+            )
         })
     }
 

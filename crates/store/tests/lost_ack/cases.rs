@@ -101,6 +101,20 @@ pub const CASES: &[Case] = &[
         ctx.arm();
         format!("{:?}", ctx.try_start(&a))
     }),
+    ("start a run its supervisor names", 1, |ctx| {
+        let a = ctx.admit("root", None);
+        ctx.arm();
+        let it = brood_store::StartItem {
+            name: a.name.clone(),
+            run: a.run.clone(),
+            pid: 4242,
+            cgroup: format!("/cg/{}", a.name),
+            now_ms: ctx.now(),
+            events: vec![event(&a.name, Some(&a.run), "agent.start")],
+            supervisor: Some(a.supervisor.clone()),
+        };
+        format!("{:?}", ctx.store.start_one(&ctx.t, &it))
+    }),
     ("change a status", 1, |ctx| {
         let a = ctx.running("root", None);
         ctx.arm();

@@ -265,23 +265,31 @@ pub(crate) fn start_runs<D: Db>(
 ) -> Result<Vec<Result<Agent, StoreError>>, D::Err> {
     let mut out = Vec::with_capacity(items.len());
     for it in items {
-        let r = start_run(
-            db,
-            tenant,
-            &it.name,
-            &it.run,
-            it.pid,
-            &it.cgroup,
-            it.now_ms,
-            &it.events,
-            it.supervisor.as_deref(),
-        );
-        out.push(match r {
+        out.push(match start_item(db, tenant, it) {
             Ok(a) => Ok(a),
             Err(e) => Err(D::refusal(e)?),
         });
     }
     Ok(out)
+}
+
+/// [`start_run`] of one [`StartItem`], fenced by the supervisor it names.
+pub(crate) fn start_item<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    it: &StartItem,
+) -> Result<Agent, D::Err> {
+    start_run(
+        db,
+        tenant,
+        &it.name,
+        &it.run,
+        it.pid,
+        &it.cgroup,
+        it.now_ms,
+        &it.events,
+        it.supervisor.as_deref(),
+    )
 }
 
 /// `Runs::record_usage`: one update, no read before it.

@@ -77,16 +77,7 @@ pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result
 
 async fn measure(dir: &Path, exe: &str, p: &Params, store: Option<&str>) -> Result<Value> {
     std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
-    let config = dir.join("config.toml");
-    // The tenant may run every agent at once (the ceiling), and the
-    // per-caller creation rate is out of the way: the benchmark is one
-    // caller, and measures the runtime, not its rate limit.
-    std::fs::write(
-        &config,
-        "[quotas.defaults]\nmax_concurrent = 4096\n\n[limits]\nagents_per_second = 1000000\nagents_burst = 4294967295\n",
-    )
-    .with_context(|| format!("writing {}", config.display()))?;
-    let mut args = vec!["--config".to_owned(), config.to_string_lossy().into_owned()];
+    let mut args = super::daemons::platform_config(dir)?;
     if let Some(url) = &p.slots {
         args.extend(["--slots".to_owned(), url.clone()]);
     }

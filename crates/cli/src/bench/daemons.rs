@@ -11,6 +11,25 @@ use brood_server::client::Endpoint;
 use serde_json::Value;
 
 /// A node's control socket.
+/// Writes the platform configuration the deployment benches start their
+/// nodes with into `dir/config.toml`, and gives the flags that name it:
+/// every agent a root of its own and all live at once, so the tenant may
+/// run 4,096 (the ceiling), and the per-caller creation rate out of the
+/// way, since a bench is one caller and measures the runtime, not its rate
+/// limit.
+pub(super) fn platform_config(dir: &Path) -> Result<Vec<String>> {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[quotas.defaults]\nmax_concurrent = 4096\n\n[limits]\nagents_per_second = 1000000\nagents_burst = 4294967295\n",
+    )
+    .with_context(|| format!("writing {}", config.display()))?;
+    Ok(vec![
+        "--config".to_owned(),
+        config.to_string_lossy().into_owned(),
+    ])
+}
+
 pub(super) fn endpoint(root: &Path) -> Endpoint {
     Endpoint::Unix(root.join("brood.sock"))
 }

@@ -46,15 +46,7 @@ pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result
 
 async fn measure_all(dir: &Path, exe: &str, p: &Params) -> Result<Value> {
     std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
-    let config = dir.join("config.toml");
-    // Every agent a root of its own, all live at once; the bench is one
-    // caller, so its creation rate is out of the way.
-    std::fs::write(
-        &config,
-        "[quotas.defaults]\nmax_concurrent = 4096\n\n[limits]\nagents_per_second = 1000000\nagents_burst = 4294967295\n",
-    )
-    .with_context(|| format!("writing {}", config.display()))?;
-    let args = vec!["--config".to_owned(), config.to_string_lossy().into_owned()];
+    let args = super::daemons::platform_config(dir)?;
     let mut stores = vec![measure(&dir.join("sqlite"), exe, None, &args, p.n).await?];
     if let Some(admin) = &p.store {
         let db = Database::make(admin).await?;

@@ -495,33 +495,17 @@ fn give(f: &fs::File, owner: Option<u32>) -> io::Result<()> {
     Ok(())
 }
 
+/// An append as the projection thread makes it, for the tests.
 #[cfg(test)]
 fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
     ensure_parent(path, None)?;
-    append_in(path, bytes, None)
-}
-
-#[cfg(test)]
-fn append_in(path: &Path, bytes: &[u8], owner: Option<u32>) -> io::Result<()> {
-    let mut f = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(mode_of(path))
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            // O_NOFOLLOW met a symlink.
-            Some(libc::ELOOP) => io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is a symlink; refusing to append through it",
-                    path.display()
-                ),
-            ),
-            _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
-        })?;
-    give(&f, owner)?;
-    f.write_all(bytes)
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::other(format!(
+            "{} has no directory",
+            path.display()
+        )));
+    };
+    at::Dir::open(dir)?.append(path, name, bytes, None, mode_of(path))
 }
 
 #[cfg(test)]

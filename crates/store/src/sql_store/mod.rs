@@ -214,19 +214,7 @@ impl<S: SqlStore> Runs for S {
     }
 
     fn start_one(&self, tenant: &TenantId, it: &StartItem) -> Result<Agent> {
-        self.writing(tenant, |db| {
-            runs::start_run(
-                db,
-                tenant,
-                &it.name,
-                &it.run,
-                it.pid,
-                &it.cgroup,
-                it.now_ms,
-                &it.events,
-                it.supervisor.as_deref(),
-            )
-        })
+        self.writing(tenant, |db| runs::start_item(db, tenant, it))
     }
 
     fn start_runs(&self, tenant: &TenantId, items: &[StartItem]) -> Vec<Result<Agent>> {

@@ -11,8 +11,11 @@ use super::PgStore;
 /// the server (`hashtextextended`), so every node computes the same.
 const Q_LEASE_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 1))";
 /// The sessions holding that lock (a bigint key is split into classid, the
-/// high half, and objid, the low half).
-const Q_BREAK_LEASE_LOCK: &str = "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+/// high half, and objid, the low half), ended, each waited for up to 5 s
+/// (`pg_terminate_backend`'s timeout, PostgreSQL 14): the lock is free
+/// once this answers, not only asked to be (a node that takes the lease
+/// right after found it still held).
+const Q_BREAK_LEASE_LOCK: &str = "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l \
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
      AND l.classid::bigint = ((hashtextextended($1, 1) >> 32) & 4294967295) \
      AND l.objid::bigint = (hashtextextended($1, 1) & 4294967295) \

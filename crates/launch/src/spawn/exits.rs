@@ -132,14 +132,21 @@ fn serve(mut ring: IoUring, wake: OwnedFd) {
     let mut next: u64 = 1;
     let mut queue: Vec<squeue::Entry> = vec![poll()];
     loop {
+        let mut later = Vec::new();
         for e in queue.drain(..) {
-            // SAFETY: every pointer an entry holds (a watch's siginfo) lives
-            // in `watches` until its completion is taken below.
-            while unsafe { ring.submission().push(&e) }.is_err() {
-                // The submission queue is full: hand it to the kernel first.
+            // SAFETY (both pushes): every pointer an entry holds (a watch's
+            // siginfo) lives in `watches` until its completion is taken below.
+            if unsafe { ring.submission().push(&e) }.is_err() {
+                // The submission queue is full: hand it to the kernel, and
+                // if it cannot take more now (its completions must be taken
+                // first), push the rest after them.
                 let _ = ring.submit();
+                if unsafe { ring.submission().push(&e) }.is_err() {
+                    later.push(e);
+                }
             }
         }
+        queue = later;
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}

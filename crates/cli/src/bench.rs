@@ -373,6 +373,19 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
     std::process::exit(code)
 }
 
+/// Where a bench that starts nodes keeps their roots: `--root` when given
+/// (left in place afterwards), else `brood-bench-<name>-<pid>` in the temp
+/// directory, which the bench removes (`true`).
+pub(super) fn scratch_dir(root: &Option<PathBuf>, name: &str) -> (PathBuf, bool) {
+    match root {
+        Some(r) => (r.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("brood-bench-{name}-{}", std::process::id())),
+            true,
+        ),
+    }
+}
+
 /// Where a benchmark makes its temporary roots (`brood-bench-*-<pid>`),
 /// preferred first: tmpfs where there is one (so the projection's file
 /// writes are not a disk's), then the temp directory. An interrupted

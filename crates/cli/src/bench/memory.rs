@@ -59,14 +59,11 @@ pub(super) fn levels(asked: &[usize]) -> Vec<usize> {
 }
 
 pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result<Value> {
-    let dir = match root {
-        Some(r) => r.clone(),
-        None => std::env::temp_dir().join(format!("brood-bench-memory-{}", std::process::id())),
-    };
+    let (dir, ours) = super::scratch_dir(root, "memory");
     let out = measure_all(&dir, exe, p).await;
     // Whatever happened: the nodes were stopped (dropped) and the database
     // dropped in `measure_all`; their roots go now.
-    if root.is_none() {
+    if ours {
         let _ = std::fs::remove_dir_all(&dir);
     }
     out

@@ -33,12 +33,9 @@ pub(super) struct Params {
 }
 
 pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result<Value> {
-    let dir = match root {
-        Some(r) => r.clone(),
-        None => std::env::temp_dir().join(format!("brood-bench-restart-{}", std::process::id())),
-    };
+    let (dir, ours) = super::scratch_dir(root, "restart");
     let out = measure_all(&dir, exe, p).await;
-    if root.is_none() {
+    if ours {
         let _ = std::fs::remove_dir_all(&dir);
     }
     out

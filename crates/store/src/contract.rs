@@ -671,6 +671,20 @@ pub trait SlotShares {
     /// Gives `holder`'s slot back, never below 0 (a share at 0 is removed).
     fn slot_release(&self, tenant: &TenantId, holder: &str) -> Result<()>;
 
+    /// Takes up to `want` slots for `holder` at once, as many as leave the
+    /// tenant's shares at or under `max` (one transaction, so a node
+    /// starting a burst pays one commit, not one each); how many it took.
+    fn slot_acquire_up_to(
+        &self,
+        tenant: &TenantId,
+        holder: &str,
+        max: u32,
+        want: u32,
+    ) -> Result<u32>;
+
+    /// Gives `n` of `holder`'s slots back at once, never below 0.
+    fn slot_release_n(&self, tenant: &TenantId, holder: &str, n: u32) -> Result<()>;
+
     /// Sets `holder`'s share to `actual` (0 removes it); its old value.
     fn slot_repair(&self, tenant: &TenantId, holder: &str, actual: u64) -> Result<u64>;
 

@@ -21,7 +21,7 @@
 //! returns it as follow-ups, which `route` applies (the jobs runner and the
 //! agent sockets, which hold no dispatcher).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -42,6 +42,7 @@ use crate::paths::Paths;
 use crate::projection::Projection;
 
 mod admit;
+mod admitting;
 mod agents;
 mod batch;
 mod collect;
@@ -248,6 +249,8 @@ pub struct HostInfo {
 
 pub(crate) enum Cmd {
     Spawn(Caller, Box<SpawnRequest>, Reply<brood_api::Agent>),
+    /// The store's writer recorded admissions handed over (`admitting`).
+    Admitted(Box<admitting::Admitted>),
     /// A run that ended with a result, its refs checked and artifacts taken.
     Harvested(Box<Harvested>),
     Send(Caller, AgentName, String, Reply<brood_api::InputReply>),
@@ -455,6 +458,10 @@ struct UnrecordedEnd {
 }
 
 struct Pending {
+    /// The record its admission wrote, when it was admitted by this run of
+    /// the loop: what the launch reads of it (the task, the customer) is
+    /// fixed at admission, so the launch need not read it again.
+    admitted: Option<Agent>,
     argv: Vec<String>,
     cwd: Option<String>,
     group_parent: Option<Group>,
@@ -566,6 +573,9 @@ struct Dispatcher {
     ends_together: Option<Vec<ends::Ending>>,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
+    /// Admissions handed to the store's writer and not yet answered, and
+    /// the creations waiting for them (issue 27).
+    admitting: admitting::Admitting,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -599,22 +609,30 @@ impl Dispatcher {
     /// The loop: one command at a time, then what follows any command.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
-        let mut held: Option<Cmd> = None;
+        // Commands read ahead of the one at hand (`batch::gather`), taken first.
+        let mut ahead: std::collections::VecDeque<Cmd> = std::collections::VecDeque::new();
         // What the start resumed goes first, before any command.
         self.take_up_resumed();
         self.after_command(&mut shutdown);
         loop {
-            let cmd = match held.take() {
+            let cmd = match ahead.pop_front() {
                 Some(c) => c,
                 None => match rx.recv().await {
                     Some(c) => c,
                     None => return,
                 },
             };
-            // Creations and starts queued together are recorded together
-            // (`batch`); the first command that cannot join is next.
-            let (work, next) = batch::gather(cmd, &mut rx, shutdown.is_some());
-            held = next;
+            // Creations, starts and ends queued together are recorded
+            // together (`batch`); the starts and ends of lone agents (a root
+            // with no child here) also from further back in the queue.
+            let parents = std::cell::OnceCell::new();
+            let live = &self.agents.live;
+            let lone = |n: &AgentName| {
+                let parents: &HashSet<&AgentName> = parents
+                    .get_or_init(|| live.values().filter_map(|l| l.parent.as_ref()).collect());
+                live.get(n).is_some_and(|l| l.parent.is_none()) && !parents.contains(n)
+            };
+            let work = batch::gather(cmd, &mut ahead, &mut rx, shutdown.is_some(), &lone);
             match work {
                 batch::Work::Spawns(s) => self.on_spawns(s),
                 batch::Work::Starts(s) => self.on_launches(s),
@@ -629,17 +647,42 @@ impl Dispatcher {
     fn dispatch(&mut self, cmd: Cmd, shutdown: &mut Option<oneshot::Sender<()>>) {
         match cmd {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
+            Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
             Cmd::Harvested(h) => self.on_harvested(*h),
-            Cmd::Send(caller, name, text, reply) => {
-                answer(reply, self.on_send(&caller, &name, &text))
-            }
+            // A verb naming an agent whose creation is in flight is asked
+            // again later (`admitting`).
+            Cmd::Send(caller, name, text, reply) => answer(
+                reply,
+                self.admitting
+                    .check_settled(&name)
+                    .and_then(|()| self.on_send(&caller, &name, &text)),
+            ),
             Cmd::Wait(caller, names, timeout, reply) => {
-                self.on_wait(&caller, names, timeout, reply)
+                match names
+                    .iter()
+                    .try_for_each(|n| self.admitting.check_settled(n))
+                {
+                    Ok(()) => self.on_wait(&caller, names, timeout, reply),
+                    Err(e) => answer(reply, Err(e)),
+                }
             }
-            Cmd::Cancel(caller, name, reply) => answer(reply, self.on_cancel(&caller, &name)),
-            Cmd::Close(caller, name, reply) => answer(reply, self.on_close(&caller, &name)),
+            Cmd::Cancel(caller, name, reply) => answer(
+                reply,
+                self.admitting
+                    .check_settled(&name)
+                    .and_then(|()| self.on_cancel(&caller, &name)),
+            ),
+            Cmd::Close(caller, name, reply) => answer(
+                reply,
+                self.admitting
+                    .check_settled(&name)
+                    .and_then(|()| self.on_close(&caller, &name)),
+            ),
             Cmd::Resume(caller, name, text, secrets, reply) => {
-                self.on_resume(&caller, &name, text, *secrets, reply)
+                match self.admitting.check_settled(&name) {
+                    Ok(()) => self.on_resume(&caller, &name, text, *secrets, reply),
+                    Err(e) => answer(reply, Err(e)),
+                }
             }
             Cmd::Refused(parent, requested, e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
@@ -719,10 +762,19 @@ impl Dispatcher {
         if shutdown.is_none() {
             self.release_resumed();
             self.pump_queue();
+            // Without a tick to give them back, spare slots go at once.
+            if self.host.cfg.sweep_every.is_none() {
+                self.launcher.give_spare(&self.records.tenant);
+            }
         } else {
+            self.launcher.give_spare(&self.records.tenant);
             self.launcher.waiting.clear();
         }
-        if shutdown.is_some() && self.agents.live.is_empty() && self.stops.is_empty() {
+        if shutdown.is_some()
+            && self.agents.live.is_empty()
+            && self.stops.is_empty()
+            && self.admitting.idle()
+        {
             if let Some(c) = &self.launcher.cgroups {
                 if let Err(e) = c.destroy() {
                     tracing::error!(error = %e, "removing the supervisor's cgroups failed");
@@ -750,7 +802,7 @@ impl Dispatcher {
         self.jobs.note_gone(name);
         let l = self.agents.live.remove(name)?;
         if l.launching {
-            self.launcher.give_slot(&self.records.tenant);
+            self.launcher.give_slots(1);
         }
         Some(l)
     }

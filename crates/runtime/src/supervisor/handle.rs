@@ -265,6 +265,8 @@ impl Supervisor {
             Duration::from_secs(1),
         );
         let brood_exe = std::env::current_exe().ok();
+        let admitting = super::admitting::Admitting::start(store.clone(), tx.clone())
+            .map_err(StartError::Thread)?;
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -305,6 +307,7 @@ impl Supervisor {
                 max_concurrent: cfg_quotas
                     .effective(store.tenant_quotas(&tenant).ok().as_ref())
                     .max_concurrent,
+                spare: 0,
             },
             agents: Agents::default(),
             waiters: Waiters::default(),
@@ -317,6 +320,7 @@ impl Supervisor {
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
             restart,
+            admitting,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every);

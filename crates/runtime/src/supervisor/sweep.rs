@@ -82,6 +82,7 @@ impl SweepState {
 impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
+        self.launcher.give_spare(&self.records.tenant);
         self.record_unrecorded_ends();
         self.node_tick();
         if self.sweep.ticks.is_multiple_of(ORPHANS_EVERY) {
@@ -136,7 +137,9 @@ impl Dispatcher {
     /// the tenant's started, unfinished agents, by the lease holder only.
     fn reconcile_slots(&mut self, holder: bool) {
         // This supervisor's share: what its own started agents hold. Exact,
-        // since its acquires and releases are made on this loop too.
+        // since its acquires and releases are made on this loop too (its
+        // spare slots are given first).
+        self.launcher.give_spare(&self.records.tenant);
         let actual = self.agents.slots_used();
         match self
             .launcher
@@ -321,7 +324,11 @@ impl Dispatcher {
                 .store
                 .unfinished_of(std::slice::from_ref(&host))?
             {
-                if ours && self.agents.live.contains_key(&a.name) && a.tenant == self.records.tenant
+                // Ours and live, or ours with its admission's answer on the
+                // way to the loop (`admitting`): not lost.
+                if ours
+                    && a.tenant == self.records.tenant
+                    && (self.agents.live.contains_key(&a.name) || self.admitting.in_flight(&a.name))
                 {
                     continue;
                 }

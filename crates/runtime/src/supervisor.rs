@@ -696,6 +696,9 @@ impl Dispatcher {
             Cmd::AgentReply(agent, re, r) => self.agents.reply_to_agent(&agent, re, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
             Cmd::Tick => {
+                self.sweep
+                    .tick_queued
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
                 if shutdown.is_none() {
                     self.on_tick();
                     self.job_tick();

@@ -323,7 +323,7 @@ impl Supervisor {
             admitting,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
-            sweep::start_clock(tx.clone(), every);
+            sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());
         }
         // The dispatcher on a thread of its own: its store calls block that
         // thread only, never one of the runtime's workers, whose queued tasks

@@ -23,6 +23,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, TenantId, Terminal};
 use brood_store::{Agent, Fence, RunEnd, StoreError};
@@ -55,16 +57,29 @@ pub(super) struct SweepState {
     /// The tick before which a lease held elsewhere is not asked for again
     /// (asking the store's lock costs a connection).
     next_lease_try: u64,
+    /// Set while a `Cmd::Tick` is queued ([`start_clock`]).
+    pub(super) tick_queued: Arc<AtomicBool>,
 }
 
 /// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
-pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Duration) {
+/// A tick is sent only when none is queued (`queued`, cleared by the loop
+/// as it takes one): a loop slower than the clock (a slow store) takes the
+/// next tick when it is ready, instead of a queue of them that grows for
+/// as long as the store is slow, with every command behind it.
+pub(super) fn start_clock(
+    tx: mpsc::UnboundedSender<Cmd>,
+    every: std::time::Duration,
+    queued: Arc<AtomicBool>,
+) {
     tokio::spawn(async move {
         let mut iv = tokio::time::interval(every);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         iv.tick().await;
         loop {
             iv.tick().await;
+            if queued.swap(true, Ordering::SeqCst) {
+                continue;
+            }
             if tx.send(Cmd::Tick).is_err() {
                 return;
             }

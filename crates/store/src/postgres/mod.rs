@@ -341,7 +341,7 @@ impl Pool {
 /// The connection went, not the statement: closed, or the server ending the
 /// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
 /// connect now, `08*` connection exceptions).
-fn connection_lost(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
     }

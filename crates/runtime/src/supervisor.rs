@@ -48,6 +48,7 @@ mod batch;
 mod collect;
 mod disk;
 mod ends;
+mod ends_writer;
 mod handle;
 mod host;
 use crate::hosts::node_labels;
@@ -251,6 +252,8 @@ pub(crate) enum Cmd {
     Spawn(Caller, Box<SpawnRequest>, Reply<brood_api::Agent>),
     /// The store's writer recorded admissions handed over (`admitting`).
     Admitted(Box<admitting::Admitted>),
+    /// The store's end writer recorded ends handed over (`ends_writer`).
+    EndsRecorded(Box<ends_writer::EndsRecorded>),
     /// A run that ended with a result, its refs checked and artifacts taken.
     Harvested(Box<Harvested>),
     Send(Caller, AgentName, String, Reply<brood_api::InputReply>),
@@ -576,6 +579,8 @@ struct Dispatcher {
     /// Admissions handed to the store's writer and not yet answered, and
     /// the creations waiting for them (issue 27).
     admitting: admitting::Admitting,
+    /// Ends handed to the store's end writer and not yet answered.
+    ends_writer: ends_writer::EndsWriter,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -648,13 +653,14 @@ impl Dispatcher {
         match cmd {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
             Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
+            Cmd::EndsRecorded(r) => self.on_ends_recorded(*r),
             Cmd::Harvested(h) => self.on_harvested(*h),
-            // A verb naming an agent whose creation is in flight is asked
-            // again later (`admitting`).
+            // A verb naming an agent whose creation or end is in flight is
+            // asked again later (`admitting`, `ends_writer`); a wait for one
+            // whose end is in flight is answered when it is recorded.
             Cmd::Send(caller, name, text, reply) => answer(
                 reply,
-                self.admitting
-                    .check_settled(&name)
+                self.settled(&name)
                     .and_then(|()| self.on_send(&caller, &name, &text)),
             ),
             Cmd::Wait(caller, names, timeout, reply) => {
@@ -668,22 +674,18 @@ impl Dispatcher {
             }
             Cmd::Cancel(caller, name, reply) => answer(
                 reply,
-                self.admitting
-                    .check_settled(&name)
+                self.settled(&name)
                     .and_then(|()| self.on_cancel(&caller, &name)),
             ),
             Cmd::Close(caller, name, reply) => answer(
                 reply,
-                self.admitting
-                    .check_settled(&name)
+                self.settled(&name)
                     .and_then(|()| self.on_close(&caller, &name)),
             ),
-            Cmd::Resume(caller, name, text, secrets, reply) => {
-                match self.admitting.check_settled(&name) {
-                    Ok(()) => self.on_resume(&caller, &name, text, *secrets, reply),
-                    Err(e) => answer(reply, Err(e)),
-                }
-            }
+            Cmd::Resume(caller, name, text, secrets, reply) => match self.settled(&name) {
+                Ok(()) => self.on_resume(&caller, &name, text, *secrets, reply),
+                Err(e) => answer(reply, Err(e)),
+            },
             Cmd::Refused(parent, requested, e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
             }
@@ -739,7 +741,7 @@ impl Dispatcher {
             .agents
             .live
             .iter()
-            .filter(|(_, l)| l.stopping.is_none())
+            .filter(|(n, l)| l.stopping.is_none() && !self.ends_writer.in_flight(n))
             .filter(|(_, l)| {
                 l.parent
                     .as_ref()
@@ -777,6 +779,7 @@ impl Dispatcher {
             && self.agents.live.is_empty()
             && self.stops.is_empty()
             && self.admitting.idle()
+            && self.ends_writer.idle()
         {
             if let Some(c) = &self.launcher.cgroups {
                 if let Err(e) = c.destroy() {
@@ -790,6 +793,13 @@ impl Dispatcher {
                 let _ = s.send(());
             }
         }
+    }
+
+    /// A verb may act on `name`: neither its creation nor its end is in
+    /// flight (`admitting`, `ends_writer`); otherwise `Conflict`, to ask again.
+    fn settled(&self, name: &AgentName) -> Result<(), ApiError> {
+        self.admitting.check_settled(name)?;
+        self.ends_writer.check_settled(name)
     }
 
     fn id(&mut self) -> u64 {

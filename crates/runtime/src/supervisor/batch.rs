@@ -24,6 +24,8 @@ use brood_store::EndItem;
 use tokio::sync::mpsc;
 
 use super::admitting::{Admitted, Admitting};
+use super::ends::Ending;
+use super::ends_writer::EndsRecorded;
 use super::launch::{Made, Starting};
 use super::{AgentEv, Cmd, Dispatcher, Reply, answer};
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
@@ -230,7 +232,7 @@ fn overtakes(c: &Cmd, named: &mut HashSet<AgentName>) -> bool {
             }
             true
         }
-        Cmd::Admitted(..) | Cmd::Identify(..) => true,
+        Cmd::Admitted(..) | Cmd::EndsRecorded(..) | Cmd::Identify(..) => true,
         _ => false,
     }
 }
@@ -426,7 +428,9 @@ impl Dispatcher {
     }
 
     /// The ends waiting in `ends_together`, recorded in one transaction and
-    /// followed up in order; if that transaction fails, each alone.
+    /// followed up in order; if that transaction fails, each alone. Ends of
+    /// lone agents only go to the end writer, off the loop
+    /// (`ends_writer`), and are followed up when its answer comes.
     fn record_ends_together(&mut self) {
         let Some(ends) = self.ends_together.replace(Vec::new()) else {
             return;
@@ -434,27 +438,49 @@ impl Dispatcher {
         if ends.is_empty() {
             return;
         }
-        let items: Vec<EndItem> = ends
-            .iter()
-            .map(|e| EndItem {
-                name: e.name.clone(),
-                run: e.run.clone(),
-                end: Some(e.end.clone()),
-                events: e.events.clone(),
-                now_ms: e.end.now_ms,
-            })
-            .collect();
-        let rr = self.records.store.end_runs(&self.records.tenant, &items);
-        match rr {
-            Ok(agents) if agents.len() == ends.len() => {
+        let live = &self.agents.live;
+        let parents: HashSet<&AgentName> =
+            live.values().filter_map(|l| l.parent.as_ref()).collect();
+        let lone = ends.iter().all(|e| {
+            live.get(&e.name).is_some_and(|l| l.parent.is_none()) && !parents.contains(&e.name)
+        });
+        let ends = if lone {
+            match self.ends_writer.hand_over(ends) {
+                Ok(()) => return,
+                Err(ends) => ends,
+            }
+        } else {
+            ends
+        };
+        let items: Vec<EndItem> = ends.iter().map(Ending::item).collect();
+        let recorded = self.records.store.end_runs(&self.records.tenant, &items);
+        let agents = match recorded {
+            Ok(agents) if agents.len() == ends.len() => Some(agents),
+            Ok(_) => None,
+            Err(err) => {
+                tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
+                None
+            }
+        };
+        self.follow_ends(ends, agents);
+    }
+
+    /// The end writer's answer: what follows each end, in order.
+    pub(super) fn on_ends_recorded(&mut self, r: EndsRecorded) {
+        let ends = self.ends_writer.landed(r.id);
+        self.follow_ends(ends, r.agents);
+    }
+
+    /// What follows ends recorded together (`agents`, one per end), or,
+    /// when they were not, each recorded alone first.
+    fn follow_ends(&mut self, ends: Vec<Ending>, agents: Option<Vec<brood_store::Agent>>) {
+        match agents {
+            Some(agents) => {
                 for (e, a) in ends.into_iter().zip(agents) {
                     self.finish_recorded(e, Ok(a));
                 }
             }
-            r => {
-                if let Err(err) = &r {
-                    tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
-                }
+            None => {
                 for e in ends {
                     let r = e.record(self.records.store.as_ref(), &self.records.tenant);
                     self.finish_recorded(e, r);

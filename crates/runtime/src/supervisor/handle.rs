@@ -267,6 +267,9 @@ impl Supervisor {
         let brood_exe = std::env::current_exe().ok();
         let admitting = super::admitting::Admitting::start(store.clone(), tx.clone())
             .map_err(StartError::Thread)?;
+        let ends_writer =
+            super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
+                .map_err(StartError::Thread)?;
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -321,6 +324,7 @@ impl Supervisor {
             ends_together: None,
             restart,
             admitting,
+            ends_writer,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());

@@ -501,6 +501,7 @@ impl Dispatcher {
                     .live
                     .get(n)
                     .is_some_and(|l| l.stopping.is_none())
+                    && !self.ends_writer.in_flight(n)
             })
             .collect();
         if picked.is_empty() {

@@ -119,6 +119,8 @@ pub struct SqliteStore {
     /// Copies the WAL back into the database on its own thread; `None` when read
     /// only.
     checkpointer: Option<Checkpointer>,
+    /// Rung once events appended here have committed (`crate::bell`).
+    pub(crate) bell: crate::bell::Bell,
 }
 
 /// After how many commits the checkpointer is woken. A lone admission writes
@@ -360,6 +362,7 @@ impl SqliteStore {
             path: shown,
             admissions: Groups::new(GROUP_MAX, false),
             checkpointer: Some(checkpointer),
+            bell: Default::default(),
         })
     }
 
@@ -432,6 +435,7 @@ impl SqliteStore {
             path: shown,
             admissions: Groups::new(GROUP_MAX, false),
             checkpointer: None,
+            bell: Default::default(),
         })
     }
 
@@ -481,7 +485,9 @@ impl SqliteStore {
             tx.commit()?;
             Ok(out)
         };
-        let out = run(&mut conn).map_err(|f| f.at(&self.path))?;
+        let out = run(&mut conn);
+        self.bell.after_transaction(out.is_ok());
+        let out = out.map_err(|f| f.at(&self.path))?;
         self.committed(1);
         Ok(out)
     }
@@ -523,6 +529,8 @@ impl SqliteStore {
     /// stay exact), and it is answered only once the group has committed.
     fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
         let answers = self.admit_group(group.tickets());
+        self.bell
+            .after_transaction(answers.iter().any(std::result::Result::is_ok));
         // Counted per admission, not per commit: the frames a commit
         // writes grow with its group.
         let admitted = answers.iter().filter(|a| a.is_ok()).count();

@@ -49,6 +49,7 @@ pub(crate) mod sql;
 // After `sql`, whose macros they use.
 mod admit;
 mod db;
+mod pcache;
 mod steps;
 mod store;
 #[cfg(test)]
@@ -296,6 +297,7 @@ impl SqliteStore {
     /// Opens (creating it if needed) the store file and brings its schema up to
     /// date. Several stores, in one process or several, may open the same file.
     pub fn open_with(path: &Path, options: Options) -> Result<SqliteStore> {
+        pcache::configure();
         let shown = path.display().to_string();
         let sql = |source| StoreError::Sqlite {
             path: shown.clone(),
@@ -370,6 +372,7 @@ impl SqliteStore {
     /// `brood doctor` reports it; `None` when there is no file yet (the
     /// first supervisor makes it). Opens it read-only: migrates nothing.
     pub fn schema_version(path: &Path) -> Result<Option<crate::SchemaVersion>> {
+        pcache::configure();
         if !path.exists() {
             return Ok(None);
         }
@@ -394,6 +397,7 @@ impl SqliteStore {
     /// schema is older than this build (a read-only open cannot migrate it).
     /// Every mutating method of the result fails with SQLite's "readonly database".
     pub fn open_read_only(path: &Path) -> Result<SqliteStore> {
+        pcache::configure();
         let shown = path.display().to_string();
         let sql = |source| StoreError::Sqlite {
             path: shown.clone(),

@@ -424,3 +424,58 @@ async fn another_node_s_events_are_pushed_through_its_news_in_order_and_gapless(
     );
     s.env.sup.shutdown().await;
 }
+
+/// Issue 27 item 4 with real `brood serve` nodes on one PostgreSQL: agents
+/// created and ended through both nodes, one subscriber on node 1 from the
+/// start of the log and one that joins in the middle from an event already
+/// sent; both get every event of both nodes once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_events_reach_a_subscriber_of_either_in_order_and_gapless() {
+    use common::cluster::Nodes;
+    let nodes = Nodes::start_with(2, &["--sweep-every", "600", "--node-expiry", "3600"]);
+    let sock1 = nodes.roots[1].join("brood.sock");
+    let mut early = Stream::open(&sock1, "/api/events", None).await;
+    let spawn_round = |round: usize| {
+        let roots = nodes.roots.clone();
+        tokio::task::spawn_blocking(move || {
+            let names: Vec<String> = (0..6).map(|i| format!("r{round}n{i}")).collect();
+            for (i, n) in names.iter().enumerate() {
+                let sock = roots[i % 2].join("brood.sock");
+                let body = serde_json::json!({"name": n, "argv": common::agent(&["--result", n])});
+                let (s, v) = common::http(&sock, "POST", "/api/agents", Some(&body));
+                assert_eq!(s, 201, "{n}: {v}");
+            }
+            for (i, n) in names.iter().enumerate() {
+                let sock = roots[(i + 1) % 2].join("brood.sock");
+                let body = serde_json::json!({"timeout_s": 30});
+                let (s, v) =
+                    common::http(&sock, "POST", &format!("/api/agents/{n}/wait"), Some(&body));
+                assert_eq!(
+                    (s, &v["agents"][0]["status"]),
+                    (200, &Value::from("completed")),
+                    "{n}: {v}"
+                );
+            }
+        })
+    };
+    spawn_round(0).await.unwrap();
+    let store = brood_store::open(&nodes.store).unwrap();
+    // SAFETY: geteuid cannot fail; the nodes run as this test's user.
+    let tenant = brood_core::TenantId::for_uid(unsafe { libc::geteuid() });
+    let at = store.last_event_seq(&tenant).unwrap();
+    let mut late = Stream::open(&sock1, "/api/events", Some(&format!("{tenant}-{at}"))).await;
+    spawn_round(1).await.unwrap();
+    let end = store.last_event_seq(&tenant).unwrap();
+    // Each agent's start, result and stop at least, on both sides of the join.
+    assert!(at >= 18 && end - at >= 18, "{at} {end}");
+    assert_eq!(
+        seqs_until(&mut early, end).await,
+        (1..=end).collect::<Vec<_>>(),
+        "from the start: every event of both nodes once, in order"
+    );
+    assert_eq!(
+        seqs_until(&mut late, end).await,
+        (at + 1..=end).collect::<Vec<_>>(),
+        "from {at}: every event once, in order"
+    );
+}

@@ -257,6 +257,15 @@ pub trait Transcripts {
     /// The sequence number of the tenant's last event (0 when it has none):
     /// where a reader that wants only what comes next starts.
     fn last_event_seq(&self, tenant: &TenantId) -> Result<i64>;
+
+    /// A counter that changes once events appended through this store have
+    /// committed (any tenant's), and, on a store other nodes share, when
+    /// another node announces a write (`Nodes::hear`): a reader of the log
+    /// waits on it instead of polling, then reads what follows its last
+    /// event. It says only "look" (a change may bring nothing new), and it
+    /// does not see writers outside this process that share no news (another
+    /// process on the same SQLite file): a reader still looks now and then.
+    fn appended(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// Each start recorded alone, in order: `Runs::start_runs` where a store has

@@ -208,6 +208,9 @@ pub(crate) struct Pool {
     runtime: Option<tokio::runtime::Runtime>,
     slots: Mutex<Vec<Option<Conn>>>,
     freed: Condvar,
+    /// Rung once events appended through this pool have committed, and when
+    /// another node announces a write (`crate::bell`).
+    pub(crate) bell: crate::bell::Bell,
 }
 
 impl Drop for Pool {
@@ -436,6 +439,7 @@ impl PgStore {
             runtime: Some(runtime),
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
+            bell: Default::default(),
         });
         let store = PgStore {
             pool,

@@ -35,7 +35,7 @@ use brood_launch::{LaunchError, Launched};
 use brood_proto::{DoneResult, FromAgent, LineError};
 use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
 use crate::paths::Paths;
@@ -347,9 +347,6 @@ pub struct Supervisor {
     outsiders: Arc<outsider::Outsiders>,
     /// Whether the store answers, probed off the loop.
     store_health: Arc<crate::store_health::StoreHealth>,
-    /// Bumped after every command the dispatcher handled: whoever streams the
-    /// event log (SSE) reads the store again then instead of polling it.
-    changed: watch::Receiver<u64>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -760,8 +757,6 @@ impl Dispatcher {
         if shutdown.is_none() {
             self.drive_jobs();
         }
-        // Whatever the command wrote (events included) is committed by now.
-        self.records.changed.send_modify(|n| *n = n.wrapping_add(1));
         // A slot freed by whatever this command did goes to the next in line
         // (not while shutting down: nothing new starts then).
         if shutdown.is_none() {
@@ -833,7 +828,6 @@ impl Dispatcher {
             me: self.host.me.clone(),
             outsiders: self.host.outsiders.clone(),
             store_health: self.host.store_health.clone(),
-            changed: self.records.changed.subscribe(),
         }
     }
 }

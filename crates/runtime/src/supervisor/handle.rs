@@ -36,7 +36,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
-use tokio::sync::watch;
 
 /// How long a creation waits for a store that is not answering before it
 /// is refused `unavailable` (`Supervisor::store_answers`).
@@ -229,7 +228,6 @@ impl Supervisor {
         let cfg_quotas = cfg.quotas;
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let (changed_tx, changed) = watch::channel(0u64);
         let disp_me = me.clone();
         let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if cfg.node.is_some() {
@@ -296,7 +294,6 @@ impl Supervisor {
                 tenant: tenant.clone(),
                 paths: paths.clone(),
                 projection: projection.clone(),
-                changed: changed_tx,
                 news_queued,
             },
             launcher: Launcher {
@@ -351,14 +348,7 @@ impl Supervisor {
             me: disp_me,
             outsiders,
             store_health,
-            changed,
         })
-    }
-
-    /// A counter bumped after every command the dispatcher handled, so a
-    /// reader of the event log (the API's SSE) knows when to read again.
-    pub fn changed(&self) -> watch::Receiver<u64> {
-        self.changed.clone()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -64,6 +64,7 @@ mod orphans;
 mod outcome;
 mod outsider;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
+mod moved;
 mod placement;
 mod protocol;
 mod queue;
@@ -611,6 +612,9 @@ impl Dispatcher {
                     None => return,
                 },
             };
+            // Back from a pause past its expiry, a node learns whether it
+            // was declared lost before it acts for any agent (`moved`).
+            self.fence_if_stale();
             // Creations and starts queued together are recorded together
             // (`batch`); the first command that cannot join is next.
             let (work, next) = batch::gather(cmd, &mut rx, shutdown.is_some());

@@ -20,8 +20,15 @@ use common::cluster::*;
 use common::*;
 use serde_json::{Value, json};
 
-/// Node 0 `pool=a`, nodes 1 and 2 `pool=b`: a node is lost after 1.5 s
-/// without a heartbeat.
+/// One cluster at a time: six nodes on a small machine starve each other's
+/// heartbeats.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Node 0 `pool=a`, nodes 1 and 2 `pool=b`: a node is lost after 15 s
+/// without a heartbeat. Longer than the server's `lock_timeout` (10 s): a
+/// node paused inside a transaction holds its tenant's lock until the
+/// server ends its session (idle in a transaction for 30 s), and the others
+/// wait on that lock meanwhile; they must not be declared lost for it.
 fn cluster() -> Nodes {
     let dir = tempfile::tempdir().unwrap();
     let db = Fresh::new();
@@ -34,7 +41,7 @@ fn cluster() -> Nodes {
             r,
             &db.url,
             &format!("z{i}"),
-            &["--label", pool, "--node-expiry", "1.5"],
+            &["--label", pool, "--node-expiry", "15"],
         ));
     }
     Nodes {
@@ -308,6 +315,7 @@ fn ends_as_if_nothing_happened(
 
 #[test]
 fn a_resumable_tree_completes_when_a_node_holding_part_of_it_is_killed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut nodes = cluster();
     let work = tempfile::tempdir().unwrap();
     let want = uninterrupted(&nodes, work.path());
@@ -326,6 +334,7 @@ fn a_resumable_tree_completes_when_a_node_holding_part_of_it_is_killed() {
 
 #[test]
 fn a_paused_node_that_comes_back_does_not_run_the_moved_agents_again() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let nodes = cluster();
     let work = tempfile::tempdir().unwrap();
     let want = uninterrupted(&nodes, work.path());
@@ -336,10 +345,12 @@ fn a_paused_node_that_comes_back_does_not_run_the_moved_agents_again() {
     // SAFETY: pausing a node this test started.
     unsafe { libc::kill(paused, libc::SIGSTOP) };
     // Its agents move and run again elsewhere while it is paused (their
-    // old processes still live: nothing here can reach them).
+    // old processes still live: nothing here can reach them): after its
+    // expiry, or, if it was paused inside a transaction, once the server
+    // has ended that session and its tenant's lock is free.
     let ids = node_ids_of_live(&nodes, i);
     let other = ids[&format!("z{}", 3 - i)].clone();
-    let moved = eventually(Duration::from_secs(20), || {
+    let moved = eventually(Duration::from_secs(90), || {
         ["mid", "leaf"].iter().all(|n| {
             let a = agent_on(&nodes, 0, n);
             a["status"] == "running" && a["node"] == other
@@ -349,13 +360,18 @@ fn a_paused_node_that_comes_back_does_not_run_the_moved_agents_again() {
     let resumed = || unsafe { libc::kill(paused, libc::SIGCONT) };
     if !moved {
         resumed();
-        panic!("the paused node's agents never moved: {}", logs(&nodes));
+        panic!(
+            "the paused node's agents never moved: {} {}\n{}",
+            agent_on(&nodes, 0, "mid"),
+            agent_on(&nodes, 0, "leaf"),
+            logs(&nodes)
+        );
     }
     // Back while the moved runs are live: it finds itself lost, lets go
     // of its old processes and writes nothing of the new runs.
     resumed();
     assert!(
-        eventually(Duration::from_secs(10), || pids.iter().all(|p| !alive(*p))),
+        eventually(Duration::from_secs(30), || pids.iter().all(|p| !alive(*p))),
         "the node comes back and lets its old processes go"
     );
     // It let go of them itself (they did not just end on their own), and

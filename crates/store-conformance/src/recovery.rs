@@ -243,9 +243,16 @@ pub fn recover_lost_placing_moves_the_queue_and_the_resumable(store: &dyn Store)
     let q = on("q", Some("root"), &dead);
     let pq = on("pq", None, &brood_store::placed_on(&dead));
     start(store, &on("stays", Some("root"), &dead));
+    // Its stop was recorded before the loss, as `failed (lost)` even (a
+    // node fencing itself off records that): carried out, not moved.
     let s = start(store, &on("stopping", Some("root"), &dead));
     store
-        .mark_stopping(&t, std::slice::from_ref(&s.name), USER, now())
+        .mark_stopping(
+            &t,
+            std::slice::from_ref(&s.name),
+            Terminal::Failed(FailReason::Lost),
+            now(),
+        )
         .unwrap();
     start(store, &on("lone", None, &dead));
     start(store, &on("orphan", Some("lone"), &dead));
@@ -317,7 +324,7 @@ pub fn recover_lost_placing_moves_the_queue_and_the_resumable(store: &dyn Store)
     }
     for (n, st) in [
         ("stays", Status::Ended(lost)),
-        ("stopping", Status::Ended(USER)),
+        ("stopping", Status::Ended(lost)),
         ("lone", Status::Ended(lost)),
         ("orphan", Status::Ended(lost)),
     ] {

@@ -573,11 +573,17 @@ pub(crate) fn recover_lost_placing<D: Db>(
     now_ms: i64,
 ) -> Result<Recovered, D::Err> {
     let mut replaced: Vec<(TenantId, AgentName)> = Vec::new();
+    // A stop recorded before the loss is carried out, whatever it ends as
+    // (`failed (lost)` included).
+    let mut stopping: Vec<(&TenantId, &AgentName)> = Vec::new();
     for p in placing {
         let r = &p.agent;
         let Some(a) = db.agent(&r.tenant, &r.name)? else {
             continue;
         };
+        if matches!(a.status, Status::Stopping(_)) {
+            stopping.push((&r.tenant, &r.name));
+        }
         if a.status != Status::Queued || !dead.contains(&a.supervisor) {
             continue;
         }
@@ -597,7 +603,7 @@ pub(crate) fn recover_lost_placing<D: Db>(
         else {
             continue;
         };
-        if agents[i].status != lost {
+        if agents[i].status != lost || stopping.contains(&(&r.tenant, &r.name)) {
             continue;
         }
         let parent_lives = match &agents[i].parent {

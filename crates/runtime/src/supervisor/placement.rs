@@ -105,6 +105,12 @@ impl Dispatcher {
                     return;
                 }
             };
+        // A full batch may have more behind it (a lost node's agents moved
+        // here at once): the next batch is claimed as the next command, so
+        // the loop answers others in between rather than waiting a tick.
+        if claimed.len() == CLAIM_BATCH as usize {
+            let _ = self.host.tx.send(super::Cmd::News);
+        }
         for a in claimed {
             if let Status::Stopping(outcome) = a.status {
                 self.end_without_process(

@@ -259,3 +259,223 @@ async fn the_stream_comes_back_when_the_event_log_could_not_be_read_at_first() {
         "every event once, in order"
     );
 }
+
+/// Limits whose hub never looks at the store on its own within a test: an
+/// event reaches a subscriber only because its commit (or, on PostgreSQL,
+/// the other node's news) rang the store's bell (issue 27 item 4).
+fn told_only() -> brood_server::EventLimits {
+    brood_server::EventLimits {
+        look_every: std::time::Duration::from_secs(3600),
+        ..Default::default()
+    }
+}
+
+/// `rounds` appends of one to three `test.tick` events of `agent`, straight
+/// into `store` (no supervisor's loop is told), from the calling thread.
+fn append_ticks(
+    store: &dyn brood_store::Store,
+    tenant: &brood_core::TenantId,
+    agent: &str,
+    writer: usize,
+    rounds: usize,
+) {
+    let name = brood_core::AgentName::new(agent).unwrap();
+    for r in 0..rounds {
+        let events: Vec<_> = (0..1 + r % 3)
+            .map(|i| brood_store::NewEvent {
+                agent: name.clone(),
+                run: None,
+                session: brood_core::SessionName::default_session(),
+                kind: "test.tick".into(),
+                payload: serde_json::json!({"writer": writer, "round": r, "i": i}).to_string(),
+            })
+            .collect();
+        store.append_events(tenant, &events, 1).unwrap();
+    }
+}
+
+/// What a subscriber receives until `end`, each event's sequence, failing
+/// when nothing comes for 30 s (the hub was not told of a commit).
+async fn seqs_until(st: &mut Stream, end: i64) -> Vec<i64> {
+    let mut got = Vec::new();
+    while got.last().is_none_or(|l| *l < end) {
+        let (_, seq) = tokio::time::timeout(std::time::Duration::from_secs(30), st.next_seq())
+            .await
+            .unwrap_or_else(|_| panic!("nothing after {:?} in 30 s (head {end})", got.last()));
+        got.push(seq);
+    }
+    got
+}
+
+/// Issue 27 item 4: events are pushed at their commit, in order and with no
+/// gap, across the seam between a subscriber's catch-up and the live stream.
+/// Four threads append straight into the store (so no command of the
+/// supervisor's loop tells the hub) while subscribers connect: one before,
+/// others in the middle of the writing, from the start of the log or from an
+/// event already written; the hub never looks on its own, so everything
+/// after a subscriber's catch-up reaches it through the store's bell. Each
+/// gets every event after its starting point once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_pushed_at_their_commit_in_order_and_gapless_across_the_seam() {
+    let s = Served::start_limited(|_| {}, told_only()).await;
+    let To::Unix(sock) = s.unix.clone() else {
+        unreachable!()
+    };
+    quick_agents(&s, &["w"]).await;
+    let (store, tenant) = (s.env.sup.store().clone(), s.env.sup.tenant().clone());
+    let mut early = Stream::open(&sock, "/api/events", None).await;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            std::thread::spawn(move || append_ticks(&*store, &tenant, "w", w, 150))
+        })
+        .collect();
+    // Subscribers whose catch-up ends while the writers write.
+    let mut late = Vec::new();
+    for i in 0..6 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let at = store.last_event_seq(&tenant).unwrap();
+        let from = (i % 2 == 0).then(|| format!("{tenant}-{}", at / 2));
+        let start = if from.is_some() { at / 2 } else { 0 };
+        late.push((
+            start,
+            Stream::open(&sock, "/api/events", from.as_deref()).await,
+        ));
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let end = store.last_event_seq(&tenant).unwrap();
+    assert!(end > 4 * 150, "{end}");
+    assert_eq!(
+        seqs_until(&mut early, end).await,
+        (1..=end).collect::<Vec<_>>(),
+        "the first subscriber: every event once, in order"
+    );
+    for (start, mut st) in late {
+        assert_eq!(
+            seqs_until(&mut st, end).await,
+            (start + 1..=end).collect::<Vec<_>>(),
+            "a subscriber from {start}: every event once, in order"
+        );
+    }
+    s.env.sup.shutdown().await;
+}
+
+/// Issue 27 item 4 on PostgreSQL: another node's events reach this node's
+/// subscribers through its news (`LISTEN/NOTIFY`), interleaved with this
+/// node's own, in order and with no gap. The other node is a second store on
+/// the same database that announces its writes as a node of its own; this
+/// node's hub never looks on its own, so what the other writes arrives only
+/// because its news rang this node's bell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_node_s_events_are_pushed_through_its_news_in_order_and_gapless() {
+    let db = brood_store_conformance::pg::Fresh::new();
+    let url = db.url.clone();
+    let s = Served::start_limited(
+        |cfg| {
+            cfg.store = Some(url.clone().into());
+            cfg.node = Some(brood_runtime::NodeConfig {
+                address: "here".into(),
+                labels: Default::default(),
+                capacity: None,
+                expiry: std::time::Duration::from_secs(3600),
+            });
+        },
+        told_only(),
+    )
+    .await;
+    let To::Unix(sock) = s.unix.clone() else {
+        unreachable!()
+    };
+    quick_agents(&s, &["w"]).await;
+    let (here, tenant) = (s.env.sup.store().clone(), s.env.sup.tenant().clone());
+    let other = brood_store::open(&url).unwrap();
+    other
+        .hear("the-other-node", std::sync::Arc::new(|| {}))
+        .unwrap();
+    let mut early = Stream::open(&sock, "/api/events", None).await;
+    let writers: Vec<_> = [other.clone(), other.clone(), here.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(w, store)| {
+            let tenant = tenant.clone();
+            std::thread::spawn(move || append_ticks(&*store, &tenant, "w", w, 60))
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let at = here.last_event_seq(&tenant).unwrap();
+    let mut late = Stream::open(&sock, "/api/events", Some(&format!("{tenant}-{at}"))).await;
+    for w in writers {
+        w.join().unwrap();
+    }
+    // The last word is the other node's, so the end arrives only as news.
+    append_ticks(&*other, &tenant, "w", 9, 1);
+    let end = here.last_event_seq(&tenant).unwrap();
+    assert_eq!(
+        seqs_until(&mut early, end).await,
+        (1..=end).collect::<Vec<_>>(),
+        "every event of both nodes once, in order"
+    );
+    assert_eq!(
+        seqs_until(&mut late, end).await,
+        (at + 1..=end).collect::<Vec<_>>(),
+        "a subscriber from {at}: every event once, in order"
+    );
+    s.env.sup.shutdown().await;
+}
+
+/// Issue 27 item 4 with real `brood serve` nodes on one PostgreSQL: agents
+/// created and ended through both nodes, one subscriber on node 1 from the
+/// start of the log and one that joins in the middle from an event already
+/// sent; both get every event of both nodes once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_events_reach_a_subscriber_of_either_in_order_and_gapless() {
+    use common::cluster::Nodes;
+    let nodes = Nodes::start_with(2, &["--sweep-every", "600", "--node-expiry", "3600"]);
+    let sock1 = nodes.roots[1].join("brood.sock");
+    let mut early = Stream::open(&sock1, "/api/events", None).await;
+    let spawn_round = |round: usize| {
+        let roots = nodes.roots.clone();
+        tokio::task::spawn_blocking(move || {
+            let names: Vec<String> = (0..6).map(|i| format!("r{round}n{i}")).collect();
+            for (i, n) in names.iter().enumerate() {
+                let sock = roots[i % 2].join("brood.sock");
+                let body = serde_json::json!({"name": n, "argv": common::agent(&["--result", n])});
+                let (s, v) = common::http(&sock, "POST", "/api/agents", Some(&body));
+                assert_eq!(s, 201, "{n}: {v}");
+            }
+            for (i, n) in names.iter().enumerate() {
+                let sock = roots[(i + 1) % 2].join("brood.sock");
+                let body = serde_json::json!({"timeout_s": 30});
+                let (s, v) =
+                    common::http(&sock, "POST", &format!("/api/agents/{n}/wait"), Some(&body));
+                assert_eq!(
+                    (s, &v["agents"][0]["status"]),
+                    (200, &Value::from("completed")),
+                    "{n}: {v}"
+                );
+            }
+        })
+    };
+    spawn_round(0).await.unwrap();
+    let store = brood_store::open(&nodes.store).unwrap();
+    // SAFETY: geteuid cannot fail; the nodes run as this test's user.
+    let tenant = brood_core::TenantId::for_uid(unsafe { libc::geteuid() });
+    let at = store.last_event_seq(&tenant).unwrap();
+    let mut late = Stream::open(&sock1, "/api/events", Some(&format!("{tenant}-{at}"))).await;
+    spawn_round(1).await.unwrap();
+    let end = store.last_event_seq(&tenant).unwrap();
+    // Each agent's start, result and stop at least, on both sides of the join.
+    assert!(at >= 18 && end - at >= 18, "{at} {end}");
+    assert_eq!(
+        seqs_until(&mut early, end).await,
+        (1..=end).collect::<Vec<_>>(),
+        "from the start: every event of both nodes once, in order"
+    );
+    assert_eq!(
+        seqs_until(&mut late, end).await,
+        (at + 1..=end).collect::<Vec<_>>(),
+        "from {at}: every event once, in order"
+    );
+}

@@ -294,10 +294,78 @@ pub(crate) fn internal(e: StoreError) -> ApiError {
         StoreError::Transition { name, source } => {
             ApiError::new(Code::Conflict, format!("agent {name}: {source}"))
         }
+        // Away, not wrong: the caller asks again (issue 27 item 5).
+        StoreError::PostgresInDoubt { .. } => ApiError::new(
+            Code::Unavailable,
+            "the store did not answer whether this was recorded; look before asking again \
+             (see the supervisor's log)",
+        )
+        .retry_after(1),
+        e if e.is_unavailable() => ApiError::new(
+            Code::Unavailable,
+            "the store is not answering; nothing was recorded, ask again (see the supervisor's log)",
+        )
+        .retry_after(1),
         _ => ApiError::new(Code::Internal, "store error (see the supervisor's log)"),
     }
 }
 
 pub(crate) fn not_found(name: &AgentName) -> ApiError {
     ApiError::new(Code::NotFound, format!("no agent named {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ApiError, internal};
+    use brood_core::Code;
+    use brood_store::StoreError;
+    use std::time::Duration;
+
+    fn mapped(e: StoreError) -> ApiError {
+        internal(e)
+    }
+
+    #[test]
+    fn a_store_that_is_away_is_unavailable_with_when_to_ask_again() {
+        let away = mapped(StoreError::PostgresDeadline {
+            target: "db".into(),
+            after: Duration::from_secs(20),
+        });
+        assert_eq!(
+            (away.code, away.retry_after_s),
+            (Code::Unavailable, Some(1))
+        );
+        let doubt = mapped(StoreError::PostgresInDoubt {
+            target: "db".into(),
+            message: "commit unanswered".into(),
+        });
+        assert_eq!(
+            (doubt.code, doubt.retry_after_s),
+            (Code::Unavailable, Some(1))
+        );
+        assert!(
+            doubt.message.contains("look before asking again"),
+            "{}",
+            doubt.message
+        );
+        // Nothing of the server's address leaks into the answer.
+        assert!(!away.message.contains("db"), "{}", away.message);
+    }
+
+    #[test]
+    fn a_store_that_is_wrong_is_still_internal_and_a_refusal_keeps_its_code() {
+        let corrupt = mapped(StoreError::Corrupt {
+            what: "status",
+            value: "x".into(),
+        });
+        assert_eq!(
+            (corrupt.code, corrupt.retry_after_s),
+            (Code::Internal, None)
+        );
+        let refused = mapped(StoreError::Refused {
+            code: Code::QuotaFanout,
+            message: "max_fanout".into(),
+        });
+        assert_eq!(refused.code, Code::QuotaFanout);
+    }
 }

@@ -21,7 +21,7 @@
 //! returns it as follow-ups, which `route` applies (the jobs runner and the
 //! agent sockets, which hold no dispatcher).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,18 +35,20 @@ use brood_launch::{LaunchError, Launched};
 use brood_proto::{DoneResult, FromAgent, LineError};
 use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
 mod admit;
+mod admitting;
 mod agents;
 mod batch;
 mod collect;
 mod disk;
 mod ends;
+mod ends_writer;
 mod handle;
 mod host;
 use crate::hosts::node_labels;
@@ -249,6 +251,10 @@ pub struct HostInfo {
 
 pub(crate) enum Cmd {
     Spawn(Caller, Box<SpawnRequest>, Reply<brood_api::Agent>),
+    /// The store's writer recorded admissions handed over (`admitting`).
+    Admitted(Box<admitting::Admitted>),
+    /// The store's end writer recorded ends handed over (`ends_writer`).
+    EndsRecorded(Box<ends_writer::EndsRecorded>),
     /// A run that ended with a result, its refs checked and artifacts taken.
     Harvested(Box<Harvested>),
     Send(Caller, AgentName, String, Reply<brood_api::InputReply>),
@@ -342,9 +348,6 @@ pub struct Supervisor {
     outsiders: Arc<outsider::Outsiders>,
     /// Whether the store answers, probed off the loop.
     store_health: Arc<crate::store_health::StoreHealth>,
-    /// Bumped after every command the dispatcher handled: whoever streams the
-    /// event log (SSE) reads the store again then instead of polling it.
-    changed: watch::Receiver<u64>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -456,6 +459,10 @@ struct UnrecordedEnd {
 }
 
 struct Pending {
+    /// The record its admission wrote, when it was admitted by this run of
+    /// the loop: what the launch reads of it (the task, the customer) is
+    /// fixed at admission, so the launch need not read it again.
+    admitted: Option<Agent>,
     argv: Vec<String>,
     cwd: Option<String>,
     group_parent: Option<Group>,
@@ -567,6 +574,11 @@ struct Dispatcher {
     ends_together: Option<Vec<ends::Ending>>,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
+    /// Admissions handed to the store's writer and not yet answered, and
+    /// the creations waiting for them (issue 27).
+    admitting: admitting::Admitting,
+    /// Ends handed to the store's end writer and not yet answered.
+    ends_writer: ends_writer::EndsWriter,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -600,12 +612,13 @@ impl Dispatcher {
     /// The loop: one command at a time, then what follows any command.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
-        let mut held: Option<Cmd> = None;
+        // Commands read ahead of the one at hand (`batch::gather`), taken first.
+        let mut ahead: std::collections::VecDeque<Cmd> = std::collections::VecDeque::new();
         // What the start resumed goes first, before any command.
         self.take_up_resumed();
         self.after_command(&mut shutdown);
         loop {
-            let cmd = match held.take() {
+            let cmd = match ahead.pop_front() {
                 Some(c) => c,
                 None => match rx.recv().await {
                     Some(c) => c,
@@ -615,10 +628,17 @@ impl Dispatcher {
             // Back from a pause past its expiry, a node learns whether it
             // was declared lost before it acts for any agent (`moved`).
             self.fence_if_stale();
-            // Creations and starts queued together are recorded together
-            // (`batch`); the first command that cannot join is next.
-            let (work, next) = batch::gather(cmd, &mut rx, shutdown.is_some());
-            held = next;
+            // Creations, starts and ends queued together are recorded
+            // together (`batch`); the starts and ends of lone agents (a root
+            // with no child here) also from further back in the queue.
+            let parents = std::cell::OnceCell::new();
+            let live = &self.agents.live;
+            let lone = |n: &AgentName| {
+                let parents: &HashSet<&AgentName> = parents
+                    .get_or_init(|| live.values().filter_map(|l| l.parent.as_ref()).collect());
+                live.get(n).is_some_and(|l| l.parent.is_none()) && !parents.contains(n)
+            };
+            let work = batch::gather(cmd, &mut ahead, &mut rx, shutdown.is_some(), &lone);
             match work {
                 batch::Work::Spawns(s) => self.on_spawns(s),
                 batch::Work::Starts(s) => self.on_launches(s),
@@ -633,18 +653,40 @@ impl Dispatcher {
     fn dispatch(&mut self, cmd: Cmd, shutdown: &mut Option<oneshot::Sender<()>>) {
         match cmd {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
+            Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
+            Cmd::EndsRecorded(r) => self.on_ends_recorded(*r),
             Cmd::Harvested(h) => self.on_harvested(*h),
-            Cmd::Send(caller, name, text, reply) => {
-                answer(reply, self.on_send(&caller, &name, &text))
-            }
+            // A verb naming an agent whose creation or end is in flight is
+            // asked again later (`admitting`, `ends_writer`); a wait for one
+            // whose end is in flight is answered when it is recorded.
+            Cmd::Send(caller, name, text, reply) => answer(
+                reply,
+                self.settled(&name)
+                    .and_then(|()| self.on_send(&caller, &name, &text)),
+            ),
             Cmd::Wait(caller, names, timeout, reply) => {
-                self.on_wait(&caller, names, timeout, reply)
+                match names
+                    .iter()
+                    .try_for_each(|n| self.admitting.check_settled(n))
+                {
+                    Ok(()) => self.on_wait(&caller, names, timeout, reply),
+                    Err(e) => answer(reply, Err(e)),
+                }
             }
-            Cmd::Cancel(caller, name, reply) => answer(reply, self.on_cancel(&caller, &name)),
-            Cmd::Close(caller, name, reply) => answer(reply, self.on_close(&caller, &name)),
-            Cmd::Resume(caller, name, text, secrets, reply) => {
-                self.on_resume(&caller, &name, text, *secrets, reply)
-            }
+            Cmd::Cancel(caller, name, reply) => answer(
+                reply,
+                self.settled(&name)
+                    .and_then(|()| self.on_cancel(&caller, &name)),
+            ),
+            Cmd::Close(caller, name, reply) => answer(
+                reply,
+                self.settled(&name)
+                    .and_then(|()| self.on_close(&caller, &name)),
+            ),
+            Cmd::Resume(caller, name, text, secrets, reply) => match self.settled(&name) {
+                Ok(()) => self.on_resume(&caller, &name, text, *secrets, reply),
+                Err(e) => answer(reply, Err(e)),
+            },
             Cmd::Refused(parent, requested, e) => {
                 self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
             }
@@ -657,6 +699,9 @@ impl Dispatcher {
             Cmd::AgentReply(agent, re, r) => self.agents.reply_to_agent(&agent, re, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
             Cmd::Tick => {
+                self.sweep
+                    .tick_queued
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
                 if shutdown.is_none() {
                     self.on_tick();
                     self.job_tick();
@@ -697,7 +742,7 @@ impl Dispatcher {
             .agents
             .live
             .iter()
-            .filter(|(_, l)| l.stopping.is_none())
+            .filter(|(n, l)| l.stopping.is_none() && !self.ends_writer.in_flight(n))
             .filter(|(_, l)| {
                 l.parent
                     .as_ref()
@@ -716,17 +761,25 @@ impl Dispatcher {
         if shutdown.is_none() {
             self.drive_jobs();
         }
-        // Whatever the command wrote (events included) is committed by now.
-        self.records.changed.send_modify(|n| *n = n.wrapping_add(1));
         // A slot freed by whatever this command did goes to the next in line
         // (not while shutting down: nothing new starts then).
         if shutdown.is_none() {
             self.release_resumed();
             self.pump_queue();
+            // Without a tick to give them back, spare slots go at once.
+            if self.host.cfg.sweep_every.is_none() {
+                self.launcher.give_spare(&self.records.tenant);
+            }
         } else {
+            self.launcher.give_spare(&self.records.tenant);
             self.launcher.waiting.clear();
         }
-        if shutdown.is_some() && self.agents.live.is_empty() && self.stops.is_empty() {
+        if shutdown.is_some()
+            && self.agents.live.is_empty()
+            && self.stops.is_empty()
+            && self.admitting.idle()
+            && self.ends_writer.idle()
+        {
             if let Some(c) = &self.launcher.cgroups {
                 if let Err(e) = c.destroy() {
                     tracing::error!(error = %e, "removing the supervisor's cgroups failed");
@@ -739,6 +792,13 @@ impl Dispatcher {
                 let _ = s.send(());
             }
         }
+    }
+
+    /// A verb may act on `name`: neither its creation nor its end is in
+    /// flight (`admitting`, `ends_writer`); otherwise `Conflict`, to ask again.
+    fn settled(&self, name: &AgentName) -> Result<(), ApiError> {
+        self.admitting.check_settled(name)?;
+        self.ends_writer.check_settled(name)
     }
 
     fn id(&mut self) -> u64 {
@@ -754,7 +814,7 @@ impl Dispatcher {
         self.jobs.note_gone(name);
         let l = self.agents.live.remove(name)?;
         if l.launching {
-            self.launcher.give_slot(&self.records.tenant);
+            self.launcher.give_slots(1);
         }
         Some(l)
     }
@@ -772,7 +832,6 @@ impl Dispatcher {
             me: self.host.me.clone(),
             outsiders: self.host.outsiders.clone(),
             store_health: self.host.store_health.clone(),
-            changed: self.records.changed.subscribe(),
         }
     }
 }

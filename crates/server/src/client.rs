@@ -257,10 +257,14 @@ pub async fn stream_request(
             continue;
         };
         buf.extend_from_slice(&data);
-        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=nl).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\n', '\r']);
+        // The whole lines of `buf`, read in place and dropped together
+        // after: a frame holding many events costs one move, not one a line.
+        let mut start = 0;
+        while let Some(nl) = buf[start..].iter().position(|&b| b == b'\n') {
+            let raw = &buf[start..start + nl];
+            start += nl + 1;
+            let line = String::from_utf8_lossy(raw);
+            let line = line.trim_end_matches('\r');
             if line.is_empty() {
                 if !cur.data.is_empty() || cur.event.is_some() {
                     let ev = std::mem::take(&mut cur);
@@ -287,6 +291,7 @@ pub async fn stream_request(
                 _ => {}
             }
         }
+        buf.drain(..start);
     }
     Ok(None)
 }

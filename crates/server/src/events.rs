@@ -1,26 +1,27 @@
 //! `GET /api/events`: the tenant's event log as server-sent events.
 //!
-//! One reader per server (the [`Hub`]) follows the store: it reads what was
-//! appended whenever the supervisor's dispatcher has handled a command (and
-//! every quarter second, for events other supervisors of a shared store
-//! wrote) and broadcasts each batch. A subscriber first subscribes, then
-//! reads what it missed from the store (after its `Last-Event-ID`), then
-//! takes the broadcast, skipping what it already sent: no event is lost or
-//! repeated across the seam or a reconnect. A subscriber too slow for the
-//! broadcast is sent `event: resync` and its stream ends; it reconnects with
-//! its `Last-Event-ID` and catches up from the store.
+//! One reader per server (the [`Hub`](crate::state::Hub)) follows the store:
+//! it reads what was appended as soon as the store rings its bell (at the
+//! commit of events written through it, and on PostgreSQL at another node's
+//! news; every quarter second for any other writer) and broadcasts each
+//! batch. A subscriber first subscribes, then reads what it missed from the
+//! store (after its `Last-Event-ID`), then takes the broadcast, skipping
+//! what it already sent: no event is lost or repeated across the seam or a
+//! reconnect. A subscriber too slow for the broadcast is sent `event:
+//! resync` and its stream ends; it reconnects with its `Last-Event-ID` and
+//! catches up from the store.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Extension;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use brood_core::{AgentName, Code};
-use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
+use brood_runtime::agentruntime::EventFormat;
 use brood_runtime::{ApiError, Caller};
 use brood_store::Event;
 use serde::Deserialize;
@@ -28,8 +29,8 @@ use tokio::sync::{broadcast, mpsc};
 use utoipa::IntoParams;
 
 use crate::error::{HttpError, bad};
-use crate::state::hub::{PAGE, off_the_runtime};
-use crate::state::{Api, event_json, may_see};
+use crate::state::hub::{Live, PAGE, frame_of, off_the_runtime};
+use crate::state::{Api, may_see};
 
 /// The filters of `GET /api/events`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -195,21 +196,29 @@ fn open(
         rx_broadcast,
         tx,
     ));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(api.0.hub.limits.keep_alive))
-        .into_response())
+    Ok(sse_response(rx, api.0.hub.limits.keep_alive))
 }
 
-fn sse_of(e: &Event, format: EventFormat) -> Option<SseEvent> {
-    let id = format!("{}-{}", e.tenant, e.seq);
-    let data = match format {
-        EventFormat::Brood => serde_json::to_string(&event_json(e)).ok()?,
-        EventFormat::AgentRuntime => to_agentruntime(e)?.to_string(),
-    };
-    Some(SseEvent::default().id(id).data(data))
+/// The stream of a subscriber's frames, with a `:` comment line whenever
+/// `keep_alive` passes without one (it keeps the connection, and any proxy
+/// on the way, open, and tells the client the server is alive).
+fn sse_response(rx: mpsc::Receiver<Bytes>, keep_alive: std::time::Duration) -> Response {
+    let stream = futures_util::stream::unfold(rx, move |mut rx| async move {
+        let frame = match tokio::time::timeout(keep_alive, rx.recv()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return None,
+            Err(_) => Bytes::from_static(b":\n\n"),
+        };
+        Some((Ok::<_, Infallible>(frame), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 /// Sends what the store holds after `*last`, up to `upto` when given, that
@@ -222,7 +231,7 @@ async fn from_store(
     last: &mut i64,
     upto: Option<i64>,
     format: EventFormat,
-    tx: &mpsc::Sender<SseEvent>,
+    tx: &mpsc::Sender<Bytes>,
 ) -> bool {
     let sup = api.sup().clone();
     loop {
@@ -246,8 +255,8 @@ async fn from_store(
             }
             *last = e.seq;
             if filter.matches(api, e)
-                && let Some(s) = sse_of(e, format)
-                && tx.send(s).await.is_err()
+                && let Some(f) = frame_of(e, format)
+                && tx.send(f).await.is_err()
             {
                 return false;
             }
@@ -265,8 +274,8 @@ async fn feed(
     mut last: i64,
     follow: bool,
     format: EventFormat,
-    mut live: broadcast::Receiver<Arc<Vec<Event>>>,
-    tx: mpsc::Sender<SseEvent>,
+    mut live: broadcast::Receiver<Arc<Vec<Live>>>,
+    tx: mpsc::Sender<Bytes>,
 ) {
     if !from_store(&api, &mut filter, &mut last, None, format, &tx).await {
         return;
@@ -282,7 +291,7 @@ async fn feed(
     loop {
         match live.recv().await {
             Ok(batch) => {
-                let gap = match batch.first() {
+                let gap = match batch.first().map(|l| &l.event) {
                     // The hub could not follow the log for a while.
                     None => Some(None),
                     Some(first) if std::mem::take(&mut first_live) && first.seq > last + 1 => {
@@ -295,14 +304,14 @@ async fn feed(
                 {
                     return;
                 }
-                for e in batch.iter() {
-                    if e.seq <= last {
+                for l in batch.iter() {
+                    if l.event.seq <= last {
                         continue;
                     }
-                    last = e.seq;
-                    if filter.matches(&api, e)
-                        && let Some(s) = sse_of(e, format)
-                        && tx.send(s).await.is_err()
+                    last = l.event.seq;
+                    if filter.matches(&api, &l.event)
+                        && let Some(f) = l.frame(format)
+                        && tx.send(f).await.is_err()
                     {
                         return;
                     }
@@ -314,9 +323,8 @@ async fn feed(
                     "last_sequence": last,
                     "missed_batches": missed,
                 });
-                let _ = tx
-                    .send(SseEvent::default().event("resync").data(data.to_string()))
-                    .await;
+                let frame = format!("event: resync\ndata: {data}\n\n");
+                let _ = tx.send(Bytes::from(frame)).await;
                 return;
             }
             Err(broadcast::error::RecvError::Closed) => return,

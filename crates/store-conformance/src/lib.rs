@@ -81,6 +81,10 @@ pub const CASES: &[(&str, Case)] = &[
         "slot_shares_count_every_holder_and_hold_under_racing",
         slot_shares_count_every_holder_and_hold_under_racing,
     ),
+    (
+        "slots_are_taken_and_given_back_many_at_once",
+        slots_are_taken_and_given_back_many_at_once,
+    ),
     ("admit_root_and_children", admit_root_and_children),
     ("admit_refuses_a_taken_name", admit_refuses_a_taken_name),
     (
@@ -356,6 +360,7 @@ macro_rules! conformance_tests {
     inputs_posted_for_a_host_are_taken_once_in_order,
     blobs_are_kept_in_chunks_and_read_back_whole,
     slot_shares_count_every_holder_and_hold_under_racing,
+    slots_are_taken_and_given_back_many_at_once,
     recover_lost_ends_a_lost_nodes_agents_lost,
     a_finished_tree_is_removed_whole_and_its_names_are_free,
     a_tree_with_a_live_agent_or_an_unfinished_job_is_refused_whole,

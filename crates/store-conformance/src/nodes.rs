@@ -385,3 +385,40 @@ pub fn slot_shares_count_every_holder_and_hold_under_racing(store: &dyn Store) {
     assert_eq!((freed, sum(&t)), (8 - left, left));
     assert_eq!(sum(&other), 1);
 }
+
+pub fn slots_are_taken_and_given_back_many_at_once(store: &dyn Store) {
+    let t = tenant("conf-slots-many");
+    let sum = |t: &TenantId| -> u64 { store.slot_shares(t).unwrap().iter().map(|s| s.1).sum() };
+    assert_eq!(store.slot_acquire_up_to(&t, "a", 10, 4).unwrap(), 4);
+    assert_eq!(
+        store.slot_acquire_up_to(&t, "b", 10, 9).unwrap(),
+        6,
+        "as many as the tenant has room for"
+    );
+    assert_eq!(store.slot_acquire_up_to(&t, "a", 10, 3).unwrap(), 0, "full");
+    assert_eq!(sum(&t), 10);
+    store.slot_release_n(&t, "b", 5).unwrap();
+    assert_eq!(sum(&t), 5, "b gave five of its six back");
+    store.slot_release_n(&t, "a", 9).unwrap();
+    let shares = store.slot_shares(&t).unwrap();
+    assert_eq!(
+        shares,
+        vec![("b".to_owned(), 1)],
+        "never below 0, and a share at 0 is gone"
+    );
+    // Racing bursts over three holders for 20 slots: exactly 20 taken.
+    let won: u32 = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..12)
+            .map(|i| {
+                let t = &t;
+                sc.spawn(move || {
+                    store
+                        .slot_acquire_up_to(t, &format!("h{}", i % 3), 20, 3)
+                        .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!((won, sum(&t)), (19, 20), "b's one and 19 taken");
+}

@@ -257,6 +257,15 @@ pub trait Transcripts {
     /// The sequence number of the tenant's last event (0 when it has none):
     /// where a reader that wants only what comes next starts.
     fn last_event_seq(&self, tenant: &TenantId) -> Result<i64>;
+
+    /// A counter that changes once events appended through this store have
+    /// committed (any tenant's), and, on a store other nodes share, when
+    /// another node announces a write (`Nodes::hear`): a reader of the log
+    /// waits on it instead of polling, then reads what follows its last
+    /// event. It says only "look" (a change may bring nothing new), and it
+    /// does not see writers outside this process that share no news (another
+    /// process on the same SQLite file): a reader still looks now and then.
+    fn appended(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// Each start recorded alone, in order: `Runs::start_runs` where a store has
@@ -686,6 +695,20 @@ pub trait SlotShares {
 
     /// Gives `holder`'s slot back, never below 0 (a share at 0 is removed).
     fn slot_release(&self, tenant: &TenantId, holder: &str) -> Result<()>;
+
+    /// Takes up to `want` slots for `holder` at once, as many as leave the
+    /// tenant's shares at or under `max` (one transaction, so a node
+    /// starting a burst pays one commit, not one each); how many it took.
+    fn slot_acquire_up_to(
+        &self,
+        tenant: &TenantId,
+        holder: &str,
+        max: u32,
+        want: u32,
+    ) -> Result<u32>;
+
+    /// Gives `n` of `holder`'s slots back at once, never below 0.
+    fn slot_release_n(&self, tenant: &TenantId, holder: &str, n: u32) -> Result<()>;
 
     /// Sets `holder`'s share to `actual` (0 removes it); its old value.
     fn slot_repair(&self, tenant: &TenantId, holder: &str, actual: u64) -> Result<u64>;

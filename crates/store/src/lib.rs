@@ -13,6 +13,7 @@
 //! writing it.
 
 mod admission;
+mod bell;
 mod blobs;
 mod checks;
 mod contract;

@@ -9,8 +9,8 @@ use crate::db::{Db, Row};
 /// The tenant's count (cast: PostgreSQL sums BIGINTs as NUMERIC).
 const Q_HELD: &str =
     "SELECT CAST(COALESCE(SUM(held), 0) AS BIGINT) FROM slot_shares WHERE tenant = ?1";
-const U_ADD: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, 1) \
-     ON CONFLICT (tenant, holder) DO UPDATE SET held = slot_shares.held + 1";
+const U_ADD: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (tenant, holder) DO UPDATE SET held = slot_shares.held + excluded.held";
 const Q_SHARE: &str = "SELECT held FROM slot_shares WHERE tenant = ?1 AND holder = ?2";
 const U_SET: &str = "INSERT INTO slot_shares (tenant, holder, held) VALUES (?1, ?2, ?3) \
      ON CONFLICT (tenant, holder) DO UPDATE SET held = excluded.held";
@@ -54,18 +54,36 @@ fn set<D: Db>(db: &D, tenant: &str, holder: &str, n: u64) -> Result<(), D::Err> 
 /// [`crate::SlotShares::slot_acquire`]: a slot for `holder` unless the
 /// tenant holds `max` already.
 pub(crate) fn acquire<D: Db>(db: &D, tenant: &str, holder: &str, max: u32) -> Result<bool, D::Err> {
-    let held = db.query_one(Q_HELD, &[tenant.into()], |r| r.int(0))?;
-    if count(held) >= u64::from(max) {
-        return Ok(false);
+    Ok(acquire_up_to(db, tenant, holder, max, 1)? == 1)
+}
+
+/// [`crate::SlotShares::slot_acquire_up_to`]: up to `want` slots for
+/// `holder`, as many as leave the tenant at or under `max`; how many.
+pub(crate) fn acquire_up_to<D: Db>(
+    db: &D,
+    tenant: &str,
+    holder: &str,
+    max: u32,
+    want: u32,
+) -> Result<u32, D::Err> {
+    let held = count(db.query_one(Q_HELD, &[tenant.into()], |r| r.int(0))?);
+    let room = u64::from(max).saturating_sub(held);
+    let n = u32::try_from(room.min(u64::from(want))).unwrap_or(want);
+    if n > 0 {
+        db.exec(U_ADD, &[tenant.into(), holder.into(), i64::from(n).into()])?;
     }
-    db.exec(U_ADD, &[tenant.into(), holder.into()])?;
-    Ok(true)
+    Ok(n)
 }
 
 /// [`crate::SlotShares::slot_release`].
 pub(crate) fn release<D: Db>(db: &D, tenant: &str, holder: &str) -> Result<(), D::Err> {
-    let n = share(db, tenant, holder)?;
-    set(db, tenant, holder, n.saturating_sub(1))
+    release_n(db, tenant, holder, 1)
+}
+
+/// [`crate::SlotShares::slot_release_n`].
+pub(crate) fn release_n<D: Db>(db: &D, tenant: &str, holder: &str, n: u32) -> Result<(), D::Err> {
+    let held = share(db, tenant, holder)?;
+    set(db, tenant, holder, held.saturating_sub(u64::from(n)))
 }
 
 /// [`crate::SlotShares::slot_repair`]: the share as it was.

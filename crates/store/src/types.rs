@@ -78,6 +78,24 @@ pub enum StoreError {
     PostgresInDoubt { target: String, message: String },
 }
 
+impl StoreError {
+    /// Whether the store is away rather than wrong: no answer within the
+    /// deadline, a connection lost, a commit whose fate is unknown, SQLite
+    /// busy past its timeout. Asking again later may succeed; the request
+    /// itself was not at fault.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::PostgresDeadline { .. } | StoreError::PostgresInDoubt { .. } => true,
+            StoreError::Postgres { source, .. } => crate::postgres::connection_lost(source),
+            StoreError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// How an agent's program speaks to the supervisor: the core's type, kept

@@ -70,7 +70,8 @@ pub enum SlotError {
 /// A per-tenant counter of held concurrency slots.
 ///
 /// Every method is one synchronous call (for [`Redis`], one round trip): they run
-/// on the supervisor's dispatcher loop, once per process start or end.
+/// on the supervisor's dispatcher loop, once per burst of process starts and
+/// once per command's ends.
 pub trait Slots: Send + Sync {
     /// Takes a slot for `tenant` if fewer than `max` are held; `false` (and nothing
     /// taken) when all `max` are.
@@ -78,6 +79,33 @@ pub trait Slots: Send + Sync {
     /// Gives a slot back. Never takes the count below 0: a release without an
     /// acquire is drift, which the reconciler repairs, not a negative count.
     fn release(&self, tenant: &TenantId) -> Result<(), SlotError>;
+    /// Takes up to `want` slots for `tenant` at once, as many as keep it at
+    /// or under `max`; how many. One call for a burst of starts: the
+    /// store's shares take them in one transaction; the others take one at
+    /// a time, and an error after some were taken says how many.
+    fn acquire_up_to(&self, tenant: &TenantId, max: u32, want: u32) -> Result<u32, SlotError> {
+        let mut got = 0;
+        while got < want {
+            match self.acquire(tenant, max) {
+                Ok(true) => got += 1,
+                Ok(false) => break,
+                // The slots taken so far are held: say so rather than lose them.
+                Err(e) if got > 0 => {
+                    tracing::warn!(error = %e, got, "slot counter failed part-way through a burst");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+    /// Gives `n` slots back at once (never below 0).
+    fn release_n(&self, tenant: &TenantId, n: u32) -> Result<(), SlotError> {
+        for _ in 0..n {
+            self.release(tenant)?;
+        }
+        Ok(())
+    }
     /// The slots `tenant` holds according to the counter.
     fn count(&self, tenant: &TenantId) -> Result<u64, SlotError>;
     /// Sets this supervisor's share of the count to `actual` (the slots its

@@ -44,6 +44,18 @@ impl Slots for StoreShares {
             .map_err(Self::failed("release"))
     }
 
+    fn acquire_up_to(&self, tenant: &TenantId, max: u32, want: u32) -> Result<u32, SlotError> {
+        self.store
+            .slot_acquire_up_to(tenant, &self.holder, max, want)
+            .map_err(Self::failed("acquire"))
+    }
+
+    fn release_n(&self, tenant: &TenantId, n: u32) -> Result<(), SlotError> {
+        self.store
+            .slot_release_n(tenant, &self.holder, n)
+            .map_err(Self::failed("release"))
+    }
+
     fn count(&self, tenant: &TenantId) -> Result<u64, SlotError> {
         let shares = self
             .store

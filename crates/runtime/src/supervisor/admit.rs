@@ -379,7 +379,9 @@ impl Dispatcher {
             .store
             .admit_with_quotas(&d.new, &quotas, &d.events)
             .map_err(internal)?;
-        self.record_admission(d, req, agent)
+        let admitted = self.record_admission(d, req, agent)?;
+        self.pump_queue();
+        Ok(admitted)
     }
 
     /// Everything admission decides before anything is written: who the
@@ -555,6 +557,8 @@ impl Dispatcher {
     /// What follows a decided admission the store has recorded (`agent`,
     /// its transaction counted the quotas, so they hold under any
     /// concurrency): the projection, the live entry, the queue for a slot.
+    /// The caller serves the queue ([`Self::pump_queue`]) before it
+    /// answers, once for a batch, so a burst takes its slots in one call.
     pub(super) fn record_admission(
         &mut self,
         d: Decision,
@@ -601,13 +605,13 @@ impl Dispatcher {
         live.iso_ns = req.iso == Iso::Ns;
         live.ns_root = req.root.as_ref().map(PathBuf::from);
         live.pending = Some(Pending {
+            admitted: Some(agent.clone()),
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
             group_parent,
         });
         self.agents.live.insert(name.clone(), live);
         self.launcher.waiting.push(name.clone());
-        self.pump_queue();
         Ok(Some((name, req.await_ready)))
     }
 

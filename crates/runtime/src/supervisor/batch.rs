@@ -17,12 +17,15 @@
 //! transaction checks the quotas either way.
 
 use brood_core::{AgentName, RunId};
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use brood_launch::{LaunchError, Launched};
 use brood_store::EndItem;
 use tokio::sync::mpsc;
 
+use super::admitting::{Admitted, Admitting};
+use super::ends::Ending;
+use super::ends_writer::EndsRecorded;
 use super::launch::{Made, Starting};
 use super::{AgentEv, Cmd, Dispatcher, Reply, answer};
 use crate::api::{ApiError, Caller, SpawnRequest, internal};
@@ -40,7 +43,7 @@ pub(super) struct Spawn {
 
 impl Spawn {
     /// Who the new agent's parent is asked to be.
-    fn parent(&self) -> Option<&AgentName> {
+    pub(super) fn parent(&self) -> Option<&AgentName> {
         match &self.caller {
             Caller::Agent(me) => Some(me),
             Caller::User { .. } => self.req.parent.as_ref(),
@@ -71,14 +74,26 @@ pub(super) enum Work {
     One(Cmd),
 }
 
-/// `first` and the commands of its kind queued right behind it that may go
-/// with it, and the first that may not (the next to do). Nothing new is
+/// The most commands read ahead of the one at hand, looking for starts and
+/// ends to record with it.
+const LOOK_AHEAD: usize = 1024;
+
+/// `first` and the commands of its kind that may go with it. Creations: those
+/// queued right behind it (the first that may not stays first in `ahead`).
+/// Starts and ends: also those further back in the queue (read into
+/// `ahead`, which the loop takes its next commands from) of agents that are
+/// `lone` (a root with no child live here: no other agent's command is
+/// about it) and that may overtake the commands before them
+/// ([`overtakes`]), so a burst of processes started or ended while the loop
+/// was busy is recorded in one transaction, not one each. Nothing new is
 /// admitted together while shutting down.
 pub(super) fn gather(
     first: Cmd,
+    ahead: &mut VecDeque<Cmd>,
     rx: &mut mpsc::UnboundedReceiver<Cmd>,
     shutting_down: bool,
-) -> (Work, Option<Cmd>) {
+    lone: &dyn Fn(&AgentName) -> bool,
+) -> Work {
     match first {
         Cmd::Spawn(caller, req, reply) if !shutting_down => {
             let mut spawns = vec![Spawn {
@@ -86,9 +101,10 @@ pub(super) fn gather(
                 req: *req,
                 reply,
             }];
-            while let Ok(c) = rx.try_recv() {
+            while let Some(c) = next_queued(ahead, rx) {
                 let Cmd::Spawn(caller, req, reply) = c else {
-                    return (Work::Spawns(spawns), Some(c));
+                    ahead.push_front(c);
+                    break;
                 };
                 let s = Spawn {
                     caller,
@@ -96,12 +112,12 @@ pub(super) fn gather(
                     reply,
                 };
                 if !joins(&spawns, &s) {
-                    let next = Cmd::Spawn(s.caller, Box::new(s.req), s.reply);
-                    return (Work::Spawns(spawns), Some(next));
+                    ahead.push_front(Cmd::Spawn(s.caller, Box::new(s.req), s.reply));
+                    break;
                 }
                 spawns.push(s);
             }
-            (Work::Spawns(spawns), None)
+            Work::Spawns(spawns)
         }
         Cmd::Launched(name, run, result, made) => {
             let mut starts = vec![Launch {
@@ -110,34 +126,114 @@ pub(super) fn gather(
                 result,
                 made: *made,
             }];
-            while starts.len() < MAX_BATCH
-                && let Ok(c) = rx.try_recv()
-            {
-                let Cmd::Launched(name, run, result, made) = c else {
-                    return (Work::Starts(starts), Some(c));
-                };
-                starts.push(Launch {
-                    name,
-                    run,
-                    result,
-                    made: *made,
-                });
+            let taken = take_ahead(ahead, rx, &starts[0].name, |c| {
+                matches!(c, Cmd::Launched(..)) && agent_of(c).is_some_and(lone)
+            });
+            for c in taken {
+                if let Cmd::Launched(name, run, result, made) = c {
+                    starts.push(Launch {
+                        name,
+                        run,
+                        result,
+                        made: *made,
+                    });
+                }
             }
-            (Work::Starts(starts), None)
+            Work::Starts(starts)
         }
         Cmd::Agent(name, run, AgentEv::Exited { status }) => {
             let mut exits = vec![Exit { name, run, status }];
-            while exits.len() < MAX_BATCH
-                && let Ok(c) = rx.try_recv()
-            {
-                let Cmd::Agent(name, run, AgentEv::Exited { status }) = c else {
-                    return (Work::Exits(exits), Some(c));
-                };
-                exits.push(Exit { name, run, status });
+            let taken = take_ahead(ahead, rx, &exits[0].name, |c| {
+                matches!(c, Cmd::Agent(_, _, AgentEv::Exited { .. }))
+                    && agent_of(c).is_some_and(lone)
+            });
+            for c in taken {
+                if let Cmd::Agent(name, run, AgentEv::Exited { status }) = c {
+                    exits.push(Exit { name, run, status });
+                }
             }
-            (Work::Exits(exits), None)
+            Work::Exits(exits)
         }
-        cmd => (Work::One(cmd), None),
+        cmd => Work::One(cmd),
+    }
+}
+
+/// The next command already queued: read ahead first, then the channel.
+fn next_queued(ahead: &mut VecDeque<Cmd>, rx: &mut mpsc::UnboundedReceiver<Cmd>) -> Option<Cmd> {
+    ahead.pop_front().or_else(|| rx.try_recv().ok())
+}
+
+/// Takes out of the queue (read into `ahead`, up to [`LOOK_AHEAD`]) up to
+/// [`MAX_BATCH`] - 1 commands that are `kind`, each one that may overtake
+/// every command left before it. The scan stops at the first command no
+/// other may overtake.
+fn take_ahead(
+    ahead: &mut VecDeque<Cmd>,
+    rx: &mut mpsc::UnboundedReceiver<Cmd>,
+    first: &AgentName,
+    kind: impl Fn(&Cmd) -> bool,
+) -> Vec<Cmd> {
+    while ahead.len() < LOOK_AHEAD
+        && let Ok(c) = rx.try_recv()
+    {
+        ahead.push_back(c);
+    }
+    let mut taken = Vec::new();
+    // The agents the commands left in front name: one of theirs stays behind them.
+    let mut named: HashSet<AgentName> = HashSet::from([first.clone()]);
+    let mut i = 0;
+    while i < ahead.len() && taken.len() + 1 < MAX_BATCH {
+        let c = &ahead[i];
+        if kind(c)
+            && let Some(n) = agent_of(c)
+            && !named.contains(n)
+        {
+            named.insert(n.clone());
+            if let Some(c) = ahead.remove(i) {
+                taken.push(c);
+            }
+            continue;
+        }
+        if !overtakes(c, &mut named) {
+            break;
+        }
+        i += 1;
+    }
+    taken
+}
+
+/// The agent a start or a process's report is about.
+fn agent_of(c: &Cmd) -> Option<&AgentName> {
+    match c {
+        Cmd::Launched(n, ..) | Cmd::Agent(n, ..) => Some(n),
+        _ => None,
+    }
+}
+
+/// Whether a start or an end further back may be recorded before `c`,
+/// which stays queued: `c` is about one agent (its start, its report, a
+/// creation it asked for) or about none of those running (a user's
+/// creation, an admission answered, an identification), and the agents it
+/// names go into `named`, whose starts and ends stay behind it. Every other
+/// command (a verb, a stop, a tick, news) may touch any agent: nothing
+/// overtakes it.
+fn overtakes(c: &Cmd, named: &mut HashSet<AgentName>) -> bool {
+    match c {
+        Cmd::Launched(n, ..) | Cmd::Agent(n, ..) => {
+            named.insert(n.clone());
+            true
+        }
+        Cmd::Spawn(caller, req, _) => {
+            if let Caller::Agent(me) = caller {
+                named.insert(me.clone());
+            }
+            if let Some(p) = &req.parent {
+                named.insert(p.clone());
+            }
+            true
+        }
+        Cmd::Admitted(..) | Cmd::EndsRecorded(..) | Cmd::Identify(..) => true,
+        _ => false,
     }
 }
 
@@ -160,16 +256,18 @@ pub(super) fn joins(batch: &[Spawn], next: &Spawn) -> bool {
 
 impl Dispatcher {
     /// Admits a batch (see [`joins`]): decided one by one, recorded by the
-    /// store together, followed up in arrival order.
+    /// store together, followed up in arrival order. A user's roots go off
+    /// the loop (`admitting`): recorded by the store's writer while the loop
+    /// goes on, followed up when its answer comes ([`Self::on_admitted`]).
+    /// A creation naming one in flight waits for it.
     pub(super) fn on_spawns(&mut self, batch: Vec<Spawn>) {
-        if batch.len() == 1 {
-            for s in batch {
-                self.on_spawn(s.caller, s.req, s.reply);
-            }
-            return;
-        }
         let mut decided = Vec::with_capacity(batch.len());
+        let mut off_loop = Vec::new();
         for s in batch {
+            if self.admitting.must_wait(&s) {
+                self.admitting.defer(s);
+                continue;
+            }
             if self.agents.tool_granted(&s.caller, "create").is_ok()
                 && let Some(child) = self.created_before(&s.caller, &s.req)
             {
@@ -181,41 +279,109 @@ impl Dispatcher {
                 .tool_granted(&s.caller, "create")
                 .and_then(|()| self.decide(&s.caller, &s.req));
             match d {
+                Ok(d) if Admitting::may_take(&s) => off_loop.push((s, d)),
                 Ok(d) => decided.push((s, d)),
                 Err(e) => self.refuse_spawn(s, e),
             }
         }
-        if decided.is_empty() {
+        if decided.is_empty() && off_loop.is_empty() {
             return;
         }
         // The tenant's overrides, read once for the batch.
         let quotas = match self.tenant_quotas() {
             Ok(q) => q,
             Err(e) => {
-                for (s, _) in decided {
+                for (s, _) in decided.into_iter().chain(off_loop) {
                     self.refuse_spawn(s, e.clone());
                 }
                 return;
             }
         };
         self.launcher.max_concurrent = quotas.max_concurrent;
+        if !off_loop.is_empty()
+            && let Err((batch, e)) = self.admitting.hand_over(off_loop, quotas)
+        {
+            for (s, _) in batch {
+                self.refuse_spawn(s, e.clone());
+            }
+        }
+        if decided.is_empty() {
+            return;
+        }
         tracing::debug!(n = decided.len(), "admitting creations together");
         let records: Vec<_> = decided
             .iter()
             .map(|(_, d)| (&d.new, d.events.as_slice()))
             .collect();
         let recorded = self.records.store.admit_all_with_quotas(&records, &quotas);
-        for ((s, d), r) in decided.into_iter().zip(recorded) {
+        self.follow_admissions(decided, recorded);
+    }
+
+    /// The writer's answer for a batch handed over: followed up as on the
+    /// loop, then the creations that waited for it are decided again. While
+    /// shutting down, what was admitted is stopped at once (the shutdown
+    /// stopped every tree before it landed), and what waited is decided
+    /// one at a time as any creation then is.
+    pub(super) fn on_admitted(&mut self, a: Admitted, shutting_down: bool) {
+        let batch = self.admitting.landed(a.id);
+        let names: Vec<AgentName> = batch.iter().map(|(_, d)| d.new.name.clone()).collect();
+        self.follow_admissions(batch, a.results);
+        if shutting_down {
+            for n in names {
+                if self.agents.live.contains_key(&n) {
+                    self.stop_subtree(
+                        &n,
+                        brood_core::Terminal::Cancelled(brood_core::CancelReason::User),
+                    );
+                }
+            }
+        }
+        let waiting = self.admitting.take_deferred();
+        if shutting_down {
+            for s in waiting {
+                self.on_spawn(s.caller, s.req, s.reply);
+            }
+        } else if !waiting.is_empty() {
+            self.on_spawns(waiting);
+        }
+    }
+
+    /// What follows admissions the store has answered: each recorded one
+    /// projected, made live and queued, each caller answered, in order.
+    fn follow_admissions(
+        &mut self,
+        decided: Vec<(Spawn, super::admit::Decision)>,
+        recorded: Vec<Result<brood_store::Agent, brood_store::StoreError>>,
+    ) {
+        let mut recorded = recorded.into_iter();
+        let mut answers = Vec::with_capacity(decided.len());
+        for (s, d) in decided {
             let parent = s.parent().cloned();
             let requested = s.req.name.as_ref().map(|n| n.to_string());
-            let r = r.map_err(internal);
-            match r.and_then(|agent| self.record_admission(d, s.req, agent)) {
-                Ok(admitted) => self.answer_spawn(admitted, s.reply),
+            let r = match recorded.next() {
+                Some(r) => r.map_err(internal),
+                None => Err(ApiError::new(
+                    brood_core::Code::Internal,
+                    format!(
+                        "the store gave no answer for the admission of {}",
+                        d.new.name
+                    ),
+                )),
+            };
+            let rr = r.and_then(|agent| self.record_admission(d, s.req, agent));
+            match rr {
+                Ok(admitted) => answers.push((admitted, s.reply)),
                 Err(e) => {
                     self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
                     answer(s.reply, Err(e));
                 }
             }
+        }
+        // The queue served once for the lot (its slots taken in one call),
+        // then each caller answered as the launch left it.
+        self.pump_queue();
+        for (admitted, reply) in answers {
+            self.answer_spawn(admitted, reply);
         }
     }
 
@@ -262,7 +428,9 @@ impl Dispatcher {
     }
 
     /// The ends waiting in `ends_together`, recorded in one transaction and
-    /// followed up in order; if that transaction fails, each alone.
+    /// followed up in order; if that transaction fails, each alone. Ends of
+    /// lone agents only go to the end writer, off the loop
+    /// (`ends_writer`), and are followed up when its answer comes.
     fn record_ends_together(&mut self) {
         let Some(ends) = self.ends_together.replace(Vec::new()) else {
             return;
@@ -270,26 +438,49 @@ impl Dispatcher {
         if ends.is_empty() {
             return;
         }
-        let items: Vec<EndItem> = ends
-            .iter()
-            .map(|e| EndItem {
-                name: e.name.clone(),
-                run: e.run.clone(),
-                end: Some(e.end.clone()),
-                events: e.events.clone(),
-                now_ms: e.end.now_ms,
-            })
-            .collect();
-        match self.records.store.end_runs(&self.records.tenant, &items) {
-            Ok(agents) if agents.len() == ends.len() => {
+        let live = &self.agents.live;
+        let parents: HashSet<&AgentName> =
+            live.values().filter_map(|l| l.parent.as_ref()).collect();
+        let lone = ends.iter().all(|e| {
+            live.get(&e.name).is_some_and(|l| l.parent.is_none()) && !parents.contains(&e.name)
+        });
+        let ends = if lone {
+            match self.ends_writer.hand_over(ends) {
+                Ok(()) => return,
+                Err(ends) => ends,
+            }
+        } else {
+            ends
+        };
+        let items: Vec<EndItem> = ends.iter().map(Ending::item).collect();
+        let recorded = self.records.store.end_runs(&self.records.tenant, &items);
+        let agents = match recorded {
+            Ok(agents) if agents.len() == ends.len() => Some(agents),
+            Ok(_) => None,
+            Err(err) => {
+                tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
+                None
+            }
+        };
+        self.follow_ends(ends, agents);
+    }
+
+    /// The end writer's answer: what follows each end, in order.
+    pub(super) fn on_ends_recorded(&mut self, r: EndsRecorded) {
+        let ends = self.ends_writer.landed(r.id);
+        self.follow_ends(ends, r.agents);
+    }
+
+    /// What follows ends recorded together (`agents`, one per end), or,
+    /// when they were not, each recorded alone first.
+    fn follow_ends(&mut self, ends: Vec<Ending>, agents: Option<Vec<brood_store::Agent>>) {
+        match agents {
+            Some(agents) => {
                 for (e, a) in ends.into_iter().zip(agents) {
                     self.finish_recorded(e, Ok(a));
                 }
             }
-            r => {
-                if let Err(err) = &r {
-                    tracing::warn!(error = %err, n = ends.len(), "recording ends together failed; each alone");
-                }
+            None => {
                 for e in ends {
                     let r = e.record(self.records.store.as_ref(), &self.records.tenant);
                     self.finish_recorded(e, r);

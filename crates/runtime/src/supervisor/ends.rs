@@ -13,6 +13,7 @@ use brood_core::TenantId;
 use brood_core::Terminal;
 use brood_proto::ToAgent;
 use brood_store::Agent;
+use brood_store::EndItem;
 use brood_store::NewEvent;
 use brood_store::RunEnd;
 use brood_store::Store;
@@ -324,6 +325,17 @@ pub(super) struct Ending {
 }
 
 impl Ending {
+    /// The end as one item of `Store::end_runs`.
+    pub(super) fn item(&self) -> EndItem {
+        EndItem {
+            name: self.name.clone(),
+            run: self.run.clone(),
+            end: Some(self.end.clone()),
+            events: self.events.clone(),
+            now_ms: self.end.now_ms,
+        }
+    }
+
     /// The end's record, alone (`Store::end_run`); with others, it is one
     /// item of `Store::end_runs` (`batch`).
     pub(super) fn record(&self, store: &dyn Store, tenant: &TenantId) -> Result<Agent, StoreError> {

@@ -36,7 +36,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
-use tokio::sync::watch;
 
 /// How long a creation waits for a store that is not answering before it
 /// is refused `unavailable` (`Supervisor::store_answers`).
@@ -229,7 +228,6 @@ impl Supervisor {
         let cfg_quotas = cfg.quotas;
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let (changed_tx, changed) = watch::channel(0u64);
         let disp_me = me.clone();
         let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if cfg.node.is_some() {
@@ -265,6 +263,11 @@ impl Supervisor {
             Duration::from_secs(1),
         );
         let brood_exe = std::env::current_exe().ok();
+        let admitting = super::admitting::Admitting::start(store.clone(), tx.clone())
+            .map_err(StartError::Thread)?;
+        let ends_writer =
+            super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
+                .map_err(StartError::Thread)?;
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -291,7 +294,6 @@ impl Supervisor {
                 tenant: tenant.clone(),
                 paths: paths.clone(),
                 projection: projection.clone(),
-                changed: changed_tx,
                 news_queued,
             },
             launcher: Launcher {
@@ -305,6 +307,7 @@ impl Supervisor {
                 max_concurrent: cfg_quotas
                     .effective(store.tenant_quotas(&tenant).ok().as_ref())
                     .max_concurrent,
+                spare: 0,
             },
             agents: Agents::default(),
             waiters: Waiters::default(),
@@ -317,9 +320,11 @@ impl Supervisor {
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
             restart,
+            admitting,
+            ends_writer,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
-            sweep::start_clock(tx.clone(), every);
+            sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());
         }
         // The dispatcher on a thread of its own: its store calls block that
         // thread only, never one of the runtime's workers, whose queued tasks
@@ -343,14 +348,7 @@ impl Supervisor {
             me: disp_me,
             outsiders,
             store_health,
-            changed,
         })
-    }
-
-    /// A counter bumped after every command the dispatcher handled, so a
-    /// reader of the event log (the API's SSE) knows when to read again.
-    pub fn changed(&self) -> watch::Receiver<u64> {
-        self.changed.clone()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

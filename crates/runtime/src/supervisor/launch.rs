@@ -42,8 +42,10 @@ impl Dispatcher {
     /// (SPEC 9: a full tenant queues instead of failing). Called after every
     /// command, so a slot freed anywhere is used at once.
     pub(super) fn pump_queue(&mut self) {
-        // This runs after every command; asking for a slot is only worth it when
-        // someone is waiting for one.
+        // Slots are taken for the whole line at once (one call to the
+        // counter, one commit with the store's shares), then handed out in
+        // order; what is left over goes back with the command's releases.
+        let mut held = 0;
         while let Some(name) = self.launcher.waiting.front().cloned() {
             let ready = self
                 .agents
@@ -54,41 +56,61 @@ impl Dispatcher {
                 self.launcher.waiting.pop();
                 continue;
             }
-            if !self
-                .launcher
-                .take_slot(&self.records.tenant, || self.agents.slots_used())
-            {
-                return;
+            if held == 0 {
+                // This runs after every command; asking for slots is only
+                // worth it when someone is waiting for one.
+                let used = self.agents.slots_used();
+                let room = (self.launcher.max_concurrent as usize).saturating_sub(used);
+                let live = &self.agents.live;
+                let want = self
+                    .launcher
+                    .waiting
+                    .iter()
+                    .filter(|n| {
+                        live.get(*n)
+                            .is_some_and(|l| l.pending.is_some() && !l.launching)
+                    })
+                    .take(room)
+                    .count();
+                held = self.launcher.take_slots(&self.records.tenant, want, used);
+                if held == 0 {
+                    return;
+                }
             }
             let Some(run) = self.agents.live.get(&name).map(|l| l.run.clone()) else {
                 self.launcher.waiting.pop();
-                self.launcher.give_slot(&self.records.tenant);
                 continue;
             };
             // What the launch reads of the store comes first, before anything
             // is made: an error is not an empty history (issue 28). The agent
             // keeps its place and its turn comes again after the next command
             // (at the latest the next tick).
-            let read = match self.launch_reads(&name, &run) {
+            let cached = self
+                .agents
+                .live
+                .get(&name)
+                .and_then(|l| l.pending.as_ref())
+                .and_then(|p| p.admitted.clone());
+            let rr = self.launch_reads(&name, &run, cached);
+            let read = match rr {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(agent = %name, error = %e, "reading what a launch needs failed; the agent waits and is tried again");
-                    self.launcher.give_slot(&self.records.tenant);
-                    return;
+                    break;
                 }
             };
             self.launcher.waiting.pop();
             let Some(l) = self.agents.live.get_mut(&name) else {
-                self.launcher.give_slot(&self.records.tenant);
                 continue;
             };
             let Some(p) = l.pending.take() else {
-                self.launcher.give_slot(&self.records.tenant);
                 continue;
             };
             l.launching = true;
+            held -= 1;
             self.launch(&name, &run, &p.argv, p.cwd.as_deref(), p.group_parent, read);
         }
+        self.launcher.give_slots(held);
     }
 
     /// Starts an agent that holds a slot. What needs the dispatcher's state is
@@ -100,8 +122,16 @@ impl Dispatcher {
     /// everything comes back as one `Cmd::Launched`.
     /// What a launch reads of the store: the agent's record and, for a
     /// protocol agent, its `init` frame (with the session's history).
-    fn launch_reads(&self, name: &AgentName, run: &RunId) -> Result<LaunchReads, StoreError> {
-        let agent = self.records.store.agent(&self.records.tenant, name)?;
+    fn launch_reads(
+        &self,
+        name: &AgentName,
+        run: &RunId,
+        admitted: Option<Agent>,
+    ) -> Result<LaunchReads, StoreError> {
+        let agent = match admitted {
+            Some(a) => Some(a),
+            None => self.records.store.agent(&self.records.tenant, name)?,
+        };
         // A protocol agent's init goes into its stdin pipe before it starts, so
         // it reads it at once instead of waiting for the start to be recorded.
         let init = match (self.agents.live.get(name), &agent) {

@@ -27,32 +27,60 @@ pub(super) struct Launcher {
     pub(super) waiting: queue::Queue,
     /// The tenant's `max_concurrent` (SPEC 9), refreshed at each admission.
     pub(super) max_concurrent: u32,
+    /// Slots this supervisor holds of the counter with no agent in them
+    /// ([`Self::give_slots`]).
+    pub(super) spare: usize,
 }
 
 impl Launcher {
-    /// One slot from the counter, or `false` when the tenant's `max_concurrent`
-    /// are all held. This supervisor's own count (`used`) bounds it first,
-    /// whatever a shared counter says: one that lost its counts (a Redis
-    /// restarted empty, until the reconciler repairs it) would otherwise
-    /// let it start `max_concurrent` more (issue 28's fault campaign saw 8
-    /// of 6 on one node). A counter that fails (Redis gone) must not stop
-    /// every start, nor let the limit go: the own count alone decides.
-    pub(super) fn take_slot(&self, tenant: &TenantId, used: impl FnOnce() -> usize) -> bool {
-        if used() >= self.max_concurrent as usize {
-            return false;
+    /// Up to `want` slots, as many as the tenant's `max_concurrent` leaves;
+    /// 0 when all are held. The spare ones first ([`Self::give_slots`]),
+    /// then the rest from the counter in one call. This supervisor's own
+    /// count (`used`) bounds it first, whatever a shared counter says: one
+    /// that lost its counts (a Redis restarted empty, until the reconciler
+    /// repairs it) would otherwise let it start `max_concurrent` more
+    /// (issue 28's fault campaign saw 8 of 6 on one node). A counter that
+    /// fails (Redis gone) must not stop every start, nor let the limit go:
+    /// the own count alone decides.
+    pub(super) fn take_slots(&mut self, tenant: &TenantId, want: usize, used: usize) -> usize {
+        let room = (self.max_concurrent as usize).saturating_sub(used);
+        let want = want.min(room);
+        let from_spare = want.min(self.spare);
+        self.spare -= from_spare;
+        let need = u32::try_from(want - from_spare).unwrap_or(u32::MAX);
+        if need == 0 {
+            return from_spare;
         }
-        match self.slots.acquire(tenant, self.max_concurrent) {
-            Ok(got) => got,
+        match self.slots.acquire_up_to(tenant, self.max_concurrent, need) {
+            Ok(got) => from_spare + got as usize,
             Err(e) => {
                 tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
-                true
+                from_spare + need as usize
             }
         }
     }
 
-    pub(super) fn give_slot(&self, tenant: &TenantId) {
-        if let Err(e) = self.slots.release(tenant) {
-            tracing::warn!(error = %e, "releasing a slot failed; the reconciler repairs the count");
+    /// Slots given back by agents that ended (or left over from a start):
+    /// kept as spare for this supervisor's next starts, and given to the
+    /// counter at the next tick ([`Self::give_spare`]). Under a steady
+    /// load an end's slot goes straight to the next start, and the counter
+    /// (a commit each with the store's shares) is asked about once a tick
+    /// instead of twice an agent. The counter over-counts by the spare for
+    /// at most a tick: another node may wait that long, none runs more.
+    pub(super) fn give_slots(&mut self, n: usize) {
+        self.spare += n;
+    }
+
+    /// Gives the counter the spare slots, all in one call: at each tick,
+    /// before the reconciler sets the share, and while shutting down.
+    pub(super) fn give_spare(&mut self, tenant: &TenantId) {
+        let n = std::mem::take(&mut self.spare);
+        if n == 0 {
+            return;
+        }
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        if let Err(e) = self.slots.release_n(tenant, n) {
+            tracing::warn!(error = %e, n, "releasing slots failed; the reconciler repairs the count");
         }
     }
 }

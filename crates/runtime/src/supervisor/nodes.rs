@@ -81,6 +81,7 @@ impl Dispatcher {
         for a in mine {
             if a.tenant != self.records.tenant
                 || self.agents.live.contains_key(&a.name)
+                || self.admitting.in_flight(&a.name)
                 || (holder && a.status != Status::Queued)
             {
                 continue;

@@ -210,6 +210,7 @@ impl Dispatcher {
             argv,
             cwd,
             group_parent: parent_live.and_then(|(g, _)| g),
+            admitted: None,
         });
         tracing::info!(agent = %a.name, "claimed an agent placed on this node");
         self.agents.live.insert(a.name.clone(), live);

@@ -22,6 +22,11 @@ impl Queue {
         self.order.front()
     }
 
+    /// The line, first first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &AgentName> {
+        self.order.iter()
+    }
+
     pub(super) fn pop(&mut self) {
         self.order.pop_front();
     }

@@ -1,6 +1,6 @@
 //! The store and what follows each write of it: the ctx projection that
-//! mirrors the records as files, the counter that wakes event streams, and
-//! the flag that folds another node's news into one look. Every record the
+//! mirrors the records as files, and the flag that folds another node's news
+//! into one look (event streams are woken by the store's own bell). Every record the
 //! dispatcher makes goes through this part (SPEC 4: committed before anyone
 //! can observe it), and so does what it writes into the ctx tree (SPEC 3) as
 //! agents change: the parent's channel to them, their events.
@@ -11,7 +11,6 @@ use std::sync::atomic::AtomicBool;
 
 use brood_core::{AgentName, Code, TenantId};
 use brood_store::{Agent, NewEvent, Store};
-use tokio::sync::watch;
 
 use super::agents::Agents;
 use super::now_ms;
@@ -25,8 +24,6 @@ pub(super) struct Records {
     /// Where the ctx tree is (the host's `paths`, shared).
     pub(super) paths: Paths,
     pub(super) projection: Projection,
-    /// Bumped after each command (see `Supervisor::changed`).
-    pub(super) changed: watch::Sender<u64>,
     /// Set while a `Cmd::News` is queued, so news arriving faster than the
     /// loop looks costs one look, not a queue of them.
     pub(super) news_queued: Arc<AtomicBool>,

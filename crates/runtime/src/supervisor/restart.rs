@@ -239,6 +239,7 @@ impl Dispatcher {
             argv,
             cwd,
             group_parent: None,
+            admitted: None,
         });
         self.agents.live.insert(a.name.clone(), live);
         match &a.parent {

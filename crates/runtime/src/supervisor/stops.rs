@@ -193,6 +193,9 @@ impl Dispatcher {
         then: Option<Box<Collect>>,
         also: Vec<super::disk::ToClear>,
     ) {
+        // An agent whose end is being recorded (`ends_writer`) is ending
+        // already: no stop of it is recorded or carried out.
+        targets.retain(|(n, _)| !self.ends_writer.in_flight(n));
         let id = self.id();
         // Agents hosted by another supervisor sharing the store get the intent
         // recorded here, like every target; their host sees it on its next tick

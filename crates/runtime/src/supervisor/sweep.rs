@@ -25,6 +25,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use brood_core::{AgentEvent, AgentName, CancelReason, FailReason, Status, TenantId, Terminal};
 use brood_store::{Agent, Fence, RunEnd, StoreError};
@@ -57,16 +59,29 @@ pub(super) struct SweepState {
     /// The tick before which a lease held elsewhere is not asked for again
     /// (asking the store's lock costs a connection).
     next_lease_try: u64,
+    /// Set while a `Cmd::Tick` is queued ([`start_clock`]).
+    pub(super) tick_queued: Arc<AtomicBool>,
 }
 
 /// The clock: a `Tick` every `every`, for as long as the dispatcher listens.
-pub(super) fn start_clock(tx: mpsc::UnboundedSender<Cmd>, every: std::time::Duration) {
+/// A tick is sent only when none is queued (`queued`, cleared by the loop
+/// as it takes one): a loop slower than the clock (a slow store) takes the
+/// next tick when it is ready, instead of a queue of them that grows for
+/// as long as the store is slow, with every command behind it.
+pub(super) fn start_clock(
+    tx: mpsc::UnboundedSender<Cmd>,
+    every: std::time::Duration,
+    queued: Arc<AtomicBool>,
+) {
     tokio::spawn(async move {
         let mut iv = tokio::time::interval(every);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         iv.tick().await;
         loop {
             iv.tick().await;
+            if queued.swap(true, Ordering::SeqCst) {
+                continue;
+            }
             if tx.send(Cmd::Tick).is_err() {
                 return;
             }
@@ -84,6 +99,7 @@ impl SweepState {
 impl Dispatcher {
     pub(super) fn on_tick(&mut self) {
         self.sweep.ticks += 1;
+        self.launcher.give_spare(&self.records.tenant);
         self.record_unrecorded_ends();
         self.node_tick();
         if self.sweep.ticks.is_multiple_of(ORPHANS_EVERY) {
@@ -138,7 +154,9 @@ impl Dispatcher {
     /// the tenant's started, unfinished agents, by the lease holder only.
     fn reconcile_slots(&mut self, holder: bool) {
         // This supervisor's share: what its own started agents hold. Exact,
-        // since its acquires and releases are made on this loop too.
+        // since its acquires and releases are made on this loop too (its
+        // spare slots are given first).
+        self.launcher.give_spare(&self.records.tenant);
         let actual = self.agents.slots_used();
         match self
             .launcher
@@ -335,7 +353,11 @@ impl Dispatcher {
                 .store
                 .unfinished_of(std::slice::from_ref(&host))?
             {
-                if ours && self.agents.live.contains_key(&a.name) && a.tenant == self.records.tenant
+                // Ours and live, or ours with its admission's answer on the
+                // way to the loop (`admitting`): not lost.
+                if ours
+                    && a.tenant == self.records.tenant
+                    && (self.agents.live.contains_key(&a.name) || self.admitting.in_flight(&a.name))
                 {
                     continue;
                 }
@@ -496,6 +518,7 @@ impl Dispatcher {
                     .live
                     .get(n)
                     .is_some_and(|l| l.stopping.is_none())
+                    && !self.ends_writer.in_flight(n)
             })
             .collect();
         if picked.is_empty() {

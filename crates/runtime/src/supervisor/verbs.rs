@@ -386,6 +386,7 @@ impl Dispatcher {
                 argv,
                 cwd,
                 group_parent,
+                admitted: None,
             });
             self.agents.live.insert(name.clone(), live);
             self.launcher.waiting.push(name.clone());

@@ -1,21 +1,25 @@
 //! The one reader of the store's event log a server has (`GET /api/events`
-//! subscribes to it): it reads what was appended whenever the supervisor's
-//! dispatcher has handled a command (and every quarter second, for events
-//! other supervisors of a shared store wrote) and broadcasts each batch. An
-//! empty batch means "read the store": the hub could not follow the log for
-//! a while (issue 28: a failed read is retried, never taken for "empty").
+//! subscribes to it): it reads what was appended as soon as the store says
+//! events committed (`Transcripts::appended`: rung by the writer at its
+//! commit, and on PostgreSQL by another node's news), and every quarter
+//! second for writers the store does not hear (another process on the same
+//! SQLite file), and broadcasts each batch. Each event's SSE frame is
+//! rendered once, by the first subscriber that sends it, and shared by the
+//! others ([`Live`]). An empty batch means "read the store": the hub could
+//! not follow the log for a while (issue 28: a failed read is retried, never
+//! taken for "empty").
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use brood_runtime::Supervisor;
+use brood_runtime::agentruntime::{EventFormat, to_agentruntime};
 use brood_store::Event;
 use tokio::sync::broadcast;
 
 /// Events read from the store at a time.
 pub(crate) const PAGE: u32 = 1000;
-/// How often the hub looks at the store without being told of a change.
-const IDLE_POLL: Duration = Duration::from_millis(250);
 /// The first and the longest pause between tries of a read that failed.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -29,6 +33,10 @@ pub struct EventLimits {
     /// How often an idle stream gets a `:` comment, which keeps it (and any
     /// proxy on the way) open and tells the client the server is alive.
     pub keep_alive: Duration,
+    /// How often the hub reads the log without being told of a change: only
+    /// writers the store does not hear (another process on the same SQLite
+    /// file) wait this long; every other event is read at its commit.
+    pub look_every: Duration,
 }
 
 impl Default for EventLimits {
@@ -37,6 +45,7 @@ impl Default for EventLimits {
             backlog_batches: 1024,
             connection_buffer: 256,
             keep_alive: Duration::from_secs(15),
+            look_every: Duration::from_millis(250),
         }
     }
 }
@@ -74,9 +83,52 @@ pub(crate) async fn off_the_runtime<T: Send + 'static>(
     }
 }
 
+/// An event as the hub broadcasts it, with its SSE frames, each rendered at
+/// most once however many subscribers send it (with 100 subscribers, the
+/// rendering, JSON of a JSON payload, was most of a delivery's cost).
+pub(crate) struct Live {
+    pub(crate) event: Event,
+    brood: OnceLock<Option<Bytes>>,
+    agentruntime: OnceLock<Option<Bytes>>,
+}
+
+impl Live {
+    fn new(event: Event) -> Live {
+        Live {
+            event,
+            brood: OnceLock::new(),
+            agentruntime: OnceLock::new(),
+        }
+    }
+
+    /// The event's frame in `format` (`None`: the format has no counterpart
+    /// of it).
+    pub(crate) fn frame(&self, format: EventFormat) -> Option<Bytes> {
+        let cell = match format {
+            EventFormat::Brood => &self.brood,
+            EventFormat::AgentRuntime => &self.agentruntime,
+        };
+        cell.get_or_init(|| frame_of(&self.event, format)).clone()
+    }
+}
+
+/// An event's SSE frame: its `id` (`<tenant>-<seq>`, what `Last-Event-ID`
+/// gives back) and its JSON as `data` (one line: JSON as serde writes it has
+/// no raw newline), then the blank line that ends it.
+pub(crate) fn frame_of(e: &Event, format: EventFormat) -> Option<Bytes> {
+    let data = match format {
+        EventFormat::Brood => serde_json::to_string(&event_json(e)).ok()?,
+        EventFormat::AgentRuntime => to_agentruntime(e)?.to_string(),
+    };
+    Some(Bytes::from(format!(
+        "id: {}-{}\ndata: {data}\n\n",
+        e.tenant, e.seq
+    )))
+}
+
 /// The one reader of the store's event log, broadcasting what it reads.
 pub(crate) struct Hub {
-    pub(crate) tx: broadcast::Sender<Arc<Vec<Event>>>,
+    pub(crate) tx: broadcast::Sender<Arc<Vec<Live>>>,
     pub(crate) limits: EventLimits,
 }
 
@@ -86,7 +138,7 @@ impl Hub {
         let weak = tx.downgrade();
         let store = sup.store().clone();
         let tenant = sup.tenant().clone();
-        let mut changed = sup.changed();
+        let mut appended = store.appended();
         tokio::spawn(async move {
             // A failed read is not "no events" (issue 28): the head is read
             // again, backing off, until the store answers; subscribers wait
@@ -119,6 +171,8 @@ impl Hub {
             loop {
                 // The API is gone when nobody holds the sender any more.
                 let Some(tx) = weak.upgrade() else { return };
+                // Seen before the read: a ring while it runs reads again.
+                appended.mark_unchanged();
                 loop {
                     let (st, t) = (store.clone(), tenant.clone());
                     match off_the_runtime(move || st.events(&t, head, None, PAGE)).await {
@@ -127,7 +181,7 @@ impl Hub {
                             let full = batch.len() == PAGE as usize;
                             head = batch.last().map_or(head, |e| e.seq);
                             // No subscriber is not an error.
-                            let _ = tx.send(Arc::new(batch));
+                            let _ = tx.send(Arc::new(batch.into_iter().map(Live::new).collect()));
                             if !full {
                                 break;
                             }
@@ -140,11 +194,11 @@ impl Hub {
                 }
                 drop(tx);
                 tokio::select! {
-                    r = changed.changed() => if r.is_err() {
-                        // The supervisor is gone; other writers may remain.
-                        tokio::time::sleep(IDLE_POLL).await;
+                    r = appended.changed() => if r.is_err() {
+                        // The store is gone; other writers may remain.
+                        tokio::time::sleep(limits.look_every).await;
                     },
-                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = tokio::time::sleep(limits.look_every) => {}
                 }
             }
         });

@@ -364,5 +364,8 @@ fn write(db: &Db<'_>, ts: &str, tickets: &[&Ticket], facts: &Facts, admitted: &[
         writes.push((I_EVENTS, &events_p));
     }
     db.pipeline(&writes)?;
+    if !evs.is_empty() {
+        crate::bell::note_appended();
+    }
     Ok(())
 }

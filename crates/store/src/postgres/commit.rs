@@ -61,6 +61,13 @@ impl Pool {
         let mut slot = self.take();
         let r = self.transact_on(&mut slot, lock, &mut f);
         self.give(slot);
+        // A transaction in doubt may have committed: ringing for nothing
+        // costs a reader one read, missing a ring costs it latency.
+        let maybe = matches!(
+            r,
+            Ok(_) | Err(Fail::Store(StoreError::PostgresInDoubt { .. }))
+        );
+        self.bell.after_transaction(maybe);
         r.map_err(|e| e.at(&self.target))
     }
 

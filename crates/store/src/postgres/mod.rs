@@ -208,6 +208,9 @@ pub(crate) struct Pool {
     runtime: Option<tokio::runtime::Runtime>,
     slots: Mutex<Vec<Option<Conn>>>,
     freed: Condvar,
+    /// Rung once events appended through this pool have committed, and when
+    /// another node announces a write (`crate::bell`).
+    pub(crate) bell: crate::bell::Bell,
 }
 
 impl Drop for Pool {
@@ -341,7 +344,7 @@ impl Pool {
 /// The connection went, not the statement: closed, or the server ending the
 /// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
 /// connect now, `08*` connection exceptions).
-fn connection_lost(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
     }
@@ -436,6 +439,7 @@ impl PgStore {
             runtime: Some(runtime),
             slots: Mutex::new((0..n).map(|_| None).collect()),
             freed: Condvar::new(),
+            bell: Default::default(),
         });
         let store = PgStore {
             pool,

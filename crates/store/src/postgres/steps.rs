@@ -77,6 +77,7 @@ pub(crate) fn append_events_tx(
         .collect();
     let inserts: Vec<(&str, Params<'_>)> = params.iter().map(|p| (I_EVENT, &p[..])).collect();
     db.pipeline(&inserts)?;
+    crate::bell::note_appended();
     Ok(crate::checks::numbered(tenant, next, now_ms, events))
 }
 

@@ -53,6 +53,10 @@ impl SqlStore for PgStore {
         self.wrote();
     }
 
+    fn bell(&self) -> &crate::bell::Bell {
+        &self.pool.bell
+    }
+
     fn admissions(&self) -> &Groups {
         &self.admissions
     }
@@ -77,6 +81,15 @@ impl SqlStore for PgStore {
         if self.news.get().is_some() {
             return Ok(());
         }
+        // The event log's readers hear the news too, without waiting for
+        // the one told here (a supervisor's loop) to pass it on.
+        let pool = std::sync::Arc::downgrade(&self.pool);
+        let on_news = std::sync::Arc::new(move || {
+            if let Some(p) = pool.upgrade() {
+                p.bell.ring();
+            }
+            on_news();
+        });
         let news = super::news::start(&self.pool, me, on_news).map_err(|e| e.at(self.target()))?;
         // Two racing callers would start two announcers; the second's is
         // dropped here and its tasks find nothing to announce.

@@ -92,6 +92,10 @@ pub(crate) trait SqlStore {
     /// [`SqlStore::writing_quiet`] that changed something).
     fn announce(&self);
 
+    /// Rung once events appended through this store have committed
+    /// (`crate::bell`).
+    fn bell(&self) -> &crate::bell::Bell;
+
     /// The admissions queued for their group commit (`crate::group`).
     fn admissions(&self) -> &Groups;
 
@@ -391,6 +395,10 @@ impl<S: SqlStore> Transcripts for S {
 
     fn last_event_seq(&self, tenant: &TenantId) -> Result<i64> {
         self.reading(|db| db.int(S::Db::SQL.last_event_seq, &[text(tenant.as_str())]))
+    }
+
+    fn appended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.bell().subscribe()
     }
 }
 

@@ -20,6 +20,22 @@ impl<S: SqlStore> SlotShares for S {
         self.writing_slots(tenant, |db| shares::release(db, t, holder))
     }
 
+    fn slot_acquire_up_to(
+        &self,
+        tenant: &TenantId,
+        holder: &str,
+        max: u32,
+        want: u32,
+    ) -> Result<u32> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::acquire_up_to(db, t, holder, max, want))
+    }
+
+    fn slot_release_n(&self, tenant: &TenantId, holder: &str, n: u32) -> Result<()> {
+        let t = tenant.as_str();
+        self.writing_slots(tenant, |db| shares::release_n(db, t, holder, n))
+    }
+
     fn slot_repair(&self, tenant: &TenantId, holder: &str, actual: u64) -> Result<u64> {
         let t = tenant.as_str();
         self.writing_slots(tenant, |db| shares::repair(db, t, holder, actual))

@@ -49,6 +49,7 @@ pub(crate) mod sql;
 // After `sql`, whose macros they use.
 mod admit;
 mod db;
+mod pcache;
 mod steps;
 mod store;
 #[cfg(test)]
@@ -119,6 +120,8 @@ pub struct SqliteStore {
     /// Copies the WAL back into the database on its own thread; `None` when read
     /// only.
     checkpointer: Option<Checkpointer>,
+    /// Rung once events appended here have committed (`crate::bell`).
+    pub(crate) bell: crate::bell::Bell,
 }
 
 /// After how many commits the checkpointer is woken. A lone admission writes
@@ -294,6 +297,7 @@ impl SqliteStore {
     /// Opens (creating it if needed) the store file and brings its schema up to
     /// date. Several stores, in one process or several, may open the same file.
     pub fn open_with(path: &Path, options: Options) -> Result<SqliteStore> {
+        pcache::configure();
         let shown = path.display().to_string();
         let sql = |source| StoreError::Sqlite {
             path: shown.clone(),
@@ -360,6 +364,7 @@ impl SqliteStore {
             path: shown,
             admissions: Groups::new(GROUP_MAX, false),
             checkpointer: Some(checkpointer),
+            bell: Default::default(),
         })
     }
 
@@ -367,6 +372,7 @@ impl SqliteStore {
     /// `brood doctor` reports it; `None` when there is no file yet (the
     /// first supervisor makes it). Opens it read-only: migrates nothing.
     pub fn schema_version(path: &Path) -> Result<Option<crate::SchemaVersion>> {
+        pcache::configure();
         if !path.exists() {
             return Ok(None);
         }
@@ -391,6 +397,7 @@ impl SqliteStore {
     /// schema is older than this build (a read-only open cannot migrate it).
     /// Every mutating method of the result fails with SQLite's "readonly database".
     pub fn open_read_only(path: &Path) -> Result<SqliteStore> {
+        pcache::configure();
         let shown = path.display().to_string();
         let sql = |source| StoreError::Sqlite {
             path: shown.clone(),
@@ -432,6 +439,7 @@ impl SqliteStore {
             path: shown,
             admissions: Groups::new(GROUP_MAX, false),
             checkpointer: None,
+            bell: Default::default(),
         })
     }
 
@@ -481,7 +489,9 @@ impl SqliteStore {
             tx.commit()?;
             Ok(out)
         };
-        let out = run(&mut conn).map_err(|f| f.at(&self.path))?;
+        let out = run(&mut conn);
+        self.bell.after_transaction(out.is_ok());
+        let out = out.map_err(|f| f.at(&self.path))?;
         self.committed(1);
         Ok(out)
     }
@@ -523,6 +533,8 @@ impl SqliteStore {
     /// stay exact), and it is answered only once the group has committed.
     fn commit_group(&self, group: &mut Group<'_>) -> Vec<Result<Agent>> {
         let answers = self.admit_group(group.tickets());
+        self.bell
+            .after_transaction(answers.iter().any(std::result::Result::is_ok));
         // Counted per admission, not per commit: the frames a commit
         // writes grow with its group.
         let admitted = answers.iter().filter(|a| a.is_ok()).count();

@@ -58,6 +58,7 @@ pub(super) fn insert_events_tx(
             e.payload.as_str(),
         ))?;
     }
+    crate::bell::note_appended();
     let after = next + i64::try_from(events.len()).unwrap_or(i64::MAX);
     tx.prepare_cached(U_NEXT_SEQ)?
         .execute((tenant.as_str(), after))?;

@@ -44,6 +44,10 @@ impl SqlStore for SqliteStore {
 
     fn announce(&self) {}
 
+    fn bell(&self) -> &crate::bell::Bell {
+        &self.bell
+    }
+
     fn admissions(&self) -> &Groups {
         &self.admissions
     }

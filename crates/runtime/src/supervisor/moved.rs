@@ -10,7 +10,8 @@
 //! value, and are not a job's workers: as at a restart, `restart::resumes`)
 //! end `failed (lost)` and start again as a new queued run placed on a live
 //! node, their session's history kept in the store and their children's
-//! artifacts in the shared blobs; the rest end `failed (lost)` as before.
+//! artifacts in the shared blobs; the rest end `failed (lost)` as before, told
+//! as any end is (their files, their parent, the waiters).
 //! A node is chosen as for a new agent (`placement::choose`): the labels its
 //! request named and free capacity; a child without labels goes where its
 //! parent runs (its parent's new node when the parent moves too). Parents
@@ -69,13 +70,25 @@ impl Dispatcher {
             .store
             .recover_lost_placing(&dead, &placing, now_ms())
         {
-            Ok(r) => tracing::warn!(
-                node = id,
-                ended = r.agents.len() - r.resumed.len(),
-                resumed = r.resumed.len(),
-                placed_again = r.replaced.len(),
-                "a node was lost: its queue and its resumable agents moved to live nodes, the rest lost"
-            ),
+            Ok(r) => {
+                tracing::warn!(
+                    node = id,
+                    ended = r.agents.len() - r.resumed.len(),
+                    resumed = r.resumed.len(),
+                    placed_again = r.replaced.len(),
+                    "a node was lost: its queue and its resumable agents moved to live nodes, the rest lost"
+                );
+                // What ended is told as any end is: its files, its parent
+                // (here or through the store), the waiters.
+                let tenant = self.records.tenant.clone();
+                for a in r
+                    .agents
+                    .iter()
+                    .filter(|a| a.tenant == tenant && a.status.is_finished())
+                {
+                    self.after_end(a, None, None);
+                }
+            }
             Err(e) => {
                 tracing::error!(node = id, error = %e, "ending a lost node's agents");
                 return;

@@ -10,6 +10,7 @@ mod jobs;
 mod memory;
 mod nodes;
 mod restart;
+mod restart_lost;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,8 @@
 //! `brood bench restart` (issue 29 item 5), run small with the real binary:
-//! `-n 5 --json` on SQLite and on the real PostgreSQL. The report's shape
-//! is checked, and that it was measured (every figure read, its root gone
-//! afterwards). No figure is held to a target.
+//! `-n 5 --json` on SQLite and on the real PostgreSQL, one node and three
+//! nodes of which one is lost. The report's shape is checked, and that it
+//! was measured (every figure read, its root gone afterwards). No figure is
+//! held to a target.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -41,8 +42,12 @@ fn bench_restart_reports_both_stores_and_leaves_nothing_behind() {
         .iter()
         .map(|s| s["store"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["SQLite", "PostgreSQL"], "{v}");
-    for s in stores {
+    assert_eq!(
+        names,
+        ["SQLite", "PostgreSQL", "PostgreSQL, three nodes, one lost"],
+        "{v}"
+    );
+    for s in &stores[..2] {
         for k in ["fresh_s", "restart_s", "serving_s", "ratio"] {
             assert!(s[k].as_f64().unwrap() > 0.0, "{k} in {s}");
         }
@@ -50,9 +55,22 @@ fn bench_restart_reports_both_stores_and_leaves_nothing_behind() {
             s["serving_s"].as_f64().unwrap() <= s["restart_s"].as_f64().unwrap(),
             "{s}"
         );
+    }
+    // Three nodes, one SIGKILLed: its agents run again on the others.
+    let lost = &stores[2];
+    for k in ["fresh_s", "declared_s", "moved_s", "ratio"] {
+        assert!(lost[k].as_f64().unwrap() > 0.0, "{k} in {lost}");
+    }
+    assert!(
+        lost["declared_s"].as_f64().unwrap() <= lost["moved_s"].as_f64().unwrap(),
+        "{lost}"
+    );
+    for s in stores {
         let root = s["root"].as_str().unwrap();
         assert!(!Path::new(root).exists(), "{root} left behind");
     }
-    let db = stores[1]["database"].as_str().unwrap();
-    assert!(!common::database_exists(&admin, db), "{db} left behind");
+    for s in &stores[1..] {
+        let db = s["database"].as_str().unwrap();
+        assert!(!common::database_exists(&admin, db), "{db} left behind");
+    }
 }

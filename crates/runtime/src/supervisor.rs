@@ -66,6 +66,7 @@ mod orphans;
 mod outcome;
 mod outsider;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
+mod moved;
 mod placement;
 mod protocol;
 mod queue;
@@ -624,6 +625,9 @@ impl Dispatcher {
                     None => return,
                 },
             };
+            // Back from a pause past its expiry, a node learns whether it
+            // was declared lost before it acts for any agent (`moved`).
+            self.fence_if_stale();
             // Creations, starts and ends queued together are recorded
             // together (`batch`); the starts and ends of lone agents (a root
             // with no child here) also from further back in the queue.

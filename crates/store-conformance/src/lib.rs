@@ -182,6 +182,10 @@ pub const CASES: &[(&str, Case)] = &[
         recover_resuming_starts_again_what_it_is_asked_to,
     ),
     (
+        "recover_lost_placing_moves_the_queue_and_the_resumable",
+        recover_lost_placing_moves_the_queue_and_the_resumable,
+    ),
+    (
         "record_usage_replaces_the_counters",
         record_usage_replaces_the_counters,
     ),
@@ -327,6 +331,7 @@ macro_rules! conformance_tests {
     resume_is_refused_under_a_dead_parent,
     recover_ends_the_dead_supervisors_agents,
     recover_resuming_starts_again_what_it_is_asked_to,
+    recover_lost_placing_moves_the_queue_and_the_resumable,
     record_usage_replaces_the_counters,
     events_filter_by_agent_after_and_limit,
     append_events_refuses_unknown_agents_and_bad_payloads,

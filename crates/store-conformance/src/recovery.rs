@@ -221,3 +221,167 @@ pub fn recover_resuming_starts_again_what_it_is_asked_to(store: &dyn Store) {
     queued.sort();
     assert_eq!(queued, ["kid", "root"]);
 }
+
+/// Issue 29 item 4: a lost node's queue and its resumable agents placed on
+/// live nodes in the transaction that ends the rest lost. A queued agent
+/// (queued there, or placed there and unclaimed) is placed again with its
+/// run; one that ran ends `failed (lost)` and starts again as a new run
+/// placed on its node, under a parent resumed with it or one that lives
+/// elsewhere; a stop recorded before the loss is carried out and a child
+/// whose parent ended stays ended, whatever the plan says. The lost node
+/// can neither start nor end a moved agent's new run.
+pub fn recover_lost_placing_moves_the_queue_and_the_resumable(store: &dyn Store) {
+    let t = tenant("conf-placing");
+    let dead = "sup-placing-dead".to_owned();
+    let live = "sup-placing-live".to_owned();
+    let on = |n: &str, parent: Option<&str>, sup: &str| {
+        let new = new_agent(&t, n, parent, sup);
+        store.admit(&new, &spawn_events(&new)).unwrap()
+    };
+    let root = start(store, &on("root", None, &dead));
+    start(store, &on("kid", Some("root"), &dead));
+    let q = on("q", Some("root"), &dead);
+    let pq = on("pq", None, &brood_store::placed_on(&dead));
+    start(store, &on("stays", Some("root"), &dead));
+    // Its stop was recorded before the loss, as `failed (lost)` even (a
+    // node fencing itself off records that): carried out, not moved.
+    let s = start(store, &on("stopping", Some("root"), &dead));
+    store
+        .mark_stopping(
+            &t,
+            std::slice::from_ref(&s.name),
+            Terminal::Failed(FailReason::Lost),
+            now(),
+        )
+        .unwrap();
+    start(store, &on("lone", None, &dead));
+    start(store, &on("orphan", Some("lone"), &dead));
+    let far = start(store, &on("far", None, &live));
+    start(store, &on("near", Some("far"), &dead));
+    let asked = |n: &str, to: &str| brood_store::Placing {
+        agent: brood_store::Resuming {
+            tenant: t.clone(),
+            name: name(n),
+            run: new_run(),
+            events: vec![event(&name(n), None, "agent.resume")],
+        },
+        to: to.to_owned(),
+    };
+    let placing = [
+        asked("root", "node-2"),
+        asked("kid", "node-2"),
+        asked("q", "node-3"),
+        asked("pq", "node-3"),
+        asked("stopping", "node-2"),
+        asked("orphan", "node-2"),
+        asked("near", "node-3"),
+    ];
+    let dead_hosts = [dead.clone(), brood_store::placed_on(&dead)];
+    let r = store
+        .recover_lost_placing(&dead_hosts, &placing, now())
+        .unwrap();
+    assert_eq!(
+        r.resumed,
+        vec![
+            (t.clone(), name("root")),
+            (t.clone(), name("kid")),
+            (t.clone(), name("near"))
+        ]
+    );
+    assert_eq!(
+        r.replaced,
+        vec![(t.clone(), name("q")), (t.clone(), name("pq"))]
+    );
+    for a in &r.agents {
+        assert_eq!(get(store, &t, a.name.as_str()), *a);
+    }
+    let lost = Terminal::Failed(FailReason::Lost);
+    for (n, p) in [
+        ("root", &placing[0]),
+        ("kid", &placing[1]),
+        ("near", &placing[6]),
+    ] {
+        let a = get(store, &t, n);
+        assert_eq!(
+            (a.status, &a.run, a.supervisor.clone()),
+            (Status::Queued, &p.agent.run, brood_store::placed_on(&p.to)),
+            "{n}"
+        );
+        // The run the loss ended stays, ended lost; the new one follows it.
+        let runs = store.runs(&t, &a.name).unwrap();
+        assert_eq!(runs.len(), 2, "{n}");
+        assert_eq!(runs[0].outcome, Some(lost), "{n}");
+        assert_eq!(runs[1].id, p.agent.run, "{n}");
+    }
+    assert_ne!(get(store, &t, "root").run, root.run);
+    for (n, was) in [("q", &q), ("pq", &pq)] {
+        let a = get(store, &t, n);
+        assert_eq!(
+            (a.status, &a.run, a.supervisor),
+            (Status::Queued, &was.run, brood_store::placed_on("node-3")),
+            "{n}"
+        );
+    }
+    for (n, st) in [
+        ("stays", Status::Ended(lost)),
+        ("stopping", Status::Ended(lost)),
+        ("lone", Status::Ended(lost)),
+        ("orphan", Status::Ended(lost)),
+    ] {
+        assert_eq!(get(store, &t, n).status, st, "{n}");
+    }
+    assert_eq!(get(store, &t, "far"), far);
+    assert!(store.unfinished_of(&dead_hosts).unwrap().is_empty());
+    // The lost node, back, can neither start the new run nor end it.
+    let moved = get(store, &t, "root");
+    let item = StartItem {
+        name: moved.name.clone(),
+        run: moved.run.clone(),
+        pid: 7,
+        cgroup: "/cg/root".into(),
+        now_ms: now(),
+        events: vec![event(&moved.name, Some(&moved.run), "agent.start")],
+        supervisor: Some(dead.clone()),
+    };
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(store.start_one(&t, &item));
+    assert_eq!(code, Code::Conflict, "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+    // Claimed by the node it was placed on, the new run starts there.
+    let claimed = store.claim_placed(&t, "node-2", 10).unwrap();
+    let names: Vec<&str> = claimed.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["root", "kid"]);
+    let started = store
+        .start_one(
+            &t,
+            &StartItem {
+                supervisor: Some("node-2".into()),
+                ..item
+            },
+        )
+        .unwrap();
+    assert_eq!(started.status, Status::Running);
+    // The lost node's end of the run it held ends nothing.
+    let before = snapshot(store, &t);
+    let (code, msg) = refusal(store.end_run(
+        &t,
+        &root.name,
+        &root.run,
+        &RunEnd {
+            outcome: Terminal::Completed,
+            exit_code: Some(0),
+            result: Some("from the lost node".into()),
+            detail: None,
+            now_ms: now(),
+            output: None,
+        },
+        &[],
+    ));
+    assert_eq!(code, Code::Conflict, "{msg}");
+    assert_eq!(snapshot(store, &t), before);
+    // Nothing left of the lost node: a second recovery finds nothing.
+    let again = store
+        .recover_lost_placing(&dead_hosts, &placing, now())
+        .unwrap();
+    assert!(again.agents.is_empty() && again.resumed.is_empty() && again.replaced.is_empty());
+}

@@ -350,6 +350,22 @@ pub trait Recovery {
     /// ends `Failed(Lost)`: its processes died with it, or are fenced off.
     fn recover_lost(&self, dead: &[String], now_ms: i64) -> Result<Vec<Agent>>;
 
+    /// [`Recovery::recover_lost`] with what moves on a node's loss (issue 29
+    /// item 4), in the same transaction: each of `placing` (parents first)
+    /// that is still queued on a `dead` host is placed again on its `to` as
+    /// it is; each that the recovery ends `failed (lost)` is started again
+    /// as its new run (`queued`, `placed_on(to)`, its session's history
+    /// kept) when its parent was resumed before it or is unfinished. The
+    /// rest ends as `recover_lost` ends it. `Recovered::agents` holds every
+    /// agent the recovery ended (a resumed one as it is afterwards),
+    /// `resumed` and `replaced` the names moved.
+    fn recover_lost_placing(
+        &self,
+        dead: &[String],
+        placing: &[crate::types::Placing],
+        now_ms: i64,
+    ) -> Result<crate::types::Recovered>;
+
     /// Distinct supervisor ids that host unfinished agents.
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>>;
 

@@ -13,7 +13,9 @@ use crate::admission::fanout;
 use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
 use crate::db::{Db, Value};
-use crate::types::{Agent, EndItem, NewEvent, Recovered, Resuming, RunEnd, StartItem, StoreError};
+use crate::types::{
+    Agent, EndItem, NewEvent, Placing, Recovered, Resuming, RunEnd, StartItem, StoreError,
+};
 
 fn text(s: &str) -> Value<'_> {
     Value::from(s)
@@ -544,5 +546,90 @@ pub(crate) fn recover_resuming<D: Db>(
         )?;
         resumed.push((r.tenant.clone(), r.name.clone()));
     }
-    Ok(Recovered { agents, resumed })
+    Ok(Recovered {
+        agents,
+        resumed,
+        replaced: Vec::new(),
+    })
+}
+
+/// `Recovery::recover_lost_placing` (issue 29 item 4): a lost node's queue
+/// and its resumable agents placed on live nodes in the one transaction
+/// that ends the rest lost. First each queued agent of `placing` still
+/// queued on one of the `dead` hosts is placed again as it is (its run
+/// unchanged, so the lost node's start of it stays refused: the record
+/// names another host); then [`recover`] ends everything left of `dead`
+/// lost; then each agent of `placing` this recovery ended `failed (lost)`
+/// is started again as its new run, `placed_on(to)`, as [`resume`] does,
+/// when its parent is resumed just before it or is itself unfinished (it
+/// runs on a live node, or was placed again above). What the list names
+/// otherwise (a stop recorded before the loss, a child whose parent ended)
+/// stays as the recovery left it, so a plan read before the transaction
+/// can never move what the recovery did not end nor orphan a child.
+pub(crate) fn recover_lost_placing<D: Db>(
+    db: &D,
+    dead: &[String],
+    placing: &[Placing],
+    now_ms: i64,
+) -> Result<Recovered, D::Err> {
+    let mut replaced: Vec<(TenantId, AgentName)> = Vec::new();
+    // A stop recorded before the loss is carried out, whatever it ends as
+    // (`failed (lost)` included).
+    let mut stopping: Vec<(&TenantId, &AgentName)> = Vec::new();
+    for p in placing {
+        let r = &p.agent;
+        let Some(a) = db.agent(&r.tenant, &r.name)? else {
+            continue;
+        };
+        if matches!(a.status, Status::Stopping(_)) {
+            stopping.push((&r.tenant, &r.name));
+        }
+        if a.status != Status::Queued || !dead.contains(&a.supervisor) {
+            continue;
+        }
+        let from = crate::placed_for(&a.supervisor).unwrap_or(&a.supervisor);
+        if crate::nodes::replace_queued(db, &r.tenant, &r.name, from, &p.to)? {
+            replaced.push((r.tenant.clone(), r.name.clone()));
+        }
+    }
+    let mut agents = recover(db, dead, true, now_ms)?;
+    let lost = Status::Ended(Terminal::Failed(FailReason::Lost));
+    let mut resumed: Vec<(TenantId, AgentName)> = Vec::new();
+    for p in placing {
+        let r = &p.agent;
+        let Some(i) = agents
+            .iter()
+            .position(|a| a.tenant == r.tenant && a.name == r.name)
+        else {
+            continue;
+        };
+        if agents[i].status != lost || stopping.contains(&(&r.tenant, &r.name)) {
+            continue;
+        }
+        let parent_lives = match &agents[i].parent {
+            None => true,
+            Some(parent) => {
+                resumed.iter().any(|(t, n)| *t == r.tenant && n == parent)
+                    || db.agent(&r.tenant, parent)?.is_some_and(|pa| {
+                        matches!(
+                            pa.status,
+                            Status::Queued | Status::Running | Status::Blocked
+                        )
+                    })
+            }
+        };
+        if !parent_lives {
+            continue;
+        }
+        let host = crate::placed_on(&p.to);
+        agents[i] = resume(
+            db, &r.tenant, &r.name, &r.run, &host, now_ms, None, &r.events,
+        )?;
+        resumed.push((r.tenant.clone(), r.name.clone()));
+    }
+    Ok(Recovered {
+        agents,
+        resumed,
+        replaced,
+    })
 }

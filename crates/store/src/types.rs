@@ -304,12 +304,28 @@ pub struct Resuming {
 }
 
 /// What [`Recovery::recover_resuming`](crate::Recovery::recover_resuming)
+/// (and [`Recovery::recover_lost_placing`](crate::Recovery::recover_lost_placing))
 /// did: every agent it ended, as it is afterwards (a resumed one `queued`
-/// on its new run), and the names of those it resumed, parents first.
+/// on its new run), the names of those it resumed, parents first, and the
+/// queued agents it placed again on another node (their run unchanged).
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
     pub agents: Vec<Agent>,
     pub resumed: Vec<(TenantId, AgentName)>,
+    pub replaced: Vec<(TenantId, AgentName)>,
+}
+
+/// An agent of a lost node placed on a live one (issue 29 item 4): one item
+/// of [`Recovery::recover_lost_placing`](crate::Recovery::recover_lost_placing).
+/// A queued agent is placed again as it is (same run, `to` claims it); one
+/// that ran is ended lost and started again on `to` as the new run `agent.run`
+/// with `agent.events` (its `agent.resume`), its history kept in its session.
+#[derive(Debug, Clone)]
+pub struct Placing {
+    pub agent: Resuming,
+    /// The live node that takes it (it is recorded `placed_on(to)` until
+    /// that node claims it).
+    pub to: String,
 }
 
 /// One item of [`Store::end_runs`].

@@ -46,7 +46,11 @@ fn string(args: &Value, key: &str) -> Result<String, String> {
 }
 
 /// The request for the supervisor.
-fn build(name: &str, args: &Value, settings: &Settings) -> Result<(&'static str, Value), String> {
+pub(super) fn build(
+    name: &str,
+    args: &Value,
+    settings: &Settings,
+) -> Result<(&'static str, Value), String> {
     Ok(match name {
         "create" => {
             let task = string(args, "task")?;
@@ -82,6 +86,13 @@ fn build(name: &str, args: &Value, settings: &Settings) -> Result<(&'static str,
                 if let Some(v) = args.get(k).and_then(Value::as_str) {
                     req[k] = json!(v);
                 }
+            }
+            if let Some(p) = args.get("placement").filter(|p| !p.is_null()) {
+                let labels = p
+                    .as_object()
+                    .filter(|o| o.values().all(Value::is_string))
+                    .ok_or("placement must be an object of label names to values")?;
+                req["placement"] = json!({"labels": labels});
             }
             ("spawn", req)
         }

@@ -194,3 +194,28 @@ fn shell_and_code_exec_report_status_output_and_timeouts() {
         r.len()
     );
 }
+
+/// `create` asks for a node by labels (in a cluster) when it says which:
+/// the request carries them as the API's `placement`; labels that are not
+/// strings are the model's mistake, answered as one.
+#[test]
+fn create_carries_its_placement_labels() {
+    let s = settings();
+    let (op, req) = super::brood::build(
+        "create",
+        &json!({"task": "t", "name": "kid", "placement": {"pool": "b"}}),
+        &s,
+    )
+    .unwrap();
+    assert_eq!(op, "spawn");
+    assert_eq!(req["placement"], json!({"labels": {"pool": "b"}}));
+    let (_, plain) = super::brood::build("create", &json!({"task": "t"}), &s).unwrap();
+    assert!(plain.get("placement").is_none(), "{plain}");
+    let e = super::brood::build(
+        "create",
+        &json!({"task": "t", "placement": {"pool": 2}}),
+        &s,
+    )
+    .unwrap_err();
+    assert!(e.contains("placement"), "{e}");
+}

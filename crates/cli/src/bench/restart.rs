@@ -54,12 +54,22 @@ async fn measure_all(dir: &Path, exe: &str, p: &Params) -> Result<Value> {
         dropped?;
         v["database"] = json!(name);
         stores.push(v);
+        // Three nodes, one lost: on a database of its own.
+        let db = Database::make(admin).await?;
+        let measured =
+            super::restart_lost::measure(&dir.join("nodes"), exe, &db.url, &args, p.n).await;
+        let name = db.name.clone();
+        let dropped = db.drop().await;
+        let mut v = measured?;
+        dropped?;
+        v["database"] = json!(name);
+        stores.push(v);
     }
     Ok(json!({
         "bench": "restart",
         "agents": p.n,
         "stores": stores,
-        "what": "N idle roots (`brood test-agent --hang`, on_restart: resume) on one `brood serve` node. fresh_s: creating them through POST /api/agents with await_ready until the last answers; restart_s: from the node's SIGKILL until the node started again on its root lists all N running with a process (serving_s of it until its /healthz answers); ratio: restart_s / fresh_s",
+        "what": "N idle roots (`brood test-agent --hang`, on_restart: resume) on one `brood serve` node. fresh_s: creating them through POST /api/agents with await_ready until the last answers; restart_s: from the node's SIGKILL until the node started again on its root lists all N running with a process (serving_s of it until its /healthz answers); ratio: restart_s / fresh_s. With PostgreSQL also three nodes, the N on node 1, node 1 SIGKILLed: declared_s until it leaves the list of nodes, moved_s until all N run again on nodes 0 and 2; ratio: moved_s / fresh_s",
     }))
 }
 
@@ -146,6 +156,17 @@ pub(super) fn print(v: &Value) {
         v["agents"]
     );
     for s in v["stores"].as_array().into_iter().flatten() {
+        if let Some(moved) = s["moved_s"].as_f64() {
+            println!(
+                "  {}: fresh {:>8.3} s   moved {:>8.3} s (node declared lost after {:.3} s)   ratio {:.2}",
+                s["store"].as_str().unwrap_or("?"),
+                s["fresh_s"].as_f64().unwrap_or(0.0),
+                moved,
+                s["declared_s"].as_f64().unwrap_or(0.0),
+                s["ratio"].as_f64().unwrap_or(0.0),
+            );
+            continue;
+        }
         println!(
             "  {:<10} fresh {:>8.3} s   restart {:>8.3} s (serving after {:.3} s)   ratio {:.2}",
             s["store"].as_str().unwrap_or("?"),

@@ -1,15 +1,16 @@
 //! This supervisor as a node of the cluster sharing its store (issue 15):
 //! its heartbeat on every tick; the nodes whose heartbeat expired, declared
-//! lost (what they ran ends `failed (lost)`, their children elsewhere are
-//! then orphans the sweepers cancel `parent_dead`, the lease's lock they may
-//! still hold is broken); and, when this node finds it was declared lost
-//! itself (paused past its heartbeat, cut off from the store), its agents,
-//! recorded lost, stopped: the fence the others put up holds.
+//! lost (their queue and their resumable agents move to live nodes, the
+//! rest ends `failed (lost)` and its children elsewhere are then orphans the
+//! sweepers cancel `parent_dead`, the lease's lock they may still hold is
+//! broken: `moved`); and, when this node finds it was declared lost itself
+//! (paused past its heartbeat, cut off from the store), its agents recorded
+//! lost stopped and those moved let go of: the fence the others put up
+//! holds.
 
 use brood_core::{AgentName, Code, FailReason, Status, Terminal};
 use brood_store::{Agent, NewNode, RunEnd, StoreError};
 
-use super::sweep::LEASE;
 use super::{Dispatcher, now_ms};
 
 impl Dispatcher {
@@ -134,9 +135,9 @@ impl Dispatcher {
     /// The heartbeat. A node whose record went was declared lost by the
     /// others (or removed by hand): its agents the store says finished are
     /// stopped here, then it registers again.
-    fn heartbeat(&mut self) {
+    pub(super) fn heartbeat(&mut self) {
         match self.records.store.heartbeat_node(&self.host.me) {
-            Ok(()) => {}
+            Ok(()) => self.restart.beat.ok = Some(std::time::Instant::now()),
             Err(StoreError::Refused {
                 code: Code::NotFound,
                 ..
@@ -153,8 +154,12 @@ impl Dispatcher {
     }
 
     /// Stops the live agents whose records another node ended (this node was
-    /// declared lost): nothing runs here that the store says is over.
+    /// declared lost), and lets go of those it moved to live nodes: nothing
+    /// runs here that the store says is over or runs elsewhere.
     fn fence_off(&mut self) {
+        // What moved to live nodes (a new run there) is let go of without
+        // a record; what ended is stopped as any stop.
+        self.let_go_moved();
         let ended: Vec<AgentName> = self
             .agents
             .live
@@ -193,8 +198,9 @@ impl Dispatcher {
         }
     }
 
-    /// Every other node whose heartbeat is older than the expiry: what it ran
-    /// ends lost, its record goes, and the lease's lock it may hold is broken.
+    /// Every other node whose heartbeat is older than the expiry is declared
+    /// lost (`declare_lost`: what moves moves, the rest ends lost, its record
+    /// goes, and the lease's lock it may hold is broken).
     /// Any node may do it (the store's transaction makes it happen once).
     /// The age is the store's (issue 28): heartbeats are written on the
     /// store's clock and aged on it, so a node whose clock is off by more
@@ -204,7 +210,6 @@ impl Dispatcher {
         let Some(expiry) = self.host.cfg.node.as_ref().map(|n| n.expiry) else {
             return;
         };
-        let now = now_ms();
         let nodes = match self.records.store.nodes() {
             Ok(n) => n,
             Err(e) => {
@@ -217,43 +222,7 @@ impl Dispatcher {
             if n.id == self.host.me || n.heartbeat_age_ms <= expiry_ms {
                 continue;
             }
-            // Its queue goes to live nodes first; what it ran, and what no
-            // node could take, ends lost.
-            self.replace_queue_of(&n.id);
-            match self
-                .records
-                .store
-                .recover_lost(&[n.id.clone(), brood_store::placed_on(&n.id)], now)
-            {
-                Ok(lost) => tracing::warn!(
-                    node = n.id,
-                    agents = lost.len(),
-                    "a node's heartbeat expired: its agents are lost"
-                ),
-                Err(e) => {
-                    tracing::error!(node = n.id, error = %e, "ending a lost node's agents");
-                    continue;
-                }
-            }
-            let held_lease = self
-                .records
-                .store
-                .lease(LEASE)
-                .ok()
-                .flatten()
-                .is_some_and(|f| f.holder == n.id);
-            if held_lease {
-                match self.records.store.break_lease_lock(LEASE) {
-                    Ok(true) => {
-                        tracing::warn!(node = n.id, "broke the lost node's sweeper lease lock")
-                    }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "breaking a lost node's lease lock"),
-                }
-            }
-            if let Err(e) = self.records.store.leave_node(&n.id) {
-                tracing::warn!(node = n.id, error = %e, "removing a lost node's record");
-            }
+            self.declare_lost(&n.id);
         }
     }
 }

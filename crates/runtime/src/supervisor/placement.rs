@@ -6,11 +6,12 @@
 //! `brood_store::placed_on(host)`; the host claims it (`claim_placed`: `FOR
 //! UPDATE SKIP LOCKED` on PostgreSQL), when the admitting node's news wakes
 //! it or at its next tick, projects it and starts it as if it had admitted
-//! it itself. The queue of a lost node is placed again on live nodes.
+//! it itself. What a lost node queued, and what it ran that resumes, is
+//! placed again on live nodes (`moved`).
 
 use std::collections::BTreeMap;
 
-use brood_store::{Node, placed_for, placed_on};
+use brood_store::{Node, placed_for};
 
 use super::{Dispatcher, Live, Pending, stored_policy};
 use crate::api::ApiError;
@@ -72,7 +73,7 @@ impl Dispatcher {
 
     /// The registered nodes whose heartbeat is within the expiry, on the
     /// store's clock (as `declare_lost_nodes` judges it: issue 28).
-    fn live_nodes(&self) -> Result<Vec<Node>, brood_store::StoreError> {
+    pub(super) fn live_nodes(&self) -> Result<Vec<Node>, brood_store::StoreError> {
         let expiry = self.host.cfg.node.as_ref().map_or(i64::MAX, |n| {
             i64::try_from(n.expiry.as_millis()).unwrap_or(i64::MAX)
         });
@@ -104,6 +105,12 @@ impl Dispatcher {
                     return;
                 }
             };
+        // A full batch may have more behind it (a lost node's agents moved
+        // here at once): the next batch is claimed as the next command, so
+        // the loop answers others in between rather than waiting a tick.
+        if claimed.len() == CLAIM_BATCH as usize {
+            let _ = self.host.tx.send(super::Cmd::News);
+        }
         for a in claimed {
             if let Status::Stopping(outcome) = a.status {
                 self.end_without_process(
@@ -157,7 +164,9 @@ impl Dispatcher {
             parent_live.as_ref().map(|(_, s)| s),
             policy.uid,
         );
-        if let Some(pl) = a.parent.as_ref().and_then(|p| self.agents.live.get_mut(p)) {
+        // A run a loss moved here is no new creation of its parent's.
+        let moved = self.moved_run(&a);
+        if !moved && let Some(pl) = a.parent.as_ref().and_then(|p| self.agents.live.get_mut(p)) {
             pl.creates_used += 1;
         }
         let parent_pair = a
@@ -205,67 +214,30 @@ impl Dispatcher {
         });
         tracing::info!(agent = %a.name, "claimed an agent placed on this node");
         self.agents.live.insert(a.name.clone(), live);
-        self.launcher.waiting.push(a.name);
+        // A child whose parent was claimed here but has no process yet
+        // (both moved off a lost node) waits for it: its group is made in
+        // the parent's.
+        match a.parent.as_ref().filter(|p| {
+            self.agents
+                .live
+                .get(*p)
+                .is_some_and(|l| l.pid.is_none() && l.stopping.is_none())
+        }) {
+            Some(p) => self.restart.hold(p.clone(), a.name),
+            None => self.launcher.waiting.push(a.name),
+        }
         Ok(())
-    }
-
-    /// The agents still queued for a lost node, placed again: each on a
-    /// live node its recorded labels allow (or its parent's node, when that
-    /// one lives), before the rest of what the node ran ends lost.
-    pub(super) fn replace_queue_of(&mut self, lost: &str) {
-        let queued: Vec<Agent> = match self
-            .records
-            .store
-            .unfinished_of(&[lost.to_owned(), placed_on(lost)])
-        {
-            Ok(v) => v
-                .into_iter()
-                .filter(|a| a.status == Status::Queued && a.tenant == self.records.tenant)
-                .collect(),
-            Err(e) => {
-                tracing::warn!(node = lost, error = %e, "reading a lost node's queue");
-                return;
-            }
-        };
-        if queued.is_empty() {
-            return;
-        }
-        let nodes: Vec<Node> = match self.live_nodes() {
-            Ok(v) => v.into_iter().filter(|n| n.id != lost).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the live nodes");
-                return;
-            }
-        };
-        for a in queued {
-            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-            let labels: BTreeMap<String, String> =
-                serde_json::from_value(spec["placement"].clone()).unwrap_or_default();
-            let Some(to) = choose(&nodes, &labels, &self.host.me) else {
-                tracing::warn!(agent = %a.name, node = lost, "no live node can take an agent queued for a lost node; it ends lost");
-                continue;
-            };
-            match self
-                .records
-                .store
-                .replace_queued(&a.tenant, &a.name, lost, &to)
-            {
-                Ok(true) => {
-                    tracing::warn!(agent = %a.name, from = lost, to = %to, "an agent queued for a lost node placed again")
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(agent = %a.name, error = %e, "placing an agent again"),
-            }
-        }
-        // Ours to claim now, if any came here.
-        self.claim_placed_agents();
     }
 }
 
 /// The node for `labels`: every label matched, free capacity (a node
 /// without a capacity has no limit), the most free first; `me` on a tie,
 /// then the lowest id, so one request is placed the same way by any node.
-fn choose(nodes: &[Node], labels: &BTreeMap<String, String>, me: &str) -> Option<String> {
+pub(super) fn choose(
+    nodes: &[Node],
+    labels: &BTreeMap<String, String>,
+    me: &str,
+) -> Option<String> {
     nodes
         .iter()
         .filter(|n| {

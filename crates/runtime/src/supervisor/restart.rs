@@ -57,9 +57,23 @@ pub(super) struct Restart {
     /// Children the restart ended, told to their resumed parent once it
     /// runs: (parent, the child as recorded).
     ended: Vec<(AgentName, Agent)>,
+    /// This node's heartbeats (`moved`: a node back from a pause checks
+    /// it was not declared lost before it acts).
+    pub(super) beat: super::moved::Beat,
 }
 
 impl Restart {
+    /// A child (resumed, or moved off a lost node) held until `parent`'s
+    /// process has started.
+    pub(super) fn hold(&mut self, parent: AgentName, child: AgentName) {
+        self.held.push((parent, child));
+    }
+
+    /// A child's end told to `parent` once it runs.
+    pub(super) fn tell_later(&mut self, parent: AgentName, child: Agent) {
+        self.ended.push((parent, child));
+    }
+
     /// What the start's recovery did: `agents` as they are afterwards,
     /// `resumed` those it started again, parents first.
     pub(super) fn new(
@@ -136,6 +150,15 @@ fn resumable(a: &Agent, tenant: &TenantId, jobs: &[Job], operator: &Policy) -> b
     {
         return false;
     }
+    resumes(a, jobs, operator)
+}
+
+/// Whether an agent's record says it is started again when its supervisor
+/// goes (at a restart, or its node lost): its policy says `resume`, it
+/// needs no secret value (values live in memory only, and died with the
+/// supervisor) and it is not a job's worker (its attempt fails, and the job
+/// gives the item to a new worker).
+pub(super) fn resumes(a: &Agent, jobs: &[Job], operator: &Policy) -> bool {
     let worker = jobs.iter().any(|j| {
         a.parent.as_ref() == Some(&j.owner) && brood_store::is_job_worker(&j.id, a.name.as_str())
     });

@@ -6,7 +6,9 @@
 //! - orphans, every 5 ticks: an unfinished agent whose parent is finished or
 //!   missing is cancelled (`parent_dead`); an agent the store calls alive whose
 //!   process is gone (its host supervisor is dead, or it is ours and we hold no
-//!   process for it) fails `lost` and its subtree is cancelled;
+//!   process for it) fails `lost` and its subtree is cancelled; a node of the
+//!   cluster whose process is gone is declared lost (`moved`: what can move
+//!   moves to live nodes);
 //! - reconcile, every 30 ticks: budgets recomputed from the store.
 //!
 //! The lease is an exclusive `flock` on a file next to the store, taken by
@@ -329,9 +331,21 @@ impl Dispatcher {
         let mut lost = Vec::new();
         // A failed read ends this sweep: no agent is recorded lost for it.
         let nodes = registered_nodes(self.records.store.as_ref())?;
+        let mut lost_nodes: Vec<String> = Vec::new();
         for host in self.records.store.supervisors_with_unfinished()? {
             let ours = host == self.host.me;
             if !ours && host_alive(&host, &nodes) {
+                continue;
+            }
+            // A node of the cluster whose process is gone (this machine's
+            // process table says so before its heartbeat expires): declared
+            // lost now, so that what can move moves (`moved`), rather than
+            // its agents ended one by one here.
+            let node = brood_store::placed_for(&host).unwrap_or(&host);
+            if !ours && node != self.host.me && nodes.iter().any(|n| n.id == node) {
+                if !lost_nodes.iter().any(|l| l == node) {
+                    lost_nodes.push(node.to_owned());
+                }
                 continue;
             }
             for a in self
@@ -353,6 +367,9 @@ impl Dispatcher {
                     break;
                 }
             }
+        }
+        for id in lost_nodes {
+            self.declare_lost(&id);
         }
         for (a, host) in lost {
             let outcome = match a.status {

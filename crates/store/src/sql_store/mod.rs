@@ -488,6 +488,15 @@ impl<S: SqlStore> Recovery for S {
         self.writing_any(|db| runs::recover(db, dead, true, now_ms))
     }
 
+    fn recover_lost_placing(
+        &self,
+        dead: &[String],
+        placing: &[crate::types::Placing],
+        now_ms: i64,
+    ) -> Result<crate::types::Recovered> {
+        self.writing_any(|db| runs::recover_lost_placing(db, dead, placing, now_ms))
+    }
+
     fn supervisors_with_unfinished(&self) -> Result<Vec<String>> {
         self.reading(|db| db.texts(S::Db::SQL.supervisors_with_unfinished, &[]))
     }

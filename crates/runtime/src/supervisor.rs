@@ -651,14 +651,23 @@ impl Dispatcher {
 
     /// One command to the method that handles it.
     fn dispatch(&mut self, cmd: Cmd, shutdown: &mut Option<oneshot::Sender<()>>) {
+        if self.waits_for_its_end(&cmd) {
+            self.ends_writer.hold(cmd);
+            return;
+        }
         match cmd {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
             Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
-            Cmd::EndsRecorded(r) => self.on_ends_recorded(*r),
+            Cmd::EndsRecorded(r) => {
+                self.on_ends_recorded(*r);
+                for held in self.ends_writer.take_held() {
+                    self.dispatch(held, shutdown);
+                }
+            }
             Cmd::Harvested(h) => self.on_harvested(*h),
-            // A verb naming an agent whose creation or end is in flight is
-            // asked again later (`admitting`, `ends_writer`); a wait for one
-            // whose end is in flight is answered when it is recorded.
+            // A verb naming an agent whose creation is in flight is asked
+            // again later (`admitting`); one whose end is in flight was held
+            // above; a wait for one is answered when the end is recorded.
             Cmd::Send(caller, name, text, reply) => answer(
                 reply,
                 self.settled(&name)
@@ -794,11 +803,24 @@ impl Dispatcher {
         }
     }
 
-    /// A verb may act on `name`: neither its creation nor its end is in
-    /// flight (`admitting`, `ends_writer`); otherwise `Conflict`, to ask again.
+    /// A verb may act on `name`: its creation is not in flight
+    /// (`admitting`); otherwise `Conflict`, to ask again.
     fn settled(&self, name: &AgentName) -> Result<(), ApiError> {
-        self.admitting.check_settled(name)?;
-        self.ends_writer.check_settled(name)
+        self.admitting.check_settled(name)
+    }
+
+    /// The agent a verb acts on, when its end is in flight (`ends_writer`):
+    /// the verb is held until the end is recorded, then handled as it would
+    /// have been right after (a cancel finds it ended, a close closes it).
+    fn waits_for_its_end(&self, cmd: &Cmd) -> bool {
+        let name = match cmd {
+            Cmd::Send(_, n, ..)
+            | Cmd::Cancel(_, n, _)
+            | Cmd::Close(_, n, _)
+            | Cmd::Resume(_, n, ..) => n,
+            _ => return false,
+        };
+        self.ends_writer.in_flight(name)
     }
 
     fn id(&mut self) -> u64 {

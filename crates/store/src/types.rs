@@ -86,7 +86,7 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::PostgresDeadline { .. } | StoreError::PostgresInDoubt { .. } => true,
-            StoreError::Postgres { source, .. } => crate::postgres::connection_lost(source),
+            StoreError::Postgres { source, .. } => connection_lost(source),
             StoreError::Sqlite { source, .. } => matches!(
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -97,6 +97,23 @@ impl StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The connection went, not the statement: closed, or the server ending the
+/// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
+/// connect now, `08*` connection exceptions).
+pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(c) => {
+            let c = c.code();
+            c == "57P01" || c == "57P02" || c == "57P03" || c.starts_with("08")
+        }
+        // An I/O error under the connection (reset, broken pipe).
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}
 
 /// How an agent's program speaks to the supervisor: the core's type, kept
 /// here under its old path.

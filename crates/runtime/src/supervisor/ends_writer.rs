@@ -9,22 +9,22 @@
 //! Only lone agents go this way: no parent hears of their end and no
 //! descendant is stopped by it, so nothing else the loop does depends on
 //! the record. What could still meet one in flight is kept apart: a verb
-//! naming it (send, cancel, close, resume) is answered `Conflict`, to ask
-//! again once its end is recorded; a stop leaves it out (it is ending
-//! already: a cancel recorded by another node, a deadline, the disk watch,
-//! the shutdown's); a wait for it is answered when its end is.
+//! naming it (send, cancel, close, resume) is held here until its end is
+//! recorded, then handled (a cancel finds it ended, a close closes it); a
+//! stop leaves it out (it is ending already: a cancel recorded by another
+//! node, a deadline, the disk watch, the shutdown's); a wait for it is
+//! answered when its end is.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
-use brood_core::{AgentName, Code, TenantId};
+use brood_core::{AgentName, TenantId};
 use brood_store::{Agent, EndItem, Store};
 use tokio::sync::mpsc;
 
 use super::Cmd;
 use super::ends::Ending;
-use crate::api::ApiError;
 
 /// The most ends the writer records in one transaction.
 const MAX_TOGETHER: usize = 256;
@@ -47,6 +47,8 @@ pub(super) struct EndsWriter {
     next_id: u64,
     in_flight: HashMap<u64, Vec<Ending>>,
     names: HashSet<AgentName>,
+    /// Verbs naming an agent whose end is in flight, in arrival order.
+    held: Vec<Cmd>,
 }
 
 impl EndsWriter {
@@ -66,6 +68,7 @@ impl EndsWriter {
             next_id: 0,
             in_flight: HashMap::new(),
             names: HashSet::new(),
+            held: Vec::new(),
         })
     }
 
@@ -101,21 +104,18 @@ impl EndsWriter {
     }
 
     pub(super) fn idle(&self) -> bool {
-        self.in_flight.is_empty()
+        self.in_flight.is_empty() && self.held.is_empty()
     }
 
-    /// A verb naming `name` is refused while its end is in flight.
-    pub(super) fn check_settled(&self, name: &AgentName) -> Result<(), ApiError> {
-        if self.in_flight(name) {
-            return Err(ApiError::new(
-                Code::Conflict,
-                format!(
-                    "agent {name} has ended and its end is being recorded; ask again once it is"
-                ),
-            )
-            .retry_after(1));
-        }
-        Ok(())
+    /// Holds a verb until the end of the agent it names is recorded.
+    pub(super) fn hold(&mut self, cmd: Cmd) {
+        self.held.push(cmd);
+    }
+
+    /// The verbs held, to be handled now (those whose agent's end is still
+    /// in flight are held again when handled).
+    pub(super) fn take_held(&mut self) -> Vec<Cmd> {
+        std::mem::take(&mut self.held)
     }
 }
 

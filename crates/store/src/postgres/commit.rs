@@ -22,7 +22,8 @@
 use std::time::{Duration, Instant};
 
 use super::db::{Commit, Conn, Db};
-use super::{Fail, Pool, Tx, connection_lost};
+use super::{Fail, Pool, Tx};
+use crate::types::connection_lost;
 use crate::types::{Result, StoreError};
 
 /// The fate of transaction `$1` (`committed`, `aborted`, `in progress`, or

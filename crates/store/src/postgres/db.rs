@@ -156,7 +156,7 @@ impl Conn {
         open.done = true;
         match self.deadline.wait(self.client.batch_execute("COMMIT")) {
             Ok(()) => Ok(Commit::Done(out)),
-            Err(Fail::Pg(e)) if super::connection_lost(&e) => Ok(Commit::Unanswered {
+            Err(Fail::Pg(e)) if crate::types::connection_lost(&e) => Ok(Commit::Unanswered {
                 out,
                 xid,
                 backend,

@@ -292,7 +292,7 @@ impl Pool {
         let mut again = true;
         let r = loop {
             match self.live(&mut slot).and_then(|c| f(c)) {
-                Err(Fail::Pg(e)) if again && connection_lost(&e) => {
+                Err(Fail::Pg(e)) if again && crate::types::connection_lost(&e) => {
                     eprintln!(
                         "brood store: postgres connection to {} lost ({e}); trying once more",
                         self.target
@@ -338,23 +338,6 @@ impl Pool {
             _ => self.connect()?,
         };
         Ok(slot.insert(c))
-    }
-}
-
-/// The connection went, not the statement: closed, or the server ending the
-/// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
-/// connect now, `08*` connection exceptions).
-pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    match e.code() {
-        Some(c) => {
-            let c = c.code();
-            c == "57P01" || c == "57P02" || c == "57P03" || c.starts_with("08")
-        }
-        // An I/O error under the connection (reset, broken pipe).
-        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
     }
 }
 

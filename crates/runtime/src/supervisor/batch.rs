@@ -496,3 +496,90 @@ impl Dispatcher {
         answer(s.reply, Err(e));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{AgentEv, Cmd, VecDeque, Work, gather, mpsc};
+    use brood_core::AgentName;
+
+    fn name(n: &str) -> AgentName {
+        AgentName::new(n).unwrap()
+    }
+
+    fn exit(n: &str) -> Cmd {
+        Cmd::Agent(
+            name(n),
+            super::super::new_run_id(),
+            AgentEv::Exited { status: 0 },
+        )
+    }
+
+    fn said(n: &str) -> Cmd {
+        Cmd::Agent(
+            name(n),
+            super::super::new_run_id(),
+            AgentEv::Stderr("x".into()),
+        )
+    }
+
+    /// The agents of the exits gathered, and what is left queued, by kind.
+    fn gathered(queue: Vec<Cmd>, lone: &dyn Fn(&AgentName) -> bool) -> (Vec<String>, Vec<String>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut queue = queue.into_iter();
+        let first = queue.next().unwrap();
+        for c in queue {
+            tx.send(c).ok().unwrap();
+        }
+        let mut ahead = VecDeque::new();
+        let Work::Exits(exits) = gather(first, &mut ahead, &mut rx, false, lone) else {
+            panic!("not a batch of exits");
+        };
+        let left = ahead
+            .iter()
+            .map(|c| match c {
+                Cmd::Agent(n, _, AgentEv::Exited { .. }) => format!("exit {n}"),
+                Cmd::Agent(n, ..) => format!("said {n}"),
+                Cmd::Tick => "tick".into(),
+                _ => "other".into(),
+            })
+            .collect();
+        (exits.iter().map(|e| e.name.to_string()).collect(), left)
+    }
+
+    #[test]
+    fn an_end_overtakes_other_agents_reports_but_not_its_own_nor_a_tick() {
+        let all_lone = |_: &AgentName| true;
+        let (taken, left) = gathered(
+            vec![
+                exit("a"),
+                said("b"),
+                exit("c"),
+                said("d"),
+                exit("d"),
+                exit("b"),
+                said("e"),
+                exit("e"),
+                Cmd::Tick,
+                exit("f"),
+            ],
+            &all_lone,
+        );
+        // c's end overtakes b's report; d's, b's and e's ends stay behind a
+        // report of their own agent; nothing passes the tick.
+        assert_eq!(taken, ["a", "c"]);
+        assert_eq!(
+            left,
+            [
+                "said b", "said d", "exit d", "exit b", "said e", "exit e", "tick", "exit f"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_lone_agents_ends_are_taken_from_further_back() {
+        let lone = |n: &AgentName| n.as_str() != "p";
+        let (taken, left) = gathered(vec![exit("a"), said("x"), exit("p"), exit("c")], &lone);
+        assert_eq!(taken, ["a", "c"]);
+        assert_eq!(left, ["said x", "exit p"]);
+    }
+}

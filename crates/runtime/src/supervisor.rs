@@ -69,6 +69,7 @@ use outcome::{exit_code, outcome_of, reap_orphan_launch};
 mod moved;
 mod placement;
 mod protocol;
+mod pump;
 mod queue;
 mod records;
 mod remove;

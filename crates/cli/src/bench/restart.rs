@@ -91,13 +91,13 @@ async fn measure(
     })
     .await?;
     let fresh = t.elapsed();
-    running(root, n).await?;
+    running(root, PREFIX, n, |_| true).await?;
 
     let t = Instant::now();
     node.kill()?;
     let node = Node::start(exe, root, store, args).await?;
     let serving = t.elapsed();
-    running(root, n).await?;
+    running(root, PREFIX, n, |_| true).await?;
     let restart = t.elapsed();
     // Each was resumed, not made again: its second run.
     let one = call(root, "GET", &format!("/api/agents/{PREFIX}0"), None).await?;
@@ -121,9 +121,15 @@ async fn measure(
     }))
 }
 
-/// Waits until the node lists `n` live agents of this bench, each
-/// `running` with a process.
-async fn running(root: &Path, n: usize) -> Result<()> {
+/// Waits until `root`'s node lists `n` agents whose names start with
+/// `prefix`, each `running` with a process and where `on` says (the
+/// restart's and the lost node's cases alike).
+pub(super) async fn running(
+    root: &Path,
+    prefix: &str,
+    n: usize,
+    on: impl Fn(&Value) -> bool,
+) -> Result<()> {
     let t = Instant::now();
     loop {
         let a = call(root, "GET", "/api/agents", None).await?;
@@ -132,9 +138,10 @@ async fn running(root: &Path, n: usize) -> Result<()> {
             .into_iter()
             .flatten()
             .filter(|a| {
-                a["name"].as_str().is_some_and(|s| s.starts_with(PREFIX))
+                a["name"].as_str().is_some_and(|s| s.starts_with(prefix))
                     && a["status"] == "running"
                     && a["pid"].as_i64().is_some()
+                    && on(a)
             })
             .count();
         if ok == n {
@@ -142,7 +149,7 @@ async fn running(root: &Path, n: usize) -> Result<()> {
         }
         if t.elapsed() > Duration::from_secs(300) {
             bail!(
-                "bench restart: {ok} of {n} agents running in {} after 300 s",
+                "bench restart: {ok} of {n} agents running as asked in {} after 300 s",
                 root.display()
             );
         }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::daemons::{Node, call};
 use super::memory::each;
+use super::restart::running;
 
 /// The prefix of every agent this case creates.
 const PREFIX: &str = "brl";
@@ -57,7 +58,7 @@ pub(super) async fn measure(
     let Some(lost_id) = first["node"].as_str().map(str::to_owned) else {
         bail!("bench restart: no node in {first}");
     };
-    running(&nodes[0].root, n, |a| a["node"] == lost_id.as_str()).await?;
+    running(&nodes[0].root, PREFIX, n, |a| a["node"] == lost_id.as_str()).await?;
 
     let t = Instant::now();
     let lost = nodes.remove(1);
@@ -78,7 +79,7 @@ pub(super) async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    running(&nodes[0].root, n, |a| {
+    running(&nodes[0].root, PREFIX, n, |a| {
         a["node"].as_str().is_some_and(|x| x != lost_id)
     })
     .await?;
@@ -109,31 +110,4 @@ pub(super) async fn measure(
         "moved_s": s(moved),
         "ratio": (moved.as_secs_f64() / fresh.as_secs_f64().max(1e-9) * 100.0).round() / 100.0,
     }))
-}
-
-/// Waits until `root`'s node lists `n` agents of this case `running` with a
-/// process, each where `on` says.
-async fn running(root: &Path, n: usize, on: impl Fn(&Value) -> bool) -> Result<()> {
-    let t = Instant::now();
-    loop {
-        let a = call(root, "GET", "/api/agents", None).await?;
-        let ok = a["agents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| {
-                a["name"].as_str().is_some_and(|s| s.starts_with(PREFIX))
-                    && a["status"] == "running"
-                    && a["pid"].as_i64().is_some()
-                    && on(a)
-            })
-            .count();
-        if ok == n {
-            return Ok(());
-        }
-        if t.elapsed() > Duration::from_secs(300) {
-            bail!("bench restart: {ok} of {n} agents running where asked after 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

@@ -35,12 +35,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use brood_core::{AgentEvent, AgentName, FailReason, Status, Terminal};
+use brood_core::{AgentName, FailReason, Status, Terminal};
 use brood_store::{Agent, Node, Placing, Resuming, StoreError, placed_for, placed_on};
 use serde_json::Value;
 
 use super::sweep::LEASE;
-use super::{Dispatcher, ev, new_run_id, now_ms};
+use super::{Dispatcher, new_run_id, now_ms};
 
 /// When this node's heartbeat last went through, and when one was last
 /// tried out of turn (a store that fails is not asked again at every
@@ -170,15 +170,7 @@ impl Dispatcher {
                 (a.run.clone(), Vec::new())
             } else {
                 let run = new_run_id();
-                let events = vec![ev(
-                    &a.name,
-                    Some(&run),
-                    &a.session,
-                    AgentEvent::Resume {
-                        agent: a.name.clone(),
-                        run: run.clone(),
-                    },
-                )];
+                let events = vec![super::restart::resume_event(a, &run)];
                 (run, events)
             };
             out.push(Placing {

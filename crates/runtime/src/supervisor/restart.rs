@@ -123,15 +123,7 @@ pub(super) fn plan(
             continue;
         }
         let run = new_run_id();
-        let events = vec![ev(
-            &a.name,
-            Some(&run),
-            &a.session,
-            AgentEvent::Resume {
-                agent: a.name.clone(),
-                run: run.clone(),
-            },
-        )];
+        let events = vec![resume_event(a, &run)];
         out.push(Resuming {
             tenant: a.tenant.clone(),
             name: a.name.clone(),
@@ -329,4 +321,21 @@ impl Dispatcher {
         tracing::info!(parent = %me, child = %name, "a resumed run asked again for a child of an earlier run; given that child");
         Some(agent_view(&self.records.store, &child))
     }
+}
+
+/// The `agent.resume` event of `a`'s new run `run` (a restart's, a lost
+/// node's move).
+pub(super) fn resume_event(
+    a: &brood_store::Agent,
+    run: &brood_core::RunId,
+) -> brood_store::NewEvent {
+    ev(
+        &a.name,
+        Some(run),
+        &a.session,
+        AgentEvent::Resume {
+            agent: a.name.clone(),
+            run: run.clone(),
+        },
+    )
 }

@@ -204,29 +204,7 @@ fn uninterrupted(nodes: &Nodes, work: &Path) -> Vec<(String, String, String, Vec
     assert_eq!(top["status"], "completed", "{top}\n{}", logs(nodes));
     let want = outcome(nodes);
     assert_eq!(lines(&log), ["top", "mid", "leaf"]);
-    assert_eq!(
-        want,
-        [
-            (
-                "top".into(),
-                "completed".into(),
-                "top done".into(),
-                vec!["mid".into()]
-            ),
-            (
-                "mid".into(),
-                "completed".into(),
-                "mid done".into(),
-                vec!["leaf".into()]
-            ),
-            (
-                "leaf".into(),
-                "completed".into(),
-                "leaf done".into(),
-                vec![]
-            ),
-        ]
-    );
+    assert_eq!(want, three_levels_completed());
     let o = cli(&nodes.roots[0], &nodes.store, &["rm", "top"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     want

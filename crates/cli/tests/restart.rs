@@ -228,29 +228,7 @@ fn tree_survives_a_sigkill(pg: Option<&brood_store_conformance::pg::Fresh>) {
     let want = outcome(&calm);
     drop(d);
     assert_eq!(lines(&calm_log), ["top", "mid", "leaf"]);
-    assert_eq!(
-        want,
-        [
-            (
-                "top".into(),
-                "completed".into(),
-                "top done".into(),
-                vec!["mid".into()]
-            ),
-            (
-                "mid".into(),
-                "completed".into(),
-                "mid done".into(),
-                vec!["leaf".into()]
-            ),
-            (
-                "leaf".into(),
-                "completed".into(),
-                "leaf done".into(),
-                vec![]
-            ),
-        ]
-    );
+    assert_eq!(want, three_levels_completed());
 
     // Killed while the leaf thinks, the top and the middle wait.
     let r = root(work.path(), pg);

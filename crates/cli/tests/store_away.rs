@@ -13,9 +13,7 @@ mod common;
 
 use std::time::Duration;
 
-use brood_store_conformance::pg::Fresh;
-use brood_store_conformance::proxy::Proxy;
-use common::cluster::{NO_REDIS, serve_with};
+use common::cluster::proxied_node;
 use common::*;
 use serde_json::json;
 
@@ -25,13 +23,8 @@ const DEADLINE: &str = "no answer within";
 
 #[test]
 fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
-    let db = Fresh::new();
-    let (proxy, url) = Proxy::for_postgres(&db.url);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("n0");
-    std::fs::create_dir_all(&root).unwrap();
-    let node = serve_with(&root, &url, "z0", &[NO_REDIS]);
-    let sock = root.join("brood.sock");
+    let p = proxied_node(&[]);
+    let (proxy, root, sock) = (&p.proxy, p.root.clone(), p.sock.clone());
     let log = root.with_extension("log");
     let (s, v) = http(
         &sock,
@@ -137,5 +130,5 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
         }),
         "/healthz still says degraded once the store is back"
     );
-    drop(node);
+    drop(p);
 }

@@ -13,9 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use brood_store_conformance::pg::Fresh;
-use brood_store_conformance::proxy::Proxy;
-use common::cluster::{NO_REDIS, serve_with};
+use common::cluster::proxied_node;
 use common::*;
 use serde_json::json;
 
@@ -26,15 +24,10 @@ const LATENCY: Duration = Duration::from_millis(400);
 
 #[test]
 fn a_root_in_flight_is_asked_about_again_and_ended_by_nothing_else() {
-    let db = Fresh::new();
-    let (proxy, url) = Proxy::for_postgres(&db.url);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("n0");
-    std::fs::create_dir_all(&root).unwrap();
     // A slow tick, so the loop's own reads do not stand between the
     // creations and the cancel.
-    let node = serve_with(&root, &url, "z0", &[NO_REDIS, "--sweep-every", "5"]);
-    let sock = root.join("brood.sock");
+    let p = proxied_node(&["--sweep-every", "5"]);
+    let (proxy, sock) = (&p.proxy, p.sock.clone());
 
     proxy.set_latency(LATENCY);
     let names = ["slow-0", "slow-1", "slow-2", "slow-3"];
@@ -110,7 +103,7 @@ fn a_root_in_flight_is_asked_about_again_and_ended_by_nothing_else() {
         }),
         "the cancel asked again did not end slow-0"
     );
-    drop(node);
+    drop(p);
 }
 
 /// The clock does not bury a slow loop in ticks: with every round trip
@@ -120,13 +113,8 @@ fn a_root_in_flight_is_asked_about_again_and_ended_by_nothing_else() {
 /// at a time, so creations go through.
 #[test]
 fn a_slow_store_does_not_bury_the_loop_in_ticks() {
-    let db = Fresh::new();
-    let (proxy, url) = Proxy::for_postgres(&db.url);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("n0");
-    std::fs::create_dir_all(&root).unwrap();
-    let node = serve_with(&root, &url, "z0", &[NO_REDIS]);
-    let sock = root.join("brood.sock");
+    let p = proxied_node(&[]);
+    let (proxy, sock) = (&p.proxy, p.sock.clone());
     proxy.set_latency(Duration::from_millis(150));
     // Long enough for ticks to pile up at 0.1 s each.
     std::thread::sleep(Duration::from_secs(3));
@@ -142,5 +130,5 @@ fn a_slow_store_does_not_bury_the_loop_in_ticks() {
     assert_eq!(s, 201, "{v}");
     let (s, v) = http(&sock, "GET", "/api/agents/through", None);
     assert_eq!((s, v["status"].as_str()), (200, Some("running")), "{v}");
-    drop(node);
+    drop(p);
 }

@@ -329,3 +329,38 @@ pub fn node_ids(nodes: &Nodes) -> std::collections::HashMap<String, String> {
         })
         .collect()
 }
+
+/// One node on a database of its own behind the TCP proxy (no Redis), for
+/// the tests of a store that goes silent or slow. The fields drop in order:
+/// the node first (its shutdown records its ends, so put the network back
+/// before), then the proxy, its root and the database.
+pub struct Proxied {
+    pub node: Daemon,
+    pub proxy: brood_store_conformance::proxy::Proxy,
+    pub root: PathBuf,
+    pub sock: PathBuf,
+    _dir: tempfile::TempDir,
+    _db: Fresh,
+}
+
+/// [`Proxied`], the node started with `extra` flags.
+pub fn proxied_node(extra: &[&str]) -> Proxied {
+    let db = Fresh::new();
+    let (proxy, url) = brood_store_conformance::proxy::Proxy::for_postgres(&db.url);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("n0");
+    std::fs::create_dir_all(&root).unwrap();
+    let args: Vec<&str> = std::iter::once(NO_REDIS)
+        .chain(extra.iter().copied())
+        .collect();
+    let node = serve_with(&root, &url, "z0", &args);
+    let sock = root.join("brood.sock");
+    Proxied {
+        node,
+        proxy,
+        root,
+        sock,
+        _dir: dir,
+        _db: db,
+    }
+}

@@ -434,3 +434,30 @@ pub fn sql(db: &Path, stmt: &str) {
     c.busy_timeout(Duration::from_secs(5)).unwrap();
     c.execute_batch(stmt).unwrap();
 }
+
+/// What the three-level tree of reference agents (`top` > `mid` > `leaf`,
+/// each creating the next and reporting "<name> done") ends with when
+/// nothing interrupts it: each agent, its status, its result and its
+/// children (the restart and moved-node tests compare their runs with it).
+pub fn three_levels_completed() -> Vec<(String, String, String, Vec<String>)> {
+    vec![
+        (
+            "top".into(),
+            "completed".into(),
+            "top done".into(),
+            vec!["mid".into()],
+        ),
+        (
+            "mid".into(),
+            "completed".into(),
+            "mid done".into(),
+            vec!["leaf".into()],
+        ),
+        (
+            "leaf".into(),
+            "completed".into(),
+            "leaf done".into(),
+            vec![],
+        ),
+    ]
+}

@@ -276,6 +276,24 @@ pub(super) struct Database {
 }
 
 impl Database {
+    /// `measure` run on a database made for it on `admin`'s server, which
+    /// goes afterwards even when the run failed (a failure to drop it is
+    /// reported after the run's own); the figures name the database.
+    pub(super) async fn around<F, Fut>(admin: &str, measure: F) -> Result<Value>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<Value>>,
+    {
+        let db = Database::make(admin).await?;
+        let measured = measure(db.url.clone()).await;
+        let name = db.name.clone();
+        let dropped = db.drop().await;
+        let mut v = measured?;
+        dropped?;
+        v["database"] = json!(name);
+        Ok(v)
+    }
+
     pub(super) async fn make(admin: &str) -> Result<Database> {
         let name = format!("brood_bench_{}_{}", std::process::id(), unix_ms());
         sql(admin, &format!("CREATE DATABASE {name}")).await?;

@@ -74,16 +74,13 @@ async fn measure_all(dir: &Path, exe: &str, p: &Params) -> Result<Value> {
     let args = super::daemons::platform_config(dir)?;
     let mut stores = vec![measure(&dir.join("sqlite"), exe, None, &args, &p.levels).await?];
     if let Some(admin) = &p.store {
-        let db = Database::make(admin).await?;
-        let measured = measure(&dir.join("postgres"), exe, Some(&db.url), &args, &p.levels).await;
-        let name = db.name.clone();
-        // The database goes even when the run failed; a failure to drop it
-        // is reported after the run's own.
-        let dropped = db.drop().await;
-        let mut v = measured?;
-        dropped?;
-        v["database"] = json!(name);
-        stores.push(v);
+        let (one, args) = (dir.join("postgres"), &args);
+        stores.push(
+            Database::around(admin, |url| async move {
+                measure(&one, exe, Some(&url), args, &p.levels).await
+            })
+            .await?,
+        );
     }
     Ok(json!({
         "bench": "memory",

@@ -46,24 +46,21 @@ async fn measure_all(dir: &Path, exe: &str, p: &Params) -> Result<Value> {
     let args = super::daemons::platform_config(dir)?;
     let mut stores = vec![measure(&dir.join("sqlite"), exe, None, &args, p.n).await?];
     if let Some(admin) = &p.store {
-        let db = Database::make(admin).await?;
-        let measured = measure(&dir.join("postgres"), exe, Some(&db.url), &args, p.n).await;
-        let name = db.name.clone();
-        let dropped = db.drop().await;
-        let mut v = measured?;
-        dropped?;
-        v["database"] = json!(name);
-        stores.push(v);
+        let (one, args) = (dir.join("postgres"), &args);
+        stores.push(
+            Database::around(admin, |url| async move {
+                measure(&one, exe, Some(&url), args, p.n).await
+            })
+            .await?,
+        );
         // Three nodes, one lost: on a database of its own.
-        let db = Database::make(admin).await?;
-        let measured =
-            super::restart_lost::measure(&dir.join("nodes"), exe, &db.url, &args, p.n).await;
-        let name = db.name.clone();
-        let dropped = db.drop().await;
-        let mut v = measured?;
-        dropped?;
-        v["database"] = json!(name);
-        stores.push(v);
+        let nodes = dir.join("nodes");
+        stores.push(
+            Database::around(admin, |url| async move {
+                super::restart_lost::measure(&nodes, exe, &url, args, p.n).await
+            })
+            .await?,
+        );
     }
     Ok(json!({
         "bench": "restart",

@@ -115,20 +115,6 @@ fn spend_text(sp: &Spend) -> String {
     )
 }
 
-/// A civil date (year, month, day) from days since 1970-01-01 (the
-/// proleptic Gregorian calendar; H. Hinnant's `civil_from_days`).
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 /// A span of milliseconds as people say it: `3 s`, `5 min`, `2 h`, `4 d`.
 fn span(ms: i64) -> String {
     let s = ms / 1000;
@@ -144,7 +130,7 @@ fn span(ms: i64) -> String {
 /// (3 s ago)`, `now_ms` being now.
 pub fn when(ms: i64, now_ms: i64) -> String {
     let secs = ms.div_euclid(1000);
-    let (y, mo, d) = civil(secs.div_euclid(86_400));
+    let (y, mo, d) = brood_core::time::civil_from_days(secs.div_euclid(86_400));
     let t = secs.rem_euclid(86_400);
     let ago = if now_ms >= ms {
         format!("{} ago", span(now_ms - ms))

@@ -413,6 +413,94 @@ fn streamable_http_at_mcp_behind_the_token() {
     check_session(&s, &root.join("brood.sock"), "u");
 }
 
+/// Issue 30: the tasks extension of the 2026-07-28 revision, driven by the
+/// official Python SDK over `/mcp`. A client that declares it gets a task
+/// from `spawn`: the SDK's claim machinery polls `tasks/get` to the
+/// child's result; a raw handle is the child's name, `tasks/get` follows it
+/// from working to cancelled after `tasks/cancel`, which stops its whole
+/// subtree; a failed child is a completed task with `isError`; a client
+/// that reconnects finds its task; a client of the older revision gets the
+/// child's record, as before.
+#[test]
+fn spawn_is_a_task_for_a_client_of_the_tasks_extension() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _d = serve_daemon(&root, Some(&addr));
+    let sock = root.join("brood.sock");
+    let token = std::fs::read_to_string(root.join("token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let cfg = json!({
+        "transport": "http", "url": format!("http://{addr}/mcp"), "token": token,
+        "mode": "auto", "agent": agent(&[]), "prefix": "k",
+    });
+    let s = scenario("tasks", &cfg);
+    assert_eq!(s["protocol_version"], "2026-07-28", "{s}");
+
+    // Resolved by the SDK: the child's detail, its result in it.
+    let r = ok(&s["resolved"], "resolved task");
+    assert_eq!(r["name"], "k-q", "{r}");
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["result"], "hello from a task", "{r}");
+
+    // The raw handle: the child's name, working.
+    let h = &s["handle"];
+    assert_eq!(h["resultType"], "task", "{h}");
+    assert_eq!(h["taskId"], "k-h", "{h}");
+    assert_eq!(h["status"], "working", "{h}");
+    assert!(h["createdAt"].as_str().unwrap().ends_with('Z'), "{h}");
+    assert_eq!(
+        s["running"]["task"]["status"], "working",
+        "{}",
+        s["running"]
+    );
+    // Cancelled through the task: the child and its grandchild process gone.
+    assert_eq!(s["cancel"], json!({"ok": true}), "{}", s["cancel"]);
+    let c = &s["cancelled"]["task"];
+    assert_eq!(c["status"], "cancelled", "{c}");
+    assert_eq!(status(&sock, "k-h"), "cancelled");
+    let shown = ok(&s["running_show"], "running show");
+    let mut shows = serde_json::Map::new();
+    shows.insert(
+        "k-h".into(),
+        json!({"is_error": false, "structured": shown}),
+    );
+    let shows = Value::Object(shows);
+    assert!(
+        eventually(Duration::from_secs(10), || processes_gone(&shows)),
+        "a process of the cancelled task lives on: {shown}"
+    );
+
+    // A failed child: the task completed, its result an error.
+    let f = &s["failing"];
+    assert_eq!(f["is_error"], true, "{f}");
+    assert_eq!(status(&sock, "k-f"), "failed");
+    // Unknown, or not a name at all: no such task.
+    for k in ["unknown", "unknown_cancel", "bad_id"] {
+        let e = s[k]["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{k}: {}", s[k]));
+        assert!(e.contains("no task"), "{k}: {e}");
+    }
+    // Reconnected: the first connection's task, with its result.
+    let t = &s["reconnected"]["task"];
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(
+        t["result"]["structuredContent"]["result"], "hello from a task",
+        "{t}"
+    );
+    // The older revision: the child itself, at once, as before.
+    assert_eq!(s["legacy_version"], "2025-11-25", "{s}");
+    let l = ok(&s["legacy_spawn"], "legacy spawn");
+    assert_eq!(l["name"], "k-l", "{l}");
+    assert!(l.get("taskId").is_none(), "{l}");
+    let w = ok(&s["legacy_wait"], "legacy wait");
+    assert_eq!(w["agents"][0]["status"], "completed", "{w}");
+}
+
 /// Starts the client's `hold` scenario: a hanging tree, reported on stdout.
 fn hold(root: &Path, policy: &Path, prefix: &str) -> (std::process::Child, Value) {
     let mut cfg = stdio_config(root, policy, "auto");
@@ -610,6 +698,11 @@ fn a_stdio_session_reaches_nothing_outside_its_own_subtree() {
     let (_, kids) = http(&sock, "GET", "/api/agents/victim/children", None);
     assert_eq!(kids["agents"], json!([]), "{kids}");
     assert_eq!(status(&sock, "victim"), "running");
+    // Asked for as a task (issue 30): no such task, nothing cancelled.
+    for (what, r) in s["task_attacks"].as_object().unwrap() {
+        let e = r["error"].as_str().unwrap_or_else(|| panic!("{what}: {r}"));
+        assert!(e.contains("no task \"victim\""), "{what}: {e}");
+    }
     let (_, jobs) = http(&sock, "GET", "/api/jobs", None);
     let ids: Vec<&str> = jobs["jobs"]
         .as_array()

@@ -511,6 +511,11 @@ fn the_tree_is_live_a_cancel_from_the_page_stops_the_subtree_and_strangers_are_r
     b.view("#/agent/r");
     b.wait("#agent-name", "r");
     b.wait("#children", "c1");
+    // What its policy says of a restart (issue 29): the default, cancel.
+    let on_restart = b.js("const dt = [...document.querySelectorAll('dl.facts dt')]
+           .find((d) => d.textContent === 'on restart');
+         return dt ? dt.nextElementSibling.textContent : null;");
+    assert_eq!(on_restart, json!("cancel"));
     b.click("#children a[data-agent=c1]");
     b.wait("#agent-name", "c1");
     b.wait("#parent-link", "r");

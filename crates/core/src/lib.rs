@@ -20,6 +20,7 @@ pub mod policy;
 pub mod quota;
 pub mod spec;
 pub mod status;
+pub mod time;
 
 pub use attenuation::{ParentView, Refusal};
 pub use code::Code;

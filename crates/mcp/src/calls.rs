@@ -35,7 +35,7 @@ fn out<T: Serialize>(v: &T) -> Result<Value, ToolError> {
 
 /// A name or id as one path segment: SPEC 1's name characters only, so an
 /// argument can never reach another route (`a/cancel`, `..`, `?x`).
-fn seg<'a>(what: &str, s: &'a str) -> Result<&'a str, ToolError> {
+pub(crate) fn seg<'a>(what: &str, s: &'a str) -> Result<&'a str, ToolError> {
     let ok = !s.is_empty()
         && s != "."
         && s != ".."
@@ -231,7 +231,7 @@ impl<B: Backend> Tools<B> {
     }
 
     /// One API call; an error answer becomes a [`ToolError`] with its code.
-    async fn api(
+    pub(crate) async fn api(
         &self,
         ctx: &RequestContext<RoleServer>,
         method: &str,
@@ -398,7 +398,7 @@ impl<B: Backend> Tools<B> {
         Ok(json!({"agents": agents, "timed_out": timed_out, "still_running": still_running}))
     }
 
-    async fn show(
+    pub(crate) async fn show(
         &self,
         p: params::Agent,
         ctx: &RequestContext<RoleServer>,

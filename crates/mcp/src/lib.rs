@@ -15,14 +15,16 @@
 
 mod calls;
 pub mod params;
+mod tasks;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -143,15 +145,22 @@ impl<B: Backend> Tools<B> {
 
 impl<B: Backend> ServerHandler for Tools<B> {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("brood", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "brood runs sandboxed, budgeted child agents owned by this session: \
+        // The tasks extension: a client that declares it gets a task
+        // handle from `spawn` (`tasks`).
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("brood", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "brood runs sandboxed, budgeted child agents owned by this session: \
                  `spawn` starts one and returns its name at once, `wait` (bounded) \
                  returns results, `cancel` stops a subtree. A `brood mcp` (stdio) \
                  session's children die when the session ends; over HTTP (`/mcp`) \
                  a child lives until it ends, is cancelled or its parent ends.",
-            )
+        )
     }
 
     async fn list_tools(
@@ -179,7 +188,12 @@ impl<B: Backend> ServerHandler for Tools<B> {
             ));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
+        let as_task = name == "spawn" && tasks::wanted(&context);
         let r = match self.dispatch(&name, args, &context).await {
+            Ok(v) if as_task => match tasks::created(&v) {
+                Ok(t) => return Ok(CallToolResponse::Task(t)),
+                Err(e) => e.result(),
+            },
             Ok(v) => CallToolResult::structured(v),
             Err(e) => {
                 tracing::debug!(tool = %name, code = %e.code, message = %e.message, "tool refused");
@@ -187,6 +201,22 @@ impl<B: Backend> ServerHandler for Tools<B> {
             }
         };
         Ok(r.into())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.task(&request.task_id, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.task_cancel(&request.task_id, &context).await
     }
 }
 

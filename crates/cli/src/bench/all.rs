@@ -162,7 +162,7 @@ const BENCHES: &[Bench] = &[
 ];
 
 pub(super) async fn run(root: &Option<PathBuf>, exe: &str, p: &Params) -> Result<i32> {
-    let date = brood_runtime::agentruntime::rfc3339_utc_ms(unix_ms())
+    let date = brood_core::time::rfc3339_utc_ms(unix_ms())
         .chars()
         .take(10)
         .collect::<String>();

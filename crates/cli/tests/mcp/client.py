@@ -6,6 +6,8 @@ with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
                                     JSON line, then wait to be killed
     client.py inside CONFIG_JSON    (as a brood agent's program) spawn and wait for a child
     client.py confined CONFIG_JSON  every tool aimed at another tree, then at its own
+    client.py tasks CONFIG_JSON     the tasks extension: spawn as a task, tasks/get, tasks/cancel,
+                                    a reconnected client, and the older revision without tasks
 
 CONFIG: {"transport": "stdio"|"http"|"http_unix", "brood": EXE, "socket": SOCK, "root": DIR, "url": URL,
 "token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
@@ -17,6 +19,9 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, TypeAdapter
 
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -24,6 +29,84 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 import mcp.client.session as client_session
 import httpx2
 import mcp_types as types
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+class TaskHandle(types.Result):
+    """What a tools/call answers when the server made a task of it (SEP-2663)."""
+
+    result_type: Literal["task"] = Field(alias="resultType")
+    task_id: str
+    status: str
+    created_at: str
+    last_updated_at: str
+    poll_interval_ms: int | None = None
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str
+
+
+class GetTask(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param: ClassVar[str | None] = "taskId"
+
+
+class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param: ClassVar[str | None] = "taskId"
+
+
+ANY = TypeAdapter(dict[str, Any])
+
+
+async def task_get(session, task_id):
+    """tasks/get as the test reads it: the task, or the error's message."""
+    try:
+        r = await session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), ANY)
+        return {"task": r.get("task", r)}
+    except Exception as e:  # the SDK raises MCPError for a JSON-RPC error
+        return {"error": str(e)}
+
+
+async def task_cancel(session, task_id):
+    try:
+        await session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), ANY)
+        return {"ok": True}
+    except Exception as e:
+        return {"error": str(e)}
+
+
+async def until_done(session, task_id, tries=400):
+    """Polls tasks/get as the extension says, until the task is terminal."""
+    r = {}
+    for _ in range(tries):
+        r = await task_get(session, task_id)
+        if "error" in r or r["task"]["status"] in ("completed", "failed", "cancelled"):
+            break
+        await asyncio.sleep(r["task"].get("pollIntervalMs", 500) / 1000)
+    return r
+
+
+class Tasks(ClientExtension):
+    """The tasks extension, client side: a task answered to tools/call is
+    polled with tasks/get until it is terminal, and its result returned."""
+
+    identifier = TASKS
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
+        done = await until_done(ctx.session, handle.task_id)
+        if "error" in done:
+            raise RuntimeError(done["error"])
+        t = done["task"]
+        if t["status"] != "completed":
+            return types.CallToolResult(content=[types.TextContent(type="text", text=t["status"])], is_error=True)
+        return types.CallToolResult.model_validate(t["result"])
 
 
 def connect(cfg):
@@ -49,7 +132,8 @@ def connect(cfg):
     else:
         http = create_mcp_http_client(headers={"Authorization": "Bearer " + cfg["token"]})
         server = streamable_http_client(cfg["url"], http_client=http)
-    return Client(server, mode=mode, client_info=info)
+    extensions = [Tasks()] if cfg.get("tasks") else None
+    return Client(server, mode=mode, client_info=info, extensions=extensions)
 
 
 def shown(r):
@@ -226,6 +310,57 @@ async def confined(cfg):
         out["own_list"] = await call(client, "list", {"all": True})
         out["own_events"] = await call(client, "events", {})
         out["own_jobs"] = await call(client, "job_show", {})
+    # A session of the tasks extension: the victim as a task is not found,
+    # and not cancelled.
+    async with connect(dict(cfg, tasks=True)) as client:
+        out["task_attacks"] = {
+            "get": await task_get(client.session, v),
+            "cancel": await task_cancel(client.session, v),
+        }
+    print(json.dumps(out))
+
+
+async def tasks(cfg):
+    """The tasks extension with the SDK's claim machinery (a client that
+    declares it), then raw: a handle, tasks/get, tasks/cancel; a client that
+    reconnects; and a client of the older revision, which gets no task."""
+    out = {}
+    p = cfg.get("prefix", "k")
+    cfg = dict(cfg, tasks=True)
+    async with connect(cfg) as client:
+        out["protocol_version"] = client.protocol_version
+        # Transparent: the SDK resolves the task into the tool's result.
+        out["resolved"] = await call(client, "spawn", {"task": "say hello", "name": p + "-q",
+                                                       "argv": cfg["agent"] + ["--result", "hello from a task"]})
+        # Raw: the handle itself.
+        handle = await client.session.call_tool("spawn", {"task": "hang", "name": p + "-h",
+                                                          "argv": cfg["agent"] + ["--grandchildren", "1", "--hang"]},
+                                                allow_claimed=True)
+        out["handle"] = handle.model_dump(by_alias=True, mode="json")
+        running = {}
+        for _ in range(200):
+            running = await task_get(client.session, p + "-h")
+            if "error" in running or running["task"].get("statusMessage") == "running":
+                break
+            await asyncio.sleep(0.05)
+        out["running"] = running
+        out["running_show"] = await call(client, "show", {"agent": p + "-h"})
+        out["cancel"] = await task_cancel(client.session, p + "-h")
+        out["cancelled"] = await until_done(client.session, p + "-h")
+        out["failing"] = await call(client, "spawn", {"task": "fail", "name": p + "-f",
+                                                      "argv": cfg["agent"] + ["--error", "it broke"]})
+        out["unknown"] = await task_get(client.session, "no-such-task")
+        out["unknown_cancel"] = await task_cancel(client.session, "no-such-task")
+        out["bad_id"] = await task_get(client.session, "../etc")
+    # A new connection finds the tasks of the first.
+    async with connect(cfg) as client:
+        out["reconnected"] = await task_get(client.session, p + "-q")
+    # The older revision: no extension negotiated, spawn answers the child.
+    async with connect(dict(cfg, mode="legacy")) as client:
+        out["legacy_version"] = client.protocol_version
+        out["legacy_spawn"] = await call(client, "spawn", {"task": "old style", "name": p + "-l",
+                                                           "argv": cfg["agent"] + ["--result", "old"]})
+        out["legacy_wait"] = await call(client, "wait", {"agents": [p + "-l"], "timeout_s": 20})
     print(json.dumps(out))
 
 
@@ -250,4 +385,4 @@ async def inside(cfg):
 
 if __name__ == "__main__":
     what, cfg = sys.argv[1], json.loads(sys.argv[2])
-    asyncio.run({"session": session, "hold": hold, "inside": inside, "confined": confined}[what](cfg))
+    asyncio.run({"session": session, "hold": hold, "inside": inside, "confined": confined, "tasks": tasks}[what](cfg))

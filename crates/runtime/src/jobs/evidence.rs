@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::export::{self, Format};
-use crate::agentruntime::rfc3339_utc_ms;
+use brood_core::time::rfc3339_utc_ms;
 
 pub const MANIFEST: &str = "manifest.json";
 /// Events read from the owner's log per call.

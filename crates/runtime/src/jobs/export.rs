@@ -6,7 +6,7 @@
 use brood_store::{Job, JobItem, Store};
 use serde_json::{Map, Value, json};
 
-use crate::agentruntime::rfc3339_utc_ms;
+use brood_core::time::rfc3339_utc_ms;
 
 /// The columns every CSV export ends with, after the input's own.
 pub const FIXED_COLUMNS: [&str; 8] = [

@@ -808,3 +808,54 @@ async fn claude_code_calls_its_model_through_the_gateway_with_no_key() {
         .unwrap();
     assert!(spent > 0.0, "brood counted its calls");
 }
+
+/// `network: none` reaches its endpoint and nothing else (landlock lets it
+/// connect to that port alone): the provider's own port is refused to it.
+/// A policy's `env` value holding a provider's key never reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_none_child_reaches_its_endpoint_only_and_no_policy_passes_it_a_key() {
+    let up = Upstream::start().await;
+    let env = start_gw(&up, &["m-1"], Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = format!(
+        "{gw} > {d}/gw.code; \
+         curl -sS -o {d}/direct -w '%{{http_code}}' -H 'content-type: application/json' \
+           -d '{body}' {base}/v1/chat/completions > {d}/direct.code 2>&1; echo \" curl $?\" >> {d}/direct.code; \
+         env > {d}/env",
+        gw = curl_chat(&chat("m-1", false), &dir.path().join("gw")),
+        body = chat("m-1", false),
+        base = up.base_url,
+    );
+    let policy = json!({
+        "network": "none",
+        "env": {"LEAKED": format!("key={OPENAI_KEY}"), "KEPT": "plain"},
+        "files": [{"path": "/", "mode": "ro"}, {"path": dir.path().to_str().unwrap(), "mode": "rw"}],
+    });
+    handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn_json("closed", &script, policy),
+    )
+    .await
+    .unwrap();
+    let shown = wait_end(&env, "closed").await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    let gw: Value = serde_json::from_slice(&std::fs::read(dir.path().join("gw")).unwrap()).unwrap();
+    assert_eq!(gw["choices"][0]["message"]["content"], "hello", "{gw}");
+    assert!(read(dir.path().join("gw.code")).contains("curl 0"));
+    // The provider's port, on the same loopback: refused by the kernel.
+    let direct = read(dir.path().join("direct.code"));
+    assert!(!direct.contains("curl 0"), "{direct}");
+    assert_eq!(
+        up.seen().len(),
+        1,
+        "only the gateway's call: {:?}",
+        up.seen()
+    );
+    let child_env = read(dir.path().join("env"));
+    assert!(child_env.contains("KEPT=plain"), "{child_env}");
+    assert!(!child_env.contains("LEAKED"), "{child_env}");
+    assert!(!child_env.contains(OPENAI_KEY), "{child_env}");
+}

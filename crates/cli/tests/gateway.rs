@@ -859,3 +859,65 @@ async fn a_network_none_child_reaches_its_endpoint_only_and_no_policy_passes_it_
     assert!(!child_env.contains("LEAKED"), "{child_env}");
     assert!(!child_env.contains(OPENAI_KEY), "{child_env}");
 }
+
+/// An endpoint answers its own run alone: a sibling that learns another
+/// agent's address is refused there with its own token and with none; the
+/// responses endpoint is metered like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_s_endpoint_refuses_a_sibling_s_token() {
+    let up = Upstream::start().await;
+    let env = start_gw(&up, &["m-1"], Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let files = json!({"files": [{"path": "/", "mode": "ro"}, {"path": dir.path().to_str().unwrap(), "mode": "rw"}]});
+    // The owner tells the world where its endpoint is, then waits.
+    let owner =
+        format!("echo \"$OPENAI_BASE_URL\" > {d}/url.tmp; mv {d}/url.tmp {d}/url; sleep 30");
+    handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn_json("owner", &owner, files.clone()),
+    )
+    .await
+    .unwrap();
+    let body = json!({"model": "m-1", "input": "hi"}).to_string();
+    let thief = format!(
+        "while [ ! -e {d}/url ]; do sleep 0.05; done; url=$(cat {d}/url); \
+         curl -sS -o /dev/null -w '%{{http_code}}\\n' -H \"Authorization: Bearer $OPENAI_API_KEY\" \
+           -H 'content-type: application/json' -d '{body}' \"$url/responses\" > {d}/theirs; \
+         curl -sS -o /dev/null -w '%{{http_code}}\\n' -H 'content-type: application/json' \
+           -d '{body}' \"$url/responses\" >> {d}/theirs; \
+         curl -sS -o {d}/mine -H \"Authorization: Bearer $OPENAI_API_KEY\" \
+           -H 'content-type: application/json' -d '{body}' \"$OPENAI_BASE_URL/responses\""
+    );
+    handle(
+        &env.sup,
+        &me(),
+        "spawn",
+        &spawn_json("thief", &thief, files),
+    )
+    .await
+    .unwrap();
+    let shown = wait_end(&env, "thief").await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert_eq!(read(dir.path().join("theirs")), "401\n401\n");
+    let mine: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("mine")).unwrap()).unwrap();
+    assert_eq!(mine["object"], "response", "{mine}");
+    // One call reached the provider, the thief's own, counted to it alone.
+    assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
+    assert_eq!(up.seen()[0].path, "/v1/responses");
+    let calls = events_of(&env, "thief", "agent.model.call");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (
+            calls[0]["endpoint"].as_str(),
+            calls[0]["tokens_in"].as_u64(),
+            calls[0]["tokens_out"].as_u64()
+        ),
+        (Some("/v1/responses"), Some(1000), Some(500))
+    );
+    assert!(events_of(&env, "owner", "agent.model.call").is_empty());
+    env.sup.cancel(me(), name("owner")).await.unwrap();
+}

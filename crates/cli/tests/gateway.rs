@@ -921,3 +921,57 @@ async fn another_agent_s_endpoint_refuses_a_sibling_s_token() {
     assert!(events_of(&env, "owner", "agent.model.call").is_empty());
     env.sup.cancel(me(), name("owner")).await.unwrap();
 }
+
+/// `iso = ns` with `network: none`: an empty network namespace of its own,
+/// whose only address is its loopback; its endpoint is bound there by the
+/// daemon, and the host's loopback (the provider's port) is not reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_in_an_empty_network_namespace_reaches_its_endpoint_there() {
+    let up = Upstream::start().await;
+    let env = start_gw(&up, &["m-1"], Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().to_string_lossy().into_owned();
+    let mut mounts = system_mounts();
+    mounts.push(format!("{w}\t/wdir\trw\tbind,nosuid,nodev"));
+    // File rules name host paths, bound to their inodes (what the mounts
+    // show inside): the system's directories readable, so runnable.
+    let mut files: Vec<Value> = ["/usr", "/lib", "/lib64", "/bin", "/etc"]
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| json!({"path": p, "mode": "ro"}))
+        .collect();
+    files.push(json!({"path": w, "mode": "rw"}));
+    let policy = json!({
+        "files": files,
+        "mounts": mounts,
+        "network": "none",
+    });
+    let script = format!(
+        "{gw} > /wdir/gw.code 2>&1; \
+         curl -sS -o /dev/null -H 'content-type: application/json' -d '{body}' \
+           {base}/v1/chat/completions > /wdir/direct.code 2>&1; echo \"curl $?\" >> /wdir/direct.code; \
+         echo \"$OPENAI_BASE_URL\" > /wdir/url",
+        gw = curl_chat(&chat("m-1", false), Path::new("/wdir/gw")),
+        body = chat("m-1", false),
+        base = up.base_url,
+    );
+    let mut q = req("inside", vec!["/bin/sh".into(), "-c".into(), script]);
+    q.protocol = brood_store::Protocol::Exec;
+    q.policy = Some(policy);
+    q.iso = brood_core::Iso::Ns;
+    q.await_ready = false;
+    env.sup.spawn(me(), q).await.unwrap();
+    let shown = wait_end(&env, "inside").await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert!(
+        read(dir.path().join("url")).starts_with("http://127.0.0.1:"),
+        "the endpoint is announced"
+    );
+    let code = read(dir.path().join("gw.code"));
+    assert!(code.contains("curl 0"), "{code}");
+    let gw: Value = serde_json::from_slice(&std::fs::read(dir.path().join("gw")).unwrap()).unwrap();
+    assert_eq!(gw["choices"][0]["message"]["content"], "hello", "{gw}");
+    let direct = read(dir.path().join("direct.code"));
+    assert!(!direct.contains("curl 0"), "{direct}");
+    assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
+}

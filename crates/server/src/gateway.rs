@@ -57,18 +57,26 @@ pub fn host() -> GatewayHost {
         .max_redirects(0)
         .build()
         .into();
-    Arc::new(move |sup, agent, run, providers| open(sup, agent, run, providers, client.clone()))
+    Arc::new(move |sup, agent, run, providers, bound| {
+        open(sup, agent, run, providers, client.clone(), bound)
+    })
 }
 
+/// `bound`: a listener already bound where the agent can reach it (inside
+/// its network namespace); none: one on the host's loopback.
 fn open(
     sup: Supervisor,
     agent: AgentName,
     run: RunId,
     providers: Arc<Providers>,
     client: ureq::Agent,
+    bound: Option<std::net::TcpListener>,
 ) -> Result<Endpoint, String> {
-    let std_listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| format!("binding the model gateway's loopback port: {e}"))?;
+    let std_listener = match bound {
+        Some(l) => l,
+        None => std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| format!("binding the model gateway's loopback port: {e}"))?,
+    };
     let port = std_listener
         .local_addr()
         .map_err(|e| format!("reading the model gateway's port: {e}"))?

@@ -218,6 +218,7 @@ async fn measure(
         brood_core::AgentName::new("caller")?,
         run,
         providers,
+        None,
     )
     .map_err(anyhow::Error::msg)?;
     let (mut gw_first, mut gw_all, mut d_first, mut d_all) =

@@ -147,7 +147,20 @@ impl Dispatcher {
                             }
                         }
                     }
-                    self.launcher.netns_pool.as_ref().and_then(|p| p.take())
+                    // The model gateway is bound inside it before the
+                    // child starts (issue 31): one is made now when the
+                    // pool has none ready.
+                    let gateway =
+                        self.host.cfg.gateway.is_some() && super::models::grants_models(&l.policy);
+                    self.launcher
+                        .netns_pool
+                        .as_ref()
+                        .and_then(|p| p.take())
+                        .or_else(|| {
+                            gateway
+                                .then(brood_launch::ns::fresh_netns)
+                                .and_then(Result::ok)
+                        })
                 } else {
                     None
                 };
@@ -180,7 +193,11 @@ impl Dispatcher {
         // The model gateway's endpoint for this run (issue 31), when its
         // policy grants models: its variables go after everything else the
         // environment holds, so no policy or secret can point it elsewhere.
-        let gateway = self.open_gateway(name, run);
+        let netns = ns
+            .as_ref()
+            .and_then(|p| p.netns.as_ref())
+            .map(std::os::fd::AsFd::as_fd);
+        let gateway = self.open_gateway(name, run, netns);
         let providers = self.host.cfg.gateway.as_ref().map(|g| g.providers.clone());
         let Some(l) = self.agents.live.get_mut(name) else {
             return;

@@ -18,9 +18,19 @@ use crate::agent_socket::Listener;
 use crate::models::Providers;
 
 /// Opens one run's endpoint: called by the dispatcher at the run's launch
-/// (so it must not block) with the supervisor, the agent and its run.
+/// (so it must not block) with the supervisor, the agent, its run, the
+/// providers and, for an agent in a network namespace of its own, a
+/// listener bound on its loopback there (none: the host's loopback).
 pub type GatewayHost = Arc<
-    dyn Fn(Supervisor, AgentName, RunId, Arc<Providers>) -> Result<Endpoint, String> + Send + Sync,
+    dyn Fn(
+            Supervisor,
+            AgentName,
+            RunId,
+            Arc<Providers>,
+            Option<std::net::TcpListener>,
+        ) -> Result<Endpoint, String>
+        + Send
+        + Sync,
 >;
 
 /// The gateway: what opens endpoints (brood-server's `gateway`) and the
@@ -247,27 +257,44 @@ impl Dispatcher {
     /// (each key variable set to the run's token) and the port its sandbox
     /// must let it reach. Nothing when it cannot be opened (said in the log):
     /// the agent runs without a gateway.
+    /// `netns` is the empty network namespace the agent will run in, if
+    /// one was made for it ahead (the pool's): its endpoint is bound on the
+    /// loopback there, the one address it has.
     pub(super) fn open_gateway(
         &mut self,
         name: &AgentName,
         run: &RunId,
+        netns: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Option<(Vec<(String, String)>, u16)> {
         let gw = self.host.cfg.gateway.clone()?;
         let l = self.agents.live.get(name)?;
         if !grants_models(&l.policy) {
             return None;
         }
-        // An empty network namespace has no way to the host's loopback
-        // (docs/models.md "What a child can and cannot do").
-        if l.iso_ns && matches!(l.policy.network, Network::None) {
-            tracing::info!(agent = %name, "no model gateway inside an empty network namespace");
-            return None;
-        }
+        let inside = if l.iso_ns && matches!(l.policy.network, Network::None) {
+            // Its own empty namespace has no way to the host's loopback.
+            // One it would make itself (the pool had none ready) is not
+            // there yet to bind in: it then runs without an endpoint.
+            let Some(ns) = netns else {
+                tracing::warn!(agent = %name, "no network namespace ready to open the model gateway in");
+                return None;
+            };
+            match brood_launch::ns::bind_loopback_in(ns) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "binding the model gateway in the agent's network namespace failed");
+                    return None;
+                }
+            }
+        } else {
+            None
+        };
         let ep = match (gw.host)(
             self.handle(),
             name.clone(),
             run.clone(),
             gw.providers.clone(),
+            inside,
         ) {
             Ok(ep) => ep,
             Err(e) => {

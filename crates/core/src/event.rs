@@ -101,6 +101,10 @@ pub struct ModelCall {
     pub endpoint: &'static str,
     /// Streamed (server-sent events).
     pub stream: bool,
+    /// The request in brief: its body's size and the messages (or input
+    /// items) it carried.
+    pub request_bytes: u64,
+    pub messages: u64,
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost_usd: f64,

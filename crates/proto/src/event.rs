@@ -80,7 +80,8 @@ pub fn payload(e: &AgentEvent) -> Value {
         AgentEvent::Close { agent } => json!({"type": t, "agent": agent.as_str()}),
         AgentEvent::ModelCall(c) => {
             json!({"type": t, "agent": c.agent.as_str(), "run": c.run.as_str(), "model": c.model,
-                "endpoint": c.endpoint, "stream": c.stream, "tokens_in": c.tokens_in,
+                "endpoint": c.endpoint, "stream": c.stream, "request_bytes": c.request_bytes,
+                "messages": c.messages, "tokens_in": c.tokens_in,
                 "tokens_out": c.tokens_out, "cost_usd": c.cost_usd, "estimated": c.estimated,
                 "latency_ms": c.latency_ms, "status": c.status, "outcome": c.outcome,
                 "detail": c.detail})

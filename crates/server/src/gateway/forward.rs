@@ -59,6 +59,8 @@ struct Tally {
     model: String,
     endpoint: Endpoint,
     stream: bool,
+    request_bytes: u64,
+    messages: u64,
     price: Option<Price>,
     meter: Meter,
     status: u16,
@@ -90,6 +92,8 @@ impl Tally {
             model: self.model.clone(),
             endpoint: self.endpoint.path(),
             stream: self.stream,
+            request_bytes: self.request_bytes,
+            messages: self.messages,
             tokens_in: u.tokens_in,
             tokens_out: u.tokens_out,
             cost_usd: cost,
@@ -189,6 +193,8 @@ pub(super) async fn call(
         model: model.clone(),
         endpoint,
         stream,
+        request_bytes: body.len() as u64,
+        messages: messages_of(&parsed),
         price: run.providers.price(&model),
         meter: Meter::new(body.len()),
         status: 0,
@@ -433,5 +439,16 @@ fn send(
                 return;
             }
         }
+    }
+}
+
+/// The messages a request carries: chat's and Anthropic's `messages`, the
+/// responses API's `input` (a list of items, or one text).
+fn messages_of(v: &Value) -> u64 {
+    match (v.get("messages"), v.get("input")) {
+        (Some(Value::Array(m)), _) => m.len() as u64,
+        (_, Some(Value::Array(i))) => i.len() as u64,
+        (_, Some(Value::String(_))) => 1,
+        _ => 0,
     }
 }

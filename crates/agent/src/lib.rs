@@ -208,6 +208,16 @@ pub fn main(args: &[String]) -> i32 {
             }
         }
         "openai" => {
+            // brood's model gateway, when the environment announces one
+            // and the configuration names no server of its own (issue 31,
+            // docs/models.md): the key variable then holds this run's
+            // token, never a provider's key.
+            if s.base_url.is_none()
+                && let Some((base, key_env)) = gateway(|k| std::env::var(k).ok())
+            {
+                s.base_url = Some(base);
+                s.key_env = Some(key_env);
+            }
             let Some(base) = &s.base_url else {
                 return fail(&mut io, "the openai provider needs --base-url (or base_url in the agent configuration), e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1".into());
             };
@@ -245,5 +255,48 @@ pub fn main(args: &[String]) -> i32 {
             eprintln!("brood agent: {m}");
             EXIT_FAILED
         }
+    }
+}
+
+/// The model gateway brood announced in the environment (`get` reads a
+/// variable): its OpenAI base URL and the variable holding this run's
+/// token, when both are set.
+fn gateway(get: impl Fn(&str) -> Option<String>) -> Option<(String, String)> {
+    let base = get("OPENAI_BASE_URL").filter(|b| !b.is_empty())?;
+    get("OPENAI_API_KEY").filter(|k| k.starts_with("brood-"))?;
+    Some((base, "OPENAI_API_KEY".to_owned()))
+}
+
+#[cfg(test)]
+mod gateway_tests {
+    #[test]
+    fn the_gateway_is_taken_only_when_brood_announced_it() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            super::gateway(env(&[
+                ("OPENAI_BASE_URL", "http://127.0.0.1:5/v1"),
+                ("OPENAI_API_KEY", "brood-ab12")
+            ])),
+            Some(("http://127.0.0.1:5/v1".into(), "OPENAI_API_KEY".into()))
+        );
+        // A key of the user's own is not brood's gateway.
+        assert_eq!(
+            super::gateway(env(&[
+                ("OPENAI_BASE_URL", "http://127.0.0.1:5/v1"),
+                ("OPENAI_API_KEY", "sk-real")
+            ])),
+            None
+        );
+        assert_eq!(
+            super::gateway(env(&[("OPENAI_API_KEY", "brood-ab12")])),
+            None
+        );
     }
 }

@@ -6,6 +6,7 @@ mod all;
 mod api;
 mod cluster;
 mod daemons;
+mod gateway;
 mod jobs;
 mod memory;
 mod nodes;
@@ -104,6 +105,20 @@ pub enum Which {
         /// `brood serve` nodes (more than one needs `--store postgres://…`).
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A streamed model call through a live agent's model gateway (issue
+    /// 31), first token and whole stream, against the same call straight
+    /// to the same loopback provider.
+    Gateway {
+        /// Calls timed, of each.
+        #[arg(short = 'n', long = "count", default_value_t = 200)]
+        n: usize,
+        /// Chunks each streamed answer holds, a millisecond apart.
+        #[arg(long, default_value_t = 50)]
+        chunks: usize,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
@@ -457,6 +472,10 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
             };
             let out = cluster::run(&root, &exe, &params).await?;
             print_result(&out, as_json);
+        }
+        Which::Gateway { n, chunks, json } => {
+            let p = gateway::Params { calls: n, chunks };
+            print_result(&gateway::run(&root, &exe, me, &p).await?, json);
         }
         Which::Memory {
             agents,

@@ -134,7 +134,7 @@ pub fn run(root: &Path, services: &Services<'_>, json_out: bool, fix: bool) -> R
     } else if !mountns {
         Err("no mount namespace can be made here".to_owned())
     } else {
-        brood_runtime::veil::Veil::new(&paths).map(|v| v.describe().join("; "))
+        brood_runtime::veil::Veil::new(&paths, &[]).map(|v| v.describe().join("; "))
     };
     let veiled = veil.is_ok();
     layers.push(match veil {

@@ -33,6 +33,7 @@ use shim::shim;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -82,6 +83,19 @@ fn main() -> ExitCode {
         // SAFETY: no other thread exists yet (the runtime is built below).
         unsafe { std::env::remove_var("BROOD_STORE") };
     }
+    // The model gateway's keys are read now, before any thread exists, and
+    // their variables removed from this process's environment (issue 31):
+    // nothing it starts inherits them.
+    let providers = match &cli.cmd {
+        Cmd::Run { .. } | Cmd::Serve { .. } => match model_providers(&cli.config, &cli.root) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("brood: {}", e.1);
+                return ExitCode::from(e.0 as u8);
+            }
+        },
+        _ => None,
+    };
     if let Cmd::TestAgent { args } = &cli.cmd {
         let exe = std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())
@@ -112,7 +126,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(real_main(cli, store_on_command_line)) {
+    match rt.block_on(real_main(cli, store_on_command_line, providers)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             if let Some(x) = e.downcast_ref::<Exit>() {
@@ -307,7 +321,47 @@ pub(crate) fn wait_code_of(state: &str) -> i32 {
         .unwrap_or(1)
 }
 
-async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
+/// The model gateway's providers with their keys read (`[models]` of the
+/// platform configuration), `None` when it names none. Called before any
+/// thread exists: the keys' variables are removed from the environment.
+fn model_providers(
+    config: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> std::result::Result<Option<Arc<brood_runtime::models::Providers>>, Exit> {
+    let path = config
+        .clone()
+        .unwrap_or_else(|| root_of(root).join("config.toml"));
+    let platform =
+        brood_runtime::config::load_platform(&path).map_err(|e| Exit(2, e.to_string()))?;
+    if platform.models.is_empty() {
+        return Ok(None);
+    }
+    let providers = platform
+        .models
+        .load()
+        .map_err(|e| Exit(2, format!("{}: {e}", path.display())))?;
+    for var in platform.models.key_vars() {
+        // SAFETY: no other thread exists yet (the runtime is built after).
+        unsafe { std::env::remove_var(&var) };
+    }
+    Ok(Some(Arc::new(providers)))
+}
+
+/// The gateway a supervisor hosting agents is given.
+fn gateway_of(
+    providers: &Option<Arc<brood_runtime::models::Providers>>,
+) -> Option<brood_runtime::Gateway> {
+    providers.as_ref().map(|p| brood_runtime::Gateway {
+        host: brood_server::gateway::host(),
+        providers: p.clone(),
+    })
+}
+
+async fn real_main(
+    mut cli: Cli,
+    store_on_command_line: bool,
+    providers: Option<Arc<brood_runtime::models::Providers>>,
+) -> Result<i32> {
     cli.store = store_url::choose(
         cli.store.take(),
         store_on_command_line,
@@ -351,6 +405,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
             cfg.resource_defaults = platform.resources;
+            cfg.gateway = gateway_of(&providers);
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             let policy = policy.as_deref().map(read_policy).transpose()?;
@@ -435,6 +490,7 @@ async fn real_main(mut cli: Cli, store_on_command_line: bool) -> Result<i32> {
             cfg.quotas = platform.quotas;
             cfg.limits = platform.limits;
             cfg.resource_defaults = platform.resources;
+            cfg.gateway = gateway_of(&providers);
             cfg.store = cli.store.clone();
             cfg.slots = cli.slots.clone();
             cfg.bin_dir = bin_dir();

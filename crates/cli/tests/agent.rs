@@ -655,3 +655,58 @@ async fn web_search_is_offered_only_with_a_search_endpoint_and_uses_it() {
     );
     server.abort();
 }
+
+/// With brood's model gateway configured (issue 31) and no `base_url` of
+/// its own, the agent calls the gateway its environment announces (without
+/// it, it would fail for want of a base URL), and brood counts the call
+/// whatever the agent reports (tests/gateway.rs checks the keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_calls_brood_s_model_gateway_by_default() {
+    use brood_runtime::models::{Key, Kind, Price, Providers, Upstream};
+    let server = ModelServer::start(vec![Reply::Stream {
+        chunks: vec![text("Through "), text("brood."), usage(1000, 500)],
+        cut: false,
+    }])
+    .await;
+    let providers = Providers {
+        openai: Some(Upstream {
+            kind: Kind::OpenAi,
+            // The server's base is its `/v1`; the gateway adds the path.
+            base_url: server.base_url.trim_end_matches("/v1").to_owned(),
+            key: Some(Key::new("sk-operator-only")),
+            key_file: None,
+        }),
+        anthropic: None,
+        prices: [(
+            "gw-model".to_owned(),
+            Price {
+                input: 1.0,
+                output: 2.0,
+            },
+        )]
+        .into(),
+    };
+    let env = start_with(Duration::from_millis(500), |cfg| {
+        cfg.gateway = Some(brood_runtime::Gateway {
+            host: brood_server::gateway::host(),
+            providers: std::sync::Arc::new(providers),
+        });
+    });
+    let flags = ["--provider", "openai", "--model", "gw-model"];
+    env.sup
+        .spawn(me(), start_agent("gw", &flags, json!({"tools": []})))
+        .await
+        .unwrap();
+    let a = wait_for(&env, "gw").await;
+    assert_eq!(a["status"], "completed", "{a}");
+    assert_eq!(a["result"], "Through brood.", "{a}");
+    assert_eq!(server.bodies().len(), 1);
+    assert_eq!(server.bodies()[0]["model"], "gw-model");
+    // The agent priced nothing (no table of its own); brood's count is
+    // its spend.
+    let shown = show(&env, "gw");
+    assert!(
+        (shown["cost_usd"].as_f64().unwrap() - 0.002).abs() < 1e-12,
+        "{shown}"
+    );
+}

@@ -85,6 +85,40 @@ pub enum AgentEvent {
     Close { agent: AgentName },
     /// `agent.resume`: a new run on the same session.
     Resume { agent: AgentName, run: RunId },
+    /// `agent.model.call`: one call of the model gateway (issue 31), as
+    /// brood metered it, refused calls included.
+    ModelCall(ModelCall),
+}
+
+/// One call through the model gateway, as brood counted it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCall {
+    pub agent: AgentName,
+    pub run: RunId,
+    /// The model asked for (as the request named it).
+    pub model: String,
+    /// The endpoint's path (`/v1/messages`, ...).
+    pub endpoint: &'static str,
+    /// Streamed (server-sent events).
+    pub stream: bool,
+    /// The request in brief: its body's size and the messages (or input
+    /// items) it carried.
+    pub request_bytes: u64,
+    pub messages: u64,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+    /// Some tokens were counted from text, the provider giving none.
+    pub estimated: bool,
+    /// From the request's arrival to the answer's end (or its refusal).
+    pub latency_ms: u64,
+    /// The HTTP status the agent got.
+    pub status: u16,
+    /// `ok`, `refused` (never sent), `cut` (a stream stopped by brood) or
+    /// `failed` (the provider could not be reached or answered badly).
+    pub outcome: &'static str,
+    /// Why it was refused, cut or failed.
+    pub detail: Option<String>,
 }
 
 impl AgentEvent {
@@ -105,6 +139,7 @@ impl AgentEvent {
             AgentEvent::Sweep { .. } => "agent.sweep",
             AgentEvent::Close { .. } => "agent.close",
             AgentEvent::Resume { .. } => "agent.resume",
+            AgentEvent::ModelCall(_) => "agent.model.call",
         }
     }
 }

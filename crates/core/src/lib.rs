@@ -24,7 +24,7 @@ pub mod time;
 
 pub use attenuation::{ParentView, Refusal};
 pub use code::Code;
-pub use event::AgentEvent;
+pub use event::{AgentEvent, ModelCall};
 pub use job::{IllegalJobTransition, ItemStatus, JobStatus};
 pub use name::{AgentName, NameError, RunId, SessionName, TenantId};
 pub use policy::{

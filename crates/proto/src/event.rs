@@ -78,6 +78,14 @@ pub fn payload(e: &AgentEvent) -> Value {
             json!({"type": t, "agent": agent.as_str(), "sweeper": sweeper, "status": outcome.word(), "reason": outcome.reason(), "detail": detail})
         }
         AgentEvent::Close { agent } => json!({"type": t, "agent": agent.as_str()}),
+        AgentEvent::ModelCall(c) => {
+            json!({"type": t, "agent": c.agent.as_str(), "run": c.run.as_str(), "model": c.model,
+                "endpoint": c.endpoint, "stream": c.stream, "request_bytes": c.request_bytes,
+                "messages": c.messages, "tokens_in": c.tokens_in,
+                "tokens_out": c.tokens_out, "cost_usd": c.cost_usd, "estimated": c.estimated,
+                "latency_ms": c.latency_ms, "status": c.status, "outcome": c.outcome,
+                "detail": c.detail})
+        }
         AgentEvent::Resume { agent, run } => {
             json!({"type": t, "agent": agent.as_str(), "run": run.as_str()})
         }

@@ -19,6 +19,12 @@
 //!
 //! [resources]            # what an agent gets when neither its policy nor an ancestor's says
 //! disk_max = "1G"               # bytes it may write (issue 24), as a policy writes them
+//!
+//! [models.openai]        # the model gateway's providers, keys and prices (issue 31,
+//! base_url = "https://api.openai.com"   # docs/models.md; crate::models)
+//! key_env = "OPENAI_API_KEY"
+//! [models.prices]
+//! "gpt-4o-mini" = { input = 0.15, output = 0.6 }
 //! ```
 //! Every key is optional; a missing file means SPEC 9's table,
 //! [`Limits::default`] and [`ResourceDefaults::default`]. An unknown table or
@@ -36,6 +42,8 @@ pub struct Platform {
     pub quotas: QuotaConfig,
     pub limits: Limits,
     pub resources: ResourceDefaults,
+    /// `[models]`: the gateway's providers and prices (issue 31).
+    pub models: crate::models::ModelsConfig,
 }
 
 /// `[resources]`: the limits an agent gets when neither its policy nor any
@@ -113,7 +121,12 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
     let mut ceilings = Vec::new();
     let mut limits = Limits::default();
     let mut resources = ResourceDefaults::default();
+    let mut models = crate::models::ModelsConfig::default();
     for (k, v) in &doc {
+        if k == "models" {
+            models = crate::models::ModelsConfig::parse(v)?;
+            continue;
+        }
         if k == "limits" {
             limits = parse_limits(v)?;
             continue;
@@ -125,7 +138,7 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
         if k != "quotas" {
             return Err(format!(
                 "unknown table or key {k:?} (expected [quotas.defaults], [quotas.ceilings], \
-                 [limits] or [resources])"
+                 [limits], [resources] or [models])"
             ));
         }
         let t = v.as_table().ok_or("quotas must be a table")?;
@@ -160,6 +173,7 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
         quotas,
         limits,
         resources,
+        models,
     })
 }
 

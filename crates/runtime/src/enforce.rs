@@ -35,6 +35,9 @@ pub struct Context<'a> {
     /// The `artifact/` directory of its parent's channel to it: writable
     /// whatever the policy says of the parent's tree (SPEC 4).
     pub artifacts: Option<&'a Path>,
+    /// The port of its model gateway (issue 31), which it may connect to
+    /// whatever its `network` says.
+    pub gateway_port: Option<u16>,
 }
 
 pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
@@ -101,11 +104,16 @@ pub fn sandbox(policy: &Policy, cx: &Context<'_>) -> SandboxSpec {
     // Sockets are granted by family, not hidden one by one (issue 24): only
     // `network: all` may make a UNIX, UDP, raw or netlink socket; a port list
     // grants TCP, whose ports landlock then checks.
-    let (net_connect, net_bind, sockets) = match &policy.network {
-        Network::All => (None, None, Sockets::Any),
-        Network::None => (Some(Vec::new()), Some(Vec::new()), Sockets::None),
-        Network::Connect(ports) => (
-            Some(ports.iter().copied().collect()),
+    // The model gateway's port is added to what it may connect to. A
+    // `network: none` agent is given one only in an empty network namespace
+    // of its own (`supervisor::models`), where its TCP sockets reach
+    // nothing but that loopback, and landlock that port alone.
+    let (net_connect, net_bind, sockets) = match (&policy.network, cx.gateway_port) {
+        (Network::All, _) => (None, None, Sockets::Any),
+        (Network::None, None) => (Some(Vec::new()), Some(Vec::new()), Sockets::None),
+        (Network::None, Some(port)) => (Some(vec![port]), Some(Vec::new()), Sockets::Tcp),
+        (Network::Connect(ports), port) => (
+            Some(ports.iter().copied().chain(port).collect()),
             Some(Vec::new()),
             Sockets::Tcp,
         ),

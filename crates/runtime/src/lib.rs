@@ -44,6 +44,7 @@ pub mod limits;
 pub mod logs;
 pub mod lower;
 pub mod metrics;
+pub mod models;
 pub mod nodes;
 pub mod objects;
 pub mod paths;
@@ -59,6 +60,7 @@ pub mod view;
 
 pub use api::{ApiError, Caller, SpawnRequest, check_secrets};
 pub use supervisor::{
-    Config, DoorHost, Hooks, HostInfo, NodeConfig, SocketHost, StartError, Supervisor, Sweeper,
+    Config, DoorHost, Endpoint, Gateway, GatewayHost, Hooks, HostInfo, ModelRefusal, NodeConfig,
+    SocketHost, StartError, Supervisor, Sweeper,
 };
 pub use view::View;

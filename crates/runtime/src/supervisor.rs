@@ -59,6 +59,8 @@ mod io;
 mod jobs;
 mod launch;
 mod launcher;
+mod models;
+pub use models::{Endpoint, Gateway, GatewayHost, ModelRefusal};
 mod nodes;
 mod ops;
 pub use ops::handle;
@@ -174,6 +176,9 @@ pub struct Config {
     /// needs no socket(2); brood-server's `Entrances`). `None`: agents get
     /// no door.
     pub doors: Option<DoorHost>,
+    /// The model gateway (issue 31): what opens each run's endpoint and the
+    /// providers behind it. `None`: no agent gets one.
+    pub gateway: Option<Gateway>,
     /// This supervisor as a node of the cluster sharing its store (issue 15):
     /// registered at start, heartbeating on the sweepers' tick, gone when it
     /// shuts down. `None` (`brood run`, tests): not a node.
@@ -214,6 +219,7 @@ impl Config {
             hooks: Hooks::default(),
             agent_sockets: None,
             doors: None,
+            gateway: None,
             node: None,
         }
     }
@@ -294,6 +300,8 @@ pub(crate) enum Cmd {
     AgentReply(AgentName, u64, Result<Value, ApiError>),
     /// The sweepers' clock (SPEC 9).
     Tick,
+    /// The model gateway asks or tells about one run's call (issue 31).
+    Model(AgentName, RunId, models::ModelOp),
     /// Another node changed the shared store (issue 15): stops recorded for
     /// agents here, waits answered by ends there, events to stream.
     News,
@@ -411,8 +419,19 @@ struct Live {
     /// Children created by this run so far: what the attenuation check of its
     /// next child needs (SPEC 5 create_limit).
     creates_used: u32,
-    /// Dollars this run has reported (SPEC 7 `usage`, cumulative).
+    /// Dollars this run has spent: the more of what it reported and what
+    /// the model gateway metered (issue 31), never lowered.
     run_usd: f64,
+    /// What the run reported (SPEC 7 `usage`, cumulative), kept for display.
+    reported_usd: f64,
+    reported_in: u64,
+    reported_out: u64,
+    /// What brood metered of its calls through the model gateway.
+    metered_usd: f64,
+    metered_in: u64,
+    metered_out: u64,
+    /// Its run's model gateway endpoint, open while the run may call.
+    gateway: Option<crate::agent_socket::Listener>,
     /// Dollars spent by the agent (every run) and its whole subtree, finished
     /// descendants included: what its `cost_limit` is held to (SPEC 9). Kept up to
     /// date as usage arrives, so a budget is checked without a store read.
@@ -517,6 +536,13 @@ impl Live {
             secrets: brood_api::Secrets::new(),
             creates_used: 0,
             run_usd: 0.0,
+            reported_usd: 0.0,
+            reported_in: 0,
+            reported_out: 0,
+            metered_usd: 0.0,
+            metered_in: 0,
+            metered_out: 0,
+            gateway: None,
             subtree_usd: 0.0,
             budget_note: None,
             admitted: std::time::Instant::now(),
@@ -708,6 +734,7 @@ impl Dispatcher {
             Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
             Cmd::AgentReply(agent, re, r) => self.agents.reply_to_agent(&agent, re, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
+            Cmd::Model(name, run, op) => self.on_model(name, run, op),
             Cmd::Tick => {
                 self.sweep
                     .tick_queued

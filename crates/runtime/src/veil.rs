@@ -40,7 +40,9 @@ impl Veil {
     /// Reads the mount table and works out what to hide. `root` and the store
     /// path are made canonical (a mount follows symlinks; a rule is compared
     /// by path).
-    pub fn new(paths: &Paths) -> Result<Veil, String> {
+    /// `secrets` are more files to cover wherever they are (the model
+    /// providers' key files).
+    pub fn new(paths: &Paths, secrets: &[PathBuf]) -> Result<Veil, String> {
         let table = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
         let mounts = veil::parse_mountinfo(&table);
@@ -61,6 +63,7 @@ impl Veil {
             files.push(PathBuf::from(name));
         }
         files.push(canonical_file(&paths.sweeper_lock()));
+        files.extend(secrets.iter().map(|p| canonical_file(p)));
         let marks = brood_launch::cgroup::detect(Path::new("/"))
             .ok()
             .and_then(|d| d.marks)

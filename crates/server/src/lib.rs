@@ -19,6 +19,7 @@ pub mod client;
 pub mod door;
 mod error;
 mod events;
+pub mod gateway;
 mod idempotency;
 mod listen;
 mod mcp;

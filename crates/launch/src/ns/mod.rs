@@ -68,8 +68,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 mod netns;
 
-pub use netns::NetnsPool;
 use netns::*;
+pub use netns::{NetnsPool, bind_loopback_in, fresh_netns};
 
 /// One mount table entry (SPEC 3 `source<TAB>target<TAB>ro|rw<TAB>options`).
 #[derive(Debug, Clone, PartialEq, Eq)]

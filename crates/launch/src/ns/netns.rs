@@ -189,3 +189,38 @@ pub(super) unsafe fn loopback_up() -> libc::c_int {
         0
     }
 }
+
+/// One empty network namespace with `lo` up, made now on a thread of its
+/// own (which ends): for a launch that needs its namespace before the
+/// child exists when the pool has none ready.
+pub fn fresh_netns() -> io::Result<OwnedFd> {
+    std::thread::Builder::new()
+        .name("brood-netns-now".into())
+        .spawn(make_netns)?
+        .join()
+        .map_err(|_| io::Error::other("the thread making a network namespace panicked"))?
+}
+
+/// A TCP listener on `127.0.0.1` (a port the kernel picks) inside the
+/// network namespace `netns`: bound by a thread of its own that joins the
+/// namespace and ends, so no other thread of the process moves; the socket
+/// stays in that namespace, served from wherever its descriptor is (the
+/// model gateway of an agent with no other network, issue 31).
+pub fn bind_loopback_in(
+    netns: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    let fd = netns.try_clone_to_owned()?;
+    std::thread::Builder::new()
+        .name("brood-netns-bind".into())
+        .spawn(move || -> std::io::Result<std::net::TcpListener> {
+            // SAFETY: setns(2) on a descriptor this thread owns; it moves
+            // only this thread, which ends right after.
+            if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::net::TcpListener::bind("127.0.0.1:0")
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the thread binding in a network namespace panicked"))?
+}

@@ -179,7 +179,14 @@ impl Supervisor {
             {
                 tracing::warn!(path = %lock.display(), error = %e, "creating the sweeper lock");
             }
-            match crate::veil::Veil::new(&paths) {
+            // The providers' key files are covered too (issue 31): no
+            // agent opens them, whatever its policy grants.
+            let key_files = cfg
+                .gateway
+                .as_ref()
+                .map(|g| g.providers.key_files())
+                .unwrap_or_default();
+            match crate::veil::Veil::new(&paths, &key_files) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::error!(error = %e, "no veil: brood's machinery is not hidden from agents");

@@ -147,7 +147,20 @@ impl Dispatcher {
                             }
                         }
                     }
-                    self.launcher.netns_pool.as_ref().and_then(|p| p.take())
+                    // The model gateway is bound inside it before the
+                    // child starts (issue 31): one is made now when the
+                    // pool has none ready.
+                    let gateway =
+                        self.host.cfg.gateway.is_some() && super::models::grants_models(&l.policy);
+                    self.launcher
+                        .netns_pool
+                        .as_ref()
+                        .and_then(|p| p.take())
+                        .or_else(|| {
+                            gateway
+                                .then(brood_launch::ns::fresh_netns)
+                                .and_then(Result::ok)
+                        })
                 } else {
                     None
                 };
@@ -177,6 +190,15 @@ impl Dispatcher {
             },
             None => None,
         };
+        // The model gateway's endpoint for this run (issue 31), when its
+        // policy grants models: its variables go after everything else the
+        // environment holds, so no policy or secret can point it elsewhere.
+        let netns = ns
+            .as_ref()
+            .and_then(|p| p.netns.as_ref())
+            .map(std::os::fd::AsFd::as_fd);
+        let gateway = self.open_gateway(name, run, netns);
+        let providers = self.host.cfg.gateway.as_ref().map(|g| g.providers.clone());
         let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
@@ -228,7 +250,7 @@ impl Dispatcher {
         }
         // The secrets' values after the policy's `env` (the two share no
         // name): the one place a value leaves the supervisor's memory.
-        let policy_env: Vec<(String, String)> = l
+        let mut policy_env: Vec<(String, String)> = l
             .policy
             .env
             .iter()
@@ -240,6 +262,11 @@ impl Dispatcher {
                     .map(|(k, v)| (k.to_owned(), v.to_owned())),
             )
             .collect();
+        if let Some(p) = &providers {
+            super::models::strip_keys(p, name, &mut policy_env);
+        }
+        let gateway_port = gateway.as_ref().map(|(_, port)| *port);
+        policy_env.extend(gateway.into_iter().flat_map(|(env, _)| env));
         let id = Identity {
             agent: name.to_string(),
             run: run.to_string(),
@@ -302,6 +329,7 @@ impl Dispatcher {
                 &l.policy,
                 self.host.cfg.resource_defaults.disk_max,
             ),
+            gateway_port,
         };
         l.init = init;
         let tx = self.host.tx.clone();
@@ -576,6 +604,8 @@ struct NsPlan {
 
 /// What a launch does off the dispatcher, with everything it needs owned.
 struct Prep {
+    /// The model gateway's port, which its sandbox lets it reach (issue 31).
+    gateway_port: Option<u16>,
     argv: Vec<String>,
     cwd: Option<PathBuf>,
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
@@ -690,6 +720,7 @@ impl Prep {
                 objects: Some(&self.objects),
                 own_object: Some(&self.own_object),
                 artifacts: self.artifacts.as_deref(),
+                gateway_port: self.gateway_port,
             },
         );
         let mut sandbox_spec = sandbox_spec;

@@ -141,6 +141,8 @@ impl Dispatcher {
             AgentEv::Exited { status } => {
                 l.exit = Some(status);
                 l.stdin = None;
+                // Its run is over: nothing more of it reaches a model.
+                l.gateway = None;
                 if l.stopping.is_some() {
                     // The stop in flight records the outcome, in post-order.
                     return;
@@ -308,7 +310,8 @@ impl Dispatcher {
 
     /// A run's cumulative usage (SPEC 7): recorded, then rolled up the tree and
     /// checked against every budget above it. Spend only grows: a report lower
-    /// than an earlier one keeps the earlier dollars.
+    /// than an earlier one keeps the earlier dollars, and a report below what
+    /// the model gateway metered keeps brood's count (issue 31).
     pub(super) fn on_usage(
         &mut self,
         name: &AgentName,
@@ -320,21 +323,12 @@ impl Dispatcher {
         let Some(l) = self.agents.live.get_mut(name) else {
             return;
         };
-        let cost = if cost_usd.is_finite() {
-            cost_usd.max(l.run_usd)
-        } else {
-            l.run_usd
-        };
-        let delta = cost - l.run_usd;
-        l.run_usd = cost;
-        if let Err(e) =
-            self.records
-                .store
-                .record_usage(&self.records.tenant, run, tokens_in, tokens_out, cost)
-        {
-            tracing::error!(agent = %name, error = %e, "recording usage failed");
+        if cost_usd.is_finite() {
+            l.reported_usd = l.reported_usd.max(cost_usd);
         }
-        self.add_spend(name, delta);
+        l.reported_in = l.reported_in.max(tokens_in);
+        l.reported_out = l.reported_out.max(tokens_out);
+        self.settle_usage(name, run);
     }
 }
 

@@ -238,6 +238,9 @@ impl Dispatcher {
         for (n, t) in &targets {
             if let Some(l) = self.agents.live.get_mut(n) {
                 l.stopping = Some(id);
+                // A stopped run calls no model: its gateway's connections
+                // are cut now, not when its group is empty (issue 31).
+                l.gateway = None;
                 if l.pid.is_none() {
                     l.cancelled_before_start = true;
                 }

@@ -340,6 +340,10 @@ async function agentView(name) {
   const cards = el("div", { class: "cards" });
   const runsCard = el("section", { class: "card", id: "runs" });
   const events = el("tbody", { id: "events" });
+  // Each call through the model gateway, as brood counted it (issue 31):
+  // the spend per call, from the agent's `agent.model.call` events.
+  const calls = el("tbody", { id: "model-calls" });
+  const noCalls = el("p", { class: "muted", id: "no-model-calls" }, "no model calls");
   const transcript = el("div", { class: "transcript scroll", id: "transcript" });
   // What it wrote to stderr (every run), and an exec agent's stdout (its
   // result): an exec program sends no messages, so this is its transcript.
@@ -483,6 +487,9 @@ async function agentView(name) {
       detail && detail.protocol === "exec" ? el("h3", {}, "stdout (an exec program's output: its result)") : null,
       detail && detail.protocol === "exec" ? stdout : null,
       el("h3", {}, "stderr (its log)"), stderr),
+    el("section", { class: "card" }, el("h2", {}, "Model calls"), noCalls,
+      el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
+        ...["#", "time", "model", "endpoint", "tokens in/out", "cost", "latency", "outcome"].map((h) => el("th", {}, h)))), calls))),
     el("section", { class: "card" }, el("h2", {}, "Events"),
       el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "time"), el("th", {}, "type"), el("th", {}, "payload"))), events))));
   await loadTranscript();
@@ -492,6 +499,15 @@ async function agentView(name) {
     if (e) {
       events.prepend(el("tr", {}, el("td", {}, String(e.sequence)), el("td", {}, when(e.timestamp)),
         el("td", {}, e.type), el("td", {}, el("pre", {}, JSON.stringify(e.payload)))));
+      if (e.type === "agent.model.call" && e.payload) {
+        const c = e.payload;
+        noCalls.remove();
+        calls.prepend(el("tr", { "data-call": String(e.sequence) }, el("td", {}, String(e.sequence)), el("td", {}, when(e.timestamp)),
+          el("td", {}, String(c.model)), el("td", { class: "mono" }, String(c.endpoint)),
+          el("td", { class: "num" }, c.tokens_in + " / " + c.tokens_out + (c.estimated ? " (estimated)" : "")),
+          el("td", { class: "num" }, money(c.cost_usd)), el("td", { class: "num" }, c.latency_ms + " ms"),
+          el("td", {}, c.outcome + (c.reason ? ": " + c.reason : ""))));
+      }
     }
     reload();
   });

@@ -1,0 +1,114 @@
+//! The web UI shows what each model call cost (issue 31): an agent calls
+//! its model through the gateway of a real `brood serve --listen` (one call
+//! answered by a loopback provider, one for a model its policy does not
+//! grant), and its page in headless Chromium lists both calls as brood
+//! counted them: model, tokens, cost, latency and outcome.
+//!
+//! Missing Chromium, chromedriver or Selenium is a failure naming what is
+//! missing, never a skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod ui_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+
+use serde_json::json;
+use ui_support::{Browser, Served};
+
+/// A provider on the loopback that answers every chat completion with the
+/// same usage: 1,000 tokens in, 500 out.
+fn provider() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let mut r = BufReader::new(c.try_clone().unwrap());
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let answer = json!({
+                "id": "c-1", "object": "chat.completion", "model": "m-ui",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+            })
+            .to_string();
+            let mut c = c;
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn an_agents_page_shows_each_model_call_and_its_cost() {
+    let port = provider();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[models.openai]\nbase_url = \"http://127.0.0.1:{port}\"\n\n\
+             [models.prices]\n\"m-ui\" = {{ input = 2, output = 10 }}\n\"m-other\" = {{ input = 1, output = 1 }}\n"
+        ),
+    )
+    .unwrap();
+    let s = Served::start_with(&["--config", config.to_str().unwrap()]);
+    let call = |model: &str| {
+        format!(
+            "curl -sS -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" \
+             -H 'content-type: application/json' \
+             -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}' \
+             \"$OPENAI_BASE_URL/chat/completions\""
+        )
+    };
+    let script = format!("{}; {}; sleep 60", call("m-ui"), call("m-other"));
+    s.spawn(json!({
+        "name": "caller", "protocol": "exec", "argv": ["sh", "-c", script],
+        "policy": {"models": ["m-ui"]},
+    }));
+
+    let mut b = Browser::start();
+    b.get(&s.url(&format!("/ui?token={}", s.token)));
+    b.view("#/agent/caller");
+    b.wait("#agent-name", "caller");
+    // The granted call, as brood counted it: $2/M in and $10/M out.
+    let rows = b.wait("#model-calls", "refused");
+    assert!(rows.contains("m-ui"), "{rows}");
+    assert!(rows.contains("1000 / 500"), "{rows}");
+    assert!(rows.contains("$0.0070"), "{rows}");
+    assert!(rows.contains("ok"), "{rows}");
+    // The ungranted one: refused, never sent, nothing spent.
+    assert!(rows.contains("m-other"), "{rows}");
+    assert!(rows.contains("$0.0000"), "{rows}");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#model-calls tr').length"),
+        json!(2)
+    );
+    assert_eq!(
+        b.js("return document.getElementById('no-model-calls')"),
+        json!(null)
+    );
+    // The same spend in the agent's own figures.
+    let own = s.agent("caller")["spend"]["own"]["cost_usd"]
+        .as_f64()
+        .unwrap();
+    assert!((own - 0.007).abs() < 1e-9, "{own}");
+    s.ok("POST", "/api/agents/caller/cancel", json!({}));
+}

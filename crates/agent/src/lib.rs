@@ -15,6 +15,7 @@ pub mod provider;
 pub mod run;
 pub mod settings;
 pub mod tools;
+pub mod trace;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -242,14 +243,17 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("brood agent: {e}");
         return EXIT_FAILED;
     }
-    match run::run(
+    trace::init();
+    let end = run::run(
         &mut io,
         provider.as_mut(),
         &s,
         &init.instruction,
         &init.history,
         flags.job_worker,
-    ) {
+    );
+    trace::finish();
+    match end {
         run::End::Done | run::End::Cancelled => 0,
         run::End::Failed(m) => {
             eprintln!("brood agent: {m}");

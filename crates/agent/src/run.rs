@@ -260,6 +260,7 @@ fn turns(
         }
         let cancel = io.cancel.clone();
         let mut lost: Option<Halt> = None;
+        let asked_ns = brood_otel::now_ns();
         let turn = provider.complete(
             &messages,
             &specs,
@@ -274,6 +275,25 @@ fn turns(
             },
             &cancel,
         );
+        if crate::trace::on() {
+            let (usage, calls, error) = match &turn {
+                Ok(t) => (
+                    t.usage.as_ref().map(|u| (u.input, u.output)),
+                    t.calls.len(),
+                    None,
+                ),
+                Err(ProviderError::Cancelled) => (None, 0, Some("cancelled".to_owned())),
+                Err(ProviderError::Failed(m)) => (None, 0, Some(m.clone())),
+            };
+            crate::trace::chat(
+                &settings.provider,
+                &settings.model,
+                asked_ns,
+                usage,
+                calls,
+                error.as_deref(),
+            );
+        }
         if let Some(h) = lost {
             return Err(Stop::Halt(h));
         }
@@ -323,10 +343,12 @@ fn turns(
             return Ok(Outcome::Answer(turn.text));
         }
         for c in &turn.calls {
-            let result = match journal.replayed(&c.name, &c.arguments) {
-                Some(recorded) => recorded,
-                None => tools::run(&c.name, &c.arguments, settings, io)?,
+            let began_ns = brood_otel::now_ns();
+            let (result, replayed) = match journal.replayed(&c.name, &c.arguments) {
+                Some(recorded) => (recorded, true),
+                None => (tools::run(&c.name, &c.arguments, settings, io)?, false),
             };
+            crate::trace::tool(&c.name, &c.id, began_ns, &result, replayed);
             message(
                 io,
                 ROLE_RESULT,

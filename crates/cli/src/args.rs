@@ -140,6 +140,17 @@ pub(crate) enum Cmd {
         /// seconds or with a unit (`12h`), at most 30 days.
         #[arg(long, value_name = "DURATION", default_value = "43200", value_parser = crate::duration::seconds)]
         ui_session_max: f64,
+        /// Send traces over OTLP/HTTP (protobuf) to this collector
+        /// (`http://127.0.0.1:4318`; `/v1/traces` is added). Default: the
+        /// standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+        /// `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: no traces
+        /// (docs/tracing.md).
+        #[arg(long, value_name = "URL")]
+        otlp_endpoint: Option<String>,
+        /// The log on stderr: `text`, or `json` (one object a line, with the
+        /// trace and span ids of the run it is about; docs/tracing.md).
+        #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+        log_format: String,
     },
     /// The nodes sharing this store (`brood serve` processes): their address,
     /// labels, capacity, load and last heartbeat (docs/many-nodes.md).

@@ -307,6 +307,7 @@ fn req(
         customer: None,
         label: None,
         placement: None,
+        traceparent: None,
         name: Some(AgentName::new(&name)?),
         parent,
         argv,
@@ -342,6 +343,13 @@ async fn supervisor(root: &Option<PathBuf>, what: &str) -> Result<(Supervisor, P
         brood_core::quota::Quotas::CEILINGS,
     );
     cfg.bin_dir = crate::bin_dir();
+    // Traced as `brood serve` would be when the standard variables name a
+    // collector (docs/tracing.md): how the overhead of tracing is measured.
+    if let Some(endpoint) = brood_otel::endpoint_from_env(None) {
+        let x = brood_otel::Exporter::start(brood_otel::Config::new(endpoint, "brood-bench"))
+            .map_err(|e| anyhow::anyhow!(e))?;
+        cfg.traces = Some(std::sync::Arc::new(x));
+    }
     Ok((
         Supervisor::start(cfg).context("starting the supervisor")?,
         dir,

@@ -43,6 +43,7 @@ fn spawn_req(name: &str, argv: Vec<String>, task: &str) -> Result<SpawnRequest> 
         customer: None,
         label: None,
         placement: None,
+        traceparent: None,
         name: Some(AgentName::new(name)?),
         parent: None,
         argv,

@@ -51,6 +51,7 @@ pub(crate) async fn run_root(
         customer: None,
         label: None,
         placement: None,
+        traceparent: None,
         name: start.name,
         parent: None,
         argv: start.argv,

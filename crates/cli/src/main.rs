@@ -106,15 +106,26 @@ fn main() -> ExitCode {
     if let Cmd::McpRoot = &cli.cmd {
         return ExitCode::from(mcp::root_program().clamp(0, 255) as u8);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BROOD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal, not in a file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BROOD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if matches!(&cli.cmd, Cmd::Serve { log_format, .. } if log_format == "json") {
+        // One object a line; a line about a run carries the `run` span's
+        // fields, its trace and span ids among them (docs/tracing.md).
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            // Colour only for a person at a terminal, not in a file or a pipe.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -448,8 +459,17 @@ async fn real_main(
             node_expiry,
             ui_session_idle,
             ui_session_max,
+            otlp_endpoint,
+            log_format: _,
         } => {
             let mut cfg = Config::new(root_of(&root));
+            // Traces only when a collector is named (issue 30).
+            if let Some(endpoint) = brood_otel::endpoint_from_env(otlp_endpoint.as_deref()) {
+                let exporter =
+                    brood_otel::Exporter::start(brood_otel::Config::new(endpoint, "brood"))
+                        .map_err(|e| Exit(2, format!("--otlp-endpoint: {e}")))?;
+                cfg.traces = Some(std::sync::Arc::new(exporter));
+            }
             if !(node_expiry.is_finite() && node_expiry > 0.0) {
                 bail!(Exit(
                     2,

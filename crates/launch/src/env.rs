@@ -30,6 +30,10 @@ pub struct Identity {
     /// The descriptor of its door to the supervisor, when it has one
     /// (`crate::spawn::DOOR_FD`).
     pub door: Option<i32>,
+    /// Its run's W3C trace context (issue 30): the trace of its tree and its
+    /// run's own span, for a harness that exports spans of its own to nest
+    /// them under brood's.
+    pub traceparent: Option<String>,
 }
 
 /// The base variables an agent gets besides its identity.
@@ -61,9 +65,14 @@ impl Base {
     }
 }
 
-/// Names the caller may not set: they would forge the identity.
+/// Names the caller may not set: they would forge the identity (a
+/// `TRACEPARENT` of the caller's would hang an agent's spans under another
+/// run's).
 pub fn is_reserved(name: &str) -> bool {
-    name.starts_with("BROOD_") || name.starts_with("CTX_")
+    name.starts_with("BROOD_")
+        || name.starts_with("CTX_")
+        || name == "TRACEPARENT"
+        || name == "TRACESTATE"
 }
 
 /// Builds the whole environment, in a fixed order. Caller variables with a
@@ -100,6 +109,11 @@ pub fn build(id: &Identity, base: &Base, caller: &[(String, String)]) -> Vec<(Os
         ("LANG".into(), base.lang.clone()),
         ("TERM".into(), base.term.clone()),
     ];
+    if let Some(tp) = &id.traceparent {
+        // Before the base variables, with the rest of who it is.
+        let at = env.len() - 4;
+        env.insert(at, ("TRACEPARENT".into(), tp.clone()));
+    }
     for (k, v) in caller {
         if is_reserved(k) {
             continue;
@@ -131,6 +145,7 @@ mod tests {
             ctx_home: "/c/home/0".into(),
             artifacts: Some("/c/home/0/agent/p/session/default/context/child/a/artifact".into()),
             door: Some(3),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         }
     }
 
@@ -149,6 +164,10 @@ mod tests {
                 ("BROOD_AGENT".into(), "evil".into()),
                 ("CTX_AGENT".into(), "evil".into()),
                 ("BROOD_DOOR".into(), "9".into()),
+                (
+                    "TRACEPARENT".into(),
+                    "00-11111111111111111111111111111111-2222222222222222-01".into(),
+                ),
                 ("TERM".into(), "xterm".into()),
                 ("FOO".into(), "bar".into()),
             ],
@@ -162,6 +181,10 @@ mod tests {
         assert_eq!(get("CTX_AGENT").as_deref(), Some("a"));
         assert_eq!(get("BROOD_CUSTOMER").as_deref(), Some("p"));
         assert_eq!(get("BROOD_DOOR").as_deref(), Some("3"));
+        assert_eq!(
+            get("TRACEPARENT").as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
         assert_eq!(get("TERM").as_deref(), Some("xterm"));
         assert_eq!(get("FOO").as_deref(), Some("bar"));
         assert_eq!(env.iter().filter(|(k, _)| k == "BROOD_AGENT").count(), 1);

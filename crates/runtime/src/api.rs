@@ -99,6 +99,11 @@ pub struct SpawnRequest {
     /// In a cluster: run on a node with these labels and free capacity
     /// (docs/many-nodes.md); `None`: the parent's node.
     pub placement: Option<std::collections::BTreeMap<String, String>>,
+    /// The caller's W3C trace context (the `traceparent` header of the HTTP
+    /// API and of `/mcp`, issue 30): a root's runs join the caller's trace,
+    /// under its span. `None`: a root starts a trace of its own, a child
+    /// joins its parent's.
+    pub traceparent: Option<brood_otel::TraceContext>,
 }
 
 pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
@@ -164,7 +169,7 @@ impl SpawnRequest {
             }
             if brood_launch::env::is_reserved(&k) {
                 return Err(bad(format!(
-                    "env.{k}: BROOD_* and CTX_* are set by the runtime"
+                    "env.{k}: BROOD_*, CTX_*, TRACEPARENT and TRACESTATE are set by the runtime"
                 )));
             }
             env.push((k, v));
@@ -210,6 +215,7 @@ impl SpawnRequest {
             }
         }
         Ok(SpawnRequest {
+            traceparent: None,
             placement: b.placement.map(|p| p.labels),
             name: name_of("name", b.name)?,
             parent: name_of("parent", b.parent)?,

@@ -55,6 +55,7 @@ mod shown;
 pub mod slots;
 pub mod store_health;
 pub mod supervisor;
+pub mod trace;
 pub mod veil;
 pub mod view;
 

@@ -38,6 +38,10 @@ pub struct Gauges {
     pub live: u64,
     pub queued: u64,
     pub blocked: u64,
+    /// Spans taken by the collector, and dropped (queue full, collector
+    /// away): 0 and 0 with tracing off.
+    pub spans_exported: u64,
+    pub spans_dropped: u64,
 }
 
 fn bump(m: &Mutex<BTreeMap<String, u64>>, key: &str) {
@@ -257,6 +261,22 @@ impl Metrics {
             "subagent_sweeper_lease_epoch {}",
             self.lease_epoch.load(Ordering::Relaxed)
         );
+        for (name, help, v) in [
+            (
+                "brood_trace_spans_exported_total",
+                "Spans the OTLP collector took (docs/tracing.md).",
+                g.spans_exported,
+            ),
+            (
+                "brood_trace_spans_dropped_total",
+                "Spans dropped: their queue was full or the collector did not take their batch.",
+                g.spans_dropped,
+            ),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}");
+            let _ = writeln!(o, "# TYPE {name} counter");
+            let _ = writeln!(o, "{name} {v}");
+        }
         o
     }
 }
@@ -277,6 +297,8 @@ mod tests {
             live: 3,
             queued: 1,
             blocked: 0,
+            spans_exported: 5,
+            spans_dropped: 2,
         });
         for line in [
             "subagent_invocations_total{outcome=\"completed\"} 1",
@@ -292,6 +314,8 @@ mod tests {
             "subagent_invoke_duration_seconds_count 1",
             "subagent_live_agents 3",
             "subagent_queued_agents 1",
+            "brood_trace_spans_exported_total 5",
+            "brood_trace_spans_dropped_total 2",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }

@@ -183,6 +183,8 @@ pub struct Config {
     /// registered at start, heartbeating on the sweepers' tick, gone when it
     /// shuts down. `None` (`brood run`, tests): not a node.
     pub node: Option<NodeConfig>,
+    /// Where spans go (issue 30, docs/tracing.md): `None`, tracing off.
+    pub traces: Option<Arc<brood_otel::Exporter>>,
 }
 
 /// What a node says of itself when it registers (`brood serve`).
@@ -221,6 +223,7 @@ impl Config {
             doors: None,
             gateway: None,
             node: None,
+            traces: None,
         }
     }
 }
@@ -349,6 +352,8 @@ pub struct Supervisor {
     info: HostInfo,
     projection: Projection,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The spans of admissions and runs (off unless configured).
+    tracer: crate::trace::Tracer,
     /// What a creation is checked against before the dispatcher sees it:
     /// the callers' rates, the paths it names (issue 24).
     intake: Arc<crate::intake::Intake>,
@@ -466,6 +471,10 @@ struct Live {
     /// away): kept, and recorded at a later tick, so the record never says
     /// running for a process that is gone.
     unrecorded: Option<Box<UnrecordedEnd>>,
+    /// Its place in its tree's trace, as its spec records it (issue 30):
+    /// kept so a child's admission here reads no record for it. `None`
+    /// where the live entry was made from a record (read then).
+    trace: Option<crate::trace::Placed>,
 }
 
 /// An admitted agent's launch, waiting for a concurrency slot.
@@ -553,6 +562,7 @@ impl Live {
             ns_root: None,
             limited: false,
             door: None,
+            trace: None,
             pending: None,
             launching: false,
             unrecorded: None,
@@ -724,7 +734,7 @@ impl Dispatcher {
                 Err(e) => answer(reply, Err(e)),
             },
             Cmd::Refused(parent, requested, e) => {
-                self.note_refusal(parent.as_ref(), requested.as_deref(), &e)
+                self.note_refusal(parent.as_ref(), requested.as_deref(), None, &e)
             }
             Cmd::Identify(pid, uid, reply) => {
                 let _ = reply.send(self.host.identify(&self.launcher, &self.agents, pid, uid));
@@ -878,6 +888,7 @@ impl Dispatcher {
             info: self.host.info.clone(),
             projection: self.records.projection.clone(),
             metrics: self.host.metrics.clone(),
+            tracer: self.host.tracer.clone(),
             intake: self.host.intake.clone(),
             me: self.host.me.clone(),
             outsiders: self.host.outsiders.clone(),

@@ -29,6 +29,7 @@ mod peer;
 mod routes;
 mod secret;
 mod state;
+mod trace;
 mod ui;
 
 pub use door::{Entrances, agent_sockets};

@@ -78,6 +78,26 @@ impl Backend for InProcess {
             .header("content-type", "application/json")
             .body(axum::body::Body::from(bytes))
             .map_err(|e| format!("{method} {path}: {e}"))?;
+        // The MCP client's trace context (issue 30): its `_meta.traceparent`
+        // on this request, else its HTTP request's header, carried to the API
+        // as a header of its own, so a spawn joins the client's trace.
+        let traceparent = ctx
+            .meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| {
+                ctx.extensions
+                    .get::<axum::http::request::Parts>()
+                    .and_then(|p| p.headers.get("traceparent"))
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            });
+        if let Some(tp) = traceparent
+            && let Ok(v) = axum::http::HeaderValue::from_str(&tp)
+        {
+            req.headers_mut().insert("traceparent", v);
+        }
         req.extensions_mut().insert(Conn::Inner(caller));
         let resp = match self.api.router().oneshot(req).await {
             Ok(r) => r,
@@ -173,6 +193,7 @@ pub(crate) struct SessionBody {
 pub(crate) async fn session(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
     body: Result<Body<SessionBody>, HttpError>,
 ) -> Response {
     let body = match body {
@@ -229,7 +250,11 @@ pub(crate) async fn session(
     let req = match serde_json::from_value::<brood_api::SpawnBody>(spawn)
         .map_err(|e| ApiError::new(Code::BadRequest, e.to_string()))
         .and_then(SpawnRequest::from_body)
-    {
+        .and_then(|mut r| {
+            // The session's root joins the client's trace (issue 30).
+            r.traceparent = crate::trace::traceparent(&headers)?;
+            Ok(r)
+        }) {
         Ok(r) => r,
         Err(e) => return HttpError(e).into_response(),
     };

@@ -73,6 +73,18 @@ pub fn serve_wrapped(
     zone: &str,
     extra: &[&str],
 ) -> Daemon {
+    serve_full(wrap, root, store, zone, extra, &[])
+}
+
+/// [`serve_wrapped`] with variables of its own in the node's environment.
+pub fn serve_full(
+    wrap: &[&str],
+    root: &Path,
+    store: &str,
+    zone: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Daemon {
     // The node's log beside its root, so a node that fails says why.
     let log_path = root.with_extension("log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -92,6 +104,7 @@ pub fn serve_wrapped(
         .arg("--root")
         .arg(root)
         .env("BROOD_STORE", store)
+        .envs(env.iter().copied())
         .args(["serve", "--grace", "0.3"])
         // A fast tick unless the test sets its own.
         .args(if extra.contains(&"--sweep-every") {
@@ -171,12 +184,25 @@ impl Nodes {
     }
 
     pub fn on(store: &str, n: usize, extra: &[&str]) -> Nodes {
+        Nodes::on_env(store, n, extra, &[])
+    }
+
+    /// `n` nodes on a database of their own, with `env` in each node's
+    /// environment.
+    pub fn start_env(n: usize, extra: &[&str], env: &[(&str, &str)]) -> Nodes {
+        let db = Fresh::new();
+        let mut nodes = Nodes::on_env(&db.url.clone(), n, extra, env);
+        nodes.db = Some(db);
+        nodes
+    }
+
+    pub fn on_env(store: &str, n: usize, extra: &[&str], env: &[(&str, &str)]) -> Nodes {
         let dir = tempfile::tempdir().unwrap();
         let roots: Vec<PathBuf> = (0..n).map(|i| dir.path().join(format!("n{i}"))).collect();
         let mut daemons = Vec::new();
         for (i, r) in roots.iter().enumerate() {
             std::fs::create_dir_all(r).unwrap();
-            daemons.push(serve_with(r, store, &format!("z{i}"), extra));
+            daemons.push(serve_full(&[], r, store, &format!("z{i}"), extra, env));
         }
         Nodes {
             daemons,

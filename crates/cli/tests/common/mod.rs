@@ -77,6 +77,7 @@ pub fn req(name: &str, argv: Vec<String>) -> SpawnRequest {
         customer: None,
         label: None,
         placement: None,
+        traceparent: None,
         name: Some(AgentName::new(name).expect("valid name")),
         parent: None,
         argv,

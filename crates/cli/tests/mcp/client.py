@@ -8,6 +8,8 @@ with the official MCP Python SDK (`mcp` on PyPI, installed by .ci/setup).
     client.py confined CONFIG_JSON  every tool aimed at another tree, then at its own
     client.py tasks CONFIG_JSON     the tasks extension: spawn as a task, tasks/get, tasks/cancel,
                                     a reconnected client, and the older revision without tasks
+    client.py traced CONFIG_JSON    spawn a child and wait for it, the harness's
+                                    traceparent on every request
 
 CONFIG: {"transport": "stdio"|"http"|"http_unix", "brood": EXE, "socket": SOCK, "root": DIR, "url": URL,
 "token": TOKEN, "mode": "auto"|"legacy"|"2024-11-05", "agent": [argv prefix of
@@ -125,9 +127,11 @@ def connect(cfg):
         )
     elif cfg["transport"] == "http_unix":
         # `/mcp` on the control socket: the daemon knows the caller by its
-        # credentials (inside an agent: that agent).
+        # credentials (inside an agent: that agent). A harness's trace
+        # context, when given, goes with every request (crates/cli/tests/otel.rs).
+        headers = {"traceparent": cfg["traceparent"]} if "traceparent" in cfg else {}
         http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=cfg["socket"]),
-                                  timeout=httpx2.Timeout(60.0))
+                                  headers=headers, timeout=httpx2.Timeout(60.0))
         server = streamable_http_client("http://brood/mcp", http_client=http)
     else:
         http = create_mcp_http_client(headers={"Authorization": "Bearer " + cfg["token"]})
@@ -383,6 +387,17 @@ async def inside(cfg):
     print(json.dumps(out))
 
 
+async def traced(cfg):
+    """A harness in a trace of its own asks for a child (crates/cli/tests/otel.rs)."""
+    out = {}
+    async with connect(cfg) as client:
+        out["spawn"] = await call(client, "spawn", {"task": "traced", "name": cfg["prefix"],
+                                                    "argv": cfg["agent"] + ["--result", "traced"]})
+        out["wait"] = await call(client, "wait", {"agents": [cfg["prefix"]], "timeout_s": 20})
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     what, cfg = sys.argv[1], json.loads(sys.argv[2])
-    asyncio.run({"session": session, "hold": hold, "inside": inside, "confined": confined, "tasks": tasks}[what](cfg))
+    asyncio.run({"session": session, "hold": hold, "inside": inside, "confined": confined,
+                 "tasks": tasks, "traced": traced}[what](cfg))

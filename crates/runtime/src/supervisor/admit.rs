@@ -23,6 +23,7 @@ use brood_core::Code;
 use brood_core::Iso;
 use brood_core::Life;
 use brood_core::ParentView;
+use brood_core::RunId;
 use brood_core::SessionName;
 use brood_core::Status;
 use brood_core::policy::Policy;
@@ -274,6 +275,7 @@ impl Dispatcher {
             Caller::User { .. } => req.parent.clone(),
         };
         let requested = req.name.as_ref().map(|n| n.to_string());
+        let caller_trace = req.traceparent;
         if self.agents.tool_granted(&caller, "create").is_ok()
             && let Some(child) = self.created_before(&caller, &req)
         {
@@ -286,7 +288,12 @@ impl Dispatcher {
         match admitted {
             Ok(admitted) => self.answer_spawn(admitted, reply),
             Err(e) => {
-                self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
+                self.note_refusal(
+                    parent.as_ref(),
+                    requested.as_deref(),
+                    caller_trace.as_ref(),
+                    &e,
+                );
                 answer(reply, Err(e));
             }
         }
@@ -322,11 +329,14 @@ impl Dispatcher {
     }
 
     /// A refused creation leaves nothing behind but this: an event in the would-be
-    /// parent's `events.jsonl` (SPEC 5), when that parent exists.
+    /// parent's `events.jsonl` (SPEC 5), when that parent exists, and its
+    /// `create_agent` span, an error naming the code (issue 30): under the
+    /// parent's run, or under the caller's span (`caller_trace`) for a root.
     pub(super) fn note_refusal(
         &self,
         parent: Option<&AgentName>,
         requested: Option<&str>,
+        caller_trace: Option<&brood_otel::TraceContext>,
         e: &ApiError,
     ) {
         let quota = match e.code {
@@ -341,13 +351,44 @@ impl Dispatcher {
             self.host.metrics.quota_denial(q);
         }
         self.host.metrics.refusal(e.code);
+        let refusal_span = |placed: crate::trace::Placed| {
+            let s = crate::trace::create_span(
+                placed,
+                None,
+                requested,
+                &self.host.me,
+                super::now_ms(),
+                Some((e.code.as_str(), &e.message)),
+            );
+            self.host.tracer.emit(match parent {
+                Some(p) => s.attr("brood.parent", p.to_string()),
+                None => s,
+            });
+        };
         let Some(p) = parent else {
             tracing::info!(code = %e.code, message = %e.message, "root creation refused");
+            if self.host.tracer.on() {
+                refusal_span(crate::trace::Placed {
+                    trace: caller_trace.map_or_else(brood_otel::random_trace_id, |c| c.trace),
+                    parent: caller_trace.map(|c| c.span),
+                });
+            }
             return;
         };
         let Ok(Some(pa)) = self.records.store.agent(&self.records.tenant, p) else {
             return;
         };
+        if self.host.tracer.on()
+            && let Some(t) = crate::trace::Placed::of_agent(&pa)
+        {
+            // Under the caller's span when it is of the tree's trace, else
+            // under the parent's run (a foreign one is what was refused).
+            let placed = crate::trace::place(Some((t, &pa.run)), caller_trace, &pa.run)
+                .or_else(|_| crate::trace::place(Some((t, &pa.run)), None, &pa.run));
+            if let Ok(placed) = placed {
+                refusal_span(placed);
+            }
+        }
         self.records.append_events(&[ev(
             p,
             Some(&pa.run),
@@ -485,6 +526,7 @@ impl Dispatcher {
             ),
             (None, _) => (None, None),
         };
+        let trace = self.place_in_trace(parent.as_ref(), remote.as_ref(), req, &run)?;
         let owner = match caller {
             Caller::Agent(me) => format!("agent:{me}"),
             Caller::User { uid } => format!("user:{uid}"),
@@ -508,6 +550,8 @@ impl Dispatcher {
             // A `--ready` spawn placed on another node: the node to tell
             // when it is ready (routed.rs), whichever node hosts it.
             "ready_news": (req.await_ready && host != self.host.me).then(|| self.host.me.clone()),
+            // Its place in its tree's trace (issue 30, `crate::trace`).
+            "trace": trace.to_json(),
         });
         let now = now_ms();
         let mut events = vec![ev(
@@ -554,6 +598,34 @@ impl Dispatcher {
         })
     }
 
+    /// Where a new agent goes in the traces (`crate::trace::place`): under
+    /// its parent's current run, read from the live entry or the record.
+    fn place_in_trace(
+        &self,
+        parent: Option<&AgentName>,
+        remote: Option<&Agent>,
+        req: &SpawnRequest,
+        run: &RunId,
+    ) -> Result<crate::trace::Placed, ApiError> {
+        let of_parent = match (parent, remote) {
+            (Some(_), Some(pa)) => crate::trace::Placed::of_agent(pa).map(|t| (t, pa.run.clone())),
+            (Some(p), None) => self.agents.live.get(p).and_then(|l| {
+                let t = l.trace.or_else(|| {
+                    let a = self.records.store.agent(&self.records.tenant, p).ok()??;
+                    crate::trace::Placed::of_agent(&a)
+                })?;
+                Some((t, l.run.clone()))
+            }),
+            (None, _) => None,
+        };
+        crate::trace::place(
+            of_parent.as_ref().map(|(t, r)| (*t, r)),
+            req.traceparent.as_ref(),
+            run,
+        )
+        .map_err(|m| ApiError::new(Code::BadRequest, m))
+    }
+
     /// What follows a decided admission the store has recorded (`agent`,
     /// its transaction counted the quotas, so they hold under any
     /// concurrency): the projection, the live entry, the queue for a slot.
@@ -575,6 +647,22 @@ impl Dispatcher {
         } = d;
         let (name, parent, run) = (new.name.clone(), new.parent.clone(), new.run.clone());
         self.records.project_events(&events);
+        let trace = crate::trace::Placed::of_spec(&spec);
+        if let Some(t) = trace
+            && self.host.tracer.on()
+        {
+            let s = crate::trace::create_span(
+                t,
+                Some(&name),
+                None,
+                &self.host.me,
+                agent.created_ms,
+                None,
+            );
+            self.host
+                .tracer
+                .emit(crate::trace::admitted_attrs(s, &agent));
+        }
         if brood_store::placed_for(&agent.supervisor).is_some() {
             // Admitted here for another node to run: that node claims it
             // (this write's news wakes it), projects it and starts it.
@@ -602,6 +690,7 @@ impl Dispatcher {
             None,
         );
         live.secrets = secrets;
+        live.trace = trace;
         live.iso_ns = req.iso == Iso::Ns;
         live.ns_root = req.root.as_ref().map(PathBuf::from);
         live.pending = Some(Pending {

@@ -358,6 +358,7 @@ impl Dispatcher {
         for (s, d) in decided {
             let parent = s.parent().cloned();
             let requested = s.req.name.as_ref().map(|n| n.to_string());
+            let caller_trace = s.req.traceparent;
             let r = match recorded.next() {
                 Some(r) => r.map_err(internal),
                 None => Err(ApiError::new(
@@ -372,7 +373,12 @@ impl Dispatcher {
             match rr {
                 Ok(admitted) => answers.push((admitted, s.reply)),
                 Err(e) => {
-                    self.note_refusal(parent.as_ref(), requested.as_deref(), &e);
+                    self.note_refusal(
+                        parent.as_ref(),
+                        requested.as_deref(),
+                        caller_trace.as_ref(),
+                        &e,
+                    );
                     answer(s.reply, Err(e));
                 }
             }
@@ -492,7 +498,12 @@ impl Dispatcher {
     /// A creation refused before anything was written.
     fn refuse_spawn(&mut self, s: Spawn, e: ApiError) {
         let requested = s.req.name.as_ref().map(|n| n.to_string());
-        self.note_refusal(s.parent(), requested.as_deref(), &e);
+        self.note_refusal(
+            s.parent(),
+            requested.as_deref(),
+            s.req.traceparent.as_ref(),
+            &e,
+        );
         answer(s.reply, Err(e));
     }
 }

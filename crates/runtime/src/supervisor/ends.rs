@@ -248,6 +248,17 @@ impl Dispatcher {
                 .get(&agent.name)
                 .map(|l| l.admitted.elapsed());
             self.host.metrics.invocation(t.word(), took);
+            // Its `invoke_agent` span, built from its records off the loop.
+            self.host.tracer.run_ended(&agent.tenant, agent);
+            let trace = self
+                .agents
+                .live
+                .get(&agent.name)
+                .and_then(|l| l.trace)
+                .or_else(|| crate::trace::Placed::of_agent(agent));
+            crate::trace::log_span(&agent.name, &agent.run, trace).in_scope(|| {
+                tracing::info!(status = %agent.status.encode(), "run ended");
+            });
         }
         // The parent hears of its child's end, and so does the customer when it
         // is someone else (SPEC 7 `child`; SPEC 9: the customer takes the result).

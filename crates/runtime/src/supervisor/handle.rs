@@ -234,6 +234,15 @@ impl Supervisor {
         }
         let cfg_quotas = cfg.quotas;
         let metrics = Arc::new(crate::metrics::Metrics::default());
+        let tracer = match &cfg.traces {
+            None => crate::trace::Tracer::default(),
+            Some(x) => crate::trace::Tracer::start(
+                x.clone(),
+                store.clone(),
+                meta["containment"].to_string(),
+            )
+            .map_err(|e| StartError::Thread(std::io::Error::other(e)))?,
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let disp_me = me.clone();
         let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -295,6 +304,7 @@ impl Supervisor {
                 brood_exe: brood_exe.clone(),
                 intake: intake.clone(),
                 metrics: metrics.clone(),
+                tracer: tracer.clone(),
             },
             records: Records {
                 store: store.clone(),
@@ -351,6 +361,7 @@ impl Supervisor {
             info,
             projection,
             metrics,
+            tracer,
             intake,
             me: disp_me,
             outsiders,
@@ -725,6 +736,7 @@ impl Supervisor {
                 }
             }
         }
+        (g.spans_exported, g.spans_dropped) = self.tracer.counts();
         self.metrics.render(g)
     }
 

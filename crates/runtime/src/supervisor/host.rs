@@ -43,4 +43,6 @@ pub(super) struct Host {
     /// The handles' intake (rates, the creation's paths), shared with them.
     pub(super) intake: Arc<crate::intake::Intake>,
     pub(super) metrics: Arc<crate::metrics::Metrics>,
+    /// The spans of admissions and runs, handed off without waiting.
+    pub(super) tracer: crate::trace::Tracer,
 }

@@ -267,7 +267,16 @@ impl Dispatcher {
         }
         let gateway_port = gateway.as_ref().map(|(_, port)| *port);
         policy_env.extend(gateway.into_iter().flat_map(|(env, _)| env));
+        // Its run's trace context (issue 30): its tree's trace, its run's span.
+        if l.trace.is_none() {
+            l.trace = a.as_ref().and_then(crate::trace::Placed::of_agent);
+        }
+        let traceparent = l
+            .trace
+            .and_then(|t| t.traceparent(run))
+            .map(|c| c.to_string());
         let id = Identity {
+            traceparent,
             agent: name.to_string(),
             run: run.to_string(),
             parent: l.parent.as_ref().map(|p| p.to_string()),
@@ -516,6 +525,9 @@ impl Dispatcher {
             Some(l) => {
                 l.pid = Some(pid);
                 l.stdin = Some(stdin_tx.clone());
+                crate::trace::log_span(&name, &run, l.trace).in_scope(|| {
+                    tracing::info!(pid, node = %agent.supervisor, "run started");
+                });
                 (l.protocol, l.instruction.clone())
             }
             None => return,

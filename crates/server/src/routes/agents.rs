@@ -30,7 +30,10 @@ const WAIT_DEFAULT_S: f64 = 30.0;
 #[utoipa::path(
     post, path = "/api/agents", tag = "agents",
     request_body = SpawnBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key: a repeat with the same key and body gets the first answer.")),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key: a repeat with the same key and body gets the first answer."),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context (docs/tracing.md): a root's spans join the caller's trace under its span; for a child, a span of the parent's own trace to nest under (another trace is refused)."),
+    ),
     responses(
         (status = 201, description = "Admitted (and started, or queued for a slot).", body = brood_api::Agent),
         (status = 400, description = "Malformed: not JSON, a wrong type, an unknown field, a bad name.", body = ErrorBody),
@@ -63,7 +66,13 @@ pub(crate) async fn spawn(
         || async {
             let parent = value.parent.clone();
             let requested = value.name.clone();
-            match SpawnRequest::from_body(value) {
+            let made = crate::trace::traceparent(&headers).and_then(|tp| {
+                SpawnRequest::from_body(value).map(|mut r| {
+                    r.traceparent = tp;
+                    r
+                })
+            });
+            match made {
                 Ok(req) => answer(
                     StatusCode::CREATED,
                     api.sup().spawn(caller.clone(), req).await,

@@ -96,6 +96,8 @@ pub(in crate::supervisor) struct Env<'a> {
     /// Called with events once the store holds them (the ctx projection).
     pub(in crate::supervisor) project: &'a dyn Fn(&[NewEvent]),
     pub(in crate::supervisor) agents: &'a dyn RunningHere,
+    /// Where an ended job's span goes (issue 30).
+    pub(in crate::supervisor) tracer: &'a crate::trace::Tracer,
 }
 
 /// The runner's view of the agents this supervisor runs.
@@ -481,6 +483,8 @@ impl Runner {
             .set_job_status(env.tenant, id, to, now_ms(), &events)
             .map_err(job_error)?;
         (env.project)(&events);
+        // Its span, with its items' attempts under it, built off the loop.
+        env.tracer.job_ended(&job);
         Ok(job)
     }
 

@@ -119,6 +119,7 @@ impl Fixture {
             tenant: &self.tenant,
             project: &project,
             agents: &self.here,
+            tracer: &crate::trace::Tracer::default(),
         })
     }
 

@@ -332,6 +332,7 @@ impl Runner {
             customer: None,
             label: Some(format!("worker of job {job}")),
             placement: None,
+            traceparent: None,
         };
         Ok(Some((worker, owner, req)))
     }

@@ -36,6 +36,7 @@ impl Dispatcher {
             tenant: &records.tenant,
             project: &project,
             agents: &self.agents,
+            tracer: &self.host.tracer,
         };
         f(&mut self.jobs, &env)
     }
@@ -60,7 +61,7 @@ impl Dispatcher {
                     worker,
                     error,
                 } => {
-                    self.note_refusal(Some(&owner), Some(worker.as_str()), &error);
+                    self.note_refusal(Some(&owner), Some(worker.as_str()), None, &error);
                     Vec::new()
                 }
                 JobFollow::Then(step) => self.with_jobs(|jobs, env| jobs.resume(step, env)),

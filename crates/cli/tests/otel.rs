@@ -584,3 +584,70 @@ fn an_mcp_clients_traceparent_puts_what_it_asks_for_in_its_trace() {
     }
     assert_eq!(attr(&ran, "brood.status"), "completed");
 }
+
+/// Issue 31 with issue 30: a call through the model gateway is a `chat
+/// {model}` span under its run's `invoke_agent` span, with the tokens and
+/// the cost brood counted; a call for a model the policy does not grant is
+/// a failed one, naming its refusal.
+#[test]
+fn a_call_through_the_model_gateway_is_a_chat_span_under_its_run() {
+    let rx = Receiver::start();
+    let port = common::model::fixed_usage_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[models.openai]\nbase_url = \"http://127.0.0.1:{port}\"\n\n\
+             [models.prices]\n\"m-1\" = {{ input = 2, output = 10 }}\n\"m-2\" = {{ input = 1, output = 1 }}\n"
+        ),
+    )
+    .unwrap();
+    let nodes = Nodes::start_with(
+        1,
+        &[
+            "--otlp-endpoint",
+            &rx.url,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let call = |model: &str| {
+        format!(
+            "curl -sS -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" \
+             -H 'content-type: application/json' \
+             -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}' \
+             \"$OPENAI_BASE_URL/chat/completions\""
+        )
+    };
+    let (s, v) = nodes.spawn(
+        0,
+        json!({"name": "caller", "protocol": "exec",
+               "argv": ["sh", "-c", format!("{}; {}", call("m-1"), call("m-2"))],
+               "policy": {"models": ["m-1"]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let run = rx.span("invoke_agent caller");
+    let chat = rx.span("chat m-1");
+    assert_eq!(chat["trace_id"], run["trace_id"], "{chat}");
+    assert_eq!(chat["parent_span_id"], run["span_id"], "{chat}");
+    assert_eq!(attr(&chat, "gen_ai.operation.name"), "chat");
+    assert_eq!(attr(&chat, "gen_ai.request.model"), "m-1");
+    assert_eq!(attr(&chat, "gen_ai.usage.input_tokens"), 1000);
+    assert_eq!(attr(&chat, "gen_ai.usage.output_tokens"), 500);
+    let cost = attr(&chat, "brood.cost_usd").as_f64().unwrap();
+    assert!((cost - 0.007).abs() < 1e-9, "{chat}");
+    // Refused by the gateway, never sent: an error span naming why.
+    let refused = rx.span("chat m-2");
+    assert_eq!(refused["parent_span_id"], run["span_id"], "{refused}");
+    assert_eq!(attr(&refused, "brood.model.outcome"), "refused");
+    assert_eq!(refused["status_code"], 2, "STATUS_CODE_ERROR: {refused}");
+    assert!(
+        refused["status_message"]
+            .as_str()
+            .unwrap()
+            .starts_with("refused"),
+        "{refused}"
+    );
+    assert_eq!(chat["status_code"], 0, "unset: {chat}");
+}

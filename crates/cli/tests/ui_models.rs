@@ -12,53 +12,12 @@
 mod common;
 mod ui_support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-
 use serde_json::json;
 use ui_support::{Browser, Served};
 
-/// A provider on the loopback that answers every chat completion with the
-/// same usage: 1,000 tokens in, 500 out.
-fn provider() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let mut r = BufReader::new(c.try_clone().unwrap());
-            let mut len = 0usize;
-            loop {
-                let mut line = String::new();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-            }
-            let mut body = vec![0; len];
-            let _ = r.read_exact(&mut body);
-            let answer = json!({
-                "id": "c-1", "object": "chat.completion", "model": "m-ui",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-            })
-            .to_string();
-            let mut c = c;
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
-        }
-    });
-    port
-}
-
 #[test]
 fn an_agents_page_shows_each_model_call_and_its_cost() {
-    let port = provider();
+    let port = common::model::fixed_usage_provider();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     std::fs::write(

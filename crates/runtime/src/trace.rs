@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 
-use brood_core::{AgentName, RunId, TenantId};
+use brood_core::{AgentName, ModelCall, RunId, TenantId};
 use brood_otel::{Exporter, Kind, Span, SpanId, TraceContext, TraceId};
 use brood_store::{Agent, Job, Store};
 use serde_json::{Value, json};
@@ -411,6 +411,52 @@ pub fn create_span(
             .failed(format!("{code}: {message}"));
     }
     s
+}
+
+/// A call through the model gateway (issue 31) as a `chat {model}` span
+/// under its run's span, as brood counted it: the GenAI attributes, its
+/// cost and outcome; a refused, cut or failed call is an error naming why.
+/// `None` when the run has no place in a trace.
+pub fn model_call_span(placed: Option<Placed>, call: &ModelCall) -> Option<Span> {
+    let parent = placed?.traceparent(&call.run)?;
+    let end = brood_otel::now_ns();
+    let start = end.saturating_sub(call.latency_ms.saturating_mul(1_000_000));
+    let provider = if call.endpoint.starts_with("/v1/messages") {
+        "anthropic"
+    } else {
+        "openai"
+    };
+    let mut s = Span::new(
+        format!("chat {}", call.model),
+        parent.trace,
+        brood_otel::random_span_id(),
+        Some(parent.span),
+    )
+    .kind(Kind::Client)
+    .times(start, end)
+    .attr("gen_ai.operation.name", "chat")
+    .attr("gen_ai.provider.name", provider)
+    .attr("gen_ai.request.model", call.model.clone())
+    .attr("gen_ai.usage.input_tokens", call.tokens_in)
+    .attr("gen_ai.usage.output_tokens", call.tokens_out)
+    .attr("gen_ai.agent.name", call.agent.to_string())
+    .attr("brood.cost_usd", call.cost_usd)
+    .attr("brood.model.endpoint", call.endpoint)
+    .attr("brood.model.stream", call.stream)
+    .attr("brood.model.estimated", call.estimated)
+    .attr("brood.model.outcome", call.outcome)
+    .attr("http.response.status_code", u64::from(call.status))
+    .attr("brood.metered_by", "gateway");
+    if call.outcome != "ok" {
+        let why = call
+            .detail
+            .clone()
+            .unwrap_or_else(|| call.outcome.to_owned());
+        s = s
+            .attr("error.type", call.outcome)
+            .failed(format!("{}: {why}", call.outcome));
+    }
+    Some(s)
 }
 
 /// An admitted agent's attributes on its `create_agent` span.

@@ -173,3 +173,43 @@ async fn answer(s: &mut tokio::net::TcpStream, reply: Option<Reply>) -> std::io:
         }
     }
 }
+
+/// A provider on the loopback, plain threads and no script, that answers
+/// every chat completion (any model) with the same usage: 1,000 tokens in,
+/// 500 out.
+pub fn fixed_usage_provider() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            use std::io::{BufRead, Read, Write};
+            let mut r = std::io::BufReader::new(c.try_clone().unwrap());
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let answer = json!({
+                "id": "c-1", "object": "chat.completion", "model": "m-ui",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+            })
+            .to_string();
+            let mut c = c;
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    port
+}

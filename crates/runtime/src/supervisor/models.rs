@@ -224,6 +224,11 @@ impl Dispatcher {
             l.metered_out += call.tokens_out;
         }
         let run = call.run.clone();
+        if self.host.tracer.on()
+            && let Some(s) = crate::trace::model_call_span(l.trace, &call)
+        {
+            self.host.tracer.emit(s);
+        }
         self.records
             .append_events(&[ev(&name, Some(&run), &session, AgentEvent::ModelCall(call))]);
         if counts {

@@ -28,6 +28,9 @@ pub struct TreeRow {
     /// Its children, finished ones too.
     pub children: u32,
     pub created_ms: i64,
+    /// When its record last changed: for a blocked agent, when it began to
+    /// wait (the timeline's `waiting`).
+    pub updated_ms: i64,
     /// The current run's start and end.
     pub started_ms: Option<i64>,
     pub ended_ms: Option<i64>,

@@ -581,9 +581,26 @@ fn screenshots_of_the_main_pages() {
     );
     b.screenshot(&out.join("agent.png"));
 
+    // The timeline (issue 30): each agent's life from the records, its
+    // end with its reason; the one waiting for input, waiting.
+    b.view("#/timeline");
+    b.wait("[data-tl=docs]", "exit_code");
+    let mut segs = |name: &str, cls: &str| {
+        b.js(&format!(
+            "return document.querySelectorAll('[data-tl=\"{name}\"] .seg.{cls}').length"
+        ))
+    };
+    assert_eq!(segs("docs", "end.failed"), json!(1));
+    assert_eq!(segs("parser", "end.completed"), json!(1));
+    assert_eq!(segs("parser", "running"), json!(1));
+    assert_eq!(segs("ask-user", "waiting"), json!(1));
+    assert_eq!(segs("store-tests", "running"), json!(1));
+    assert_eq!(segs("store-tests", "end"), json!(0), "still running");
+    b.screenshot(&out.join("timeline.png"));
+
     b.view("#/jobs");
     b.wait("#jobs", "summaries");
-    for f in ["tree.png", "agent.png", "job.png"] {
+    for f in ["tree.png", "agent.png", "job.png", "timeline.png"] {
         assert!(out.join(f).exists(), "{f} was taken");
     }
 }
@@ -651,5 +668,40 @@ fn a_thousand_agents_are_one_listing_and_no_detail() {
     assert!(
         !asked.iter().any(|p| p.starts_with("/api/agents")),
         "the tree fetched an agent's detail: {asked:?}"
+    );
+
+    // The timeline of the thousand, from the same one listing: a running
+    // agent has its running segment, a queued one its queued segment alone.
+    b.view("#/timeline");
+    b.wait("[data-tl=bulk-0999]", "bulk-0999");
+    assert_eq!(
+        b.js("return document.querySelectorAll('#timeline [data-tl]').length"),
+        json!(N)
+    );
+    let first_running = listing["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["status"] == "running")
+        .and_then(|a| a["name"].as_str())
+        .unwrap()
+        .to_owned();
+    let segs = |b: &mut Browser, name: &str, cls: &str| {
+        b.js(&format!(
+            "return document.querySelectorAll('[data-tl=\"{name}\"] .seg.{cls}').length"
+        ))
+    };
+    assert_eq!(segs(&mut b, &first_running, "running"), json!(1));
+    assert_eq!(segs(&mut b, "bulk-0999", "queued"), json!(1));
+    assert_eq!(segs(&mut b, "bulk-0999", "running"), json!(0));
+    let asked =
+        b.js("return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)");
+    assert!(
+        !asked
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap_or("").starts_with("/api/agents")),
+        "the timeline fetched an agent's detail: {asked}"
     );
 }

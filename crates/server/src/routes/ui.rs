@@ -174,6 +174,7 @@ fn tree_rows(api: &Api, caller: &Caller, live_only: bool) -> Result<TreeRows, Ap
                 .get(&Some(a.name.as_str()))
                 .map_or(0, |k| k.len() as u32),
             created_ms: a.created_ms,
+            updated_ms: a.updated_ms,
             started_ms: current.and_then(|r| r.started_ms),
             ended_ms: current.and_then(|r| r.ended_ms),
             subtree: own.clone(),

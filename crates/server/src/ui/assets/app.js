@@ -291,6 +291,93 @@ async function treeView() {
   });
 }
 
+// ---- the timeline ------------------------------------------------------------
+
+// Each agent's life on one time axis, from the same compact listing as the
+// tree (one request, whatever the tree's size): queued from its creation to
+// its current run's start, running from there to its end (or now), waiting
+// from when it began to wait while it is blocked, and its end with the
+// reason. Past waits and earlier runs are in its events and its page.
+async function timelineView() {
+  const my = scope;
+  main.replaceChildren(el("p", { class: "muted" }, "loading the timeline…"));
+  let data = null;
+  const axis = el("div", { class: "tl-axis", id: "tl-axis" });
+  const body = el("div", { class: "timeline", id: "timeline" });
+
+  function segment(cls, from, to, t0, span, title) {
+    const seg = el("span", { class: "seg " + cls, title });
+    seg.style.left = ((from - t0) / span) * 100 + "%";
+    seg.style.width = Math.max(((to - from) / span) * 100, 0.15) + "%";
+    return seg;
+  }
+
+  function render() {
+    if (!data) return;
+    const now = data.now_ms;
+    const t0 = Math.min(...data.agents.map((a) => a.created_ms), now);
+    const t1 = Math.max(...data.agents.map((a) => a.ended_ms || now), t0 + 1);
+    const span = t1 - t0;
+    axis.replaceChildren(el("span", {}, when(t0)), el("span", {}, "+" + duration(span)), el("span", {}, when(t1)));
+    const byParent = new Map();
+    for (const a of data.agents) {
+      const k = a.parent || "";
+      if (!byParent.has(k)) byParent.set(k, []);
+      byParent.get(k).push(a);
+    }
+    const names = new Set(data.agents.map((a) => a.name));
+    const stack = data.agents.filter((a) => !a.parent || !names.has(a.parent)).reverse().map((a) => [a, 0]);
+    const rows = [];
+    while (stack.length) {
+      const [a, depth] = stack.pop();
+      const bar = el("div", { class: "tl-bar" });
+      const start = a.started_ms || (a.status === "queued" ? null : a.ended_ms);
+      const end = a.ended_ms || now;
+      bar.append(segment("queued", a.created_ms, start || end, t0, span, "queued " + duration((start || end) - a.created_ms)));
+      if (a.started_ms) {
+        const waitFrom = a.status === "blocked" ? Math.max(a.updated_ms, a.started_ms) : end;
+        bar.append(segment("running", a.started_ms, waitFrom, t0, span, "running " + duration(waitFrom - a.started_ms)));
+        if (a.status === "blocked") {
+          bar.append(segment("waiting", waitFrom, now, t0, span, "waiting " + duration(now - waitFrom) + (a.detail ? ": " + a.detail : "")));
+        }
+      }
+      if (a.ended_ms) {
+        bar.append(segment("end " + a.status, a.ended_ms, a.ended_ms, t0, span,
+          a.status + (a.reason ? " (" + a.reason + ")" : "") + (a.detail ? ": " + a.detail : "")));
+      }
+      const who = el("span", { class: "who" }, agentLink(a.name));
+      who.style.paddingLeft = depth * 14 + "px";
+      rows.push(el("div", { class: "tl-row", "data-tl": a.name },
+        who,
+        el("span", {}, agentBadge(a)),
+        bar));
+      const kids = byParent.get(a.name) || [];
+      for (let i = kids.length - 1; i >= 0; i--) stack.push([kids[i], depth + 1]);
+    }
+    if (!rows.length) rows.push(el("p", { class: "note", id: "empty" }, "No agents yet."));
+    body.replaceChildren(...rows);
+  }
+
+  async function load() {
+    try {
+      data = await getJson("/api/ui/tree");
+      render();
+      showError("");
+    } catch (e) {
+      showError(String(e.message || e));
+    }
+  }
+
+  await load();
+  if (my !== scope) return;
+  main.replaceChildren(el("h1", {}, "Timeline"),
+    el("div", { class: "legend" }, ...["queued", "running", "waiting", "completed", "failed", "cancelled"].map((c) =>
+      el("span", {}, el("span", { class: "seg " + (["completed", "failed", "cancelled"].includes(c) ? "end " : "") + c }), c))),
+    axis, body);
+  const reload = throttle(load, 1000);
+  follow(my, "after=" + enc(data ? data.sequence : 0), () => reload());
+}
+
 // ---- an agent's page ---------------------------------------------------------
 
 function facts(pairs) {
@@ -661,10 +748,14 @@ async function route() {
   const h = location.hash.replace(/^#/, "") || "/";
   const parts = h.split("/").filter(Boolean).map(decodeURIComponent);
   document.getElementById("nav-tree").className = parts[0] === undefined || parts[0] === "agent" ? "here" : "";
+  document.getElementById("nav-timeline").className = parts[0] === "timeline" ? "here" : "";
   document.getElementById("nav-jobs").className = parts[0] === "jobs" || parts[0] === "job" ? "here" : "";
   if (parts[0] === "agent" && parts[1]) {
     document.title = parts[1] + " · brood";
     await agentView(parts[1]);
+  } else if (parts[0] === "timeline") {
+    document.title = "timeline · brood";
+    await timelineView();
   } else if (parts[0] === "jobs") {
     document.title = "jobs · brood";
     await jobsView();

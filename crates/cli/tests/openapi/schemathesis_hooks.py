@@ -138,6 +138,13 @@ def map_case(context, case):
         # are made with the columns it names (the document cannot relate them).
         instruction = body.get("instruction")
         if isinstance(instruction, str):
+            # A brace that opens or closes no `{column}` is written doubled
+            # (the template's literal brace); made so here.
+            parts = re.split(r"(\{[^{}]+\})", instruction)
+            instruction = "".join(
+                p if i % 2 else p.replace("{", "{{").replace("}", "}}") for i, p in enumerate(parts)
+            )
+            body["instruction"] = instruction
             columns = re.findall(r"(?<!\{)\{([^{}]*)\}(?!\})", instruction)
             row = {c: "x" for c in columns}
             if isinstance(body.get("id_column"), str):

@@ -32,7 +32,7 @@ const WAIT_DEFAULT_S: f64 = 30.0;
     request_body = SpawnBody,
     params(
         ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key: a repeat with the same key and body gets the first answer."),
-        ("traceparent" = Option<String>, Header, description = "W3C trace context (docs/tracing.md): a root's spans join the caller's trace under its span; for a child, a span of the parent's own trace to nest under (another trace is refused)."),
+        ("traceparent" = Option<String>, Header, pattern = "^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$", description = "W3C trace context (docs/tracing.md): a root's spans join the caller's trace under its span; for a child, a span of the parent's own trace to nest under (another trace is refused)."),
     ),
     responses(
         (status = 201, description = "Admitted (and started, or queued for a slot).", body = brood_api::Agent),

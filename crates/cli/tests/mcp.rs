@@ -478,8 +478,18 @@ fn spawn_is_a_task_for_a_client_of_the_tasks_extension() {
     let f = &s["failing"];
     assert_eq!(f["is_error"], true, "{f}");
     assert_eq!(status(&sock, "k-f"), "failed");
+    // `tasks/result` (the older name): the finished task's tool result, a
+    // cancelled one's error result, and no such task.
+    let r = &s["result_of"]["result"];
+    assert_eq!(
+        r["structuredContent"]["result"], "hello from a task",
+        "{}",
+        s["result_of"]
+    );
+    let r = &s["result_of_cancelled"]["result"];
+    assert_eq!(r["isError"], true, "{}", s["result_of_cancelled"]);
     // Unknown, or not a name at all: no such task.
-    for k in ["unknown", "unknown_cancel", "bad_id"] {
+    for k in ["unknown", "unknown_cancel", "bad_id", "result_unknown"] {
         let e = s[k]["error"]
             .as_str()
             .unwrap_or_else(|| panic!("{k}: {}", s[k]));

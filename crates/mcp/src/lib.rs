@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    CustomRequest, CustomResult, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -217,6 +217,31 @@ impl<B: Backend> ServerHandler for Tools<B> {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         self.task_cancel(&request.task_id, &context).await
+    }
+
+    /// `tasks/result`, which this SDK does not know: a method of its own.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method != "tasks/result" {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("no method {:?}", request.method),
+                None,
+            ));
+        }
+        let task_id = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("taskId"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| ErrorData::invalid_params("tasks/result: taskId is missing", None))?
+            .to_owned();
+        self.task_result(&task_id, &context)
+            .await
+            .map(CustomResult::new)
     }
 }
 

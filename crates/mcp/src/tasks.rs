@@ -22,7 +22,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
 
-use crate::{Backend, ToolError, Tools, params};
+use crate::{Backend, ToolError, Tools, WAIT_MAX_S, params};
 
 /// How often a client should ask again about a task that is still working.
 const POLL_INTERVAL_MS: u64 = 500;
@@ -133,6 +133,40 @@ impl<B: Backend> Tools<B> {
             )
         })?;
         Ok(GetTaskResult::new(detailed(&detail.agent, shown)?))
+    }
+
+    /// `tasks/result` (the 2025-11-25 name, kept for clients that send
+    /// it): waits for the task to end, at most [`WAIT_MAX_S`] (no call
+    /// blocks for long), and answers the tool result `tasks/get` carries
+    /// once it has ended; a task still working then is an error saying to
+    /// ask again.
+    pub(crate) async fn task_result(
+        &self,
+        task_id: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Value, ErrorData> {
+        let name = crate::calls::seg("agent", task_id).map_err(|e| refused(task_id, e))?;
+        let path = format!("/api/agents/{name}/wait");
+        self.api(ctx, "POST", &path, Some(json!({"timeout_s": WAIT_MAX_S})))
+            .await
+            .map_err(|e| refused(task_id, e))?;
+        let got = self.task(task_id, ctx).await?;
+        match got.task.payload {
+            TaskPayload::Completed { result } => Ok(Value::Object(result)),
+            TaskPayload::Cancelled => {
+                let mut r = CallToolResult::structured_error(
+                    json!({"task": task_id, "status": "cancelled"}),
+                );
+                r.content = vec![rmcp::model::ContentBlock::text(format!(
+                    "task {task_id:?} was cancelled"
+                ))];
+                Ok(Value::Object(object(r)?))
+            }
+            _ => Err(ErrorData::internal_error(
+                format!("task {task_id:?} is still working after {WAIT_MAX_S} s: ask again"),
+                None,
+            )),
+        }
     }
 
     /// `tasks/cancel`: the child and its whole subtree cancelled. A task

@@ -61,7 +61,20 @@ class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
     name_param: ClassVar[str | None] = "taskId"
 
 
+class TaskResult(types.Request[TaskIdParams, Literal["tasks/result"]]):
+    method: Literal["tasks/result"] = "tasks/result"
+    name_param: ClassVar[str | None] = "taskId"
+
+
 ANY = TypeAdapter(dict[str, Any])
+
+
+async def task_result(session, task_id):
+    """tasks/result: the task's tool result once it ended, or the error's message."""
+    try:
+        return {"result": await session.send_request(TaskResult(params=TaskIdParams(task_id=task_id)), ANY)}
+    except Exception as e:
+        return {"error": str(e)}
 
 
 async def task_get(session, task_id):
@@ -353,6 +366,9 @@ async def tasks(cfg):
         out["cancelled"] = await until_done(client.session, p + "-h")
         out["failing"] = await call(client, "spawn", {"task": "fail", "name": p + "-f",
                                                       "argv": cfg["agent"] + ["--error", "it broke"]})
+        out["result_of"] = await task_result(client.session, p + "-q")
+        out["result_of_cancelled"] = await task_result(client.session, p + "-h")
+        out["result_unknown"] = await task_result(client.session, "no-such-task")
         out["unknown"] = await task_get(client.session, "no-such-task")
         out["unknown_cancel"] = await task_cancel(client.session, "no-such-task")
         out["bad_id"] = await task_get(client.session, "../etc")

@@ -384,7 +384,7 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             if n.starts_with("brood-bench-") && n.ends_with(&mine) {
-                let _ = std::fs::remove_dir_all(e.path());
+                remove_settling(&e.path());
             }
         }
     }
@@ -396,6 +396,22 @@ pub async fn run(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
     // running (a floor's spawner), and nothing of it is wanted any more.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     std::process::exit(code)
+}
+
+/// Removes a temporary root that threads of the dropped measuring (an
+/// in-process supervisor's projection and store writers) may still be
+/// writing into for a moment: a file made during the walk leaves a
+/// directory behind, so the removal is tried again until the root is gone,
+/// for at most two seconds.
+fn remove_settling(dir: &Path) {
+    for _ in 0..40 {
+        let _ = std::fs::remove_dir_all(dir);
+        if !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("bench: could not remove {}", dir.display());
 }
 
 /// Where a bench that starts nodes keeps their roots: `--root` when given

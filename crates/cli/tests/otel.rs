@@ -594,15 +594,7 @@ fn a_call_through_the_model_gateway_is_a_chat_span_under_its_run() {
     let rx = Receiver::start();
     let port = common::model::fixed_usage_provider();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[models.openai]\nbase_url = \"http://127.0.0.1:{port}\"\n\n\
-             [models.prices]\n\"m-1\" = {{ input = 2, output = 10 }}\n\"m-2\" = {{ input = 1, output = 1 }}\n"
-        ),
-    )
-    .unwrap();
+    let config = common::model::gateway_config(dir.path(), port, "m-1", "m-2");
     let nodes = Nodes::start_with(
         1,
         &[
@@ -612,14 +604,7 @@ fn a_call_through_the_model_gateway_is_a_chat_span_under_its_run() {
             config.to_str().unwrap(),
         ],
     );
-    let call = |model: &str| {
-        format!(
-            "curl -sS -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" \
-             -H 'content-type: application/json' \
-             -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}' \
-             \"$OPENAI_BASE_URL/chat/completions\""
-        )
-    };
+    let call = common::model::curl_chat_call;
     let (s, v) = nodes.spawn(
         0,
         json!({"name": "caller", "protocol": "exec",

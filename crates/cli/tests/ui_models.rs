@@ -19,24 +19,9 @@ use ui_support::{Browser, Served};
 fn an_agents_page_shows_each_model_call_and_its_cost() {
     let port = common::model::fixed_usage_provider();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[models.openai]\nbase_url = \"http://127.0.0.1:{port}\"\n\n\
-             [models.prices]\n\"m-ui\" = {{ input = 2, output = 10 }}\n\"m-other\" = {{ input = 1, output = 1 }}\n"
-        ),
-    )
-    .unwrap();
+    let config = common::model::gateway_config(dir.path(), port, "m-ui", "m-other");
     let s = Served::start_with(&["--config", config.to_str().unwrap()]);
-    let call = |model: &str| {
-        format!(
-            "curl -sS -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" \
-             -H 'content-type: application/json' \
-             -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}' \
-             \"$OPENAI_BASE_URL/chat/completions\""
-        )
-    };
+    let call = common::model::curl_chat_call;
     let script = format!("{}; {}; sleep 60", call("m-ui"), call("m-other"));
     s.spawn(json!({
         "name": "caller", "protocol": "exec", "argv": ["sh", "-c", script],

@@ -213,3 +213,35 @@ pub fn fixed_usage_provider() -> u16 {
     });
     port
 }
+
+/// A daemon configuration (`--config`) whose OpenAI provider is
+/// [`fixed_usage_provider`] on `port`, pricing `granted` at $2/M in and
+/// $10/M out and `other` at $1/M each, written into `dir`.
+pub fn gateway_config(
+    dir: &std::path::Path,
+    port: u16,
+    granted: &str,
+    other: &str,
+) -> std::path::PathBuf {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[models.openai]\nbase_url = \"http://127.0.0.1:{port}\"\n\n\
+             [models.prices]\n\"{granted}\" = {{ input = 2, output = 10 }}\n\"{other}\" = {{ input = 1, output = 1 }}\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A shell command that calls `model` through the agent's gateway (the
+/// variables brood gives it), discarding the answer.
+pub fn curl_chat_call(model: &str) -> String {
+    format!(
+        "curl -sS -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" \
+         -H 'content-type: application/json' \
+         -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}' \
+         \"$OPENAI_BASE_URL/chat/completions\""
+    )
+}

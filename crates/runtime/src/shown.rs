@@ -3,12 +3,18 @@
 
 use std::sync::Arc;
 
-use brood_store::{Agent, Store};
+use brood_store::{Agent, Run, Store};
 use serde_json::Value;
 
 /// An agent's record as every surface shows it (`brood_api::Agent`).
 pub(crate) fn agent_view(store: &Arc<dyn Store>, a: &Agent) -> brood_api::Agent {
     let run = store.run(&a.tenant, &a.run).ok().flatten();
+    agent_view_of(a, run)
+}
+
+/// [`agent_view`] of an agent whose current run is known without a read
+/// (its record as a write just left it).
+pub(crate) fn agent_view_of(a: &Agent, run: Option<Run>) -> brood_api::Agent {
     brood_api::Agent {
         name: a.name.to_string(),
         parent: a.parent.as_ref().map(|p| p.to_string()),

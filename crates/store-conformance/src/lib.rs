@@ -48,8 +48,8 @@ use brood_core::{
     Terminal,
 };
 use brood_store::{
-    Agent, Artifact, Channel, ChannelOutput, Event, Fence, Message, NewAgent, NewEvent, Protocol,
-    Run, RunEnd, StartItem, Store, StoreError, Usage,
+    Agent, Artifact, Channel, ChannelOutput, EndItem, Event, Fence, Message, NewAgent, NewEvent,
+    Protocol, Run, RunEnd, StartItem, Store, StoreError, Usage,
 };
 
 /// One case of the suite.
@@ -123,6 +123,10 @@ pub const CASES: &[(&str, Case)] = &[
     (
         "starts_recorded_together_refuse_only_their_own",
         starts_recorded_together_refuse_only_their_own,
+    ),
+    (
+        "writes_answer_the_record_they_leave",
+        writes_answer_the_record_they_leave,
     ),
     (
         "a_start_by_a_supervisor_the_record_does_not_name_is_refused",
@@ -317,6 +321,7 @@ macro_rules! conformance_tests {
     start_run_after_cancel_while_queued_is_refused,
     start_run_of_a_stale_run_is_refused,
     starts_recorded_together_refuse_only_their_own,
+    writes_answer_the_record_they_leave,
     a_start_by_a_supervisor_the_record_does_not_name_is_refused,
     illegal_transitions_are_refused_and_change_nothing,
     set_status_blocks_unblocks_and_closes,

@@ -555,3 +555,98 @@ pub fn mark_stopping_with_an_unknown_name_changes_nothing(store: &dyn Store) {
     }
     assert_eq!(snapshot(store, &t), before);
 }
+
+/// What a write answers is the record a read gives right after it: the
+/// answer is built from what the write read and wrote, not read again, so
+/// it must not drift from the row. Starts and ends recorded together number
+/// their events in the items' order, each at its own item's time, and a
+/// start whose event is malformed is refused alone, before it writes.
+pub fn writes_answer_the_record_they_leave(store: &dyn Store) {
+    let t = tenant("conf-answers");
+    running(store, &t, "p", None);
+    let a = admit(store, &t, "a", Some("p"));
+    let b = admit(store, &t, "b", Some("p"));
+    let c = admit(store, &t, "c", None);
+    let base = now();
+    let mut bad = event(&c.name, Some(&c.run), "agent.start");
+    bad.payload = "not an object".into();
+    let item = |x: &Agent, at: i64, events: Vec<NewEvent>| StartItem {
+        name: x.name.clone(),
+        run: x.run.clone(),
+        pid: 40,
+        cgroup: format!("/cg/{}", x.name),
+        now_ms: at,
+        events,
+        supervisor: None,
+    };
+    let items = [
+        item(
+            &a,
+            base + 1,
+            vec![event(&a.name, Some(&a.run), "agent.start")],
+        ),
+        item(&c, base + 2, vec![bad]),
+        item(
+            &b,
+            base + 3,
+            vec![event(&b.name, Some(&b.run), "agent.start")],
+        ),
+    ];
+    let before = all_events(store, &t).len();
+    let mut answers = store.start_runs(&t, &items);
+    assert_eq!(answers[0].as_ref().unwrap(), &get(store, &t, "a"));
+    assert_eq!(answers[2].as_ref().unwrap(), &get(store, &t, "b"));
+    let (code, msg) = refusal(answers.remove(1));
+    assert_eq!(code, Code::BadRequest, "{msg}");
+    assert_eq!(
+        get(store, &t, "c").status,
+        Status::Queued,
+        "c wrote nothing"
+    );
+    let timed: Vec<(String, i64)> = all_events(store, &t)[before..]
+        .iter()
+        .map(|e| (e.agent.to_string(), e.ts_ms))
+        .collect();
+    assert_eq!(timed, [("a".into(), base + 1), ("b".into(), base + 3)]);
+
+    let blocked = store
+        .set_status(&t, &b.name, Status::Blocked, Some("waiting"), base + 4, &[])
+        .unwrap();
+    assert_eq!(blocked, get(store, &t, "b"));
+    let stopping = store
+        .mark_stopping(&t, &[a.name.clone(), c.name.clone()], USER, base + 5)
+        .unwrap();
+    assert_eq!(stopping, [get(store, &t, "a"), get(store, &t, "c")]);
+    assert_eq!(stopping[1].status, Status::Ended(USER), "c was queued");
+
+    let end = |x: &Agent, at: i64| EndItem {
+        name: x.name.clone(),
+        run: x.run.clone(),
+        end: Some(RunEnd {
+            outcome: Terminal::Completed,
+            exit_code: Some(0),
+            result: Some(format!("{} done", x.name)),
+            detail: Some(format!("{} detail", x.name)),
+            now_ms: at,
+            output: None,
+        }),
+        events: vec![event(&x.name, Some(&x.run), "agent.end")],
+        now_ms: at,
+    };
+    let before = all_events(store, &t).len();
+    let ended = store
+        .end_runs(&t, &[end(&b, base + 6), end(&a, base + 7)])
+        .unwrap();
+    assert_eq!(ended, [get(store, &t, "b"), get(store, &t, "a")]);
+    assert_eq!(
+        ended[1].status,
+        Status::Ended(USER),
+        "a's stop intent stands"
+    );
+    assert_eq!(ended[0].detail.as_deref(), Some("b detail"));
+    let timed: Vec<(String, i64)> = all_events(store, &t)[before..]
+        .iter()
+        .map(|e| (e.agent.to_string(), e.ts_ms))
+        .collect();
+    assert_eq!(timed, [("b".into(), base + 6), ("a".into(), base + 7)]);
+}

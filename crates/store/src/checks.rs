@@ -65,17 +65,12 @@ pub(crate) fn check_json_object(
     }
 }
 
-/// `events` as appended to `tenant`'s log, numbered from `next`, at `ts_ms`.
-pub(crate) fn numbered(
-    tenant: &TenantId,
-    next: i64,
-    ts_ms: i64,
-    events: &[NewEvent],
-) -> Vec<Event> {
+/// `events` as appended to `tenant`'s log, numbered from `next`, each at its time.
+pub(crate) fn numbered(tenant: &TenantId, next: i64, events: &[(&NewEvent, i64)]) -> Vec<Event> {
     events
         .iter()
         .zip(next..)
-        .map(|(e, seq)| Event {
+        .map(|(&(e, ts_ms), seq)| Event {
             tenant: tenant.clone(),
             seq,
             ts_ms,
@@ -88,7 +83,7 @@ pub(crate) fn numbered(
         .collect()
 }
 
-pub(crate) fn check_events(events: &[NewEvent]) -> Result<()> {
+pub(crate) fn check_events<'a>(events: impl IntoIterator<Item = &'a NewEvent>) -> Result<()> {
     for e in events {
         check_json_object(
             || format!("payload of event {} of agent {}", e.kind, e.agent),

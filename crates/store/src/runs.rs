@@ -12,7 +12,7 @@ use brood_core::{
 use crate::admission::fanout;
 use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
-use crate::db::{Db, Value};
+use crate::db::{Db, Known, Value};
 use crate::types::{
     Agent, EndItem, NewEvent, Placing, Recovered, Resuming, RunEnd, StartItem, StoreError,
 };
@@ -33,6 +33,24 @@ pub(crate) fn start_run<D: Db>(
     cgroup: &str,
     now_ms: i64,
     events: &[NewEvent],
+    supervisor: Option<&str>,
+) -> Result<Agent, D::Err> {
+    let agent = start_writes(db, tenant, name, run, pid, cgroup, now_ms, supervisor)?;
+    append_of(db, tenant, events, now_ms, &[name])?;
+    Ok(agent)
+}
+
+/// [`start_run`]'s checks and writes, its events left to the caller; the
+/// agent as written.
+#[allow(clippy::too_many_arguments)]
+fn start_writes<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    pid: i32,
+    cgroup: &str,
+    now_ms: i64,
     supervisor: Option<&str>,
 ) -> Result<Agent, D::Err> {
     let agent = db.must_agent(tenant, name)?;
@@ -65,8 +83,42 @@ pub(crate) fn start_run<D: Db>(
             Value::from(now_ms),
         ],
     )?;
-    db.append_events(tenant, events, now_ms)?;
-    db.must_agent(tenant, name)
+    Ok(as_written(agent, to, None, now_ms))
+}
+
+/// The agent as this transaction's status write left it: the row it read,
+/// with the status (and `detail`, when the write set it) and time written,
+/// so that no write is followed by a read of what it wrote.
+fn as_written(mut agent: Agent, to: Status, detail: Option<Option<&str>>, now_ms: i64) -> Agent {
+    agent.status = to;
+    if let Some(d) = detail {
+        agent.detail = d.map(str::to_owned);
+    }
+    agent.updated_ms = now_ms;
+    agent
+}
+
+/// Appends `events`, all at `now_ms`; the agents in `read` were read by
+/// this transaction, so events naming only them are not checked again.
+fn append_of<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    events: &[NewEvent],
+    now_ms: i64,
+    read: &[&AgentName],
+) -> Result<(), D::Err> {
+    let timed: Vec<(&NewEvent, i64)> = events.iter().map(|e| (e, now_ms)).collect();
+    db.append_timed(tenant, &timed, known(&timed, read))?;
+    Ok(())
+}
+
+/// Whether every event of `events` names an agent of `read`.
+fn known(events: &[(&NewEvent, i64)], read: &[&AgentName]) -> Known {
+    if events.iter().all(|(e, _)| read.contains(&&e.agent)) {
+        Known::Read
+    } else {
+        Known::No
+    }
 }
 
 /// `Runs::set_status`: any other legal move, with its detail.
@@ -112,8 +164,8 @@ pub(crate) fn set_status<D: Db>(
             Value::from(now_ms),
         ],
     )?;
-    db.append_events(tenant, events, now_ms)?;
-    db.must_agent(tenant, name)
+    append_of(db, tenant, events, now_ms, &[name])?;
+    Ok(as_written(agent, to, Some(detail), now_ms))
 }
 
 /// Ends the agent's current run with `outcome`: the agent's status and
@@ -165,7 +217,7 @@ pub(crate) fn mark_stopping<D: Db>(
     let mut out = Vec::with_capacity(names.len());
     for name in names {
         let agent = db.must_agent(tenant, name)?;
-        match agent.status {
+        let written = match agent.status {
             Status::Running | Status::Blocked => {
                 let to = check_move(&agent, Status::Stopping(outcome))?;
                 db.exec(
@@ -177,17 +229,20 @@ pub(crate) fn mark_stopping<D: Db>(
                         Value::from(now_ms),
                     ],
                 )?;
+                as_written(agent, to, None, now_ms)
             }
             // No process yet, so nothing to stop: the run ends here.
             Status::Queued => {
                 check_move(&agent, Status::Ended(outcome))?;
                 let detail = agent.detail.as_deref();
                 write_end(db, &agent, outcome, None, None, detail, now_ms)?;
+                // `write_end` writes this status, whatever the move allowed.
+                as_written(agent, Status::Ended(outcome), None, now_ms)
             }
             // Already stopping keeps the intent recorded first; finished stays.
-            Status::Stopping(_) | Status::Ended(_) | Status::Closed(_) => {}
-        }
-        out.push(db.must_agent(tenant, name)?);
+            Status::Stopping(_) | Status::Ended(_) | Status::Closed(_) => agent,
+        };
+        out.push(written);
     }
     Ok(out)
 }
@@ -200,6 +255,20 @@ pub(crate) fn end_run<D: Db>(
     run: &RunId,
     end: &RunEnd,
     events: &[NewEvent],
+) -> Result<Agent, D::Err> {
+    let agent = end_writes(db, tenant, name, run, end)?;
+    append_of(db, tenant, events, end.now_ms, &[name])?;
+    Ok(agent)
+}
+
+/// [`end_run`]'s checks and writes, its events left to the caller; the
+/// agent as written.
+fn end_writes<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    name: &AgentName,
+    run: &RunId,
+    end: &RunEnd,
 ) -> Result<Agent, D::Err> {
     let agent = db.must_agent(tenant, name)?;
     // The outcome recorded with the stop intent stands, whatever the process did.
@@ -233,45 +302,76 @@ pub(crate) fn end_run<D: Db>(
             ],
         )?;
     }
-    db.append_events(tenant, events, end.now_ms)?;
-    db.must_agent(tenant, name)
+    let ended = Status::Ended(outcome);
+    Ok(as_written(
+        agent,
+        ended,
+        Some(end.detail.as_deref()),
+        end.now_ms,
+    ))
 }
 
 /// `Runs::end_runs`: a stop's ends in the order given (post-order); an item
-/// without an end only appends its events.
+/// without an end only appends its events. The events of them all are
+/// appended once, after the ends, in the items' order: one numbering (one
+/// hold of the tenant's sequence) for the lot.
 pub(crate) fn end_runs<D: Db>(
     db: &D,
     tenant: &TenantId,
     items: &[EndItem],
 ) -> Result<Vec<Agent>, D::Err> {
     let mut out = Vec::with_capacity(items.len());
+    let mut events: Vec<(&NewEvent, i64)> = Vec::new();
     for it in items {
-        match &it.end {
-            Some(end) => out.push(end_run(db, tenant, &it.name, &it.run, end, &it.events)?),
-            None => {
-                db.append_events(tenant, &it.events, it.now_ms)?;
-                out.push(db.must_agent(tenant, &it.name)?);
-            }
-        }
+        out.push(match &it.end {
+            Some(end) => end_writes(db, tenant, &it.name, &it.run, end)?,
+            None => db.must_agent(tenant, &it.name)?,
+        });
+        events.extend(it.events.iter().map(|e| (e, it.now_ms)));
     }
+    let read: Vec<&AgentName> = items.iter().map(|it| &it.name).collect();
+    db.append_timed(tenant, &events, known(&events, &read))?;
     Ok(out)
 }
 
 /// `Runs::start_runs`: each start as `start_run`, in one transaction; a
 /// refused one (checked before it writes) refuses only itself, a failed
-/// statement fails them all.
+/// statement fails them all. The events of the started are appended once,
+/// after the starts, in the items' order.
 pub(crate) fn start_runs<D: Db>(
     db: &D,
     tenant: &TenantId,
     items: &[StartItem],
 ) -> Result<Vec<Result<Agent, StoreError>>, D::Err> {
     let mut out = Vec::with_capacity(items.len());
+    let mut events: Vec<(&NewEvent, i64)> = Vec::new();
+    let mut read: Vec<&AgentName> = Vec::new();
     for it in items {
-        out.push(match start_item(db, tenant, it) {
-            Ok(a) => Ok(a),
+        // A malformed event refuses its start before any of it is written.
+        let started = crate::checks::check_events(&it.events)
+            .map_err(D::Err::from)
+            .and_then(|()| {
+                start_writes(
+                    db,
+                    tenant,
+                    &it.name,
+                    &it.run,
+                    it.pid,
+                    &it.cgroup,
+                    it.now_ms,
+                    it.supervisor.as_deref(),
+                )
+            });
+        out.push(match started {
+            Ok(a) => {
+                events.extend(it.events.iter().map(|e| (e, it.now_ms)));
+                read.push(&it.name);
+                Ok(a)
+            }
             Err(e) => Err(D::refusal(e)?),
         });
     }
+    db.append_timed(tenant, &events, known(&events, &read))?;
     Ok(out)
 }
 

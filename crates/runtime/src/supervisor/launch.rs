@@ -9,7 +9,7 @@ use super::{
     reap_orphan_launch, task_of,
 };
 use crate::objects::project_agent;
-use crate::shown::agent_view;
+use crate::shown::{agent_view, agent_view_of};
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::FailReason;
@@ -493,9 +493,9 @@ impl Dispatcher {
             name,
             run,
             launched,
+            cgroup_path,
             start_payload,
             start_events,
-            ..
         } = s;
         let agent = match start {
             Ok(a) => a,
@@ -592,7 +592,26 @@ impl Dispatcher {
             if await_ready && protocol == Protocol::Brood {
                 l.spawn_reply = Some((reply, true));
             } else {
-                answer(reply, Ok(agent_view(&self.records.store, &agent)));
+                // The run as its start just wrote it: nothing read back
+                // (the view shows neither its number nor its creation).
+                let started = brood_store::Run {
+                    id: run.clone(),
+                    tenant: agent.tenant.clone(),
+                    agent: name.clone(),
+                    seq: 0,
+                    pid: Some(pid),
+                    cgroup: Some(cgroup_path),
+                    outcome: None,
+                    exit_code: None,
+                    result: None,
+                    tokens_in: 0,
+                    tokens_out: 0,
+                    cost_usd: 0.0,
+                    started_ms: Some(agent.updated_ms),
+                    ended_ms: None,
+                    created_ms: agent.updated_ms,
+                };
+                answer(reply, Ok(agent_view_of(&agent, Some(started))));
             }
         }
     }

@@ -176,6 +176,15 @@ pub(crate) struct Statements {
     pub slot_shares: &'static str,
 }
 
+/// Whether the agents a batch of events names are known to exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// Not known: each is checked, and a missing one refuses the lot.
+    No,
+    /// Each was read by the transaction appending them, which keeps it.
+    Read,
+}
+
 /// A row of [`Statements::descendants`]: the name reached, its level, and
 /// its agent (`None` for an edge without an agent row).
 pub(crate) type PlanRow = (String, i64, Option<Agent>);
@@ -243,6 +252,20 @@ pub(crate) trait Db: Sized {
         tenant: &TenantId,
         events: &[NewEvent],
         now_ms: i64,
+    ) -> Result<Vec<Event>, Self::Err> {
+        let timed: Vec<(&NewEvent, i64)> = events.iter().map(|e| (e, now_ms)).collect();
+        self.append_timed(tenant, &timed, Known::No)
+    }
+
+    /// [`Db::append_events`] of events that happened at different times
+    /// (each with its own), as a batch of starts or ends gathers them: one
+    /// numbering for the lot. With [`Known::Read`] the agents they name were
+    /// read by this transaction, so their existence is not checked again.
+    fn append_timed(
+        &self,
+        tenant: &TenantId,
+        events: &[(&NewEvent, i64)],
+        known: Known,
     ) -> Result<Vec<Event>, Self::Err>;
 
     /// Takes `tenant`'s lock to the end of the transaction (only called

@@ -26,7 +26,7 @@ use brood_core::{AgentName, Status, TenantId};
 use tokio_postgres::types::ToSql;
 
 use super::db::{LOCK_TENANT, Params};
-use super::steps::U_TENANT_SEQ;
+use super::steps::{I_EVENTS, U_TENANT_SEQ};
 use super::{Db, Fail, Tx, corrupt};
 use crate::admission::{AdmitFacts, cost_limit_of, created_in_run, decide, held, subtree_cost};
 use crate::db::agent_at;
@@ -62,9 +62,7 @@ const Q_COUNTS: &str = concat!(
 );
 const Q_EXISTING: &str = "SELECT name FROM agents WHERE tenant = ?1 AND name = ANY(?2)";
 
-// The group's writes, one statement per table. `I_EVENTS` numbers each event
-// back from the tenant's next number, which `U_TENANT_SEQ` has just advanced
-// past all of the group's events in the same round trip.
+// The group's writes, one statement per table (the events' is `steps::I_EVENTS`).
 const I_AGENTS: &str = "INSERT INTO agents (tenant, name, parent, customer, root, depth, session, \
      protocol, spec, status, detail, run, supervisor, created_ms, updated_ms) \
      SELECT ?1, u.name, u.parent, u.customer, u.root, u.depth, u.session, u.protocol, u.spec, ?2, \
@@ -84,13 +82,6 @@ const I_CHANNELS: &str = "INSERT INTO channels \
      SELECT ?1, u.parent, u.psession, u.child, u.csession, u.handoff, NULL \
      FROM unnest(CAST(?2 AS TEXT[]), CAST(?3 AS TEXT[]), CAST(?4 AS TEXT[]), CAST(?5 AS TEXT[]), \
       CAST(?6 AS TEXT[])) AS u(parent, psession, child, csession, handoff)";
-const I_EVENTS: &str = "INSERT INTO events (tenant, seq, ts_ms, agent, run, session, kind, payload) \
-     SELECT ?1, t.next_seq - u.back, u.ts, u.agent, u.run, u.session, u.kind, u.payload \
-     FROM tenants t, unnest(CAST(?2 AS BIGINT[]), CAST(?3 AS BIGINT[]), CAST(?4 AS TEXT[]), \
-      CAST(?5 AS TEXT[]), CAST(?6 AS TEXT[]), CAST(?7 AS TEXT[]), CAST(?8 AS TEXT[])) \
-      AS u(back, ts, agent, run, session, kind, payload) \
-     WHERE t.id = ?1";
-
 /// What the group's reads found, under the tenant's lock.
 struct Facts {
     parents: HashMap<String, Agent>,

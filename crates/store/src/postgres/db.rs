@@ -19,7 +19,7 @@ use brood_core::TenantId;
 
 use super::sql::STATEMENTS;
 use super::{Fail, Tx};
-use crate::db::{Statements, Value};
+use crate::db::{Known, Statements, Value};
 use crate::types::{Event, NewEvent};
 
 /// Waits for `f` on this thread. Not tokio's `block_on`, which refuses to
@@ -394,8 +394,13 @@ impl crate::db::Db for Db<'_> {
             .transpose()
     }
 
-    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
-        super::steps::append_events_tx(self, tenant, events, now_ms)
+    fn append_timed(
+        &self,
+        tenant: &TenantId,
+        events: &[(&NewEvent, i64)],
+        known: Known,
+    ) -> Tx<Vec<Event>> {
+        super::steps::append_events_tx(self, tenant, events, known)
     }
 
     fn lock_tenant(&self, tenant: &str) -> Tx<()> {

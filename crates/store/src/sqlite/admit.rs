@@ -63,6 +63,7 @@ pub(super) fn admit_tx(
         ))?;
     }
     // Checked by `decide` already: only the numbering and the rows remain.
-    insert_events_tx(tx, t, events, new.now_ms)?;
+    let timed: Vec<(&NewEvent, i64)> = events.iter().map(|e| (e, new.now_ms)).collect();
+    insert_events_tx(tx, t, &timed)?;
     Ok(agent)
 }

@@ -9,7 +9,7 @@ use rusqlite::{Connection, ToSql};
 
 use super::sql::STATEMENTS;
 use super::{Fail, Tx, append_events_tx};
-use crate::db::{Db, Row, Statements, Value};
+use crate::db::{Db, Known, Row, Statements, Value};
 use crate::types::{Event, NewEvent};
 use brood_core::TenantId;
 
@@ -101,8 +101,13 @@ impl Db for Connection {
         }
     }
 
-    fn append_events(&self, tenant: &TenantId, events: &[NewEvent], now_ms: i64) -> Tx<Vec<Event>> {
-        append_events_tx(self, tenant, events, now_ms)
+    fn append_timed(
+        &self,
+        tenant: &TenantId,
+        events: &[(&NewEvent, i64)],
+        known: Known,
+    ) -> Tx<Vec<Event>> {
+        append_events_tx(self, tenant, events, known)
     }
 
     fn lock_tenant(&self, _tenant: &str) -> Tx<()> {

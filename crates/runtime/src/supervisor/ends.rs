@@ -154,12 +154,19 @@ impl Dispatcher {
         let group = self.agents.live.get_mut(name).and_then(|l| l.group.take());
         self.forget(name);
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
-        let unfinished = self
+        // A read that fails is not taken for "no children": the stop plans
+        // again (issue 28).
+        let unfinished = match self
             .records
             .store
             .descendants_post_order(&self.records.tenant, name)
-            .map(|d| d.into_iter().any(|a| !a.status.is_finished()))
-            .unwrap_or(false);
+        {
+            Ok(d) => d.into_iter().any(|a| !a.status.is_finished()),
+            Err(e) => {
+                tracing::warn!(agent = %name, error = %e, "reading the descendants of an ended agent failed; stopping them as planned again");
+                true
+            }
+        };
         if unfinished {
             self.stop_descendants(name, group, clear);
         } else {

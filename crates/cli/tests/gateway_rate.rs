@@ -2,7 +2,8 @@
 //! would: a child that loops calls through the gateway is answered 429
 //! with `Retry-After` at its policy's `model_rate.requests_per_minute`, and
 //! at its `tokens_per_minute` once what brood metered reached it, and the
-//! provider sees no call past the limit; a child asking a higher limit
+//! provider sees no call past the limit, even of twenty sent at once; a
+//! child asking a higher limit
 //! than its parent holds is refused at creation naming the field; a child
 //! that asks nothing holds its parent's limit; the tenant's limit
 //! (`[quotas.models]` of a real `brood serve`'s configuration) holds
@@ -257,6 +258,41 @@ async fn a_child_looping_calls_is_refused_429_at_its_requests_a_minute_and_none_
         assert!(detail.contains("model_rate.requests_per_minute = 3"), "{c}");
     }
     env.sup.cancel(me(), name("p")).await.unwrap();
+}
+
+/// Twenty calls at once, each on its own connection: the window is
+/// checked and counted in one step on the dispatcher, so exactly the limit
+/// is sent, however the calls interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_calls_at_once_send_exactly_the_requests_a_minute() {
+    let up = Upstream::start();
+    let env = start_gw(&up, |_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let one = |i: usize| {
+        format!(
+            "curl -sS -o {d}/c-body-{i} -w '%{{http_code}} %header{{retry-after}}\\n' \
+               -H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'content-type: application/json' \
+               -d '{{\"model\": \"m-1\", \"messages\": []}}' \
+               \"$OPENAI_BASE_URL/chat/completions\" > {d}/c-code-{i} &",
+            d = d.display()
+        )
+    };
+    let script = format!("{} wait", (1..=20).map(one).collect::<Vec<_>>().join(" "));
+    let policy = json!({"files": files(d), "model_rate": {"requests_per_minute": 5}});
+    env.sup
+        .spawn(me(), exec("burst", &script, None, policy))
+        .await
+        .unwrap();
+    let shown = wait_end(&env, "burst").await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    let got: Vec<String> = (1..=20)
+        .map(|i| std::fs::read_to_string(d.join(format!("c-code-{i}"))).unwrap())
+        .collect();
+    let sent = got.iter().filter(|c| c.starts_with("200")).count();
+    let refused = got.iter().filter(|c| c.starts_with("429 ")).count();
+    assert_eq!((sent, refused), (5, 15), "{got:?}");
+    assert_eq!(up.seen().len(), 5, "{:?}", up.seen());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,15 +1,15 @@
 //! Issue 31's rate limits on model calls, attacked as a hostile child
 //! would: a child that loops calls through the gateway is answered 429
-//! with `Retry-After` at its policy's `model_rate.requests_per_minute`, and
-//! at its `tokens_per_minute` once what brood metered reached it, and the
-//! provider sees no call past the limit, even of twenty sent at once; a
-//! child asking a higher limit
-//! than its parent holds is refused at creation naming the field; a child
-//! that asks nothing holds its parent's limit; the tenant's limit
-//! (`[quotas.models]` of a real `brood serve`'s configuration) holds
-//! across two agents. The provider is a loopback server written here that
-//! counts what reached it and answers every call with 1000 input and 500
-//! output tokens.
+//! with `Retry-After` at its policy's `model_rate.requests_per_minute`,
+//! and at its `tokens_per_minute` once what brood metered reached it, and
+//! the provider sees no call past the limit, even of twenty sent at once;
+//! a child asking a higher limit than its parent holds is refused at
+//! creation naming the field; a child that asks nothing holds its
+//! parent's limit; the tenant's limit (`[quotas.models]`, in a real `brood
+//! serve`'s configuration for requests) holds across two agents, for
+//! requests and for tokens. The provider is a loopback server written here
+//! that counts what reached it and answers every call with 1000 input and
+//! 500 output tokens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -474,4 +474,56 @@ async fn a_tenant_s_limit_holds_across_two_of_its_agents() {
     let shown: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     assert!(shown["policy"].is_object(), "{}", text(&o));
     assert!(shown["policy"].get("model_rate").is_none(), "{shown}");
+}
+
+/// The tenant's tokens a minute: one agent's call (1500 tokens metered)
+/// leaves the next agent one call before the window's tokens reach 2000;
+/// its next calls are refused naming the tenant's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_tokens_a_minute_hold_across_two_of_its_agents() {
+    let up = Upstream::start();
+    let env = start_gw(&up, |cfg| {
+        cfg.quotas.models.tokens_per_minute = Some(2000);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (n, tag, calls) in [("first", "f", 1), ("second", "s", 3)] {
+        env.sup
+            .spawn(
+                me(),
+                exec(n, &looper(d, tag, calls), None, json!({"files": files(d)})),
+            )
+            .await
+            .unwrap();
+        let shown = wait_end(&env, n).await;
+        assert_eq!(shown["status"], "completed", "{shown}");
+    }
+    let statuses = |tag| codes(d, tag).iter().map(|(s, _)| *s).collect::<Vec<u16>>();
+    assert_eq!(statuses("f"), vec![200]);
+    assert_eq!(statuses("s"), vec![200, 429, 429]);
+    assert_eq!(up.seen().len(), 2, "{:?}", up.seen());
+    for (i, (_, retry)) in codes(d, "s").into_iter().enumerate().skip(1) {
+        assert_refused(
+            d,
+            "s",
+            i + 1,
+            retry,
+            json!({"scope": "tenant", "measure": "tokens_per_minute",
+                   "field": "quotas.models.tokens_per_minute", "value": 2000, "used": 3000}),
+        );
+    }
+    // Each refusal is in the second agent's log.
+    let refused: Vec<Value> = calls_of(&env, "second")
+        .into_iter()
+        .filter(|c| c["outcome"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused.iter().all(|c| c["status"] == 429
+            && c["detail"]
+                .as_str()
+                .unwrap()
+                .contains("quotas.models.tokens_per_minute = 2000")),
+        "{refused:?}"
+    );
 }

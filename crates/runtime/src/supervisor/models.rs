@@ -271,6 +271,11 @@ impl Dispatcher {
     /// metered spend.
     fn model_used(&mut self, call: ModelCall) {
         let name = call.agent.clone();
+        // Tokens a minute count what brood metered, once it is known: the
+        // tenant's whatever became of the agent since the call was sent.
+        let tokens = call.tokens_in.saturating_add(call.tokens_out);
+        let now = mono_ms();
+        self.model_rates.window.count_tokens(now, tokens);
         let Some(l) = self.agents.live.get_mut(&name) else {
             tracing::info!(agent = %name, model = %call.model, "a model call of an agent no longer here");
             return;
@@ -283,11 +288,7 @@ impl Dispatcher {
         if counts {
             l.metered_in += call.tokens_in;
             l.metered_out += call.tokens_out;
-            // Tokens a minute count what brood metered, once it is known.
-            let tokens = call.tokens_in.saturating_add(call.tokens_out);
-            let now = mono_ms();
             l.model_window.count_tokens(now, tokens);
-            self.model_rates.window.count_tokens(now, tokens);
         }
         let run = call.run.clone();
         if self.host.tracer.on()

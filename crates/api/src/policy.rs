@@ -72,7 +72,11 @@ pub fn nullable(schema: Value) -> Value {
 pub fn json() -> Value {
     let mut policy = fields();
     // `null` for a field is the same as leaving it out, in `resources` too.
-    for at in ["/properties", "/properties/resources/anyOf/0/properties"] {
+    for at in [
+        "/properties",
+        "/properties/resources/anyOf/0/properties",
+        "/properties/model_rate/anyOf/0/properties",
+    ] {
         if let Some(props) = policy.pointer_mut(at).and_then(Value::as_object_mut) {
             for v in props.values_mut() {
                 *v = nullable(v.take());
@@ -187,6 +191,15 @@ fn fields() -> Value {
                     "disk_max": bytes("Disk, bytes."),
                     "pids_max": {"type": "integer", "minimum": 1, "maximum": 1u64 << 22},
                     "cpu_weight": {"type": "integer", "minimum": 1, "maximum": 10000},
+                }
+            },
+            "model_rate": {
+                "type": "object",
+                "additionalProperties": false,
+                "description": "Limits on its model calls through brood's gateway, each over a fixed one-minute window of its own calls (docs/models.md \"Rate limits\"); a call past one is answered 429 with Retry-After. Each left out is inherited from the parent; a child's is at most its parent's.",
+                "properties": {
+                    "requests_per_minute": {"type": "integer", "minimum": 1, "maximum": WHOLE_MAX, "description": "Calls sent a minute."},
+                    "tokens_per_minute": {"type": "integer", "minimum": 1, "maximum": WHOLE_MAX, "description": "Tokens (input and output, as brood metered them) a minute; a call is refused once the window's tokens reached it."},
                 }
             },
             "uid": id("The user it runs as."),

@@ -80,8 +80,17 @@ pub(crate) fn quota(
                     json!({"key": k, "value": v, "tenant": own_v, "default": cfg.defaults.get(k), "ceiling": cfg.ceilings.get(k)})
                 })
                 .collect();
+            // `[quotas.models]`: the same for every tenant, counted by each node.
+            let rate = cfg.models;
+            let models = json!({
+                "requests_per_minute": rate.requests_per_minute,
+                "tokens_per_minute": rate.tokens_per_minute,
+            });
             if json {
-                println!("{}", json!({"tenant": tenant.as_str(), "quotas": rows}));
+                println!(
+                    "{}",
+                    json!({"tenant": tenant.as_str(), "quotas": rows, "models": models})
+                );
             } else {
                 println!("tenant {tenant}");
                 println!(
@@ -102,6 +111,12 @@ pub(crate) fn quota(
                         f("ceiling")
                     );
                 }
+                let shown = |v: Option<u64>| v.map_or("none".to_owned(), |n| n.to_string());
+                println!(
+                    "model calls a minute, on each node (quotas.models): requests {}, tokens {}",
+                    shown(rate.requests_per_minute),
+                    shown(rate.tokens_per_minute)
+                );
             }
             Ok(0)
         }

@@ -336,6 +336,26 @@ fn quota_set_and_show_use_the_store_given_by_store() {
     assert_eq!(with, 5);
     let without = shown(&["quota", "show", "user-0", "--json"]);
     assert_eq!(without, serde_json::Value::Null);
+    // The tenant's model rate limits of the configuration are shown too.
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("config.toml"),
+        "[quotas.models]\nrequests_per_minute = 30\n",
+    )
+    .unwrap();
+    let o = brood(&root, &["quota", "show", "user-0", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["models"],
+        serde_json::json!({"requests_per_minute": 30, "tokens_per_minute": null})
+    );
+    let o = brood(&root, &["quota", "show", "user-0"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("(quotas.models): requests 30, tokens none"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// A newcomer's first commands (issue 12 item 8): any program runs as a plain

@@ -18,6 +18,7 @@ pub mod job;
 pub mod name;
 pub mod policy;
 pub mod quota;
+pub mod rate;
 pub mod spec;
 pub mod status;
 pub mod time;
@@ -28,8 +29,8 @@ pub use event::{AgentEvent, ModelCall};
 pub use job::{IllegalJobTransition, ItemStatus, JobStatus};
 pub use name::{AgentName, NameError, RunId, SessionName, TenantId};
 pub use policy::{
-    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, Policy, PolicyError, PolicyRequest,
-    Resources, Rule, RuleClass,
+    AbsPath, FileRule, Mode, ModelRate, MountEntry, MountOpts, Network, Policy, PolicyError,
+    PolicyRequest, Resources, Rule, RuleClass,
 };
 pub use quota::{QuotaConfig, QuotaError, Quotas, TenantQuotas};
 pub use spec::{Iso, Life, Protocol};

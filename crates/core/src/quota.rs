@@ -12,6 +12,8 @@
 
 use std::fmt;
 
+use crate::policy::ModelRate;
+
 /// Why a quota key or configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuotaError {
@@ -191,6 +193,12 @@ impl TenantQuotas {
 pub struct QuotaConfig {
     pub defaults: Quotas,
     pub ceilings: Quotas,
+    /// `[quotas.models]`: each tenant's model calls a minute through the
+    /// gateway (issue 31), all its agents' together, counted by each node
+    /// for the calls it forwards (docs/models.md "Rate limits"); `None`
+    /// is no limit. The same for every tenant: a tenant has no override
+    /// of its own (`brood quota set` sets SPEC 9's four).
+    pub models: ModelRate,
 }
 
 impl Default for QuotaConfig {
@@ -199,6 +207,7 @@ impl Default for QuotaConfig {
         QuotaConfig {
             defaults: Quotas::DEFAULTS,
             ceilings: Quotas::CEILINGS,
+            models: ModelRate::default(),
         }
     }
 }
@@ -210,6 +219,7 @@ impl QuotaConfig {
         QuotaConfig {
             defaults: defaults.clamp(&ceilings),
             ceilings,
+            models: ModelRate::default(),
         }
     }
 
@@ -388,6 +398,7 @@ mod tests {
                 ..Quotas::DEFAULTS
             },
             ceilings: Quotas::CEILINGS,
+            models: ModelRate::default(),
         };
         assert_eq!(c.effective(None).max_depth, 32);
     }

@@ -10,6 +10,10 @@
 //! [quotas.ceilings]      # the most a tenant's own values may reach
 //! max_concurrent = 4096
 //!
+//! [quotas.models]        # each tenant's model calls through the gateway, on
+//! requests_per_minute = 600     # each node (issue 31, docs/models.md); none: no limit
+//! tokens_per_minute = 2000000
+//!
 //! [limits]               # the work one request or caller may cause (issue 24)
 //! items_per_job = 100000        # 413 beyond
 //! jobs_per_tenant = 1000        # unfinished jobs at once; 429 beyond
@@ -122,6 +126,7 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
     let mut limits = Limits::default();
     let mut resources = ResourceDefaults::default();
     let mut models = crate::models::ModelsConfig::default();
+    let mut tenant_rate = brood_core::policy::ModelRate::default();
     for (k, v) in &doc {
         if k == "models" {
             models = crate::models::ModelsConfig::parse(v)?;
@@ -146,9 +151,13 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
             let target = match which.as_str() {
                 "defaults" => &mut defaults,
                 "ceilings" => &mut ceilings,
+                "models" => {
+                    tenant_rate = parse_tenant_rate(tv)?;
+                    continue;
+                }
                 other => {
                     return Err(format!(
-                        "unknown table quotas.{other} (expected defaults or ceilings)"
+                        "unknown table quotas.{other} (expected defaults, ceilings or models)"
                     ));
                 }
             };
@@ -168,13 +177,40 @@ pub fn parse_platform(text: &str) -> Result<Platform, String> {
     }
     let d: Vec<(&str, u32)> = defaults.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let c: Vec<(&str, u32)> = ceilings.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    let quotas = QuotaConfig::from_pairs(&d, &c).map_err(|e| e.to_string())?;
+    let mut quotas = QuotaConfig::from_pairs(&d, &c).map_err(|e| e.to_string())?;
+    quotas.models = tenant_rate;
     Ok(Platform {
         quotas,
         limits,
         resources,
         models,
     })
+}
+
+/// `[quotas.models]`: `requests_per_minute` and `tokens_per_minute`, each
+/// a whole number from 1 to 2^63−1 as a policy's `model_rate` holds them
+/// (checked by the policy's own check), or left out for no limit.
+fn parse_tenant_rate(v: &toml::Value) -> Result<brood_core::policy::ModelRate, String> {
+    let t = v.as_table().ok_or("quotas.models must be a table")?;
+    let mut r = brood_core::policy::ModelRate::default();
+    for (key, val) in t {
+        let n = val
+            .as_integer()
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("quotas.models.{key} must be a whole number of at least 1"))?;
+        match key.as_str() {
+            "requests_per_minute" => r.requests_per_minute = Some(n),
+            "tokens_per_minute" => r.tokens_per_minute = Some(n),
+            other => {
+                return Err(format!(
+                    "unknown key quotas.models.{other} (expected requests_per_minute or \
+                     tokens_per_minute)"
+                ));
+            }
+        }
+    }
+    Ok(r)
 }
 
 /// `[resources]`: `disk_max`, bytes as a policy writes them (a whole
@@ -282,6 +318,43 @@ mod tests {
                 .unwrap_err()
                 .contains("max_depth")
         );
+    }
+
+    #[test]
+    fn a_tenant_s_model_rate_is_read_from_quotas_models() {
+        assert_eq!(
+            parse("").unwrap().models,
+            brood_core::policy::ModelRate::default()
+        );
+        let c =
+            parse("[quotas.models]\nrequests_per_minute = 5\ntokens_per_minute = 9000\n").unwrap();
+        assert_eq!(c.models.requests_per_minute, Some(5));
+        assert_eq!(c.models.tokens_per_minute, Some(9000));
+        let c = parse("[quotas.models]\ntokens_per_minute = 1\n").unwrap();
+        assert_eq!(c.models.requests_per_minute, None);
+        for (bad, says) in [
+            (
+                "[quotas.models]\nrequests_per_minute = 0\n",
+                "quotas.models.requests_per_minute must be a whole number of at least 1",
+            ),
+            (
+                "[quotas.models]\ntokens_per_minute = -3\n",
+                "quotas.models.tokens_per_minute must be",
+            ),
+            (
+                "[quotas.models]\ntokens_per_minute = \"many\"\n",
+                "quotas.models.tokens_per_minute must be",
+            ),
+            (
+                "[quotas.models]\nrequests_a_minute = 3\n",
+                "unknown key quotas.models.requests_a_minute",
+            ),
+            ("[quotas]\nmodels = 3\n", "quotas.models must be a table"),
+            ("[quotas.modles]\n", "unknown table quotas.modles"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

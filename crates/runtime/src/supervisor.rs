@@ -437,6 +437,9 @@ struct Live {
     metered_out: u64,
     /// Its run's model gateway endpoint, open while the run may call.
     gateway: Option<crate::agent_socket::Listener>,
+    /// Its run's calls in the current minute, against its `model_rate`
+    /// (issue 31); gone with the live entry.
+    model_window: brood_core::rate::Window,
     /// Dollars spent by the agent (every run) and its whole subtree, finished
     /// descendants included: what its `cost_limit` is held to (SPEC 9). Kept up to
     /// date as usage arrives, so a budget is checked without a store read.
@@ -552,6 +555,7 @@ impl Live {
             metered_in: 0,
             metered_out: 0,
             gateway: None,
+            model_window: brood_core::rate::Window::default(),
             subtree_usd: 0.0,
             budget_note: None,
             admitted: std::time::Instant::now(),
@@ -616,6 +620,8 @@ struct Dispatcher {
     admitting: admitting::Admitting,
     /// Ends handed to the store's end writer and not yet answered.
     ends_writer: ends_writer::EndsWriter,
+    /// The tenant's model calls in the current minute (issue 31).
+    model_rates: models::TenantRate,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).

@@ -163,6 +163,39 @@ pub(crate) fn error(status: u16, code: &str, message: &str) -> Response<Body> {
     r
 }
 
+/// A call refused at a rate limit (issue 31, docs/models.md "Rate
+/// limits"): 429 with `Retry-After` in whole seconds, when the window
+/// closes, and the body naming the limit (whose, what, where it is set,
+/// its value, what the window counted) besides the message both SDKs read.
+pub(crate) fn rate_limited(
+    code: &str,
+    message: &str,
+    over: &brood_core::rate::Over,
+) -> Response<Body> {
+    let body = json!({"type": "error", "error": {
+        "type": code,
+        "code": code,
+        "message": message,
+        "limit": {
+            "scope": over.scope.as_str(),
+            "measure": over.measure.key(),
+            "field": over.field(),
+            "value": over.limit,
+            "used": over.used,
+        },
+        "retry_after_s": over.retry_after_s,
+    }});
+    let mut r = Response::new(full(Bytes::from(body.to_string())));
+    *r.status_mut() = hyper::StatusCode::TOO_MANY_REQUESTS;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    h.insert(hyper::header::RETRY_AFTER, over.retry_after_s.into());
+    r
+}
+
 pub(crate) fn full(b: Bytes) -> Body {
     Full::new(b).map_err(|never| match never {}).boxed_unsync()
 }

@@ -107,6 +107,23 @@ pub(super) fn resources(p: &Policy, c: &Policy) -> Result<(), Refusal> {
     no_higher("resources.disk_max", cr.disk_max, pr.disk_max)
 }
 
+/// Each model rate limit no higher than the parent's (issue 31): a child
+/// that asks for nothing inherits its parent's limits ([`crate::policy::effective`]),
+/// so a limited parent never has an unlimited child.
+pub(super) fn model_rate(p: &Policy, c: &Policy) -> Result<(), Refusal> {
+    let (pr, cr) = (&p.model_rate, &c.model_rate);
+    no_higher(
+        "model_rate.requests_per_minute",
+        cr.requests_per_minute,
+        pr.requests_per_minute,
+    )?;
+    no_higher(
+        "model_rate.tokens_per_minute",
+        cr.tokens_per_minute,
+        pr.tokens_per_minute,
+    )
+}
+
 pub(super) fn timeout(parent: &ParentView<'_>, c: &Policy) -> Result<(), Refusal> {
     if let Some(deadline) = parent.deadline_unix_s {
         let left = deadline.saturating_sub(parent.now_unix_s);

@@ -13,7 +13,8 @@
 //! The order is part of the contract: a child failing several checks is refused
 //! with the code of the earliest. SPEC 5 gives the order of the checks that have
 //! codes; the fields SPEC 5 lists without a code of their own (`env`,
-//! `secrets`, `resources`, `timeout_s`, and brood's `on_restart`) are reported as `PolicyExpansion` and run right
+//! `secrets`, `resources`, `timeout_s`, and brood's `on_restart` and
+//! `model_rate`) are reported as `PolicyExpansion` and run right
 //! after the rules, so that all `PolicyExpansion` checks are together and the
 //! codes appear in the order [`Code`] declares them.
 //!
@@ -25,6 +26,7 @@
 //! | 4 | `env` | `PolicyExpansion` | a subset, names and values |
 //! | 4a | `secrets` | `PolicyExpansion` | a subset of the names (issue 25: the values are the parent's) |
 //! | 5 | `resources` | `PolicyExpansion` | each limit no higher (`None` is no limit) |
+//! | 5a | `model_rate` | `PolicyExpansion` | each limit no higher (`None` is no limit) |
 //! | 6 | `timeout_s` | `PolicyExpansion` | ending by the parent's deadline, and no longer than the parent's own `timeout_s` |
 //! | 6a | `on_restart` | `PolicyExpansion` | `cancel`, or `resume` only under a parent holding `resume` |
 //! | 7 | `tools` | `ToolExpansion` | a subset (`None`, every tool, only under `None`) |
@@ -140,6 +142,7 @@ pub fn check(parent: &ParentView<'_>, child: &Policy) -> Result<(), Refusal> {
     env(p, child)?;
     secrets(p, child)?;
     resources(p, child)?;
+    model_rate(p, child)?;
     timeout(parent, child)?;
     on_restart(p, child)?;
     tools(p, child)?;

@@ -2,7 +2,9 @@
 //! far, in the order of the checks, and the parent's live state.
 
 use super::{Code, ParentView, Policy, PolicyRequest, check, derive};
-use crate::policy::{AbsPath, FileRule, Mode, MountEntry, Network, OnRestart, Resources, Rule};
+use crate::policy::{
+    AbsPath, FileRule, Mode, ModelRate, MountEntry, Network, OnRestart, Resources, Rule,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 const NOW: u64 = 1_000;
@@ -50,6 +52,10 @@ fn parent() -> Policy {
             pids_max: Some(100),
             cpu_weight: Some(100),
             disk_max: Some(1 << 30),
+        },
+        model_rate: ModelRate {
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(100_000),
         },
         uid: 1000,
         gid: 1000,
@@ -179,6 +185,18 @@ fn cases() -> Vec<Case> {
             code: PolicyExpansion,
             says: "resources.disk_max: no limit, but the parent's is 1073741824",
             edit: |c| c.resources.disk_max = None,
+        },
+        Case {
+            step: 5,
+            code: PolicyExpansion,
+            says: "model_rate.requests_per_minute: 61 is more than the parent's 60",
+            edit: |c| c.model_rate.requests_per_minute = Some(61),
+        },
+        Case {
+            step: 5,
+            code: PolicyExpansion,
+            says: "model_rate.tokens_per_minute: no limit, but the parent's is 100000",
+            edit: |c| c.model_rate.tokens_per_minute = None,
         },
         Case {
             step: 6,
@@ -445,6 +463,10 @@ fn narrowing_in_every_field_is_admitted() {
             cpu_weight: Some(1),
             disk_max: Some(1),
         },
+        model_rate: ModelRate {
+            requests_per_minute: Some(1),
+            tokens_per_minute: Some(100_000),
+        },
         uid: 1000,
         gid: 1000,
         groups: BTreeSet::new(),
@@ -646,4 +668,57 @@ fn resume_on_restart_is_a_right_a_child_holds_only_from_its_parent() {
     let cancel = derive(&v, &ask(OnRestart::Cancel));
     assert_eq!(cancel.on_restart, OnRestart::Cancel);
     assert_eq!(check(&v, &cancel), Ok(()));
+}
+
+#[test]
+fn a_model_rate_is_inherited_limit_by_limit_and_never_raised() {
+    let p = parent();
+    let v = view(&p);
+    // Asking nothing: the parent's two limits.
+    let child = derive(&v, &PolicyRequest::default());
+    assert_eq!(child.model_rate, p.model_rate);
+    // Asking one lower: that one, and the other inherited.
+    let req = PolicyRequest {
+        model_rate: ModelRate {
+            requests_per_minute: Some(5),
+            tokens_per_minute: None,
+        },
+        ..PolicyRequest::default()
+    };
+    let child = derive(&v, &req);
+    assert_eq!(
+        child.model_rate,
+        ModelRate {
+            requests_per_minute: Some(5),
+            tokens_per_minute: Some(100_000),
+        }
+    );
+    assert_eq!(check(&v, &child), Ok(()));
+    // Asking higher: refused, naming the field and both values.
+    let req = PolicyRequest {
+        model_rate: ModelRate {
+            requests_per_minute: None,
+            tokens_per_minute: Some(100_001),
+        },
+        ..PolicyRequest::default()
+    };
+    let r = check(&v, &derive(&v, &req)).unwrap_err();
+    assert_eq!(r.code, Code::PolicyExpansion);
+    assert_eq!(
+        r.message,
+        "model_rate.tokens_per_minute: 100001 is more than the parent's 100000"
+    );
+    // Under an unlimited parent any limit may be asked, and none.
+    let free = Policy {
+        model_rate: ModelRate::default(),
+        ..p.clone()
+    };
+    let fv = ParentView {
+        policy: &free,
+        ..view(&free)
+    };
+    let child = derive(&fv, &req);
+    assert_eq!(child.model_rate.tokens_per_minute, Some(100_001));
+    assert_eq!(child.model_rate.requests_per_minute, None);
+    assert_eq!(check(&fv, &child), Ok(()));
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{AbsPath, FileRule, MountEntry, Network, PolicyError, Resources, Rule};
+use super::{AbsPath, FileRule, ModelRate, MountEntry, Network, PolicyError, Resources, Rule};
 
 /// A tool or model name (`field` is `tools` or `models`, or an indexed element
 /// of one): non-empty, without whitespace or control characters, since names
@@ -226,6 +226,32 @@ pub(super) fn check_resources(r: &Resources) -> Result<(), PolicyError> {
             "resources.disk_max",
             format!("{d}: must be at most {WHOLE_MAX} bytes"),
         ));
+    }
+    Ok(())
+}
+
+/// A model rate limit is at least 1 (a limit of 0 would refuse every call:
+/// `models: []` says that) and at most [`WHOLE_MAX`], the store's 64 bits.
+pub(super) fn check_model_rate(r: &ModelRate) -> Result<(), PolicyError> {
+    for (field, v) in [
+        ("model_rate.requests_per_minute", r.requests_per_minute),
+        ("model_rate.tokens_per_minute", r.tokens_per_minute),
+    ] {
+        match v {
+            Some(0) => {
+                return Err(PolicyError::new(
+                    field,
+                    "0: must be at least 1 (leave it out for no limit; `models: []` grants no model)",
+                ));
+            }
+            Some(n) if n > WHOLE_MAX => {
+                return Err(PolicyError::new(
+                    field,
+                    format!("{n}: must be at most {WHOLE_MAX}"),
+                ));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }

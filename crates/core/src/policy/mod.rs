@@ -59,7 +59,9 @@
 //!   ancestor's limit, so the child can never spend more than its parent may.
 //!   Inheriting the parent's limit instead would ask for a reservation the parent
 //!   can almost never make (its own spend already counts against it);
-//! - `resources` inherits each of its four limits separately;
+//! - `resources` inherits each of its four limits separately, and
+//!   `model_rate` each of its two: a child asking for nothing holds its
+//!   parent's limits (counted over its own calls);
 //! - `on_restart` is inherited like any field: a child of a resumable parent
 //!   is resumable unless it asks `cancel`;
 //! - `create_limit` and `timeout_s` are inherited verbatim here, and narrowed to
@@ -138,6 +140,8 @@ pub struct Policy {
     /// Wall time of one run in seconds; `None` is none.
     pub timeout_s: Option<u64>,
     pub resources: Resources,
+    /// Limits on its model calls (issue 31); each `None` is none of its own.
+    pub model_rate: ModelRate,
     pub uid: u32,
     pub gid: u32,
     /// Supplementary groups.
@@ -181,6 +185,7 @@ impl Policy {
             create_limit: None,
             timeout_s: None,
             resources: Resources::default(),
+            model_rate: ModelRate::default(),
             uid,
             gid,
             groups,
@@ -218,6 +223,7 @@ impl Policy {
         check_window(self.window)?;
         check_timeout(self.timeout_s)?;
         check_resources(&self.resources)?;
+        check_model_rate(&self.model_rate)?;
         check_ids(Some(self.uid), Some(self.gid), Some(&self.groups))?;
         check_env(&self.env)?;
         check_secrets(&self.secrets, Some(&self.env))?;
@@ -251,6 +257,8 @@ pub struct PolicyRequest {
     /// Each limit given replaces the parent's; each left out (`None`) is
     /// inherited.
     pub resources: Resources,
+    /// Each limit given replaces the parent's; each left out is inherited.
+    pub model_rate: ModelRate,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub groups: Option<BTreeSet<u32>>,
@@ -283,6 +291,7 @@ impl PolicyRequest {
         check_window(self.window)?;
         check_timeout(self.timeout_s)?;
         check_resources(&self.resources)?;
+        check_model_rate(&self.model_rate)?;
         check_ids(self.uid, self.gid, self.groups.as_ref())?;
         if let Some(env) = &self.env {
             check_env(env)?;
@@ -311,6 +320,7 @@ impl PolicyRequest {
 pub fn effective(parent: &Policy, req: &PolicyRequest) -> Policy {
     let r = &req.resources;
     let p = &parent.resources;
+    let (rr, pr) = (&req.model_rate, &parent.model_rate);
     Policy {
         tools: req.tools.clone().or_else(|| parent.tools.clone()),
         files: req.files.clone().unwrap_or_else(|| parent.files.clone()),
@@ -331,6 +341,10 @@ pub fn effective(parent: &Policy, req: &PolicyRequest) -> Policy {
             pids_max: r.pids_max.or(p.pids_max),
             cpu_weight: r.cpu_weight.or(p.cpu_weight),
             disk_max: r.disk_max.or(p.disk_max),
+        },
+        model_rate: ModelRate {
+            requests_per_minute: rr.requests_per_minute.or(pr.requests_per_minute),
+            tokens_per_minute: rr.tokens_per_minute.or(pr.tokens_per_minute),
         },
         uid: req.uid.unwrap_or(parent.uid),
         gid: req.gid.unwrap_or(parent.gid),

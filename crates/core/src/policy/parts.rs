@@ -363,6 +363,26 @@ pub struct Resources {
     pub disk_max: Option<u64>,
 }
 
+/// Limits on the agent's model calls through brood's gateway (issue 31,
+/// docs/models.md "Rate limits"); `None` is no limit of its own. Each is
+/// counted over a one-minute window of the agent's own calls: a child's
+/// calls count against its own limits, not its parent's (the tenant's
+/// limit, `quotas.models`, bounds them all together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ModelRate {
+    /// Calls sent a minute.
+    pub requests_per_minute: Option<u64>,
+    /// Tokens (input and output, as brood metered them) a minute.
+    pub tokens_per_minute: Option<u64>,
+}
+
+impl ModelRate {
+    /// True when neither is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.requests_per_minute.is_none() && self.tokens_per_minute.is_none()
+    }
+}
+
 /// The classes of a [`Rule`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RuleClass {

@@ -368,6 +368,28 @@ fn normalise_sorts_and_refuses_what_types_allow() {
         ),
         (
             Policy {
+                model_rate: ModelRate {
+                    requests_per_minute: Some(0),
+                    ..ModelRate::default()
+                },
+                ..base.clone()
+            },
+            "model_rate.requests_per_minute",
+            "0: must be at least 1",
+        ),
+        (
+            Policy {
+                model_rate: ModelRate {
+                    tokens_per_minute: Some(u64::MAX),
+                    ..ModelRate::default()
+                },
+                ..base.clone()
+            },
+            "model_rate.tokens_per_minute",
+            "must be at most 9223372036854775807",
+        ),
+        (
+            Policy {
                 env: [("".into(), "v".into())].into(),
                 ..base.clone()
             },
@@ -580,6 +602,29 @@ fn effective_inherits_what_the_request_leaves_out() {
             pids_max: Some(10),
             cpu_weight: Some(100),
             disk_max: Some(1 << 20),
+        }
+    );
+
+    // Each model rate limit is inherited on its own.
+    let limited = Policy {
+        model_rate: ModelRate {
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(9000),
+        },
+        ..parent.clone()
+    };
+    let req = PolicyRequest {
+        model_rate: ModelRate {
+            requests_per_minute: Some(6),
+            tokens_per_minute: None,
+        },
+        ..PolicyRequest::default()
+    };
+    assert_eq!(
+        effective(&limited, &req).model_rate,
+        ModelRate {
+            requests_per_minute: Some(6),
+            tokens_per_minute: Some(9000),
         }
     );
 

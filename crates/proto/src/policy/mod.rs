@@ -20,6 +20,7 @@
 //! | `window`, `timeout_s` | whole numbers ≥ 1 |
 //! | `depth_limit`, `create_limit`, `uid`, `gid` | whole numbers (32 bits) |
 //! | `resources` | `{memory_max, pids_max, cpu_weight, disk_max}`, each optional; `memory_max` and `disk_max` are bytes or a string of digits with `K`, `M`, `G` or `T` (powers of 1024, as cgroups read them) |
+//! | `model_rate` | `{requests_per_minute, tokens_per_minute}`, each optional, whole numbers ≥ 1 (issue 31: the agent's model calls a minute through the gateway) |
 //! | `groups` | array of group ids |
 //! | `env` | object of string values |
 //! | `secrets` | array of variable names (their values are never in a policy: issue 25) |
@@ -58,7 +59,8 @@ use read::*;
 const DOCUMENT: &str = "(document)";
 
 const FIELDS: &str = "tools files mounts network cost_limit window depth_limit create_limit \
-                      timeout_s resources uid gid groups env secrets models path rules on_restart";
+                      timeout_s resources model_rate uid gid groups env secrets models path \
+                      rules on_restart";
 
 /// Reads a JSON policy.
 pub fn parse_json(text: &str) -> Result<PolicyRequest, PolicyError> {
@@ -160,6 +162,7 @@ pub fn from_value(v: &Value) -> Result<PolicyRequest, PolicyError> {
             "create_limit" => req.create_limit = Some(whole32(f, val)?),
             "timeout_s" => req.timeout_s = Some(whole(f, val)?),
             "resources" => req.resources = resources(val)?,
+            "model_rate" => req.model_rate = model_rate(val)?,
             "uid" => req.uid = Some(whole32(f, val)?),
             "gid" => req.gid = Some(whole32(f, val)?),
             "groups" => req.groups = Some(groups(val)?),
@@ -255,6 +258,18 @@ pub fn to_json(p: &Policy) -> Value {
     }
     if !r.is_empty() {
         m.insert("resources".into(), Value::Object(r));
+    }
+    let mut rate = Map::new();
+    for (k, v) in [
+        ("requests_per_minute", p.model_rate.requests_per_minute),
+        ("tokens_per_minute", p.model_rate.tokens_per_minute),
+    ] {
+        if let Some(v) = v {
+            rate.insert(k.into(), v.into());
+        }
+    }
+    if !rate.is_empty() {
+        m.insert("model_rate".into(), Value::Object(rate));
     }
     m.insert("uid".into(), p.uid.into());
     m.insert("gid".into(), p.gid.into());

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use brood_core::policy::{
-    AbsPath, FileRule, Mode, MountEntry, MountOpts, Network, OnRestart, PolicyError, Resources,
-    Rule,
+    AbsPath, FileRule, Mode, ModelRate, MountEntry, MountOpts, Network, OnRestart, PolicyError,
+    Resources, Rule,
 };
 use serde_json::{Map, Value};
 
@@ -242,6 +242,29 @@ pub(super) fn resources(v: &Value) -> Result<Resources, PolicyError> {
             "disk_max" => r.disk_max = Some(bytes(&f, x)?),
             "pids_max" => r.pids_max = Some(whole(&f, x)?),
             _ => r.cpu_weight = Some(whole(&f, x)?),
+        }
+    }
+    Ok(r)
+}
+
+/// `model_rate`: `{requests_per_minute, tokens_per_minute}`, each a whole
+/// number or left out (issue 31).
+pub(super) fn model_rate(v: &Value) -> Result<ModelRate, PolicyError> {
+    let o = object("model_rate", v)?;
+    only_keys(
+        "model_rate",
+        o,
+        &["requests_per_minute", "tokens_per_minute"],
+    )?;
+    let mut r = ModelRate::default();
+    for (k, x) in o {
+        if x.is_null() {
+            continue;
+        }
+        let f = format!("model_rate.{k}");
+        match k.as_str() {
+            "requests_per_minute" => r.requests_per_minute = Some(whole(&f, x)?),
+            _ => r.tokens_per_minute = Some(whole(&f, x)?),
         }
     }
     Ok(r)

@@ -6,7 +6,7 @@ use super::{
     shown, to_json,
 };
 use brood_core::policy::{
-    AbsPath, FileRule, Mode, MountEntry, OnRestart, Resources, Rule, effective,
+    AbsPath, FileRule, Mode, ModelRate, MountEntry, OnRestart, Resources, Rule, effective,
 };
 use std::collections::BTreeSet;
 
@@ -53,6 +53,10 @@ fn expected() -> PolicyRequest {
             cpu_weight: Some(50),
             disk_max: Some(2 << 30),
         },
+        model_rate: ModelRate {
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(200_000),
+        },
         uid: Some(1000),
         gid: Some(1000),
         groups: Some([27, 1000].into()),
@@ -88,6 +92,7 @@ const JSON: &str = r#"{
     "create_limit": 4,
     "timeout_s": 600,
     "resources": {"memory_max": "256M", "pids_max": 64, "cpu_weight": 50, "disk_max": "2G"},
+    "model_rate": {"requests_per_minute": 60, "tokens_per_minute": 200000},
     "uid": 1000,
     "gid": 1000,
     "groups": [1000, 27],
@@ -131,6 +136,10 @@ const TOML: &str = r#"
     pids_max = 64
     cpu_weight = 50
     disk_max = 2147483648
+
+    [model_rate]
+    requests_per_minute = 60
+    tokens_per_minute = 200000
 
     [env]
     LANG = "C.UTF-8"
@@ -414,6 +423,27 @@ fn every_bad_value_is_refused_naming_its_field() {
             "not a field here",
         ),
         (r#"{"resources": []}"#, "resources", "must be an object"),
+        (
+            r#"{"model_rate": {"requests_per_minute": 0}}"#,
+            "model_rate.requests_per_minute",
+            "0: must be at least 1",
+        ),
+        (
+            r#"{"model_rate": {"tokens_per_minute": 1.5}}"#,
+            "model_rate.tokens_per_minute",
+            "must be a whole number",
+        ),
+        (
+            r#"{"model_rate": {"tokens_per_minute": 9223372036854775808}}"#,
+            "model_rate.tokens_per_minute",
+            "must be at most 9223372036854775807",
+        ),
+        (
+            r#"{"model_rate": {"requests_per_second": 1}}"#,
+            "model_rate.requests_per_second",
+            "not a field here",
+        ),
+        (r#"{"model_rate": 5}"#, "model_rate", "must be an object"),
         (r#"{"uid": "root"}"#, "uid", "must be a whole number"),
         (r#"{"gid": -5}"#, "gid", "must be a whole number"),
         (
@@ -558,6 +588,13 @@ fn to_json_round_trips_through_parse_and_effective() {
         },
         Policy {
             on_restart: OnRestart::Cancel,
+            ..full()
+        },
+        Policy {
+            model_rate: ModelRate {
+                tokens_per_minute: Some(7),
+                ..ModelRate::default()
+            },
             ..full()
         },
     ] {

@@ -339,6 +339,7 @@ impl Supervisor {
             restart,
             admitting,
             ends_writer,
+            model_rates: super::models::TenantRate::default(),
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());

@@ -6,10 +6,19 @@
 //! (`agent.model.call`) and added to the run's spend, which the child's own
 //! `usage` reports can raise but never lower. The endpoint is closed when
 //! the run exits or a stop covers it: nothing of it is forwarded after.
+//!
+//! Rate limits (docs/models.md "Rate limits"): a call past its agent's
+//! `model_rate` or its tenant's `quotas.models` in the current one-minute
+//! window (`brood_core::rate`) is refused 429 before it is sent. The
+//! agent's window lives in its live entry and goes with it when the run
+//! ends; the tenant's is one window on the dispatcher (a supervisor serves
+//! one tenant), counting the calls this node forwards.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use brood_core::policy::{Network, Policy};
+use brood_core::rate::{Over, Scope, Window};
 use brood_core::{AgentEvent, AgentName, ModelCall, RunId};
 use tokio::sync::oneshot;
 
@@ -58,6 +67,25 @@ pub struct ModelRefusal {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
+    /// For a 429: the rate limit reached (its `retry_after_s` is the
+    /// answer's `Retry-After`).
+    pub rate: Option<Over>,
+}
+
+/// Milliseconds on a clock that does not go back, from the first time it
+/// was read: what the rate windows count in.
+fn mono_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The tenant's rate window (`quotas.models`, issue 31): one per
+/// supervisor, which serves one tenant. Per node: it counts the calls this
+/// node forwards (docs/decisions/models.md "Rate limits: per node").
+#[derive(Debug, Default)]
+pub(super) struct TenantRate {
+    window: Window,
 }
 
 /// What the gateway asks of the dispatcher.
@@ -86,6 +114,7 @@ impl Supervisor {
             status: 503,
             code: "unavailable",
             message: "the supervisor has stopped".into(),
+            rate: None,
         };
         let (tx, rx) = oneshot::channel();
         self.tx
@@ -132,7 +161,7 @@ impl Dispatcher {
     }
 
     fn model_check(
-        &self,
+        &mut self,
         name: &AgentName,
         run: &RunId,
         model: &str,
@@ -142,6 +171,7 @@ impl Dispatcher {
             status: 403,
             code: "agent_ended",
             message: format!("agent {name}'s run {run} is not running: nothing of it is forwarded"),
+            rate: None,
         };
         let l = self.agents.live.get(name).ok_or_else(ended)?;
         if &l.run != run || l.stopping.is_some() || l.exit.is_some() {
@@ -162,6 +192,7 @@ impl Dispatcher {
                         list.join(", ")
                     }
                 ),
+                rate: None,
             });
         }
         let left = self.budget_left(name);
@@ -176,9 +207,39 @@ impl Dispatcher {
                      ${estimate_usd:.6}, and {holder}'s cost_limit leaves ${:.6}",
                     left.max(0.0)
                 ),
+                rate: None,
             });
         }
+        self.model_rate_admit(name)?;
         Ok(left.map(|(l, _)| l))
+    }
+
+    /// The call counted against its agent's and its tenant's rate windows,
+    /// or refused 429 when either has reached a limit (the agent's first:
+    /// it is the one the agent's policy can be asked about). Counted only
+    /// when both let it through, so a refused call uses nothing.
+    fn model_rate_admit(&mut self, name: &AgentName) -> Result<(), ModelRefusal> {
+        let now = mono_ms();
+        let tenant_limits = self.host.cfg.quotas.models;
+        let Some(l) = self.agents.live.get_mut(name) else {
+            return Ok(());
+        };
+        let refused = |o: Over| ModelRefusal {
+            status: 429,
+            code: "rate_limit_exceeded",
+            message: format!("agent {name}: {o}"),
+            rate: Some(o),
+        };
+        l.model_window
+            .check(now, &l.policy.model_rate, Scope::Agent)
+            .map_err(refused)?;
+        self.model_rates
+            .window
+            .check(now, &tenant_limits, Scope::Tenant)
+            .map_err(refused)?;
+        l.model_window.count_request(now);
+        self.model_rates.window.count_request(now);
+        Ok(())
     }
 
     /// The least any budget above `name` (its own included) has left, and
@@ -210,6 +271,11 @@ impl Dispatcher {
     /// metered spend.
     fn model_used(&mut self, call: ModelCall) {
         let name = call.agent.clone();
+        // Tokens a minute count what brood metered, once it is known: the
+        // tenant's whatever became of the agent since the call was sent.
+        let tokens = call.tokens_in.saturating_add(call.tokens_out);
+        let now = mono_ms();
+        self.model_rates.window.count_tokens(now, tokens);
         let Some(l) = self.agents.live.get_mut(&name) else {
             tracing::info!(agent = %name, model = %call.model, "a model call of an agent no longer here");
             return;
@@ -222,6 +288,7 @@ impl Dispatcher {
         if counts {
             l.metered_in += call.tokens_in;
             l.metered_out += call.tokens_out;
+            l.model_window.count_tokens(now, tokens);
         }
         let run = call.run.clone();
         if self.host.tracer.on()

@@ -1,5 +1,6 @@
 //! One call through the gateway: read and checked (the model named and
-//! priced, the dispatcher's yes: run going, model granted, budget left),
+//! priced, the dispatcher's yes: run going, model granted, budget left,
+//! rate limits not reached),
 //! sent to the provider with the operator's key on a blocking thread
 //! (ureq: http and https), and its answer passed back, whole or as the
 //! stream arrives, metered on the way. A stream whose cost passes the
@@ -229,7 +230,14 @@ pub(super) async fn call(
         .await
     {
         Ok(left) => left,
-        Err(r) => return tally.refuse(r.status, r.code, r.message),
+        Err(r) => {
+            let Some(over) = r.rate else {
+                return tally.refuse(r.status, r.code, r.message);
+            };
+            tally.status = r.status;
+            tally.finish(false, "refused", Some(r.message.clone()));
+            return super::rate_limited(r.code, &r.message, &over);
+        }
     };
     if *run.closed.borrow() {
         return tally.refuse(

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::{
-    AbsPath, Code, FileRule, Mode, MountEntry, NOW, Network, OnRestart, ParentView, Policy,
-    PolicyRequest, Resources, Rule, ap, check, derive, fr, rule,
+    AbsPath, Code, FileRule, Mode, ModelRate, MountEntry, NOW, Network, OnRestart, ParentView,
+    Policy, PolicyRequest, Resources, Rule, ap, check, derive, fr, rule,
 };
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
@@ -176,6 +176,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
             (limit(), limit(), limit(), limit()),
             opt(select(vec![10u64, 100, 1000]).boxed()),
             opt(set_of(strings(&TOOLS))),
+            (limit(), limit()),
         ),
         (
             any_files(),
@@ -192,7 +193,7 @@ fn any_policy() -> BoxedStrategy<Policy> {
     )
         .prop_map(
             |(
-                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
+                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools, (rpm, tpm)),
                 (
                     files,
                     mounts,
@@ -221,6 +222,10 @@ fn any_policy() -> BoxedStrategy<Policy> {
                         pids_max: pids,
                         cpu_weight: cpu,
                         disk_max: disk,
+                    },
+                    model_rate: ModelRate {
+                        requests_per_minute: rpm,
+                        tokens_per_minute: tpm,
                     },
                     uid,
                     gid,
@@ -507,6 +512,10 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                 opt(select(vec![1u64, 10, 100, 1000, 5000]).boxed()),
             ),
             narrow_names(&p.tools, &TOOLS),
+            (
+                narrow_limit(p.model_rate.requests_per_minute),
+                narrow_limit(p.model_rate.tokens_per_minute),
+            ),
         ),
         (
             narrow_files(p),
@@ -532,7 +541,7 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
     )
         .prop_map(
             |(
-                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools),
+                (uid, gid, groups, rules, env, (m, pids, cpu, disk), timeout_s, tools, (rpm, tpm)),
                 (
                     files,
                     mounts,
@@ -562,6 +571,10 @@ fn child_of(p: &Policy, l: &Live) -> BoxedStrategy<Policy> {
                         pids_max: pids,
                         cpu_weight: cpu,
                         disk_max: disk,
+                    },
+                    model_rate: ModelRate {
+                        requests_per_minute: rpm,
+                        tokens_per_minute: tpm,
                     },
                     uid,
                     gid,
@@ -747,6 +760,12 @@ fn within(p: &Policy, l: &Live, c: &Policy, paths: &[AbsPath]) -> Vec<Code> {
             && at_most(cr.disk_max, pr.disk_max),
         Code::PolicyExpansion,
     );
+    let (cm, pm) = (&c.model_rate, &p.model_rate);
+    need(
+        at_most(cm.requests_per_minute, pm.requests_per_minute)
+            && at_most(cm.tokens_per_minute, pm.tokens_per_minute),
+        Code::PolicyExpansion,
+    );
     let end = c.timeout_s.map(|t| NOW + t);
     need(
         at_most(end, l.deadline_unix_s) && at_most(c.timeout_s, p.timeout_s),
@@ -884,6 +903,9 @@ proptest! {
         let child = derive(&v, &PolicyRequest::default());
         let normalised = child.clone().normalise().ok();
         prop_assert_eq!(normalised.as_ref(), Some(&child));
+        // A child asking nothing holds its parent's model rate limits: a
+        // limited parent never has an unlimited child.
+        prop_assert_eq!(child.model_rate, p.model_rate);
         // In the order of the checks: timeout (6), depth (15), creates (16).
         let expect = if l.deadline_unix_s.is_some_and(|d| d <= NOW) {
             Err(Code::PolicyExpansion)

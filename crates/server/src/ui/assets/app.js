@@ -400,6 +400,11 @@ function limits(policy, meta) {
     if (v === null) continue;
     pairs.push([k, k === "memory_max" && v >= 1048576 ? (v / 1048576).toFixed(0) + " MiB" : JSON.stringify(v)]);
   }
+  // The model gateway's rate limits (issue 31), per minute.
+  const rate = policy.model_rate || {};
+  for (const [k, v] of Object.entries(rate)) {
+    if (v !== null) pairs.push(["model_rate." + k, JSON.stringify(v)]);
+  }
   if (Array.isArray(policy.tools)) pairs.push(["tools", policy.tools.join(", ") || "none"]);
   const sb = (meta && meta.sandbox) || {};
   const layers = ["files", "network", "scoped", "capabilities_dropped", "no_new_privs"].filter((k) => sb[k] === true);

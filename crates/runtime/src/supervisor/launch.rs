@@ -68,12 +68,15 @@ impl Dispatcher {
         // being emptied and removed in the background when a resume starts the
         // next one, and the two must never share a directory. The `r<seq>.` prefix
         // also keeps agent names like `memory.x` clear of the kernel's file names.
-        let seq = self
-            .records
-            .store
-            .runs(&self.records.tenant, name)
-            .map(|r| r.len().max(1))
-            .unwrap_or(1);
+        let seq = if read.first_run {
+            1
+        } else {
+            self.records
+                .store
+                .runs(&self.records.tenant, name)
+                .map(|r| r.len().max(1))
+                .unwrap_or(1)
+        };
         let component = format!("r{seq}.{name}");
         let group = match &self.launcher.cgroups {
             Some(cg) => {
@@ -103,7 +106,7 @@ impl Dispatcher {
             .and_then(|l| l.parent.as_ref())
             .and_then(|p| self.agents.live.get(p))
             .is_some_and(|p| p.limited);
-        let LaunchReads { agent: a, init } = read;
+        let LaunchReads { agent: a, init, .. } = read;
         // The veiled namespace every agent joins, got (and made again when
         // what it hides changed) on the spawner's thread (crate::veil).
         let veil = self

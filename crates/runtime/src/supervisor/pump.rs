@@ -98,6 +98,7 @@ impl Dispatcher {
         run: &RunId,
         admitted: Option<Agent>,
     ) -> Result<LaunchReads, StoreError> {
+        let first_run = admitted.is_some();
         let agent = match admitted {
             Some(a) => Some(a),
             None => self.records.store.agent(&self.records.tenant, name)?,
@@ -110,7 +111,11 @@ impl Dispatcher {
             }
             _ => None,
         };
-        Ok(LaunchReads { agent, init })
+        Ok(LaunchReads {
+            agent,
+            init,
+            first_run,
+        })
     }
 
     /// The `init` frame that starts run `run` of protocol agent `agent`: its
@@ -167,4 +172,7 @@ impl Dispatcher {
 pub(super) struct LaunchReads {
     pub(super) agent: Option<Agent>,
     pub(super) init: Option<Vec<u8>>,
+    /// Its admission was recorded by this loop (the record is its), so the
+    /// run is its first: nothing needs counting its runs.
+    pub(super) first_run: bool,
 }

@@ -88,6 +88,6 @@ impl Supervisor {
     /// What the dispatcher holds for agents now ([`Held`]): for the tests
     /// and the benchmarks that check that nothing outlives an agent.
     pub async fn held(&self) -> Result<Held, ApiError> {
-        self.call(|r| Cmd::Held(r)).await
+        self.call(Cmd::Held).await
     }
 }

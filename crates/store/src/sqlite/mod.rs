@@ -133,21 +133,6 @@ const CHECKPOINT_EVERY: u32 = 64;
 /// machine's two cores reading at once.
 const READERS: usize = 2;
 
-/// The page cache each connection may fill, by role (`PRAGMA cache_size`,
-/// in KiB when negative). SQLite's default is 2 MB a connection, and a
-/// daemon has four: a cache fills up to its size as the file grows and is
-/// never emptied, so on SQLite a node held about 6 MB more than on
-/// PostgreSQL once it had listed 1,000 agents (issue 28, `brood bench
-/// memory`). The writer keeps the default: its working set is the indexes
-/// every admission and end touches, and its cache is what keeps commits
-/// fast. A reader starts its cache over whenever another connection wrote
-/// since its last read (WAL), so a large one pays off only on a quiet
-/// store; its reads are single rows and walks of one tree, and a page it
-/// lacks is a `pread` from the OS's cache. The checkpointer copies pages
-/// from the WAL to the file without its page cache.
-const READER_CACHE: i64 = -256;
-const CHECKPOINTER_CACHE: i64 = -32;
-
 /// The writer's own autocheckpoint, which keeps the WAL bounded (~40 MiB). SQLite
 /// starts the WAL over only at a write that finds it entirely copied back, and
 /// under a steady stream of commits the checkpointer's passive rounds always leave
@@ -184,7 +169,6 @@ impl Checkpointer {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        conn.pragma_update(None, "cache_size", CHECKPOINTER_CACHE)?;
         let shared = Arc::new((Mutex::new(CheckpointState::default()), Condvar::new()));
         let theirs = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -371,8 +355,6 @@ impl SqliteStore {
             .map_err(sql)?;
             configure(&r).map_err(sql)?;
             r.pragma_update(None, "query_only", true).map_err(sql)?;
-            r.pragma_update(None, "cache_size", READER_CACHE)
-                .map_err(sql)?;
             readers.push(Mutex::new(r));
         }
         Ok(SqliteStore {

@@ -718,3 +718,87 @@ async fn an_end_another_writer_recorded_first_stands_when_the_process_exits() {
     assert_eq!(v["state"], "cancelled:runtime_restart", "{v}");
     assert_eq!(v["result"], serde_json::Value::Null, "{v}");
 }
+
+/// Issue 28: nothing the dispatcher holds for an agent outlives it. More
+/// roots live at once than a map keeps room for when idle, a few ending on
+/// their own and answering a wait, the rest cancelled: afterwards every
+/// per-agent map is empty and has given back the room the burst took, so a
+/// daemon's memory does not grow with the agents it ever ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_held_for_an_agent_outlives_it() {
+    const N: usize = 150;
+    let room = 2 * brood_runtime::room::KEPT_ROOM;
+    let env = start_with(Duration::from_millis(300), |cfg| {
+        cfg.quotas.defaults.max_concurrent = N as u32 + 8;
+    });
+    let ending: Vec<_> = (0..5).map(|i| name(&format!("done{i}"))).collect();
+    for n in &ending {
+        let mut r = req(n.as_str(), agent(&["--result", "x"]));
+        r.await_ready = false;
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    for i in 0..N {
+        let mut r = req(&format!("h{i}"), agent(&["--hang"]));
+        r.await_ready = false;
+        env.sup.spawn(me(), r).await.unwrap();
+    }
+    let w = env
+        .sup
+        .wait(me(), ending, Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let w = serde_json::to_value(&w).unwrap();
+    assert!(
+        w["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["status"] == "completed"),
+        "{w}"
+    );
+    // Every hanging root runs and serves its socket (SPEC 8).
+    let peak = held_until(&env, "every root serving its socket", |h| {
+        h.live == N && h.sockets == N
+    })
+    .await;
+    assert!(
+        peak.live_room > room && peak.sockets_room > room,
+        "the burst should take more room than an idle map keeps: {peak:?}"
+    );
+    for i in 0..N {
+        env.sup.cancel(me(), name(&format!("h{i}"))).await.unwrap();
+    }
+    let after = held_until(&env, "nothing held", |h| h.entries() == 0).await;
+    assert!(
+        after.live_room <= room && after.sockets_room <= room && after.stops_room <= room,
+        "the room taken for {N} agents was kept after they ended: {after:?}"
+    );
+    assert!(
+        env.sup
+            .store()
+            .agents(env.sup.tenant(), false)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// What the supervisor holds, once `ok` says so; fails naming `what` and
+/// the last reading if it never does.
+async fn held_until(
+    env: &Env,
+    what: &str,
+    ok: impl Fn(&brood_runtime::supervisor::Held) -> bool,
+) -> brood_runtime::supervisor::Held {
+    let t = std::time::Instant::now();
+    loop {
+        let h = env.sup.held().await.unwrap();
+        if ok(&h) {
+            return h;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{what}: not reached, holding {h:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

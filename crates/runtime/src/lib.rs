@@ -18,6 +18,7 @@
 //! * [`metrics`]: counters and the Prometheus text of `/metrics`.
 //! * [`rebuild`]: the whole ctx projection rebuilt from the store (`brood fsck`).
 //! * [`remove`]: finished trees removed, and what a removal leaves to do (issue 25).
+//! * [`room`]: room given back by the maps holding an entry a live agent.
 //! * [`view`]: read-only views of the store (ps, tree, show).
 //! * [`nodes`]: the nodes sharing the store, as the surfaces show them.
 //! * [`jobs`]: jobs (SPEC 10): creation checked whole, then recorded; their views.
@@ -51,6 +52,7 @@ pub mod paths;
 pub mod projection;
 pub mod rebuild;
 pub mod remove;
+pub mod room;
 mod shown;
 pub mod slots;
 pub mod store_health;

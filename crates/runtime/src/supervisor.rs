@@ -50,6 +50,8 @@ mod disk;
 mod ends;
 mod ends_writer;
 mod handle;
+mod held;
+pub use held::Held;
 mod host;
 use crate::hosts::node_labels;
 pub use crate::hosts::supervisor_id;
@@ -320,6 +322,8 @@ pub(crate) enum Cmd {
     /// A child another node ran ended and its artifacts were fetched into
     /// its parent's channel here (issue 15): the parent hears of it now.
     EndedElsewhere(Box<routed::EndedElsewhere>),
+    /// What the dispatcher holds for agents, counted (`held`).
+    Held(Reply<Held>),
 }
 
 /// What an agent's IO task reports.
@@ -448,8 +452,6 @@ struct Live {
     budget_note: Option<String>,
     /// When this run was admitted (the invocation duration metric).
     admitted: std::time::Instant,
-    /// What its launch enforced (containment, sandbox), for `agent.start`.
-    launch_meta: Value,
     /// Its sandbox as specified: the result collector is confined with it
     /// (prepared again then), so that it opens the child's files with the
     /// child's rights. The spec, not the prepared ruleset, is kept: a
@@ -559,7 +561,6 @@ impl Live {
             subtree_usd: 0.0,
             budget_note: None,
             admitted: std::time::Instant::now(),
-            launch_meta: Value::Null,
             sandbox: None,
             deadline_unix_s: None,
             iso_ns: false,
@@ -781,6 +782,7 @@ impl Dispatcher {
                     answer(w.reply, self.wait_result(&w.names, true));
                 }
             }
+            Cmd::Held(reply) => answer(reply, Ok(self.held())),
             Cmd::Shutdown(reply) => {
                 self.begin_shutdown();
                 *shutdown = Some(reply);
@@ -879,10 +881,11 @@ impl Dispatcher {
         self.sock_end(name);
         self.jobs.note_gone(name);
         let l = self.agents.live.remove(name)?;
+        crate::room::give_back(&mut self.agents.live);
         if l.launching {
             self.launcher.give_slots(1);
         }
-        Some(l)
+        Some(*l)
     }
 
     fn handle(&self) -> Supervisor {

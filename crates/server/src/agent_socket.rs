@@ -27,7 +27,10 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 /// A connection handed to an agent socket's server task, with who made it.
-pub(crate) type Handoff = (UnixStream, Caller);
+/// Boxed: a tokio channel makes room for 32 of what it carries when it is
+/// made, and every live agent's socket has one (issue 28: 1.8 KiB an agent
+/// unboxed, a pointer's 32 boxed).
+pub(crate) type Handoff = Box<(UnixStream, Caller)>;
 
 /// The agent's owner, as its spec records it (the `owner` control file).
 fn owner(sup: &Supervisor, name: &AgentName) -> Option<Caller> {
@@ -86,7 +89,8 @@ pub(crate) async fn serve(
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            Some((stream, caller)) = doors.recv() => {
+            Some(handoff) = doors.recv() => {
+                let (stream, caller) = *handoff;
                 let (sup, name, run, access) = (sup.clone(), name.clone(), run.clone(), access.clone());
                 tokio::spawn(async move {
                     if let Err(e) = connection(sup, name, run, access, stream, Some(caller)).await {

@@ -110,6 +110,7 @@ impl Entrances {
                 let mut m = me.lock_sockets();
                 if m.get(&name).is_some_and(|(r, _)| *r == run) {
                     m.remove(&name);
+                    brood_runtime::room::give_back(&mut m);
                 }
             });
             Listener::new(stop_tx)
@@ -213,7 +214,7 @@ impl Entrances {
                 let sent = self
                     .lock_sockets()
                     .get(&t)
-                    .map(|(_, tx)| tx.send((stream, caller)).is_ok());
+                    .map(|(_, tx)| tx.send(Box::new((stream, caller))).is_ok());
                 if sent != Some(true) {
                     // Dropping the stream tells the client: nobody answers there.
                     tracing::debug!(agent = %name, target = %t, "a door connection to an agent without a socket");

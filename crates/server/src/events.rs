@@ -64,7 +64,31 @@ struct Filter {
     subtree: Option<AgentName>,
     kinds: Vec<String>,
     session: Option<String>,
-    in_subtree: HashMap<AgentName, bool>,
+    in_subtree: Membership,
+}
+
+/// Which agents are in a stream's subtree, remembered so the store is asked
+/// once an agent, at most [`Membership::KEPT`] at a time: a subscriber that
+/// follows the log for days sees every agent its tenant ever runs, and its
+/// memory must not grow with them (issue 28). Past the bound it starts
+/// over; an agent forgotten costs one store read at its next event.
+#[derive(Default)]
+struct Membership(HashMap<AgentName, bool>);
+
+impl Membership {
+    const KEPT: usize = 4096;
+
+    fn of(&mut self, agent: &AgentName, ask: impl FnOnce() -> bool) -> bool {
+        if let Some(&inside) = self.0.get(agent) {
+            return inside;
+        }
+        let inside = ask();
+        if self.0.len() >= Self::KEPT {
+            self.0 = HashMap::new();
+        }
+        self.0.insert(agent.clone(), inside);
+        inside
+    }
 }
 
 impl Filter {
@@ -89,12 +113,11 @@ impl Filter {
         }
         if let Some(root) = &self.subtree {
             let sup = api.sup();
-            let inside = *self.in_subtree.entry(e.agent.clone()).or_insert_with(|| {
+            return self.in_subtree.of(&e.agent, || {
                 sup.store()
                     .is_ancestor_or_self(sup.tenant(), root, &e.agent)
                     .unwrap_or(false)
             });
-            return inside;
         }
         true
     }
@@ -183,7 +206,7 @@ fn open(
             .filter(|k| !k.is_empty())
             .collect(),
         session: q.session,
-        in_subtree: HashMap::new(),
+        in_subtree: Membership::default(),
     };
     let (tx, rx) = mpsc::channel(api.0.hub.limits.connection_buffer.max(1));
     let rx_broadcast = api.0.hub.tx.subscribe();
@@ -329,5 +352,28 @@ async fn feed(
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streams_memory_of_agents_stays_bounded_however_many_it_sees() {
+        let mut m = Membership::default();
+        let mut asked = 0;
+        for i in 0..(Membership::KEPT * 2 + 10) {
+            let a = AgentName::new(&format!("a{i}")).unwrap();
+            assert!(m.of(&a, || {
+                asked += 1;
+                true
+            }));
+            assert!(m.0.len() <= Membership::KEPT, "{} remembered", m.0.len());
+        }
+        // Each agent seen once was asked once; one remembered is not asked again.
+        assert_eq!(asked, Membership::KEPT * 2 + 10);
+        let last = AgentName::new(&format!("a{}", Membership::KEPT * 2 + 9)).unwrap();
+        assert!(m.of(&last, || unreachable!("remembered")));
     }
 }

@@ -184,6 +184,12 @@ fn serve(mut ring: IoUring, wake: OwnedFd) {
             // The child exited, or the wait failed: either way its owner
             // looks for itself now.
             (w.done)();
+            // Room for a burst's watches is given back once most ended
+            // (the siginfo each points into is boxed, so moving it is safe;
+            // `brood_runtime::room` says why and how).
+            if watches.capacity() > 64 && watches.len() < watches.capacity() / 4 {
+                watches.shrink_to((watches.len() * 2).max(64));
+            }
         }
         let new: Vec<(i32, Callback)> =
             std::mem::take(&mut *shared.pending.lock().unwrap_or_else(|p| p.into_inner()));

@@ -142,8 +142,17 @@ impl Projection {
     }
 }
 
+/// How many directories the projection thread remembers as made. Every
+/// agent ever created adds a few (its object, its sessions, its channel),
+/// so without a bound the set grew with every agent the daemon ever ran
+/// (issue 28: about 270 bytes an agent, measured with heaptrack over three
+/// rounds of 1,000). Past the bound it starts over: a directory forgotten
+/// costs one `lstat` at its next write.
+const DIRS_KEPT: usize = 4096;
+
 /// The projection thread's state: directories known to exist (so the hot case
-/// skips `mkdir -p` and the symlink check) and a nonce for temp file names.
+/// skips `mkdir -p` and the symlink check, at most [`DIRS_KEPT`]) and a nonce
+/// for temp file names.
 #[derive(Default)]
 struct Writer {
     dirs: HashSet<PathBuf>,
@@ -239,6 +248,9 @@ impl Writer {
             return Ok(());
         }
         make_dirs(dir, self.owner)?;
+        if self.dirs.len() >= DIRS_KEPT {
+            self.dirs.clear();
+        }
         self.dirs.insert(dir.to_path_buf());
         Ok(())
     }
@@ -511,6 +523,20 @@ fn append(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_directories_remembered_stay_bounded_however_many_agents_came() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = Writer::default();
+        for i in 0..(DIRS_KEPT + DIRS_KEPT / 2) {
+            w.mkdirs(&d.path().join(format!("agent/a{i}.d"))).unwrap();
+            assert!(w.dirs.len() <= DIRS_KEPT, "{} remembered", w.dirs.len());
+        }
+        // A directory forgotten is made again if it went meanwhile.
+        fs::remove_dir(d.path().join("agent/a0.d")).unwrap();
+        w.mkdirs(&d.path().join("agent/a0.d")).unwrap();
+        assert!(d.path().join("agent/a0.d").is_dir());
+    }
 
     #[test]
     fn a_planted_symlink_is_never_followed_and_the_write_fails_naming_it() {

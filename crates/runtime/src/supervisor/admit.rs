@@ -699,7 +699,7 @@ impl Dispatcher {
             cwd: req.cwd.clone(),
             group_parent,
         });
-        self.agents.live.insert(name.clone(), live);
+        self.agents.live.insert(name.clone(), Box::new(live));
         self.launcher.waiting.push(name.clone());
         Ok(Some((name, req.await_ready)))
     }

@@ -68,6 +68,12 @@ pub(super) struct Admitting {
 }
 
 impl Admitting {
+    /// What it holds for agents (`held`): batches in flight, their names,
+    /// the creations deferred.
+    pub(super) fn held(&self) -> usize {
+        self.in_flight.len() + self.names.len() + self.deferred.len()
+    }
+
     /// The part, with its writer thread on `store`; the writer's answers go
     /// to the loop through `loop_tx`. The thread ends when the part is
     /// dropped (its channel closes).

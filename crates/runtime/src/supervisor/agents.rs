@@ -15,7 +15,11 @@ use super::{Live, Reply};
 
 #[derive(Default)]
 pub(super) struct Agents {
-    pub(super) live: HashMap<AgentName, Live>,
+    /// Each entry boxed: a map keeps room for about twice its entries, and
+    /// a `Live` is over a kilobyte, so inline entries made every live agent
+    /// cost twice that in empty slots, kept after the agents ended
+    /// (issue 28, `brood bench memory`).
+    pub(super) live: HashMap<AgentName, Box<Live>>,
     /// Children of agents here that another node ran, whose artifacts are
     /// being fetched into their channel (issue 15): a wait for one is
     /// answered once its files are in place, as if it had run here.

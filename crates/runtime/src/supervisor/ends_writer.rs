@@ -52,6 +52,12 @@ pub(super) struct EndsWriter {
 }
 
 impl EndsWriter {
+    /// What it holds for agents (`held`): ends in flight, their names, the
+    /// verbs held for them.
+    pub(super) fn held(&self) -> usize {
+        self.in_flight.len() + self.names.len() + self.held.len()
+    }
+
     /// The part, with its writer thread on `store` for `tenant`; the answers
     /// go to the loop through `loop_tx`. The thread ends with the part.
     pub(super) fn start(

@@ -429,7 +429,6 @@ impl Dispatcher {
         };
         l.group = group;
         l.sandbox = sandbox;
-        l.launch_meta = launch_meta;
         let launched = match r {
             Ok(p) => p,
             Err(e) => {
@@ -473,7 +472,7 @@ impl Dispatcher {
             pid: launched.pid,
         });
         for k in ["containment", "sandbox"] {
-            if let Some(v) = l.launch_meta.get(k) {
+            if let Some(v) = launch_meta.get(k) {
                 start_payload[k] = v.clone();
             }
         }

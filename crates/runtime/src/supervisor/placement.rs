@@ -213,7 +213,7 @@ impl Dispatcher {
             admitted: None,
         });
         tracing::info!(agent = %a.name, "claimed an agent placed on this node");
-        self.agents.live.insert(a.name.clone(), live);
+        self.agents.live.insert(a.name.clone(), Box::new(live));
         // A child whose parent was claimed here but has no process yet
         // (both moved off a lost node) waits for it: its group is made in
         // the parent's.

@@ -35,6 +35,10 @@ impl Queue {
         self.order.retain(|n| n != name);
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.order.len()
+    }
+
     pub(super) fn clear(&mut self) {
         self.order.clear();
     }

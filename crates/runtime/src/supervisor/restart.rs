@@ -63,6 +63,11 @@ pub(super) struct Restart {
 }
 
 impl Restart {
+    /// What it holds for agents (`held`).
+    pub(super) fn held(&self) -> usize {
+        self.resumed.len() + self.held.len() + self.ended.len()
+    }
+
     /// A child (resumed, or moved off a lost node) held until `parent`'s
     /// process has started.
     pub(super) fn hold(&mut self, parent: AgentName, child: AgentName) {
@@ -233,7 +238,7 @@ impl Dispatcher {
             group_parent: None,
             admitted: None,
         });
-        self.agents.live.insert(a.name.clone(), live);
+        self.agents.live.insert(a.name.clone(), Box::new(live));
         match &a.parent {
             Some(p) => self.restart.held.push((p.clone(), a.name.clone())),
             None => self.launcher.waiting.push(a.name.clone()),

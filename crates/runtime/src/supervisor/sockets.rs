@@ -35,7 +35,9 @@ const MAX_IDS: usize = 10_000;
 
 #[derive(Default)]
 pub(super) struct Sockets {
-    by_agent: HashMap<AgentName, Sock>,
+    /// Boxed, as the live set's entries are (`Agents::live`): the map's
+    /// spare room then holds pointers, not whole entries.
+    by_agent: HashMap<AgentName, Box<Sock>>,
 }
 
 struct Sock {
@@ -126,6 +128,14 @@ impl Supervisor {
 }
 
 impl Sockets {
+    pub(super) fn len(&self) -> usize {
+        self.by_agent.len()
+    }
+
+    pub(super) fn room(&self) -> usize {
+        self.by_agent.capacity()
+    }
+
     /// The agent reported `ready`: a protocol `brood` agent can take input
     /// from now on, so its socket is bound (SPEC 8) by `bind`, given the run
     /// and who may connect (`None`: a supervisor without a transport has no
@@ -151,7 +161,7 @@ impl Sockets {
         let listener = bind(&live.run, access);
         self.by_agent.insert(
             name.clone(),
-            Sock {
+            Box::new(Sock {
                 run: live.run.clone(),
                 session: live.session.clone(),
                 model,
@@ -162,7 +172,7 @@ impl Sockets {
                 awaiting: false,
                 active: false,
                 subs: Vec::new(),
-            },
+            }),
         );
     }
 
@@ -242,6 +252,7 @@ impl Sockets {
         let Some(s) = self.by_agent.remove(name) else {
             return;
         };
+        crate::room::give_back(&mut self.by_agent);
         let status = records
             .store
             .agent(&records.tenant, name)
@@ -321,6 +332,7 @@ impl Sockets {
     fn sock_of(&self, name: &AgentName, run: &RunId, id: Option<&str>) -> Result<&Sock, Value> {
         self.by_agent
             .get(name)
+            .map(|s| &**s)
             .filter(|s| &s.run == run)
             .ok_or_else(|| {
                 let m = format!("agent {name}'s run {run} is over; it takes no more requests");

@@ -354,6 +354,7 @@ impl Dispatcher {
         let Some(mut stop) = self.stops.remove(&id) else {
             return;
         };
+        crate::room::give_back(&mut self.stops);
         let then = stop.then.take();
         self.record_stop(stop);
         // The result's agent may have been stopped meanwhile (cancelled): that

@@ -388,7 +388,7 @@ impl Dispatcher {
                 group_parent,
                 admitted: None,
             });
-            self.agents.live.insert(name.clone(), live);
+            self.agents.live.insert(name.clone(), Box::new(live));
             self.launcher.waiting.push(name.clone());
             self.pump_queue();
             Ok(())

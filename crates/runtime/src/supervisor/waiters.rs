@@ -28,6 +28,10 @@ impl Waiters {
         self.by_id.insert(id, Waiter { names, reply });
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
     /// The wait `id`, taken out (its timeout came, or it is answered).
     pub(super) fn take(&mut self, id: u64) -> Option<Waiter> {
         self.by_id.remove(&id)

@@ -228,6 +228,12 @@ pub(in crate::supervisor) fn job_event(
 }
 
 impl Runner {
+    /// What it holds (`held`): the jobs run here, and their live workers
+    /// with those that left since the last command.
+    pub(in crate::supervisor) fn held(&self) -> (usize, usize) {
+        (self.runs.len(), self.workers.len() + self.gone.len())
+    }
+
     pub(in crate::supervisor) fn new(brood_exe: Option<PathBuf>) -> Runner {
         Runner {
             runs: HashMap::new(),

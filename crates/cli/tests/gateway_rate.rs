@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::io::{BufRead, Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,21 +54,9 @@ impl Upstream {
 }
 
 fn answer(c: std::net::TcpStream, seen: &Mutex<Vec<String>>) {
-    let mut r = std::io::BufReader::new(c.try_clone().unwrap());
-    let mut len = 0usize;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; len];
-    if r.read_exact(&mut body).is_err() {
+    let Some(body) = common::model::read_body(&c) else {
         return;
-    }
+    };
     let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let model = req["model"].as_str().unwrap_or("").to_owned();
     seen.lock().unwrap().push(model.clone());
@@ -77,14 +64,8 @@ fn answer(c: std::net::TcpStream, seen: &Mutex<Vec<String>>) {
         "id": "c-1", "object": "chat.completion", "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-    })
-    .to_string();
-    let mut c = c;
-    let _ = write!(
-        c,
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-        answer.len()
-    );
+    });
+    common::model::write_json(c, &answer);
 }
 
 /// A supervisor in this process whose gateway forwards to `up`, pricing

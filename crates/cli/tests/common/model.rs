@@ -183,40 +183,51 @@ pub fn fixed_usage_provider() -> u16 {
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(c) = c else { return };
-            use std::io::{BufRead, Read, Write};
-            let mut r = std::io::BufReader::new(c.try_clone().unwrap());
-            let mut len = 0usize;
-            loop {
-                let mut line = String::new();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
+            if read_body(&c).is_none() {
+                continue;
             }
-            let mut body = vec![0; len];
-            let _ = r.read_exact(&mut body);
             let answer = json!({
                 "id": "c-1", "object": "chat.completion", "model": "m-ui",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-            })
-            .to_string();
-            let mut c = c;
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
+            });
+            write_json(c, &answer);
         }
     });
     port
 }
 
-/// A daemon configuration (`--config`) whose OpenAI provider is
-/// [`fixed_usage_provider`] on `port`, pricing `granted` at $2/M in and
-/// $10/M out and `other` at $1/M each, written into `dir`.
+/// The body of one HTTP request read from `c` (blocking; by its
+/// `content-length`), or `None` when the connection ended first.
+pub fn read_body(c: &std::net::TcpStream) -> Option<Vec<u8>> {
+    use std::io::{BufRead, Read};
+    let mut r = std::io::BufReader::new(c.try_clone().unwrap());
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// Answers a request on `c` with `answer`, 200, and closes.
+pub fn write_json(mut c: std::net::TcpStream, answer: &Value) {
+    use std::io::Write;
+    let answer = answer.to_string();
+    let _ = write!(
+        c,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
 pub fn gateway_config(
     dir: &std::path::Path,
     port: u16,

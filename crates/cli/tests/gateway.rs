@@ -306,14 +306,6 @@ fn spawn_json(n: &str, script: &str, policy: Value) -> Value {
     json!({"name": n, "protocol": "exec", "argv": ["/bin/sh", "-c", script], "policy": policy, "await_ready": true})
 }
 
-async fn wait_end(env: &Env, n: &str) -> Value {
-    env.sup
-        .wait(me(), vec![name(n)], Some(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    show(env, n)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_that_reports_no_usage_is_cancelled_at_its_budget_by_brood_s_count() {
     let up = Upstream::start().await;

@@ -144,14 +144,6 @@ fn files(dir: &Path) -> Value {
     json!([{"path": "/", "mode": "ro"}, {"path": dir.to_str().unwrap(), "mode": "rw"}])
 }
 
-async fn wait_end(env: &Env, n: &str) -> Value {
-    env.sup
-        .wait(me(), vec![name(n)], Some(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    show(env, n)
-}
-
 /// The agent's `agent.model.call` events, from the store.
 fn calls_of(env: &Env, n: &str) -> Vec<Value> {
     let view = env.sup.view();

@@ -103,6 +103,16 @@ pub fn show(env: &Env, n: &str) -> Value {
     serde_json::to_value(env.sup.view().show(&name(n)).expect("agent exists")).unwrap()
 }
 
+/// `n`'s record once it has ended (waited for up to a minute, as its
+/// creator).
+pub async fn wait_end(env: &Env, n: &str) -> Value {
+    env.sup
+        .wait(me(), vec![name(n)], Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    show(env, n)
+}
+
 /// `r`'s value, or `None` when what was read at `path` is not there (a group
 /// removed, a process gone): that is an answer. Any other error fails the
 /// test, naming the path: a directory the test cannot read is not an empty

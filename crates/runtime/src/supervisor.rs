@@ -16,12 +16,12 @@
 //! takes only what it reads and returns what it needs done elsewhere, which
 //! the loop carries out (`route`). The work that spans parts is split by
 //! concern into the submodules: `handle` (the public handle and start-up),
-//! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `stops`,
-//! `collect`, `sweep`, `identify`. A part that needs another part's work
-//! returns it as follow-ups, which `route` applies (the jobs runner and the
-//! agent sockets, which hold no dispatcher).
+//! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `collect`,
+//! `sweep`, `identify`. A part that needs another part's work returns it as
+//! follow-ups, which `route` applies (the jobs runner, the agent sockets and
+//! the stops, which hold no dispatcher).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -90,7 +90,6 @@ mod waiters;
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;
 use collect::{Collect, Harvested};
-use stops::Stop;
 use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
@@ -599,8 +598,10 @@ struct Dispatcher {
     /// waits across nodes.
     agents: agents::Agents,
     waiters: Waiters,
-    stops: HashMap<u64, Stop>,
+    /// The ids of waits (`Cmd::WaitTimeout` names one).
     next_id: u64,
+    /// The stops in flight: their subtrees being emptied, then recorded.
+    stops: stops::Stops,
     /// The sweepers' state: the lease when this supervisor holds it, the ticks.
     sweep: sweep::SweepState,
     /// The per-agent sockets (SPEC 8) of agents that can take input.

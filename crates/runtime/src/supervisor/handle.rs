@@ -31,7 +31,6 @@ use brood_launch::cgroup::Cgroups;
 use brood_launch::env::Base;
 use brood_store::Store;
 use serde_json::json;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -284,6 +283,7 @@ impl Supervisor {
         let ends_writer =
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;
+        let stops = super::stops::Stops::new(cgroups.clone(), cfg.grace, tx.clone());
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -328,8 +328,8 @@ impl Supervisor {
             },
             agents: Agents::default(),
             waiters: Waiters::default(),
-            stops: HashMap::new(),
             next_id: 1,
+            stops,
             sweep: sweep::SweepState::default(),
             sockets: sockets::Sockets::default(),
             jobs: jobs::Runner::new(brood_exe),

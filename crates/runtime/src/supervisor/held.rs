@@ -69,7 +69,7 @@ impl Dispatcher {
             sockets: self.sockets.len(),
             sockets_room: self.sockets.room(),
             stops: self.stops.len(),
-            stops_room: self.stops.capacity(),
+            stops_room: self.stops.room(),
             waiters: self.waiters.len(),
             queued: self.launcher.waiting.len(),
             admitting: self.admitting.held(),

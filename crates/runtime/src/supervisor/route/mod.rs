@@ -7,3 +7,4 @@
 
 mod jobs;
 mod sockets;
+mod tick;

@@ -102,7 +102,11 @@ pub fn current_runs_are_the_listed_agents_runs(store: &dyn Store) {
         .into_iter()
         .find(|r| r.agent == b.name)
         .unwrap();
-    assert_eq!(b_run.result.as_deref(), Some("b done"), "the run as recorded");
+    assert_eq!(
+        b_run.result.as_deref(),
+        Some("b done"),
+        "the run as recorded"
+    );
     assert!(got(Some(&name("q")), true).is_empty());
 }
 

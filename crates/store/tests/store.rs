@@ -767,7 +767,10 @@ fn a_forest_of_100000_agents_is_walked_through_indexes() {
     // A listing's runs: its agents as the listing finds them, each run by its key.
     uses("current_runs_unfinished", "agents_unfinished_by_tenant");
     uses("current_runs_unfinished", "sqlite_autoindex_runs_1 (id=?)");
-    uses("current_runs_of_children", "agents_by_parent (tenant=? AND parent=?)");
+    uses(
+        "current_runs_of_children",
+        "agents_by_parent (tenant=? AND parent=?)",
+    );
     uses("current_runs_of_children", "sqlite_autoindex_runs_1 (id=?)");
     uses("unfinished_of", "agents_unfinished_by_supervisor");
 

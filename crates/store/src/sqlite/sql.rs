@@ -213,7 +213,8 @@ macro_rules! current_runs {
     };
 }
 pub(crate) const Q_CURRENT_RUNS_ALL: &str = current_runs!("");
-pub(crate) const Q_CURRENT_RUNS_UNFINISHED: &str = current_runs!(concat!(" AND ", unfinished!("a.")));
+pub(crate) const Q_CURRENT_RUNS_UNFINISHED: &str =
+    current_runs!(concat!(" AND ", unfinished!("a.")));
 pub(crate) const Q_CURRENT_RUNS_OF_CHILDREN: &str = current_runs!(" AND a.parent = ?2");
 pub(crate) const Q_LAST_RUN_SEQ: &str =
     "SELECT COALESCE(MAX(seq), 0) FROM runs WHERE tenant = ?1 AND agent = ?2";

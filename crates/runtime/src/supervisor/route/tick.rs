@@ -30,15 +30,15 @@ impl Dispatcher {
             self.launcher.cgroups.clone(),
             &self.host.tx,
         );
-        if let Some(fence) = self.with_sweeps(|s, env| s.hold_lease(env)) {
-            if let Err(e) = self.sweep_passes(&fence, due) {
-                if matches!(&e, StoreError::Refused { code, .. } if *code == Code::Conflict) {
-                    // Fenced off: someone else holds the lease now.
-                    tracing::warn!(error = %e, "sweeper lease lost");
-                    self.sweep.fenced_off();
-                } else {
-                    tracing::error!(error = %e, "a sweeper pass failed; the next tick retries");
-                }
+        if let Some(fence) = self.with_sweeps(|s, env| s.hold_lease(env))
+            && let Err(e) = self.sweep_passes(&fence, due)
+        {
+            if matches!(&e, StoreError::Refused { code, .. } if *code == Code::Conflict) {
+                // Fenced off: someone else holds the lease now.
+                tracing::warn!(error = %e, "sweeper lease lost");
+                self.sweep.fenced_off();
+            } else {
+                tracing::error!(error = %e, "a sweeper pass failed; the next tick retries");
             }
         }
         self.carry_out_recorded_stops();

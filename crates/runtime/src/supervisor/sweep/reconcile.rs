@@ -5,10 +5,10 @@
 use brood_core::{AgentName, TenantId};
 use brood_store::Store;
 
-use crate::supervisor::agents::Agents;
-use crate::supervisor::launcher::Launcher;
 use crate::hosts::{host_alive, registered_nodes};
 use crate::metrics::{Metrics, Sweeper};
+use crate::supervisor::agents::Agents;
+use crate::supervisor::launcher::Launcher;
 
 /// Budgets recomputed from the store (SPEC 9 reconcile): the running totals
 /// kept from `usage` messages are a fast path; the runs' records are the

@@ -55,7 +55,6 @@ pub use held::Held;
 mod host;
 use crate::hosts::node_labels;
 pub use crate::hosts::supervisor_id;
-pub(crate) use crate::hosts::{host_alive, registered_nodes};
 mod identify;
 mod io;
 mod jobs;
@@ -602,8 +601,10 @@ struct Dispatcher {
     next_id: u64,
     /// The stops in flight: their subtrees being emptied, then recorded.
     stops: stops::Stops,
-    /// The sweepers' state: the lease when this supervisor holds it, the ticks.
-    sweep: sweep::SweepState,
+    /// The sweepers (SPEC 9): the lease when this supervisor holds it, the
+    /// ticks, and the passes, which write the store only and return what
+    /// follows on this node (`route::tick`).
+    sweep: sweep::Sweeps,
     /// The per-agent sockets (SPEC 8) of agents that can take input.
     sockets: sockets::Sockets,
     /// The jobs this supervisor runs and their workers (SPEC 10).

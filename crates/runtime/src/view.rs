@@ -5,19 +5,20 @@
 //! supervisor (SPEC 12: read-only commands fall back to the store), and the
 //! supervisor's own answers are built by the same code.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use brood_api as api;
-use brood_core::{AgentName, Code, TenantId};
+use brood_core::{AgentName, Code, RunId, TenantId};
 use brood_store::prelude::*;
-use brood_store::{Agent, Node, StoreError};
+use brood_store::{Agent, Node, Run, StoreError};
 use serde_json::{Value, json};
 
 use crate::api::ApiError;
 use crate::api::{internal, not_found};
 use crate::hosts::{host_alive, registered_nodes};
-use crate::shown::{agent_view, run_view};
+use crate::shown::{agent_view, agent_view_of, run_view};
 
 /// Deeper than this, trees are cut (a tree is at most `max_depth` deep, 64 by
 /// default; this only bounds the recursion).
@@ -82,12 +83,31 @@ impl View {
             None => self.store.agents(&self.tenant, all),
         }
         .map_err(internal)?;
+        // Their runs in one read, not one an agent (a round trip each on
+        // PostgreSQL); a run not among them (a resume began one since) is
+        // read alone.
+        let mut runs = self.current_runs(parent.as_ref(), all)?;
         let agents = agents
             .iter()
             .filter(|a| all || parent.is_none() || !a.status.is_finished())
-            .map(|a| self.agent_view(a))
+            .map(|a| self.agent_view_with(a, &mut runs))
             .collect();
         Ok(api::AgentList { agents })
+    }
+
+    /// [`Records::current_runs`] by run id.
+    fn current_runs(
+        &self,
+        parent: Option<&AgentName>,
+        all: bool,
+    ) -> Result<HashMap<RunId, Run>, ApiError> {
+        Ok(self
+            .store
+            .current_runs(&self.tenant, parent, all)
+            .map_err(internal)?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect())
     }
 
     /// Every descendant of `name`, parents before children, siblings in start order.
@@ -107,8 +127,10 @@ impl View {
         if depth >= TREE_DEPTH {
             return Ok(());
         }
-        for k in self.store.children(&self.tenant, name).map_err(internal)? {
-            out.push(self.agent_view(&k));
+        let kids = self.store.children(&self.tenant, name).map_err(internal)?;
+        let mut runs = self.current_runs(Some(name), true)?;
+        for k in kids {
+            out.push(self.agent_view_with(&k, &mut runs));
             self.pre_order(&k.name, depth + 1, out)?;
         }
         Ok(())
@@ -205,7 +227,20 @@ impl View {
     }
 
     pub fn agent_view(&self, a: &Agent) -> api::Agent {
-        let mut v = agent_view(&self.store, a);
+        self.shown(a, agent_view(&self.store, a))
+    }
+
+    /// [`Self::agent_view`] with its run taken from `runs` (read together
+    /// for a listing), or read alone when it is not there.
+    fn agent_view_with(&self, a: &Agent, runs: &mut HashMap<RunId, Run>) -> api::Agent {
+        match runs.remove(&a.run) {
+            Some(run) => self.shown(a, agent_view_of(a, Some(run))),
+            None => self.agent_view(a),
+        }
+    }
+
+    /// What the view adds to a record's rendering: whether its supervisor is gone.
+    fn shown(&self, a: &Agent, mut v: api::Agent) -> api::Agent {
         if let Some(nodes) = &self.hosts
             && !a.status.is_finished()
             && let Some(nodes) = nodes.get_or_init(|| registered_nodes(&*self.store).ok())

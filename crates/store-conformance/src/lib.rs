@@ -211,6 +211,10 @@ pub const CASES: &[(&str, Case)] = &[
         agents_lists_all_or_unfinished,
     ),
     (
+        "current_runs_are_the_listed_agents_runs",
+        current_runs_are_the_listed_agents_runs,
+    ),
+    (
         "descendants_are_in_post_order",
         descendants_are_in_post_order,
     ),
@@ -343,6 +347,7 @@ macro_rules! conformance_tests {
     event_sequences_are_gapless_under_concurrency,
     children_in_creation_order,
     agents_lists_all_or_unfinished,
+    current_runs_are_the_listed_agents_runs,
     spend_rolls_up_the_subtree,
     lease_epochs_fence_old_holders,
     overdue_runs_are_found_by_deadline,

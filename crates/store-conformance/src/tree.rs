@@ -49,6 +49,67 @@ pub fn agents_lists_all_or_unfinished(store: &dyn Store) {
     );
 }
 
+/// `current_runs` gives, in one read, exactly the current run of each agent
+/// the matching listing lists: never an earlier run of a resumed agent,
+/// never one of another tenant or outside the listing.
+pub fn current_runs_are_the_listed_agents_runs(store: &dyn Store) {
+    let t = tenant("conf-current-runs");
+    running(store, &t, "r", None);
+    running(store, &t, "a", Some("r"));
+    let b = running(store, &t, "b", Some("r"));
+    end(store, &b, Terminal::Completed, Some("b done"));
+    let c = running(store, &t, "c", Some("r"));
+    end(store, &c, Terminal::Completed, None);
+    store
+        .resume(&t, &c.name, &new_run(), "sup", now(), &[])
+        .unwrap();
+    admit(store, &t, "q", None);
+    running(store, &tenant("conf-current-runs-other"), "r", None);
+    let expect = |agents: Vec<Agent>| -> Vec<(String, String)> {
+        let mut v: Vec<_> = agents
+            .into_iter()
+            .map(|a| (a.name.to_string(), a.run.to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    let got = |parent: Option<&AgentName>, all| -> Vec<(String, String)> {
+        let mut v: Vec<_> = store
+            .current_runs(&t, parent, all)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.agent.to_string(), r.id.to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(got(None, true), expect(store.agents(&t, true).unwrap()));
+    assert_eq!(got(None, false), expect(store.agents(&t, false).unwrap()));
+    assert_eq!(
+        got(Some(&name("r")), true),
+        expect(store.children(&t, &name("r")).unwrap())
+    );
+    assert_eq!(got(None, true).len(), 5, "r, a, b, c and q");
+    assert!(
+        got(None, false).iter().all(|(n, _)| n != "b"),
+        "b ended and is not listed unfinished"
+    );
+    let c_now = get(store, &t, "c");
+    assert_ne!(c_now.run, c.run, "the resume began a new run");
+    let b_run = store
+        .current_runs(&t, Some(&name("r")), true)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.agent == b.name)
+        .unwrap();
+    assert_eq!(
+        b_run.result.as_deref(),
+        Some("b done"),
+        "the run as recorded"
+    );
+    assert!(got(Some(&name("q")), true).is_empty());
+}
+
 /// Checks that every agent of `plan` comes after all of its own descendants, found
 /// independently through `children`, and that the plan is exactly the subtree.
 pub fn assert_post_order(store: &dyn Store, t: &TenantId, top: &AgentName, plan: &[Agent]) {

@@ -291,6 +291,17 @@ pub trait Records {
     /// agent would be a round trip each on a networked store.
     fn tenant_runs(&self, tenant: &TenantId) -> Result<Vec<Run>>;
 
+    /// The current run of each agent [`Records::agents`] (no `parent`) or
+    /// [`Records::children`] (of `parent`) lists, in one read: what a
+    /// listing shows of its agents' runs (pid, result, usage), where a read
+    /// an agent would be a round trip each on a networked store. No order.
+    fn current_runs(
+        &self,
+        tenant: &TenantId,
+        parent: Option<&AgentName>,
+        all: bool,
+    ) -> Result<Vec<Run>>;
+
     /// All agents of the tenant (`all`), or only unfinished ones; by creation order.
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>>;
 

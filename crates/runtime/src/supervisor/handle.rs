@@ -330,7 +330,7 @@ impl Supervisor {
             waiters: Waiters::default(),
             next_id: 1,
             stops,
-            sweep: sweep::SweepState::default(),
+            sweep: sweep::Sweeps::default(),
             sockets: sockets::Sockets::default(),
             jobs: jobs::Runner::new(brood_exe),
             orphans: super::orphans::Orphans::default(),

@@ -148,6 +148,11 @@ pub(crate) struct Statements {
     pub run: &'static str,
     pub runs: &'static str,
     pub tenant_runs: &'static str,
+    /// `?1` tenant: the current run of every agent, of every unfinished
+    /// one, and (`?2` parent) of every child (`Records::current_runs`).
+    pub current_runs_all: &'static str,
+    pub current_runs_unfinished: &'static str,
+    pub current_runs_of_children: &'static str,
     pub channel: &'static str,
     pub messages: &'static str,
     pub events: &'static str,

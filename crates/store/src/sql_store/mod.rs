@@ -421,6 +421,20 @@ impl<S: SqlStore> Records for S {
         self.reading(|db| db.runs(S::Db::SQL.tenant_runs, &[text(tenant.as_str())]))
     }
 
+    fn current_runs(
+        &self,
+        tenant: &TenantId,
+        parent: Option<&AgentName>,
+        all: bool,
+    ) -> Result<Vec<Run>> {
+        let t = text(tenant.as_str());
+        self.reading(|db| match parent {
+            Some(p) => db.runs(S::Db::SQL.current_runs_of_children, &[t, text(p.as_str())]),
+            None if all => db.runs(S::Db::SQL.current_runs_all, &[t]),
+            None => db.runs(S::Db::SQL.current_runs_unfinished, &[t]),
+        })
+    }
+
     fn agents(&self, tenant: &TenantId, all: bool) -> Result<Vec<Agent>> {
         self.reading(|db| {
             let sql = if all {

@@ -197,6 +197,25 @@ pub(crate) const Q_TENANT_RUNS: &str = concat!(
     run_cols!(),
     " FROM runs WHERE tenant = ?1 ORDER BY agent, seq"
 );
+// The current runs of what a listing lists: the listing's own WHERE on the
+// agents (the unfinished one repeats the partial indexes' expression), each
+// run then found by its primary key. Joined from the agents, not `id IN
+// (subquery)`: SQLite would read the tenant's every run for that, and a
+// tenant's history is long where its unfinished agents are few.
+macro_rules! current_runs {
+    ($where:expr) => {
+        concat!(
+            "SELECT r.id, r.tenant, r.agent, r.seq, r.pid, r.cgroup, r.outcome, r.exit_code, \
+             r.result, r.tokens_in, r.tokens_out, r.cost_usd, r.started_ms, r.ended_ms, \
+             r.created_ms FROM agents AS a JOIN runs AS r ON r.id = a.run WHERE a.tenant = ?1",
+            $where
+        )
+    };
+}
+pub(crate) const Q_CURRENT_RUNS_ALL: &str = current_runs!("");
+pub(crate) const Q_CURRENT_RUNS_UNFINISHED: &str =
+    current_runs!(concat!(" AND ", unfinished!("a.")));
+pub(crate) const Q_CURRENT_RUNS_OF_CHILDREN: &str = current_runs!(" AND a.parent = ?2");
 pub(crate) const Q_LAST_RUN_SEQ: &str =
     "SELECT COALESCE(MAX(seq), 0) FROM runs WHERE tenant = ?1 AND agent = ?2";
 pub(crate) const Q_RUN_OF_AGENT: &str =
@@ -311,6 +330,9 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("run", Q_RUN),
     ("runs", Q_RUNS),
     ("tenant_runs", Q_TENANT_RUNS),
+    ("current_runs_all", Q_CURRENT_RUNS_ALL),
+    ("current_runs_unfinished", Q_CURRENT_RUNS_UNFINISHED),
+    ("current_runs_of_children", Q_CURRENT_RUNS_OF_CHILDREN),
     ("last_run_seq", Q_LAST_RUN_SEQ),
     ("channel", Q_CHANNEL),
     ("messages", Q_MESSAGES),
@@ -353,6 +375,9 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     run: Q_RUN,
     runs: Q_RUNS,
     tenant_runs: Q_TENANT_RUNS,
+    current_runs_all: Q_CURRENT_RUNS_ALL,
+    current_runs_unfinished: Q_CURRENT_RUNS_UNFINISHED,
+    current_runs_of_children: Q_CURRENT_RUNS_OF_CHILDREN,
     channel: Q_CHANNEL,
     messages: Q_MESSAGES,
     events: Q_EVENTS,

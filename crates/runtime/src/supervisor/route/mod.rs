@@ -8,3 +8,4 @@
 mod jobs;
 mod sockets;
 mod stops;
+mod tick;

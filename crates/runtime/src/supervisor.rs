@@ -12,11 +12,12 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `orphans`, `disk`); a part
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `orphans`, `disk`,
+//! `admitting`, whose decisions are `admission`'s, lent an `Env`); a part
 //! takes only what it reads and returns what it needs done elsewhere, which
 //! the loop carries out (`route`). The work that spans parts is split by
 //! concern into the submodules: `handle` (the public handle and start-up),
-//! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `collect`,
+//! `batch`, `launch`, `protocol`, `ends`, `verbs`, `collect`,
 //! `sweep`, `identify`. A part that needs another part's work returns it as
 //! follow-ups, which `route` applies (the jobs runner, the agent sockets and
 //! the stops, which hold no dispatcher).
@@ -41,7 +42,7 @@ use crate::api::{ApiError, Caller, SpawnRequest, internal};
 use crate::paths::Paths;
 use crate::projection::Projection;
 
-mod admit;
+mod admission;
 mod admitting;
 mod agents;
 mod batch;

@@ -23,6 +23,11 @@
 //! Children are admitted on the loop as before: their decisions read the
 //! parent's live state (its budget, its `create_limit`, whether it is
 //! stopping), which an admission in flight would leave stale.
+//!
+//! [`Admitting`] is the state of the admission part: what it decides
+//! (`supervisor::admission`) holds none of its own, and its entry points
+//! (`supervisor::route::admission`) hand batches to it and take its
+//! answers.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc as std_mpsc;
@@ -34,8 +39,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::Cmd;
-use super::admit::Decision;
-use super::batch::Spawn;
+use super::admission::{Decision, Spawn};
 use crate::api::ApiError;
 use brood_core::Code;
 

@@ -9,12 +9,10 @@
 //! What follows each (the projection, the live entry, the queue for a slot,
 //! the answer, the parent told) is done in arrival order, as for one.
 //!
-//! A batch holds only creations that cannot see each other: decisions read
-//! the loop's state and the store before anything of the batch is written,
-//! so two creations under one parent (its `create_limit`, its budget), a
-//! creation under another of the batch, two asking for one name, or one
-//! naming a customer, each start a batch of their own. The store's
-//! transaction checks the quotas either way.
+//! Here: the gathering ([`gather`]) and the starts and ends taken together
+//! (they belong with launch and ends). Which creations may go together
+//! ([`joins`]) and how a batch of them is admitted are admission's
+//! (`supervisor::admission`, `route::admission`'s `on_spawns`).
 
 use brood_core::{AgentName, RunId};
 use std::collections::{HashSet, VecDeque};
@@ -23,33 +21,16 @@ use brood_launch::{LaunchError, Launched};
 use brood_store::EndItem;
 use tokio::sync::mpsc;
 
-use super::admitting::{Admitted, Admitting};
+use super::admission::{Spawn, joins};
 use super::ends::Ending;
 use super::ends_writer::EndsRecorded;
 use super::launch::{Made, Starting};
-use super::{AgentEv, Cmd, Dispatcher, Reply, answer};
-use crate::api::{ApiError, Caller, SpawnRequest, internal};
+use super::{AgentEv, Cmd, Dispatcher};
+use crate::api::Caller;
 
 /// The most creations admitted together: enough for a burst of clients, few
 /// enough that the first does not wait long for the last.
 pub(super) const MAX_BATCH: usize = 64;
-
-/// One creation of a batch, as it came to the loop.
-pub(super) struct Spawn {
-    pub(super) caller: Caller,
-    pub(super) req: SpawnRequest,
-    pub(super) reply: Reply<brood_api::Agent>,
-}
-
-impl Spawn {
-    /// Who the new agent's parent is asked to be.
-    pub(super) fn parent(&self) -> Option<&AgentName> {
-        match &self.caller {
-            Caller::Agent(me) => Some(me),
-            Caller::User { .. } => self.req.parent.as_ref(),
-        }
-    }
-}
 
 /// A spawner's answer: the process of a run (or why it did not start).
 pub(super) struct Launch {
@@ -237,160 +218,7 @@ fn overtakes(c: &Cmd, named: &mut HashSet<AgentName>) -> bool {
     }
 }
 
-/// Whether `next` may be admitted together with `batch` (module docs).
-pub(super) fn joins(batch: &[Spawn], next: &Spawn) -> bool {
-    if batch.len() >= MAX_BATCH || next.req.customer.is_some() {
-        return false;
-    }
-    let parent = next.parent();
-    let name = next.req.name.as_ref();
-    batch.iter().all(|s| {
-        let (p, n) = (s.parent(), s.req.name.as_ref());
-        let same_parent = parent.is_some() && p == parent;
-        let under_it = parent.is_some() && n == parent;
-        let over_it = name.is_some() && p == name;
-        let same_name = name.is_some() && n == name;
-        !(same_parent || under_it || over_it || same_name)
-    })
-}
-
 impl Dispatcher {
-    /// Admits a batch (see [`joins`]): decided one by one, recorded by the
-    /// store together, followed up in arrival order. A user's roots go off
-    /// the loop (`admitting`): recorded by the store's writer while the loop
-    /// goes on, followed up when its answer comes ([`Self::on_admitted`]).
-    /// A creation naming one in flight waits for it.
-    pub(super) fn on_spawns(&mut self, batch: Vec<Spawn>) {
-        let mut decided = Vec::with_capacity(batch.len());
-        let mut off_loop = Vec::new();
-        for s in batch {
-            if self.admitting.must_wait(&s) {
-                self.admitting.defer(s);
-                continue;
-            }
-            if self.agents.tool_granted(&s.caller, "create").is_ok()
-                && let Some(child) = self.created_before(&s.caller, &s.req)
-            {
-                answer(s.reply, Ok(child));
-                continue;
-            }
-            let d = self
-                .agents
-                .tool_granted(&s.caller, "create")
-                .and_then(|()| self.decide(&s.caller, &s.req));
-            match d {
-                Ok(d) if Admitting::may_take(&s) => off_loop.push((s, d)),
-                Ok(d) => decided.push((s, d)),
-                Err(e) => self.refuse_spawn(s, e),
-            }
-        }
-        if decided.is_empty() && off_loop.is_empty() {
-            return;
-        }
-        // The tenant's overrides, read once for the batch.
-        let quotas = match self.tenant_quotas() {
-            Ok(q) => q,
-            Err(e) => {
-                for (s, _) in decided.into_iter().chain(off_loop) {
-                    self.refuse_spawn(s, e.clone());
-                }
-                return;
-            }
-        };
-        self.launcher.max_concurrent = quotas.max_concurrent;
-        if !off_loop.is_empty()
-            && let Err((batch, e)) = self.admitting.hand_over(off_loop, quotas)
-        {
-            for (s, _) in batch {
-                self.refuse_spawn(s, e.clone());
-            }
-        }
-        if decided.is_empty() {
-            return;
-        }
-        tracing::debug!(n = decided.len(), "admitting creations together");
-        let records: Vec<_> = decided
-            .iter()
-            .map(|(_, d)| (&d.new, d.events.as_slice()))
-            .collect();
-        let recorded = self.records.store.admit_all_with_quotas(&records, &quotas);
-        self.follow_admissions(decided, recorded);
-    }
-
-    /// The writer's answer for a batch handed over: followed up as on the
-    /// loop, then the creations that waited for it are decided again. While
-    /// shutting down, what was admitted is stopped at once (the shutdown
-    /// stopped every tree before it landed), and what waited is decided
-    /// one at a time as any creation then is.
-    pub(super) fn on_admitted(&mut self, a: Admitted, shutting_down: bool) {
-        let batch = self.admitting.landed(a.id);
-        let names: Vec<AgentName> = batch.iter().map(|(_, d)| d.new.name.clone()).collect();
-        self.follow_admissions(batch, a.results);
-        if shutting_down {
-            for n in names {
-                if self.agents.live.contains_key(&n) {
-                    self.stop_subtree(
-                        &n,
-                        brood_core::Terminal::Cancelled(brood_core::CancelReason::User),
-                    );
-                }
-            }
-        }
-        let waiting = self.admitting.take_deferred();
-        if shutting_down {
-            for s in waiting {
-                self.on_spawn(s.caller, s.req, s.reply);
-            }
-        } else if !waiting.is_empty() {
-            self.on_spawns(waiting);
-        }
-    }
-
-    /// What follows admissions the store has answered: each recorded one
-    /// projected, made live and queued, each caller answered, in order.
-    fn follow_admissions(
-        &mut self,
-        decided: Vec<(Spawn, super::admit::Decision)>,
-        recorded: Vec<Result<brood_store::Agent, brood_store::StoreError>>,
-    ) {
-        let mut recorded = recorded.into_iter();
-        let mut answers = Vec::with_capacity(decided.len());
-        for (s, d) in decided {
-            let parent = s.parent().cloned();
-            let requested = s.req.name.as_ref().map(|n| n.to_string());
-            let caller_trace = s.req.traceparent;
-            let r = match recorded.next() {
-                Some(r) => r.map_err(internal),
-                None => Err(ApiError::new(
-                    brood_core::Code::Internal,
-                    format!(
-                        "the store gave no answer for the admission of {}",
-                        d.new.name
-                    ),
-                )),
-            };
-            let rr = r.and_then(|agent| self.record_admission(d, s.req, agent));
-            match rr {
-                Ok(admitted) => answers.push((admitted, s.reply)),
-                Err(e) => {
-                    self.note_refusal(
-                        parent.as_ref(),
-                        requested.as_deref(),
-                        caller_trace.as_ref(),
-                        &e,
-                    );
-                    answer(s.reply, Err(e));
-                }
-            }
-        }
-        // The queue served once for the lot (its slots taken in one call),
-        // then each caller answered as the launch left it.
-        self.pump_queue();
-        for (admitted, reply) in answers {
-            self.answer_spawn(admitted, reply);
-        }
-    }
-
     /// Starts answered by the spawner: each taken up, their records written
     /// together, what follows each in order.
     pub(super) fn on_launches(&mut self, starts: Vec<Launch>) {
@@ -493,18 +321,6 @@ impl Dispatcher {
                 }
             }
         }
-    }
-
-    /// A creation refused before anything was written.
-    fn refuse_spawn(&mut self, s: Spawn, e: ApiError) {
-        let requested = s.req.name.as_ref().map(|n| n.to_string());
-        self.note_refusal(
-            s.parent(),
-            requested.as_deref(),
-            s.req.traceparent.as_ref(),
-            &e,
-        );
-        answer(s.reply, Err(e));
     }
 }
 

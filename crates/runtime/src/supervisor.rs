@@ -12,14 +12,15 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `orphans`, `disk`); a part
-//! takes only what it reads and returns what it needs done elsewhere, which
-//! the loop carries out (`route`). The work that spans parts is split by
-//! concern into the submodules: `handle` (the public handle and start-up),
-//! `admit` and `batch`, `launch`, `protocol`, `ends`, `verbs`, `collect`,
-//! `sweep`, `identify`. A part that needs another part's work returns it as
-//! follow-ups, which `route` applies (the jobs runner, the agent sockets and
-//! the stops, which hold no dispatcher).
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `orphans`,
+//! `disk`); a part takes only what it reads and returns what it needs done
+//! elsewhere, which the loop carries out (`route`). The work that spans
+//! parts is split by concern into the submodules: `handle` (the public
+//! handle and start-up), `admit` and `batch`, `launch`, `protocol`, `ends`,
+//! `verbs`, `collect`, `sweep`, `identify`. A part that needs another
+//! part's work returns it as follow-ups, which `route` applies (the jobs
+//! runner, the agent sockets, the stops and the cluster's node, which hold
+//! no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -45,6 +46,7 @@ mod admit;
 mod admitting;
 mod agents;
 mod batch;
+mod cluster;
 mod collect;
 mod disk;
 mod ends;
@@ -62,15 +64,12 @@ mod launch;
 mod launcher;
 mod models;
 pub use models::{Endpoint, Gateway, GatewayHost, ModelRefusal};
-mod nodes;
 mod ops;
 pub use ops::handle;
 mod orphans;
 mod outcome;
 mod outsider;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
-mod moved;
-mod placement;
 mod protocol;
 mod pump;
 mod queue;
@@ -618,6 +617,9 @@ struct Dispatcher {
     ends_together: Option<Vec<ends::Ending>>,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
+    /// This supervisor as a node of its store's cluster: its heartbeats,
+    /// placement, the nodes lost and what moves off them (issue 15).
+    cluster: cluster::Cluster,
     /// Admissions handed to the store's writer and not yet answered, and
     /// the creations waiting for them (issue 27).
     admitting: admitting::Admitting,
@@ -672,7 +674,8 @@ impl Dispatcher {
                 },
             };
             // Back from a pause past its expiry, a node learns whether it
-            // was declared lost before it acts for any agent (`moved`).
+            // was declared lost before it acts for any agent
+            // (`cluster::moved`).
             self.fence_if_stale();
             // Creations, starts and ends queued together are recorded
             // together (`batch`); the starts and ends of lone agents (a root

@@ -244,6 +244,7 @@ impl Supervisor {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let disp_me = me.clone();
+        let disp_cfg_node = cfg.node.clone();
         let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if cfg.node.is_some() {
             // The other nodes' writes wake this loop at once (a cancel there
@@ -337,6 +338,7 @@ impl Supervisor {
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
             restart,
+            cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,
             ends_writer,
             model_rates: super::models::TenantRate::default(),

@@ -57,9 +57,6 @@ pub(super) struct Restart {
     /// Children the restart ended, told to their resumed parent once it
     /// runs: (parent, the child as recorded).
     ended: Vec<(AgentName, Agent)>,
-    /// This node's heartbeats (`moved`: a node back from a pause checks
-    /// it was not declared lost before it acts).
-    pub(super) beat: super::moved::Beat,
 }
 
 impl Restart {
@@ -213,7 +210,7 @@ impl Dispatcher {
             },
             None => None,
         };
-        let (argv, cwd) = super::placement::stored_launch(&spec);
+        let (argv, cwd) = super::cluster::stored_launch(&spec);
         // Its instruction is its task again: the history holds the rest.
         let mut live = Live::new(
             a.run.clone(),

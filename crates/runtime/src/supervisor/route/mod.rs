@@ -5,6 +5,7 @@
 //! refused). A part never holds the dispatcher, so its decisions can move
 //! off the loop while their effects stay on it.
 
+mod cluster;
 mod jobs;
 mod sockets;
 mod stops;

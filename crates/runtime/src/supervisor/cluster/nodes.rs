@@ -18,7 +18,7 @@ impl Cluster {
     /// agents (stops recorded for them, ends of agents waited for here) is
     /// carried out now rather than at the next tick. The event log's readers
     /// look again after this command, as after any.
-    pub(in crate::supervisor) fn news(&mut self, env: &Env) -> Vec<NodeFollow> {
+    pub(in crate::supervisor) fn news(&self, env: &Env) -> Vec<NodeFollow> {
         let mut out = self.claim(env);
         out.extend([
             NodeFollow::DeliverRoutedInputs,

@@ -8,6 +8,7 @@
 mod cluster;
 mod jobs;
 mod models;
+mod restart;
 mod sockets;
 mod stops;
 mod tick;

@@ -9,6 +9,7 @@ mod cluster;
 mod jobs;
 mod models;
 mod restart;
+mod routed;
 mod sockets;
 mod stops;
 mod tick;

@@ -47,7 +47,6 @@ mod admitting;
 mod agents;
 mod batch;
 mod cluster;
-mod collect;
 mod disk;
 mod ends;
 mod ends_writer;
@@ -87,7 +86,10 @@ mod waiters;
 
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;
-use collect::{Collect, Harvested};
+// The collector's types by their old path: `launch` keeps a run's sandbox
+// for it (`collect::KeptSandbox`).
+use ends::collect;
+use ends::{Collect, Harvested};
 use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
@@ -615,6 +617,9 @@ struct Dispatcher {
     /// While a batch of ends is handled: the ends waiting to be recorded
     /// together (`batch`).
     ends_together: Option<Vec<ends::Ending>>,
+    /// A run's end and what follows it: the collection of its result, the
+    /// projection, the parent and the waiters told (`ends`).
+    ends: ends::Ends,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
     /// This supervisor as a node of its store's cluster: its heartbeats,

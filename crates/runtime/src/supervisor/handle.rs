@@ -285,6 +285,7 @@ impl Supervisor {
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;
         let stops = super::stops::Stops::new(cgroups.clone(), cfg.grace, tx.clone());
+        let (ends_share, ends_gid) = (cfg.node.is_some(), unsafe_getegid());
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -337,6 +338,7 @@ impl Supervisor {
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
+            ends: super::ends::Ends::new(tx.clone(), ends_share, uid, ends_gid),
             restart,
             cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,

@@ -187,7 +187,7 @@ impl Dispatcher {
                 if result.is_some() {
                     // What it handed back is checked and kept off the dispatcher
                     // (hashes, copies); the end is recorded when that comes back.
-                    self.harvest(&name, &run, outcome, code, result, detail);
+                    self.harvest(name, run, outcome, code, result, detail);
                 } else {
                     self.finish(&name, outcome, code, result, detail, None);
                 }

@@ -6,6 +6,7 @@
 //! off the loop while their effects stay on it.
 
 mod cluster;
+mod ends;
 mod jobs;
 mod models;
 mod sockets;

@@ -574,9 +574,6 @@ impl Live {
     }
 }
 
-const EXEC_OUT_MAX: usize = 16 << 20;
-const STDERR_TAIL: usize = 4096;
-
 /// How many empty network namespaces the pool keeps ready: enough for a burst
 /// of two starts, few enough that an idle supervisor holds little.
 const NETNS_POOL_DEPTH: usize = 2;
@@ -620,6 +617,9 @@ struct Dispatcher {
     /// A run's end and what follows it: the collection of its result, the
     /// projection, the parent and the waiters told (`ends`).
     ends: ends::Ends,
+    /// What the agents' processes say and do: messages, usage and budgets,
+    /// exits (`protocol`).
+    relay: protocol::Relay,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
     /// This supervisor as a node of its store's cluster: its heartbeats,

@@ -27,7 +27,6 @@ impl Ends {
     /// What a run's end records: its outcome and the events of it (in its
     /// log and in its parent's). `None` when `name` is not live here.
     pub(in crate::supervisor) fn ending(
-        &self,
         name: &AgentName,
         outcome: Terminal,
         exit_code: Option<i32>,

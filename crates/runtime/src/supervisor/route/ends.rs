@@ -7,7 +7,7 @@
 //! entry forgotten, descendants stopped or the group removed, a stop before
 //! a collection.
 
-use brood_core::{AgentName, RunId, Terminal};
+use brood_core::{AgentName, Terminal};
 use brood_store::{Agent, StoreError};
 
 use crate::supervisor::Dispatcher;
@@ -29,8 +29,8 @@ impl Dispatcher {
         detail: Option<String>,
         harvest: Option<crate::channel::Harvest>,
     ) {
-        let Some(e) = self.with_ends(|ends, env| {
-            ends.ending(name, outcome, exit_code, result, detail, harvest, env)
+        let Some(e) = self.with_ends(|_, env| {
+            Ends::ending(name, outcome, exit_code, result, detail, harvest, env)
         }) else {
             return;
         };
@@ -138,23 +138,7 @@ impl Dispatcher {
     /// A run that ended with a result: its subtree stopped and its group
     /// emptied, then what it handed back collected (`Ends::harvest`); the
     /// end is recorded when that comes back.
-    pub(in crate::supervisor) fn harvest(
-        &mut self,
-        name: AgentName,
-        run: RunId,
-        outcome: Terminal,
-        exit_code: Option<i32>,
-        result: Option<String>,
-        detail: Option<String>,
-    ) {
-        let ending = RunEnding {
-            name,
-            run,
-            outcome,
-            exit_code,
-            result,
-            detail,
-        };
+    pub(in crate::supervisor) fn harvest(&mut self, ending: RunEnding) {
         if let Some(f) = self.with_ends(|ends, env| ends.harvest(ending, env)) {
             self.apply_end(f);
         }

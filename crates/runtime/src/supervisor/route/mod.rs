@@ -9,6 +9,7 @@ mod cluster;
 mod ends;
 mod jobs;
 mod models;
+mod protocol;
 mod sockets;
 mod stops;
 mod tick;

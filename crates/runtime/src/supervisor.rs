@@ -12,15 +12,16 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `orphans`,
-//! `disk`); a part takes only what it reads and returns what it needs done
-//! elsewhere, which the loop carries out (`route`). The work that spans
-//! parts is split by concern into the submodules: `handle` (the public
-//! handle and start-up), `admit` and `batch`, `launch`, `protocol`, `ends`,
-//! `verbs`, `collect`, `sweep`, `identify`. A part that needs another
-//! part's work returns it as follow-ups, which `route` applies (the jobs
-//! runner, the agent sockets, the stops and the cluster's node, which hold
-//! no dispatcher).
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `ends`,
+//! `protocol`, `orphans`, `disk`); a part takes only what it reads and
+//! returns what it needs done elsewhere, which the loop carries out
+//! (`route`). The work that spans parts is split by concern into the
+//! submodules: `handle` (the public handle and start-up), `admit` and
+//! `batch`, `launch`, `verbs`, `sweep`, `identify`. A part that needs
+//! another part's work returns it as follow-ups, which `route` applies (the
+//! jobs runner, the agent sockets, the stops, the cluster's node, a run's
+//! end (`ends`, its result collected in `ends::collect`) and what a process
+//! says (`protocol`), which hold no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -6,8 +6,10 @@
 //! off the loop while their effects stay on it.
 
 mod cluster;
+mod ends;
 mod jobs;
 mod models;
+mod protocol;
 mod restart;
 mod routed;
 mod sockets;

@@ -12,15 +12,17 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `orphans`, `disk`,
-//! `admitting`, whose decisions are `admission`'s, lent an `Env`); a part
-//! takes only what it reads and returns what it needs done elsewhere, which
-//! the loop carries out (`route`). The work that spans parts is split by
-//! concern into the submodules: `handle` (the public handle and start-up),
-//! `batch`, `launch`, `protocol`, `ends`, `verbs`, `collect`,
-//! `sweep`, `identify`. A part that needs another part's work returns it as
-//! follow-ups, which `route` applies (the jobs runner, the agent sockets and
-//! the stops, which hold no dispatcher).
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `ends`,
+//! `protocol`, `orphans`, `disk`, `admitting`, whose decisions are
+//! `admission`'s, lent an `Env`); a part takes only what it reads and
+//! returns what it needs done elsewhere, which the loop carries out
+//! (`route`). The work that spans parts is split by concern into the
+//! submodules: `handle` (the public handle and start-up), `batch`,
+//! `launch`, `verbs`, `sweep`, `identify`. A part that needs
+//! another part's work returns it as follow-ups, which `route` applies (the
+//! jobs runner, the agent sockets, the stops, the cluster's node, a run's
+//! end (`ends`, its result collected in `ends::collect`) and what a process
+//! says (`protocol`), which hold no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -46,7 +48,7 @@ mod admission;
 mod admitting;
 mod agents;
 mod batch;
-mod collect;
+mod cluster;
 mod disk;
 mod ends;
 mod ends_writer;
@@ -63,15 +65,12 @@ mod launch;
 mod launcher;
 mod models;
 pub use models::{Endpoint, Gateway, GatewayHost, ModelRefusal};
-mod nodes;
 mod ops;
 pub use ops::handle;
 mod orphans;
 mod outcome;
 mod outsider;
 use outcome::{exit_code, outcome_of, reap_orphan_launch};
-mod moved;
-mod placement;
 mod protocol;
 mod pump;
 mod queue;
@@ -89,7 +88,10 @@ mod waiters;
 
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;
-use collect::{Collect, Harvested};
+// The collector's types by their old path: `launch` keeps a run's sandbox
+// for it (`collect::KeptSandbox`).
+use ends::collect;
+use ends::{Collect, Harvested};
 use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
@@ -574,9 +576,6 @@ impl Live {
     }
 }
 
-const EXEC_OUT_MAX: usize = 16 << 20;
-const STDERR_TAIL: usize = 4096;
-
 /// How many empty network namespaces the pool keeps ready: enough for a burst
 /// of two starts, few enough that an idle supervisor holds little.
 const NETNS_POOL_DEPTH: usize = 2;
@@ -617,15 +616,25 @@ struct Dispatcher {
     /// While a batch of ends is handled: the ends waiting to be recorded
     /// together (`batch`).
     ends_together: Option<Vec<ends::Ending>>,
+    /// A run's end and what follows it: the collection of its result, the
+    /// projection, the parent and the waiters told (`ends`).
+    ends: ends::Ends,
+    /// What the agents' processes say and do: messages, usage and budgets,
+    /// exits (`protocol`).
+    relay: protocol::Relay,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
+    /// This supervisor as a node of its store's cluster: its heartbeats,
+    /// placement, the nodes lost and what moves off them (issue 15).
+    cluster: cluster::Cluster,
     /// Admissions handed to the store's writer and not yet answered, and
     /// the creations waiting for them (issue 27).
     admitting: admitting::Admitting,
     /// Ends handed to the store's end writer and not yet answered.
     ends_writer: ends_writer::EndsWriter,
-    /// The tenant's model calls in the current minute (issue 31).
-    model_rates: models::TenantRate,
+    /// The model gateway's part: the tenant's model calls in the current
+    /// minute (issue 31); each call checked and metered (`route::models`).
+    models: models::Models,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -673,7 +682,8 @@ impl Dispatcher {
                 },
             };
             // Back from a pause past its expiry, a node learns whether it
-            // was declared lost before it acts for any agent (`moved`).
+            // was declared lost before it acts for any agent
+            // (`cluster::moved`).
             self.fence_if_stale();
             // Creations, starts and ends queued together are recorded
             // together (`batch`); the starts and ends of lone agents (a root
@@ -773,7 +783,14 @@ impl Dispatcher {
                 }
             }
             Cmd::Job(caller, op) => self.on_job(&caller, op),
-            Cmd::Remove(caller, op) => self.on_remove(&caller, op),
+            Cmd::Remove(caller, op) => remove::Env {
+                records: &self.records,
+                agents: &mut self.agents,
+                jobs: &self.jobs,
+                paths: &self.host.paths,
+                cgroups: self.launcher.cgroups.as_ref(),
+            }
+            .on_remove(&caller, op),
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
             Cmd::DiskChecked(over) => {
                 for name in self.disk.checked(over, &mut self.agents) {

@@ -244,6 +244,7 @@ impl Supervisor {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let disp_me = me.clone();
+        let disp_cfg_node = cfg.node.clone();
         let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if cfg.node.is_some() {
             // The other nodes' writes wake this loop at once (a cancel there
@@ -284,6 +285,8 @@ impl Supervisor {
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;
         let stops = super::stops::Stops::new(cgroups.clone(), cfg.grace, tx.clone());
+        let ends = super::ends::Ends::new(tx.clone(), cfg.node.is_some(), uid, unsafe_getegid());
+        let relay = super::protocol::Relay::new(cfg.resource_defaults.disk_max, cgroups.clone());
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -336,10 +339,13 @@ impl Supervisor {
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
+            ends,
+            relay,
             restart,
+            cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,
             ends_writer,
-            model_rates: super::models::TenantRate::default(),
+            models: super::models::Models::default(),
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());

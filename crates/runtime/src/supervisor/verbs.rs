@@ -351,7 +351,7 @@ impl Dispatcher {
                 return Ok(());
             }
             project_agent(&self.records.projection, &self.host.paths, &a, None);
-            let (argv, cwd) = super::placement::stored_launch(&spec);
+            let (argv, cwd) = super::cluster::stored_launch(&spec);
             // A `temp` agent's object was removed when its last run ended.
             let adir = self.host.paths.agent_dir(name);
             for (file, text) in crate::objects::control_files(&a, &policy, &spec) {

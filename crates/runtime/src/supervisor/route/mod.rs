@@ -6,7 +6,13 @@
 //! off the loop while their effects stay on it.
 
 mod admission;
+mod cluster;
+mod ends;
 mod jobs;
+mod models;
+mod protocol;
+mod restart;
+mod routed;
 mod sockets;
 mod stops;
 mod tick;

@@ -9,48 +9,39 @@
 //! holds.
 
 use brood_core::{AgentName, Code, FailReason, Status, Terminal};
-use brood_store::{Agent, NewNode, RunEnd, StoreError};
+use brood_store::StoreError;
 
-use super::{Dispatcher, now_ms};
+use super::{Cluster, Env, Next, NodeFollow, then};
 
-impl Dispatcher {
-    fn node_record(&self) -> Option<NewNode> {
-        let node = self.host.cfg.node.as_ref()?;
-        Some(NewNode {
-            id: self.host.me.clone(),
-            address: node.address.clone(),
-            labels: super::node_labels(&node.labels),
-            capacity: node.capacity,
-        })
-    }
-
+impl Cluster {
     /// Another node changed the store: what it may have done to this node's
     /// agents (stops recorded for them, ends of agents waited for here) is
     /// carried out now rather than at the next tick. The event log's readers
     /// look again after this command, as after any.
-    pub(super) fn on_news(&mut self) {
-        self.claim_placed_agents();
-        self.deliver_routed_inputs();
-        self.answer_ready_waits(None);
-        self.carry_out_recorded_stops();
-        self.answer_remote_waits();
+    pub(in crate::supervisor) fn news(&self, env: &Env) -> Vec<NodeFollow> {
+        let mut out = self.claim(env);
+        out.extend([
+            NodeFollow::DeliverRoutedInputs,
+            NodeFollow::AnswerReadyWaits,
+            NodeFollow::CarryOutRecordedStops,
+            NodeFollow::AnswerRemoteWaits,
+        ]);
+        out
     }
 
     /// The node's part of each tick: its heartbeat, then the others'.
-    pub(super) fn node_tick(&mut self) {
-        if self.host.cfg.node.is_none() {
-            return;
+    pub(in crate::supervisor) fn tick(&mut self, env: &Env) -> Vec<NodeFollow> {
+        if self.node.is_none() {
+            return Vec::new();
         }
-        self.heartbeat();
-        self.declare_lost_nodes();
-        self.claim_placed_agents();
-        self.deliver_routed_inputs();
-        self.answer_ready_waits(None);
-        // A parent gone hears of no more ends.
-        let live = &self.agents.live;
-        self.agents
-            .ends_told
-            .retain(|_, (parent, _)| live.contains_key(parent));
+        let mut out = self.heartbeat(env);
+        out.extend([
+            then(Next::DeclareLostNodes),
+            then(Next::Claim),
+            NodeFollow::DeliverRoutedInputs,
+            NodeFollow::AnswerReadyWaits,
+        ]);
+        out
     }
 
     /// Unfinished records of this supervisor's agents that no live agent
@@ -62,26 +53,23 @@ impl Dispatcher {
     /// `live` from its admission to its recorded end (claimed and resumed
     /// ones from the command that hosts them), so a record missing from it
     /// has no process behind it.
-    pub(super) fn end_records_without_agents(&mut self) {
-        let mine = match self
-            .records
-            .store
-            .unfinished_of(std::slice::from_ref(&self.host.me))
-        {
+    pub(in crate::supervisor) fn records_without_agents(&self, env: &Env) -> Vec<NodeFollow> {
+        let mine = match env.store.unfinished_of(std::slice::from_ref(&self.me)) {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "reading this supervisor's unfinished agents");
-                return;
+                return Vec::new();
             }
         };
         // The lease holder's orphan sweeper ends its own such records too
         // (fenced, counted, with a sweep event); a queued one, which has no
         // pid to check, is ended here whoever holds the lease.
-        let holder = self.sweep.holds_lease();
+        let holder = env.holds_lease;
+        let mut out = Vec::new();
         for a in mine {
-            if a.tenant != self.records.tenant
-                || self.agents.live.contains_key(&a.name)
-                || self.admitting.in_flight(&a.name)
+            if a.tenant != *env.tenant
+                || env.agents.live.contains_key(&a.name)
+                || env.admitting.in_flight(&a.name)
                 || (holder && a.status != Status::Queued)
             {
                 continue;
@@ -90,112 +78,96 @@ impl Dispatcher {
                 Status::Stopping(t) => t,
                 _ => Terminal::Failed(FailReason::Lost),
             };
-            self.end_without_process(
-                &a,
+            out.push(NodeFollow::EndWithoutProcess {
+                agent: a,
                 outcome,
-                format!(
+                detail: format!(
                     "its process is gone: supervisor {} holds none for it (a store write failed)",
-                    self.host.me
+                    self.me
                 ),
-            );
+            });
         }
-    }
-
-    /// Ends the run of an agent no process runs for (never started here),
-    /// with `outcome`: the record, its `agent.stop` event, and what follows
-    /// an end (waiters, the parent's channel).
-    pub(super) fn end_without_process(&mut self, a: &Agent, outcome: Terminal, detail: String) {
-        let end = RunEnd::without_process(outcome, detail, now_ms());
-        let events = [super::ev(
-            &a.name,
-            Some(&a.run),
-            &a.session,
-            brood_core::AgentEvent::Stop {
-                agent: a.name.clone(),
-                outcome,
-                swept: None,
-            },
-        )];
-        match self
-            .records
-            .store
-            .end_run(&self.records.tenant, &a.name, &a.run, &end, &events)
-        {
-            Ok(agent) => {
-                tracing::warn!(agent = %a.name, outcome = %outcome.encode(), "an agent without a process ended");
-                self.records.project_events(&events);
-                self.after_end(&agent, None, None);
-            }
-            Err(e) => {
-                tracing::warn!(agent = %a.name, error = %e, "ending an agent without a process")
-            }
-        }
+        out
     }
 
     /// The heartbeat. A node whose record went was declared lost by the
     /// others (or removed by hand): its agents the store says finished are
     /// stopped here, then it registers again.
-    pub(super) fn heartbeat(&mut self) {
-        match self.records.store.heartbeat_node(&self.host.me) {
-            Ok(()) => self.restart.beat.ok = Some(std::time::Instant::now()),
+    pub(super) fn heartbeat(&mut self, env: &Env) -> Vec<NodeFollow> {
+        match env.store.heartbeat_node(&self.me) {
+            Ok(()) => {
+                self.beat.ok = Some(std::time::Instant::now());
+                Vec::new()
+            }
             Err(StoreError::Refused {
                 code: Code::NotFound,
                 ..
             }) => {
-                self.fence_off();
-                if let Some(new) = self.node_record()
-                    && let Err(e) = self.records.store.register_node(&new)
-                {
-                    tracing::warn!(error = %e, "registering this node again");
-                }
+                let mut out = self.fence_off(env);
+                out.push(then(Next::Register));
+                out
             }
-            Err(e) => tracing::warn!(error = %e, "this node's heartbeat"),
+            Err(e) => {
+                tracing::warn!(error = %e, "this node's heartbeat");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Declared lost, fenced off: registered again once its agents are
+    /// dealt with.
+    pub(super) fn register(&self, env: &Env) {
+        if let Some(new) = self.node_record()
+            && let Err(e) = env.store.register_node(&new)
+        {
+            tracing::warn!(error = %e, "registering this node again");
         }
     }
 
     /// Stops the live agents whose records another node ended (this node was
     /// declared lost), and lets go of those it moved to live nodes: nothing
     /// runs here that the store says is over or runs elsewhere.
-    fn fence_off(&mut self) {
+    fn fence_off(&self, env: &Env) -> Vec<NodeFollow> {
         // What moved to live nodes (a new run there) is let go of without
         // a record; what ended is stopped as any stop.
-        self.let_go_moved();
-        let ended: Vec<AgentName> = self
-            .agents
-            .live
+        let mut out = self.let_go_moved(env);
+        out.push(then(Next::StopEnded));
+        out
+    }
+
+    /// [`Cluster::fence_off`]'s second half, once what moved is let go of:
+    /// the live agents the store records as ended, stopped from the top of
+    /// each of their subtrees.
+    pub(super) fn stop_ended(&self, env: &Env) -> Vec<NodeFollow> {
+        let live = &env.agents.live;
+        let ended: Vec<AgentName> = live
             .iter()
             .filter(|(_, l)| l.stopping.is_none())
             .map(|(n, _)| n.clone())
             .filter(|n| {
-                self.records
-                    .store
-                    .agent(&self.records.tenant, n)
+                env.store
+                    .agent(env.tenant, n)
                     .ok()
                     .flatten()
                     .is_some_and(|a| a.status.is_finished())
             })
             .collect();
         if ended.is_empty() {
-            return;
+            return Vec::new();
         }
         tracing::warn!(
             agents = ended.len(),
             "this node was declared lost; stopping the agents the store records as ended"
         );
-        let tops: Vec<AgentName> = ended
+        ended
             .iter()
             .filter(|n| {
-                self.agents
-                    .live
-                    .get(*n)
+                live.get(*n)
                     .and_then(|l| l.parent.as_ref())
                     .is_none_or(|p| !ended.contains(p))
             })
-            .cloned()
-            .collect();
-        for n in tops {
-            self.stop_subtree(&n, Terminal::Failed(FailReason::Lost));
-        }
+            .map(|n| NodeFollow::Stop(n.clone(), Terminal::Failed(FailReason::Lost)))
+            .collect()
     }
 
     /// Every other node whose heartbeat is older than the expiry is declared
@@ -206,23 +178,23 @@ impl Dispatcher {
     /// store's clock and aged on it, so a node whose clock is off by more
     /// than the expiry neither declares live nodes lost nor keeps a dead one
     /// alive. A read that fails judges nothing: the round is skipped.
-    fn declare_lost_nodes(&mut self) {
-        let Some(expiry) = self.host.cfg.node.as_ref().map(|n| n.expiry) else {
-            return;
+    pub(super) fn declare_lost_nodes(&self, env: &Env) -> Vec<NodeFollow> {
+        let Some(expiry) = self.node.as_ref().map(|n| n.expiry) else {
+            return Vec::new();
         };
-        let nodes = match self.records.store.nodes() {
+        let nodes = match env.store.nodes() {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the nodes");
-                return;
+                return Vec::new();
             }
         };
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
-        for n in nodes {
-            if n.id == self.host.me || n.heartbeat_age_ms <= expiry_ms {
-                continue;
-            }
-            self.declare_lost(&n.id);
-        }
+        // Each declared in turn, with all that follows it, before the next.
+        nodes
+            .into_iter()
+            .filter(|n| n.id != self.me && n.heartbeat_age_ms > expiry_ms)
+            .map(|n| then(Next::DeclareLost(n.id)))
+            .collect()
     }
 }

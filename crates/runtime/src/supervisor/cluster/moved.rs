@@ -1,9 +1,9 @@
 //! What moves when a node of the cluster is lost (issue 29 item 4,
 //! docs/reliability.md "A node lost").
 //!
-//! Declaring a node lost ([`Dispatcher::declare_lost`]), by any node that
+//! Declaring a node lost ([`Cluster::declare_lost`]), by any node that
 //! sees its heartbeat expire or, on one machine, its process gone (the
-//! orphan sweeper), plans what moves ([`Dispatcher::placing_for`]) and hands
+//! orphan sweeper), plans what moves ([`Cluster::placing_for`]) and hands
 //! it to the store's one transaction (`Store::recover_lost_placing`): its
 //! queued agents are placed again on live nodes as they are; its agents that
 //! ran and whose policy says `on_restart: resume` (and that need no secret
@@ -18,18 +18,19 @@
 //! come first, and a child moves only under a parent that moves or lives.
 //!
 //! The node that takes a moved agent claims it like any placed agent
-//! (`placement::host_claimed`); a moved child whose parent is claimed on the
-//! same node waits for its parent's process (its group is made in the
-//! parent's), and the children the loss ended are told to the moved parent
-//! once it runs, as after a restart ([`Dispatcher::moved_run`]).
+//! (`placement`, hosted by `route::cluster`'s `host_claimed`); a moved
+//! child whose parent is claimed on the same node waits for its parent's
+//! process (its group is made in the parent's), and the children the loss
+//! ended are told to the moved parent once it runs, as after a restart
+//! ([`Cluster::moved_run`]).
 //!
 //! The lost node may only have been paused (SIGSTOP) and come back: its
 //! start of a moved agent is refused by the store (the record names another
 //! host), its end of the old run is refused (the record's run is another),
 //! and before it acts on anything once its last heartbeat is older than
-//! half its expiry it heartbeats first ([`Dispatcher::fence_if_stale`]);
+//! half its expiry it heartbeats first ([`Cluster::fence_if_stale`]);
 //! finding itself declared lost, it lets go of the moved agents' processes
-//! without writing a record ([`Dispatcher::let_go_moved`]): the records
+//! without writing a record ([`Cluster::let_go_moved`]): the records
 //! are the new runs', not its.
 
 use std::collections::BTreeMap;
@@ -39,8 +40,10 @@ use brood_core::{AgentName, FailReason, Status, Terminal};
 use brood_store::{Agent, Node, Placing, Resuming, StoreError, placed_for, placed_on};
 use serde_json::Value;
 
-use super::sweep::LEASE;
-use super::{Dispatcher, new_run_id, now_ms};
+use super::{Cluster, Env, Next, NodeFollow, then};
+use crate::supervisor::restart;
+use crate::supervisor::sweep::LEASE;
+use crate::supervisor::{new_run_id, now_ms};
 
 /// When this node's heartbeat last went through, and when one was last
 /// tried out of turn (a store that fails is not asked again at every
@@ -51,25 +54,22 @@ pub(super) struct Beat {
     tried: Option<Instant>,
 }
 
-impl Dispatcher {
+impl Cluster {
     /// Declares node `id` lost: what moves is planned and, in one store
     /// transaction, placed on live nodes while the rest ends lost; then
     /// the lease's lock it may hold is broken and its record goes. A plan
     /// that cannot be read declares nothing: the next tick tries again.
-    pub(super) fn declare_lost(&mut self, id: &str) {
-        let placing = match self.placing_for(id) {
+    pub(in crate::supervisor) fn declare_lost(&self, id: &str, env: &Env) -> Vec<NodeFollow> {
+        let placing = match self.placing_for(id, env) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(node = id, error = %e, "planning what moves off a lost node");
-                return;
+                return Vec::new();
             }
         };
         let dead = [id.to_owned(), placed_on(id)];
-        match self
-            .records
-            .store
-            .recover_lost_placing(&dead, &placing, now_ms())
-        {
+        let mut out = Vec::new();
+        match env.store.recover_lost_placing(&dead, &placing, now_ms()) {
             Ok(r) => {
                 tracing::warn!(
                     node = id,
@@ -80,39 +80,43 @@ impl Dispatcher {
                 );
                 // What ended is told as any end is: its files, its parent
                 // (here or through the store), the waiters.
-                let tenant = self.records.tenant.clone();
-                for a in r
-                    .agents
-                    .iter()
-                    .filter(|a| a.tenant == tenant && a.status.is_finished())
-                {
-                    self.after_end(a, None, None);
-                }
+                out.extend(
+                    r.agents
+                        .into_iter()
+                        .filter(|a| a.tenant == *env.tenant && a.status.is_finished())
+                        .map(NodeFollow::Ended),
+                );
             }
             Err(e) => {
                 tracing::error!(node = id, error = %e, "ending a lost node's agents");
-                return;
+                return Vec::new();
             }
         }
-        let held_lease = self
-            .records
+        out.push(then(Next::LetGoOfNode(id.to_owned())));
+        out
+    }
+
+    /// A lost node's ends told: the lease's lock it may hold is broken, its
+    /// record goes, and what moved here is claimed.
+    pub(super) fn let_go_of_node(&self, id: &str, env: &Env) -> Vec<NodeFollow> {
+        let held_lease = env
             .store
             .lease(LEASE)
             .ok()
             .flatten()
             .is_some_and(|f| f.holder == id);
         if held_lease {
-            match self.records.store.break_lease_lock(LEASE) {
+            match env.store.break_lease_lock(LEASE) {
                 Ok(true) => tracing::warn!(node = id, "broke the lost node's sweeper lease lock"),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "breaking a lost node's lease lock"),
             }
         }
-        if let Err(e) = self.records.store.leave_node(id) {
+        if let Err(e) = env.store.leave_node(id) {
             tracing::warn!(node = id, error = %e, "removing a lost node's record");
         }
         // Ours to claim now, if any came here.
-        self.claim_placed_agents();
+        self.claim(env)
     }
 
     /// What moves off lost node `lost` (module docs), parents first: each
@@ -120,30 +124,29 @@ impl Dispatcher {
     /// it, with the live node that takes it. One that no live node can take
     /// is left out (it ends lost), and so is a child whose parent ran on the
     /// lost node and does not move.
-    fn placing_for(&self, lost: &str) -> Result<Vec<Placing>, StoreError> {
-        let mut agents: Vec<Agent> = self
-            .records
+    fn placing_for(&self, lost: &str, env: &Env) -> Result<Vec<Placing>, StoreError> {
+        let mut agents: Vec<Agent> = env
             .store
             .unfinished_of(&[lost.to_owned(), placed_on(lost)])?
             .into_iter()
-            .filter(|a| a.tenant == self.records.tenant)
+            .filter(|a| a.tenant == *env.tenant)
             .collect();
         if agents.is_empty() {
             return Ok(Vec::new());
         }
         agents.sort_by(|a, b| (a.depth, &a.name).cmp(&(b.depth, &b.name)));
         let mut nodes: Vec<Node> = self
-            .live_nodes()?
+            .live_nodes(env)?
             .into_iter()
             .filter(|n| n.id != lost)
             .collect();
-        let jobs = self.records.store.jobs(&self.records.tenant)?;
-        let operator = self.operator_policy();
+        let jobs = env.store.jobs(env.tenant)?;
+        let operator = env.operator();
         let mut out: Vec<Placing> = Vec::new();
         for a in &agents {
             let queued = a.status == Status::Queued;
             let resumes = matches!(a.status, Status::Running | Status::Blocked)
-                && super::restart::resumes(a, &jobs, &operator);
+                && restart::resumes(a, &jobs, &operator);
             if !queued && !resumes {
                 continue;
             }
@@ -159,7 +162,7 @@ impl Dispatcher {
             if parent_on_lost && parent_to.is_none() {
                 continue;
             }
-            let Some(to) = self.node_for(a, parent_to, &nodes)? else {
+            let Some(to) = self.node_for(a, parent_to, &nodes, env)? else {
                 tracing::warn!(agent = %a.name, node = lost, "no live node can take an agent of a lost node; it ends lost");
                 continue;
             };
@@ -170,7 +173,7 @@ impl Dispatcher {
                 (a.run.clone(), Vec::new())
             } else {
                 let run = new_run_id();
-                let events = vec![super::restart::resume_event(a, &run)];
+                let events = vec![restart::resume_event(a, &run)];
                 (run, events)
             };
             out.push(Placing {
@@ -194,59 +197,52 @@ impl Dispatcher {
         a: &Agent,
         parent_to: Option<String>,
         nodes: &[Node],
+        env: &Env,
     ) -> Result<Option<String>, StoreError> {
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
         let labels: BTreeMap<String, String> =
             serde_json::from_value(spec["placement"].clone()).unwrap_or_default();
         if !labels.is_empty() {
-            return Ok(super::placement::choose(nodes, &labels, &self.host.me));
+            return Ok(super::placement::choose(nodes, &labels, &self.me));
         }
         if parent_to.is_some() {
             return Ok(parent_to);
         }
         if let Some(p) = &a.parent
-            && let Some(pa) = self.records.store.agent(&self.records.tenant, p)?
+            && let Some(pa) = env.store.agent(env.tenant, p)?
         {
             let host = placed_for(&pa.supervisor).unwrap_or(&pa.supervisor);
             if nodes.iter().any(|n| n.id == host) {
                 return Ok(Some(host.to_owned()));
             }
         }
-        Ok(super::placement::choose(
-            nodes,
-            &BTreeMap::new(),
-            &self.host.me,
-        ))
+        Ok(super::placement::choose(nodes, &BTreeMap::new(), &self.me))
     }
 
     /// A claimed agent: whether its run is one a node's loss (or any resume)
-    /// started again, and, if so, its children that loss ended lost, to be
-    /// told to it once it runs (as after a restart). The loss writes their
-    /// ends and the new run in one transaction, at one time: a child ended
-    /// at the new run's creation was ended by it.
-    pub(super) fn moved_run(&mut self, a: &Agent) -> bool {
-        let store = &self.records.store;
-        let Ok(Some(run)) = store.run(&self.records.tenant, &a.run) else {
-            return false;
+    /// started again (`None` when not), and, if so, its children that loss
+    /// ended lost, to be told to it once it runs (as after a restart). The
+    /// loss writes their ends and the new run in one transaction, at one
+    /// time: a child ended at the new run's creation was ended by it.
+    pub(in crate::supervisor) fn moved_run(&self, a: &Agent, env: &Env) -> Option<Vec<Agent>> {
+        let Ok(Some(run)) = env.store.run(env.tenant, &a.run) else {
+            return None;
         };
         if run.seq <= 1 {
-            return false;
+            return None;
         }
         let lost = Status::Ended(Terminal::Failed(FailReason::Lost));
-        match store.children(&self.records.tenant, &a.name) {
-            Ok(kids) => {
-                for k in kids
-                    .into_iter()
+        match env.store.children(env.tenant, &a.name) {
+            Ok(kids) => Some(
+                kids.into_iter()
                     .filter(|k| k.status == lost && k.updated_ms == run.created_ms)
-                {
-                    self.restart.tell_later(a.name.clone(), k);
-                }
-            }
+                    .collect(),
+            ),
             Err(e) => {
-                tracing::warn!(agent = %a.name, error = %e, "reading a moved agent's children")
+                tracing::warn!(agent = %a.name, error = %e, "reading a moved agent's children");
+                Some(Vec::new())
             }
         }
-        true
     }
 
     /// Before any command: a node whose last heartbeat went through longer
@@ -254,81 +250,53 @@ impl Dispatcher {
     /// declared lost meanwhile; it heartbeats first, and finding its record
     /// gone lets go of what moved away and stops what ended, before it acts
     /// for any agent.
-    pub(super) fn fence_if_stale(&mut self) {
-        let Some(expiry) = self.host.cfg.node.as_ref().map(|n| n.expiry) else {
-            return;
+    pub(in crate::supervisor) fn fence_if_stale(&mut self, env: &Env) -> Vec<NodeFollow> {
+        let Some(expiry) = self.node.as_ref().map(|n| n.expiry) else {
+            return Vec::new();
         };
-        let Some(ok) = self.restart.beat.ok else {
-            return;
+        let Some(ok) = self.beat.ok else {
+            return Vec::new();
         };
         let stale = ok.elapsed() > expiry / 2;
         let tried_lately = self
-            .restart
             .beat
             .tried
             .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
         if stale && !tried_lately {
-            self.restart.beat.tried = Some(Instant::now());
-            self.heartbeat();
+            self.beat.tried = Some(Instant::now());
+            return self.heartbeat(env);
         }
+        Vec::new()
     }
 
     /// The live agents whose record moved to another node (another run, or
     /// another host) while this node was declared lost: their processes are
-    /// killed and their entries dropped, and nothing is written, since the
-    /// record is the new run's.
-    pub(super) fn let_go_moved(&mut self) {
-        let me = self.host.me.clone();
-        let moved: Vec<AgentName> = self
+    /// to be killed and their entries dropped, and nothing is written, since
+    /// the record is the new run's.
+    pub(super) fn let_go_moved(&self, env: &Env) -> Vec<NodeFollow> {
+        let me = &self.me;
+        let moved: Vec<AgentName> = env
             .agents
             .live
             .iter()
             .filter(|(n, l)| {
-                self.records
-                    .store
-                    .agent(&self.records.tenant, n)
+                env.store
+                    .agent(env.tenant, n)
                     .ok()
                     .flatten()
                     .is_some_and(|a| {
-                        !a.status.is_finished() && (a.run != l.run || a.supervisor != me)
+                        !a.status.is_finished() && (a.run != l.run || a.supervisor != *me)
                     })
             })
             .map(|(n, _)| n.clone())
             .collect();
         if moved.is_empty() {
-            return;
+            return Vec::new();
         }
         tracing::warn!(
             agents = moved.len(),
             "this node was declared lost; letting go of the agents that moved to other nodes"
         );
-        for n in moved {
-            self.let_go(&n);
-        }
-    }
-
-    /// Kills `name`'s processes (its group, which holds its subtree here)
-    /// and drops its entry, writing nothing.
-    fn let_go(&mut self, name: &AgentName) {
-        self.sockets.close(name);
-        let Some(l) = self.forget(name) else {
-            return;
-        };
-        match (l.group, self.launcher.cgroups.clone()) {
-            (Some(g), Some(cg)) => {
-                let grace = self.host.cfg.grace;
-                tokio::spawn(async move {
-                    if let Err(e) = super::stops::empty_group(&cg, &g, grace, true).await {
-                        tracing::error!(group = %g.dir.display(), error = %e, "emptying a moved agent's group");
-                    }
-                });
-            }
-            _ => {
-                if let Some(p) = l.pid {
-                    // SAFETY: signalling a process group this supervisor made.
-                    unsafe { libc::killpg(p, libc::SIGKILL) };
-                }
-            }
-        }
+        moved.into_iter().map(NodeFollow::LetGo).collect()
     }
 }

@@ -69,9 +69,8 @@ pub use ops::handle;
 mod orphans;
 mod outcome;
 mod outsider;
-use outcome::{exit_code, outcome_of, reap_orphan_launch};
+use outcome::{exit_code, outcome_of};
 mod protocol;
-mod pump;
 mod queue;
 mod records;
 mod remove;
@@ -894,20 +893,26 @@ impl Dispatcher {
     }
 
     fn handle(&self) -> Supervisor {
-        Supervisor {
-            tx: self.host.tx.clone(),
-            store: self.records.store.clone(),
-            tenant: self.records.tenant.clone(),
-            paths: self.host.paths.clone(),
-            info: self.host.info.clone(),
-            projection: self.records.projection.clone(),
-            metrics: self.host.metrics.clone(),
-            tracer: self.host.tracer.clone(),
-            intake: self.host.intake.clone(),
-            me: self.host.me.clone(),
-            outsiders: self.host.outsiders.clone(),
-            store_health: self.host.store_health.clone(),
-        }
+        handle_of(&self.host, &self.records)
+    }
+}
+
+/// The handle of the supervisor whose host and records these are: what a
+/// part that holds no dispatcher hands a door or a gateway it opens.
+fn handle_of(host: &host::Host, records: &records::Records) -> Supervisor {
+    Supervisor {
+        tx: host.tx.clone(),
+        store: records.store.clone(),
+        tenant: records.tenant.clone(),
+        paths: host.paths.clone(),
+        info: host.info.clone(),
+        projection: records.projection.clone(),
+        metrics: host.metrics.clone(),
+        tracer: host.tracer.clone(),
+        intake: host.intake.clone(),
+        me: host.me.clone(),
+        outsiders: host.outsiders.clone(),
+        store_health: host.store_health.clone(),
     }
 }
 

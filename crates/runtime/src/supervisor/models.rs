@@ -22,7 +22,10 @@ use brood_core::rate::{Over, Scope, Window};
 use brood_core::{AgentEvent, AgentName, ModelCall, RunId};
 use tokio::sync::oneshot;
 
-use super::{Cmd, Dispatcher, Supervisor, ev};
+use super::agents::Agents;
+use super::host::Host;
+use super::records::Records;
+use super::{Cmd, Dispatcher, Supervisor, ev, handle_of};
 use crate::agent_socket::Listener;
 use crate::models::Providers;
 
@@ -323,82 +326,6 @@ impl Dispatcher {
         }
         self.add_spend(name, delta);
     }
-
-    /// Opens the run's endpoint when its policy grants models and the
-    /// operator configured a provider: the variables its clients read
-    /// (each key variable set to the run's token) and the port its sandbox
-    /// must let it reach. Nothing when it cannot be opened (said in the log):
-    /// the agent runs without a gateway.
-    /// `netns` is the empty network namespace the agent will run in, if
-    /// one was made for it ahead (the pool's): its endpoint is bound on the
-    /// loopback there, the one address it has.
-    pub(super) fn open_gateway(
-        &mut self,
-        name: &AgentName,
-        run: &RunId,
-        netns: Option<std::os::fd::BorrowedFd<'_>>,
-    ) -> Option<(Vec<(String, String)>, u16)> {
-        let gw = self.host.cfg.gateway.clone()?;
-        let l = self.agents.live.get(name)?;
-        if !grants_models(&l.policy) {
-            return None;
-        }
-        let inside = if l.iso_ns && matches!(l.policy.network, Network::None) {
-            // Its own empty namespace has no way to the host's loopback.
-            // One it would make itself (the pool had none ready) is not
-            // there yet to bind in: it then runs without an endpoint.
-            let Some(ns) = netns else {
-                tracing::warn!(agent = %name, "no network namespace ready to open the model gateway in");
-                return None;
-            };
-            match brood_launch::ns::bind_loopback_in(ns) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::warn!(agent = %name, error = %e, "binding the model gateway in the agent's network namespace failed");
-                    return None;
-                }
-            }
-        } else if matches!(l.policy.network, Network::None) {
-            // In the host's network namespace a `network: none` agent may
-            // make no socket, and a TCP socket let through for its endpoint
-            // could reach that port on any host (landlock checks ports, not
-            // addresses): `network: none` would no longer mean none. Such an
-            // agent reaches models with `iso = ns`, where its endpoint is
-            // the one thing on its loopback (docs/models.md).
-            tracing::info!(agent = %name, "network none in the host's namespace: no model gateway (iso = ns gives it one)");
-            return None;
-        } else {
-            None
-        };
-        let ep = match (gw.host)(
-            self.handle(),
-            name.clone(),
-            run.clone(),
-            gw.providers.clone(),
-            inside,
-        ) {
-            Ok(ep) => ep,
-            Err(e) => {
-                tracing::warn!(agent = %name, error = %e, "opening the model gateway failed");
-                return None;
-            }
-        };
-        let mut env = Vec::new();
-        if gw.providers.openai.is_some() {
-            env.push(("OPENAI_BASE_URL".to_owned(), format!("{}/v1", ep.origin)));
-            env.push(("OPENAI_API_BASE".to_owned(), format!("{}/v1", ep.origin)));
-            env.push(("OPENAI_API_KEY".to_owned(), ep.token.clone()));
-        }
-        if gw.providers.anthropic.is_some() {
-            env.push(("ANTHROPIC_BASE_URL".to_owned(), ep.origin.clone()));
-            env.push(("ANTHROPIC_API_KEY".to_owned(), ep.token.clone()));
-        }
-        let port = ep.port;
-        if let Some(l) = self.agents.live.get_mut(name) {
-            l.gateway = Some(ep.listener);
-        }
-        Some((env, port))
-    }
 }
 
 /// Drops from an agent's environment any value holding a provider's key,
@@ -412,4 +339,83 @@ pub(super) fn strip_keys(providers: &Providers, name: &AgentName, env: &mut Vec<
         }
         !holds
     });
+}
+
+/// Opens the run's endpoint when its policy grants models and the
+/// operator configured a provider: the variables its clients read
+/// (each key variable set to the run's token) and the port its sandbox
+/// must let it reach. Nothing when it cannot be opened (said in the log):
+/// the agent runs without a gateway.
+/// `netns` is the empty network namespace the agent will run in, if
+/// one was made for it ahead (the pool's): its endpoint is bound on the
+/// loopback there, the one address it has. A free function: the
+/// launch's part, which holds no dispatcher, opens it.
+pub(super) fn open_gateway(
+    host: &Host,
+    records: &Records,
+    agents: &mut Agents,
+    name: &AgentName,
+    run: &RunId,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Option<(Vec<(String, String)>, u16)> {
+    let gw = host.cfg.gateway.clone()?;
+    let l = agents.live.get(name)?;
+    if !grants_models(&l.policy) {
+        return None;
+    }
+    let inside = if l.iso_ns && matches!(l.policy.network, Network::None) {
+        // Its own empty namespace has no way to the host's loopback.
+        // One it would make itself (the pool had none ready) is not
+        // there yet to bind in: it then runs without an endpoint.
+        let Some(ns) = netns else {
+            tracing::warn!(agent = %name, "no network namespace ready to open the model gateway in");
+            return None;
+        };
+        match brood_launch::ns::bind_loopback_in(ns) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(agent = %name, error = %e, "binding the model gateway in the agent's network namespace failed");
+                return None;
+            }
+        }
+    } else if matches!(l.policy.network, Network::None) {
+        // In the host's network namespace a `network: none` agent may
+        // make no socket, and a TCP socket let through for its endpoint
+        // could reach that port on any host (landlock checks ports, not
+        // addresses): `network: none` would no longer mean none. Such an
+        // agent reaches models with `iso = ns`, where its endpoint is
+        // the one thing on its loopback (docs/models.md).
+        tracing::info!(agent = %name, "network none in the host's namespace: no model gateway (iso = ns gives it one)");
+        return None;
+    } else {
+        None
+    };
+    let ep = match (gw.host)(
+        handle_of(host, records),
+        name.clone(),
+        run.clone(),
+        gw.providers.clone(),
+        inside,
+    ) {
+        Ok(ep) => ep,
+        Err(e) => {
+            tracing::warn!(agent = %name, error = %e, "opening the model gateway failed");
+            return None;
+        }
+    };
+    let mut env = Vec::new();
+    if gw.providers.openai.is_some() {
+        env.push(("OPENAI_BASE_URL".to_owned(), format!("{}/v1", ep.origin)));
+        env.push(("OPENAI_API_BASE".to_owned(), format!("{}/v1", ep.origin)));
+        env.push(("OPENAI_API_KEY".to_owned(), ep.token.clone()));
+    }
+    if gw.providers.anthropic.is_some() {
+        env.push(("ANTHROPIC_BASE_URL".to_owned(), ep.origin.clone()));
+        env.push(("ANTHROPIC_API_KEY".to_owned(), ep.token.clone()));
+    }
+    let port = ep.port;
+    if let Some(l) = agents.live.get_mut(name) {
+        l.gateway = Some(ep.listener);
+    }
+    Some((env, port))
 }

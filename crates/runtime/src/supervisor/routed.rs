@@ -6,6 +6,7 @@
 //! bytes fetched from the store off the dispatcher first); and closes made
 //! through another node of agents this node ran, shown in its ctx tree.
 
+use super::records::Records;
 use super::{Cmd, Dispatcher, Reply, answer, ev, now_ms, stored_policy};
 use crate::api::ApiError;
 use crate::api::internal;
@@ -121,18 +122,9 @@ impl Dispatcher {
     }
 
     /// Tells the node holding a `--ready` spawn of `name` open that it is
-    /// ready (through the store's inbox, as inputs between nodes go).
+    /// ready ([`tell_ready`]).
     pub(super) fn tell_ready(&self, name: &AgentName, node: Option<String>) {
-        let Some(node) = node else {
-            return;
-        };
-        if let Err(e) =
-            self.records
-                .store
-                .post_input(&self.records.tenant, name, &node, READY, "", now_ms())
-        {
-            tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
-        }
+        tell_ready(&self.records, name, node);
     }
 
     /// Inputs other nodes posted for agents running here, delivered.
@@ -425,5 +417,20 @@ impl Dispatcher {
         );
         self.records.project_events(&[close]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
+    }
+}
+
+/// Tells the node holding a `--ready` spawn of `name` open that it is
+/// ready (through the store's inbox, as inputs between nodes go); a free
+/// function, as the launch's part (which holds no dispatcher) tells it too.
+pub(super) fn tell_ready(records: &Records, name: &AgentName, node: Option<String>) {
+    let Some(node) = node else {
+        return;
+    };
+    if let Err(e) = records
+        .store
+        .post_input(&records.tenant, name, &node, READY, "", now_ms())
+    {
+        tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
     }
 }

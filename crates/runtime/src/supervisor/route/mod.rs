@@ -7,6 +7,7 @@
 
 mod cluster;
 mod jobs;
+mod launch;
 mod sockets;
 mod stops;
 mod tick;

@@ -16,11 +16,11 @@
 //! `disk`); a part takes only what it reads and returns what it needs done
 //! elsewhere, which the loop carries out (`route`). The work that spans
 //! parts is split by concern into the submodules: `handle` (the public
-//! handle and start-up), `admit` and `batch`, `launch`, `protocol`, `ends`,
+//! handle and start-up), `admit` and `batch`, `protocol`, `ends`,
 //! `verbs`, `collect`, `sweep`, `identify`. A part that needs another
 //! part's work returns it as follow-ups, which `route` applies (the jobs
-//! runner, the agent sockets, the stops and the cluster's node, which hold
-//! no dispatcher).
+//! runner, the agent sockets, the stops, the cluster's node and the
+//! launcher, whose launches are `launch`'s, which hold no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -589,7 +589,8 @@ struct Dispatcher {
     /// change counter, the news flag. Every record goes through it.
     records: records::Records,
     /// Starting processes: the spawner, cgroups, slots, the veil and the
-    /// queue of admitted agents waiting for a slot.
+    /// queue of admitted agents waiting for a slot; the queue served and
+    /// each launch worked out and taken up (`launch`, `route::launch`).
     launcher: launcher::Launcher,
     /// The agents this supervisor runs, and what it tracks of children and
     /// waits across nodes.

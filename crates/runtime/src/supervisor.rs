@@ -574,10 +574,6 @@ impl Live {
 const EXEC_OUT_MAX: usize = 16 << 20;
 const STDERR_TAIL: usize = 4096;
 
-/// How many empty network namespaces the pool keeps ready: enough for a burst
-/// of two starts, few enough that an idle supervisor holds little.
-const NETNS_POOL_DEPTH: usize = 2;
-
 /// The dispatcher: the loop's state, as owned parts (ARCHITECTURE.md
 /// "The supervisor's parts"). Each part holds its own state; the loop routes
 /// every [`Cmd`] to the method that handles it, and a method borrows only the

@@ -18,7 +18,11 @@ use super::prep::{GroupPlan, Made, NsPlan, Prep, ViewPlan, door_pair};
 use super::pump::LaunchReads;
 use crate::supervisor::launcher::Launcher;
 use crate::supervisor::models::{grants_models, open_gateway, strip_keys};
-use crate::supervisor::{Cmd, NETNS_POOL_DEPTH, deadline_unix_s, handle_of, now_ms, task_of};
+use crate::supervisor::{Cmd, deadline_unix_s, handle_of, now_ms, task_of};
+
+/// How many empty network namespaces the pool keeps ready: enough for a burst
+/// of two starts, few enough that an idle supervisor holds little.
+const NETNS_POOL_DEPTH: usize = 2;
 
 impl Launcher {
     /// Starts an agent that holds a slot. What needs the loop's state is

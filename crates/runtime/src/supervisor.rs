@@ -621,8 +621,9 @@ struct Dispatcher {
     admitting: admitting::Admitting,
     /// Ends handed to the store's end writer and not yet answered.
     ends_writer: ends_writer::EndsWriter,
-    /// The tenant's model calls in the current minute (issue 31).
-    model_rates: models::TenantRate,
+    /// The model gateway's part: the tenant's model calls in the current
+    /// minute (issue 31); each call checked and metered (`route::models`).
+    models: models::Models,
 }
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -771,7 +772,14 @@ impl Dispatcher {
                 }
             }
             Cmd::Job(caller, op) => self.on_job(&caller, op),
-            Cmd::Remove(caller, op) => self.on_remove(&caller, op),
+            Cmd::Remove(caller, op) => remove::Env {
+                records: &self.records,
+                agents: &mut self.agents,
+                jobs: &self.jobs,
+                paths: &self.host.paths,
+                cgroups: self.launcher.cgroups.as_ref(),
+            }
+            .on_remove(&caller, op),
             Cmd::EndedElsewhere(e) => self.on_ended_elsewhere(*e),
             Cmd::DiskChecked(over) => {
                 for name in self.disk.checked(over, &mut self.agents) {

@@ -341,7 +341,7 @@ impl Supervisor {
             cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,
             ends_writer,
-            model_rates: super::models::TenantRate::default(),
+            models: super::models::Models::default(),
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());

@@ -17,15 +17,14 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use brood_core::policy::{Network, Policy};
+use brood_core::policy::{ModelRate, Network, Policy};
 use brood_core::rate::{Over, Scope, Window};
 use brood_core::{AgentEvent, AgentName, ModelCall, RunId};
+use brood_store::NewEvent;
 use tokio::sync::oneshot;
 
 use super::agents::Agents;
-use super::host::Host;
-use super::records::Records;
-use super::{Cmd, Dispatcher, Supervisor, ev, handle_of};
+use super::{Cmd, Live, Supervisor, ev};
 use crate::agent_socket::Listener;
 use crate::models::Providers;
 
@@ -83,12 +82,31 @@ fn mono_ms() -> u64 {
     u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The tenant's rate window (`quotas.models`, issue 31): one per
-/// supervisor, which serves one tenant. Per node: it counts the calls this
-/// node forwards (docs/decisions/models.md "Rate limits: per node").
+/// The model gateway's part of the supervisor: the tenant's rate window
+/// (`quotas.models`, issue 31), one per supervisor, which serves one
+/// tenant. Per node: it counts the calls this node forwards
+/// (docs/decisions/models.md "Rate limits: per node"). Its calls are lent
+/// the live set (each run's policy, window and spend) and return what the
+/// loop must write (`route::models`).
 #[derive(Debug, Default)]
-pub(super) struct TenantRate {
+pub(super) struct Models {
     window: Window,
+}
+
+/// A call metered ([`Models::used`]): its event for the agent's log, and
+/// the run whose spend it changed, to be settled.
+pub(super) struct Metered {
+    pub(super) event: NewEvent,
+    pub(super) settle: Option<(AgentName, RunId)>,
+}
+
+/// A run's spend settled ([`usage`]): what its run's record says now, and
+/// the growth to roll up the tree.
+pub(super) struct Usage {
+    pub(super) tokens_in: u64,
+    pub(super) tokens_out: u64,
+    pub(super) cost: f64,
+    pub(super) delta: f64,
 }
 
 /// What the gateway asks of the dispatcher.
@@ -149,22 +167,14 @@ pub(super) fn grants_models(p: &Policy) -> bool {
     p.models.as_ref().is_none_or(|m| !m.is_empty())
 }
 
-impl Dispatcher {
-    pub(super) fn on_model(&mut self, name: AgentName, run: RunId, op: ModelOp) {
-        match op {
-            ModelOp::Check {
-                model,
-                estimate_usd,
-                reply,
-            } => {
-                let _ = reply.send(self.model_check(&name, &run, &model, estimate_usd));
-            }
-            ModelOp::Used(call) => self.model_used(*call),
-        }
-    }
-
-    fn model_check(
+impl Models {
+    /// May `name`'s run `run` send a call for `model`, its input alone
+    /// estimated at `estimate_usd`? The budget left (`None`: no limit) if
+    /// so; counted against the rate windows when it may.
+    pub(super) fn check(
         &mut self,
+        agents: &mut Agents,
+        tenant_limits: &ModelRate,
         name: &AgentName,
         run: &RunId,
         model: &str,
@@ -176,7 +186,7 @@ impl Dispatcher {
             message: format!("agent {name}'s run {run} is not running: nothing of it is forwarded"),
             rate: None,
         };
-        let l = self.agents.live.get(name).ok_or_else(ended)?;
+        let l = agents.live.get(name).ok_or_else(ended)?;
         if &l.run != run || l.stopping.is_some() || l.exit.is_some() {
             return Err(ended());
         }
@@ -198,7 +208,7 @@ impl Dispatcher {
                 rate: None,
             });
         }
-        let left = self.budget_left(name);
+        let left = budget_left(agents, name);
         if let Some((left, holder)) = &left
             && (*left <= 0.0 || estimate_usd > *left)
         {
@@ -213,7 +223,7 @@ impl Dispatcher {
                 rate: None,
             });
         }
-        self.model_rate_admit(name)?;
+        self.rate_admit(agents, tenant_limits, name)?;
         Ok(left.map(|(l, _)| l))
     }
 
@@ -221,10 +231,14 @@ impl Dispatcher {
     /// or refused 429 when either has reached a limit (the agent's first:
     /// it is the one the agent's policy can be asked about). Counted only
     /// when both let it through, so a refused call uses nothing.
-    fn model_rate_admit(&mut self, name: &AgentName) -> Result<(), ModelRefusal> {
+    fn rate_admit(
+        &mut self,
+        agents: &mut Agents,
+        tenant_limits: &ModelRate,
+        name: &AgentName,
+    ) -> Result<(), ModelRefusal> {
         let now = mono_ms();
-        let tenant_limits = self.host.cfg.quotas.models;
-        let Some(l) = self.agents.live.get_mut(name) else {
+        let Some(l) = agents.live.get_mut(name) else {
             return Ok(());
         };
         let refused = |o: Over| ModelRefusal {
@@ -236,52 +250,33 @@ impl Dispatcher {
         l.model_window
             .check(now, &l.policy.model_rate, Scope::Agent)
             .map_err(refused)?;
-        self.model_rates
-            .window
-            .check(now, &tenant_limits, Scope::Tenant)
+        self.window
+            .check(now, tenant_limits, Scope::Tenant)
             .map_err(refused)?;
         l.model_window.count_request(now);
-        self.model_rates.window.count_request(now);
+        self.window.count_request(now);
         Ok(())
     }
 
-    /// The least any budget above `name` (its own included) has left, and
-    /// whose budget that is.
-    fn budget_left(&self, name: &AgentName) -> Option<(f64, AgentName)> {
-        let mut least: Option<(f64, AgentName)> = None;
-        let mut cur = Some(name.clone());
-        let mut hops = 0;
-        while let Some(n) = cur {
-            let Some(l) = self.agents.live.get(&n) else {
-                break;
-            };
-            if let Some(limit) = l.policy.cost_limit {
-                let left = limit - l.subtree_usd;
-                if least.as_ref().is_none_or(|(x, _)| left < *x) {
-                    least = Some((left, n.clone()));
-                }
-            }
-            cur = l.parent.clone();
-            hops += 1;
-            if hops > 10_000 {
-                break;
-            }
-        }
-        least
-    }
-
-    /// A call recorded in the agent's log and its cost added to the run's
-    /// metered spend.
-    fn model_used(&mut self, call: ModelCall) {
+    /// A call as brood metered it: counted in the windows and added to its
+    /// run's metered spend; its event for the agent's log, and the run to
+    /// settle when the call was of its current run. Nothing for an agent no
+    /// longer here (said in the log).
+    pub(super) fn used(
+        &mut self,
+        agents: &mut Agents,
+        tracer: &crate::trace::Tracer,
+        call: ModelCall,
+    ) -> Option<Metered> {
         let name = call.agent.clone();
         // Tokens a minute count what brood metered, once it is known: the
         // tenant's whatever became of the agent since the call was sent.
         let tokens = call.tokens_in.saturating_add(call.tokens_out);
         let now = mono_ms();
-        self.model_rates.window.count_tokens(now, tokens);
-        let Some(l) = self.agents.live.get_mut(&name) else {
+        self.window.count_tokens(now, tokens);
+        let Some(l) = agents.live.get_mut(&name) else {
             tracing::info!(agent = %name, model = %call.model, "a model call of an agent no longer here");
-            return;
+            return None;
         };
         let session = l.session.clone();
         let counts = l.run == call.run;
@@ -294,72 +289,75 @@ impl Dispatcher {
             l.model_window.count_tokens(now, tokens);
         }
         let run = call.run.clone();
-        if self.host.tracer.on()
+        if tracer.on()
             && let Some(s) = crate::trace::model_call_span(l.trace, &call)
         {
-            self.host.tracer.emit(s);
+            tracer.emit(s);
         }
-        self.records
-            .append_events(&[ev(&name, Some(&run), &session, AgentEvent::ModelCall(call))]);
-        if counts {
-            self.settle_usage(&name, &run);
-        }
+        let event = ev(&name, Some(&run), &session, AgentEvent::ModelCall(call));
+        Some(Metered {
+            event,
+            settle: counts.then_some((name, run)),
+        })
     }
+}
 
-    /// The run's spend: the more of what it reported and what brood
-    /// metered; recorded, and any growth rolled up the tree (SPEC 9).
-    pub(super) fn settle_usage(&mut self, name: &AgentName, run: &RunId) {
-        let Some(l) = self.agents.live.get_mut(name) else {
-            return;
+/// The least any budget above `name` (its own included) has left, and
+/// whose budget that is.
+fn budget_left(agents: &Agents, name: &AgentName) -> Option<(f64, AgentName)> {
+    let mut least: Option<(f64, AgentName)> = None;
+    let mut cur = Some(name.clone());
+    let mut hops = 0;
+    while let Some(n) = cur {
+        let Some(l) = agents.live.get(&n) else {
+            break;
         };
-        let cost = l.reported_usd.max(l.metered_usd).max(l.run_usd);
-        let delta = cost - l.run_usd;
-        l.run_usd = cost;
-        let tokens_in = l.reported_in.max(l.metered_in);
-        let tokens_out = l.reported_out.max(l.metered_out);
-        if let Err(e) =
-            self.records
-                .store
-                .record_usage(&self.records.tenant, run, tokens_in, tokens_out, cost)
-        {
-            tracing::error!(agent = %name, error = %e, "recording usage failed");
+        if let Some(limit) = l.policy.cost_limit {
+            let left = limit - l.subtree_usd;
+            if least.as_ref().is_none_or(|(x, _)| left < *x) {
+                least = Some((left, n.clone()));
+            }
         }
-        self.add_spend(name, delta);
+        cur = l.parent.clone();
+        hops += 1;
+        if hops > 10_000 {
+            break;
+        }
+    }
+    least
+}
+
+/// The run's spend: the more of what it reported and what brood metered,
+/// kept in its live entry; what its record must say and the growth to
+/// roll up the tree (SPEC 9).
+pub(super) fn usage(l: &mut Live) -> Usage {
+    let cost = l.reported_usd.max(l.metered_usd).max(l.run_usd);
+    let delta = cost - l.run_usd;
+    l.run_usd = cost;
+    Usage {
+        tokens_in: l.reported_in.max(l.metered_in),
+        tokens_out: l.reported_out.max(l.metered_out),
+        cost,
+        delta,
     }
 }
 
-/// Drops from an agent's environment any value holding a provider's key,
-/// whoever wrote it there (a policy's `env`, a secret): no key enters a
-/// child.
-pub(super) fn strip_keys(providers: &Providers, name: &AgentName, env: &mut Vec<(String, String)>) {
-    env.retain(|(k, v)| {
-        let holds = providers.key_values().any(|key| v.contains(key));
-        if holds {
-            tracing::warn!(agent = %name, variable = %k, "a provider's key kept out of an agent's environment");
-        }
-        !holds
-    });
-}
-
-/// Opens the run's endpoint when its policy grants models and the
-/// operator configured a provider: the variables its clients read
-/// (each key variable set to the run's token) and the port its sandbox
-/// must let it reach. Nothing when it cannot be opened (said in the log):
-/// the agent runs without a gateway.
-/// `netns` is the empty network namespace the agent will run in, if
-/// one was made for it ahead (the pool's): its endpoint is bound on the
-/// loopback there, the one address it has. A free function: the
-/// launch's part, which holds no dispatcher, opens it.
+/// Opens the run's endpoint when its policy grants models and the operator
+/// configured a provider (`gw`): the variables its clients read (each key
+/// variable set to the run's token) and the port its sandbox must let it
+/// reach; the endpoint kept in its live entry `l`, closed with it. Nothing
+/// when it cannot be opened (said in the log): the agent runs without a
+/// gateway. `netns` is the empty network namespace the agent will run in,
+/// if one was made for it ahead (the pool's): its endpoint is bound on the
+/// loopback there, the one address it has.
 pub(super) fn open_gateway(
-    host: &Host,
-    records: &Records,
-    agents: &mut Agents,
+    gw: &Gateway,
+    sup: Supervisor,
+    l: &mut Live,
     name: &AgentName,
     run: &RunId,
     netns: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Option<(Vec<(String, String)>, u16)> {
-    let gw = host.cfg.gateway.clone()?;
-    let l = agents.live.get(name)?;
     if !grants_models(&l.policy) {
         return None;
     }
@@ -390,13 +388,7 @@ pub(super) fn open_gateway(
     } else {
         None
     };
-    let ep = match (gw.host)(
-        handle_of(host, records),
-        name.clone(),
-        run.clone(),
-        gw.providers.clone(),
-        inside,
-    ) {
+    let ep = match (gw.host)(sup, name.clone(), run.clone(), gw.providers.clone(), inside) {
         Ok(ep) => ep,
         Err(e) => {
             tracing::warn!(agent = %name, error = %e, "opening the model gateway failed");
@@ -414,8 +406,19 @@ pub(super) fn open_gateway(
         env.push(("ANTHROPIC_API_KEY".to_owned(), ep.token.clone()));
     }
     let port = ep.port;
-    if let Some(l) = agents.live.get_mut(name) {
-        l.gateway = Some(ep.listener);
-    }
+    l.gateway = Some(ep.listener);
     Some((env, port))
+}
+
+/// Drops from an agent's environment any value holding a provider's key,
+/// whoever wrote it there (a policy's `env`, a secret): no key enters a
+/// child.
+pub(super) fn strip_keys(providers: &Providers, name: &AgentName, env: &mut Vec<(String, String)>) {
+    env.retain(|(k, v)| {
+        let holds = providers.key_values().any(|key| v.contains(key));
+        if holds {
+            tracing::warn!(agent = %name, variable = %k, "a provider's key kept out of an agent's environment");
+        }
+        !holds
+    });
 }

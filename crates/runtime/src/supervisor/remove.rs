@@ -6,6 +6,9 @@
 //! through the projection thread, after every write queued before them.
 //! A prune is many tree removals, each its own command (`Supervisor::prune`),
 //! so the loop answers between them.
+//!
+//! Removal holds no state of its own: each call is lent what it reads and
+//! writes of the other parts ([`Env`]) by `route::remove`.
 
 use std::path::Path;
 
@@ -13,8 +16,14 @@ use brood_core::{AgentName, Code};
 use brood_store::Removed;
 use serde_json::json;
 
-use super::{Dispatcher, Reply, answer, internal, now_ms};
+use brood_launch::cgroup::Cgroups;
+
+use super::agents::Agents;
+use super::jobs::Runner;
+use super::records::Records;
+use super::{Reply, answer, internal, now_ms};
 use crate::api::{ApiError, Caller};
+use crate::paths::Paths;
 use crate::remove;
 
 /// What is removed, and where its typed answer goes.
@@ -25,8 +34,19 @@ pub(crate) enum RemoveOp {
     Job(String, Reply<brood_api::RemovedJob>),
 }
 
-impl Dispatcher {
-    pub(super) fn on_remove(&mut self, caller: &Caller, op: RemoveOp) {
+/// What a removal reads and writes of the rest of the supervisor.
+pub(super) struct Env<'a> {
+    pub(super) records: &'a Records,
+    /// Who is still held here, and what is remembered of the removed.
+    pub(super) agents: &'a mut Agents,
+    /// Whether a job runs.
+    pub(super) jobs: &'a Runner,
+    pub(super) paths: &'a Paths,
+    pub(super) cgroups: Option<&'a std::sync::Arc<Cgroups>>,
+}
+
+impl Env<'_> {
+    pub(super) fn on_remove(mut self, caller: &Caller, op: RemoveOp) {
         match op {
             RemoveOp::Tree(name, reply) => answer(reply, self.remove_tree(caller, &name)),
             RemoveOp::Job(id, reply) => answer(reply, self.remove_job(caller, &id)),
@@ -119,7 +139,7 @@ impl Dispatcher {
             ));
         }
         let events = super::jobs::job_event(
-            &self.agents,
+            &*self.agents,
             &job.owner,
             json!({"type": "job.removed", "job": id}),
         );
@@ -151,13 +171,13 @@ impl Dispatcher {
     /// incarnation its runs left (off the loop), and what the dispatcher
     /// remembered of its agents.
     fn after_removal(&mut self, removed: &Removed) {
-        for p in remove::ctx_paths(&self.host.paths, removed)
+        for p in remove::ctx_paths(self.paths, removed)
             .into_iter()
-            .chain(remove::blob_paths(&self.host.paths, removed))
+            .chain(remove::blob_paths(self.paths, removed))
         {
             self.records.projection.remove_dir(p);
         }
-        if let Some(cg) = self.launcher.cgroups.clone() {
+        if let Some(cg) = self.cgroups.cloned() {
             let groups: Vec<_> = removed
                 .cgroups
                 .iter()

@@ -28,10 +28,14 @@
 //! that child (its status, and its result once it has one), neither a
 //! second child nor `NameTaken`.
 
-use super::{Dispatcher, Live, Pending, ev, new_run_id, stored_policy};
+use super::agents::Agents;
+use super::queue::Queue;
+use super::records::Records;
+use super::{Live, Pending, ev, new_run_id, stored_policy};
 use crate::api::Caller;
 use crate::api::SpawnRequest;
 use crate::objects::project_agent;
+use crate::paths::Paths;
 use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
@@ -169,37 +173,47 @@ pub(super) fn resumes(a: &Agent, jobs: &[Job], operator: &Policy) -> bool {
     }
 }
 
-impl Dispatcher {
+/// What taking up a resumed agent reads and writes of the rest of the
+/// supervisor.
+pub(super) struct Env<'a> {
+    pub(super) records: &'a Records,
+    pub(super) paths: &'a Paths,
+    /// Where its shim goes (`Config::bin_dir`).
+    pub(super) bin_dir: Option<&'a std::path::Path>,
+    /// What a root holds: its stored policy is read against it.
+    pub(super) operator: &'a Policy,
+    pub(super) agents: &'a mut Agents,
+    /// The queue for a slot, where a resumed root goes.
+    pub(super) waiting: &'a mut Queue,
+}
+
+impl Restart {
     /// The agents the start resumed, taken up as a resume takes one up
     /// (`on_resume`): roots queued for a slot, children held for their
     /// parent. Called once, before the loop's first command.
-    pub(super) fn take_up_resumed(&mut self) {
-        for a in std::mem::take(&mut self.restart.resumed) {
-            if let Err(e) = self.take_up(&a) {
+    pub(super) fn take_up_resumed(&mut self, env: &mut Env<'_>) {
+        for a in std::mem::take(&mut self.resumed) {
+            if let Err(e) = self.take_up(&a, env) {
                 // Its stored policy read back when the start chose it, so
                 // this is a store that changed under it: said, and left
                 // for the orphan sweeper.
                 tracing::error!(agent = %a.name, error = %e.message, "taking up an agent resumed at start");
             }
         }
-        tracing::info!(
-            held = self.restart.held.len(),
-            "agents resumed at start taken up"
-        );
+        tracing::info!(held = self.held.len(), "agents resumed at start taken up");
     }
 
-    fn take_up(&mut self, a: &Agent) -> Result<(), crate::api::ApiError> {
+    fn take_up(&mut self, a: &Agent, env: &mut Env<'_>) -> Result<(), crate::api::ApiError> {
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-        let policy = stored_policy(&spec, &self.operator_policy())?;
-        project_agent(&self.records.projection, &self.host.paths, a, None);
-        let adir = self.host.paths.agent_dir(&a.name);
+        let policy = stored_policy(&spec, env.operator)?;
+        project_agent(&env.records.projection, env.paths, a, None);
+        let adir = env.paths.agent_dir(&a.name);
         for (file, text) in crate::objects::control_files(a, &policy, &spec) {
-            self.records.projection.write(adir.join(file), text);
+            env.records.projection.write(adir.join(file), text);
         }
-        self.records
-            .project_shim(self.host.cfg.bin_dir.as_deref(), &a.name);
+        env.records.project_shim(env.bin_dir, &a.name);
         let parent_pair = match &a.parent {
-            Some(p) => match self.agents.live.get(p) {
+            Some(p) => match env.agents.live.get(p) {
                 Some(l) => Some((p.clone(), l.session.clone())),
                 None => {
                     return Err(crate::api::ApiError::new(
@@ -223,10 +237,10 @@ impl Dispatcher {
         live.iso_ns = spec["iso"] == "ns";
         live.ns_root = spec["root"].as_str().map(PathBuf::from);
         // Its budget covers what it and its subtree spent in earlier runs.
-        live.subtree_usd = self
+        live.subtree_usd = env
             .records
             .store
-            .spend(&self.records.tenant, &a.name)
+            .spend(&env.records.tenant, &a.name)
             .map(|s| s.subtree.cost_usd)
             .map_err(crate::api::internal)?;
         live.pending = Some(Pending {
@@ -235,94 +249,99 @@ impl Dispatcher {
             group_parent: None,
             admitted: None,
         });
-        self.agents.live.insert(a.name.clone(), Box::new(live));
+        env.agents.live.insert(a.name.clone(), Box::new(live));
         match &a.parent {
-            Some(p) => self.restart.held.push((p.clone(), a.name.clone())),
-            None => self.launcher.waiting.push(a.name.clone()),
+            Some(p) => self.held.push((p.clone(), a.name.clone())),
+            None => env.waiting.push(a.name.clone()),
         }
         Ok(())
     }
 
     /// After each command: resumed children whose parent's process has
-    /// started go to the queue, in its group; children the restart ended
-    /// are told to their parent once it runs. A parent that stopped or
-    /// ended first takes its held children with it (its stop is planned
-    /// from the store, where they are its queued children).
-    pub(super) fn release_resumed(&mut self) {
-        if self.restart.held.is_empty() && self.restart.ended.is_empty() {
-            return;
+    /// started go to the queue, in its group. Returns the children the
+    /// restart ended whose parent now runs, to be told to it (parent, the
+    /// child as recorded). A parent that stopped or ended first takes its
+    /// held children with it (its stop is planned from the store, where
+    /// they are its queued children).
+    pub(super) fn release_resumed(
+        &mut self,
+        agents: &mut Agents,
+        waiting: &mut Queue,
+    ) -> Vec<(AgentName, Agent)> {
+        if self.held.is_empty() && self.ended.is_empty() {
+            return Vec::new();
         }
-        for (p, c) in std::mem::take(&mut self.restart.held) {
-            let Some(pl) = self.agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
+        for (p, c) in std::mem::take(&mut self.held) {
+            let Some(pl) = agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
                 continue;
             };
             if pl.pid.is_none() {
-                self.restart.held.push((p, c));
+                self.held.push((p, c));
                 continue;
             }
             let group = pl.group.clone();
-            if let Some(pending) = self
-                .agents
+            if let Some(pending) = agents
                 .live
                 .get_mut(&c)
                 .filter(|l| l.stopping.is_none())
                 .and_then(|l| l.pending.as_mut())
             {
                 pending.group_parent = group;
-                self.launcher.waiting.push(c);
+                waiting.push(c);
             }
         }
-        for (p, child) in std::mem::take(&mut self.restart.ended) {
-            let Some(pl) = self.agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
+        let mut tell = Vec::new();
+        for (p, child) in std::mem::take(&mut self.ended) {
+            let Some(pl) = agents.live.get(&p).filter(|l| l.stopping.is_none()) else {
                 continue;
             };
             if pl.pid.is_none() {
-                self.restart.ended.push((p, child));
+                self.ended.push((p, child));
                 continue;
             }
-            self.tell_of_end(&p, &child, None, None);
+            tell.push((p, child));
         }
+        tell
     }
+}
 
-    /// The child `caller` asks for by a name it already gave a child of its
-    /// own in an earlier run (a resumed run repeating its plan): that child
-    /// as it is now, rather than a second one or `NameTaken`. `None` for
-    /// every other request, which admission decides as ever; a first run
-    /// asking twice for one name is still refused `NameTaken`, since that
-    /// is a mistake worth telling (docs/lifecycle.md "Nothing done twice").
-    pub(super) fn created_before(
-        &self,
-        caller: &Caller,
-        req: &SpawnRequest,
-    ) -> Option<brood_api::Agent> {
-        let Caller::Agent(me) = caller else {
-            return None;
-        };
-        let name = req.name.as_ref()?;
-        if req.parent.as_ref().is_some_and(|p| p != me) {
-            return None;
-        }
-        let run = &self.agents.live.get(me)?.run;
-        let child = self
-            .records
-            .store
-            .agent(&self.records.tenant, name)
-            .ok()
-            .flatten()
-            .filter(|c| c.parent.as_ref() == Some(me))?;
-        let started = self
-            .records
-            .store
-            .run(&self.records.tenant, run)
-            .ok()
-            .flatten()?
-            .created_ms;
-        if child.created_ms >= started {
-            return None;
-        }
-        tracing::info!(parent = %me, child = %name, "a resumed run asked again for a child of an earlier run; given that child");
-        Some(agent_view(&self.records.store, &child))
+/// The child `caller` asks for by a name it already gave a child of its
+/// own in an earlier run (a resumed run repeating its plan): that child
+/// as it is now, rather than a second one or `NameTaken`. `None` for
+/// every other request, which admission decides as ever; a first run
+/// asking twice for one name is still refused `NameTaken`, since that
+/// is a mistake worth telling (docs/lifecycle.md "Nothing done twice").
+pub(super) fn created_before(
+    records: &Records,
+    agents: &Agents,
+    caller: &Caller,
+    req: &SpawnRequest,
+) -> Option<brood_api::Agent> {
+    let Caller::Agent(me) = caller else {
+        return None;
+    };
+    let name = req.name.as_ref()?;
+    if req.parent.as_ref().is_some_and(|p| p != me) {
+        return None;
     }
+    let run = &agents.live.get(me)?.run;
+    let child = records
+        .store
+        .agent(&records.tenant, name)
+        .ok()
+        .flatten()
+        .filter(|c| c.parent.as_ref() == Some(me))?;
+    let started = records
+        .store
+        .run(&records.tenant, run)
+        .ok()
+        .flatten()?
+        .created_ms;
+    if child.created_ms >= started {
+        return None;
+    }
+    tracing::info!(parent = %me, child = %name, "a resumed run asked again for a child of an earlier run; given that child");
+    Some(agent_view(&records.store, &child))
 }
 
 /// The `agent.resume` event of `a`'s new run `run` (a restart's, a lost

@@ -17,7 +17,7 @@ use super::Env;
 use super::prep::{GroupPlan, Made, NsPlan, Prep, ViewPlan, door_pair};
 use super::pump::LaunchReads;
 use crate::supervisor::launcher::Launcher;
-use crate::supervisor::models::{grants_models, open_gateway, strip_keys};
+use crate::supervisor::models::{self, grants_models, strip_keys};
 use crate::supervisor::{Cmd, deadline_unix_s, handle_of, now_ms, task_of};
 
 /// How many empty network namespaces the pool keeps ready: enough for a burst
@@ -189,7 +189,7 @@ impl Launcher {
             .as_ref()
             .and_then(|p| p.netns.as_ref())
             .map(std::os::fd::AsFd::as_fd);
-        let gateway = open_gateway(env.host, env.records, env.agents, name, run, netns);
+        let gateway = open_gateway(env, name, run, netns);
         let providers = env.host.cfg.gateway.as_ref().map(|g| g.providers.clone());
         let Some(l) = env.agents.live.get_mut(name) else {
             return;
@@ -373,4 +373,22 @@ impl Launcher {
             None => spawner.launch_prepared(prep, done),
         }
     }
+}
+
+/// Opens the run's endpoint when its policy grants models and the operator
+/// configured a provider (`models::open_gateway`).
+fn open_gateway(
+    env: &mut Env<'_>,
+    name: &AgentName,
+    run: &RunId,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Option<(Vec<(String, String)>, u16)> {
+    let gw = env.host.cfg.gateway.clone()?;
+    // The handle is made only for a run that may call (most do not).
+    if !grants_models(&env.agents.live.get(name)?.policy) {
+        return None;
+    }
+    let sup = handle_of(env.host, env.records);
+    let l = env.agents.live.get_mut(name)?;
+    models::open_gateway(&gw, sup, l, name, run, netns)
 }

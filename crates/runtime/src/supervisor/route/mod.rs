@@ -8,6 +8,8 @@
 mod cluster;
 mod jobs;
 mod launch;
+mod models;
+mod restart;
 mod sockets;
 mod stops;
 mod tick;

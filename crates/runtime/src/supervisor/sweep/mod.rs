@@ -8,7 +8,7 @@
 //!   missing is cancelled (`parent_dead`); an agent the store calls alive whose
 //!   process is gone (its host supervisor is dead, or it is ours and we hold no
 //!   process for it) fails `lost` and its subtree is cancelled; a node of the
-//!   cluster whose process is gone is declared lost (`moved`: what can move
+//!   cluster whose process is gone is declared lost (`cluster::moved`: what can move
 //!   moves to live nodes);
 //! - reconcile, every 30 ticks: budgets recomputed from the store.
 //!

@@ -97,7 +97,7 @@ impl super::Sweeps {
             }
             // A node of the cluster whose process is gone (this machine's
             // process table says so before its heartbeat expires): declared
-            // lost now, so that what can move moves (`moved`), rather than
+            // lost now, so that what can move moves (`cluster::moved`), rather than
             // its agents ended one by one here.
             let node = brood_store::placed_for(&host).unwrap_or(&host);
             if !ours && node != env.me && nodes.iter().any(|n| n.id == node) {

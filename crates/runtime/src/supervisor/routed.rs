@@ -5,9 +5,18 @@
 //! `refs.jsonl` and `artifact/` in this node's ctx tree, the artifacts'
 //! bytes fetched from the store off the dispatcher first); and closes made
 //! through another node of agents this node ran, shown in its ctx tree.
+//!
+//! It holds no state beyond what the live set tracks of children other
+//! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`): the loop
+//! lends it [`Env`], and what belongs to other flows (an input delivered, a
+//! child's end told to its parent, waits answered) it returns as
+//! [`RoutedFollow`]s, in order, which `route::routed` applies.
 
+use super::agents::Agents;
+use super::host::Host;
 use super::records::Records;
-use super::{Cmd, Dispatcher, Reply, answer, ev, now_ms, stored_policy};
+use super::waiters::Waiters;
+use super::{Cmd, Reply, answer, ev, now_ms, stored_policy};
 use crate::api::ApiError;
 use crate::api::internal;
 use crate::hosts::host_alive;
@@ -18,6 +27,7 @@ use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::Code;
 use brood_core::Status;
+use brood_core::policy::Policy;
 use brood_store::Agent;
 use brood_store::Protocol;
 use serde_json::Value;
@@ -45,7 +55,38 @@ pub(crate) struct EndedElsewhere {
     placed: crate::channel::shared::Placed,
 }
 
-impl Dispatcher {
+/// What the routing reads and writes of the rest of the supervisor, and
+/// what it leaves for other flows.
+pub(super) struct Env<'a> {
+    pub(super) records: &'a Records,
+    pub(super) host: &'a Host,
+    pub(super) agents: &'a mut Agents,
+    pub(super) waiters: &'a Waiters,
+    /// What the calls so far left for other flows, in order.
+    pub(super) follows: Vec<RoutedFollow>,
+}
+
+/// What the routing needs done by other flows.
+pub(super) enum RoutedFollow {
+    /// An input another node posted for an agent here, delivered as if
+    /// sent here.
+    DeliverInput {
+        agent: AgentName,
+        sender: String,
+        text: String,
+    },
+    /// A child's end (another node ran it) told to `told` here.
+    TellOfEnd {
+        told: AgentName,
+        agent: Box<Agent>,
+        result: Option<String>,
+        harvest: Box<crate::channel::Harvest>,
+    },
+    /// These waits are done: answered.
+    AnswerWaiters(Vec<u64>),
+}
+
+impl Env<'_> {
     /// An input for an agent another node runs: posted in the store for its
     /// host, which delivers it when the news of this write reaches it.
     pub(super) fn route_input(
@@ -124,7 +165,7 @@ impl Dispatcher {
     /// Tells the node holding a `--ready` spawn of `name` open that it is
     /// ready ([`tell_ready`]).
     pub(super) fn tell_ready(&self, name: &AgentName, node: Option<String>) {
-        tell_ready(&self.records, name, node);
+        tell_ready(self.records, name, node);
     }
 
     /// Inputs other nodes posted for agents running here, delivered.
@@ -156,9 +197,11 @@ impl Dispatcher {
                 self.answer_ready_waits(Some(&i.agent));
                 continue;
             }
-            if let Err(e) = self.deliver_input(&i.agent, &i.sender, &i.text) {
-                tracing::warn!(agent = %i.agent, error = %e.message, "an input posted by another node was not delivered");
-            }
+            self.follows.push(RoutedFollow::DeliverInput {
+                agent: i.agent,
+                sender: i.sender,
+                text: i.text,
+            });
         }
     }
 
@@ -186,7 +229,7 @@ impl Dispatcher {
             ended.insert(n);
         }
         let done = self.waiters.done_by(|n| ended.contains(n));
-        self.answer_waiters(done);
+        self.follows.push(RoutedFollow::AnswerWaiters(done));
     }
 
     /// Whether `a`'s end (another node's child of an agent here, with
@@ -301,7 +344,7 @@ impl Dispatcher {
             },
             None => brood_store::ChannelOutput::default(),
         };
-        let dir = self.records.channel_dir_of(&self.agents, &a);
+        let dir = self.records.channel_dir_of(self.agents, &a);
         let blobs = self.host.paths.blobs();
         if a.parent.as_ref() == Some(told)
             && !output.artifacts.is_empty()
@@ -309,8 +352,8 @@ impl Dispatcher {
         {
             // `artifact/` is the child's, as on the node that ran it.
             let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-            let uid =
-                stored_policy(&spec, &self.operator_policy()).map_or(self.host.uid, |p| p.uid);
+            let operator = Policy::operator(self.host.uid, self.host.gid, self.host.groups.clone());
+            let uid = stored_policy(&spec, &operator).map_or(self.host.uid, |p| p.uid);
             self.agents.fetching.insert(a.name.clone());
             let (store, tenant, tx) = (
                 self.records.store.clone(),
@@ -339,7 +382,7 @@ impl Dispatcher {
             return;
         }
         let harvest = crate::channel::recorded(output, dir.as_deref(), &blobs);
-        self.tell_of_end_elsewhere(told, &a, result.as_deref(), &harvest);
+        self.tell_of_end_elsewhere(told, a, result, harvest);
     }
 
     /// A child's artifacts are in its parent's channel here (or could not
@@ -354,26 +397,32 @@ impl Dispatcher {
                 "artifacts of a child another node ran are not in its channel here"
             );
         }
-        self.tell_of_end_elsewhere(&e.told, &e.child, e.result.as_deref(), &e.harvest);
+        self.tell_of_end_elsewhere(&e.told, e.child, e.result, e.harvest);
         self.answer_remote_waits();
     }
 
     fn tell_of_end_elsewhere(
         &mut self,
         told: &AgentName,
-        a: &Agent,
-        result: Option<&str>,
-        h: &crate::channel::Harvest,
+        a: Agent,
+        result: Option<String>,
+        h: crate::channel::Harvest,
     ) {
         if a.parent.as_ref() == Some(told) {
-            self.records.project_channel(&self.agents, a, result);
-            if let Some(dir) = self.records.channel_dir_of(&self.agents, a) {
+            self.records
+                .project_channel(self.agents, &a, result.as_deref());
+            if let Some(dir) = self.records.channel_dir_of(self.agents, &a) {
                 self.records
                     .projection
                     .write(dir.join("refs.jsonl"), h.output.refs.clone());
             }
         }
-        self.tell_of_end(told, a, result, Some(h));
+        self.follows.push(RoutedFollow::TellOfEnd {
+            told: told.clone(),
+            agent: Box::new(a),
+            result,
+            harvest: Box::new(h),
+        });
     }
 
     /// After a close through this node: the agent's host, when another node,
@@ -422,7 +471,8 @@ impl Dispatcher {
 
 /// Tells the node holding a `--ready` spawn of `name` open that it is
 /// ready (through the store's inbox, as inputs between nodes go); a free
-/// function, as the launch's part (which holds no dispatcher) tells it too.
+/// function, as the launch's part tells it too (a plain program is ready
+/// once started).
 pub(super) fn tell_ready(records: &Records, name: &AgentName, node: Option<String>) {
     let Some(node) = node else {
         return;

@@ -10,6 +10,7 @@ mod jobs;
 mod launch;
 mod models;
 mod restart;
+mod routed;
 mod sockets;
 mod stops;
 mod tick;

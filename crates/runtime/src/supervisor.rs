@@ -12,15 +12,17 @@
 //!
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
-//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `orphans`,
-//! `disk`); a part takes only what it reads and returns what it needs done
-//! elsewhere, which the loop carries out (`route`). The work that spans
-//! parts is split by concern into the submodules: `handle` (the public
-//! handle and start-up), `admit` and `batch`, `protocol`, `ends`,
-//! `verbs`, `collect`, `sweep`, `identify`. A part that needs another
-//! part's work returns it as follow-ups, which `route` applies (the jobs
-//! runner, the agent sockets, the stops, the cluster's node and the
-//! launcher, whose launches are `launch`'s, which hold no dispatcher).
+//! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `ends`,
+//! `protocol`, `orphans`, `disk`); a part takes only what it reads and
+//! returns what it needs done elsewhere, which the loop carries out
+//! (`route`). The work that spans parts is split by concern into the
+//! submodules: `handle` (the public handle and start-up), `admit` and
+//! `batch`, `verbs`, `sweep`, `identify`. A part that needs another part's
+//! work returns it as follow-ups, which `route` applies (the jobs runner,
+//! the agent sockets, the stops, the cluster's node, a run's end (`ends`,
+//! its result collected in `ends::collect`), what a process says
+//! (`protocol`) and the launcher, whose launches are `launch`'s, which hold
+//! no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -47,7 +49,6 @@ mod admitting;
 mod agents;
 mod batch;
 mod cluster;
-mod collect;
 mod disk;
 mod ends;
 mod ends_writer;
@@ -86,7 +87,10 @@ mod waiters;
 
 pub use crate::metrics::Sweeper;
 pub(crate) use crate::shown::to_json;
-use collect::{Collect, Harvested};
+// The collector's types by their old path: `launch` keeps a run's sandbox
+// for it (`collect::KeptSandbox`).
+use ends::collect;
+use ends::{Collect, Harvested};
 use waiters::Waiters;
 
 /// Test and benchmark hooks. Production code leaves them empty.
@@ -571,9 +575,6 @@ impl Live {
     }
 }
 
-const EXEC_OUT_MAX: usize = 16 << 20;
-const STDERR_TAIL: usize = 4096;
-
 /// The dispatcher: the loop's state, as owned parts (ARCHITECTURE.md
 /// "The supervisor's parts"). Each part holds its own state; the loop routes
 /// every [`Cmd`] to the method that handles it, and a method borrows only the
@@ -611,6 +612,12 @@ struct Dispatcher {
     /// While a batch of ends is handled: the ends waiting to be recorded
     /// together (`batch`).
     ends_together: Option<Vec<ends::Ending>>,
+    /// A run's end and what follows it: the collection of its result, the
+    /// projection, the parent and the waiters told (`ends`).
+    ends: ends::Ends,
+    /// What the agents' processes say and do: messages, usage and budgets,
+    /// exits (`protocol`).
+    relay: protocol::Relay,
     /// What the start resumed of a dead incarnation's agents (issue 29).
     restart: restart::Restart,
     /// This supervisor as a node of its store's cluster: its heartbeats,

@@ -285,6 +285,8 @@ impl Supervisor {
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;
         let stops = super::stops::Stops::new(cgroups.clone(), cfg.grace, tx.clone());
+        let ends = super::ends::Ends::new(tx.clone(), cfg.node.is_some(), uid, unsafe_getegid());
+        let relay = super::protocol::Relay::new(cfg.resource_defaults.disk_max, cgroups.clone());
         let disp = Dispatcher {
             host: Host {
                 cfg,
@@ -337,6 +339,8 @@ impl Supervisor {
             orphans: super::orphans::Orphans::default(),
             disk: super::disk::DiskWatch::default(),
             ends_together: None,
+            ends,
+            relay,
             restart,
             cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,

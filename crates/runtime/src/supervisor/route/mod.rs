@@ -6,9 +6,11 @@
 //! off the loop while their effects stay on it.
 
 mod cluster;
+mod ends;
 mod jobs;
 mod launch;
 mod models;
+mod protocol;
 mod restart;
 mod routed;
 mod sockets;

@@ -4,7 +4,8 @@
 //! confined as the child, within [`COLLECT_LIMIT`]; the run's end is recorded
 //! when the answer comes back.
 
-use super::{Cmd, Dispatcher, ev};
+use super::{EndFollow, Ends, Env, Finish};
+use crate::supervisor::{Cmd, ev};
 use brood_core::AgentEvent;
 use brood_core::AgentName;
 use brood_core::CancelReason;
@@ -20,12 +21,12 @@ use std::time::Duration;
 /// How a run that handed something back ended, carried through its
 /// collection to the record.
 pub(crate) struct RunEnding {
-    pub(super) name: AgentName,
-    pub(super) run: RunId,
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<String>,
-    detail: Option<String>,
+    pub(in crate::supervisor) name: AgentName,
+    pub(in crate::supervisor) run: RunId,
+    pub(in crate::supervisor) outcome: Terminal,
+    pub(in crate::supervisor) exit_code: Option<i32>,
+    pub(in crate::supervisor) result: Option<String>,
+    pub(in crate::supervisor) detail: Option<String>,
 }
 
 /// A run's end with its harvest (refs checked, artifacts taken) or why not.
@@ -37,7 +38,7 @@ pub(crate) struct Harvested {
 /// A run that ended with a result, waiting for its group to be empty before
 /// what it handed back is read.
 pub(crate) struct Collect {
-    pub(super) ending: RunEnding,
+    pub(in crate::supervisor) ending: RunEnding,
     refs: Vec<Value>,
     channel: Option<PathBuf>,
     policy: Policy,
@@ -52,74 +53,67 @@ pub(crate) struct Collect {
 
 /// How long reading what a run handed back may take (refs hashed, artifacts
 /// copied, each at most 1 GiB): past it the run fails, naming the limit.
-pub(super) const COLLECT_LIMIT: Duration = Duration::from_secs(60);
+pub(in crate::supervisor) const COLLECT_LIMIT: Duration = Duration::from_secs(60);
 
 /// How many times a child's artifacts are offered to the store, backing off
 /// from 0.5 s to 8 s between tries (about 15 s in all).
 const SHARE_TRIES: u32 = 6;
 
-impl Dispatcher {
+impl Ends {
     /// Checks the refs of a run that ended with a result and takes its
-    /// artifacts into the blob store; the end is recorded in
-    /// [`Self::on_harvested`]. Nothing the child wrote is read while anything
-    /// it started lives: its descendants are stopped (they die with it anyway,
-    /// SPEC 6) and its group is killed and emptied first, then the files are
-    /// read on a thread of their own, within [`COLLECT_LIMIT`].
-    pub(super) fn harvest(
-        &mut self,
-        name: &AgentName,
-        run: &RunId,
-        outcome: Terminal,
-        exit_code: Option<i32>,
-        result: Option<String>,
-        detail: Option<String>,
-    ) {
-        let Some(l) = self.agents.live.get(name) else {
-            return;
-        };
+    /// artifacts into the blob store; the end is recorded once the answer
+    /// comes back ([`Self::harvested`]). Nothing the child wrote is read
+    /// while anything it started lives: its descendants are stopped (they
+    /// die with it anyway, SPEC 6) and its group is killed and emptied
+    /// first, then the files are read on a thread of their own, within
+    /// [`COLLECT_LIMIT`] ([`Self::collect`]). `None` when its agent is not
+    /// live here.
+    pub(in crate::supervisor) fn harvest(
+        &self,
+        ending: RunEnding,
+        env: &Env<'_>,
+    ) -> Option<EndFollow> {
+        let l = env.agents.live.get(&ending.name)?;
         let refs = l.done.as_ref().map(|d| d.refs.clone()).unwrap_or_default();
-        let channel = l.channel_dir(&self.host.paths, name);
+        let channel = l.channel_dir(env.paths, &ending.name);
         // On a node of a cluster, every child's artifacts go to the store,
         // its parent's node or not: any node serves a finished agent's
         // artifacts (the UI's download, `brood fsck` elsewhere). Shared only
         // for a parent on another node, they were lost to every other node
         // (issue 28's fault campaign read them back from each).
-        let share = self.host.cfg.node.is_some() && l.parent.is_some();
+        let share = self.share && l.parent.is_some();
         if refs.is_empty() && channel.is_none() {
             // A root that names no refs: nothing to check or take, no thread.
             let nothing = Some(crate::channel::Harvest::default());
-            return self.finish(name, outcome, exit_code, result, detail, nothing);
+            return Some(EndFollow::Finish(Box::new(Finish {
+                ending,
+                harvest: nothing,
+            })));
         }
         // The child's own identity, when it is not the supervisor's (today
         // agents run as the supervisor's uid, without capabilities).
-        let ids = (l.policy.uid != self.host.uid || l.policy.gid != self.host.gid).then(|| {
+        let ids = (l.policy.uid != self.uid || l.policy.gid != self.gid).then(|| {
             brood_launch::confine::FsIds {
                 uid: l.policy.uid,
                 gid: l.policy.gid,
                 groups: l.policy.groups.iter().copied().collect(),
             }
         });
+        let group = l.group.clone();
         let collect = Collect {
-            ending: RunEnding {
-                name: name.clone(),
-                run: run.clone(),
-                outcome,
-                exit_code,
-                result,
-                detail,
-            },
             refs,
             channel,
             policy: l.policy.clone(),
             sandbox: l.sandbox.clone(),
             ids,
             share,
+            ending,
         };
-        let group = l.group.clone();
-        let targets: Vec<(AgentName, Terminal)> = match self
+        let name = &collect.ending.name;
+        let targets: Vec<(AgentName, Terminal)> = match env
             .records
             .store
-            .descendants_post_order(&self.records.tenant, name)
+            .descendants_post_order(&env.records.tenant, name)
         {
             Ok(plan) => plan
                 .into_iter()
@@ -131,16 +125,20 @@ impl Dispatcher {
                 Vec::new()
             }
         };
-        self.begin_stop_then(targets, group, Some(Box::new(collect)));
+        Some(EndFollow::StopThenCollect {
+            targets,
+            group,
+            collect: Box::new(collect),
+        })
     }
 
     /// Reads what a run handed back (its group is empty by now) on a thread
     /// of its own, within [`COLLECT_LIMIT`]; whatever happens, the answer
     /// comes back as `Cmd::Harvested`, so the run never stays `running`.
-    pub(super) fn collect(&self, c: Collect) {
-        let blobs = self.host.paths.blobs();
-        let tx = self.host.tx.clone();
-        let (store, tenant) = (self.records.store.clone(), self.records.tenant.clone());
+    pub(in crate::supervisor) fn collect(&self, c: Collect, env: &Env<'_>) {
+        let blobs = env.paths.blobs();
+        let tx = self.tx.clone();
+        let (store, tenant) = (env.records.store.clone(), env.records.tenant.clone());
         tokio::spawn(async move {
             let Collect {
                 ending,
@@ -243,29 +241,30 @@ impl Dispatcher {
         });
     }
 
-    pub(super) fn on_harvested(&mut self, harvested: Harvested) {
+    /// A collection's answer: the end to record, with what the run handed
+    /// back, or failed `protocol_error` when its result was refused. `None`
+    /// when a stop that came meanwhile records this run's end itself.
+    pub(in crate::supervisor) fn harvested(
+        &self,
+        harvested: Harvested,
+        env: &Env<'_>,
+    ) -> Option<EndFollow> {
         let Harvested { ending: h, harvest } = harvested;
-        let Some(l) = self.agents.live.get(&h.name) else {
-            return;
-        };
+        let l = env.agents.live.get(&h.name)?;
         // A stop that came meanwhile records this run's end itself.
         if l.run != h.run || l.stopping.is_some() {
-            return;
+            return None;
         }
         match harvest {
-            Ok(out) => self.finish(
-                &h.name,
-                h.outcome,
-                h.exit_code,
-                h.result,
-                h.detail,
-                Some(out),
-            ),
+            Ok(out) => Some(EndFollow::Finish(Box::new(Finish {
+                ending: h,
+                harvest: Some(out),
+            }))),
             Err(refused) => {
                 // SPEC 4: a bad line rejects the whole result.
                 let session = l.session.clone();
                 tracing::warn!(agent = %h.name, error = %refused, "result refused");
-                self.records.append_events(&[ev(
+                env.records.append_events(&[ev(
                     &h.name,
                     Some(&h.run),
                     &session,
@@ -275,14 +274,16 @@ impl Dispatcher {
                         error: format!("result refused: {refused}"),
                     },
                 )]);
-                self.finish(
-                    &h.name,
-                    Terminal::Failed(FailReason::ProtocolError),
-                    h.exit_code,
-                    None,
-                    Some(format!("result refused: {refused}")),
-                    None,
-                );
+                let ending = RunEnding {
+                    outcome: Terminal::Failed(FailReason::ProtocolError),
+                    result: None,
+                    detail: Some(format!("result refused: {refused}")),
+                    ..h
+                };
+                Some(EndFollow::Finish(Box::new(Finish {
+                    ending,
+                    harvest: None,
+                })))
             }
         }
     }

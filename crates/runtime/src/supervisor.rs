@@ -17,12 +17,12 @@
 //! `admission`'s, lent an `Env`); a part takes only what it reads and
 //! returns what it needs done elsewhere, which the loop carries out
 //! (`route`). The work that spans parts is split by concern into the
-//! submodules: `handle` (the public handle and start-up), `batch`,
-//! `launch`, `verbs`, `sweep`, `identify`. A part that needs
-//! another part's work returns it as follow-ups, which `route` applies (the
-//! jobs runner, the agent sockets, the stops, the cluster's node, a run's
-//! end (`ends`, its result collected in `ends::collect`) and what a process
-//! says (`protocol`), which hold no dispatcher).
+//! submodules: `handle` (the public handle and start-up), `batch`, `verbs`,
+//! `sweep`, `identify`. A part that needs another part's work returns it as
+//! follow-ups, which `route` applies (the jobs runner, the agent sockets,
+//! the stops, the cluster's node, a run's end (`ends`, its result collected
+//! in `ends::collect`), what a process says (`protocol`) and the launcher,
+//! whose launches are `launch`'s, which hold no dispatcher).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -70,9 +70,8 @@ pub use ops::handle;
 mod orphans;
 mod outcome;
 mod outsider;
-use outcome::{exit_code, outcome_of, reap_orphan_launch};
+use outcome::{exit_code, outcome_of};
 mod protocol;
-mod pump;
 mod queue;
 mod records;
 mod remove;
@@ -576,10 +575,6 @@ impl Live {
     }
 }
 
-/// How many empty network namespaces the pool keeps ready: enough for a burst
-/// of two starts, few enough that an idle supervisor holds little.
-const NETNS_POOL_DEPTH: usize = 2;
-
 /// The dispatcher: the loop's state, as owned parts (ARCHITECTURE.md
 /// "The supervisor's parts"). Each part holds its own state; the loop routes
 /// every [`Cmd`] to the method that handles it, and a method borrows only the
@@ -591,7 +586,8 @@ struct Dispatcher {
     /// change counter, the news flag. Every record goes through it.
     records: records::Records,
     /// Starting processes: the spawner, cgroups, slots, the veil and the
-    /// queue of admitted agents waiting for a slot.
+    /// queue of admitted agents waiting for a slot; the queue served and
+    /// each launch worked out and taken up (`launch`, `route::launch`).
     launcher: launcher::Launcher,
     /// The agents this supervisor runs, and what it tracks of children and
     /// waits across nodes.
@@ -909,20 +905,26 @@ impl Dispatcher {
     }
 
     fn handle(&self) -> Supervisor {
-        Supervisor {
-            tx: self.host.tx.clone(),
-            store: self.records.store.clone(),
-            tenant: self.records.tenant.clone(),
-            paths: self.host.paths.clone(),
-            info: self.host.info.clone(),
-            projection: self.records.projection.clone(),
-            metrics: self.host.metrics.clone(),
-            tracer: self.host.tracer.clone(),
-            intake: self.host.intake.clone(),
-            me: self.host.me.clone(),
-            outsiders: self.host.outsiders.clone(),
-            store_health: self.host.store_health.clone(),
-        }
+        handle_of(&self.host, &self.records)
+    }
+}
+
+/// The handle of the supervisor whose host and records these are: what a
+/// part that holds no dispatcher hands a door or a gateway it opens.
+fn handle_of(host: &host::Host, records: &records::Records) -> Supervisor {
+    Supervisor {
+        tx: host.tx.clone(),
+        store: records.store.clone(),
+        tenant: records.tenant.clone(),
+        paths: host.paths.clone(),
+        info: host.info.clone(),
+        projection: records.projection.clone(),
+        metrics: host.metrics.clone(),
+        tracer: host.tracer.clone(),
+        intake: host.intake.clone(),
+        me: host.me.clone(),
+        outsiders: host.outsiders.clone(),
+        store_health: host.store_health.clone(),
     }
 }
 

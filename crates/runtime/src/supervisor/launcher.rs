@@ -1,6 +1,8 @@
 //! What starts processes: the spawner thread, the cgroups, the concurrency
 //! slots, the empty network namespaces kept ready, the veil, and the queue of
-//! admitted agents waiting for a slot (SPEC 9 `queued`).
+//! admitted agents waiting for a slot (SPEC 9 `queued`). This is the part's
+//! state and its slots; its launches (the queue served, each launch worked
+//! out and taken up) are `supervisor::launch`'s.
 
 use std::sync::Arc;
 

@@ -163,18 +163,9 @@ impl Env<'_> {
     }
 
     /// Tells the node holding a `--ready` spawn of `name` open that it is
-    /// ready (through the store's inbox, as inputs between nodes go).
+    /// ready ([`tell_ready`]).
     pub(super) fn tell_ready(&self, name: &AgentName, node: Option<String>) {
-        let Some(node) = node else {
-            return;
-        };
-        if let Err(e) =
-            self.records
-                .store
-                .post_input(&self.records.tenant, name, &node, READY, "", now_ms())
-        {
-            tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
-        }
+        tell_ready(self.records, name, node);
     }
 
     /// Inputs other nodes posted for agents running here, delivered.
@@ -475,5 +466,21 @@ impl Env<'_> {
         );
         self.records.project_events(&[close]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
+    }
+}
+
+/// Tells the node holding a `--ready` spawn of `name` open that it is
+/// ready (through the store's inbox, as inputs between nodes go); a free
+/// function, as the launch's part tells it too (a plain program is ready
+/// once started).
+pub(super) fn tell_ready(records: &Records, name: &AgentName, node: Option<String>) {
+    let Some(node) = node else {
+        return;
+    };
+    if let Err(e) = records
+        .store
+        .post_input(&records.tenant, name, &node, READY, "", now_ms())
+    {
+        tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
     }
 }

@@ -9,6 +9,7 @@ mod admission;
 mod cluster;
 mod ends;
 mod jobs;
+mod launch;
 mod models;
 mod protocol;
 mod restart;

@@ -1,7 +1,7 @@
 //! The model gateway's questions routed to its part (`models`): a call
 //! checked against the run, its grant, its budget and the rate windows; a
 //! call metered, its event recorded and its run's spend settled and rolled
-//! up; and a run's endpoint opened at its launch.
+//! up (a run's endpoint is opened at its launch by the launch's part).
 
 use brood_core::{AgentName, RunId};
 
@@ -56,23 +56,5 @@ impl Dispatcher {
             tracing::error!(agent = %name, error = %e, "recording usage failed");
         }
         self.add_spend(name, u.delta);
-    }
-
-    /// Opens the run's endpoint when its policy grants models and the
-    /// operator configured a provider (`models::open_gateway`).
-    pub(in crate::supervisor) fn open_gateway(
-        &mut self,
-        name: &AgentName,
-        run: &RunId,
-        netns: Option<std::os::fd::BorrowedFd<'_>>,
-    ) -> Option<(Vec<(String, String)>, u16)> {
-        let gw = self.host.cfg.gateway.clone()?;
-        // The handle is made only for a run that may call (most do not).
-        if !models::grants_models(&self.agents.live.get(name)?.policy) {
-            return None;
-        }
-        let sup = self.handle();
-        let l = self.agents.live.get_mut(name)?;
-        models::open_gateway(&gw, sup, l, name, run, netns)
     }
 }

@@ -13,16 +13,14 @@
 //! This file holds the types, the dispatcher and its loop. The dispatcher's
 //! state is a set of owned parts (`host`, `records`, `launcher`, `agents`,
 //! `waiters`, `stops`, `sweep`, `sockets`, `jobs`, `cluster`, `ends`,
-//! `protocol`, `orphans`, `disk`, `admitting`, whose decisions are
-//! `admission`'s, lent an `Env`); a part takes only what it reads and
-//! returns what it needs done elsewhere, which the loop carries out
-//! (`route`). The work that spans parts is split by concern into the
-//! submodules: `handle` (the public handle and start-up), `batch`, `verbs`,
-//! `sweep`, `identify`. A part that needs another part's work returns it as
-//! follow-ups, which `route` applies (the jobs runner, the agent sockets,
-//! the stops, the cluster's node, a run's end (`ends`, its result collected
-//! in `ends::collect`), what a process says (`protocol`) and the launcher,
-//! whose launches are `launch`'s, which hold no dispatcher).
+//! `protocol`, `models`, `restart`, `orphans`, `disk`, `admitting`); the
+//! concerns without state of their own (`admission`, `launch`, `verbs`,
+//! `routed`, `remove`) are lent an `Env` of the parts they read and write.
+//! No part holds the dispatcher: each takes only what it reads and returns
+//! what it needs done elsewhere, as follow-ups, which the loop carries out
+//! in `route` under the entry points' names. What stays on the loop itself:
+//! `handle` (the public handle and start-up), `batch` (starts and ends taken
+//! together), `held`, `identify`.
 
 use std::collections::HashSet;
 use std::path::PathBuf;

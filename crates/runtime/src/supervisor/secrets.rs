@@ -6,6 +6,9 @@
 //! from anyone else. A run hosted on another node of a cluster gets them
 //! only when that node runs the parent too; a root's values given here stay
 //! here. Every refusal names the secret and never shows a value.
+//!
+//! The live set's own questions ([`Agents`]): where the values live is
+//! where they are read.
 
 use brood_api::Secrets;
 
@@ -13,7 +16,7 @@ use brood_core::policy::Policy;
 use brood_core::{AgentName, Code};
 use brood_store::Agent;
 
-use super::Dispatcher;
+use super::agents::Agents;
 use crate::api::{ApiError, SpawnRequest};
 
 fn bad(msg: String) -> ApiError {
@@ -32,7 +35,7 @@ fn give_again(k: &str) -> String {
     format!("`--secret {k}`, or `secrets` in the request")
 }
 
-impl Dispatcher {
+impl Agents {
     /// The secret values a new agent starts with: for a root those its
     /// caller gave (one for every name of its policy), for a child its
     /// parent's (a child given values is refused: it gets its parent's,
@@ -42,18 +45,19 @@ impl Dispatcher {
     /// it claims the child).
     pub(super) fn admitted_secrets(
         &self,
+        me: &str,
         policy: &Policy,
         parent: Option<&AgentName>,
         remote: Option<&Agent>,
         host: &str,
         req: &SpawnRequest,
     ) -> Result<Secrets, ApiError> {
-        let here = host == self.host.me.as_str();
+        let here = host == me;
         let placed_away = |k: &str| {
             bad(format!(
                 "placement: the agent holds secret {k}, whose value is held by the node it \
                  was given to, {}; an agent holding secrets runs there (leave out placement)",
-                self.host.me
+                me
             ))
         };
         let Some(p) = parent else {
@@ -79,7 +83,7 @@ impl Dispatcher {
         let Some(k) = policy.secrets.first() else {
             return Ok(Secrets::new());
         };
-        match (remote, self.agents.live.get(p)) {
+        match (remote, self.live.get(p)) {
             (None, Some(l)) => {
                 let values = l.secrets.only(&policy.secrets);
                 if let Some(k) = values.missing(&policy.secrets) {
@@ -146,7 +150,6 @@ impl Dispatcher {
             )));
         }
         Ok(self
-            .agents
             .live
             .get(p)
             .map(|l| l.secrets.only(&policy.secrets))
@@ -159,7 +162,7 @@ impl Dispatcher {
     pub(super) fn claimed_secrets(&self, a: &Agent, policy: &Policy) -> Secrets {
         a.parent
             .as_ref()
-            .and_then(|p| self.agents.live.get(p))
+            .and_then(|p| self.live.get(p))
             .map(|l| l.secrets.only(&policy.secrets))
             .unwrap_or_default()
     }

@@ -1,7 +1,17 @@
 //! The verbs on live agents (SPEC 4, 11): send, wait, cancel, close, resume,
 //! each authorised against the caller first.
+//!
+//! What a verb does here is lent [`Env`] (the records, who this supervisor
+//! is, the live set, the waiters, the queue for a slot); what belongs to
+//! other flows (an input routed to another node, a stop, another node told
+//! of a close, the queue served) `route::verbs` does around it.
 
-use super::{Cmd, Dispatcher, Live, Pending, Reply, answer, ev, new_run_id, now_ms, stored_policy};
+use super::agents::Agents;
+use super::host::Host;
+use super::queue::Queue;
+use super::records::Records;
+use super::waiters::Waiters;
+use super::{Cmd, Live, Pending, Reply, answer, ev, new_run_id, now_ms, stored_policy};
 use crate::api::ApiError;
 use crate::api::Caller;
 use crate::api::internal;
@@ -9,36 +19,25 @@ use crate::objects::project_agent;
 use crate::shown::agent_view;
 use brood_core::AgentEvent;
 use brood_core::AgentName;
-use brood_core::CancelReason;
 use brood_core::Code;
 use brood_core::Status;
-use brood_core::Terminal;
 use brood_proto::ToAgent;
 use brood_store::Protocol;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
-impl Dispatcher {
-    pub(super) fn on_send(
-        &mut self,
-        caller: &Caller,
-        name: &AgentName,
-        text: &str,
-    ) -> Result<brood_api::InputReply, ApiError> {
-        self.agents.tool_granted(caller, "send")?;
-        let a = self.records.agent(name)?;
-        self.records.authorize(caller, &a)?;
-        let from = match caller {
-            Caller::Agent(me) => me.to_string(),
-            Caller::User { uid } => format!("user:{uid}"),
-        };
-        if !self.agents.live.contains_key(name) && a.supervisor != self.host.me {
-            return self.route_input(&a, &from, text);
-        }
-        self.deliver_input(name, &from, text)
-    }
+/// What a verb reads and writes of the rest of the supervisor.
+pub(super) struct Env<'a> {
+    pub(super) records: &'a Records,
+    pub(super) host: &'a Host,
+    pub(super) agents: &'a mut Agents,
+    pub(super) waiters: &'a mut Waiters,
+    /// The queue for a slot, where a resumed run goes.
+    pub(super) waiting: &'a mut Queue,
+}
 
+impl Env<'_> {
     /// An input for a live agent of this supervisor, recorded and written
     /// to its stdin.
     pub(super) fn deliver_input(
@@ -115,6 +114,7 @@ impl Dispatcher {
         names: Vec<AgentName>,
         timeout: Option<Duration>,
         reply: Reply<brood_api::WaitReply>,
+        id: u64,
     ) {
         if let Err(e) = self.agents.tool_granted(caller, "wait") {
             return answer(reply, Err(e));
@@ -141,7 +141,6 @@ impl Dispatcher {
         if all_done {
             return answer(reply, self.wait_result(&names, false));
         }
-        let id = self.id();
         self.waiters.add(id, names, reply);
         if let Some(t) = timeout {
             let tx = self.host.tx.clone();
@@ -165,40 +164,22 @@ impl Dispatcher {
         Ok(brood_api::WaitReply { agents, timed_out })
     }
 
-    pub(super) fn on_cancel(
-        &mut self,
-        caller: &Caller,
-        name: &AgentName,
-    ) -> Result<brood_api::Agent, ApiError> {
-        let a = self.records.agent(name)?;
-        self.records.authorize(caller, &a)?;
-        if a.status.is_finished() {
-            return Ok(agent_view(&self.records.store, &a));
-        }
-        if self
-            .agents
-            .live
-            .get(name)
-            .is_some_and(|l| l.stopping.is_some())
-        {
-            return Ok(agent_view(&self.records.store, &a));
-        }
-        self.stop_subtree(name, Terminal::Cancelled(CancelReason::User));
-        let a = self.records.agent(name)?;
-        Ok(agent_view(&self.records.store, &a))
-    }
-
+    /// Closes a finished agent: its record, event and object here; the
+    /// record as closed (a closed one as it is, `Err` naming why not).
     pub(super) fn on_close(
         &mut self,
         caller: &Caller,
         name: &AgentName,
-    ) -> Result<brood_api::Agent, ApiError> {
+    ) -> Result<Closed, ApiError> {
         self.agents.tool_granted(caller, "close")?;
         let a = self.records.agent(name)?;
         self.records.authorize(caller, &a)?;
         let Status::Ended(t) = a.status else {
             if matches!(a.status, Status::Closed(_)) {
-                return Ok(agent_view(&self.records.store, &a));
+                return Ok(Closed::Already(Box::new(agent_view(
+                    &self.records.store,
+                    &a,
+                ))));
             }
             return Err(ApiError::new(
                 Code::Conflict,
@@ -230,182 +211,185 @@ impl Dispatcher {
             .map_err(internal)?;
         self.records.project_events(&[ev1]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
-        self.tell_host_of_close(&a);
-        Ok(agent_view(&self.records.store, &a))
+        Ok(Closed::Now(Box::new(a)))
     }
 
-    pub(super) fn on_resume(
+    /// A finished agent resumed (SPEC 4): checked, its new run recorded
+    /// with its input, and (its parent running here, or a root) its live
+    /// entry made and queued for a slot: `true`; `false` when it runs
+    /// again on its parent's node, which claims it.
+    pub(super) fn resume(
         &mut self,
         caller: &Caller,
         name: &AgentName,
         text: Option<String>,
         given: brood_api::Secrets,
-        reply: Reply<brood_api::Agent>,
-    ) {
-        if let Err(e) = self.agents.tool_granted(caller, "resume") {
-            return answer(reply, Err(e));
+    ) -> Result<bool, ApiError> {
+        self.agents.tool_granted(caller, "resume")?;
+        let a = self.records.agent(name)?;
+        // SPEC 9: a resume that would make the requester its own ancestor.
+        if let Caller::Agent(me) = caller
+            && self
+                .records
+                .store
+                .is_ancestor_or_self(&self.records.tenant, name, me)
+                .map_err(internal)?
+        {
+            return Err(ApiError::new(
+                Code::Cycle,
+                format!("agent {me} cannot resume {name}: it is {me} or one of its ancestors"),
+            ));
         }
-        let r = (|| -> Result<(), ApiError> {
-            let a = self.records.agent(name)?;
-            // SPEC 9: a resume that would make the requester its own ancestor.
-            if let Caller::Agent(me) = caller
-                && self
-                    .records
-                    .store
-                    .is_ancestor_or_self(&self.records.tenant, name, me)
-                    .map_err(internal)?
-            {
-                return Err(ApiError::new(
-                    Code::Cycle,
-                    format!("agent {me} cannot resume {name}: it is {me} or one of its ancestors"),
-                ));
-            }
-            self.records.authorize(caller, &a)?;
-            if !a.status.is_finished() {
-                return Err(ApiError::new(
-                    Code::Conflict,
-                    format!(
-                        "agent {name} is {}; only a finished agent can be resumed",
-                        a.status.api_word()
-                    ),
-                ));
-            }
-            // A child runs again on its parent's node: here, or (in a
-            // cluster) the node that runs the parent, which claims it.
-            let mut placed: Option<String> = None;
-            let parent_live = match &a.parent {
-                Some(p) => match self.agents.live.get(p).filter(|l| l.stopping.is_none()) {
-                    Some(l) => Some((l.group.clone(), l.session.clone())),
-                    None => {
-                        let pa = self
-                            .remote_parent(p)
-                            .ok()
-                            .filter(|_| self.host.cfg.node.is_some())
-                            .ok_or_else(|| {
-                                ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
-                            })?;
-                        let host =
-                            brood_store::placed_for(&pa.supervisor).unwrap_or(&pa.supervisor);
-                        placed = Some(brood_store::placed_on(host));
-                        None
-                    }
-                },
-                None => None,
-            };
-            // The policy is the one admitted; the secrets' values are given
-            // again (a root) or the parent's (a child), checked before
-            // anything is recorded.
-            let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-            let policy = stored_policy(&spec, &self.operator_policy())?;
-            let secrets = self.resumed_secrets(&a, &policy, &given)?;
-            let run = new_run_id();
-            let events = [ev(
-                name,
-                Some(&run),
-                &a.session,
-                AgentEvent::Resume {
-                    agent: name.clone(),
-                    run: run.clone(),
-                },
-            )];
-            let quotas = self.tenant_quotas()?;
-            let a = self
-                .records
-                .store
-                .resume_within(
-                    &self.records.tenant,
-                    name,
-                    &run,
-                    placed.as_ref().unwrap_or(&self.host.me),
-                    now_ms(),
-                    &quotas,
-                    &events,
-                )
-                .map_err(internal)?;
-            self.records.project_events(&events);
-            if let Some(t) = &text {
-                let m = self
-                    .records
-                    .store
-                    .append_message(
-                        &self.records.tenant,
-                        name,
-                        &a.session,
-                        &run,
-                        "user",
-                        t,
-                        now_ms(),
-                    )
-                    .map_err(internal)?;
-                self.records.projection.append(
-                    self.host
-                        .paths
-                        .session_dir(name, &a.session)
-                        .join("messages.jsonl"),
-                    crate::objects::message_line(&m),
-                );
-            }
-            if placed.is_some() {
-                // Its parent's node claims it (this write's news wakes it)
-                // and starts the new run with the input just recorded.
-                return Ok(());
-            }
-            project_agent(&self.records.projection, &self.host.paths, &a, None);
-            let (argv, cwd) = super::cluster::stored_launch(&spec);
-            // A `temp` agent's object was removed when its last run ended.
-            let adir = self.host.paths.agent_dir(name);
-            for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
-                self.records.projection.write(adir.join(file), text);
-            }
-            self.records
-                .project_shim(self.host.cfg.bin_dir.as_deref(), name);
-            let parent_pair = a
-                .parent
-                .clone()
-                .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
-            let mut live = Live::new(
-                run.clone(),
-                a.session.clone(),
-                parent_pair,
-                a.protocol,
-                policy,
-                text.clone(),
-            );
-            live.secrets = secrets;
-            live.iso_ns = spec["iso"] == "ns";
-            live.ns_root = spec["root"].as_str().map(PathBuf::from);
-            // Its budget covers what it and its subtree spent in earlier runs too.
-            live.subtree_usd = self
-                .records
-                .store
-                .spend(&self.records.tenant, name)
-                .map(|s| s.subtree.cost_usd)
-                .map_err(internal)?;
-            let group_parent = parent_live.and_then(|(g, _)| g);
-            live.pending = Some(Pending {
-                argv,
-                cwd,
-                group_parent,
-                admitted: None,
-            });
-            self.agents.live.insert(name.clone(), Box::new(live));
-            self.launcher.waiting.push(name.clone());
-            self.pump_queue();
-            Ok(())
-        })();
-        match r {
-            Ok(()) => match self.agents.live.get_mut(name) {
-                Some(l) => l.spawn_reply = Some((reply, false)),
-                // Resumed on another node: as recorded (queued there).
+        self.records.authorize(caller, &a)?;
+        if !a.status.is_finished() {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!(
+                    "agent {name} is {}; only a finished agent can be resumed",
+                    a.status.api_word()
+                ),
+            ));
+        }
+        // A child runs again on its parent's node: here, or (in a
+        // cluster) the node that runs the parent, which claims it.
+        let mut placed: Option<String> = None;
+        let parent_live = match &a.parent {
+            Some(p) => match self.agents.live.get(p).filter(|l| l.stopping.is_none()) {
+                Some(l) => Some((l.group.clone(), l.session.clone())),
                 None => {
-                    let r = self
-                        .records
-                        .agent(name)
-                        .map(|a| agent_view(&self.records.store, &a));
-                    answer(reply, r);
+                    let pa = crate::supervisor::admission::remote_parent(p, &self.admission())
+                        .ok()
+                        .filter(|_| self.host.cfg.node.is_some())
+                        .ok_or_else(|| {
+                            ApiError::new(Code::ParentMismatch, format!("parent {p} of {name} is not running; an owned child cannot outlive its parent"))
+                        })?;
+                    let host = brood_store::placed_for(&pa.supervisor).unwrap_or(&pa.supervisor);
+                    placed = Some(brood_store::placed_on(host));
+                    None
                 }
             },
-            Err(e) => answer(reply, Err(e)),
+            None => None,
+        };
+        // The policy is the one admitted; the secrets' values are given
+        // again (a root) or the parent's (a child), checked before
+        // anything is recorded.
+        let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
+        let policy = stored_policy(
+            &spec,
+            &crate::supervisor::admission::operator_policy(self.host),
+        )?;
+        let secrets = self.agents.resumed_secrets(&a, &policy, &given)?;
+        let run = new_run_id();
+        let events = [ev(
+            name,
+            Some(&run),
+            &a.session,
+            AgentEvent::Resume {
+                agent: name.clone(),
+                run: run.clone(),
+            },
+        )];
+        let quotas = crate::supervisor::admission::tenant_quotas(&self.admission())?;
+        let a = self
+            .records
+            .store
+            .resume_within(
+                &self.records.tenant,
+                name,
+                &run,
+                placed.as_ref().unwrap_or(&self.host.me),
+                now_ms(),
+                &quotas,
+                &events,
+            )
+            .map_err(internal)?;
+        self.records.project_events(&events);
+        if let Some(t) = &text {
+            let m = self
+                .records
+                .store
+                .append_message(
+                    &self.records.tenant,
+                    name,
+                    &a.session,
+                    &run,
+                    "user",
+                    t,
+                    now_ms(),
+                )
+                .map_err(internal)?;
+            self.records.projection.append(
+                self.host
+                    .paths
+                    .session_dir(name, &a.session)
+                    .join("messages.jsonl"),
+                crate::objects::message_line(&m),
+            );
+        }
+        if placed.is_some() {
+            // Its parent's node claims it (this write's news wakes it)
+            // and starts the new run with the input just recorded.
+            return Ok(false);
+        }
+        project_agent(&self.records.projection, &self.host.paths, &a, None);
+        let (argv, cwd) = super::cluster::stored_launch(&spec);
+        // A `temp` agent's object was removed when its last run ended.
+        let adir = self.host.paths.agent_dir(name);
+        for (file, text) in crate::objects::control_files(&a, &policy, &spec) {
+            self.records.projection.write(adir.join(file), text);
+        }
+        self.records
+            .project_shim(self.host.cfg.bin_dir.as_deref(), name);
+        let parent_pair = a
+            .parent
+            .clone()
+            .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
+        let mut live = Live::new(
+            run.clone(),
+            a.session.clone(),
+            parent_pair,
+            a.protocol,
+            policy,
+            text.clone(),
+        );
+        live.secrets = secrets;
+        live.iso_ns = spec["iso"] == "ns";
+        live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        // Its budget covers what it and its subtree spent in earlier runs too.
+        live.subtree_usd = self
+            .records
+            .store
+            .spend(&self.records.tenant, name)
+            .map(|s| s.subtree.cost_usd)
+            .map_err(internal)?;
+        let group_parent = parent_live.and_then(|(g, _)| g);
+        live.pending = Some(Pending {
+            argv,
+            cwd,
+            group_parent,
+            admitted: None,
+        });
+        self.agents.live.insert(name.clone(), Box::new(live));
+        self.waiting.push(name.clone());
+        Ok(true)
+    }
+
+    /// What admission's reads of the tenant and a parent elsewhere are
+    /// lent (neither reads the veil).
+    fn admission(&self) -> crate::supervisor::admission::Env<'_> {
+        crate::supervisor::admission::Env {
+            host: self.host,
+            records: self.records,
+            agents: self.agents,
+            veil: None,
         }
     }
+}
+
+/// What a close did.
+pub(super) enum Closed {
+    /// It was closed already: as it is.
+    Already(Box<brood_api::Agent>),
+    /// Closed now: its record as written.
+    Now(Box<brood_store::Agent>),
 }

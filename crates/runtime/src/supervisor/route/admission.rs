@@ -37,12 +37,6 @@ impl Dispatcher {
         admission::tenant_quotas(&self.admission_env())
     }
 
-    /// A parent live on another supervisor sharing the store
-    /// (`admission::remote_parent`).
-    pub(in crate::supervisor) fn remote_parent(&self, p: &AgentName) -> Result<Agent, ApiError> {
-        admission::remote_parent(p, &self.admission_env())
-    }
-
     /// What a root holds (SPEC 5 defaults): everything the operator holds.
     pub(in crate::supervisor) fn operator_policy(&self) -> Policy {
         admission::operator_policy(&self.host)
@@ -95,7 +89,8 @@ impl Dispatcher {
             Some(node) => brood_store::placed_on(&node),
             None => self.host.me.clone(),
         };
-        let secrets = self.admitted_secrets(
+        let secrets = self.agents.admitted_secrets(
+            &self.host.me,
             &checked.policy,
             checked.parent.as_ref(),
             checked.remote.as_ref(),

@@ -258,7 +258,7 @@ impl Dispatcher {
             .rev()
             .find(|m| m.run == a.run && m.role == "user")
             .map(|m| m.content);
-        let secrets = self.claimed_secrets(&a, &policy);
+        let secrets = self.agents.claimed_secrets(&a, &policy);
         let mut live = Live::new(
             a.run.clone(),
             a.session.clone(),

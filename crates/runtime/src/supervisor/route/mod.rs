@@ -17,3 +17,4 @@ mod routed;
 mod sockets;
 mod stops;
 mod tick;
+mod verbs;

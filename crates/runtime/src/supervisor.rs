@@ -508,6 +508,29 @@ impl Live {
         Some(paths.channel_dir(p, ps, name))
     }
 
+    /// The live entry of a run already recorded (resumed, taken up at a
+    /// restart, claimed from another node's placement): its run, session
+    /// and protocol from its record `a`, its namespace from its `spec`.
+    fn of_record(
+        a: &Agent,
+        spec: &Value,
+        parent: Option<(AgentName, SessionName)>,
+        policy: Policy,
+        instruction: Option<String>,
+    ) -> Live {
+        let mut live = Live::new(
+            a.run.clone(),
+            a.session.clone(),
+            parent,
+            a.protocol,
+            policy,
+            instruction,
+        );
+        live.iso_ns = spec["iso"] == "ns";
+        live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        live
+    }
+
     fn new(
         run: RunId,
         session: SessionName,

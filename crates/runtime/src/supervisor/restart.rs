@@ -49,7 +49,6 @@ use brood_store::Resuming;
 use brood_store::Store;
 use brood_store::StoreError;
 use serde_json::Value;
-use std::path::PathBuf;
 
 /// What the start resumed, for the loop to take up.
 #[derive(Default)]
@@ -226,16 +225,7 @@ impl Restart {
         };
         let (argv, cwd) = super::cluster::stored_launch(&spec);
         // Its instruction is its task again: the history holds the rest.
-        let mut live = Live::new(
-            a.run.clone(),
-            a.session.clone(),
-            parent_pair,
-            a.protocol,
-            policy,
-            None,
-        );
-        live.iso_ns = spec["iso"] == "ns";
-        live.ns_root = spec["root"].as_str().map(PathBuf::from);
+        let mut live = Live::of_record(a, &spec, parent_pair, policy, None);
         // Its budget covers what it and its subtree spent in earlier runs.
         live.subtree_usd = env
             .records

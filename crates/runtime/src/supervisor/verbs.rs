@@ -24,7 +24,6 @@ use brood_core::Status;
 use brood_proto::ToAgent;
 use brood_store::Protocol;
 use serde_json::Value;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// What a verb reads and writes of the rest of the supervisor.
@@ -344,17 +343,9 @@ impl Env<'_> {
             .parent
             .clone()
             .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
-        let mut live = Live::new(
-            run.clone(),
-            a.session.clone(),
-            parent_pair,
-            a.protocol,
-            policy,
-            text.clone(),
-        );
+        // The record as the resume left it: its run is the new one.
+        let mut live = Live::of_record(&a, &spec, parent_pair, policy, text.clone());
         live.secrets = secrets;
-        live.iso_ns = spec["iso"] == "ns";
-        live.ns_root = spec["root"].as_str().map(PathBuf::from);
         // Its budget covers what it and its subtree spent in earlier runs too.
         live.subtree_usd = self
             .records

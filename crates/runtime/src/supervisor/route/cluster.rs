@@ -7,7 +7,6 @@
 //! and waits, recorded stops, and the part's own next steps.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
 
 use brood_core::{AgentName, SessionName, Terminal};
 use brood_launch::cgroup::Group;
@@ -259,17 +258,8 @@ impl Dispatcher {
             .find(|m| m.run == a.run && m.role == "user")
             .map(|m| m.content);
         let secrets = self.agents.claimed_secrets(&a, &policy);
-        let mut live = Live::new(
-            a.run.clone(),
-            a.session.clone(),
-            parent_pair,
-            a.protocol,
-            policy,
-            instruction,
-        );
+        let mut live = Live::of_record(&a, &spec, parent_pair, policy, instruction);
         live.secrets = secrets;
-        live.iso_ns = spec["iso"] == "ns";
-        live.ns_root = spec["root"].as_str().map(PathBuf::from);
         live.ready_news = spec["ready_news"]
             .as_str()
             .filter(|n| *n != self.host.me)

@@ -28,7 +28,7 @@ use brood_runtime::slots::{self, Embedded, Redis, SlotError, Slots};
 
 #[path = "support/redis.rs"]
 mod redis_support;
-use redis_support::{Server, raw, server};
+use redis_support::{Server, free_port, raw, server, spawn_server_on};
 
 /// A tenant of its own for one test, whose Redis key is deleted when it is
 /// dropped, passing or failing.
@@ -507,6 +507,62 @@ impl Proxy {
         for s in self.open.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// A supervisor starting while its Redis restarts waits for it
+/// (`open_waiting`, issue 28): a Redis that comes up on the address within
+/// the wait is used; one that never does is the same clear error as
+/// `open`'s, naming the URL; a URL no wait makes right fails at once.
+#[test]
+fn redis_absent_at_start_is_waited_for_then_refused() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    // Nothing on the port yet: started in a moment, while `open_waiting` asks.
+    let launched = Arc::new(AtomicBool::new(false));
+    let late = thread::spawn({
+        let launched = launched.clone();
+        move || {
+            thread::sleep(Duration::from_millis(700));
+            launched.store(true, Ordering::SeqCst);
+            spawn_server_on(port)
+        }
+    });
+    assert!(
+        !redis_support::pings(format!("127.0.0.1:{port}").parse().unwrap()),
+        "something already answers on {url}"
+    );
+    let waited = slots::open_waiting(Some(&url), "s-test", Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("a Redis that came up while waited for: {e}"));
+    // It answered only once the late server was launched, and it is that server.
+    assert!(
+        launched.load(Ordering::SeqCst),
+        "answered before any Redis was launched"
+    );
+    let server = late.join().unwrap();
+    let t = Tenant::new("late", None);
+    assert!(waited.acquire(&t.id, 1).unwrap());
+    assert_eq!(redis_support::held(server.addr, 0, &t.key()), 1);
+    drop(server);
+
+    // Never up: the error names the URL and the command, after the wait.
+    let closed = format!("redis://127.0.0.1:{}", free_port());
+    let msg = match slots::open_waiting(Some(&closed), "s-test", Duration::from_millis(400)) {
+        Ok(s) => panic!("{closed} opened as {}", s.describe()),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        msg.contains(&closed) && msg.contains("PING") && msg.contains("connect"),
+        "{msg}"
+    );
+    // Not a Redis URL: refused without waiting for anything.
+    match slots::open_waiting(
+        Some("memcached://127.0.0.1:1"),
+        "s-test",
+        Duration::from_secs(3600),
+    ) {
+        Ok(s) => panic!("memcached:// opened as {}", s.describe()),
+        Err(e) => assert!(matches!(e, SlotError::Url { .. }), "{e}"),
     }
 }
 

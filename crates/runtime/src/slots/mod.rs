@@ -23,7 +23,7 @@ mod redis;
 mod store;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use brood_core::TenantId;
 
@@ -131,11 +131,42 @@ pub trait Slots: Send + Sync {
 
 /// The counter for a configured URL: none is [`Embedded`], `redis://` is
 /// [`Redis`] (checked with a PING, so a wrong address fails at start, not at the
-/// first spawn), holding its slots as `holder` (the supervisor's id).
+/// first spawn; a supervisor's start asks again for a while through
+/// [`open_waiting`]), holding its slots as `holder` (the supervisor's id).
 pub fn open(url: Option<&str>, holder: &str) -> Result<Arc<dyn Slots>, SlotError> {
     match url {
         None => Ok(Arc::new(Embedded::new())),
         Some(url) => Ok(Arc::new(Redis::connect(url, holder)?)),
+    }
+}
+
+/// How long a starting supervisor waits for its Redis to answer (see
+/// [`open_waiting`]): longer than a Redis restart takes, short enough that a
+/// wrong address still fails the start for the operator to see.
+pub const START_WAIT: Duration = Duration::from_secs(15);
+
+/// [`open`], but a Redis that cannot be reached is asked again, with backoff,
+/// until `wait` has passed. A refused connection at start is either a wrong
+/// address or a Redis restarting, and nothing tells them apart; a running
+/// supervisor already rides out the second (docs/reliability.md "Redis is
+/// away"), so a starting one does too rather than exit. A URL that cannot be
+/// used fails at once: no wait makes it right.
+pub fn open_waiting(
+    url: Option<&str>,
+    holder: &str,
+    wait: Duration,
+) -> Result<Arc<dyn Slots>, SlotError> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match open(url, holder) {
+            Err(e @ SlotError::Redis { .. }) if Instant::now() + pause < deadline => {
+                tracing::warn!(error = %e, "waiting for the slot counter to answer");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            answer => return answer,
+        }
     }
 }
 

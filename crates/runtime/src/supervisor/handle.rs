@@ -74,7 +74,8 @@ impl Supervisor {
         // the store, so `max_concurrent` holds across all of them.
         let slots: Arc<dyn crate::slots::Slots> = match (&cfg.slots, &cfg.node) {
             (None, Some(_)) => Arc::new(crate::slots::StoreShares::new(store.clone(), &me)),
-            _ => crate::slots::open(cfg.slots.as_deref(), &me)?,
+            // Waited for, not refused at once: the Redis may be restarting.
+            _ => crate::slots::open_waiting(cfg.slots.as_deref(), &me, crate::slots::START_WAIT)?,
         };
 
         // Cgroups: detect, reap what an earlier incarnation left, open ours.

@@ -74,13 +74,21 @@ pub fn pings(addr: SocketAddr) -> bool {
 }
 
 fn spawn_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    // A free port: bind, read it, release it for redis-server.
-    let port = TcpListener::bind("127.0.0.1:0")
+    spawn_server_on(free_port())
+}
+
+/// A port nothing listens on: bound, read and released.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
+        .port()
+}
+
+/// A `redis-server` of the caller's own on `port`, stopped when dropped.
+pub fn spawn_server_on(port: u16) -> Server {
+    let dir = tempfile::tempdir().unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let (started_tx, started) = mpsc::channel::<Result<(), String>>();
     let (stop, stop_rx) = mpsc::channel::<()>();

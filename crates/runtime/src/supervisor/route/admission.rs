@@ -177,15 +177,13 @@ impl Dispatcher {
             .and_then(|()| self.admit(&caller, req));
         match admitted {
             Ok(admitted) => self.answer_spawn(admitted, reply),
-            Err(e) => {
-                self.note_refusal(
-                    parent.as_ref(),
-                    requested.as_deref(),
-                    caller_trace.as_ref(),
-                    &e,
-                );
-                answer(reply, Err(e));
-            }
+            Err(e) => self.refuse(
+                parent.as_ref(),
+                requested.as_deref(),
+                caller_trace.as_ref(),
+                e,
+                reply,
+            ),
         }
     }
 
@@ -335,15 +333,13 @@ impl Dispatcher {
             let rr = r.and_then(|agent| self.record_admission(d, s.req, agent));
             match rr {
                 Ok(admitted) => answers.push((admitted, s.reply)),
-                Err(e) => {
-                    self.note_refusal(
-                        parent.as_ref(),
-                        requested.as_deref(),
-                        caller_trace.as_ref(),
-                        &e,
-                    );
-                    answer(s.reply, Err(e));
-                }
+                Err(e) => self.refuse(
+                    parent.as_ref(),
+                    requested.as_deref(),
+                    caller_trace.as_ref(),
+                    e,
+                    s.reply,
+                ),
             }
         }
         // The queue served once for the lot (its slots taken in one call),
@@ -357,12 +353,26 @@ impl Dispatcher {
     /// A creation refused before anything was written.
     fn refuse_spawn(&mut self, s: Spawn, e: ApiError) {
         let requested = s.req.name.as_ref().map(|n| n.to_string());
-        self.note_refusal(
-            s.parent(),
+        let parent = s.parent().cloned();
+        self.refuse(
+            parent.as_ref(),
             requested.as_deref(),
             s.req.traceparent.as_ref(),
-            &e,
+            e,
+            s.reply,
         );
-        answer(s.reply, Err(e));
+    }
+
+    /// A refusal noted (`note_refusal`), then answered.
+    fn refuse(
+        &self,
+        parent: Option<&AgentName>,
+        requested: Option<&str>,
+        caller_trace: Option<&brood_otel::TraceContext>,
+        e: ApiError,
+        reply: Reply<brood_api::Agent>,
+    ) {
+        self.note_refusal(parent, requested, caller_trace, &e);
+        answer(reply, Err(e));
     }
 }

@@ -71,6 +71,11 @@ pub enum StoreError {
         target: String,
         after: std::time::Duration,
     },
+    /// No connection to PostgreSQL could be made (refused, no route, no
+    /// answer within the connect timeout, the server starting or shutting
+    /// down): nothing was sent, so nothing of the call was done.
+    #[error("store postgres {target}: cannot connect: {message}")]
+    PostgresUnreachable { target: String, message: String },
     /// A write whose COMMIT went unanswered (the connection lost, or no
     /// answer within the deadline) and whose fate the store could not learn
     /// from the server: it may have been done. It was not run again.
@@ -85,7 +90,9 @@ impl StoreError {
     /// itself was not at fault.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::PostgresDeadline { .. } | StoreError::PostgresInDoubt { .. } => true,
+            StoreError::PostgresDeadline { .. }
+            | StoreError::PostgresInDoubt { .. }
+            | StoreError::PostgresUnreachable { .. } => true,
             StoreError::Postgres { source, .. } => connection_lost(source),
             StoreError::Sqlite { source, .. } => matches!(
                 source.sqlite_error_code(),

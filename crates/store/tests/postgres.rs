@@ -57,6 +57,37 @@ fn opening_twice_migrates_once_and_a_bad_url_is_named() {
     assert!(e.contains("not a PostgreSQL connection string"), "{e}");
 }
 
+/// A server that cannot be reached is the store away (`is_unavailable`: the
+/// API answers 503 with `Retry-After`, not 500), found by the fault
+/// campaign as 500s while PostgreSQL restarted; a server that answers with
+/// an error (no such database) is not away, and says so.
+#[test]
+fn a_server_not_reached_is_away_and_one_that_refuses_is_not() {
+    use brood_store::StoreError;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = PgStore::open(&format!("postgres://root@127.0.0.1:{closed}/nowhere")).unwrap_err();
+    assert!(
+        matches!(e, StoreError::PostgresUnreachable { .. }) && e.is_unavailable(),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{closed}/nowhere")) && text.contains("cannot connect"),
+        "{text}"
+    );
+
+    let (db, store) = fresh();
+    drop(store);
+    let (head, _) = db.url.rsplit_once('/').unwrap();
+    let e = PgStore::open(&format!("{head}/brood_no_such_database")).unwrap_err();
+    assert!(!e.is_unavailable(), "{e:?}");
+    assert!(e.to_string().contains("brood_no_such_database"), "{e}");
+}
+
 /// The sweepers' lease lock across nodes: one holder among every store on
 /// the server; another node can break it (a holder declared lost), after
 /// which the old holder knows it lost it and another takes it.

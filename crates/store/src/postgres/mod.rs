@@ -243,10 +243,21 @@ impl Pool {
             // The connect future needs tokio's reactor: it runs on the pool's
             // runtime, and only the answer comes back here.
             // Bounded on the runtime's own clock, whatever the server does.
+            // No answer, or none in time, is the server or the network away,
+            // not a wrong request: `is_unavailable`, answered 503 (issue 28: a
+            // store that cannot be reached is not an internal error). A server
+            // that answered with an error (a wrong password, no such
+            // database) is kept as it is.
             rt.spawn(async move {
                 match tokio::time::timeout(timeout, config.connect(NoTls)).await {
-                    Ok(r) => r.map_err(Fail::Pg),
-                    Err(_) => Err(Fail::Store(StoreError::PostgresSetup {
+                    Ok(r) => r.map_err(|e| match e.as_db_error() {
+                        Some(_) => Fail::Pg(e),
+                        None => Fail::Store(StoreError::PostgresUnreachable {
+                            target,
+                            message: e.to_string(),
+                        }),
+                    }),
+                    Err(_) => Err(Fail::Store(StoreError::PostgresUnreachable {
                         target,
                         message: format!("no connection within {timeout:?}"),
                     })),

@@ -50,7 +50,7 @@ pub enum StoreError {
     Corrupt { what: &'static str, value: String },
     /// A PostgreSQL store's error; `target` is the server it talks to
     /// (host, port and database; never the password).
-    #[error("store postgres {target}: {source}")]
+    #[error("store postgres {target}: {}", said(source))]
     Postgres {
         target: String,
         #[source]
@@ -104,6 +104,16 @@ impl StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A PostgreSQL error as the server said it: the driver's own text alone
+/// is "db error" for everything the server answered, which names nothing;
+/// with it, the SQLSTATE and the server's message.
+pub(crate) fn said(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{e}: {} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
 
 /// The connection went, not the statement: closed, or the server ending the
 /// session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot

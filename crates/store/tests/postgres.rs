@@ -60,7 +60,8 @@ fn opening_twice_migrates_once_and_a_bad_url_is_named() {
 /// A server that cannot be reached is the store away (`is_unavailable`: the
 /// API answers 503 with `Retry-After`, not 500), found by the fault
 /// campaign as 500s while PostgreSQL restarted; a server that answers with
-/// an error (no such database) is not away, and says so.
+/// an error (no such database) is not away, and says so: its message and
+/// SQLSTATE, not the driver's bare "db error".
 #[test]
 fn a_server_not_reached_is_away_and_one_that_refuses_is_not() {
     use brood_store::StoreError;
@@ -85,7 +86,14 @@ fn a_server_not_reached_is_away_and_one_that_refuses_is_not() {
     let (head, _) = db.url.rsplit_once('/').unwrap();
     let e = PgStore::open(&format!("{head}/brood_no_such_database")).unwrap_err();
     assert!(!e.is_unavailable(), "{e:?}");
-    assert!(e.to_string().contains("brood_no_such_database"), "{e}");
+    // What the server said, not the driver's bare "db error".
+    let text = e.to_string();
+    assert!(
+        text.contains("brood_no_such_database")
+            && text.contains("does not exist")
+            && text.contains("SQLSTATE 3D000"),
+        "{text}"
+    );
 }
 
 /// The sweepers' lease lock across nodes: one holder among every store on

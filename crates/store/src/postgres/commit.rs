@@ -100,7 +100,7 @@ impl Pool {
                                 "not asked: the server is silent",
                             ));
                         }
-                        Fail::Pg(e) => e.to_string(),
+                        Fail::Pg(e) => crate::types::said(e),
                         Fail::Store(e) => e.to_string(),
                     };
                     eprintln!(
@@ -118,8 +118,9 @@ impl Pool {
                 }
                 Err(Fail::Pg(e)) if again && connection_lost(&e) => {
                     eprintln!(
-                        "brood store: postgres connection to {} lost ({e}); trying once more",
-                        self.target
+                        "brood store: postgres connection to {} lost ({}); trying once more",
+                        self.target,
+                        crate::types::said(&e)
                     );
                     *slot = None;
                     again = false;

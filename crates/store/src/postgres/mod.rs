@@ -275,6 +275,7 @@ impl Pool {
         rt.spawn(async move {
             // Ends when the connection does; the client notices (`is_closed`).
             if let Err(e) = connection.await {
+                let e = crate::types::said(&e);
                 eprintln!("brood store: postgres connection to {target} ended: {e}");
             }
         });
@@ -305,8 +306,9 @@ impl Pool {
             match self.live(&mut slot).and_then(|c| f(c)) {
                 Err(Fail::Pg(e)) if again && crate::types::connection_lost(&e) => {
                     eprintln!(
-                        "brood store: postgres connection to {} lost ({e}); trying once more",
-                        self.target
+                        "brood store: postgres connection to {} lost ({}); trying once more",
+                        self.target,
+                        crate::types::said(&e)
                     );
                     slot = None;
                     again = false;

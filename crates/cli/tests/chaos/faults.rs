@@ -233,7 +233,11 @@ impl Faults {
             let Some(n) = a.node else { continue };
             match a.kind {
                 // A node started while its store is away only fails: later.
-                Kind::Kill if store_away => self.active.push(Active {
+                // So does one started while Redis is away: it waits for
+                // Redis (`slots::START_WAIT`), but this campaign would heal
+                // Redis only after the start returned, so it would wait in
+                // vain (seed 1795700155035860712, round 11).
+                Kind::Kill if store_away || !world.redis.up() => self.active.push(Active {
                     until: now + Duration::from_millis(500),
                     ..a
                 }),

@@ -120,18 +120,24 @@ fn interrupt(mut b: Child, signal: i32, code: i32, ready: impl Fn(i32) -> Option
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let pid = b.id() as i32;
     let mut nodes = Vec::new();
+    let mut incarnations = vec![pid];
+    let mut agents = Vec::new();
+    // Ready, and the agents in its groups read in the same look: a second
+    // look could find none, since `bench cluster`'s agents (`true`) live
+    // for a millisecond or two.
     let started = eventually(Duration::from_secs(120), || match ready(pid) {
         Some(n) => {
+            incarnations = std::iter::once(pid).chain(n.iter().copied()).collect();
+            agents = processes_in_groups_of(&incarnations);
             nodes = n;
-            true
+            !agents.is_empty()
         }
         None => false,
     });
-    assert!(started, "the benchmark never got going");
-    let mut incarnations = vec![pid];
-    incarnations.extend(&nodes);
-    let agents = processes_in_groups_of(&incarnations);
-    assert!(!agents.is_empty(), "agents run in the benchmark's groups");
+    assert!(
+        started,
+        "the benchmark never got going (no agent seen in its groups)"
+    );
     // SAFETY: kill(2) on the benchmark this test started.
     unsafe { libc::kill(pid, signal) };
     let status = b.wait().unwrap();

@@ -72,6 +72,16 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
             Some(&json!({"name": "during", "argv": agent(&["--hang"])})),
         ));
     });
+    // Reads that must ask the store (a job, the nodes) are refused the same
+    // way: the store is away, not broken (the chaos campaign saw
+    // `GET /api/jobs/…` answer 500 while PostgreSQL restarted).
+    let (tx3, rx3) = std::sync::mpsc::channel();
+    let s4 = sock.clone();
+    std::thread::spawn(move || {
+        for path in ["/api/jobs/j-absent", "/api/jobs", "/api/nodes"] {
+            let _ = tx3.send((path, http_full(&s4, "GET", path, None)));
+        }
+    });
     let refused = rx2.recv_timeout(Duration::from_secs(60));
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     // The stuck call does fail, at its deadline, and says so.
@@ -80,6 +90,11 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
             .unwrap_or_default()
             .contains(DEADLINE)
     });
+    // The reads wait for the store's deadlines (each its own): collected
+    // after the log was looked at, which they would fill.
+    let reads: Vec<_> = (0..3)
+        .map(|_| rx3.recv_timeout(Duration::from_secs(90)))
+        .collect();
     // The network back before anything is asserted: a node whose store is
     // away does not stop (its shutdown records the ends), and the test's
     // end waits for it to stop.
@@ -95,6 +110,16 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
         head.to_ascii_lowercase().contains("retry-after: 1"),
         "{head}"
     );
+    for read in reads {
+        let (path, (status, head, body)) =
+            read.expect("a read while the store was away was never answered");
+        assert_eq!(status, 503, "GET {path}: {head}\n{body}");
+        assert_eq!(body["error"]["code"], "Unavailable", "GET {path}: {body}");
+        assert!(
+            head.to_ascii_lowercase().contains("retry-after: 1"),
+            "GET {path}: {head}"
+        );
+    }
     assert!(
         health["store"]
             .as_str()

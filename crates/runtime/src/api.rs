@@ -49,6 +49,14 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// Every surface answers a store error the same way ([`internal`]): a store
+/// that is away is 503 with when to ask again, never a 500 (issue 28).
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        internal(e)
+    }
+}
+
 /// Who is asking. Decided by the supervisor from peer credentials and the
 /// caller's cgroup, never from what the caller claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,8 +287,9 @@ pub fn check_argv(field: &str, argv: &[String]) -> Result<(), ApiError> {
 }
 
 /// A store error as the caller sees it: a refusal, an unknown name or a
-/// state conflict answered with its code; anything else logged here and
-/// answered `Internal` without the store's detail.
+/// state conflict answered with its code; a store that is away answered
+/// `Unavailable` with `Retry-After`; anything else logged here and answered
+/// `Internal` without the store's detail.
 pub(crate) fn internal(e: StoreError) -> ApiError {
     // A refusal, an unknown name or a state conflict is the caller's error,
     // answered with its code: not the supervisor's to log as one of its own.

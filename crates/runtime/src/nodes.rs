@@ -1,7 +1,6 @@
 //! The nodes sharing the store, as the surfaces show them (issue 15).
 
 use brood_api as api;
-use brood_core::Code;
 use brood_store::Store;
 
 use crate::api::ApiError;
@@ -13,10 +12,7 @@ pub const EXPIRY_MS: i64 = 10_000;
 /// store's clock (issue 28: this node's clock may be off; the store's is the
 /// one every heartbeat was written with).
 pub fn list(store: &dyn Store) -> Result<api::NodeList, ApiError> {
-    let nodes = store.nodes().map_err(|e| {
-        tracing::error!(error = %e, "reading the nodes");
-        ApiError::new(Code::Internal, "store error (see the supervisor's log)")
-    })?;
+    let nodes = store.nodes()?;
     Ok(api::NodeList {
         nodes: nodes
             .into_iter()

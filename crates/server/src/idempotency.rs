@@ -33,12 +33,9 @@ const TTL_MS: i64 = 24 * 3600 * 1000;
 /// The header that carries the key.
 pub(crate) const HEADER: &str = "idempotency-key";
 
+/// A store that is away is 503 with when to ask again, as everywhere.
 fn store_error(e: brood_store::StoreError) -> HttpError {
-    tracing::error!(error = %e, "store error (idempotency keys)");
-    HttpError(ApiError::new(
-        Code::Internal,
-        "store error (see the supervisor's log)",
-    ))
+    HttpError(ApiError::from(e))
 }
 
 /// Runs the mutation `f` of `route` (`POST /api/agents`) once per key.

@@ -99,14 +99,11 @@ pub(crate) async fn job_list(
     let store = sup.store().as_ref();
     let r = (|| {
         let mut jobs = Vec::new();
-        for j in store.jobs(sup.tenant()).map_err(|e| {
-            tracing::error!(error = %e, "store error");
-            ApiError::new(Code::Internal, "store error (see the supervisor's log)")
-        })? {
+        for j in store.jobs(sup.tenant())? {
+            // A failed read is an error, not "outside the subtree": the
+            // list is refused rather than answered short.
             if let Caller::Agent(me) = &caller
-                && !store
-                    .is_ancestor_or_self(sup.tenant(), me, &j.owner)
-                    .unwrap_or(false)
+                && !store.is_ancestor_or_self(sup.tenant(), me, &j.owner)?
             {
                 continue;
             }
@@ -179,13 +176,7 @@ pub(crate) async fn job_items(
         let job = brood_runtime::jobs::get(store, sup.tenant(), &caller, &id)?;
         let items = store
             .job_items(sup.tenant(), &job.id, status)
-            .map_err(|e| {
-                tracing::error!(error = %e, "store error");
-                HttpError(ApiError::new(
-                    Code::Internal,
-                    "store error (see the supervisor's log)",
-                ))
-            })?;
+            .map_err(|e| HttpError(ApiError::from(e)))?;
         Ok::<_, HttpError>(ItemList {
             items: items.iter().map(brood_runtime::jobs::item_view).collect(),
         })

@@ -34,19 +34,10 @@ const TRANSCRIPT_PAGE: usize = 1000;
 /// Events read per store call while looking for the newest `agent.start`.
 const EVENT_PAGE: u32 = 1000;
 
+/// What the store refused is the caller's to hear (a job's unknown item is
+/// 404, not a failure of the store); a store that is away is 503.
 fn store_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name}"))
-        }
-        // What the store refused is the caller's to hear (a job's unknown
-        // item is 404, not a failure of the store).
-        StoreError::Refused { code, message } => ApiError::new(code, message),
-        e => {
-            tracing::error!(error = %e, "store error");
-            ApiError::new(Code::Internal, "store error (see the supervisor's log)")
-        }
-    }
+    ApiError::from(e)
 }
 
 /// The badge of an agent: `brood agent --type T`'s type, else its protocol.

@@ -90,12 +90,7 @@ pub(crate) fn may_see(
             Code::NotFound,
             format!("no agent named {:?}", name.as_str()),
         )),
-        Err(e) => {
-            tracing::error!(error = %e, "store error");
-            Err(ApiError::new(
-                Code::Internal,
-                "store error (see the supervisor's log)",
-            ))
-        }
+        // Away is 503, not "outside the subtree" and not 500.
+        Err(e) => Err(ApiError::from(e)),
     }
 }

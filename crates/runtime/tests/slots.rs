@@ -47,6 +47,11 @@ impl Tenant {
             server: server.cloned(),
         };
         tenant.delete();
+        // Its counts kept from the start, as once a supervisor has seeded
+        // them (a Redis that lost them is `redis_restarted_empty_…`'s).
+        if let Some(s) = &tenant.server {
+            raw(s.addr, &["SET", &Redis::seeded_key(&tenant.id), "1"]);
+        }
         tenant
     }
     fn key(&self) -> String {
@@ -54,7 +59,7 @@ impl Tenant {
     }
     fn delete(&self) {
         if let Some(s) = &self.server {
-            raw(s.addr, &["DEL", &self.key()]);
+            raw(s.addr, &["DEL", &self.key(), &Redis::seeded_key(&self.id)]);
         }
     }
 }
@@ -327,6 +332,76 @@ fn redis_shares_are_repaired_by_their_holder_and_given_back_when_it_is_gone() {
     );
 }
 
+/// Issue 28's campaign: Redis restarted empty while node a, holding 4 of
+/// the tenant's 6 slots, was stopped and could not write its share; node b
+/// then took 3 where 2 were free. A counter that lost its counts now says
+/// so instead of counting none held, and the supervisor that hears it seeds
+/// it again: its own share exact, the others' from the store's records
+/// (never over a share its holder wrote meanwhile). Then the limit holds.
+#[test]
+fn redis_restarted_empty_says_its_counts_are_lost_until_seeded_again() {
+    let server = server();
+    let t = Tenant::new("rl", Some(&server));
+    let (a, b, c) = (
+        redis_as(&server, "s-a"),
+        redis_as(&server, "s-b"),
+        redis_as(&server, "s-c"),
+    );
+    for _ in 0..4 {
+        assert!(a.acquire(&t.id, 6).unwrap());
+    }
+    assert!(b.acquire(&t.id, 6).unwrap());
+    // What a restart without persistence leaves: nothing of the tenant's.
+    t.delete();
+    let lost = b.acquire(&t.id, 6).unwrap_err();
+    assert!(matches!(lost, SlotError::Lost { .. }), "{lost:?}");
+    assert!(lost.to_string().contains(&server.url()), "{lost}");
+    assert!(matches!(
+        b.acquire_up_to(&t.id, 6, 3).unwrap_err(),
+        SlotError::Lost { .. }
+    ));
+    // c wrote its share meanwhile (its reconciler): the seed keeps it.
+    assert_eq!(c.repair(&t.id, 0).unwrap(), 0);
+    c.repair(&t.id, 1).unwrap();
+    b.reseed(
+        &t.id,
+        1,
+        &[
+            ("s-a".into(), 4),
+            ("s-c".into(), 7),
+            ("s-b".into(), 9),
+            ("s-gone".into(), 0),
+        ],
+    )
+    .unwrap();
+    assert_eq!(raw(server.addr, &["HGET", &t.key(), "s-a"]), "4");
+    assert_eq!(
+        raw(server.addr, &["HGET", &t.key(), "s-b"]),
+        "1",
+        "its own word, not the list's"
+    );
+    assert_eq!(
+        raw(server.addr, &["HGET", &t.key(), "s-c"]),
+        "1",
+        "c's own word kept"
+    );
+    assert_eq!(raw(server.addr, &["HEXISTS", &t.key(), "s-gone"]), ":0");
+    assert_eq!(b.count(&t.id).unwrap(), 6);
+    assert!(
+        !b.acquire(&t.id, 6).unwrap(),
+        "six held: a's four count again"
+    );
+    assert!(b.acquire(&t.id, 7).unwrap());
+    let ttl: i64 = raw(server.addr, &["TTL", &t.key()])[1..].parse().unwrap();
+    assert!(ttl > 0, "the seeded shares expire as any: {ttl}");
+    // Seeded once is enough: another node's acquire goes straight on.
+    assert!(!a.acquire(&t.id, 7).unwrap());
+    // The embedded counter never loses its counts.
+    let e = Embedded::new();
+    e.reseed(&t.id, 3, &[("s-a".into(), 4)]).unwrap();
+    assert_eq!(e.count(&t.id).unwrap(), 0);
+}
+
 #[test]
 fn redis_writes_refresh_the_expiry() {
     let server = server();
@@ -431,6 +506,9 @@ fn redis_bad_urls_and_dead_servers_are_clear_errors() {
     // One that does.
     let t = Tenant::new("rdb", None);
     let db1 = slots::open(Some(&format!("{}/1", server.url())), "s-test").unwrap();
+    // A counter never used there says so first; seeded, it counts.
+    assert!(matches!(db1.acquire(&t.id, 1), Err(SlotError::Lost { .. })));
+    db1.reseed(&t.id, 0, &[]).unwrap();
     assert!(db1.acquire(&t.id, 1).unwrap());
     assert_eq!(
         raw(server.addr, &["EXISTS", &t.key()]),
@@ -451,6 +529,7 @@ fn redis_bad_urls_and_dead_servers_are_clear_errors() {
     assert!(in_db1());
     db1.release(&t.id).unwrap();
     assert!(!in_db1(), "a count back at 0 deletes the key");
+    redis_support::raw_in(server.addr, 1, &["DEL", &Redis::seeded_key(&t.id)]);
 }
 
 // ---------------------------------------------------------------------------
@@ -541,6 +620,7 @@ fn redis_absent_at_start_is_waited_for_then_refused() {
     );
     let server = late.join().unwrap();
     let t = Tenant::new("late", None);
+    waited.reseed(&t.id, 0, &[]).unwrap();
     assert!(waited.acquire(&t.id, 1).unwrap());
     assert_eq!(redis_support::held(server.addr, 0, &t.key()), 1);
     drop(server);

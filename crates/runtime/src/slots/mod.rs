@@ -58,6 +58,13 @@ pub enum SlotError {
         command: &'static str,
         detail: String,
     },
+    /// The counter lost its counts (a Redis restarted empty): what it says
+    /// is held is not what runs. The caller seeds it again from what it
+    /// knows ([`Slots::reseed`]) before asking again.
+    #[error(
+        "slot counter at {url}: its counts were lost (restarted empty?); they must be seeded again"
+    )]
+    Lost { url: String },
     /// Redis could not be reached, broke the connection, or refused a command.
     #[error("slot counter at {url}: {command} failed: {detail}")]
     Redis {
@@ -124,6 +131,23 @@ pub trait Slots: Send + Sync {
     ) -> Result<u64, SlotError> {
         let _ = (tenant, alive);
         Ok(0)
+    }
+    /// Seeds a counter that lost its counts ([`SlotError::Lost`]): this
+    /// supervisor's share set to `mine` (its own count, exact), and each
+    /// other holder's to what the store records running on it, unless that
+    /// holder has written its own meanwhile. Other holders' figures miss
+    /// only their starts in flight, which their own reconciler adds back
+    /// within a period; without the seed the count would say nothing of a
+    /// holder that cannot write its share (stopped, say) until it can.
+    /// Only a counter that can lose its counts has anything to do.
+    fn reseed(
+        &self,
+        tenant: &TenantId,
+        mine: u64,
+        others: &[(String, u64)],
+    ) -> Result<(), SlotError> {
+        let _ = (tenant, mine, others);
+        Ok(())
     }
     /// Which counter this is, for logs and `brood status` (no credentials).
     fn describe(&self) -> String;

@@ -25,8 +25,13 @@ end
 /// Takes a slot for holder ARGV[3] if fewer than ARGV[1] are held by all
 /// holders together, refreshing the expiry (ARGV[2] seconds). A script: one
 /// round trip and atomic, so two supervisors racing for the last slot never
-/// both get it, nor both lose it while it is free.
+/// both get it, nor both lose it while it is free. -1 when the tenant's
+/// counts were never seeded in this server (KEYS[2] missing): a Redis
+/// restarted empty, whose shares say nothing of the agents running.
 const ACQUIRE: &str = "\
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return -1
+end
 if held >= tonumber(ARGV[1]) then
   if held > 0 then
     redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -73,6 +78,33 @@ else
 end
 return old";
 
+/// Seeds a tenant's shares after its counts were lost (KEYS[2] missing):
+/// holder ARGV[2]'s share is set to ARGV[3] (its own count, exact), and each
+/// other holder's (pairs from ARGV[4]) to what the store records running
+/// on it, unless that holder wrote its share meanwhile (HSETNX: its own
+/// word beats the store's). Then KEYS[2] says the counts are kept, and the
+/// hash expires ARGV[1] seconds after this write, as after any other.
+const RESEED: &str = "\
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+if ARGV[3] == '0' then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+for i = 4, #ARGV, 2 do
+  if ARGV[i + 1] ~= '0' then
+    redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+redis.call('SET', KEYS[2], '1')
+return 1";
+
 /// The holders of a tenant's shares.
 const HOLDERS: &str = "return redis.call('HKEYS', KEYS[1])";
 
@@ -96,6 +128,7 @@ struct Scripts {
     repair: Script,
     holders: Script,
     forget: Script,
+    reseed: Script,
 }
 
 impl Scripts {
@@ -107,6 +140,7 @@ impl Scripts {
             repair: Script::new(REPAIR),
             holders: Script::new(HOLDERS),
             forget: Script::new(FORGET),
+            reseed: Script::new(RESEED),
         }
     }
 }
@@ -201,6 +235,13 @@ impl Redis {
     /// The Redis key holding `tenant`'s shares.
     pub fn key(tenant: &TenantId) -> String {
         format!("brood:slots:{tenant}")
+    }
+
+    /// The Redis key that says `tenant`'s shares were seeded in this server
+    /// ([`Slots::reseed`]); a Redis restarted empty has none, and its
+    /// counts are then known to be lost rather than taken for none held.
+    pub fn seeded_key(tenant: &TenantId) -> String {
+        format!("brood:slots:{tenant}:seeded")
     }
 
     fn ttl_secs(&self) -> u64 {
@@ -325,13 +366,42 @@ impl Redis {
 
 impl Slots for Redis {
     fn acquire(&self, tenant: &TenantId, max: u32) -> Result<bool, SlotError> {
-        let got: i64 = self.eval(
-            "EVAL acquire",
-            &self.scripts.acquire,
-            &Redis::key(tenant),
-            &[&max.to_string(), &self.ttl_secs().to_string(), &self.holder],
-        )?;
+        let got: i64 = self.call("EVAL acquire", |c| {
+            self.scripts
+                .acquire
+                .key(Redis::key(tenant))
+                .key(Redis::seeded_key(tenant))
+                .arg(max)
+                .arg(self.ttl_secs())
+                .arg(&self.holder)
+                .invoke(c)
+        })?;
+        if got < 0 {
+            return Err(SlotError::Lost {
+                url: self.url.clone(),
+            });
+        }
         Ok(got == 1)
+    }
+
+    fn reseed(
+        &self,
+        tenant: &TenantId,
+        mine: u64,
+        others: &[(String, u64)],
+    ) -> Result<(), SlotError> {
+        let _: i64 = self.call("EVAL reseed", |c| {
+            let mut s = self.scripts.reseed.key(Redis::key(tenant));
+            s.key(Redis::seeded_key(tenant))
+                .arg(self.ttl_secs())
+                .arg(&self.holder)
+                .arg(mine);
+            for (holder, n) in others.iter().filter(|(h, _)| *h != self.holder) {
+                s.arg(holder).arg(*n);
+            }
+            s.invoke(c)
+        })?;
+        Ok(())
     }
 
     fn release(&self, tenant: &TenantId) -> Result<(), SlotError> {

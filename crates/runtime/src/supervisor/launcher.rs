@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 
-use brood_core::TenantId;
+use brood_core::{Status, TenantId};
 use brood_launch::Spawner;
 use brood_launch::cgroup::Cgroups;
+use brood_store::Store;
 
 use super::queue;
+use crate::slots::SlotError;
 
 pub(super) struct Launcher {
     pub(super) spawner: Spawner,
@@ -44,7 +46,20 @@ impl Launcher {
     /// (issue 28's fault campaign saw 8 of 6 on one node). A counter that
     /// fails (Redis gone) must not stop every start, nor let the limit go:
     /// the own count alone decides.
-    pub(super) fn take_slots(&mut self, tenant: &TenantId, want: usize, used: usize) -> usize {
+    ///
+    /// A counter that lost its counts (Redis restarted empty) is seeded
+    /// again first ([`Self::reseed`]), so that the slots other nodes' agents
+    /// hold count before this node takes more: otherwise a node that cannot
+    /// write its own share (stopped by SIGSTOP, say) would have its slots
+    /// taken by the others (issue 28's campaign saw 7 of 6 across nodes).
+    pub(super) fn take_slots(
+        &mut self,
+        tenant: &TenantId,
+        want: usize,
+        used: usize,
+        store: &dyn Store,
+        me: &str,
+    ) -> usize {
         let room = (self.max_concurrent as usize).saturating_sub(used);
         let want = want.min(room);
         let from_spare = want.min(self.spare);
@@ -53,13 +68,58 @@ impl Launcher {
         if need == 0 {
             return from_spare;
         }
-        match self.slots.acquire_up_to(tenant, self.max_concurrent, need) {
+        let mut asked = self.slots.acquire_up_to(tenant, self.max_concurrent, need);
+        if let Err(SlotError::Lost { .. }) = &asked {
+            // This node's share: its started agents and the spare slots
+            // (the ones just handed out count among the spare still).
+            let mine = (used + self.spare + from_spare) as u64;
+            asked = match self.reseed(tenant, store, me, mine) {
+                Ok(()) => self.slots.acquire_up_to(tenant, self.max_concurrent, need),
+                Err(e) => Err(e),
+            };
+        }
+        match asked {
             Ok(got) => from_spare + got as usize,
             Err(e) => {
                 tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
                 from_spare + need as usize
             }
         }
+    }
+
+    /// Seeds a counter that lost its counts: this node's share `mine`, the
+    /// others' from the store's records of the tenant's agents that hold a
+    /// slot (a process started and not yet ended), by the node they run on.
+    /// One read of the store, on the loop, once a Redis restart.
+    fn reseed(
+        &self,
+        tenant: &TenantId,
+        store: &dyn Store,
+        me: &str,
+        mine: u64,
+    ) -> Result<(), SlotError> {
+        let agents = store.agents(tenant, false).map_err(|e| SlotError::Store {
+            command: "reading the agents that hold slots",
+            detail: e.to_string(),
+        })?;
+        let mut others: std::collections::BTreeMap<String, u64> = Default::default();
+        for a in agents {
+            let holds = matches!(
+                a.status,
+                Status::Running | Status::Blocked | Status::Stopping(_)
+            );
+            if holds && a.supervisor != me {
+                *others.entry(a.supervisor).or_default() += 1;
+            }
+        }
+        let others: Vec<(String, u64)> = others.into_iter().collect();
+        tracing::warn!(
+            counter = %self.slots.describe(),
+            mine,
+            others = ?others,
+            "the slot counter held no counts for the tenant (a new Redis, or one restarted empty); seeded from this node's agents and the store's records"
+        );
+        self.slots.reseed(tenant, mine, &others)
     }
 
     /// Slots given back by agents that ended (or left over from a start):

@@ -46,7 +46,13 @@ impl Launcher {
                     })
                     .take(room)
                     .count();
-                held = self.take_slots(&env.records.tenant, want, used);
+                held = self.take_slots(
+                    &env.records.tenant,
+                    want,
+                    used,
+                    env.records.store.as_ref(),
+                    &env.host.me,
+                );
                 if held == 0 {
                     return;
                 }

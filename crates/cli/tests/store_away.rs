@@ -157,3 +157,62 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     );
     drop(p);
 }
+
+/// A caller cannot stall the daemon by asking reads of a store that does
+/// not answer (the child is hostile, and so is the caller). The read
+/// handlers wait on the store's blocking facade; the daemon has two worker
+/// threads, so two such reads used to hold every request behind them,
+/// `/healthz` included, until the store's deadline. Here eight reads wait
+/// on the silent store at once, and `/healthz` answers while all eight
+/// still wait.
+#[test]
+fn reads_waiting_on_a_silent_store_do_not_stall_the_daemon() {
+    let p = proxied_node(&[]);
+    let (proxy, sock) = (&p.proxy, p.sock.clone());
+    let (s, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "before", "argv": agent(&["--hang"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+    proxy.go_silent(true);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let (tx, sock) = (tx.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(http(&sock, "GET", "/api/agents/before", None).0);
+        });
+    }
+    // Every read is in (the store's deadline is 20 s; none can be back).
+    std::thread::sleep(Duration::from_millis(500));
+    let (htx, hrx) = std::sync::mpsc::channel();
+    let s2 = sock.clone();
+    std::thread::spawn(move || {
+        let _ = htx.send(http(&s2, "GET", "/healthz", None));
+    });
+    let health = hrx.recv_timeout(Duration::from_secs(60));
+    // What the reads had answered by the time /healthz did.
+    let answered_before: Vec<u16> = rx.try_iter().collect();
+    // The network back before anything is asserted, so that the node's
+    // end (its records) does not wait on a silent store.
+    proxy.go_silent(false);
+    let reads: Vec<u16> = (0..8 - answered_before.len())
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(90))
+                .expect("a read never answered")
+        })
+        .collect();
+    let (status, health) = health.expect("/healthz never answered while reads waited on the store");
+    assert_eq!(status, 200, "{health}");
+    assert!(
+        answered_before.is_empty(),
+        "/healthz answered only once reads waiting on the store had: {answered_before:?}"
+    );
+    // Each read ends with the record or with the store away, never 500.
+    assert!(
+        reads.iter().all(|s| *s == 200 || *s == 503),
+        "reads answered {reads:?}"
+    );
+    drop(p);
+}

@@ -59,6 +59,8 @@ pub(crate) fn router(api: Api) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))
+        // Outermost: authentication reads too (a token's holder).
+        .layer(axum::middleware::from_fn(crate::offload::off_the_workers))
         .with_state(api)
 }
 

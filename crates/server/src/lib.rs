@@ -24,6 +24,7 @@ mod idempotency;
 mod listen;
 mod mcp;
 mod narrow;
+mod offload;
 pub mod openapi;
 mod peer;
 mod routes;

@@ -1,0 +1,61 @@
+//! Requests off the runtime's workers. The handlers read the store through
+//! its blocking facade (SQLite, or the PostgreSQL pool), inline: a read of a
+//! store that does not answer holds its thread until the store's deadline
+//! (20 s on PostgreSQL). `brood serve` has two worker threads, so two such
+//! reads held every request behind them, `/healthz` included: any caller
+//! could stall the daemon while the store was slow or away.
+//!
+//! Each request therefore runs where the runtime can spare the thread
+//! (tokio's `block_in_place`: the worker hands its other tasks to a fresh
+//! thread while this one waits), at most [`AT_ONCE`] at a time; past that a
+//! request is refused at once with 503 and `Retry-After`, so a flood of
+//! reads of a silent store costs a bounded number of threads, not a thread
+//! each. `/healthz` never queues behind them: it reads nothing of the store;
+//! nor does a wait (`POST /api/agents/{name}/wait`), a long poll of the
+//! loop that would hold a thread for its whole timeout.
+
+use std::sync::{Arc, LazyLock};
+
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use brood_core::Code;
+use brood_runtime::ApiError;
+use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::sync::Semaphore;
+
+use crate::error::HttpError;
+
+/// Requests running off the workers at once. Each holds a thread while it
+/// waits; a hundred clients of a healthy store never reach this.
+pub(crate) const AT_ONCE: usize = 256;
+
+static SLOTS: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore::new(AT_ONCE)));
+
+pub(crate) async fn off_the_workers(req: Request, next: Next) -> Response {
+    // `/healthz` is answered from memory: never behind a store that does
+    // not answer. A wait is a long poll of the loop, not of the store, and
+    // would hold a thread for all its timeout. A runtime of one thread (an
+    // in-process caller's) has no worker to hand over, and runs the
+    // request where it is.
+    let path = req.uri().path();
+    if path == "/healthz"
+        || path.ends_with("/wait")
+        || Handle::current().runtime_flavor() != RuntimeFlavor::MultiThread
+    {
+        return next.run(req).await;
+    }
+    let Ok(_held) = SLOTS.clone().try_acquire_owned() else {
+        return HttpError(
+            ApiError::new(
+                Code::Unavailable,
+                format!(
+                    "{AT_ONCE} requests are already waiting on the store; ask again (see the supervisor's log)"
+                ),
+            )
+            .retry_after(1),
+        )
+        .into_response();
+    };
+    tokio::task::block_in_place(|| Handle::current().block_on(next.run(req)))
+}

@@ -5,9 +5,9 @@
 //! reads held every request behind them, `/healthz` included: any caller
 //! could stall the daemon while the store was slow or away.
 //!
-//! Each request therefore runs where the runtime can spare the thread
-//! (tokio's `block_in_place`: the worker hands its other tasks to a fresh
-//! thread while this one waits), at most [`AT_ONCE`] at a time; past that a
+//! Each request therefore runs on a thread of the runtime's blocking pool
+//! while the worker that took it only awaits its answer, at most
+//! [`AT_ONCE`] at a time; past that a
 //! request is refused at once with 503 and `Retry-After`, so a flood of
 //! reads of a silent store costs a bounded number of threads, not a thread
 //! each. `/healthz` never queues behind them: it reads nothing of the store;
@@ -57,5 +57,22 @@ pub(crate) async fn off_the_workers(req: Request, next: Next) -> Response {
         )
         .into_response();
     };
-    tokio::task::block_in_place(|| Handle::current().block_on(next.run(req)))
+    // The request's future runs to its answer on a thread of the blocking
+    // pool, and this task (a worker's) only awaits it. `block_in_place`
+    // would hand the worker's queue to a fresh thread instead, but a
+    // request that makes requests of its own (an MCP tool call goes through
+    // the router again) left both workers parked in their `block_on`s with
+    // nobody to run the queue: the MCP tests hung.
+    let handle = Handle::current();
+    match tokio::task::spawn_blocking(move || handle.block_on(next.run(req))).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::error!(error = %e, "a request's thread ended without an answer");
+            HttpError(ApiError::new(
+                Code::Internal,
+                "the request failed (see the supervisor's log)",
+            ))
+            .into_response()
+        }
+    }
 }

@@ -60,7 +60,10 @@ pub(crate) fn router(api: Api) -> Router {
         .method_not_allowed_fallback(no_method)
         .layer(from_fn_with_state(api.clone(), crate::auth::authenticate))
         // Outermost: authentication reads too (a token's holder).
-        .layer(axum::middleware::from_fn(crate::offload::off_the_workers))
+        .layer(from_fn_with_state(
+            api.clone(),
+            crate::offload::off_the_workers,
+        ))
         .with_state(api)
 }
 

@@ -137,7 +137,15 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(real_main(cli, store_on_command_line, providers)) {
+    let done = rt.block_on(real_main(cli, store_on_command_line, providers));
+    // Whatever runs on the blocking pool now is a request whose connection
+    // is gone (`brood serve` aborts its servers once the supervisor's ends
+    // are recorded): the runtime's drop would wait for it, with no worker
+    // left to drive its timers or sockets. The fault campaign saw a node
+    // not exit within 30 s of SIGTERM once requests on PostgreSQL ran
+    // there (`brood_server`'s offload); before, they were tasks, dropped.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match done {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             if let Some(x) = e.downcast_ref::<Exit>() {

@@ -21,18 +21,23 @@ use serde_json::json;
 /// (`StoreError::PostgresDeadline`), in the node's log.
 const DEADLINE: &str = "no answer within";
 
+/// Creates a root that runs until cancelled, while the store answers.
+fn hanging(sock: &std::path::Path, name: &str) {
+    let (s, v) = http(
+        sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": name, "argv": agent(&["--hang"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+}
+
 #[test]
 fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
     let p = proxied_node(&[]);
     let (proxy, root, sock) = (&p.proxy, p.root.clone(), p.sock.clone());
     let log = root.with_extension("log");
-    let (s, v) = http(
-        &sock,
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "before", "argv": agent(&["--hang"])})),
-    );
-    assert_eq!(s, 201, "{v}");
+    hanging(&sock, "before");
 
     proxy.go_silent(true);
     // The sweepers tick every 0.1 s: the dispatcher is in a store call that
@@ -169,13 +174,7 @@ fn healthz_answers_while_the_loop_waits_on_a_silent_store() {
 fn reads_waiting_on_a_silent_store_do_not_stall_the_daemon() {
     let p = proxied_node(&[]);
     let (proxy, sock) = (&p.proxy, p.sock.clone());
-    let (s, v) = http(
-        &sock,
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "before", "argv": agent(&["--hang"])})),
-    );
-    assert_eq!(s, 201, "{v}");
+    hanging(&sock, "before");
     proxy.go_silent(true);
     let (tx, rx) = std::sync::mpsc::channel();
     for _ in 0..8 {

@@ -21,24 +21,13 @@
 use std::path::{Path, PathBuf};
 
 use brood_core::{AgentName, Code, TenantId};
-use brood_store::{Agent, FinishedTree, Removed, Store, StoreError};
+use brood_store::{Agent, FinishedTree, Removed, Store};
 
 use crate::api::{ApiError, Caller};
 use crate::paths::Paths;
 
 /// The most trees one prune removes; the rest are for the next one.
 pub const PRUNE_MAX: u32 = 10_000;
-
-/// A removal's store error as the caller's: a refusal keeps its code and
-/// message, an unknown agent is named as the caller wrote it.
-pub fn store_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::NotFound { name, .. } => {
-            ApiError::new(Code::NotFound, format!("no agent named {name}"))
-        }
-        other => crate::api::internal(other),
-    }
-}
 
 /// The agent `name` as the root of a tree a caller may remove: it exists,
 /// it is a root, and the caller is the operator (an agent may act only on
@@ -51,7 +40,7 @@ pub fn removable_root(
 ) -> Result<Agent, ApiError> {
     let a = store
         .agent(tenant, name)
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no agent named {name}")))?;
     if let Caller::Agent(me) = caller {
         return Err(ApiError::new(
@@ -98,7 +87,7 @@ pub fn prune_candidates(
 ) -> Result<Vec<FinishedTree>, ApiError> {
     store
         .finished_trees(tenant, now_ms.saturating_sub(older_than_ms), PRUNE_MAX)
-        .map_err(store_error)
+        .map_err(ApiError::from)
 }
 
 /// Every path of the ctx tree that stood for what `removed` took: each
@@ -182,7 +171,7 @@ pub fn remove_tree_here(
     name: &AgentName,
 ) -> Result<brood_api::RemovedTree, ApiError> {
     removable_root(store, tenant, caller, name)?;
-    let removed = store.remove_tree(tenant, name).map_err(store_error)?;
+    let removed = store.remove_tree(tenant, name).map_err(ApiError::from)?;
     remove_files(paths, &removed);
     let last = removed.agents.iter().map(|a| a.updated_ms).max();
     Ok(removed_tree(name, removed.agents.len(), last))
@@ -225,7 +214,7 @@ pub fn prune_here(
             }
             Err(e) => reply.skipped.push(brood_api::SkippedTree {
                 root: t.root.to_string(),
-                reason: store_error(e).message,
+                reason: ApiError::from(e).message,
             }),
         }
     }

@@ -33,11 +33,6 @@ const TTL_MS: i64 = 24 * 3600 * 1000;
 /// The header that carries the key.
 pub(crate) const HEADER: &str = "idempotency-key";
 
-/// A store that is away is 503 with when to ask again, as everywhere.
-fn store_error(e: brood_store::StoreError) -> HttpError {
-    HttpError(ApiError::from(e))
-}
-
 /// Runs the mutation `f` of `route` (`POST /api/agents`) once per key.
 pub(crate) async fn once<F, Fut>(
     api: &Api,
@@ -79,7 +74,7 @@ where
             .store()
             .idempotent_reply(sup.tenant(), &who, &key, now_ms())
         {
-            Err(e) => store_error(e).into_response(),
+            Err(e) => HttpError(ApiError::from(e)).into_response(),
             Ok(Some(kept)) => replay(&kept, &scope, &hash),
             Ok(None) => {
                 let resp = f().await;

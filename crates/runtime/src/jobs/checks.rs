@@ -126,7 +126,7 @@ pub fn check_tenant(
     limits: &Limits,
     items: usize,
 ) -> Result<(), ApiError> {
-    let jobs = store.jobs(tenant).map_err(super::store_error)?;
+    let jobs = store.jobs(tenant).map_err(ApiError::from)?;
     let open: Vec<_> = jobs.iter().filter(|j| !j.status.is_finished()).collect();
     if open.len() >= limits.jobs_per_tenant as usize {
         return Err(ApiError::new(

@@ -37,13 +37,6 @@ fn bad(m: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, m)
 }
 
-/// As every surface answers one: a refusal with its code, a store that is
-/// away 503 (the chaos campaign saw `GET /api/jobs/…` answer 500 while
-/// PostgreSQL restarted).
-pub(crate) fn store_error(e: brood_store::StoreError) -> ApiError {
-    ApiError::from(e)
-}
-
 use checks::check_id;
 
 /// [`create_at`] with this process's intake and the default limits (for
@@ -215,7 +208,7 @@ fn create_checked(
     checks::check_tenant(store, tenant, intake.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
-        .map_err(store_error)
+        .map_err(ApiError::from)
 }
 
 /// A new job from a recorded one (SPEC 10 "Replay"): its spec and inputs,
@@ -248,7 +241,7 @@ pub fn replay_at(
     let filter = only_failed.then_some(brood_core::ItemStatus::Failed);
     let items: Vec<NewItem> = store
         .job_items(tenant, &src.id, filter)
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
         .into_iter()
         .map(|it| NewItem {
             id: it.id,
@@ -306,7 +299,7 @@ pub fn replay_at(
     checks::check_tenant(store, tenant, intake.limits(), items.len())?;
     store
         .create_job(&new, &items, &[event])
-        .map_err(store_error)
+        .map_err(ApiError::from)
 }
 
 /// The jobs the caller may see, oldest first.
@@ -316,11 +309,11 @@ pub fn list(
     caller: &Caller,
 ) -> Result<api::JobList, ApiError> {
     let mut jobs = Vec::new();
-    for j in store.jobs(tenant).map_err(store_error)? {
+    for j in store.jobs(tenant).map_err(ApiError::from)? {
         if let Caller::Agent(me) = caller
             && !store
                 .is_ancestor_or_self(tenant, me, &j.owner)
-                .map_err(store_error)?
+                .map_err(ApiError::from)?
         {
             continue;
         }
@@ -345,7 +338,7 @@ pub fn items(
     };
     let items = store
         .job_items(&job.tenant, &job.id, status)
-        .map_err(store_error)?;
+        .map_err(ApiError::from)?;
     Ok(api::ItemList {
         items: items.iter().map(item_view).collect(),
     })
@@ -395,7 +388,7 @@ pub use schema::{compile as compile_schema, validate};
 pub fn view(store: &dyn Store, job: &Job) -> Result<api::JobView, ApiError> {
     let counts: BTreeMap<String, u32> = store
         .item_counts(&job.tenant, &job.id)
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
         .into_iter()
         .map(|(s, n)| (s.as_str().to_owned(), n))
         .collect();
@@ -451,12 +444,12 @@ pub fn get(
 ) -> Result<Job, ApiError> {
     let job = store
         .job(tenant, id)
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::new(Code::NotFound, format!("no job {id}")))?;
     if let Caller::Agent(me) = caller {
         let mine = store
             .is_ancestor_or_self(tenant, me, &job.owner)
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         if !mine {
             return Err(ApiError::new(
                 Code::Forbidden,

@@ -87,7 +87,7 @@ impl Env<'_> {
             .records
             .store
             .descendants_post_order(&self.records.tenant, top)
-            .map_err(remove::store_error)?;
+            .map_err(ApiError::from)?;
         // An agent whose record has not ended is the store's to refuse, by
         // its status; one whose record has is not gone until this
         // supervisor lets it go.
@@ -95,7 +95,7 @@ impl Env<'_> {
             .records
             .store
             .agent(&self.records.tenant, top)
-            .map_err(remove::store_error)?
+            .map_err(ApiError::from)?
             .is_some_and(|a| a.status.is_finished());
         if top_ended && below.iter().all(|a| a.status.is_finished()) {
             for n in std::iter::once(top).chain(below.iter().map(|a| &a.name)) {
@@ -108,7 +108,7 @@ impl Env<'_> {
             .records
             .store
             .remove_tree(&self.records.tenant, top)
-            .map_err(remove::store_error)?;
+            .map_err(ApiError::from)?;
         self.after_removal(&removed);
         Ok(removed)
     }

@@ -18,7 +18,6 @@ use brood_api::{
 };
 use brood_core::{AgentName, Code};
 use brood_runtime::{ApiError, Caller};
-use brood_store::StoreError;
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::IntoParams;
@@ -33,12 +32,6 @@ use crate::state::{Api, may_see};
 const TRANSCRIPT_PAGE: usize = 1000;
 /// Events read per store call while looking for the newest `agent.start`.
 const EVENT_PAGE: u32 = 1000;
-
-/// What the store refused is the caller's to hear (a job's unknown item is
-/// 404, not a failure of the store); a store that is away is 503.
-fn store_error(e: StoreError) -> ApiError {
-    ApiError::from(e)
-}
 
 /// The badge of an agent: `brood agent --type T`'s type, else its protocol.
 fn kind_of(spec: &Value, protocol: &str) -> String {
@@ -89,8 +82,8 @@ fn tree_rows(api: &Api, caller: &Caller, live_only: bool) -> Result<TreeRows, Ap
     let (store, tenant) = (sup.store(), sup.tenant());
     // Read before the agents, so a change between the two is seen again
     // on the stream rather than missed.
-    let sequence = store.last_event_seq(tenant).map_err(store_error)?;
-    let agents = store.agents(tenant, true).map_err(store_error)?;
+    let sequence = store.last_event_seq(tenant).map_err(ApiError::from)?;
+    let agents = store.agents(tenant, true).map_err(ApiError::from)?;
     let mut kids: HashMap<Option<&str>, Vec<usize>> = HashMap::new();
     for (i, a) in agents.iter().enumerate() {
         kids.entry(a.parent.as_ref().map(AgentName::as_str))
@@ -128,7 +121,7 @@ fn tree_rows(api: &Api, caller: &Caller, live_only: bool) -> Result<TreeRows, Ap
     }
     // Every run in one read, not one read an agent (a round trip each on
     // PostgreSQL).
-    let all_runs = store.tenant_runs(tenant).map_err(store_error)?;
+    let all_runs = store.tenant_runs(tenant).map_err(ApiError::from)?;
     let mut runs_of: HashMap<&str, Vec<&brood_store::Run>> = HashMap::new();
     for r in &all_runs {
         runs_of.entry(r.agent.as_str()).or_default().push(r);
@@ -217,7 +210,7 @@ fn newest_start(api: &Api, name: &AgentName) -> Result<Option<Value>, ApiError> 
         let page = sup
             .store()
             .events(sup.tenant(), after, Some(name), EVENT_PAGE)
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         for e in &page {
             if e.kind == "agent.start" {
                 start = serde_json::from_str(&e.payload).ok();
@@ -251,7 +244,7 @@ fn objects(api: &Api, name: &AgentName) -> Result<AgentObjects, ApiError> {
         Some(p) => sup
             .store()
             .channel(sup.tenant(), p, name)
-            .map_err(store_error)?
+            .map_err(ApiError::from)?
             .map(|c| ChannelView {
                 handoff: c.handoff,
                 result: c.result,
@@ -339,7 +332,7 @@ pub(crate) async fn ui_artifact(
             Some(p) => sup
                 .store()
                 .channel(sup.tenant(), p, &n)
-                .map_err(store_error)?
+                .map_err(ApiError::from)?
                 .and_then(|c| c.artifacts.into_iter().find(|f| f.sha256 == sha256)),
             None => None,
         };
@@ -455,7 +448,7 @@ pub(crate) async fn ui_transcript(
         let messages = sup
             .store()
             .messages(sup.tenant(), n, &a.session)
-            .map_err(store_error)?
+            .map_err(ApiError::from)?
             .into_iter()
             .filter(|m| m.seq > after)
             .take(TRANSCRIPT_PAGE)
@@ -491,7 +484,7 @@ pub(crate) async fn ui_attempts(
     let r = brood_runtime::jobs::get(store, sup.tenant(), &caller, &id).and_then(|job| {
         let attempts = store
             .attempts(sup.tenant(), &job.id, &item)
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         Ok(AttemptList {
             attempts: attempts
                 .into_iter()
@@ -530,7 +523,7 @@ pub(crate) async fn ui_sequence(
         .store()
         .last_event_seq(sup.tenant())
         .map(|sequence| Sequence { sequence })
-        .map_err(store_error);
+        .map_err(ApiError::from);
     answer(StatusCode::OK, r)
 }
 

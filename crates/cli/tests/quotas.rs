@@ -386,3 +386,84 @@ async fn creations_that_arrive_together_keep_every_bound() {
         env.sup.cancel(me(), name(p)).await.unwrap();
     }
 }
+
+/// Issue 28's fault campaign (round 3): 7 of 6 by the kernel's count. A run
+/// that ends leaves processes in its group until the group is emptied, and
+/// its slot was given back at once, so a queued agent started beside them.
+/// Here `p` ends (crashes) leaving an idler that ignores SIGTERM and a child
+/// `c` that does too: the stop of `c` waits the whole grace before its
+/// `cgroup.kill`, and all that time `p`'s idler lives. With `max_concurrent`
+/// 2, the queued `q` must not start until both are gone: at no sample may
+/// three agents have processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_runs_slot_is_free_only_once_what_it_left_in_its_group_is_gone() {
+    let grace = Duration::from_millis(1500);
+    let env = start(grace);
+    set_quota(&env, "max_concurrent", 2);
+    let spawn = json!({
+        "name": "c",
+        "argv": agent(&["--hang", "--ignore-sigterm", "--ignore-cancel"]),
+        "task": "hang around",
+        "await_ready": true,
+    })
+    .to_string();
+    let p = agent(&[
+        "--ignore-sigterm",
+        "--grandchildren",
+        "1",
+        "--spawn",
+        spawn.as_str(),
+        "--inputs",
+        "1",
+        "--crash",
+    ]);
+    env.sup.spawn(me(), req("p", p)).await.expect("spawn p");
+    let both = eventually_async(Duration::from_secs(10), || {
+        processes_of(&env, "p").len() >= 2 && !processes_of(&env, "c").is_empty()
+    })
+    .await;
+    assert!(both, "p's idler or c never started");
+    let mut q = req("q", agent(&["--hang"]));
+    q.await_ready = false;
+    let r = env.sup.spawn(me(), q).await.expect("spawn q");
+    let r = serde_json::to_value(&r).unwrap();
+    assert_eq!(r["status"], "queued", "two slots are held: {r}");
+
+    env.sup
+        .send(me(), name("p"), "go".into())
+        .await
+        .expect("send go");
+    // Until q runs, and a grace past it: no instant with three agents'
+    // processes.
+    let t0 = std::time::Instant::now();
+    let mut q_ran_at = None;
+    loop {
+        let with: Vec<&str> = ["p", "c", "q"]
+            .into_iter()
+            .filter(|n| !processes_of(&env, n).is_empty())
+            .collect();
+        assert!(
+            with.len() <= 2,
+            "{with:?} have processes at once {:?} after p ended (max_concurrent 2)",
+            t0.elapsed()
+        );
+        if q_ran_at.is_none() && with.contains(&"q") {
+            q_ran_at = Some(t0.elapsed());
+        }
+        if q_ran_at.is_some_and(|t| t0.elapsed() > t + Duration::from_millis(500)) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "q never started once p and c were gone: {}",
+            show(&env, "q")
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let p = show(&env, "p");
+    assert_eq!(p["status"], "failed", "{p}");
+    let c = show(&env, "c");
+    assert_eq!(c["reason"], "parent_dead", "{c}");
+    assert!(processes_of(&env, "p").is_empty() && processes_of(&env, "c").is_empty());
+    env.sup.cancel(me(), name("q")).await.unwrap();
+}

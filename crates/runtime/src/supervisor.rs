@@ -297,6 +297,8 @@ pub(crate) enum Cmd {
     Agent(AgentName, RunId, AgentEv),
     /// A stop's group is empty (or could not be confirmed so: the error).
     StopDone(u64, Result<(), String>),
+    /// The groups of `n` ended runs are empty: the slots they kept are free.
+    Emptied(usize),
     WaitTimeout(u64),
     /// The answer to an agent's protocol `request`, computed off the loop:
     /// JSON, as the protocol's `reply` carries it.
@@ -779,6 +781,7 @@ impl Dispatcher {
             Cmd::Launched(name, run, r, made) => self.on_launched(name, run, r, *made),
             Cmd::Agent(name, run, e) => self.on_agent(name, run, e),
             Cmd::StopDone(id, emptied) => self.on_stop_done(id, emptied),
+            Cmd::Emptied(n) => self.launcher.emptied(n),
             Cmd::AgentReply(agent, re, r) => self.agents.reply_to_agent(&agent, re, r),
             Cmd::AgentSocket(name, r) => self.on_agent_socket(name, r),
             Cmd::Model(name, run, op) => self.on_model(name, run, op),
@@ -915,13 +918,40 @@ impl Dispatcher {
     /// an agent leaves the live set, so a slot is never held by a process that
     /// is gone (SPEC 9).
     fn forget(&mut self, name: &AgentName) -> Option<Live> {
+        let l = self.forget_holding_slot(name)?;
+        if l.launching {
+            self.launcher.give_slots(1);
+        }
+        Some(l)
+    }
+
+    /// [`Self::forget`] for a run whose end is recorded while its group may
+    /// still hold what it left running: its slot, if it held one, is kept
+    /// until that group is empty (`Cmd::Emptied`). Returns whether it was.
+    /// Without cgroups, or without a group, there is nothing to wait for.
+    fn forget_until_emptied(&mut self, name: &AgentName, group: Option<&Group>) -> bool {
+        let Some(l) = self.forget_holding_slot(name) else {
+            return false;
+        };
+        if !l.launching {
+            return false;
+        }
+        if group.is_some() && self.launcher.cgroups.is_some() {
+            self.launcher.hold_until_emptied();
+            true
+        } else {
+            self.launcher.give_slots(1);
+            false
+        }
+    }
+
+    /// Removes a live agent and what follows it (its socket, its job
+    /// worker's note); the slot it may hold is the caller's to give back.
+    fn forget_holding_slot(&mut self, name: &AgentName) -> Option<Live> {
         self.sock_end(name);
         self.jobs.note_gone(name);
         let l = self.agents.live.remove(name)?;
         crate::room::give_back(&mut self.agents.live);
-        if l.launching {
-            self.launcher.give_slots(1);
-        }
         Some(*l)
     }
 

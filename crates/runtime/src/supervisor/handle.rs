@@ -329,6 +329,7 @@ impl Supervisor {
                     .effective(store.tenant_quotas(&tenant).ok().as_ref())
                     .max_concurrent,
                 spare: 0,
+                emptying: 0,
             },
             agents: Agents::default(),
             waiters: Waiters::default(),

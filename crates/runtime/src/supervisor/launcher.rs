@@ -34,6 +34,11 @@ pub(super) struct Launcher {
     /// Slots this supervisor holds of the counter with no agent in them
     /// ([`Self::give_slots`]).
     pub(super) spare: usize,
+    /// Slots of runs whose end is recorded but whose group is still being
+    /// emptied ([`Self::hold_until_emptied`]): what the run left in it may
+    /// live until then, so the slot is not free yet (issue 28's campaign
+    /// saw 7 of 6 by the kernel's count when it was given back at the end).
+    pub(super) emptying: usize,
 }
 
 impl Launcher {
@@ -137,6 +142,26 @@ impl Launcher {
     /// at most a tick: another node may wait that long, none runs more.
     pub(super) fn give_slots(&mut self, n: usize) {
         self.spare += n;
+    }
+
+    /// The slot of a run that ended, kept until its group is empty
+    /// ([`Self::emptied`]).
+    pub(super) fn hold_until_emptied(&mut self) {
+        self.emptying += 1;
+    }
+
+    /// `n` groups of ended runs are empty: their slots are given back.
+    pub(super) fn emptied(&mut self, n: usize) {
+        let n = n.min(self.emptying);
+        self.emptying -= n;
+        self.give_slots(n);
+    }
+
+    /// The slots this supervisor holds for agents: those started and not
+    /// forgotten (`started`), and those of ended runs whose group is being
+    /// emptied.
+    pub(super) fn held(&self, started: usize) -> usize {
+        started + self.emptying
     }
 
     /// Gives the counter the spare slots, all in one call: at each tick,

@@ -154,12 +154,14 @@ impl Ends {
     }
 
     /// What an ended run left behind, its entry forgotten: its descendants
-    /// to stop, or only its group to remove.
+    /// to stop, or only its group to remove; `slot`, the run's slot, kept
+    /// until then.
     pub(in crate::supervisor) fn left_behind(
         &mut self,
         name: AgentName,
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
         env: &mut Env<'_>,
     ) -> EndFollow {
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
@@ -181,9 +183,10 @@ impl Ends {
                 parent: name,
                 group,
                 clear,
+                slot,
             }
         } else {
-            EndFollow::RemoveGroup { group, clear }
+            EndFollow::RemoveGroup { group, clear, slot }
         }
     }
 

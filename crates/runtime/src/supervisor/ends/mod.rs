@@ -95,15 +95,19 @@ pub(in crate::supervisor) enum EndFollow {
     /// Owned children die with their parent (SPEC 6): the descendants of a
     /// run whose end is recorded, stopped; `clear`, its own channel's
     /// `artifact/` set aside, emptied with them.
+    /// `slot`: the run's slot, given back once the group is empty.
     StopDescendants {
         parent: AgentName,
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
     },
-    /// Nothing left to stop: the run's group removed, then `clear` emptied.
+    /// Nothing left to stop: the run's group removed, then `clear` emptied
+    /// and `slot` given back.
     RemoveGroup {
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
     },
 }
 

@@ -34,7 +34,7 @@ impl Launcher {
             if held == 0 {
                 // This runs after every command; asking for slots is only
                 // worth it when someone is waiting for one.
-                let used = env.agents.slots_used();
+                let used = self.held(env.agents.slots_used());
                 let room = (self.max_concurrent as usize).saturating_sub(used);
                 let live = &env.agents.live;
                 let want = self

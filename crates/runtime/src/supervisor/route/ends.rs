@@ -61,8 +61,10 @@ impl Dispatcher {
         } = ended;
         self.after_end(&agent, result.as_deref(), harvest.as_ref());
         let group = self.with_ends(|ends, env| ends.leaves(&name, env));
-        self.forget(&name);
-        let follow = self.with_ends(|ends, env| ends.left_behind(name, group, clear, env));
+        // What the run left in its group may live until the group is
+        // emptied below: its slot is given back then, not now.
+        let slot = self.forget_until_emptied(&name, group.as_ref());
+        let follow = self.with_ends(|ends, env| ends.left_behind(name, group, clear, slot, env));
         self.apply_end(follow);
     }
 
@@ -192,8 +194,11 @@ impl Dispatcher {
                 parent,
                 group,
                 clear,
-            } => self.stop_descendants(&parent, group, clear),
-            EndFollow::RemoveGroup { group, clear } => self.remove_group_then_clear(group, clear),
+                slot,
+            } => self.stop_descendants(&parent, group, clear, slot),
+            EndFollow::RemoveGroup { group, clear, slot } => {
+                self.remove_group_then_clear(group, clear, slot)
+            }
         }
     }
 }

@@ -16,29 +16,37 @@ use crate::supervisor::{Collect, Dispatcher};
 impl Dispatcher {
     /// Removes the group of a run that ended (nothing left in it to stop).
     pub(in crate::supervisor) fn remove_group(&self, group: Option<Group>) {
-        self.stops.remove_group(group, None);
+        self.stops.remove_group(group, None, false);
     }
 
     /// [`Self::remove_group`], then (the group empty) the `artifact/` of
-    /// `clear`, a channel whose run recorded no result.
+    /// `clear`, a channel whose run recorded no result, and the run's slot
+    /// given back when it kept one (`slot`).
     pub(in crate::supervisor) fn remove_group_then_clear(
         &self,
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
     ) {
-        self.stops.remove_group(group, clear);
+        self.stops.remove_group(group, clear, slot);
     }
 
     /// Parent death for the descendants of an agent whose run already
     /// ended; `clear`: the parent's own channel, when its run recorded no
-    /// result.
+    /// result; `slot`: the parent's slot, kept until its group is empty.
     pub(in crate::supervisor) fn stop_descendants(
         &mut self,
         parent: &AgentName,
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
     ) {
-        self.with_stops(|stops, env| stops.descendants(parent, group, clear, env));
+        let kept = self.with_stops(|stops, env| stops.descendants(parent, group, clear, slot, env));
+        // No stop was begun: nothing empties the group now, and the slot
+        // is not kept for ever (the orphan sweeper takes up the rest).
+        if kept {
+            self.launcher.emptied(1);
+        }
     }
 
     /// Stops an agent and its whole subtree: the agent with `outcome`, every
@@ -54,7 +62,7 @@ impl Dispatcher {
         targets: Vec<(AgentName, Terminal)>,
         group: Option<Group>,
     ) {
-        self.with_stops(|stops, env| stops.begin(targets, group, None, Vec::new(), env));
+        self.with_stops(|stops, env| stops.begin(targets, group, None, Vec::new(), 0, env));
     }
 
     /// [`Self::begin_stop`], then the collection of a result once the group
@@ -65,7 +73,7 @@ impl Dispatcher {
         group: Option<Group>,
         then: Option<Box<Collect>>,
     ) {
-        self.with_stops(|stops, env| stops.begin(targets, group, then, Vec::new(), env));
+        self.with_stops(|stops, env| stops.begin(targets, group, then, Vec::new(), 0, env));
     }
 
     /// `Cmd::StopDone`: a stop's group is empty (its records are written
@@ -114,6 +122,10 @@ impl Dispatcher {
                 }
                 StopFollow::Collect(c) => {
                     self.collect(*c);
+                    Vec::new()
+                }
+                StopFollow::Emptied(n) => {
+                    self.launcher.emptied(n);
                     Vec::new()
                 }
                 StopFollow::Then(step) => self.with_stops(|stops, env| stops.resume(step, env)),

@@ -55,16 +55,29 @@ pub(in crate::supervisor) async fn empty_group(
 
 impl Stops {
     /// Removes `group` (its run has ended), then (the group empty) the
-    /// `artifact/` of `clear`, a channel whose run recorded no result.
+    /// `artifact/` of `clear`, a channel whose run recorded no result, and
+    /// tells the loop the run's slot is free (`slot`, `Cmd::Emptied`).
     /// Without cgroups it is emptied at once: the run's process has exited,
     /// and that weaker mode cannot see the rest
     /// (docs/decisions/containment.md "Nothing of a refused or stopped
     /// result is left behind").
-    pub(in crate::supervisor) fn remove_group(&self, group: Option<Group>, clear: Option<ToClear>) {
+    pub(in crate::supervisor) fn remove_group(
+        &self,
+        group: Option<Group>,
+        clear: Option<ToClear>,
+        slot: bool,
+    ) {
+        let tx = self.tx.clone();
+        let emptied = move || {
+            if slot {
+                let _ = tx.send(Cmd::Emptied(1));
+            }
+        };
         let (Some(g), Some(cg)) = (group, self.cgroups.clone()) else {
             if let Some(dir) = clear {
                 tokio::spawn(clear_channels(vec![dir]));
             }
+            emptied();
             return;
         };
         let grace = self.grace;
@@ -72,11 +85,15 @@ impl Stops {
             match empty_group(&cg, &g, grace, false).await {
                 Ok(()) => clear_channels(clear.into_iter().collect()).await,
                 // Not emptied: what it left stays for `brood fsck`, which
-                // runs once nothing of it lives.
+                // runs once nothing of it lives. Its slot is given back
+                // all the same: a group `cgroup.kill` cannot empty in 5 s
+                // holds processes the kernel cannot end (in D state), and
+                // a slot kept for them would be lost for good.
                 Err(e) => {
                     tracing::error!(group = %g.dir.display(), error = %e, "removing a cgroup failed")
                 }
             }
+            emptied();
         });
     }
 

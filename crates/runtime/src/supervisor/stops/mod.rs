@@ -65,6 +65,9 @@ struct Stop {
     /// targets' (a stopped run hands nothing back), and that of a run which
     /// ended without a result and left these descendants.
     clear: Vec<ToClear>,
+    /// Slots of ended runs (the one that left these descendants) given back
+    /// once the group is empty.
+    slots: usize,
 }
 
 /// The stops in flight and what only they use: the part that owns them.
@@ -120,6 +123,8 @@ pub(in crate::supervisor) enum StopFollow {
     Forget(AgentName),
     /// A result that waited on the stop is read now that its group is empty.
     Collect(Box<Collect>),
+    /// The slots of `n` ended runs, kept until this stop's group was empty.
+    Emptied(usize),
     /// The part's own next step, once the follow-ups before it are applied:
     /// handed back with [`Stops::resume`].
     Then(Step),
@@ -179,13 +184,17 @@ impl Stops {
     /// Parent death (SPEC 6 steps 1-5) for the descendants of an agent whose run
     /// already ended (its own record is written: that is the recorded intent).
     /// `clear`: the parent's own channel, when its run recorded no result.
+    ///
+    /// `slot`: the parent's slot, given back once the group is empty.
+    /// Returns whether the caller keeps it (no stop was begun).
     pub(in crate::supervisor) fn descendants(
         &mut self,
         parent: &AgentName,
         group: Option<Group>,
         clear: Option<ToClear>,
+        slot: bool,
         env: &mut Env<'_>,
-    ) {
+    ) -> bool {
         let plan = match env
             .records
             .store
@@ -196,7 +205,7 @@ impl Stops {
                 // A planning error changes nothing (step 2); the orphan sweeper
                 // of a later version retries.
                 tracing::error!(agent = %parent, error = %e, "planning a cascade failed");
-                return;
+                return slot;
             }
         };
         let targets: Vec<(AgentName, Terminal)> = plan
@@ -204,7 +213,15 @@ impl Stops {
             .filter(|a| !a.status.is_finished())
             .map(|a| (a.name, Terminal::Cancelled(CancelReason::ParentDead)))
             .collect();
-        self.begin(targets, group, None, clear.into_iter().collect(), env);
+        self.begin(
+            targets,
+            group,
+            None,
+            clear.into_iter().collect(),
+            usize::from(slot),
+            env,
+        );
+        false
     }
 
     /// Stops an agent and its whole subtree: the agent with `outcome`, every
@@ -233,19 +250,21 @@ impl Stops {
             .collect();
         targets.push((name.clone(), outcome));
         let group = env.agents.live.get(name).and_then(|l| l.group.clone());
-        self.begin(targets, group, None, Vec::new(), env);
+        self.begin(targets, group, None, Vec::new(), 0, env);
     }
 
     /// Records the intent for every target, signals the whole subtree at once, and
     /// hands the waiting and killing to a task that reports `StopDone`; then
-    /// (`then`) the collection of a result once the group is empty, and
-    /// `also` emptied besides the targets' channels.
+    /// (`then`) the collection of a result once the group is empty, `also`
+    /// emptied besides the targets' channels and `slots` of ended runs given
+    /// back.
     pub(in crate::supervisor) fn begin(
         &mut self,
         mut targets: Vec<(AgentName, Terminal)>,
         group: Option<Group>,
         then: Option<Box<Collect>>,
         also: Vec<ToClear>,
+        slots: usize,
         env: &mut Env<'_>,
     ) {
         // An agent whose end is being recorded (`ends_writer`) is ending
@@ -324,6 +343,7 @@ impl Stops {
                 attempts: 0,
                 then,
                 clear: clear.clone(),
+                slots,
             },
         );
         self.empty(id, group, pgids, true, Duration::ZERO, clear);

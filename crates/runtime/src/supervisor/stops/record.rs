@@ -33,7 +33,11 @@ impl Stops {
         };
         crate::room::give_back(&mut self.stops);
         let then = stop.then.take();
+        let slots = stop.slots;
         let mut follows = self.record(stop, env);
+        if slots > 0 {
+            follows.push(StopFollow::Emptied(slots));
+        }
         if let Some(c) = then {
             follows.push(StopFollow::Then(Step(Next::Collect(c))));
         }

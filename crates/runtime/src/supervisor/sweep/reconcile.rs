@@ -61,11 +61,12 @@ pub(in crate::supervisor) fn reconcile_slots(
     holder: bool,
     shared: bool,
 ) {
-    // This supervisor's share: what its own started agents hold. Exact,
-    // since its acquires and releases are made on this loop too (its
-    // spare slots are given first).
+    // This supervisor's share: what its own started agents hold, with the
+    // ended ones whose group is still being emptied. Exact, since its
+    // acquires and releases are made on this loop too (its spare slots are
+    // given first).
     launcher.give_spare(tenant);
-    let actual = agents.slots_used();
+    let actual = launcher.held(agents.slots_used());
     match launcher.slots.repair(tenant, actual as u64) {
         Ok(0) => {}
         Ok(drift) => {

@@ -230,3 +230,115 @@ fn redis_restarted_empty_under_a_paused_node_does_not_let_another_take_its_slots
         (0..2).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
     }));
 }
+
+/// Issue 28's 300 s campaign at 17fa3c1, round 11: Redis and PostgreSQL
+/// restarted together while node 0 was stopped, and 7 agents ran under
+/// `max_concurrent` 6. The counter had lost its counts, seeding it needs the
+/// store, which was away, and the node fell back to its own count, which
+/// lets each node start up to the limit. Here node 0 runs 2 of 2, node 1
+/// has one queued, the Redis database is emptied and node 1's store refuses
+/// every connection: node 1 must start nothing while it cannot seed, nor
+/// once it has seeded from the store (node 0's two count), and must start
+/// its agent once node 0's end. Without the fix node 1 started it beside
+/// node 0's two (and it ended `failed (lost)`: its start could not be
+/// recorded either).
+#[test]
+fn a_counter_that_lost_its_counts_and_cannot_be_seeded_starts_nothing() {
+    use brood_store_conformance::pg::Fresh;
+    use brood_store_conformance::proxy::Proxy;
+    use common::cluster::*;
+    use serde_json::json;
+    let db = Fresh::new();
+    let slots = slots_for(&db.url);
+    let (proxy, proxied) = Proxy::for_postgres(&db.url);
+    let dir = tempfile::tempdir().unwrap();
+    let roots: Vec<_> = (0..2).map(|i| dir.path().join(format!("n{i}"))).collect();
+    for r in &roots {
+        std::fs::create_dir_all(r).unwrap();
+    }
+    let o = cli(
+        &roots[0],
+        &db.url,
+        &["quota", "set", "user-0", "max_concurrent", "2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let with_slots = ["--slots", slots.url.as_str()];
+    let node0 = serve_with(&roots[0], &db.url, "z0", &with_slots);
+    // Locals drop in reverse: the nodes stop before the proxy and the
+    // database they use go.
+    let node1 = serve_with(&roots[1], &proxied, "z1", &with_slots);
+    let sock = |i: usize| roots[i].join("brood.sock");
+    for n in ["a0", "a1"] {
+        let (s, v) = http(
+            &sock(0),
+            "POST",
+            "/api/agents",
+            Some(&json!({"name": n, "argv": agent(&["--hang"]), "await_ready": true})),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = http(
+        &sock(1),
+        "POST",
+        "/api/agents",
+        // `exec`: its launch reads nothing of the store (a protocol agent's
+        // reads its history for its `init`), so only the slot stops it.
+        Some(&json!({"name": "q", "argv": ["sleep", "600"], "protocol": "exec"})),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "queued", "node 0 holds both slots: {v}");
+
+    let q_runs = || {
+        ctx_pids(&roots[1]).into_iter().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .any(|v| v == b"BROOD_AGENT=q")
+        })
+    };
+    proxy.refuse(true);
+    common::redis::raw_in(slots.addr, slots.db, &["FLUSHDB"]);
+    // Node 1 ticks every 0.1 s and tries its queue at each: 30 looks over
+    // 3 s, well within its heartbeat's expiry.
+    let mut ran = 0;
+    for _ in 0..30 {
+        if q_runs() {
+            ran += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    proxy.refuse(false);
+    // The store back: node 1 seeds the counter (node 0's two count) and
+    // still starts nothing.
+    for _ in 0..20 {
+        if q_runs() {
+            ran += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        ran, 0,
+        "q ran beside node 0's two (max_concurrent 2) at {ran} of 50 looks"
+    );
+    // A start past the limit may be short-lived (its start could not be
+    // recorded, and it ends as lost): the record says it happened.
+    let q = agent_on_root(&roots[1], "q");
+    assert_eq!(q["status"], "queued", "q was started: {q}");
+    // A slot frees: q starts.
+    let (s, v) = http(&sock(0), "POST", "/api/agents/a0/cancel", None);
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        eventually(Duration::from_secs(20), q_runs),
+        "q never started once a0 ended: {}",
+        agent_on_root(&roots[1], "q")
+    );
+    for (i, n) in [(0, "a1"), (1, "q")] {
+        let (s, v) = http(&sock(i), "POST", &format!("/api/agents/{n}/cancel"), None);
+        assert_eq!(s, 200, "{n}: {v}");
+    }
+    assert!(eventually(Duration::from_secs(10), || {
+        (0..2).all(|i| ctx_pids(&roots[i]).is_empty())
+    }));
+    drop(node1);
+    drop(node0);
+}

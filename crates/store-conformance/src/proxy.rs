@@ -10,7 +10,9 @@
 //!
 //! For the fault campaign (`crates/cli/tests/chaos.rs`) it can also delay
 //! every forwarded read by a latency, and drop every open connection at once
-//! (both sides closed, as a network that resets them).
+//! (both sides closed, as a network that resets them). And it can refuse:
+//! every connection dropped and each new one closed at once, a server that
+//! is down, so that every call fails at once instead of at its deadline.
 //!
 //! What commits. An explicit one is a simple query whose last statement is
 //! `COMMIT` or `END` inside a block a `BEGIN` (or `START TRANSACTION`)
@@ -57,6 +59,8 @@ enum Kind {
 #[derive(Default)]
 struct Faults {
     silent: AtomicBool,
+    /// New connections are closed at once (a server that is down).
+    refusing: AtomicBool,
     /// Commits of the armed kind still to let through, plus one (0: none armed).
     countdown: AtomicUsize,
     armed: Mutex<Option<(Kind, Loss)>>,
@@ -113,6 +117,10 @@ impl Proxy {
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
+                if shared.refusing.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream) else {
                     continue;
                 };
@@ -174,6 +182,15 @@ impl Proxy {
             let _ = server.shutdown(Shutdown::Both);
         }
         open.len()
+    }
+
+    /// Refuses the store (`yes`): every open connection closed and each new
+    /// one closed as soon as it is made, until called with `false`.
+    pub fn refuse(&self, yes: bool) {
+        self.faults.refusing.store(yes, Ordering::SeqCst);
+        if yes {
+            self.drop_connections();
+        }
     }
 
     /// Loses the `nth` explicit commit from now (1: the next), on whichever

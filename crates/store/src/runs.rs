@@ -529,48 +529,7 @@ pub(crate) fn recover<D: Db>(
     lost: bool,
     now_ms: i64,
 ) -> Result<Vec<Agent>, D::Err> {
-    // A supervisor named twice is recovered once: its agents are read up front
-    // here, so a second pass would find them already ended and refuse the move.
-    let mut supervisors: Vec<&str> = Vec::with_capacity(dead.len());
-    for s in dead {
-        if !supervisors.contains(&s.as_str()) {
-            supervisors.push(s.as_str());
-        }
-    }
-    // Read, lock the tenants not locked yet, read again, until a read finds no
-    // new tenant: that read came after every lock it needs, so it is the one
-    // acted on. Each batch is locked in name order, so two recoveries starting
-    // together (two nodes) do not each hold a lock the other waits for; a
-    // tenant found only by a later read (an agent moved onto a dead supervisor
-    // meanwhile, which nothing does) may break that order, and PostgreSQL then
-    // ends one of the two with a deadlock error, which its caller retries.
-    let mut locked: Vec<String> = Vec::new();
-    let found = loop {
-        let mut found: Vec<(&str, Agent)> = Vec::new();
-        for &supervisor in &supervisors {
-            for agent in db.agents(D::SQL.unfinished_of, &[text(supervisor)])? {
-                found.push((supervisor, agent));
-            }
-        }
-        if !D::LOCKS_TENANTS {
-            break found;
-        }
-        let mut new: Vec<String> = found
-            .iter()
-            .map(|(_, a)| a.tenant.as_str())
-            .filter(|t| !locked.iter().any(|l| l == t))
-            .map(str::to_owned)
-            .collect();
-        if new.is_empty() {
-            break found;
-        }
-        new.sort_unstable();
-        new.dedup();
-        for t in new {
-            db.lock_tenant(&t)?;
-            locked.push(t);
-        }
-    };
+    let found = read_locked(db, dead, &[])?;
     let mut out = Vec::with_capacity(found.len());
     for (supervisor, agent) in found {
         let (outcome, detail) = match agent.status {
@@ -594,6 +553,63 @@ pub(crate) fn recover<D: Db>(
         out.push(db.must_agent(&agent.tenant, &agent.name)?);
     }
     Ok(out)
+}
+
+/// The unfinished agents of the `dead` supervisors, read once every tenant
+/// they are in, and each of `also`, is locked (where tenants are locked:
+/// PostgreSQL). A supervisor named twice is read once.
+///
+/// Read, lock the tenants not locked yet, read again, until a read finds no
+/// new tenant: that read came after every lock it needs, so it is the one
+/// acted on. Each batch is locked in name order, so two recoveries starting
+/// together (two nodes) do not each hold a lock the other waits for; a
+/// tenant found only by a later read (an agent moved onto a dead supervisor
+/// meanwhile, which nothing does) may break that order, and PostgreSQL then
+/// ends one of the two with a deadlock error, and the store runs it again
+/// (`postgres::commit`). Locking a tenant this transaction holds already
+/// does not wait.
+fn read_locked<'d, D: Db>(
+    db: &D,
+    dead: &'d [String],
+    also: &[&str],
+) -> Result<Vec<(&'d str, Agent)>, D::Err> {
+    // A supervisor named twice is recovered once: its agents are read up front
+    // here, so a second pass would find them already ended and refuse the move.
+    let mut supervisors: Vec<&str> = Vec::with_capacity(dead.len());
+    for s in dead {
+        if !supervisors.contains(&s.as_str()) {
+            supervisors.push(s.as_str());
+        }
+    }
+    let mut locked: Vec<String> = Vec::new();
+    let mut also: Vec<&str> = also.to_vec();
+    loop {
+        let mut found: Vec<(&str, Agent)> = Vec::new();
+        for &supervisor in &supervisors {
+            for agent in db.agents(D::SQL.unfinished_of, &[text(supervisor)])? {
+                found.push((supervisor, agent));
+            }
+        }
+        if !D::LOCKS_TENANTS {
+            return Ok(found);
+        }
+        let mut new: Vec<String> = found
+            .iter()
+            .map(|(_, a)| a.tenant.as_str())
+            .chain(std::mem::take(&mut also))
+            .filter(|t| !locked.iter().any(|l| l == t))
+            .map(str::to_owned)
+            .collect();
+        if new.is_empty() {
+            return Ok(found);
+        }
+        new.sort_unstable();
+        new.dedup();
+        for t in new {
+            db.lock_tenant(&t)?;
+            locked.push(t);
+        }
+    }
 }
 
 /// `Recovery::recover_resuming`: [`recover`], then, in the same
@@ -673,6 +689,14 @@ pub(crate) fn recover_lost_placing<D: Db>(
     now_ms: i64,
 ) -> Result<Recovered, D::Err> {
     let mut replaced: Vec<(TenantId, AgentName)> = Vec::new();
+    // Every tenant this transaction writes in is locked before its first
+    // write, in name order: the queued agents placed again below are
+    // written before `recover` would lock them, and a node's own recovery
+    // holding a tenant's lock while it waited for one of those rows, as
+    // this one waited for its lock, was a deadlock (issue 28's campaign: the
+    // node restarted after SIGKILL exited at its start).
+    let tenants: Vec<&str> = placing.iter().map(|p| p.agent.tenant.as_str()).collect();
+    read_locked(db, dead, &tenants)?;
     // A stop recorded before the loss is carried out, whatever it ends as
     // (`failed (lost)` included).
     let mut stopping: Vec<(&TenantId, &AgentName)> = Vec::new();

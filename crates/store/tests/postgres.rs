@@ -200,3 +200,82 @@ fn a_store_behind_a_silent_network_fails_at_its_deadline_and_recovers() {
     assert_eq!(store.server_setting("statement_timeout").unwrap(), "15s");
     assert_eq!(store.server_setting("lock_timeout").unwrap(), "10s");
 }
+
+/// Issue 28's campaign, round 9: a node started again after SIGKILL exited
+/// at its start, its recovery ended by PostgreSQL for a deadlock with a live
+/// node's recovery of the same supervisor. A transaction the server ends
+/// for a conflict was rolled back whole, so the store runs it again. Here
+/// the other party is a session of the test that holds the row the store's
+/// write needs and then asks for the tenant's lock the write holds: the
+/// server ends the store's transaction (its deadlock check comes first),
+/// and the write must still be done, once.
+#[test]
+fn a_transaction_ended_for_a_deadlock_runs_again() {
+    use brood_core::{CancelReason, Terminal};
+    use brood_store::prelude::*;
+    use conformance as helpers;
+    let (db, store) = fresh();
+    let store = std::sync::Arc::new(store);
+    let t = helpers::tenant("dl");
+    let a = helpers::running(&*store, &t, "a", None);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = conformance::pg::admin_url();
+    let admin = format!("{}/{}", &base[..base.rfind('/').unwrap()], db.name);
+    let (other, conn) = rt
+        .block_on(tokio_postgres::connect(&admin, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    // The test's session: the store's transaction is the one the server
+    // ends, since its deadlock check (after 1 s) comes before this one's.
+    rt.block_on(other.batch_execute(
+        "SET deadlock_timeout = '30s'; BEGIN; \
+         UPDATE agents SET detail = 'held' WHERE tenant = 'dl' AND name = 'a'",
+    ))
+    .unwrap();
+    let writer = {
+        let (store, t, name) = (store.clone(), t.clone(), a.name.clone());
+        std::thread::spawn(move || {
+            store.mark_stopping(
+                &t,
+                &[name],
+                Terminal::Cancelled(CancelReason::User),
+                helpers::now(),
+            )
+        })
+    };
+    // The write holds the tenant's lock and waits for the row.
+    let waiting = || {
+        rt.block_on(other.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
+            &[],
+        ))
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1
+    };
+    let t0 = std::time::Instant::now();
+    while !waiting() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the store's write never waited for the row"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Now the test's session asks for the tenant's lock: a deadlock.
+    rt.block_on(
+        other.batch_execute("SELECT pg_advisory_xact_lock(hashtextextended('dl', 0)); COMMIT"),
+    )
+    .unwrap();
+    let stopped = writer.join().unwrap();
+    let stopped = stopped.expect("the write ended for a deadlock is run again");
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    let now = helpers::get(&*store, &t, "a");
+    assert!(
+        matches!(now.status, brood_core::Status::Stopping(_)),
+        "{:?}",
+        now.status
+    );
+}

@@ -18,6 +18,10 @@
 //! first, anything else rolled back). When the fate cannot be learnt, the
 //! write is reported in doubt (`StoreError::PostgresInDoubt`), never run
 //! again: an error is never taken for a fact, and never a second write.
+//!
+//! A transaction the server ended for a conflict (a deadlock, `40P01`, or a
+//! serialization failure, `40001`) was rolled back whole, so nothing of it
+//! stands: it runs again, a few times, after a short pause.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +43,17 @@ const Q_END_SESSION: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_activ
 const GRACE: Duration = Duration::from_millis(200);
 /// How often its fate is asked meanwhile.
 const POLL: Duration = Duration::from_millis(10);
+/// How many times a transaction the server ended for a conflict runs again.
+const CONFLICT_RETRIES: u32 = 4;
+
+/// Whether the server ended the transaction for a conflict with another
+/// (a deadlock, a serialization failure): it rolled it back whole.
+fn ended_for_a_conflict(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+            || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
 
 /// What became of a transaction whose COMMIT went unanswered.
 enum Fate {
@@ -79,6 +94,7 @@ impl Pool {
         f: &mut impl FnMut(&Db<'_>) -> Tx<T>,
     ) -> Tx<T> {
         let mut again = true;
+        let mut conflicts = 0;
         loop {
             let ran = self.live(slot).and_then(|c| c.tx(lock, &mut *f));
             match ran {
@@ -124,6 +140,16 @@ impl Pool {
                     );
                     *slot = None;
                     again = false;
+                }
+                Err(Fail::Pg(e)) if conflicts < CONFLICT_RETRIES && ended_for_a_conflict(&e) => {
+                    conflicts += 1;
+                    eprintln!(
+                        "brood store: postgres at {} rolled a transaction back ({}); running it again ({conflicts} of {CONFLICT_RETRIES})",
+                        self.target,
+                        crate::types::said(&e)
+                    );
+                    // The other party goes on meanwhile.
+                    std::thread::sleep(Duration::from_millis(5 << conflicts));
                 }
                 Err(e) => return Err(e),
             }

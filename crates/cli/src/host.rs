@@ -265,21 +265,46 @@ pub(crate) async fn serve(
         }
         None => None,
     };
-    let (sup, listener) = host(cfg).await?;
+    std::fs::create_dir_all(&cfg.root)
+        .with_context(|| format!("creating the root {}", cfg.root.display()))?;
+    let listener = brood_server::bind_unix(&cfg.socket)
+        .await
+        .with_context(|| format!("binding the control socket {}", cfg.socket.display()))?;
+    // The listeners serve from now on: while the supervisor starts (its
+    // recovery and the ctx tree's rebuild, seconds on a large tree behind a
+    // slow store), `/healthz` says so at once and other requests wait for
+    // the start (issue 28).
+    let (started, starting) = brood_server::starting();
+    let mut servers = vec![tokio::spawn(brood_server::serve_unix_from_start(
+        starting.clone(),
+        listener,
+    ))];
+    let tcp_addr = match tcp {
+        Some(l) => {
+            let addr = l.local_addr()?;
+            servers.push(tokio::spawn(brood_server::serve_tcp_from_start(
+                starting, l,
+            )));
+            Some(addr)
+        }
+        None => None,
+    };
+    // On a thread of the blocking pool: the start's store calls must not
+    // hold a worker that the listeners need.
+    let sup = tokio::task::spawn_blocking(move || Supervisor::start(cfg))
+        .await
+        .map_err(|e| Exit(1, format!("the supervisor's start panicked: {e}")))?
+        .context("starting the supervisor")?;
     let api = brood_server::Api::new(sup.clone(), token);
     api.set_ui_limits(ui);
     entrances.serve(&api);
+    started.set(api);
     eprintln!(
         "brood: serving {} ({})",
         sock.display(),
         sup.host_info().containment
     );
-    let mut servers = vec![tokio::spawn(brood_server::serve_unix(
-        api.clone(),
-        listener,
-    ))];
-    if let Some(l) = tcp {
-        let addr = l.local_addr()?;
+    if let Some(addr) = tcp_addr {
         eprintln!(
             "brood: serving http://{addr} (token in {})",
             brood_server::Token::path(&root).display()
@@ -288,7 +313,6 @@ pub(crate) async fn serve(
             "brood: web UI at http://{addr}/ui?token=… (the token of {}; docs/ui.md)",
             brood_server::Token::path(&root).display()
         );
-        servers.push(tokio::spawn(brood_server::serve_tcp(api, l)));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -351,6 +351,39 @@ async fn every_route_and_error_answers_as_the_openapi_document_says() {
             .contains("DELETE")
     );
 
+    // A node that is still starting (its supervisor recovering its agents
+    // and rebuilding its ctx tree, issue 28): `/healthz` says so at once,
+    // and another request waits for the start, then is served.
+    {
+        let (started, starting) = brood_server::starting();
+        let sock = dir.path().join("starting.sock");
+        let l = brood_server::bind_unix(&sock).await.unwrap();
+        let server = tokio::spawn(brood_server::serve_unix_from_start(starting, l));
+        let to = To::Unix(sock);
+        let a = s.on(&to, "GET", "/healthz", "/healthz", &[], b"").await;
+        assert_eq!(
+            (a.status, code(&a.json())),
+            (503, "Unavailable"),
+            "{}",
+            a.body
+        );
+        assert_eq!(header(&a, "retry-after"), Some("1"), "{}", a.headers);
+        let waits = {
+            let to = to.clone();
+            tokio::spawn(async move { raw(&to, "GET", "/api/agents/p", &[], b"").await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !waits.is_finished(),
+            "a request was answered before the start ended"
+        );
+        started.set(brood_server::Api::new(s.env.sup.clone(), None));
+        let a = waits.await.unwrap();
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.json()["name"], "p");
+        server.abort();
+    }
+
     // The work one request may cause (issue 24), on a second daemon with
     // small limits; its answers are checked with the first's.
     let tight_log = limits::exercised(&hang, REPLAY).await;

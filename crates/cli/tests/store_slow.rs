@@ -132,3 +132,81 @@ fn a_slow_store_does_not_bury_the_loop_in_ticks() {
     assert_eq!((s, v["status"].as_str()), (200, Some("running")), "{v}");
     drop(p);
 }
+
+/// Issue 28's campaign, round 15: a node started again behind a slow store
+/// took 48 s to recover and rebuild its ctx tree, and answered nothing
+/// meanwhile, `/healthz` included. Its listeners now serve from the moment
+/// they are bound: `/healthz` says at once that the node is starting (503,
+/// `Unavailable`, `Retry-After`), and a request made meanwhile waits for the
+/// start and is then served as usual.
+#[test]
+fn a_node_starting_behind_a_slow_store_says_so_and_serves_what_waited() {
+    let mut p = proxied_node(&[]);
+    // A tree to rebuild: twelve agents that ended with a result.
+    for i in 0..12 {
+        let (s, v) = http(
+            &p.sock,
+            "POST",
+            "/api/agents",
+            Some(&json!({"name": format!("done-{i}"), "argv": agent(&["--result", "kept"])})),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = http(
+        &p.sock,
+        "POST",
+        "/api/agents/done-11/wait",
+        Some(&json!({"timeout_s": 30})),
+    );
+    assert_eq!(s, 200, "{v}");
+
+    // Every round trip of the start (its recovery reads, the rebuild's)
+    // now takes 0.6 s.
+    p.proxy.set_latency(Duration::from_millis(300));
+    p.restart(&[]);
+    let (s, head, body) = http_full(&p.sock, "GET", "/healthz", None);
+    // Asked while it starts: a creation waits for the start.
+    let sock = p.sock.clone();
+    let creation = std::thread::spawn(move || {
+        http(
+            &sock,
+            "POST",
+            "/api/agents",
+            Some(&json!({"name": "after", "argv": agent(&["--result", "late"])})),
+        )
+    });
+    assert_eq!(s, 503, "healthz while the node starts: {head}\n{body}");
+    assert_eq!(body["error"]["code"], "Unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("starting")),
+        "{body}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    let up = eventually(Duration::from_secs(120), || {
+        http(&p.sock, "GET", "/healthz", None).0 == 200
+    });
+    assert!(up, "the node never finished its start");
+    p.proxy.set_latency(Duration::ZERO);
+    let (s, v) = creation.join().unwrap();
+    assert_eq!(s, 201, "a creation made while the node started: {v}");
+    // The tree was rebuilt, and the one made meanwhile is there too.
+    let (s, v) = http(
+        &p.sock,
+        "POST",
+        "/api/agents/after/wait",
+        Some(&json!({"timeout_s": 30})),
+    );
+    assert_eq!(s, 200, "{v}");
+    for n in ["done-0", "done-11", "after"] {
+        let (s, v) = http(&p.sock, "GET", &format!("/api/agents/{n}"), None);
+        assert_eq!(s, 200, "{n}: {v}");
+        assert_eq!(v["status"], "completed", "{n}: {v}");
+    }
+    let dir = p.root.join("ctx/agent/done-0.d");
+    assert!(dir.is_dir(), "the rebuilt tree has no {}", dir.display());
+}

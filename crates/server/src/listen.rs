@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::Request;
 use brood_core::Code;
-use brood_runtime::ApiError;
+use brood_runtime::{ApiError, Caller};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -20,7 +20,7 @@ use crate::auth::Conn;
 use crate::state::Api;
 
 /// How long a client has to send a request's head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default socket of a root.
 pub fn socket_of(root: &Path) -> PathBuf {
@@ -80,11 +80,7 @@ pub async fn serve_unix(api: Api, listener: UnixListener) {
                 let router = router.clone();
                 tokio::spawn(async move {
                     let caller = match stream.peer_cred().map(|c| (c.pid(), c.uid())) {
-                        Ok((Some(pid), uid)) => api.sup().identify(pid, uid).await,
-                        Ok((None, _)) => Err(ApiError::new(
-                            Code::Forbidden,
-                            "the kernel gave no pid for the caller, so it cannot be identified",
-                        )),
+                        Ok(cred) => identify(&api, cred).await,
                         Err(e) => Err(ApiError::new(
                             Code::Forbidden,
                             format!("reading the caller's credentials failed: {e}"),
@@ -101,23 +97,42 @@ pub async fn serve_unix(api: Api, listener: UnixListener) {
     }
 }
 
+/// Who calls on the control socket, from the peer's pid and uid.
+pub(crate) async fn identify(api: &Api, cred: (Option<i32>, u32)) -> Result<Caller, ApiError> {
+    match cred {
+        (Some(pid), uid) => api.sup().identify(pid, uid).await,
+        (None, _) => Err(ApiError::new(
+            Code::Forbidden,
+            "the kernel gave no pid for the caller, so it cannot be identified",
+        )),
+    }
+}
+
+/// A TCP connection's peer, for the token check; `None` (logged) when the
+/// socket has no local address.
+pub(crate) fn tcp_conn(stream: &tokio::net::TcpStream, peer: SocketAddr) -> Option<Conn> {
+    let _ = stream.set_nodelay(true);
+    match stream.local_addr() {
+        Ok(local) => Some(Conn::Tcp(std::sync::Arc::new(crate::auth::TcpPeer::new(
+            peer, local,
+        )))),
+        Err(e) => {
+            tracing::warn!(error = %e, "a TCP connection without a local address");
+            None
+        }
+    }
+}
+
 /// Serves the TCP listener until it fails.
 pub async fn serve_tcp(api: Api, listener: TcpListener) {
     let router = api.router();
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                let router = router.clone();
-                let local = match stream.local_addr() {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a TCP connection without a local address");
-                        continue;
-                    }
+                let Some(conn) = tcp_conn(&stream, peer) else {
+                    continue;
                 };
-                let conn = Conn::Tcp(std::sync::Arc::new(crate::auth::TcpPeer::new(peer, local)));
-                tokio::spawn(connection(router, stream, conn));
+                tokio::spawn(connection(router.clone(), stream, conn));
             }
             Err(e) => {
                 tracing::error!(error = %e, "accept on the TCP listener failed");

@@ -115,7 +115,8 @@ impl Node {
 
     /// `brood --root ROOT serve --grace 0.3 ARGS…` on `store` (a PostgreSQL
     /// URL, or none: the SQLite file in its root), answering once its
-    /// `/healthz` does (the socket is bound before the supervisor starts).
+    /// `/healthz` answers 200 (the socket is bound before the supervisor
+    /// starts, and `/healthz` answers 503 until it has).
     /// Its stderr goes to `ROOT.log`, quoted when it fails to start.
     pub(super) async fn start(
         exe: &str,

@@ -85,6 +85,40 @@ pub fn serve_full(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Daemon {
+    let d = serve_bound(wrap, root, store, zone, extra, env);
+    // The socket is bound before the supervisor starts (and registers the
+    // node), and `/healthz` answers 503 until it has: a 200 means it is
+    // registered. (A node in a PID namespace of its own cannot tell who
+    // calls from outside it: its caller waits for it in the registry
+    // instead.)
+    if wrap.is_empty() {
+        let sock = root.join("brood.sock");
+        let mut last = (0, Value::Null);
+        let up = eventually(Duration::from_secs(60), || {
+            last = http(&sock, "GET", "/healthz", None);
+            last.0 == 200
+        });
+        assert!(
+            up,
+            "brood serve on {} never said it had started: {} {}",
+            root.display(),
+            last.0,
+            last.1
+        );
+    }
+    d
+}
+
+/// [`serve_full`], returning as soon as the node's control socket takes
+/// connections: its supervisor may still be starting.
+pub fn serve_bound(
+    wrap: &[&str],
+    root: &Path,
+    store: &str,
+    zone: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Daemon {
     // The node's log beside its root, so a node that fails says why.
     let log_path = root.with_extension("log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -129,14 +163,6 @@ pub fn serve_full(
         root.display(),
         std::fs::read_to_string(&log_path).unwrap_or_default()
     );
-    // The socket is bound before the supervisor starts (and registers the
-    // node): an answer means it is registered. (A node in a PID namespace
-    // of its own cannot tell who calls from outside it: its caller waits
-    // for it in the registry instead.)
-    if wrap.is_empty() {
-        let (status, health) = http(&sock, "GET", "/healthz", None);
-        assert_eq!(status, 200, "{health}");
-    }
     d
 }
 
@@ -365,8 +391,25 @@ pub struct Proxied {
     pub proxy: brood_store_conformance::proxy::Proxy,
     pub root: PathBuf,
     pub sock: PathBuf,
+    /// The store's URL through the proxy.
+    pub url: String,
     _dir: tempfile::TempDir,
     _db: Fresh,
+}
+
+impl Proxied {
+    /// Stops the node (SIGTERM, reaped) and starts it again on the same
+    /// root and store with `extra` flags; returns once its control socket
+    /// takes connections, its supervisor maybe still starting.
+    pub fn restart(&mut self, extra: &[&str]) {
+        // SAFETY: signalling the node this test started.
+        unsafe { libc::kill(self.node.0.id() as i32, libc::SIGTERM) };
+        let _ = self.node.0.wait();
+        let args: Vec<&str> = std::iter::once(NO_REDIS)
+            .chain(extra.iter().copied())
+            .collect();
+        self.node = serve_bound(&[], &self.root, &self.url, "z0", &args, &[]);
+    }
 }
 
 /// [`Proxied`], the node started with `extra` flags.
@@ -386,6 +429,7 @@ pub fn proxied_node(extra: &[&str]) -> Proxied {
         proxy,
         root,
         sock,
+        url,
         _dir: dir,
         _db: db,
     }

@@ -253,6 +253,11 @@ pub struct Daemon(pub std::process::Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // Already stopped and reaped by the test: its pid may name another
+        // process by now.
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
         // SAFETY: signalling the daemon this test started.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
         let _ = self.0.wait();

@@ -16,7 +16,10 @@ use crate::state::Api;
 
 #[utoipa::path(
     get, path = "/healthz", tag = "service",
-    responses((status = 200, description = "The supervisor answers; `status` is `degraded` while its store does not.", body = Health))
+    responses(
+        (status = 200, description = "The supervisor answers; `status` is `degraded` while its store does not.", body = Health),
+        (status = 503, description = "The node is starting (recovering its agents, rebuilding its ctx tree); `Retry-After` says when to ask again. Other requests made meanwhile wait for the start.", body = ErrorBody),
+    )
 )]
 pub(crate) async fn healthz(State(api): State<Api>) -> Response {
     let (status, store) = match api.sup().store_health() {

@@ -20,7 +20,7 @@ use crate::auth::Conn;
 use crate::state::Api;
 
 /// How long a client has to send a request's head.
-pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default socket of a root.
 pub fn socket_of(root: &Path) -> PathBuf {
@@ -150,6 +150,20 @@ where
         req.extensions_mut().insert(conn.clone());
         router.clone().oneshot(req.map(axum::body::Body::new))
     });
+    http1(stream, service).await;
+}
+
+/// Serves one connection with `service` (HTTP/1.1, with the deadline on
+/// each request's head) until it ends.
+pub(crate) async fn http1<S, Svc>(stream: S, service: Svc)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::Service<
+            Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        >,
+{
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)

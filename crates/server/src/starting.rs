@@ -15,7 +15,6 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use brood_core::Code;
 use brood_runtime::{ApiError, Caller};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OnceCell, watch};
@@ -23,7 +22,7 @@ use tower::ServiceExt;
 
 use crate::auth::Conn;
 use crate::error::HttpError;
-use crate::listen::{HEAD_TIMEOUT, identify, tcp_conn};
+use crate::listen::{http1, identify, tcp_conn};
 use crate::state::Api;
 
 /// What the listeners serve once the supervisor has started.
@@ -220,14 +219,7 @@ where
             ready.router.oneshot(req.map(axum::body::Body::new)).await
         }
     });
-    let served = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
-    if let Err(e) = served {
-        tracing::debug!(error = %e, "API connection made while starting ended");
-    }
+    http1(stream, service).await;
 }
 
 fn identify_failed(e: &std::io::Error) -> Result<Caller, ApiError> {

@@ -342,3 +342,81 @@ fn a_counter_that_lost_its_counts_and_cannot_be_seeded_starts_nothing() {
     drop(node1);
     drop(node0);
 }
+
+/// Issue 28's campaign (seed 42, round 3, at 96f298a): 7 of 6 after Redis
+/// restarted. While Redis was away, each node started agents on its own
+/// count (as it must), past the tenant's limit; once Redis was back, a
+/// node gave the slots of those that ended to its next starts (its spare
+/// slots) without asking the counter, so the tenant stayed over its limit
+/// instead of draining. Here two nodes hold 2 of 2, Redis goes away, node 1
+/// starts a third on its own count, Redis comes back empty, and that third
+/// ends while a fourth waits on node 1: the fourth must wait until the
+/// tenant is within its limit again, and start once it is.
+#[test]
+fn slots_taken_while_redis_was_away_drain_rather_than_pass_to_the_next_start() {
+    use common::cluster::*;
+    use serde_json::json;
+    let port = common::redis::free_port();
+    let redis = common::redis::spawn_server_on(port);
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let nodes = Nodes::start_with(2, &["--slots", url.as_str()]);
+    let o = cli(
+        &nodes.roots[0],
+        &nodes.store,
+        &["quota", "set", "user-0", "max_concurrent", "2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let hang = |n: &str| json!({"name": n, "argv": agent(&["--hang"]), "await_ready": true});
+    for (node, n) in [(0, "a0"), (1, "b0")] {
+        let (s, v) = nodes.spawn(node, hang(n));
+        assert_eq!(s, 201, "{v}");
+    }
+    let status = |n: &str| {
+        agent_on(&nodes, 1, n)["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    // Redis away: node 1 starts a third on its own count.
+    drop(redis);
+    let (s, v) = nodes.spawn(1, hang("b1"));
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "running", "node 1's own count has room: {v}");
+    // Redis back, empty; a fourth waits on node 1 (the counter, seeded
+    // again, counts three), then the third ends.
+    let _redis = common::redis::spawn_server_on(port);
+    let (s, v) = nodes.spawn(
+        1,
+        json!({"name": "b2", "argv": agent(&["--hang"]), "await_ready": false}),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "queued", "{v}");
+    nodes.cancel(1, "b1");
+    assert!(eventually(Duration::from_secs(10), || status("b1") == "cancelled"));
+    // a0 and b0 still run: b2 must wait, at every look.
+    let mut started = Vec::new();
+    for i in 0..30 {
+        let st = status("b2");
+        if st != "queued" {
+            started.push((i, st));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        started.is_empty(),
+        "b2 started beside a0 and b0 (max_concurrent 2) with the slot b1 took while Redis was away: {started:?}"
+    );
+    // A slot frees within the limit: b2 starts.
+    nodes.cancel(0, "a0");
+    assert!(
+        eventually(Duration::from_secs(20), || status("b2") == "running"),
+        "b2 never started once a0 ended: {}",
+        status("b2")
+    );
+    for n in ["b0", "b2"] {
+        nodes.cancel(1, n);
+    }
+    assert!(eventually(Duration::from_secs(10), || {
+        (0..2).all(|i| ctx_pids(&nodes.roots[i]).is_empty())
+    }));
+}

@@ -44,8 +44,9 @@ pub struct Shared {
     /// Set when Redis goes: what the nodes started past the tenant's
     /// `max_concurrent` while the counter was empty keeps running after it
     /// is repaired (nothing stops a running agent for it). Cleared by the
-    /// first sample past `redis_until` whose count is within the limit
-    /// again; until then the count is judged per node.
+    /// first sample past `redis_until` whose counts (the store's and the
+    /// kernel's) are within the limit again; until then the count is judged
+    /// per node.
     pub redis_drain: AtomicBool,
     /// Until when the kernel's count is judged per node because a node was
     /// stopped.
@@ -194,10 +195,14 @@ fn sample(s: &Shared, turn: usize) {
     s.samples.fetch_add(1, Ordering::SeqCst);
     let v = a.json();
     let agents = v["agents"].as_array().cloned().unwrap_or_default();
-    judge_store(s, node, &agents, redis);
+    judge_store(s, node, &agents, redis, procs.len() as u64);
 }
 
-fn judge_store(s: &Shared, node: usize, agents: &[Value], redis: bool) {
+/// `kernel`: how many agents had processes at this sample, so that the
+/// allowance for a Redis restart ends only once both counts are within the
+/// limit (an ended agent's processes outlive its record until its group is
+/// emptied).
+fn judge_store(s: &Shared, node: usize, agents: &[Value], redis: bool, kernel: u64) {
     let status = |a: &Value| a["status"].as_str().unwrap_or("").to_owned();
     let holding: Vec<&Value> = agents
         .iter()
@@ -205,7 +210,10 @@ fn judge_store(s: &Shared, node: usize, agents: &[Value], redis: bool) {
         .collect();
     s.most_holding
         .fetch_max(holding.len() as u64, Ordering::SeqCst);
-    if !Shared::within(&s.redis_until) && holding.len() as u64 <= MAX_CONCURRENT {
+    if !Shared::within(&s.redis_until)
+        && holding.len() as u64 <= MAX_CONCURRENT
+        && kernel <= MAX_CONCURRENT
+    {
         s.redis_drain.store(false, Ordering::SeqCst);
     }
     if !redis && holding.len() as u64 > MAX_CONCURRENT {

@@ -226,10 +226,13 @@ impl Node {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 _ => {
+                    // Where each of its threads waits, read before the
+                    // kill: the log says nothing of a node that hangs.
+                    let threads = threads_of(c.id());
                     signal(&c, libc::SIGKILL);
                     let _ = c.wait();
                     return Err(format!(
-                        "node {} did not stop within 30 s of SIGTERM: {}",
+                        "node {} did not stop within 30 s of SIGTERM; its threads: {threads}; its log: {}",
                         self.index,
                         self.log_tail()
                     ));
@@ -557,4 +560,43 @@ fn run(exe: &str, args: &[&str]) -> Result<(), String> {
 /// The roots' paths, for the kernel-side checks.
 pub fn roots(world: &World) -> Vec<PathBuf> {
     world.nodes.iter().map(|n| n.root.clone()).collect()
+}
+
+/// Each thread of process `pid`: its name, state and the kernel function it
+/// waits in, and the top of its kernel stack (root reads it), one per line.
+fn threads_of(pid: u32) -> String {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(gone)".to_owned();
+    };
+    let mut out = Vec::new();
+    for t in rd.flatten() {
+        let dir = t.path();
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        let stat = read("stat");
+        // The state follows the name in parentheses.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split(' ').next())
+            .unwrap_or("?")
+            .to_owned();
+        let stack: Vec<String> = read("stack")
+            .lines()
+            .take(4)
+            .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_owned())
+            .collect();
+        out.push(format!(
+            "{} {} {state} {} [{}]",
+            t.file_name().to_string_lossy(),
+            read("comm"),
+            read("wchan"),
+            stack.join(" < ")
+        ));
+    }
+    out.sort();
+    out.join(" | ")
 }

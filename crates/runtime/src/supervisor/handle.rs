@@ -330,6 +330,7 @@ impl Supervisor {
                     .max_concurrent,
                 spare: 0,
                 emptying: 0,
+                unsure: false,
             },
             agents: Agents::default(),
             waiters: Waiters::default(),

@@ -39,6 +39,15 @@ pub(super) struct Launcher {
     /// live until then, so the slot is not free yet (issue 28's campaign
     /// saw 7 of 6 by the kernel's count when it was given back at the end).
     pub(super) emptying: usize,
+    /// The counter failed or lost its counts since it last granted a slot:
+    /// this node may have started past the limit on its own count, and its
+    /// spare slots may be ones the counter no longer counts. Until the
+    /// counter grants again, a start asks it rather than take a spare one
+    /// (the spare go back at the next tick), so what was started past the
+    /// limit drains as it ends instead of being replaced (issue 28's
+    /// campaign: 7 of 6 after Redis restarted, a node reusing slots it had
+    /// taken while Redis was away).
+    pub(super) unsure: bool,
 }
 
 impl Launcher {
@@ -67,7 +76,7 @@ impl Launcher {
     ) -> usize {
         let room = (self.max_concurrent as usize).saturating_sub(used);
         let want = want.min(room);
-        let from_spare = want.min(self.spare);
+        let from_spare = if self.unsure { 0 } else { want.min(self.spare) };
         self.spare -= from_spare;
         let need = u32::try_from(want - from_spare).unwrap_or(u32::MAX);
         if need == 0 {
@@ -75,6 +84,7 @@ impl Launcher {
         }
         let mut asked = self.slots.acquire_up_to(tenant, self.max_concurrent, need);
         if let Err(SlotError::Lost { .. }) = &asked {
+            self.unsure = true;
             // This node's share: its started agents and the spare slots
             // (the ones just handed out count among the spare still).
             let mine = (used + self.spare + from_spare) as u64;
@@ -90,9 +100,17 @@ impl Launcher {
             asked = self.slots.acquire_up_to(tenant, self.max_concurrent, need);
         }
         match asked {
-            Ok(got) => from_spare + got as usize,
+            Ok(got) => {
+                // A grant: the counter counts again, and the tenant is
+                // within its limit.
+                if got > 0 {
+                    self.unsure = false;
+                }
+                from_spare + got as usize
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "slot counter failed; using this supervisor's own count");
+                self.unsure = true;
                 from_spare + need as usize
             }
         }
@@ -174,6 +192,7 @@ impl Launcher {
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         if let Err(e) = self.slots.release_n(tenant, n) {
             tracing::warn!(error = %e, n, "releasing slots failed; the reconciler repairs the count");
+            self.unsure = true;
         }
     }
 }

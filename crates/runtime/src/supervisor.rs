@@ -654,7 +654,16 @@ struct Dispatcher {
     /// The model gateway's part: the tenant's model calls in the current
     /// minute (issue 31); each call checked and metered (`route::models`).
     models: models::Models,
+    /// When the shutdown began, and whether what it waits for was said.
+    shutting: Option<(std::time::Instant, bool)>,
 }
+
+/// How long a shutdown waits for its agents' ends to be recorded before it
+/// ends without them: what is left is killed with the supervisor's cgroups,
+/// and the next start of this root (or the other nodes) recovers its
+/// records. A daemon that never exits on SIGTERM is SIGKILLed in the end,
+/// which leaves its groups.
+const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, e: AgentEvent) -> NewEvent {
@@ -824,6 +833,7 @@ impl Dispatcher {
             }
             Cmd::Held(reply) => answer(reply, Ok(self.held())),
             Cmd::Shutdown(reply) => {
+                self.shutting = Some((std::time::Instant::now(), false));
                 self.begin_shutdown();
                 *shutdown = Some(reply);
             }
@@ -869,12 +879,7 @@ impl Dispatcher {
             self.launcher.give_spare(&self.records.tenant);
             self.launcher.waiting.clear();
         }
-        if shutdown.is_some()
-            && self.agents.live.is_empty()
-            && self.stops.is_empty()
-            && self.admitting.idle()
-            && self.ends_writer.idle()
-        {
+        if shutdown.is_some() && (self.nothing_left() || self.out_of_patience()) {
             if let Some(c) = &self.launcher.cgroups {
                 if let Err(e) = c.destroy() {
                     tracing::error!(error = %e, "removing the supervisor's cgroups failed");
@@ -887,6 +892,61 @@ impl Dispatcher {
                 let _ = s.send(());
             }
         }
+    }
+
+    /// Nothing a shutdown waits for is left: no live agent, no stop,
+    /// admission or end in flight.
+    fn nothing_left(&self) -> bool {
+        self.agents.live.is_empty()
+            && self.stops.is_empty()
+            && self.admitting.idle()
+            && self.ends_writer.idle()
+    }
+
+    /// A shutdown that has waited [`SHUTDOWN_PATIENCE`]: what it still
+    /// waits for is said once, halfway, and it ends at the full wait. (The
+    /// fault campaign saw a node wait for ever, its log silent, just after
+    /// a start refused for an agent already cancelled; this names what is
+    /// left when that happens.)
+    fn out_of_patience(&mut self) -> bool {
+        let Some((since, said)) = self.shutting else {
+            return false;
+        };
+        let waited = since.elapsed();
+        if waited < SHUTDOWN_PATIENCE / 2 {
+            return false;
+        }
+        if !said || waited >= SHUTDOWN_PATIENCE {
+            let live: Vec<String> = self
+                .agents
+                .live
+                .iter()
+                .take(20)
+                .map(|(n, l)| {
+                    format!(
+                        "{n} (pid {:?}, launching {}, stopping {:?})",
+                        l.pid, l.launching, l.stopping
+                    )
+                })
+                .collect();
+            let over = waited >= SHUTDOWN_PATIENCE;
+            tracing::error!(
+                waited_s = waited.as_secs(),
+                live = ?live,
+                stops = self.stops.len(),
+                admissions_in_flight = !self.admitting.idle(),
+                ends_in_flight = !self.ends_writer.idle(),
+                "{}",
+                if over {
+                    "the shutdown ends without what it still waits for: what is left is killed with the supervisor's cgroups, its records recovered at the next start"
+                } else {
+                    "the shutdown still waits"
+                }
+            );
+            self.shutting = Some((since, true));
+            return over;
+        }
+        false
     }
 
     /// A verb may act on `name`: its creation is not in flight

@@ -214,7 +214,23 @@ impl Node {
         let t0 = Instant::now();
         loop {
             match c.try_wait() {
-                Ok(Some(s)) if s.success() => return Ok(()),
+                Ok(Some(s)) if s.success() => {
+                    // A shutdown that ran out of patience stopped cleanly
+                    // (what was left died with its groups), but what it
+                    // waited for is a finding: shown, not judged.
+                    let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    if let Some(l) = log
+                        .lines()
+                        .find(|l| l.contains("the shutdown ends without"))
+                    {
+                        println!(
+                            "chaos: NOTE node {}'s shutdown ran out of patience: {}",
+                            self.index,
+                            l.chars().take(1200).collect::<String>()
+                        );
+                    }
+                    return Ok(());
+                }
                 Ok(Some(s)) => {
                     return Err(format!(
                         "node {} stopped with {s}: {}",

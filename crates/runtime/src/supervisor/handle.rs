@@ -349,6 +349,7 @@ impl Supervisor {
             admitting,
             ends_writer,
             models: super::models::Models::default(),
+            shutting: None,
         };
         if let Some(every) = disp.host.cfg.sweep_every {
             sweep::start_clock(tx.clone(), every, disp.sweep.tick_queued.clone());

@@ -658,11 +658,11 @@ struct Dispatcher {
     shutting: Option<(std::time::Instant, bool)>,
 }
 
-/// How long a shutdown waits for its agents' ends to be recorded before it
-/// ends without them: what is left is killed with the supervisor's cgroups,
-/// and the next start of this root (or the other nodes) recovers its
-/// records. A daemon that never exits on SIGTERM is SIGKILLed in the end,
-/// which leaves its groups.
+/// How long a shutdown waits for its agents' ends to be recorded, beyond
+/// their grace (`Config::grace`), before it ends without them: what is left
+/// is killed with the supervisor's cgroups, and the next start of this root
+/// (or the other nodes) recovers its records. A daemon that never exits on
+/// SIGTERM is SIGKILLed in the end, which leaves its groups.
 const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
@@ -903,8 +903,9 @@ impl Dispatcher {
             && self.ends_writer.idle()
     }
 
-    /// A shutdown that has waited [`SHUTDOWN_PATIENCE`]: what it still
-    /// waits for is said once, halfway, and it ends at the full wait. (The
+    /// A shutdown that has waited the agents' grace and [`SHUTDOWN_PATIENCE`]:
+    /// what it still waits for is said once, halfway, and it ends at the
+    /// full wait. (The
     /// fault campaign saw a node wait for ever, its log silent, just after
     /// a start refused for an agent already cancelled; this names what is
     /// left when that happens.)
@@ -913,10 +914,11 @@ impl Dispatcher {
             return false;
         };
         let waited = since.elapsed();
-        if waited < SHUTDOWN_PATIENCE / 2 {
+        let patience = self.host.cfg.grace + SHUTDOWN_PATIENCE;
+        if waited < patience / 2 {
             return false;
         }
-        if !said || waited >= SHUTDOWN_PATIENCE {
+        if !said || waited >= patience {
             let live: Vec<String> = self
                 .agents
                 .live
@@ -929,7 +931,7 @@ impl Dispatcher {
                     )
                 })
                 .collect();
-            let over = waited >= SHUTDOWN_PATIENCE;
+            let over = waited >= patience;
             tracing::error!(
                 waited_s = waited.as_secs(),
                 live = ?live,

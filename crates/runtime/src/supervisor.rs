@@ -28,9 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brood_core::policy::Policy;
-use brood_core::{
-    AgentEvent, AgentName, CancelReason, Code, FailReason, RunId, SessionName, TenantId, Terminal,
-};
+use brood_core::{AgentEvent, AgentName, Code, FailReason, RunId, SessionName, TenantId, Terminal};
 use brood_launch::cgroup::Group;
 use brood_launch::{LaunchError, Launched};
 use brood_proto::{DoneResult, FromAgent, LineError};
@@ -658,13 +656,6 @@ struct Dispatcher {
     shutting: Option<(std::time::Instant, bool)>,
 }
 
-/// How long a shutdown waits for its agents' ends to be recorded, beyond
-/// their grace (`Config::grace`), before it ends without them: what is left
-/// is killed with the supervisor's cgroups, and the next start of this root
-/// (or the other nodes) recovers its records. A daemon that never exits on
-/// SIGTERM is SIGKILLed in the end, which leaves its groups.
-const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
-
 /// An event of `agent`'s log, in its recorded form (`brood_proto::event`).
 fn ev(agent: &AgentName, run: Option<&RunId>, session: &SessionName, e: AgentEvent) -> NewEvent {
     ev_value(agent, run, session, brood_proto::event::payload(&e))
@@ -840,26 +831,6 @@ impl Dispatcher {
         }
     }
 
-    /// Shutting down: every tree still running here is stopped (its roots
-    /// cancelled `user`); the answer waits until nothing is live.
-    fn begin_shutdown(&mut self) {
-        let roots: Vec<AgentName> = self
-            .agents
-            .live
-            .iter()
-            .filter(|(n, l)| l.stopping.is_none() && !self.ends_writer.in_flight(n))
-            .filter(|(_, l)| {
-                l.parent
-                    .as_ref()
-                    .is_none_or(|p| !self.agents.live.contains_key(p))
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        for r in roots {
-            self.stop_subtree(&r, Terminal::Cancelled(CancelReason::User));
-        }
-    }
-
     /// After every command: a freed slot goes to the next in line, and a
     /// shutdown whose trees are all gone removes the cgroups and answers.
     fn after_command(&mut self, shutdown: &mut Option<oneshot::Sender<()>>) {
@@ -892,63 +863,6 @@ impl Dispatcher {
                 let _ = s.send(());
             }
         }
-    }
-
-    /// Nothing a shutdown waits for is left: no live agent, no stop,
-    /// admission or end in flight.
-    fn nothing_left(&self) -> bool {
-        self.agents.live.is_empty()
-            && self.stops.is_empty()
-            && self.admitting.idle()
-            && self.ends_writer.idle()
-    }
-
-    /// A shutdown that has waited the agents' grace and [`SHUTDOWN_PATIENCE`]:
-    /// what it still waits for is said once, halfway, and it ends at the
-    /// full wait. (The
-    /// fault campaign saw a node wait for ever, its log silent, just after
-    /// a start refused for an agent already cancelled; this names what is
-    /// left when that happens.)
-    fn out_of_patience(&mut self) -> bool {
-        let Some((since, said)) = self.shutting else {
-            return false;
-        };
-        let waited = since.elapsed();
-        let patience = self.host.cfg.grace + SHUTDOWN_PATIENCE;
-        if waited < patience / 2 {
-            return false;
-        }
-        if !said || waited >= patience {
-            let live: Vec<String> = self
-                .agents
-                .live
-                .iter()
-                .take(20)
-                .map(|(n, l)| {
-                    format!(
-                        "{n} (pid {:?}, launching {}, stopping {:?})",
-                        l.pid, l.launching, l.stopping
-                    )
-                })
-                .collect();
-            let over = waited >= patience;
-            tracing::error!(
-                waited_s = waited.as_secs(),
-                live = ?live,
-                stops = self.stops.len(),
-                admissions_in_flight = !self.admitting.idle(),
-                ends_in_flight = !self.ends_writer.idle(),
-                "{}",
-                if over {
-                    "the shutdown ends without what it still waits for: what is left is killed with the supervisor's cgroups, its records recovered at the next start"
-                } else {
-                    "the shutdown still waits"
-                }
-            );
-            self.shutting = Some((since, true));
-            return over;
-        }
-        false
     }
 
     /// A verb may act on `name`: its creation is not in flight

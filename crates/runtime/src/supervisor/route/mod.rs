@@ -14,6 +14,7 @@ mod models;
 mod protocol;
 mod restart;
 mod routed;
+mod shutdown;
 mod sockets;
 mod stops;
 mod tick;

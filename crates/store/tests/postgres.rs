@@ -279,3 +279,57 @@ fn a_transaction_ended_for_a_deadlock_runs_again() {
         now.status
     );
 }
+
+/// Issue 27: on a new database a prepared statement's generic plan was made
+/// while the tables were empty and never analyzed, and kept: a run's start
+/// then scanned every run of the tenant, slower with every agent, until
+/// autovacuum's first analyze a minute or more later. The store analyzes
+/// the tables that grow with the agents once they hold more than twice
+/// what their statistics say (looked at as its admissions pass 64, 128, …),
+/// which also makes every connection plan its statements again.
+#[test]
+fn a_new_databases_growing_tables_are_analyzed_as_agents_are_admitted() {
+    use conformance as helpers;
+    let (db, store) = fresh();
+    let t = helpers::tenant("young");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = conformance::pg::admin_url();
+    let admin = format!("{}/{}", &base[..base.rfind('/').unwrap()], db.name);
+    let (other, conn) = rt
+        .block_on(tokio_postgres::connect(&admin, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    let tuples = |table: &str| -> f32 {
+        rt.block_on(other.query_one(
+            "SELECT reltuples FROM pg_class WHERE relname = $1 AND relkind = 'r'",
+            &[&table],
+        ))
+        .unwrap()
+        .get(0)
+    };
+    // No statistics yet (autovacuum has not been here: it visits a
+    // database a minute after it was made at the earliest).
+    assert_eq!(
+        tuples("agents"),
+        -1.0,
+        "the agents table was analyzed already"
+    );
+    for i in 0..70 {
+        helpers::running(&store, &t, &format!("a{i}"), None);
+    }
+    // The look runs on a thread of its own: wait for it, bounded.
+    let t0 = std::time::Instant::now();
+    while tuples("agents") < 64.0 || tuples("runs") < 64.0 || tuples("events") < 64.0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "after 70 admissions the statistics still say agents {}, runs {}, events {}",
+            tuples("agents"),
+            tuples("runs"),
+            tuples("events")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -85,8 +85,10 @@ impl PgStore {
     /// A committed group's answers, announced to the other nodes when it
     /// admitted any.
     fn answered(&self, answers: Vec<Tx<Agent>>) -> Vec<Result<Agent>> {
-        if answers.iter().any(|a| a.is_ok()) {
+        let admitted = answers.iter().filter(|a| a.is_ok()).count();
+        if admitted > 0 {
             self.wrote();
+            self.young.admitted(admitted as u64, &self.pool);
         }
         let target = &self.pool.target;
         answers

@@ -34,12 +34,13 @@
 //! connection or a transaction) and the shared logic's `crate::db::Db` on
 //! it, `sql` this dialect's own statements (its `crate::db::Statements`), `steps` the event log's
 //! numbering, `admission` the group commit and `admit` a group's reads and
-//! writes, `news` the writes announced and heard, `sweeps` the lease's
+//! writes, `analyze` the young tables' statistics kept true, `news` the writes announced and heard, `sweeps` the lease's
 //! session lock, and `store` this store as a `crate::sql_store::SqlStore`:
 //! the whole contract is written once for both stores there.
 
 mod admission;
 mod admit;
+mod analyze;
 mod commit;
 mod db;
 mod news;
@@ -133,6 +134,9 @@ pub struct PgStore {
     pub(crate) news: std::sync::OnceLock<news::News>,
     /// Admissions waiting for their group commit (`admission`).
     pub(crate) admissions: crate::group::Groups,
+    /// The admissions committed through this store, for keeping the
+    /// planner's statistics of young tables true (`analyze`).
+    pub(crate) young: analyze::Young,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -441,6 +445,7 @@ impl PgStore {
             pool,
             news: std::sync::OnceLock::new(),
             admissions: crate::group::Groups::new(admission::GROUP_MAX, true),
+            young: analyze::Young::default(),
         };
         Ok(store)
     }

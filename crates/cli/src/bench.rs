@@ -764,6 +764,11 @@ async fn measure(root: Option<PathBuf>, slots: Option<String>, which: Which) -> 
                             count += 1;
                         }
                     }
+                    // Timed from a settled node, as the floor is: the
+                    // tree's own files written (its creation's work, not
+                    // the cancel's; the projection is seconds behind a
+                    // burst of 1,000 creations).
+                    sup.flush().await;
                     let t0 = Instant::now();
                     crate::api(sup.cancel(me.clone(), root_agent.clone()).await)?;
                     crate::api(sup.wait(me.clone(), vec![root_agent.clone()], None).await)?;

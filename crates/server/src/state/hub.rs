@@ -140,55 +140,53 @@ impl Hub {
         let tenant = sup.tenant().clone();
         let mut appended = store.appended();
         tokio::spawn(async move {
-            // A failed read is not "no events" (issue 28): the head is read
-            // again, backing off, until the store answers; subscribers wait
-            // meanwhile and miss nothing (they catch up from their own point).
-            let mut pause = RETRY_FIRST;
-            let mut failed = false;
-            let mut head = loop {
-                let (st, t) = (store.clone(), tenant.clone());
-                match off_the_runtime(move || st.last_event_seq(&t)).await {
-                    Ok(h) => {
-                        // Subscribers that came while the log could not be
-                        // read may have missed what was appended up to this
-                        // head: an empty batch tells them to read the store.
-                        if failed && let Some(tx) = weak.upgrade() {
-                            let _ = tx.send(Arc::new(Vec::new()));
-                        }
-                        break h;
-                    }
-                    Err(e) => {
-                        failed = true;
-                        tracing::error!(error = %e, retry_in = ?pause, "reading the event log's head failed; trying again");
-                        if weak.upgrade().is_none() {
-                            return;
-                        }
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_MAX);
-                    }
-                }
+            let Some(mut head) = read_head(&store, &tenant, &weak, false).await else {
+                return;
             };
+            // Whether the log went unread because nobody listened.
+            let mut behind = false;
             loop {
                 // The API is gone when nobody holds the sender any more.
                 let Some(tx) = weak.upgrade() else { return };
                 // Seen before the read: a ring while it runs reads again.
                 appended.mark_unchanged();
-                loop {
-                    let (st, t) = (store.clone(), tenant.clone());
-                    match off_the_runtime(move || st.events(&t, head, None, PAGE)).await {
-                        Ok(batch) if batch.is_empty() => break,
-                        Ok(batch) => {
-                            let full = batch.len() == PAGE as usize;
-                            head = batch.last().map_or(head, |e| e.seq);
-                            // No subscriber is not an error.
-                            let _ = tx.send(Arc::new(batch.into_iter().map(Live::new).collect()));
-                            if !full {
+                if tx.receiver_count() == 0 {
+                    // Nobody listens: the log is not read (issue 27: every
+                    // node of a cluster read it after every write any node
+                    // committed, a third of a busy cluster's statements).
+                    // A subscriber catches up from the store on its own.
+                    behind = true;
+                } else {
+                    if behind {
+                        // Caught up to the log's head, and the subscribers
+                        // told to read up to it themselves (an empty batch),
+                        // so one that came meanwhile misses nothing.
+                        drop(tx);
+                        let Some(h) = read_head(&store, &tenant, &weak, true).await else {
+                            return;
+                        };
+                        head = h;
+                        behind = false;
+                        continue;
+                    }
+                    loop {
+                        let (st, t) = (store.clone(), tenant.clone());
+                        match off_the_runtime(move || st.events(&t, head, None, PAGE)).await {
+                            Ok(batch) if batch.is_empty() => break,
+                            Ok(batch) => {
+                                let full = batch.len() == PAGE as usize;
+                                head = batch.last().map_or(head, |e| e.seq);
+                                // No subscriber is not an error.
+                                let _ =
+                                    tx.send(Arc::new(batch.into_iter().map(Live::new).collect()));
+                                if !full {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::error!(error = %e, "reading the event log failed");
                                 break;
                             }
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "reading the event log failed");
-                            break;
                         }
                     }
                 }
@@ -203,5 +201,37 @@ impl Hub {
             }
         });
         Hub { tx, limits }
+    }
+}
+
+/// The log's head, read until the store answers (backing off): a failed
+/// read is not "no events" (issue 28). Subscribers wait meanwhile and miss
+/// nothing: they are sent an empty batch once it is read, which tells them
+/// to read the store up to where the log is now (`tell`, or a read that
+/// failed first). `None`: the API is gone.
+async fn read_head(
+    store: &Arc<dyn brood_store::Store>,
+    tenant: &brood_core::TenantId,
+    weak: &broadcast::WeakSender<Arc<Vec<Live>>>,
+    mut tell: bool,
+) -> Option<i64> {
+    let mut pause = RETRY_FIRST;
+    loop {
+        let (st, t) = (store.clone(), tenant.clone());
+        match off_the_runtime(move || st.last_event_seq(&t)).await {
+            Ok(h) => {
+                if tell && let Some(tx) = weak.upgrade() {
+                    let _ = tx.send(Arc::new(Vec::new()));
+                }
+                return Some(h);
+            }
+            Err(e) => {
+                tell = true;
+                tracing::error!(error = %e, retry_in = ?pause, "reading the event log's head failed; trying again");
+                weak.upgrade()?;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+        }
     }
 }

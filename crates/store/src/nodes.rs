@@ -97,6 +97,37 @@ macro_rules! q_placed {
 }
 pub(crate) use q_placed;
 
+/// Whether an unclaimed agent is placed on a node (`?2` is
+/// `placed_on(node)`), and whether inputs wait for a host's agents: read
+/// outside any transaction before a claim or a take, which most news finds
+/// nothing for (issue 27: a cluster's nodes looked after every write any of
+/// them committed, each look a transaction of four statements). A row that
+/// commits after the read comes with news of its own, which looks again.
+/// SQLite is told the index (its planner preferred the tenant's unfinished
+/// agents, all of them); `to_pg` drops the clause on PostgreSQL.
+pub(crate) const Q_ANY_PLACED: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM agents INDEXED BY agents_unfinished_by_supervisor ",
+    "WHERE supervisor = ?2 AND tenant = ?1 AND ",
+    unfinished!(),
+    ")"
+);
+pub(crate) const Q_ANY_INPUT: &str =
+    "SELECT EXISTS (SELECT 1 FROM inbox WHERE host = ?1 AND tenant = ?2)";
+
+/// Whether [`claim_placed`] would find anything now.
+pub(crate) fn any_placed<D: Db>(db: &D, tenant: &TenantId, node: &str) -> Result<bool, D::Err> {
+    let placed = crate::placed_on(node);
+    Ok(db.int(
+        Q_ANY_PLACED,
+        &[tenant.as_str().into(), placed.as_str().into()],
+    )? != 0)
+}
+
+/// Whether [`take_inputs`] would find anything now.
+pub(crate) fn any_input<D: Db>(db: &D, tenant: &TenantId, host: &str) -> Result<bool, D::Err> {
+    Ok(db.int(Q_ANY_INPUT, &[host.into(), tenant.as_str().into()])? != 0)
+}
+
 /// The oldest inputs for a host's agents, taken (deleted and returned);
 /// `$lock` on the rows read.
 macro_rules! d_take_inbox {

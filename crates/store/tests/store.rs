@@ -755,6 +755,12 @@ fn a_forest_of_100000_agents_is_walked_through_indexes() {
         "sqlite_autoindex_agents_1 (tenant=? AND name=?)",
     );
     uses("children", "agents_by_parent (tenant=? AND parent=?)");
+    // A node's looks after news (issue 27): its placed agents, its inbox.
+    uses(
+        "any_placed",
+        "agents_unfinished_by_supervisor (supervisor=?)",
+    );
+    uses("any_input", "inbox_by_host (host=? AND tenant=?)");
     uses(
         "descendants",
         "SEARCH edges USING PRIMARY KEY (tenant=? AND parent=?)",

@@ -31,6 +31,9 @@ impl<S: SqlStore> Nodes for S {
     }
 
     fn claim_placed(&self, tenant: &TenantId, node: &str, limit: u32) -> Result<Vec<Agent>> {
+        if !self.reading(|db| nodes::any_placed(db, tenant, node))? {
+            return Ok(Vec::new());
+        }
         let claimed = self.writing_quiet(|db| nodes::claim_placed(db, tenant, node, limit))?;
         if !claimed.is_empty() {
             self.announce();
@@ -63,6 +66,9 @@ impl<S: SqlStore> Nodes for S {
     }
 
     fn take_inputs(&self, tenant: &TenantId, host: &str, limit: u32) -> Result<Vec<Inbound>> {
+        if !self.reading(|db| nodes::any_input(db, tenant, host))? {
+            return Ok(Vec::new());
+        }
         let taken = self.writing_quiet(|db| nodes::take_inputs(db, tenant, host, limit))?;
         if !taken.is_empty() {
             self.announce();

@@ -340,6 +340,8 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("events", Q_EVENTS),
     ("events_of_agent", Q_EVENTS_OF_AGENT),
     ("next_seq", Q_NEXT_SEQ),
+    ("any_placed", crate::nodes::Q_ANY_PLACED),
+    ("any_input", crate::nodes::Q_ANY_INPUT),
 ];
 
 /// The statements the bodies shared with PostgreSQL run (`crate::db`).

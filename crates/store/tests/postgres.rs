@@ -17,6 +17,22 @@ fn fresh() -> (Fresh, PgStore) {
     (db, store)
 }
 
+/// A session of the test's own on `db`'s database, as its administrator,
+/// with the runtime that drives it.
+fn session_of(db: &Fresh) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = conformance::pg::admin_url();
+    let admin = format!("{}/{}", &base[..base.rfind('/').unwrap()], db.name);
+    let (other, conn) = rt
+        .block_on(tokio_postgres::connect(&admin, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    (rt, other)
+}
+
 // One test per conformance case, each on a database of its own.
 conformance::conformance_tests!(fresh());
 
@@ -218,16 +234,7 @@ fn a_transaction_ended_for_a_deadlock_runs_again() {
     let store = std::sync::Arc::new(store);
     let t = helpers::tenant("dl");
     let a = helpers::running(&*store, &t, "a", None);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = conformance::pg::admin_url();
-    let admin = format!("{}/{}", &base[..base.rfind('/').unwrap()], db.name);
-    let (other, conn) = rt
-        .block_on(tokio_postgres::connect(&admin, tokio_postgres::NoTls))
-        .unwrap();
-    rt.spawn(conn);
+    let (rt, other) = session_of(&db);
     // The test's session: the store's transaction is the one the server
     // ends, since its deadlock check (after 1 s) comes before this one's.
     rt.block_on(other.batch_execute(
@@ -292,16 +299,7 @@ fn a_new_databases_growing_tables_are_analyzed_as_agents_are_admitted() {
     use conformance as helpers;
     let (db, store) = fresh();
     let t = helpers::tenant("young");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = conformance::pg::admin_url();
-    let admin = format!("{}/{}", &base[..base.rfind('/').unwrap()], db.name);
-    let (other, conn) = rt
-        .block_on(tokio_postgres::connect(&admin, tokio_postgres::NoTls))
-        .unwrap();
-    rt.spawn(conn);
+    let (rt, other) = session_of(&db);
     let tuples = |table: &str| -> f32 {
         rt.block_on(other.query_one(
             "SELECT reltuples FROM pg_class WHERE relname = $1 AND relkind = 'r'",

@@ -13,9 +13,9 @@
 //! Planning every execution instead (`plan_cache_mode`) was measured and
 //! not kept: half of the server's time went to the planner. So the store
 //! analyzes, itself, the tables that grow with the agents, once any of them
-//! is more than twice the size its statistics were taken at: looked at each time this
-//! store's admissions pass a power of two from 64 on, on a thread of its
-//! own, so no admission waits for it. An analyze invalidates the plans made
+//! is more than twice the size its statistics were taken at: looked at each
+//! time this store's admissions pass a power of two from 64 on, on a thread
+//! of its own, so no admission waits for it. An analyze invalidates the plans made
 //! on the old statistics, on every node's connections. On a database whose
 //! statistics are true, the look finds nothing to do.
 
@@ -40,7 +40,7 @@ const Q_STALE: &str = "SELECT c.relname::TEXT FROM pg_class c \
      AND pg_relation_size(c.oid) / current_setting('block_size')::BIGINT \
          > CASE WHEN c.reltuples < 0 THEN 0 ELSE 2 * c.relpages END";
 
-/// This store's admissions, and when it looks next.
+/// The admissions committed through this store.
 #[derive(Default)]
 pub(crate) struct Young {
     admitted: AtomicU64,
@@ -75,14 +75,12 @@ impl Young {
     }
 }
 
-/// Analyzes each growing table whose statistics are stale; the names of
-/// those it analyzed.
-pub(crate) fn analyze_stale(pool: &Pool) -> crate::types::Result<Vec<String>> {
+/// Analyzes each growing table whose statistics are stale.
+fn analyze_stale(pool: &Pool) -> crate::types::Result<()> {
     pool.with(|c| {
         let db = c.db();
-        let names: Vec<&str> = GROWING.to_vec();
         let stale: Vec<String> = db
-            .query(Q_STALE, &[&names])?
+            .query(Q_STALE, &[&GROWING])?
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
@@ -90,6 +88,6 @@ pub(crate) fn analyze_stale(pool: &Pool) -> crate::types::Result<Vec<String>> {
             // The names are this module's own, never a caller's.
             db.batch(&format!("ANALYZE {}", stale.join(", ")))?;
         }
-        Ok(stale)
+        Ok(())
     })
 }

@@ -218,6 +218,10 @@ pub const CASES: &[(&str, Case)] = &[
         "descendants_are_in_post_order",
         descendants_are_in_post_order,
     ),
+    (
+        "unfinished_below_names_those_with_an_unfinished_descendant",
+        unfinished_below_names_those_with_an_unfinished_descendant,
+    ),
     ("spend_rolls_up_the_subtree", spend_rolls_up_the_subtree),
     (
         "lease_epochs_fence_old_holders",
@@ -354,6 +358,7 @@ macro_rules! conformance_tests {
     a_childs_deadline_is_never_after_its_parents,
     orphans_have_a_finished_or_missing_parent,
     descendants_are_in_post_order,
+    unfinished_below_names_those_with_an_unfinished_descendant,
     create_limit_is_counted_in_the_admission_transaction,
     concurrent_admissions_are_exact_and_each_fails_alone,
     racing_children_keep_create_limit_and_budget,

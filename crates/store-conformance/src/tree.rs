@@ -182,3 +182,33 @@ pub fn descendants_are_in_post_order(store: &dyn Store) {
     // The plan comes back as stored, statuses included.
     assert!(plan.iter().all(|a| *a == get(store, &t, a.name.as_str())));
 }
+
+/// `unfinished_below` names, of the agents asked about, exactly those whose
+/// end leaves a stop to plan: an unfinished descendant at any depth
+/// (queued counts), not a finished subtree, not an agent without children,
+/// not a name the store does not hold.
+pub fn unfinished_below_names_those_with_an_unfinished_descendant(store: &dyn Store) {
+    let t = tenant("conf-below");
+    let done = |n: &str, parent: Option<&str>| {
+        let a = running(store, &t, n, parent);
+        end(store, &a, Terminal::Completed, None);
+    };
+    running(store, &t, "busy", None);
+    running(store, &t, "busy-kid", Some("busy"));
+    running(store, &t, "deep", None);
+    let kid = running(store, &t, "deep-kid", Some("deep"));
+    admit(store, &t, "deep-grandkid", Some("deep-kid"));
+    end(store, &kid, Terminal::Completed, None);
+    running(store, &t, "settled", None);
+    done("settled-kid", Some("settled"));
+    running(store, &t, "lone", None);
+    let ask = ["busy", "deep", "settled", "lone", "ghost", "deep-kid"].map(name);
+    let below = store.unfinished_below(&t, &ask).unwrap();
+    let mut got: Vec<&str> = below.iter().map(AgentName::as_str).collect();
+    got.sort_unstable();
+    assert_eq!(got, ["busy", "deep", "deep-kid"]);
+    assert!(store.unfinished_below(&t, &[]).unwrap().is_empty());
+    // Another tenant's tree is not this one's.
+    let other = tenant("conf-below-other");
+    assert!(store.unfinished_below(&other, &ask).unwrap().is_empty());
+}

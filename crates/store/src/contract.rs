@@ -313,6 +313,18 @@ pub trait Records {
     /// cycles, so it is the parent-death plan.
     fn descendants_post_order(&self, tenant: &TenantId, name: &AgentName) -> Result<Vec<Agent>>;
 
+    /// Of `names`, those with an unfinished descendant, or whose
+    /// descendants cannot be read whole (an edge without an agent, a
+    /// cycle): the agents whose end leaves a stop to plan
+    /// ([`Records::descendants_post_order`] plans it). One statement for
+    /// the lot, so the ends recorded together ask once; a name not in the
+    /// store has no descendant.
+    fn unfinished_below(
+        &self,
+        tenant: &TenantId,
+        names: &[AgentName],
+    ) -> Result<std::collections::HashSet<AgentName>>;
+
     fn channel(
         &self,
         tenant: &TenantId,

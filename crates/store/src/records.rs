@@ -8,7 +8,7 @@ use brood_core::{AgentName, Code, RunId, SessionName, TenantId};
 
 use crate::admission::Q_SUBTREE_USAGE;
 use crate::checks::refused;
-use crate::db::{Db, MAX_WALK_DEPTH, Value, not_found};
+use crate::db::{Db, MAX_WALK_DEPTH, Row as _, Value, not_found};
 use crate::types::{Agent, Message, Spend, StoreError};
 
 // An agent's own spend: every run of it (the (tenant, agent, seq) index).
@@ -88,6 +88,43 @@ pub(crate) fn children<D: Db>(
         D::SQL.children,
         &[Value::from(tenant.as_str()), Value::from(name.as_str())],
     )
+}
+
+/// `Records::unfinished_below`: one statement whatever the names' number.
+pub(crate) fn unfinished_below<D: Db>(
+    db: &D,
+    tenant: &TenantId,
+    names: &[AgentName],
+) -> Result<std::collections::HashSet<AgentName>, D::Err> {
+    if names.is_empty() {
+        return Ok(std::collections::HashSet::new());
+    }
+    let tops = serde_json::to_string(&names.iter().map(AgentName::as_str).collect::<Vec<_>>())
+        .map_err(|e| StoreError::Corrupt {
+            what: "the names of a walk",
+            value: e.to_string(),
+        })?;
+    let found = db.query(
+        D::SQL.unfinished_below,
+        &[
+            Value::from(tenant.as_str()),
+            Value::from(tops.as_str()),
+            Value::from(MAX_WALK_DEPTH),
+        ],
+        |r| r.text(0),
+    )?;
+    found
+        .into_iter()
+        .map(|n| {
+            AgentName::new(&n).map_err(|e| {
+                StoreError::Corrupt {
+                    what: "edges",
+                    value: format!("parent {n}: {e}"),
+                }
+                .into()
+            })
+        })
+        .collect()
 }
 
 /// `Records::descendants_post_order`.

@@ -286,6 +286,12 @@ fn a_corrupt_edge_cycle_is_refused_and_the_walk_ends() {
             other => panic!("a cycle under {top} gave {other:?}"),
         }
     }
+    // A walk that is not whole leaves a stop to plan, whose plan says why.
+    let below = store.unfinished_below(&t, &[name("c"), name("x")]).unwrap();
+    assert!(
+        below.contains(&name("c")) && below.contains(&name("x")),
+        "{below:?}"
+    );
     // An agent that corruption gave a second parent is planned once, after all
     // of its descendants and before both of its parents.
     let conn2 = rusqlite::Connection::open(&path).unwrap();
@@ -764,6 +770,16 @@ fn a_forest_of_100000_agents_is_walked_through_indexes() {
     uses(
         "descendants",
         "SEARCH edges USING PRIMARY KEY (tenant=? AND parent=?)",
+    );
+    // The ends' one look below for a batch (issue 27): each name's edges by
+    // the key, each agent reached by its key.
+    uses(
+        "unfinished_below",
+        "SEARCH edges USING PRIMARY KEY (tenant=? AND parent=?)",
+    );
+    uses(
+        "unfinished_below",
+        "sqlite_autoindex_agents_1 (tenant=? AND name=?)",
     );
     uses(
         "events_of_agent",

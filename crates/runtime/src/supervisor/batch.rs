@@ -296,22 +296,41 @@ impl Dispatcher {
                 None
             }
         };
-        self.follow_ends(ends, agents);
+        // What they left below them, one read for the lot.
+        let below = agents.as_ref().and_then(|_| {
+            let names: Vec<AgentName> = ends.iter().map(|e| e.name.clone()).collect();
+            self.records
+                .store
+                .unfinished_below(&self.records.tenant, &names)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, n = names.len(), "reading what the ended agents left below them failed; each is planned alone");
+                })
+                .ok()
+        });
+        self.follow_ends(ends, agents, below);
     }
 
     /// The end writer's answer: what follows each end, in order.
     pub(super) fn on_ends_recorded(&mut self, r: EndsRecorded) {
         let ends = self.ends_writer.landed(r.id);
-        self.follow_ends(ends, r.agents);
+        self.follow_ends(ends, r.agents, r.below);
     }
 
     /// What follows ends recorded together (`agents`, one per end), or,
-    /// when they were not, each recorded alone first.
-    fn follow_ends(&mut self, ends: Vec<Ending>, agents: Option<Vec<brood_store::Agent>>) {
+    /// when they were not, each recorded alone first. `below`, when known:
+    /// the ends that left an unfinished descendant; the others leave only
+    /// their group.
+    fn follow_ends(
+        &mut self,
+        ends: Vec<Ending>,
+        agents: Option<Vec<brood_store::Agent>>,
+        below: Option<HashSet<AgentName>>,
+    ) {
         match agents {
             Some(agents) => {
                 for (e, a) in ends.into_iter().zip(agents) {
-                    self.finish_recorded(e, Ok(a));
+                    let left = below.as_ref().map(|b| b.contains(&e.name));
+                    self.finish_recorded_left(e, Ok(a), left);
                 }
             }
             None => {

@@ -36,10 +36,14 @@ struct Job {
 
 /// The writer's answer for a job: the agents as recorded, one per end in
 /// order, or `None` when the transaction failed (the loop then records
-/// each end alone, as it did before, and says why each failed).
+/// each end alone, as it did before, and says why each failed); and which
+/// of them left an unfinished descendant (`Store::unfinished_below`, asked
+/// once for all the ends recorded together), `None` when that read failed
+/// or was not made: the loop then reads each one's plan itself.
 pub(crate) struct EndsRecorded {
     pub(super) id: u64,
     pub(super) agents: Option<Vec<Agent>>,
+    pub(super) below: Option<HashSet<AgentName>>,
 }
 
 pub(super) struct EndsWriter {
@@ -161,6 +165,19 @@ fn writer(
                 None
             }
         };
+        // What the ends leave below them, asked once for the lot and off
+        // the loop, where each end's plan was a read on the loop (two
+        // statements an end on PostgreSQL, most for agents with no child).
+        let below = agents.is_some().then(|| {
+            let names: Vec<AgentName> = items.iter().map(|it| it.name.clone()).collect();
+            store
+                .unfinished_below(tenant, &names)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, n = names.len(), "reading what the ended agents left below them failed; each is planned on the loop");
+                })
+                .ok()
+        });
+        let below = below.flatten();
         for j in together {
             let mine = agents
                 .as_mut()
@@ -168,6 +185,13 @@ fn writer(
             let answer = EndsRecorded {
                 id: j.id,
                 agents: mine,
+                below: below.as_ref().map(|b| {
+                    j.items
+                        .iter()
+                        .filter(|it| b.contains(&it.name))
+                        .map(|it| it.name.clone())
+                        .collect()
+                }),
             };
             if loop_tx.send(Cmd::EndsRecorded(Box::new(answer))).is_err() {
                 return;

@@ -124,6 +124,9 @@ pub(crate) struct Statements {
     /// `?1` tenant, `?2` agent, `?3` guard: name, level, then the agent's
     /// columns (NULL for an edge without an agent), deepest first.
     pub descendants: &'static str,
+    /// `?1` tenant, `?2` names (a JSON array), `?3` guard: those of the
+    /// names with an unfinished descendant or a walk not whole.
+    pub unfinished_below: &'static str,
     /// `?1` tenant, `?2` parent: its children, in creation order.
     pub children: &'static str,
     /// `?1` supervisor: its unfinished agents.

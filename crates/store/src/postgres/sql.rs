@@ -35,6 +35,7 @@ macro_rules! now_ms {
 pub(crate) const STATEMENTS: Statements = Statements {
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
+    unfinished_below: Q_UNFINISHED_BELOW,
     children: Q_CHILDREN,
     unfinished_of: Q_UNFINISHED_OF,
     agents_all: Q_AGENTS_ALL,
@@ -162,4 +163,22 @@ const Q_DESCENDANTS: &str = concat!(
     agent_cols!("agents."),
     " FROM plan LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = plan.name",
     " ORDER BY plan.level DESC, agents.created_ms DESC NULLS LAST, plan.name COLLATE \"C\" DESC"
+);
+
+// `sqlite::sql::Q_UNFINISHED_BELOW`: the names' JSON array read by
+// PostgreSQL's JSON functions (the parameter a TEXT, which the client
+// binds a string to), the literal level a BIGINT (above).
+const Q_UNFINISHED_BELOW: &str = concat!(
+    "WITH RECURSIVE walk(top, name, level) AS (",
+    " SELECT edges.parent, edges.child, CAST(1 AS BIGINT)",
+    "  FROM json_array_elements_text(CAST(CAST(?2 AS TEXT) AS JSON)) AS tops(value) CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = tops.value",
+    " UNION",
+    " SELECT walk.top, edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    ")",
+    " SELECT DISTINCT walk.top FROM walk",
+    " LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = walk.name",
+    " WHERE walk.level >= ?3 OR agents.name IS NULL OR ",
+    unfinished!("agents.")
 );

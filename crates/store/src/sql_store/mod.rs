@@ -454,6 +454,14 @@ impl<S: SqlStore> Records for S {
         self.reading(|db| records::descendants_post_order(db, tenant, name))
     }
 
+    fn unfinished_below(
+        &self,
+        tenant: &TenantId,
+        names: &[AgentName],
+    ) -> Result<std::collections::HashSet<AgentName>> {
+        self.reading(|db| records::unfinished_below(db, tenant, names))
+    }
+
     fn channel(
         &self,
         tenant: &TenantId,

@@ -150,6 +150,26 @@ pub(crate) const Q_DESCENDANTS: &str = concat!(
     " ORDER BY plan.level DESC, agents.created_ms DESC, plan.name DESC"
 );
 
+// Of the agents named in the JSON array ?2, those with an unfinished
+// descendant, or whose walk is not whole (an edge without an agent row, a
+// walk at the guard ?3: a cycle): what an ended agent's descendants need a
+// stop planned for. One statement for a batch of ends, where each agent's
+// plan (`Q_DESCENDANTS`) would be one, and most agents have no edge at all.
+// `CROSS JOIN` keeps the walk's queue outside, as in `Q_DESCENDANTS`.
+pub(crate) const Q_UNFINISHED_BELOW: &str = concat!(
+    "WITH RECURSIVE walk(top, name, level) AS (",
+    " SELECT edges.parent, edges.child, 1 FROM json_each(?2) AS tops CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = tops.value",
+    " UNION",
+    " SELECT walk.top, edges.child, walk.level + 1 FROM walk CROSS JOIN edges",
+    "  WHERE edges.tenant = ?1 AND edges.parent = walk.name AND walk.level < ?3",
+    ")",
+    " SELECT DISTINCT walk.top FROM walk",
+    " LEFT JOIN agents ON agents.tenant = ?1 AND agents.name = walk.name",
+    " WHERE walk.level >= ?3 OR agents.name IS NULL OR ",
+    unfinished!("agents.")
+);
+
 // The fanout quota's count: a parent's unfinished children. The WHERE repeats
 // `unfinished!` so the partial index of 0002_quotas.sql applies, and the index is
 // named because without table statistics the planner may prefer
@@ -319,6 +339,7 @@ pub(crate) const PLANNED: &[(&str, &str)] = &[
     ("agent_exists", Q_AGENT_EXISTS),
     ("children", Q_CHILDREN),
     ("descendants", Q_DESCENDANTS),
+    ("unfinished_below", Q_UNFINISHED_BELOW),
     ("fanout", Q_FANOUT),
     ("tree_size", Q_TREE_SIZE),
     ("ancestor_or_self", Q_ANCESTOR_OR_SELF),
@@ -355,6 +376,7 @@ pub(crate) const STATEMENTS: crate::db::Statements = crate::db::Statements {
     unfinished_children_specs: Q_UNFINISHED_CHILDREN_SPECS,
     ancestor_or_self: Q_ANCESTOR_OR_SELF,
     descendants: Q_DESCENDANTS,
+    unfinished_below: Q_UNFINISHED_BELOW,
     children: Q_CHILDREN,
     unfinished_of: Q_UNFINISHED_OF,
     status: U_STATUS,

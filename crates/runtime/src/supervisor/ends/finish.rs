@@ -155,28 +155,34 @@ impl Ends {
 
     /// What an ended run left behind, its entry forgotten: its descendants
     /// to stop, or only its group to remove; `slot`, the run's slot, kept
-    /// until then.
+    /// until then. `below`: whether it left an unfinished descendant, when
+    /// read with its end's batch (`Store::unfinished_below`); read here
+    /// otherwise.
     pub(in crate::supervisor) fn left_behind(
         &mut self,
         name: AgentName,
         group: Option<Group>,
         clear: Option<ToClear>,
         slot: bool,
+        below: Option<bool>,
         env: &mut Env<'_>,
     ) -> EndFollow {
         // Owned children die with their parent (SPEC 6), or at least its leftovers do.
         // A read that fails is not taken for "no children": the stop plans
         // again (issue 28).
-        let unfinished = match env
-            .records
-            .store
-            .descendants_post_order(&env.records.tenant, &name)
-        {
-            Ok(d) => d.into_iter().any(|a| !a.status.is_finished()),
-            Err(e) => {
-                tracing::warn!(agent = %name, error = %e, "reading the descendants of an ended agent failed; stopping them as planned again");
-                true
-            }
+        let unfinished = match below {
+            Some(b) => b,
+            None => match env
+                .records
+                .store
+                .descendants_post_order(&env.records.tenant, &name)
+            {
+                Ok(d) => d.into_iter().any(|a| !a.status.is_finished()),
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "reading the descendants of an ended agent failed; stopping them as planned again");
+                    true
+                }
+            },
         };
         if unfinished {
             EndFollow::StopDescendants {

@@ -49,6 +49,18 @@ impl Dispatcher {
         e: Ending,
         recorded: Result<Agent, StoreError>,
     ) {
+        self.finish_recorded_left(e, recorded, None);
+    }
+
+    /// [`Self::finish_recorded`], `below` saying whether the run left an
+    /// unfinished descendant when that was read with the end's batch
+    /// (`None`: read here, `Ends::left_behind`).
+    pub(in crate::supervisor) fn finish_recorded_left(
+        &mut self,
+        e: Ending,
+        recorded: Result<Agent, StoreError>,
+        below: Option<bool>,
+    ) {
         let Some(ended) = self.with_ends(|ends, env| ends.recorded(e, recorded, env)) else {
             return;
         };
@@ -64,7 +76,8 @@ impl Dispatcher {
         // What the run left in its group may live until the group is
         // emptied below: its slot is given back then, not now.
         let slot = self.forget_until_emptied(&name, group.as_ref());
-        let follow = self.with_ends(|ends, env| ends.left_behind(name, group, clear, slot, env));
+        let follow =
+            self.with_ends(|ends, env| ends.left_behind(name, group, clear, slot, below, env));
         self.apply_end(follow);
     }
 

@@ -392,7 +392,7 @@ async fn another_node_s_events_are_pushed_through_its_news_in_order_and_gapless(
     let (here, tenant) = (s.env.sup.store().clone(), s.env.sup.tenant().clone());
     let other = brood_store::open(&url).unwrap();
     other
-        .hear("the-other-node", std::sync::Arc::new(|| {}))
+        .hear("the-other-node", std::sync::Arc::new(|_| {}))
         .unwrap();
     let mut early = Stream::open(&sock, "/api/events", None).await;
     let writers: Vec<_> = [other.clone(), other.clone(), here.clone()]

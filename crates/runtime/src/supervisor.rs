@@ -795,11 +795,9 @@ impl Dispatcher {
                 }
             }
             Cmd::News => {
-                self.records
-                    .news_queued
-                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                let changed = self.records.heard.take();
                 if shutdown.is_none() {
-                    self.on_news();
+                    self.on_news(changed);
                 }
             }
             Cmd::Job(caller, op) => self.on_job(&caller, op),

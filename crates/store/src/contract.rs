@@ -664,10 +664,16 @@ pub trait Nodes {
     /// nodes as `me` (soon and coalesced), and `on_news` is called (on a
     /// thread of the store's; it must not block) when another node
     /// announces one, and whenever news may have been missed (the listening
-    /// connection made again). A notification says only "look": the store
-    /// stays the truth, so a lost one costs latency, never correctness. A
-    /// store no other node reaches hears nothing (the default).
-    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+    /// connection made again), with what the other node's writes changed
+    /// ([`crate::Changed`]: `ALL` when it may have been anything). A
+    /// notification says only where to look: the store stays the truth, so
+    /// a lost one costs latency, never correctness. A store no other node
+    /// reaches hears nothing (the default).
+    fn hear(
+        &self,
+        me: &str,
+        on_news: std::sync::Arc<dyn Fn(crate::Changed) + Send + Sync>,
+    ) -> Result<()> {
         let _ = (me, on_news);
         Ok(())
     }

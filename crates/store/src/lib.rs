@@ -15,6 +15,7 @@
 mod admission;
 mod bell;
 mod blobs;
+mod changed;
 mod checks;
 mod contract;
 mod db;
@@ -36,6 +37,7 @@ mod sql_store;
 mod sweeps;
 mod types;
 
+pub use changed::Changed;
 pub use contract::{
     Admission, BLOB_CHUNK, Blobs, Idempotency, Jobs, Nodes, Records, Recovery, Removal, Runs,
     SlotShares, Store, Sweeps, Transcripts,

@@ -10,6 +10,7 @@ use brood_core::{
 };
 
 use crate::admission::fanout;
+use crate::changed::{Changed, only};
 use crate::checks::refused;
 use crate::checks::{check_current_run, check_move, encode_artifacts, stop_event, to_sql_count};
 use crate::db::{Db, Known, Value};
@@ -35,6 +36,9 @@ pub(crate) fn start_run<D: Db>(
     events: &[NewEvent],
     supervisor: Option<&str>,
 ) -> Result<Agent, D::Err> {
+    // A start is news to the event log's readers alone: a node waiting for
+    // it to be ready hears through its inbox.
+    only(Changed::EVENTS);
     let agent = start_writes(db, tenant, name, run, pid, cgroup, now_ms, supervisor)?;
     append_of(db, tenant, events, now_ms, &[name])?;
     Ok(agent)
@@ -256,6 +260,7 @@ pub(crate) fn end_run<D: Db>(
     end: &RunEnd,
     events: &[NewEvent],
 ) -> Result<Agent, D::Err> {
+    only(Changed::EVENTS | Changed::ENDS);
     let agent = end_writes(db, tenant, name, run, end)?;
     append_of(db, tenant, events, end.now_ms, &[name])?;
     Ok(agent)
@@ -320,6 +325,7 @@ pub(crate) fn end_runs<D: Db>(
     tenant: &TenantId,
     items: &[EndItem],
 ) -> Result<Vec<Agent>, D::Err> {
+    only(Changed::EVENTS | Changed::ENDS);
     let mut out = Vec::with_capacity(items.len());
     let mut events: Vec<(&NewEvent, i64)> = Vec::new();
     for it in items {
@@ -343,6 +349,7 @@ pub(crate) fn start_runs<D: Db>(
     tenant: &TenantId,
     items: &[StartItem],
 ) -> Result<Vec<Result<Agent, StoreError>>, D::Err> {
+    only(Changed::EVENTS);
     let mut out = Vec::with_capacity(items.len());
     let mut events: Vec<(&NewEvent, i64)> = Vec::new();
     let mut read: Vec<&AgentName> = Vec::new();

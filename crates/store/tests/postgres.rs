@@ -331,3 +331,56 @@ fn a_new_databases_growing_tables_are_analyzed_as_agents_are_admitted() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Issue 27: a node's news says what its writes changed, so that the other
+/// nodes look only where it concerns them: a start says events, an end
+/// events and an end, an admission for this node events alone and one for
+/// another node an agent placed; a write whose body says nothing (a stop
+/// recorded) says everything.
+#[test]
+fn news_says_what_a_write_changed() {
+    use brood_core::Terminal;
+    use brood_store::Changed;
+    use brood_store::prelude::*;
+    use conformance::*;
+    use std::time::Duration;
+
+    let (db, a) = fresh();
+    let b = PgStore::open(&db.url).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Changed>();
+    b.hear("node-b", std::sync::Arc::new(move |c| drop(tx.send(c))))
+        .unwrap();
+    a.hear("node-a", std::sync::Arc::new(|_| {})).unwrap();
+    // The listener's first look, whatever happened before it listened.
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), Changed::ALL);
+    // The next news heard, what `write` did (coalesced with nothing else:
+    // one write at a time, each waited for).
+    let heard = |write: &dyn Fn()| {
+        while rx.try_recv().is_ok() {}
+        write();
+        rx.recv_timeout(Duration::from_secs(20)).unwrap()
+    };
+    let t = tenant("news");
+    let here = new_agent(&t, "here", None, "node-a");
+    let admitted = heard(&|| drop(a.admit(&here, &spawn_events(&here)).unwrap()));
+    assert_eq!(admitted, Changed::EVENTS);
+    let there = new_agent(&t, "there", None, "node-b");
+    let placed = heard(&|| drop(a.admit(&there, &spawn_events(&there)).unwrap()));
+    assert_eq!(placed, Changed::EVENTS | Changed::PLACED);
+    let agent = get(&a, &t, "here");
+    let started = heard(&|| drop(start(&a, &agent)));
+    assert_eq!(started, Changed::EVENTS);
+    let running = get(&a, &t, "here");
+    let ended = heard(&|| drop(end(&a, &running, Terminal::Completed, None)));
+    assert_eq!(ended, Changed::EVENTS | Changed::ENDS);
+    let stop = heard(&|| {
+        a.mark_stopping(
+            &t,
+            &[name("there")],
+            Terminal::Cancelled(brood_core::CancelReason::User),
+            now(),
+        )
+        .unwrap();
+    });
+    assert_eq!(stop, Changed::ALL);
+}

@@ -246,13 +246,13 @@ impl Supervisor {
         let (tx, rx) = mpsc::unbounded_channel();
         let disp_me = me.clone();
         let disp_cfg_node = cfg.node.clone();
-        let news_queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let heard = Arc::new(super::records::Heard::default());
         if cfg.node.is_some() {
             // The other nodes' writes wake this loop at once (a cancel there
             // reaching processes here); without it they wait for a tick.
-            let (tx, queued) = (tx.clone(), news_queued.clone());
-            let on_news = Arc::new(move || {
-                if !queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let (tx, heard) = (tx.clone(), heard.clone());
+            let on_news = Arc::new(move |what: brood_store::Changed| {
+                if heard.heard(what) {
                     let _ = tx.send(Cmd::News);
                 }
             });
@@ -315,7 +315,7 @@ impl Supervisor {
                 tenant: tenant.clone(),
                 paths: paths.clone(),
                 projection: projection.clone(),
-                news_queued,
+                heard,
             },
             launcher: Launcher {
                 spawner,

@@ -1,16 +1,16 @@
 //! The store and what follows each write of it: the ctx projection that
-//! mirrors the records as files, and the flag that folds another node's news
-//! into one look (event streams are woken by the store's own bell). Every record the
+//! mirrors the records as files, and what folds another node's news into
+//! one look (`Heard`; event streams are woken by the store's own bell). Every record the
 //! dispatcher makes goes through this part (SPEC 4: committed before anyone
 //! can observe it), and so does what it writes into the ctx tree (SPEC 3) as
 //! agents change: the parent's channel to them, their events.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use brood_core::{AgentName, Code, TenantId};
-use brood_store::{Agent, NewEvent, Store};
+use brood_store::{Agent, Changed, NewEvent, Store};
 
 use super::agents::Agents;
 use super::now_ms;
@@ -24,9 +24,34 @@ pub(super) struct Records {
     /// Where the ctx tree is (the host's `paths`, shared).
     pub(super) paths: Paths,
     pub(super) projection: Projection,
-    /// Set while a `Cmd::News` is queued, so news arriving faster than the
-    /// loop looks costs one look, not a queue of them.
-    pub(super) news_queued: Arc<AtomicBool>,
+    /// The other nodes' news the loop has not looked at yet.
+    pub(super) heard: Arc<Heard>,
+}
+
+/// The other nodes' news not looked at yet: whether a `Cmd::News` is
+/// queued, so news arriving faster than the loop looks costs one look, not
+/// a queue of them; and what all of it said changed, so the look goes only
+/// where the news concerns this node.
+#[derive(Default)]
+pub(super) struct Heard {
+    queued: AtomicBool,
+    changed: AtomicU8,
+}
+
+impl Heard {
+    /// News that `what` changed: whether a `Cmd::News` must be sent (none
+    /// is queued yet).
+    pub(super) fn heard(&self, what: Changed) -> bool {
+        self.changed.fetch_or(what.bits(), Ordering::SeqCst);
+        !self.queued.swap(true, Ordering::SeqCst)
+    }
+
+    /// The `Cmd::News` is being handled: what the news since the last one
+    /// said changed. News heard from here on queues another.
+    pub(super) fn take(&self) -> Changed {
+        self.queued.store(false, Ordering::SeqCst);
+        Changed::from_bits(self.changed.swap(0, Ordering::SeqCst))
+    }
 }
 
 impl Records {

@@ -83,11 +83,22 @@ impl PgStore {
     }
 
     /// A committed group's answers, announced to the other nodes when it
-    /// admitted any.
+    /// admitted any: as events, and as agents placed when one is another
+    /// node's to start.
     fn answered(&self, answers: Vec<Tx<Agent>>) -> Vec<Result<Agent>> {
         let admitted = answers.iter().filter(|a| a.is_ok()).count();
         if admitted > 0 {
-            self.wrote();
+            let me = self.announcing_as();
+            let elsewhere = answers
+                .iter()
+                .flatten()
+                .any(|a| me.is_none_or(|me| a.supervisor != me));
+            let what = if elsewhere {
+                crate::Changed::EVENTS | crate::Changed::PLACED
+            } else {
+                crate::Changed::EVENTS
+            };
+            self.wrote(what);
             self.young.admitted(admitted as u64, &self.pool);
         }
         let target = &self.pool.target;

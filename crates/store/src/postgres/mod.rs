@@ -497,16 +497,18 @@ impl PgStore {
     /// Runs `f` in a transaction that first takes `tenant`'s advisory lock
     /// (every read-then-write body: exact across nodes).
     pub(crate) fn write<T>(&self, tenant: &str, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
+        crate::changed::begin();
         let out = self.pool.transact(Some(tenant), &f)?;
-        self.wrote();
+        self.wrote(crate::changed::take());
         Ok(out)
     }
 
     /// Runs `f` in a transaction without a tenant's lock (bodies that span
     /// tenants, as the sweepers' and recovery's, lock what they need).
     pub(crate) fn write_any<T>(&self, f: impl Fn(&Db<'_>) -> Tx<T>) -> Result<T> {
+        crate::changed::begin();
         let out = self.pool.transact(None, &f)?;
-        self.wrote();
+        self.wrote(crate::changed::take());
         Ok(out)
     }
 
@@ -518,12 +520,17 @@ impl PgStore {
         self.pool.transact(None, &f)
     }
 
-    /// A write committed: the other nodes hear of it, when this store
-    /// announces (see `news`).
-    pub(crate) fn wrote(&self) {
+    /// A write committed that changed `what`: the other nodes hear of it,
+    /// when this store announces (see `news`).
+    pub(crate) fn wrote(&self, what: crate::Changed) {
         if let Some(n) = self.news.get() {
-            n.wrote();
+            n.wrote(what);
         }
+    }
+
+    /// The node this store announces as, once it hears (`Nodes::hear`).
+    pub(crate) fn announcing_as(&self) -> Option<&str> {
+        self.news.get().map(news::News::me)
     }
 }
 

@@ -50,7 +50,7 @@ impl SqlStore for PgStore {
     }
 
     fn announce(&self) {
-        self.wrote();
+        self.wrote(crate::Changed::ALL);
     }
 
     fn bell(&self) -> &crate::bell::Bell {
@@ -77,18 +77,24 @@ impl SqlStore for PgStore {
         self.break_lease(name)
     }
 
-    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+    fn hear(
+        &self,
+        me: &str,
+        on_news: std::sync::Arc<dyn Fn(crate::Changed) + Send + Sync>,
+    ) -> Result<()> {
         if self.news.get().is_some() {
             return Ok(());
         }
         // The event log's readers hear the news too, without waiting for
         // the one told here (a supervisor's loop) to pass it on.
         let pool = std::sync::Arc::downgrade(&self.pool);
-        let on_news = std::sync::Arc::new(move || {
-            if let Some(p) = pool.upgrade() {
+        let on_news = std::sync::Arc::new(move |what: crate::Changed| {
+            if what.any(crate::Changed::EVENTS)
+                && let Some(p) = pool.upgrade()
+            {
                 p.bell.ring();
             }
-            on_news();
+            on_news(what);
         });
         let news = super::news::start(&self.pool, me, on_news).map_err(|e| e.at(self.target()))?;
         // Two racing callers would start two announcers; the second's is

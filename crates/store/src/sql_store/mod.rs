@@ -122,7 +122,11 @@ pub(crate) trait SqlStore {
     }
 
     /// `Nodes::hear`: a store that other nodes write to tells this one.
-    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+    fn hear(
+        &self,
+        me: &str,
+        on_news: std::sync::Arc<dyn Fn(crate::Changed) + Send + Sync>,
+    ) -> Result<()> {
         let _ = (me, on_news);
         Ok(())
     }

@@ -76,7 +76,11 @@ impl<S: SqlStore> Nodes for S {
         Ok(taken)
     }
 
-    fn hear(&self, me: &str, on_news: std::sync::Arc<dyn Fn() + Send + Sync>) -> Result<()> {
+    fn hear(
+        &self,
+        me: &str,
+        on_news: std::sync::Arc<dyn Fn(crate::Changed) + Send + Sync>,
+    ) -> Result<()> {
         SqlStore::hear(self, me, on_news)
     }
 }

@@ -9,23 +9,35 @@
 //! holds.
 
 use brood_core::{AgentName, Code, FailReason, Status, Terminal};
-use brood_store::StoreError;
+use brood_store::{Changed, StoreError};
 
 use super::{Cluster, Env, Next, NodeFollow, then};
 
 impl Cluster {
     /// Another node changed the store: what it may have done to this node's
     /// agents (stops recorded for them, ends of agents waited for here) is
-    /// carried out now rather than at the next tick. The event log's readers
-    /// look again after this command, as after any.
-    pub(in crate::supervisor) fn news(&self, env: &Env) -> Vec<NodeFollow> {
-        let mut out = self.claim(env);
-        out.extend([
-            NodeFollow::DeliverRoutedInputs,
-            NodeFollow::AnswerReadyWaits,
-            NodeFollow::CarryOutRecordedStops,
-            NodeFollow::AnswerRemoteWaits,
-        ]);
+    /// carried out now rather than at the next tick, each look only when the
+    /// news says its kind of change (`changed`): most writes are an
+    /// admission, a start or an end that concerns no other node, and each
+    /// look is a read. The ticks make every look whatever the news said. The
+    /// event log's readers look again after this command, as after any.
+    pub(in crate::supervisor) fn news(&self, changed: Changed, env: &Env) -> Vec<NodeFollow> {
+        let mut out = Vec::new();
+        if changed.any(Changed::PLACED) {
+            out.extend(self.claim(env));
+        }
+        if changed.any(Changed::INPUTS) {
+            out.push(NodeFollow::DeliverRoutedInputs);
+        }
+        if changed.any(Changed::ENDS) {
+            out.push(NodeFollow::AnswerReadyWaits);
+        }
+        if changed.any(Changed::STOPS) {
+            out.push(NodeFollow::CarryOutRecordedStops);
+        }
+        if changed.any(Changed::ENDS) {
+            out.push(NodeFollow::AnswerRemoteWaits);
+        }
         out
     }
 

@@ -43,9 +43,10 @@ fn env<'a>(
 }
 
 impl Dispatcher {
-    /// `Cmd::News`: another node changed the store (`cluster::nodes`).
-    pub(in crate::supervisor) fn on_news(&mut self) {
-        let follows = self.with_cluster(|c, env| c.news(env));
+    /// `Cmd::News`: another node changed the store, `changed` of it
+    /// (`cluster::nodes`).
+    pub(in crate::supervisor) fn on_news(&mut self, changed: brood_store::Changed) {
+        let follows = self.with_cluster(|c, env| c.news(changed, env));
         self.apply_cluster(follows);
     }
 
@@ -138,7 +139,10 @@ impl Dispatcher {
                     }
                 }
                 NodeFollow::ClaimMore => {
-                    let _ = self.host.tx.send(Cmd::News);
+                    // As news of agents placed here, folded into any queued.
+                    if self.records.heard.heard(brood_store::Changed::PLACED) {
+                        let _ = self.host.tx.send(Cmd::News);
+                    }
                     Vec::new()
                 }
                 NodeFollow::LetGo(name) => {

@@ -352,7 +352,10 @@ fn news_says_what_a_write_changed() {
         .unwrap();
     a.hear("node-a", std::sync::Arc::new(|_| {})).unwrap();
     // The listener's first look, whatever happened before it listened.
-    assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), Changed::ALL);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).unwrap(),
+        Changed::ALL
+    );
     // The next news heard, what `write` did (coalesced with nothing else:
     // one write at a time, each waited for).
     let heard = |write: &dyn Fn()| {

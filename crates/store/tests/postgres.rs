@@ -348,8 +348,13 @@ fn news_says_what_a_write_changed() {
     let (db, a) = fresh();
     let b = PgStore::open(&db.url).unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<Changed>();
-    b.hear("node-b", std::sync::Arc::new(move |c| drop(tx.send(c))))
-        .unwrap();
+    b.hear(
+        "node-b",
+        std::sync::Arc::new(move |c| {
+            let _ = tx.send(c);
+        }),
+    )
+    .unwrap();
     a.hear("node-a", std::sync::Arc::new(|_| {})).unwrap();
     // The listener's first look, whatever happened before it listened.
     assert_eq!(

@@ -31,8 +31,8 @@ use brood_core::policy::Policy;
 use brood_core::{AgentEvent, AgentName, Code, FailReason, RunId, SessionName, TenantId, Terminal};
 use brood_launch::cgroup::Group;
 use brood_launch::{LaunchError, Launched};
-use brood_proto::{DoneResult, FromAgent, LineError};
-use brood_store::{Agent, NewEvent, Protocol, Store, StoreError};
+use brood_proto::{FromAgent, LineError};
+use brood_store::{Agent, NewEvent, Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
@@ -59,6 +59,8 @@ mod io;
 mod jobs;
 mod launch;
 mod launcher;
+mod live;
+use live::{Live, Pending, UnrecordedEnd};
 mod models;
 pub use models::{Endpoint, Gateway, GatewayHost, ModelRefusal};
 mod ops;
@@ -380,220 +382,6 @@ fn new_run_id() -> RunId {
         let b = u.as_u128();
         RunId::v7(now_ms() as u64, (b >> 64) as u16, b as u64)
     })
-}
-
-struct Live {
-    run: RunId,
-    session: SessionName,
-    parent: Option<AgentName>,
-    parent_session: Option<SessionName>,
-    protocol: Protocol,
-    group: Option<Group>,
-    pid: Option<i32>,
-    stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
-    ready: bool,
-    done: Option<DoneResult>,
-    error: Option<String>,
-    protocol_error: Option<String>,
-    exec_out: Vec<u8>,
-    /// What the agent streamed (`chunk`) since its last whole message of
-    /// this turn, recorded as its message at the turn's end or its `done`.
-    unsaid: String,
-    /// It sent an assistant message of its own in this turn.
-    said_this_turn: bool,
-    stderr_tail: String,
-    exit: Option<i32>,
-    /// Set when a stop (cancel or parent death) covers this agent.
-    stopping: Option<u64>,
-    /// Cancelled while its launch was in flight: kill whatever starts.
-    cancelled_before_start: bool,
-    spawn_reply: Option<(Reply<brood_api::Agent>, bool)>,
-    /// The node that admitted it for this one and holds a `--ready` spawn
-    /// open: told when it is ready (routed.rs).
-    ready_news: Option<String>,
-    /// What a resumed run is told to do (its new input); the original task otherwise.
-    instruction: Option<String>,
-    /// The init frame of the run being launched (protocol agents), until
-    /// `on_launched` has sent what the launch could not pre-write.
-    init: Option<Vec<u8>>,
-    /// The agent's effective policy (SPEC 5), checked at admission.
-    policy: Policy,
-    /// The values of its policy's `secrets` (issue 25), held here and in
-    /// its process's environment only: from its caller for a root, from its
-    /// parent's for a child. Gone with the live entry, so a new run needs
-    /// them again.
-    secrets: brood_api::Secrets,
-    /// Children created by this run so far: what the attenuation check of its
-    /// next child needs (SPEC 5 create_limit).
-    creates_used: u32,
-    /// Dollars this run has spent: the more of what it reported and what
-    /// the model gateway metered (issue 31), never lowered.
-    run_usd: f64,
-    /// What the run reported (SPEC 7 `usage`, cumulative), kept for display.
-    reported_usd: f64,
-    reported_in: u64,
-    reported_out: u64,
-    /// What brood metered of its calls through the model gateway.
-    metered_usd: f64,
-    metered_in: u64,
-    metered_out: u64,
-    /// Its run's model gateway endpoint, open while the run may call.
-    gateway: Option<crate::agent_socket::Listener>,
-    /// Its run's calls in the current minute, against its `model_rate`
-    /// (issue 31); gone with the live entry.
-    model_window: brood_core::rate::Window,
-    /// Dollars spent by the agent (every run) and its whole subtree, finished
-    /// descendants included: what its `cost_limit` is held to (SPEC 9). Kept up to
-    /// date as usage arrives, so a budget is checked without a store read.
-    subtree_usd: f64,
-    /// Why its budget stopped it, for the record's detail.
-    budget_note: Option<String>,
-    /// When this run was admitted (the invocation duration metric).
-    admitted: std::time::Instant,
-    /// Its sandbox as specified: the result collector is confined with it
-    /// (prepared again then), so that it opens the child's files with the
-    /// child's rights. The spec, not the prepared ruleset, is kept: a
-    /// ruleset is a descriptor, and the daemon holds as few as it can a
-    /// live agent (`brood bench memory`).
-    sandbox: Option<collect::KeptSandbox>,
-    /// When this run must end (its start plus `timeout_s`), in Unix seconds.
-    deadline_unix_s: Option<u64>,
-    /// `iso = ns`: the agent runs in a private mount namespace.
-    iso_ns: bool,
-    /// With `iso = ns`: the directory that becomes its `/`, if the request named one.
-    ns_root: Option<PathBuf>,
-    /// It or an ancestor has resource limits: its processes join the limit groups.
-    limited: bool,
-    /// The supervisor's side of its run's door, served while it lives.
-    door: Option<crate::agent_socket::Listener>,
-    /// What to start once a concurrency slot is free (SPEC 9: `queued`).
-    pending: Option<Pending>,
-    /// Its launch was handed to the spawner (it holds a concurrency slot).
-    launching: bool,
-    /// Its run ended but the end could not be recorded (the store was
-    /// away): kept, and recorded at a later tick, so the record never says
-    /// running for a process that is gone.
-    unrecorded: Option<Box<UnrecordedEnd>>,
-    /// Its place in its tree's trace, as its spec records it (issue 30):
-    /// kept so a child's admission here reads no record for it. `None`
-    /// where the live entry was made from a record (read then).
-    trace: Option<crate::trace::Placed>,
-}
-
-/// An admitted agent's launch, waiting for a concurrency slot.
-/// A run's end as `finish` was given it, kept while it cannot be recorded.
-struct UnrecordedEnd {
-    outcome: Terminal,
-    exit_code: Option<i32>,
-    result: Option<String>,
-    detail: Option<String>,
-    harvest: Option<crate::channel::Harvest>,
-}
-
-struct Pending {
-    /// The record its admission wrote, when it was admitted by this run of
-    /// the loop: what the launch reads of it (the task, the customer) is
-    /// fixed at admission, so the launch need not read it again.
-    admitted: Option<Agent>,
-    argv: Vec<String>,
-    cwd: Option<String>,
-    group_parent: Option<Group>,
-}
-
-impl Live {
-    /// Its parent's channel to it (`None` for a root), from what the live
-    /// entry knows, without a store read.
-    fn channel_dir(&self, paths: &Paths, name: &AgentName) -> Option<PathBuf> {
-        let (p, ps) = self.parent.as_ref().zip(self.parent_session.as_ref())?;
-        Some(paths.channel_dir(p, ps, name))
-    }
-
-    /// The live entry of a run already recorded (resumed, taken up at a
-    /// restart, claimed from another node's placement): its run, session
-    /// and protocol from its record `a`, its namespace from its `spec`.
-    fn of_record(
-        a: &Agent,
-        spec: &Value,
-        parent: Option<(AgentName, SessionName)>,
-        policy: Policy,
-        instruction: Option<String>,
-    ) -> Live {
-        let mut live = Live::new(
-            a.run.clone(),
-            a.session.clone(),
-            parent,
-            a.protocol,
-            policy,
-            instruction,
-        );
-        live.iso_ns = spec["iso"] == "ns";
-        live.ns_root = spec["root"].as_str().map(PathBuf::from);
-        live
-    }
-
-    fn new(
-        run: RunId,
-        session: SessionName,
-        parent: Option<(AgentName, SessionName)>,
-        protocol: Protocol,
-        policy: Policy,
-        instruction: Option<String>,
-    ) -> Live {
-        let (parent, parent_session) = match parent {
-            Some((p, s)) => (Some(p), Some(s)),
-            None => (None, None),
-        };
-        Live {
-            run,
-            session,
-            parent,
-            parent_session,
-            protocol,
-            group: None,
-            pid: None,
-            stdin: None,
-            ready: false,
-            done: None,
-            error: None,
-            protocol_error: None,
-            exec_out: Vec::new(),
-            unsaid: String::new(),
-            said_this_turn: false,
-            stderr_tail: String::new(),
-            exit: None,
-            stopping: None,
-            cancelled_before_start: false,
-            spawn_reply: None,
-            ready_news: None,
-            instruction,
-            init: None,
-            policy,
-            secrets: brood_api::Secrets::new(),
-            creates_used: 0,
-            run_usd: 0.0,
-            reported_usd: 0.0,
-            reported_in: 0,
-            reported_out: 0,
-            metered_usd: 0.0,
-            metered_in: 0,
-            metered_out: 0,
-            gateway: None,
-            model_window: brood_core::rate::Window::default(),
-            subtree_usd: 0.0,
-            budget_note: None,
-            admitted: std::time::Instant::now(),
-            sandbox: None,
-            deadline_unix_s: None,
-            iso_ns: false,
-            ns_root: None,
-            limited: false,
-            door: None,
-            trace: None,
-            pending: None,
-            launching: false,
-            unrecorded: None,
-        }
-    }
 }
 
 /// The dispatcher: the loop's state, as owned parts (ARCHITECTURE.md

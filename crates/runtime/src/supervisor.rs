@@ -78,6 +78,7 @@ mod route;
 mod routed;
 mod secrets;
 mod sockets;
+mod starts_writer;
 mod stops;
 mod sweep;
 mod verbs;
@@ -98,12 +99,18 @@ pub struct Hooks {
     /// after its admission was recorded: lets a test cancel in that window.
     #[allow(clippy::type_complexity)]
     pub before_launch: Option<Arc<dyn Fn(&AgentName) + Send + Sync>>,
+    /// Called on the start writer's thread for each start it recorded,
+    /// before its answer goes to the loop (`starts_writer`): lets a test
+    /// act while the record says running and the loop knows no process.
+    #[allow(clippy::type_complexity)]
+    pub start_recorded: Option<Arc<dyn Fn(&AgentName) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hooks")
             .field("before_launch", &self.before_launch.is_some())
+            .field("start_recorded", &self.start_recorded.is_some())
             .finish()
     }
 }
@@ -265,6 +272,8 @@ pub(crate) enum Cmd {
     Admitted(Box<admitting::Admitted>),
     /// The store's end writer recorded ends handed over (`ends_writer`).
     EndsRecorded(Box<ends_writer::EndsRecorded>),
+    /// The store's start writer recorded starts handed over (`starts_writer`).
+    StartsRecorded(Box<starts_writer::StartsRecorded>),
     /// A run that ended with a result, its refs checked and artifacts taken.
     Harvested(Box<Harvested>),
     Send(Caller, AgentName, String, Reply<brood_api::InputReply>),
@@ -437,6 +446,8 @@ struct Dispatcher {
     admitting: admitting::Admitting,
     /// Ends handed to the store's end writer and not yet answered.
     ends_writer: ends_writer::EndsWriter,
+    /// Starts handed to the store's start writer and not yet answered.
+    starts_writer: starts_writer::StartsWriter,
     /// The model gateway's part: the tenant's model calls in the current
     /// minute (issue 31); each call checked and metered (`route::models`).
     models: models::Models,
@@ -519,12 +530,22 @@ impl Dispatcher {
             self.ends_writer.hold(cmd);
             return;
         }
+        if self.waits_for_its_start(&cmd) {
+            self.starts_writer.hold(cmd);
+            return;
+        }
         match cmd {
             Cmd::Spawn(caller, req, reply) => self.on_spawn(caller, *req, reply),
             Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
             Cmd::EndsRecorded(r) => {
                 self.on_ends_recorded(*r);
                 for held in self.ends_writer.take_held() {
+                    self.dispatch(held, shutdown);
+                }
+            }
+            Cmd::StartsRecorded(r) => {
+                self.on_starts_recorded(*r);
+                for held in self.starts_writer.take_held() {
                     self.dispatch(held, shutdown);
                 }
             }
@@ -661,14 +682,25 @@ impl Dispatcher {
     /// the verb is held until the end is recorded, then handled as it would
     /// have been right after (a cancel finds it ended, a close closes it).
     fn waits_for_its_end(&self, cmd: &Cmd) -> bool {
+        verb_names(cmd).is_some_and(|n| self.ends_writer.in_flight(n))
+    }
+
+    /// The agent a command acts on or comes from, when its start is in
+    /// flight (`starts_writer`): the command is held until the start is
+    /// recorded, then handled as it would have been right after (its record
+    /// says `running` then: a child is admitted only under a running
+    /// parent).
+    fn waits_for_its_start(&self, cmd: &Cmd) -> bool {
         let name = match cmd {
-            Cmd::Send(_, n, ..)
-            | Cmd::Cancel(_, n, _)
-            | Cmd::Close(_, n, _)
-            | Cmd::Resume(_, n, ..) => n,
-            _ => return false,
+            Cmd::Spawn(caller, req, _) => match caller {
+                Caller::Agent(me) => Some(me),
+                Caller::User { .. } => req.parent.as_ref(),
+            },
+            Cmd::AgentSocket(n, _) | Cmd::Model(n, ..) => Some(n),
+            Cmd::Job(Caller::Agent(me), _) => Some(me),
+            _ => verb_names(cmd),
         };
-        self.ends_writer.in_flight(name)
+        name.is_some_and(|n| self.starts_writer.in_flight(n))
     }
 
     fn id(&mut self) -> u64 {
@@ -776,4 +808,15 @@ fn task_of(a: &Agent) -> String {
 fn rand_u32() -> u32 {
     let u = uuid::Uuid::now_v7().as_u128();
     (u as u32) ^ ((u >> 32) as u32)
+}
+
+/// The agent a verb (send, cancel, close, resume) acts on.
+fn verb_names(cmd: &Cmd) -> Option<&AgentName> {
+    match cmd {
+        Cmd::Send(_, n, ..)
+        | Cmd::Cancel(_, n, _)
+        | Cmd::Close(_, n, _)
+        | Cmd::Resume(_, n, ..) => Some(n),
+        _ => None,
+    }
 }

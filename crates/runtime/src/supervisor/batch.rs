@@ -25,6 +25,7 @@ use super::admission::{Spawn, joins};
 use super::ends::Ending;
 use super::ends_writer::EndsRecorded;
 use super::launch::{Made, Starting};
+use super::starts_writer::StartsRecorded;
 use super::{AgentEv, Cmd, Dispatcher};
 use crate::api::Caller;
 
@@ -213,23 +214,47 @@ fn overtakes(c: &Cmd, named: &mut HashSet<AgentName>) -> bool {
             }
             true
         }
-        Cmd::Admitted(..) | Cmd::EndsRecorded(..) | Cmd::Identify(..) => true,
+        Cmd::Admitted(..) | Cmd::EndsRecorded(..) | Cmd::StartsRecorded(..) | Cmd::Identify(..) => {
+            true
+        }
         _ => false,
     }
 }
 
 impl Dispatcher {
-    /// Starts answered by the spawner: each taken up, their records written
-    /// together, what follows each in order.
+    /// Starts answered by the spawner: each taken up, their records handed
+    /// to the start writer, to be written together off the loop
+    /// (`starts_writer`); what follows each comes with its answer.
     pub(super) fn on_launches(&mut self, starts: Vec<Launch>) {
         let starting: Vec<Starting> = starts
             .into_iter()
             .filter_map(|l| self.launch_begins(l.name, l.run, l.result, l.made))
             .collect();
+        self.record_starts(starting);
+    }
+
+    /// Taken-up starts recorded: by the start writer, or, should it be
+    /// gone, here, then followed up in order.
+    pub(super) fn record_starts(&mut self, starting: Vec<Starting>) {
+        if starting.is_empty() {
+            return;
+        }
+        let starting = match self.starts_writer.hand_over(starting, &self.host.me) {
+            Ok(()) => return,
+            Err(s) => s,
+        };
         let items: Vec<_> = starting.iter().map(|s| s.item(&self.host.me)).collect();
         let recorded = self.records.store.start_runs(&self.records.tenant, &items);
         for (s, r) in starting.into_iter().zip(recorded) {
             self.launch_started(s, r);
+        }
+    }
+
+    /// The start writer's answer: what follows each start, in order.
+    pub(super) fn on_starts_recorded(&mut self, r: StartsRecorded) {
+        let starts = self.starts_writer.landed(r.id);
+        for (s, recorded) in starts.into_iter().zip(r.results) {
+            self.launch_started(s, recorded);
         }
     }
 

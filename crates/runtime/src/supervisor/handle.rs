@@ -285,6 +285,13 @@ impl Supervisor {
         let ends_writer =
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;
+        let starts_writer = super::starts_writer::StartsWriter::start(
+            store.clone(),
+            tenant.clone(),
+            cfg.hooks.start_recorded.clone(),
+            tx.clone(),
+        )
+        .map_err(StartError::Thread)?;
         let stops = super::stops::Stops::new(cgroups.clone(), cfg.grace, tx.clone());
         let ends = super::ends::Ends::new(tx.clone(), cfg.node.is_some(), uid, unsafe_getegid());
         let relay = super::protocol::Relay::new(cfg.resource_defaults.disk_max, cgroups.clone());
@@ -348,6 +355,7 @@ impl Supervisor {
             cluster: super::cluster::Cluster::new(disp_me.clone(), disp_cfg_node),
             admitting,
             ends_writer,
+            starts_writer,
             models: super::models::Models::default(),
             shutting: None,
         };

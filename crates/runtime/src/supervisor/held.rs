@@ -30,6 +30,8 @@ pub struct Held {
     /// (entries of their maps, the names they hold, the verbs held).
     pub admitting: usize,
     pub ending: usize,
+    /// Starts handed to the store's start writer, not yet answered.
+    pub starting: usize,
     /// Children run by other nodes: being fetched, their ends told,
     /// `--ready` spawns waiting.
     pub fetching: usize,
@@ -52,6 +54,7 @@ impl Held {
             + self.queued
             + self.admitting
             + self.ending
+            + self.starting
             + self.fetching
             + self.ends_told
             + self.ready_waits
@@ -74,6 +77,7 @@ impl Dispatcher {
             queued: self.launcher.waiting.len(),
             admitting: self.admitting.held(),
             ending: self.ends_writer.held(),
+            starting: self.starts_writer.held(),
             fetching: self.agents.fetching.len(),
             ends_told: self.agents.ends_told.len(),
             ready_waits: self.agents.ready_waits.len(),

@@ -41,6 +41,9 @@ pub(in crate::supervisor) struct Live {
     pub(in crate::supervisor) stopping: Option<u64>,
     /// Cancelled while its launch was in flight: kill whatever starts.
     pub(in crate::supervisor) cancelled_before_start: bool,
+    /// A stop covered it while its start was being recorded
+    /// (`starts_writer`): made, with this outcome, once it is.
+    pub(in crate::supervisor) stop_after_start: Option<Terminal>,
     pub(in crate::supervisor) spawn_reply: Option<(Reply<brood_api::Agent>, bool)>,
     /// The node that admitted it for this one and holds a `--ready` spawn
     /// open: told when it is ready (routed.rs).
@@ -201,6 +204,7 @@ impl Live {
             exit: None,
             stopping: None,
             cancelled_before_start: false,
+            stop_after_start: None,
             spawn_reply: None,
             ready_news: None,
             instruction,

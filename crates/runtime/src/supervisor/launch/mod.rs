@@ -22,9 +22,9 @@ mod plan;
 mod prep;
 mod pump;
 
-use brood_core::{AgentEvent, AgentName, RunId, TenantId};
+use brood_core::{AgentEvent, AgentName, RunId};
 use brood_launch::{LaunchError, Launched};
-use brood_store::{Agent, NewEvent, Protocol, StartItem, Store, StoreError};
+use brood_store::{Agent, NewEvent, Protocol, StartItem, StoreError};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -314,6 +314,11 @@ pub(in crate::supervisor) struct Starting {
 }
 
 impl Starting {
+    /// The agent whose start this is.
+    pub(in crate::supervisor) fn name(&self) -> &AgentName {
+        &self.name
+    }
+
     /// The start's record as one item of the store's `start_runs`: starts
     /// that arrive together are recorded together (`batch`).
     /// `me`: this supervisor, which the record must still name (a node
@@ -328,15 +333,5 @@ impl Starting {
             events: self.start_events.clone(),
             supervisor: Some(me.to_owned()),
         }
-    }
-
-    /// The start's record: the run, its pid and group, `agent.start`.
-    pub(in crate::supervisor) fn record(
-        &self,
-        store: &dyn Store,
-        tenant: &TenantId,
-        me: &str,
-    ) -> Result<Agent, StoreError> {
-        store.start_one(tenant, &self.item(me))
     }
 }

@@ -229,6 +229,17 @@ impl Dispatcher {
                 self.admitting.defer(s);
                 continue;
             }
+            // A parent whose start is being recorded admits once it is
+            // (`starts_writer`): its record says `queued` until then.
+            if s.parent().is_some_and(|p| self.starts_writer.in_flight(p)) {
+                let Spawn { caller, req, reply } = s;
+                self.starts_writer.hold(crate::supervisor::Cmd::Spawn(
+                    caller,
+                    Box::new(req),
+                    reply,
+                ));
+                continue;
+            }
             if self.agents.tool_granted(&s.caller, "create").is_ok()
                 && let Some(child) = self.created_before(&s.caller, &s.req)
             {

@@ -22,8 +22,8 @@ impl Dispatcher {
         self.with_launch(|launcher, env| launcher.pump(env));
     }
 
-    /// `Cmd::Launched`: the spawner's answer taken up, its start recorded
-    /// alone, what follows it.
+    /// `Cmd::Launched`: the spawner's answer taken up, its start handed to
+    /// the start writer (`starts_writer`), what follows it when recorded.
     pub(in crate::supervisor) fn on_launched(
         &mut self,
         name: AgentName,
@@ -32,12 +32,7 @@ impl Dispatcher {
         made: Made,
     ) {
         if let Some(s) = self.launch_begins(name, run, r, made) {
-            let start = s.record(
-                self.records.store.as_ref(),
-                &self.records.tenant,
-                &self.host.me,
-            );
-            self.launch_started(s, start);
+            self.record_starts(vec![s]);
         }
     }
 
@@ -64,8 +59,20 @@ impl Dispatcher {
         s: Starting,
         start: Result<Agent, StoreError>,
     ) {
+        let name = s.name().clone();
         let follows = self.with_launch(|launcher, env| launcher.started(s, start, env));
         self.apply_launch(follows);
+        // A stop that covered it while its start was being recorded, made
+        // now that its process is known (a start refused was killed above).
+        let after = self
+            .agents
+            .live
+            .get_mut(&name)
+            .filter(|l| l.pid.is_some())
+            .and_then(|l| l.stop_after_start.take());
+        if let Some(outcome) = after {
+            self.stop_subtree(&name, outcome);
+        }
     }
 
     /// The part, lent what it reads and writes of the other parts.

@@ -41,6 +41,7 @@ impl Dispatcher {
             && self.stops.is_empty()
             && self.admitting.idle()
             && self.ends_writer.idle()
+            && self.starts_writer.idle()
     }
 
     /// A shutdown that has waited the agents' grace and [`SHUTDOWN_PATIENCE`]:
@@ -78,6 +79,7 @@ impl Dispatcher {
                 stops = self.stops.len(),
                 admissions_in_flight = !self.admitting.idle(),
                 ends_in_flight = !self.ends_writer.idle(),
+                starts_in_flight = !self.starts_writer.idle(),
                 "{}",
                 if over {
                     "the shutdown ends without what it still waits for: what is left is killed with the supervisor's cgroups, its records recovered at the next start"

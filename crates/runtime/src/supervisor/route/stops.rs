@@ -90,6 +90,7 @@ impl Dispatcher {
             agents: &mut self.agents,
             sockets: &mut self.sockets,
             ends_writer: &self.ends_writer,
+            starts_writer: &self.starts_writer,
             me: &self.host.me,
             paths: &self.host.paths,
             metrics: &self.host.metrics,

@@ -48,6 +48,7 @@ use crate::supervisor::disk::{ToClear, channels_of};
 use crate::supervisor::ends_writer::EndsWriter;
 use crate::supervisor::records::Records;
 use crate::supervisor::sockets::Sockets;
+use crate::supervisor::starts_writer::StartsWriter;
 use crate::supervisor::{Cmd, Collect, now_ms};
 
 /// One stop in flight: the targets in post-order with the outcome each gets, and
@@ -97,6 +98,9 @@ pub(in crate::supervisor) struct Env<'a> {
     pub(in crate::supervisor) sockets: &'a mut Sockets,
     /// The ends in flight: an agent whose end is being recorded is no stop's.
     pub(in crate::supervisor) ends_writer: &'a EndsWriter,
+    /// The starts in flight: an agent whose start is being recorded is
+    /// stopped once it is (`Live::stop_after_start`).
+    pub(in crate::supervisor) starts_writer: &'a StartsWriter,
     /// This supervisor's id: an agent another node hosts is that node's to
     /// stop.
     pub(in crate::supervisor) me: &'a str,
@@ -270,6 +274,9 @@ impl Stops {
         // An agent whose end is being recorded (`ends_writer`) is ending
         // already: no stop of it is recorded or carried out.
         targets.retain(|(n, _)| !env.ends_writer.in_flight(n));
+        if !defer_starting(&mut targets, group.as_ref(), env) {
+            return;
+        }
         let id = self.id();
         // Agents hosted by another supervisor sharing the store get the intent
         // recorded here, like every target; their host sees it on its next tick
@@ -392,4 +399,40 @@ impl Stops {
             }
         }
     }
+}
+
+/// Leaves out of a stop the targets whose start is in flight
+/// (`starts_writer`): the loop knows no process of theirs yet, so each is
+/// stopped, with its outcome, once its start is recorded
+/// (`Live::stop_after_start`), and one whose start the store refuses is
+/// killed as any refused start is. When the stop's `group` is one of
+/// theirs, the whole stop waits: its other targets are that agent's
+/// descendants, planned again when it is stopped. `false` when nothing is
+/// left to stop now.
+fn defer_starting(
+    targets: &mut Vec<(AgentName, Terminal)>,
+    group: Option<&Group>,
+    env: &mut Env<'_>,
+) -> bool {
+    if !targets.iter().any(|(n, _)| env.starts_writer.in_flight(n)) {
+        return true;
+    }
+    let mut whole = false;
+    for (n, t) in targets.iter() {
+        if !env.starts_writer.in_flight(n) {
+            continue;
+        }
+        if let Some(l) = env.agents.live.get_mut(n) {
+            if l.stop_after_start.is_none() {
+                l.stop_after_start = Some(*t);
+            }
+            let its = l.group.as_ref().map(|g| &g.dir);
+            whole |= its.is_some() && its == group.map(|g| &g.dir);
+        }
+    }
+    if whole {
+        return false;
+    }
+    targets.retain(|(n, _)| !env.starts_writer.in_flight(n));
+    true
 }

@@ -4,7 +4,10 @@
 //! waiting for it (one group commit for the lot, `Store::
 //! admit_all_with_quotas`), and its answer comes back to the loop as
 //! [`Cmd::Admitted`], where what follows an admission (the projection, the
-//! live entry, the queue for a slot, the answer) is done as before.
+//! live entry, the queue for a slot, the answer) is done as before. The
+//! tenant's quotas they are admitted under are read by the writer too, once
+//! for what it records together, and their `max_concurrent` comes back with
+//! the answer for the loop's slots.
 //!
 //! Only creations that nothing else can see while they are in flight go
 //! this way: roots (no parent, no customer) asked by a user. Until their
@@ -32,8 +35,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc as std_mpsc;
 
-use brood_core::AgentName;
-use brood_core::quota::Quotas;
+use brood_core::quota::QuotaConfig;
+use brood_core::{AgentName, TenantId};
 use brood_store::{Agent, NewAgent, NewEvent, Store, StoreError};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -51,13 +54,15 @@ const MAX_TOGETHER: usize = 256;
 struct Job {
     id: u64,
     records: Vec<(NewAgent, Vec<NewEvent>)>,
-    quotas: Quotas,
 }
 
-/// The writer's answer: one result per record of the job, in order.
+/// The writer's answer: one result per record of the job, in order, and
+/// the tenant's `max_concurrent` read with them (`None` when the quotas
+/// could not be read, and nothing was admitted).
 pub(crate) struct Admitted {
     pub(super) id: u64,
     pub(super) results: Vec<Result<Agent, StoreError>>,
+    pub(super) max_concurrent: Option<u32>,
 }
 
 pub(super) struct Admitting {
@@ -83,12 +88,15 @@ impl Admitting {
     /// dropped (its channel closes).
     pub(super) fn start(
         store: Arc<dyn Store>,
+        tenant: TenantId,
+        quotas: QuotaConfig,
         loop_tx: mpsc::UnboundedSender<Cmd>,
     ) -> std::io::Result<Admitting> {
         let (to_writer, jobs) = std_mpsc::channel::<Job>();
+        let under = Under { tenant, quotas };
         std::thread::Builder::new()
             .name("brood-admit".into())
-            .spawn(move || writer(store.as_ref(), &jobs, &loop_tx))?;
+            .spawn(move || writer(store.as_ref(), &under, &jobs, &loop_tx))?;
         Ok(Admitting {
             to_writer,
             next_id: 0,
@@ -140,7 +148,6 @@ impl Admitting {
     pub(super) fn hand_over(
         &mut self,
         decided: Vec<(Spawn, Decision)>,
-        quotas: Quotas,
     ) -> Result<(), (Vec<(Spawn, Decision)>, ApiError)> {
         self.next_id += 1;
         let id = self.next_id;
@@ -148,15 +155,7 @@ impl Admitting {
             .iter()
             .map(|(_, d)| (d.new.clone(), d.events.clone()))
             .collect();
-        if self
-            .to_writer
-            .send(Job {
-                id,
-                records,
-                quotas,
-            })
-            .is_err()
-        {
+        if self.to_writer.send(Job { id, records }).is_err() {
             let e = ApiError::new(Code::Internal, "the store's admission writer is gone");
             return Err((decided, e));
         }
@@ -200,9 +199,22 @@ impl Admitting {
     }
 }
 
+/// What the writer admits under: the tenant whose quotas it reads, and the
+/// platform's defaults and ceilings they are taken within.
+struct Under {
+    tenant: TenantId,
+    quotas: QuotaConfig,
+}
+
 /// The writer: takes a job, and every job already waiting behind it up to
-/// [`MAX_TOGETHER`] records, records them in one call, and answers each.
-fn writer(store: &dyn Store, jobs: &std_mpsc::Receiver<Job>, loop_tx: &mpsc::UnboundedSender<Cmd>) {
+/// [`MAX_TOGETHER`] records, reads the tenant's quotas, records them in one
+/// call, and answers each.
+fn writer(
+    store: &dyn Store,
+    under: &Under,
+    jobs: &std_mpsc::Receiver<Job>,
+    loop_tx: &mpsc::UnboundedSender<Cmd>,
+) {
     while let Ok(first) = jobs.recv() {
         let mut together = vec![first];
         let mut n = together[0].records.len();
@@ -212,11 +224,11 @@ fn writer(store: &dyn Store, jobs: &std_mpsc::Receiver<Job>, loop_tx: &mpsc::Unb
             n += j.records.len();
             together.push(j);
         }
-        // The latest quotas read: they are read for each batch, and a
-        // change of the tenant's overrides applies from then on.
-        let Some(quotas) = together.last().map(|j| j.quotas) else {
-            continue;
-        };
+        // The tenant's overrides, read for each group: a change applies
+        // from the next one on. Unread, nothing of the group is admitted.
+        let quotas = store
+            .tenant_quotas(&under.tenant)
+            .map(|own| under.quotas.effective(Some(&own)));
         let batch: Vec<(&NewAgent, &[NewEvent])> = together
             .iter()
             .flat_map(|j| j.records.iter().map(|(a, e)| (a, e.as_slice())))
@@ -226,13 +238,39 @@ fn writer(store: &dyn Store, jobs: &std_mpsc::Receiver<Job>, loop_tx: &mpsc::Unb
             jobs = together.len(),
             "recording admissions together"
         );
-        let mut results = store.admit_all_with_quotas(&batch, &quotas).into_iter();
+        let (mut results, max_concurrent) = match &quotas {
+            Ok(q) => (
+                store.admit_all_with_quotas(&batch, q).into_iter(),
+                Some(q.max_concurrent),
+            ),
+            Err(e) => {
+                // Each creation told what the read met: a store away is
+                // asked again later (503), anything else is the store's.
+                let message = format!("reading the tenant's quotas: {e}");
+                let unread = |_| {
+                    Err(if e.is_unavailable() {
+                        StoreError::PostgresUnreachable {
+                            target: "the store".into(),
+                            message: message.clone(),
+                        }
+                    } else {
+                        StoreError::Refused {
+                            code: Code::Internal,
+                            message: message.clone(),
+                        }
+                    })
+                };
+                let all: Vec<_> = batch.iter().map(unread).collect();
+                (all.into_iter(), None)
+            }
+        };
         for j in together {
             let mine: Vec<_> = results.by_ref().take(j.records.len()).collect();
             if loop_tx
                 .send(Cmd::Admitted(Box::new(Admitted {
                     id: j.id,
                     results: mine,
+                    max_concurrent,
                 })))
                 .is_err()
             {

@@ -280,8 +280,13 @@ impl Supervisor {
             Duration::from_secs(1),
         );
         let brood_exe = std::env::current_exe().ok();
-        let admitting = super::admitting::Admitting::start(store.clone(), tx.clone())
-            .map_err(StartError::Thread)?;
+        let admitting = super::admitting::Admitting::start(
+            store.clone(),
+            tenant.clone(),
+            cfg.quotas,
+            tx.clone(),
+        )
+        .map_err(StartError::Thread)?;
         let ends_writer =
             super::ends_writer::EndsWriter::start(store.clone(), tenant.clone(), tx.clone())
                 .map_err(StartError::Thread)?;

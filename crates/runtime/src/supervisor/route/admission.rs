@@ -259,19 +259,10 @@ impl Dispatcher {
         if decided.is_empty() && off_loop.is_empty() {
             return;
         }
-        // The tenant's overrides, read once for the batch.
-        let quotas = match self.tenant_quotas() {
-            Ok(q) => q,
-            Err(e) => {
-                for (s, _) in decided.into_iter().chain(off_loop) {
-                    self.refuse_spawn(s, e.clone());
-                }
-                return;
-            }
-        };
-        self.launcher.max_concurrent = quotas.max_concurrent;
+        // Roots go to the admission writer, which reads the tenant's
+        // quotas itself, off the loop.
         if !off_loop.is_empty()
-            && let Err((batch, e)) = self.admitting.hand_over(off_loop, quotas)
+            && let Err((batch, e)) = self.admitting.hand_over(off_loop)
         {
             for (s, _) in batch {
                 self.refuse_spawn(s, e.clone());
@@ -280,6 +271,17 @@ impl Dispatcher {
         if decided.is_empty() {
             return;
         }
+        // The tenant's overrides, read once for the batch.
+        let quotas = match self.tenant_quotas() {
+            Ok(q) => q,
+            Err(e) => {
+                for (s, _) in decided {
+                    self.refuse_spawn(s, e.clone());
+                }
+                return;
+            }
+        };
+        self.launcher.max_concurrent = quotas.max_concurrent;
         tracing::debug!(n = decided.len(), "admitting creations together");
         let records: Vec<_> = decided
             .iter()
@@ -296,6 +298,9 @@ impl Dispatcher {
     /// one at a time as any creation then is.
     pub(in crate::supervisor) fn on_admitted(&mut self, a: Admitted, shutting_down: bool) {
         let batch = self.admitting.landed(a.id);
+        if let Some(m) = a.max_concurrent {
+            self.launcher.max_concurrent = m;
+        }
         let names: Vec<AgentName> = batch.iter().map(|(_, d)| d.new.name.clone()).collect();
         self.follow_admissions(batch, a.results);
         if shutting_down {

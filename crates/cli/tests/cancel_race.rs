@@ -244,5 +244,6 @@ async fn parent_stopped_while_childs_start_is_recorded(cgroups: bool) {
         processes_of(&env, "kid"),
         processes_of(&env, "mum")
     );
-    assert_eq!(show(&env, "mum")["state"], "cancelled:user");
+    let m = wait_end(&env, "mum").await;
+    assert_eq!(m["state"], "cancelled:user", "{m}");
 }

@@ -215,3 +215,48 @@ fn reads_waiting_on_a_silent_store_do_not_stall_the_daemon() {
     );
     drop(p);
 }
+
+/// Issue 28 (the fault campaign, seed 1795917433201104186): a stop whose
+/// target's record cannot be read when its processes are gone (the store
+/// refusing connections) records nothing then, but holds nothing either:
+/// the node lets go of the agent, and once the store is back the record,
+/// still `stopping`, is ended with the stop's outcome. Before, the stop
+/// skipped the target and its live entry stayed marked by a stop that was
+/// over: the record said `stopping` for ever and the node's shutdown
+/// waited for it.
+#[test]
+fn a_stop_that_cannot_read_its_target_lets_go_and_its_end_is_recorded_later() {
+    let p = proxied_node(&[]);
+    let (proxy, sock) = (&p.proxy, p.sock.clone());
+    let (s, v) = http(
+        &sock,
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "stubborn", "argv": agent(&["--hang", "--ignore-sigterm"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (_, a) = http(&sock, "GET", "/api/agents/stubborn", None);
+    let pid = a["pid"].as_i64().expect("a running agent's pid") as i32;
+    // The stop's intent is recorded; the agent ignores SIGTERM, so its
+    // group is emptied only after the grace (3 s), by SIGKILL.
+    let (s, v) = http(&sock, "POST", "/api/agents/stubborn/cancel", None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "stopping/cancelled:user", "{v}");
+    proxy.refuse(true);
+    proxy.drop_connections();
+    let gone = eventually(Duration::from_secs(30), || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(gone, "the stopped agent's process {pid} survived its stop");
+    // The stop records what it can while the store refuses: nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    proxy.refuse(false);
+    let mut last = json!(null);
+    let ended = eventually(Duration::from_secs(60), || {
+        let (s, a) = http(&sock, "GET", "/api/agents/stubborn", None);
+        last = a;
+        s == 200 && last["state"] == "cancelled:user"
+    });
+    assert!(ended, "the stopped agent's end was never recorded: {last}");
+    drop(p);
+}

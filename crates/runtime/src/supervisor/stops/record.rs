@@ -94,12 +94,29 @@ impl Stops {
         let now = now_ms();
         let mut items = Vec::with_capacity(stop.targets.len());
         let mut results = Vec::with_capacity(stop.targets.len());
+        // Targets whose record could not be read: nothing is recorded for
+        // them here, but their live entries go all the same (issue 28: an
+        // error is never a fact). Kept, an entry marked stopping by a stop
+        // that is over would wait for ever (the fault campaign's node that
+        // never finished its shutdown); gone, its record, still `stopping`,
+        // is ended by the node's check of records no live agent accounts
+        // for, as a stopped agent whose end failed to record is.
+        let mut unread = Vec::new();
         for (name, outcome) in &stop.targets {
             if *outcome == Terminal::Cancelled(CancelReason::ParentDead) {
                 env.metrics.cascade_termination();
             }
-            let Ok(Some(a)) = env.records.store.agent(&env.records.tenant, name) else {
-                continue;
+            let a = match env.records.store.agent(&env.records.tenant, name) {
+                Ok(Some(a)) => a,
+                Ok(None) => {
+                    unread.push(name.clone());
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(agent = %name, error = %e, "reading a stopped agent failed; its end is recorded when the store is back");
+                    unread.push(name.clone());
+                    continue;
+                }
             };
             let live = env.agents.live.get(name);
             let parent_session = match (&a.parent, live.and_then(|l| l.parent_session.clone())) {
@@ -218,6 +235,9 @@ impl Stops {
             if let Some((agent, result)) = end {
                 follows.push(StopFollow::NotifyEnd { agent, result });
             }
+            follows.push(StopFollow::Then(Step(Next::Forget(name))));
+        }
+        for name in unread {
             follows.push(StopFollow::Then(Step(Next::Forget(name))));
         }
         follows.push(StopFollow::Then(Step(Next::Recorded {

@@ -55,6 +55,7 @@ mod host;
 use crate::hosts::node_labels;
 pub use crate::hosts::supervisor_id;
 mod identify;
+mod in_flight;
 mod io;
 mod jobs;
 mod launch;

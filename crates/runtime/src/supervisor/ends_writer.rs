@@ -15,7 +15,7 @@
 //! node, a deadline, the disk watch, the shutdown's); a wait for it is
 //! answered when its end is.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use super::Cmd;
 use super::ends::Ending;
+use super::in_flight::InFlight;
 
 /// The most ends the writer records in one transaction.
 const MAX_TOGETHER: usize = 256;
@@ -48,18 +49,15 @@ pub(crate) struct EndsRecorded {
 
 pub(super) struct EndsWriter {
     to_writer: std_mpsc::Sender<Job>,
-    next_id: u64,
-    in_flight: HashMap<u64, Vec<Ending>>,
-    names: HashSet<AgentName>,
-    /// Verbs naming an agent whose end is in flight, in arrival order.
-    held: Vec<Cmd>,
+    /// The ends in flight, and the verbs held for their agents.
+    flight: InFlight<Ending>,
 }
 
 impl EndsWriter {
     /// What it holds for agents (`held`): ends in flight, their names, the
     /// verbs held for them.
     pub(super) fn held(&self) -> usize {
-        self.in_flight.len() + self.names.len() + self.held.len()
+        self.flight.count()
     }
 
     /// The part, with its writer thread on `store` for `tenant`; the answers
@@ -75,10 +73,7 @@ impl EndsWriter {
             .spawn(move || writer(store.as_ref(), &tenant, &jobs, &loop_tx))?;
         Ok(EndsWriter {
             to_writer,
-            next_id: 0,
-            in_flight: HashMap::new(),
-            names: HashSet::new(),
-            held: Vec::new(),
+            flight: InFlight::new(|e: &Ending| &e.name),
         })
     }
 
@@ -86,46 +81,38 @@ impl EndsWriter {
     /// cannot be while the part lives) they come back, to be recorded on
     /// the loop.
     pub(super) fn hand_over(&mut self, ends: Vec<Ending>) -> Result<(), Vec<Ending>> {
-        self.next_id += 1;
-        let id = self.next_id;
+        let id = self.flight.next_id();
         let items = ends.iter().map(Ending::item).collect();
         if self.to_writer.send(Job { id, items }).is_err() {
             return Err(ends);
         }
-        for e in &ends {
-            self.names.insert(e.name.clone());
-        }
-        self.in_flight.insert(id, ends);
+        self.flight.enter(id, ends);
         Ok(())
     }
 
     /// The ends an answer is for, no longer in flight.
     pub(super) fn landed(&mut self, id: u64) -> Vec<Ending> {
-        let ends = self.in_flight.remove(&id).unwrap_or_default();
-        for e in &ends {
-            self.names.remove(&e.name);
-        }
-        ends
+        self.flight.landed(id)
     }
 
     /// Whether the end of `name`'s run is in flight.
     pub(super) fn in_flight(&self, name: &AgentName) -> bool {
-        self.names.contains(name)
+        self.flight.contains(name)
     }
 
     pub(super) fn idle(&self) -> bool {
-        self.in_flight.is_empty() && self.held.is_empty()
+        self.flight.idle()
     }
 
     /// Holds a verb until the end of the agent it names is recorded.
     pub(super) fn hold(&mut self, cmd: Cmd) {
-        self.held.push(cmd);
+        self.flight.hold(cmd);
     }
 
     /// The verbs held, to be handled now (those whose agent's end is still
     /// in flight are held again when handled).
     pub(super) fn take_held(&mut self) -> Vec<Cmd> {
-        std::mem::take(&mut self.held)
+        self.flight.take_held()
     }
 }
 

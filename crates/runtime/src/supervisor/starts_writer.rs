@@ -18,7 +18,6 @@
 //! stop_after_start`), or, when the store refused the start (another node
 //! ended it meanwhile), what started is killed as any refused start is.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
@@ -27,6 +26,7 @@ use brood_store::{Agent, StartItem, Store, StoreError};
 use tokio::sync::mpsc;
 
 use super::Cmd;
+use super::in_flight::InFlight;
 use super::launch::Starting;
 
 /// A test's hook, called with each start recorded before its answer goes
@@ -49,11 +49,8 @@ pub(crate) struct StartsRecorded {
 
 pub(super) struct StartsWriter {
     to_writer: std_mpsc::Sender<Job>,
-    next_id: u64,
-    in_flight: HashMap<u64, Vec<Starting>>,
-    names: HashSet<AgentName>,
-    /// Verbs naming an agent whose start is in flight, in arrival order.
-    held: Vec<Cmd>,
+    /// The starts in flight, and the commands held for their agents.
+    flight: InFlight<Starting>,
 }
 
 impl StartsWriter {
@@ -71,17 +68,14 @@ impl StartsWriter {
             .spawn(move || writer(store.as_ref(), &tenant, hook.as_ref(), &jobs, &loop_tx))?;
         Ok(StartsWriter {
             to_writer,
-            next_id: 0,
-            in_flight: HashMap::new(),
-            names: HashSet::new(),
-            held: Vec::new(),
+            flight: InFlight::new(Starting::name),
         })
     }
 
-    /// What it holds for agents: starts in flight, their names, the verbs
-    /// held for them.
+    /// What it holds for agents: starts in flight, their names, the
+    /// commands held for them.
     pub(super) fn held(&self) -> usize {
-        self.in_flight.len() + self.names.len() + self.held.len()
+        self.flight.count()
     }
 
     /// Hands taken-up starts to the writer, each recorded as supervisor
@@ -92,46 +86,38 @@ impl StartsWriter {
         starts: Vec<Starting>,
         me: &str,
     ) -> Result<(), Vec<Starting>> {
-        self.next_id += 1;
-        let id = self.next_id;
+        let id = self.flight.next_id();
         let items = starts.iter().map(|s| s.item(me)).collect();
         if self.to_writer.send(Job { id, items }).is_err() {
             return Err(starts);
         }
-        for s in &starts {
-            self.names.insert(s.name().clone());
-        }
-        self.in_flight.insert(id, starts);
+        self.flight.enter(id, starts);
         Ok(())
     }
 
     /// The starts an answer is for, no longer in flight.
     pub(super) fn landed(&mut self, id: u64) -> Vec<Starting> {
-        let starts = self.in_flight.remove(&id).unwrap_or_default();
-        for s in &starts {
-            self.names.remove(s.name());
-        }
-        starts
+        self.flight.landed(id)
     }
 
     /// Whether the start of `name`'s run is in flight.
     pub(super) fn in_flight(&self, name: &AgentName) -> bool {
-        self.names.contains(name)
+        self.flight.contains(name)
     }
 
     pub(super) fn idle(&self) -> bool {
-        self.in_flight.is_empty() && self.held.is_empty()
+        self.flight.idle()
     }
 
-    /// Holds a verb until the start of the agent it names is recorded.
+    /// Holds a command until the start of the agent it names is recorded.
     pub(super) fn hold(&mut self, cmd: Cmd) {
-        self.held.push(cmd);
+        self.flight.hold(cmd);
     }
 
-    /// The verbs held, to be handled now (those whose agent's start is
+    /// The commands held, to be handled now (those whose agent's start is
     /// still in flight are held again when handled).
     pub(super) fn take_held(&mut self) -> Vec<Cmd> {
-        std::mem::take(&mut self.held)
+        self.flight.take_held()
     }
 }
 

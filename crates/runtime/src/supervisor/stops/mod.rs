@@ -274,7 +274,10 @@ impl Stops {
         // An agent whose end is being recorded (`ends_writer`) is ending
         // already: no stop of it is recorded or carried out.
         targets.retain(|(n, _)| !env.ends_writer.in_flight(n));
-        if !defer_starting(&mut targets, group.as_ref(), env) {
+        // A stop that carries nothing else (a collection, channels, slots)
+        // may wait whole for an agent whose start is in flight.
+        let bare = then.is_none() && also.is_empty() && slots == 0;
+        if !defer_starting(&mut targets, group.as_ref(), bare, env) {
             return;
         }
         let id = self.id();
@@ -406,12 +409,13 @@ impl Stops {
 /// stopped, with its outcome, once its start is recorded
 /// (`Live::stop_after_start`), and one whose start the store refuses is
 /// killed as any refused start is. When the stop's `group` is one of
-/// theirs, the whole stop waits: its other targets are that agent's
-/// descendants, planned again when it is stopped. `false` when nothing is
-/// left to stop now.
+/// theirs and the stop carries nothing else (`bare`), the whole stop waits:
+/// its other targets are that agent's descendants, planned again when it is
+/// stopped. `false` when nothing is left to stop now.
 fn defer_starting(
     targets: &mut Vec<(AgentName, Terminal)>,
     group: Option<&Group>,
+    bare: bool,
     env: &mut Env<'_>,
 ) -> bool {
     if !targets.iter().any(|(n, _)| env.starts_writer.in_flight(n)) {
@@ -430,7 +434,7 @@ fn defer_starting(
             whole |= its.is_some() && its == group.map(|g| &g.dir);
         }
     }
-    if whole {
+    if whole && bare {
         return false;
     }
     targets.retain(|(n, _)| !env.starts_writer.in_flight(n));

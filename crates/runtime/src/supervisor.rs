@@ -528,11 +528,11 @@ impl Dispatcher {
     /// One command to the method that handles it.
     fn dispatch(&mut self, cmd: Cmd, shutdown: &mut Option<oneshot::Sender<()>>) {
         if self.waits_for_its_end(&cmd) {
-            self.ends_writer.hold(cmd);
+            self.ends_writer.flight.hold(cmd);
             return;
         }
         if self.waits_for_its_start(&cmd) {
-            self.starts_writer.hold(cmd);
+            self.starts_writer.flight.hold(cmd);
             return;
         }
         match cmd {
@@ -540,13 +540,13 @@ impl Dispatcher {
             Cmd::Admitted(a) => self.on_admitted(*a, shutdown.is_some()),
             Cmd::EndsRecorded(r) => {
                 self.on_ends_recorded(*r);
-                for held in self.ends_writer.take_held() {
+                for held in self.ends_writer.flight.take_held() {
                     self.dispatch(held, shutdown);
                 }
             }
             Cmd::StartsRecorded(r) => {
                 self.on_starts_recorded(*r);
-                for held in self.starts_writer.take_held() {
+                for held in self.starts_writer.flight.take_held() {
                     self.dispatch(held, shutdown);
                 }
             }
@@ -683,7 +683,7 @@ impl Dispatcher {
     /// the verb is held until the end is recorded, then handled as it would
     /// have been right after (a cancel finds it ended, a close closes it).
     fn waits_for_its_end(&self, cmd: &Cmd) -> bool {
-        verb_names(cmd).is_some_and(|n| self.ends_writer.in_flight(n))
+        verb_names(cmd).is_some_and(|n| self.ends_writer.flight.contains(n))
     }
 
     /// The agent a command acts on or comes from, when its start is in
@@ -701,7 +701,7 @@ impl Dispatcher {
             Cmd::Job(Caller::Agent(me), _) => Some(me),
             _ => verb_names(cmd),
         };
-        name.is_some_and(|n| self.starts_writer.in_flight(n))
+        name.is_some_and(|n| self.starts_writer.flight.contains(n))
     }
 
     fn id(&mut self) -> u64 {

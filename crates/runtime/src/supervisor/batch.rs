@@ -252,7 +252,7 @@ impl Dispatcher {
 
     /// The start writer's answer: what follows each start, in order.
     pub(super) fn on_starts_recorded(&mut self, r: StartsRecorded) {
-        let starts = self.starts_writer.landed(r.id);
+        let starts = self.starts_writer.flight.landed(r.id);
         for (s, recorded) in starts.into_iter().zip(r.results) {
             self.launch_started(s, recorded);
         }
@@ -337,7 +337,7 @@ impl Dispatcher {
 
     /// The end writer's answer: what follows each end, in order.
     pub(super) fn on_ends_recorded(&mut self, r: EndsRecorded) {
-        let ends = self.ends_writer.landed(r.id);
+        let ends = self.ends_writer.flight.landed(r.id);
         self.follow_ends(ends, r.agents, r.below);
     }
 

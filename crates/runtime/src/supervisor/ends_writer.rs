@@ -50,16 +50,10 @@ pub(crate) struct EndsRecorded {
 pub(super) struct EndsWriter {
     to_writer: std_mpsc::Sender<Job>,
     /// The ends in flight, and the verbs held for their agents.
-    flight: InFlight<Ending>,
+    pub(super) flight: InFlight<Ending>,
 }
 
 impl EndsWriter {
-    /// What it holds for agents (`held`): ends in flight, their names, the
-    /// verbs held for them.
-    pub(super) fn held(&self) -> usize {
-        self.flight.count()
-    }
-
     /// The part, with its writer thread on `store` for `tenant`; the answers
     /// go to the loop through `loop_tx`. The thread ends with the part.
     pub(super) fn start(
@@ -88,31 +82,6 @@ impl EndsWriter {
         }
         self.flight.enter(id, ends);
         Ok(())
-    }
-
-    /// The ends an answer is for, no longer in flight.
-    pub(super) fn landed(&mut self, id: u64) -> Vec<Ending> {
-        self.flight.landed(id)
-    }
-
-    /// Whether the end of `name`'s run is in flight.
-    pub(super) fn in_flight(&self, name: &AgentName) -> bool {
-        self.flight.contains(name)
-    }
-
-    pub(super) fn idle(&self) -> bool {
-        self.flight.idle()
-    }
-
-    /// Holds a verb until the end of the agent it names is recorded.
-    pub(super) fn hold(&mut self, cmd: Cmd) {
-        self.flight.hold(cmd);
-    }
-
-    /// The verbs held, to be handled now (those whose agent's end is still
-    /// in flight are held again when handled).
-    pub(super) fn take_held(&mut self) -> Vec<Cmd> {
-        self.flight.take_held()
     }
 }
 

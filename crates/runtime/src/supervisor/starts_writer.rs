@@ -50,7 +50,7 @@ pub(crate) struct StartsRecorded {
 pub(super) struct StartsWriter {
     to_writer: std_mpsc::Sender<Job>,
     /// The starts in flight, and the commands held for their agents.
-    flight: InFlight<Starting>,
+    pub(super) flight: InFlight<Starting>,
 }
 
 impl StartsWriter {
@@ -72,12 +72,6 @@ impl StartsWriter {
         })
     }
 
-    /// What it holds for agents: starts in flight, their names, the
-    /// commands held for them.
-    pub(super) fn held(&self) -> usize {
-        self.flight.count()
-    }
-
     /// Hands taken-up starts to the writer, each recorded as supervisor
     /// `me`; on a writer that is gone (it cannot be while the part lives)
     /// they come back, to be recorded on the loop.
@@ -93,31 +87,6 @@ impl StartsWriter {
         }
         self.flight.enter(id, starts);
         Ok(())
-    }
-
-    /// The starts an answer is for, no longer in flight.
-    pub(super) fn landed(&mut self, id: u64) -> Vec<Starting> {
-        self.flight.landed(id)
-    }
-
-    /// Whether the start of `name`'s run is in flight.
-    pub(super) fn in_flight(&self, name: &AgentName) -> bool {
-        self.flight.contains(name)
-    }
-
-    pub(super) fn idle(&self) -> bool {
-        self.flight.idle()
-    }
-
-    /// Holds a command until the start of the agent it names is recorded.
-    pub(super) fn hold(&mut self, cmd: Cmd) {
-        self.flight.hold(cmd);
-    }
-
-    /// The commands held, to be handled now (those whose agent's start is
-    /// still in flight are held again when handled).
-    pub(super) fn take_held(&mut self) -> Vec<Cmd> {
-        self.flight.take_held()
     }
 }
 

@@ -231,13 +231,13 @@ impl Dispatcher {
             }
             // A parent whose start is being recorded admits once it is
             // (`starts_writer`): its record says `queued` until then.
-            if s.parent().is_some_and(|p| self.starts_writer.in_flight(p)) {
+            if s.parent()
+                .is_some_and(|p| self.starts_writer.flight.contains(p))
+            {
                 let Spawn { caller, req, reply } = s;
-                self.starts_writer.hold(crate::supervisor::Cmd::Spawn(
-                    caller,
-                    Box::new(req),
-                    reply,
-                ));
+                self.starts_writer
+                    .flight
+                    .hold(crate::supervisor::Cmd::Spawn(caller, Box::new(req), reply));
                 continue;
             }
             if self.agents.tool_granted(&s.caller, "create").is_ok()

@@ -21,7 +21,7 @@ impl Dispatcher {
             .agents
             .live
             .iter()
-            .filter(|(n, l)| l.stopping.is_none() && !self.ends_writer.in_flight(n))
+            .filter(|(n, l)| l.stopping.is_none() && !self.ends_writer.flight.contains(n))
             .filter(|(_, l)| {
                 l.parent
                     .as_ref()
@@ -40,8 +40,8 @@ impl Dispatcher {
         self.agents.live.is_empty()
             && self.stops.is_empty()
             && self.admitting.idle()
-            && self.ends_writer.idle()
-            && self.starts_writer.idle()
+            && self.ends_writer.flight.idle()
+            && self.starts_writer.flight.idle()
     }
 
     /// A shutdown that has waited the agents' grace and [`SHUTDOWN_PATIENCE`]:
@@ -78,8 +78,8 @@ impl Dispatcher {
                 live = ?live,
                 stops = self.stops.len(),
                 admissions_in_flight = !self.admitting.idle(),
-                ends_in_flight = !self.ends_writer.idle(),
-                starts_in_flight = !self.starts_writer.idle(),
+                ends_in_flight = !self.ends_writer.flight.idle(),
+                starts_in_flight = !self.starts_writer.flight.idle(),
                 "{}",
                 if over {
                     "the shutdown ends without what it still waits for: what is left is killed with the supervisor's cgroups, its records recovered at the next start"

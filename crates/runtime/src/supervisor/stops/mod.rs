@@ -273,7 +273,7 @@ impl Stops {
     ) {
         // An agent whose end is being recorded (`ends_writer`) is ending
         // already: no stop of it is recorded or carried out.
-        targets.retain(|(n, _)| !env.ends_writer.in_flight(n));
+        targets.retain(|(n, _)| !env.ends_writer.flight.contains(n));
         // A stop that carries nothing else (a collection, channels, slots)
         // may wait whole for an agent whose start is in flight.
         let bare = then.is_none() && also.is_empty() && slots == 0;
@@ -418,12 +418,15 @@ fn defer_starting(
     bare: bool,
     env: &mut Env<'_>,
 ) -> bool {
-    if !targets.iter().any(|(n, _)| env.starts_writer.in_flight(n)) {
+    if !targets
+        .iter()
+        .any(|(n, _)| env.starts_writer.flight.contains(n))
+    {
         return true;
     }
     let mut whole = false;
     for (n, t) in targets.iter() {
-        if !env.starts_writer.in_flight(n) {
+        if !env.starts_writer.flight.contains(n) {
             continue;
         }
         if let Some(l) = env.agents.live.get_mut(n) {
@@ -437,6 +440,6 @@ fn defer_starting(
     if whole && bare {
         return false;
     }
-    targets.retain(|(n, _)| !env.starts_writer.in_flight(n));
+    targets.retain(|(n, _)| !env.starts_writer.flight.contains(n));
     true
 }

@@ -275,7 +275,7 @@ pub(in crate::supervisor) fn recorded_stops(env: &Env<'_>) -> Vec<SweepFollow> {
             _ => None,
         })
         .filter(|(n, _)| {
-            live.get(n).is_some_and(|l| l.stopping.is_none()) && !env.ends_writer.in_flight(n)
+            live.get(n).is_some_and(|l| l.stopping.is_none()) && !env.ends_writer.flight.contains(n)
         })
         .collect();
     let tops = picked.keys().filter(|n| {

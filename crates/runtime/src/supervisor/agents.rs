@@ -30,6 +30,10 @@ pub(super) struct Agents {
     pub(super) ends_told: HashMap<AgentName, (AgentName, RunId)>,
     /// `--ready` spawns placed on another node, answered when it is ready.
     pub(super) ready_waits: Vec<(AgentName, Reply<brood_api::Agent>)>,
+    /// Ends of agents here not yet told to their parent (or customer) on
+    /// another node, because a store call failed: `(child, parent)`, told
+    /// again at the next tick (issue 28: an error is never a fact).
+    pub(super) ends_to_tell: Vec<(AgentName, AgentName)>,
 }
 
 impl Agents {

@@ -7,7 +7,8 @@
 //! through another node of agents this node ran, shown in its ctx tree.
 //!
 //! It holds no state beyond what the live set tracks of children other
-//! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`): the loop
+//! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`,
+//! `ends_to_tell`): the loop
 //! lends it [`Env`], and what belongs to other flows (an input delivered, a
 //! child's end told to its parent, waits answered) it returns as
 //! [`RoutedFollow`]s, in order, which `route::routed` applies.
@@ -278,23 +279,51 @@ impl Env<'_> {
             .cloned()
             .collect();
         for p in told {
-            let Ok(Some(pa)) = self.records.store.agent(&self.records.tenant, &p) else {
-                continue;
-            };
-            if !matches!(pa.status, Status::Running | Status::Blocked)
-                || pa.supervisor == self.host.me
-            {
-                continue;
+            if !self.tell_of_end(&agent.name, &p) {
+                self.agents.ends_to_tell.push((agent.name.clone(), p));
             }
-            if let Err(e) = self.records.store.post_input(
-                &self.records.tenant,
-                &p,
-                &pa.supervisor,
-                CHILD_END,
-                agent.name.as_str(),
-                now_ms(),
-            ) {
-                tracing::warn!(agent = %agent.name, parent = %p, error = %e, "telling another node of a child's end");
+        }
+    }
+
+    /// The ends a failed store call kept from their parent's node, told
+    /// again; those that fail again wait for the next tick.
+    pub(super) fn tell_ends_again(&mut self) {
+        for (child, p) in std::mem::take(&mut self.agents.ends_to_tell) {
+            if !self.tell_of_end(&child, &p) {
+                self.agents.ends_to_tell.push((child, p));
+            }
+        }
+    }
+
+    /// Posts `child`'s end to `p`'s node when `p` runs, or waits, on
+    /// another node; whether that is done (nothing to tell counts), or a
+    /// store call failed and it is to be tried again. A failed read is not
+    /// "no such parent": the parent would never hear of its child's end.
+    fn tell_of_end(&self, child: &AgentName, p: &AgentName) -> bool {
+        let pa = match self.records.store.agent(&self.records.tenant, p) {
+            Ok(Some(pa)) => pa,
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::warn!(agent = %child, parent = %p, error = %e, "reading the parent of an agent that ended, to tell its node");
+                return false;
+            }
+        };
+        if !matches!(pa.status, Status::Running | Status::Blocked) || pa.supervisor == self.host.me
+        {
+            return true;
+        }
+        match self.records.store.post_input(
+            &self.records.tenant,
+            p,
+            &pa.supervisor,
+            CHILD_END,
+            child.as_str(),
+            now_ms(),
+        ) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(agent = %child, parent = %p, error = %e, "telling another node of a child's end");
+                false
             }
         }
     }

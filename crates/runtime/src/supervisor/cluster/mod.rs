@@ -85,7 +85,8 @@ pub(in crate::supervisor) enum NodeFollow {
         detail: String,
     },
     /// Host an agent claimed for this node as if admitted here; one that
-    /// cannot be is handed back with [`Cluster::not_hosted`].
+    /// cannot be is handed back with [`Cluster::not_hosted`], or with
+    /// [`Cluster::host_later`] when a store call failed.
     Host(Agent),
     /// More placed agents may wait behind a full claim: claimed as the next
     /// command, so the loop answers others in between.
@@ -126,6 +127,8 @@ enum Next {
     LetGoOfNode(String),
     /// The agents placed on this node claimed.
     Claim,
+    /// The claimed agents whose hosting a store call failed, hosted again.
+    HostAgain,
 }
 
 /// The node of the cluster this supervisor is: the part that owns it.
@@ -137,6 +140,11 @@ pub(in crate::supervisor) struct Cluster {
     node: Option<NodeConfig>,
     /// When its heartbeat last went through (`moved`).
     beat: Beat,
+    /// Agents claimed for this node whose hosting failed on a store call
+    /// (issue 28: an error is never a fact): hosted again at the next tick
+    /// from their record read then, and meanwhile not taken for records
+    /// without an agent.
+    to_host: BTreeSet<AgentName>,
 }
 
 impl Cluster {
@@ -145,6 +153,7 @@ impl Cluster {
             me,
             node,
             beat: Beat::default(),
+            to_host: BTreeSet::new(),
         }
     }
 
@@ -165,6 +174,7 @@ impl Cluster {
             Next::DeclareLost(id) => self.declare_lost(&id, env),
             Next::LetGoOfNode(id) => self.let_go_of_node(&id, env),
             Next::Claim => self.claim(env),
+            Next::HostAgain => self.host_again(env),
         }
     }
 

@@ -224,25 +224,26 @@ impl Cluster {
     /// ended lost, to be told to it once it runs (as after a restart). The
     /// loss writes their ends and the new run in one transaction, at one
     /// time: a child ended at the new run's creation was ended by it.
-    pub(in crate::supervisor) fn moved_run(&self, a: &Agent, env: &Env) -> Option<Vec<Agent>> {
-        let Ok(Some(run)) = env.store.run(env.tenant, &a.run) else {
-            return None;
+    pub(in crate::supervisor) fn moved_run(
+        &self,
+        a: &Agent,
+        env: &Env,
+    ) -> Result<Option<Vec<Agent>>, brood_store::StoreError> {
+        // A failed read is not "no earlier run" nor "no child ended": the
+        // hosting fails and is tried again (issue 28).
+        let Some(run) = env.store.run(env.tenant, &a.run)? else {
+            return Ok(None);
         };
         if run.seq <= 1 {
-            return None;
+            return Ok(None);
         }
         let lost = Status::Ended(Terminal::Failed(FailReason::Lost));
-        match env.store.children(env.tenant, &a.name) {
-            Ok(kids) => Some(
-                kids.into_iter()
-                    .filter(|k| k.status == lost && k.updated_ms == run.created_ms)
-                    .collect(),
-            ),
-            Err(e) => {
-                tracing::warn!(agent = %a.name, error = %e, "reading a moved agent's children");
-                Some(Vec::new())
-            }
-        }
+        let kids = env.store.children(env.tenant, &a.name)?;
+        Ok(Some(
+            kids.into_iter()
+                .filter(|k| k.status == lost && k.updated_ms == run.created_ms)
+                .collect(),
+        ))
     }
 
     /// Before any command: a node whose last heartbeat went through longer

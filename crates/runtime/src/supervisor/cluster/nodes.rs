@@ -49,6 +49,7 @@ impl Cluster {
         let mut out = self.heartbeat(env);
         out.extend([
             then(Next::DeclareLostNodes),
+            then(Next::HostAgain),
             then(Next::Claim),
             NodeFollow::DeliverRoutedInputs,
             NodeFollow::AnswerReadyWaits,
@@ -82,6 +83,7 @@ impl Cluster {
             if a.tenant != *env.tenant
                 || env.agents.live.contains_key(&a.name)
                 || env.admitting.in_flight(&a.name)
+                || self.to_host.contains(&a.name)
                 || (holder && a.status != Status::Queued)
             {
                 continue;

@@ -115,6 +115,50 @@ impl Cluster {
         out
     }
 
+    /// A claimed agent whose hosting failed on a store call (`why`): not
+    /// ended for it (issue 28: an error is never a fact), hosted again at
+    /// the next tick ([`Self::host_again`]). Its record stays this node's
+    /// and queued meanwhile, which the check of records without agents
+    /// leaves alone.
+    pub(in crate::supervisor) fn host_later(
+        &mut self,
+        name: AgentName,
+        why: &brood_store::StoreError,
+    ) {
+        tracing::warn!(agent = %name, error = %why, "hosting an agent placed on this node: the store failed; trying again at the next tick");
+        self.to_host.insert(name);
+    }
+
+    /// The claimed agents whose hosting failed on a store call, each from
+    /// its record read now: hosted if still queued here, ended if its stop
+    /// was recorded meanwhile, forgotten if it is no longer this node's
+    /// (moved, ended); kept for the next tick if the read fails too.
+    pub(super) fn host_again(&mut self, env: &Env) -> Vec<NodeFollow> {
+        let mut out = Vec::new();
+        for name in std::mem::take(&mut self.to_host) {
+            match env.store.agent(env.tenant, &name) {
+                Ok(Some(a)) if a.supervisor == self.me && a.status == Status::Queued => {
+                    out.push(NodeFollow::Host(a));
+                }
+                Ok(Some(a)) if a.supervisor == self.me => {
+                    if let Status::Stopping(outcome) = a.status {
+                        out.push(NodeFollow::EndWithoutProcess {
+                            agent: a,
+                            outcome,
+                            detail: "its stop was recorded before its node could host it".into(),
+                        });
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "reading an agent this node could not host yet");
+                    self.to_host.insert(name);
+                }
+            }
+        }
+        out
+    }
+
     /// A claimed agent this node could not host (`why`): ended lost, since
     /// the node it was placed on could not start it.
     pub(in crate::supervisor) fn not_hosted(

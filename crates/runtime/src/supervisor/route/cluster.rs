@@ -13,7 +13,7 @@ use brood_launch::cgroup::Group;
 use brood_store::{Agent, RunEnd};
 use serde_json::Value;
 
-use crate::api::{ApiError, internal};
+use crate::api::ApiError;
 use crate::supervisor::admitting::Admitting;
 use crate::supervisor::agents::Agents;
 use crate::supervisor::cluster::{Cluster, Env, NodeFollow, stored_launch};
@@ -57,6 +57,7 @@ impl Dispatcher {
         }
         let follows = self.with_cluster(|c, env| c.tick(env));
         self.apply_cluster(follows);
+        self.tell_ends_again();
         // A parent gone hears of no more ends.
         let live = &self.agents.live;
         self.agents
@@ -135,7 +136,13 @@ impl Dispatcher {
                     let name = a.name.clone();
                     match self.host_claimed(a) {
                         Ok(()) => Vec::new(),
-                        Err(e) => self.with_cluster(|c, env| c.not_hosted(&name, &e, env)),
+                        Err(Unhosted::Store(e)) => {
+                            self.cluster.host_later(name, &e);
+                            Vec::new()
+                        }
+                        Err(Unhosted::Refused(e)) => {
+                            self.with_cluster(|c, env| c.not_hosted(&name, &e, env))
+                        }
                     }
                 }
                 NodeFollow::ClaimMore => {
@@ -209,22 +216,42 @@ impl Dispatcher {
     }
 
     /// A claimed agent, hosted here from its record as if admitted here: its
-    /// files projected, its live entry made, queued for a slot.
-    fn host_claimed(&mut self, a: Agent) -> Result<(), ApiError> {
+    /// files projected, its live entry made, queued for a slot. What it
+    /// reads of the store it reads first, so a read that fails leaves
+    /// nothing done and the hosting can be tried again.
+    fn host_claimed(&mut self, a: Agent) -> Result<(), Unhosted> {
         let spec: Value = serde_json::from_str(&a.spec).unwrap_or(Value::Null);
-        let policy = stored_policy(&spec, &self.operator_policy())?;
+        let policy = stored_policy(&spec, &self.operator_policy()).map_err(Unhosted::Refused)?;
         let parent_live: Option<(Option<Group>, SessionName)> = match &a.parent {
             Some(p) => match self.agents.live.get(p) {
                 Some(l) => Some((l.group.clone(), l.session.clone())),
                 None => self
                     .records
                     .store
-                    .agent(&self.records.tenant, p)
-                    .map_err(internal)?
+                    .agent(&self.records.tenant, p)?
                     .map(|pa| (None, pa.session)),
             },
             None => None,
         };
+        // A run a loss moved here is no new creation of its parent's; the
+        // children the loss ended are told to it once it runs.
+        let moved = self.with_cluster(|c, env| c.moved_run(&a, env))?;
+        // A resumed run's instruction is the input its resume recorded.
+        let instruction = self
+            .records
+            .store
+            .messages(&self.records.tenant, &a.name, &a.session)?
+            .into_iter()
+            .rev()
+            .find(|m| m.run == a.run && m.role == "user")
+            .map(|m| m.content);
+        // Its budget covers what it and its subtree spent in earlier runs.
+        let subtree_usd = self
+            .records
+            .store
+            .spend(&self.records.tenant, &a.name)?
+            .subtree
+            .cost_usd;
         let (argv, cwd) = stored_launch(&spec);
         self.project_admitted(
             &a,
@@ -233,9 +260,7 @@ impl Dispatcher {
             parent_live.as_ref().map(|(_, s)| s),
             policy.uid,
         );
-        // A run a loss moved here is no new creation of its parent's; the
-        // children the loss ended are told to it once it runs.
-        let moved = match self.with_cluster(|c, env| c.moved_run(&a, env)) {
+        let moved = match moved {
             Some(ended) => {
                 for k in ended {
                     self.restart.tell_later(a.name.clone(), k);
@@ -251,16 +276,6 @@ impl Dispatcher {
             .parent
             .clone()
             .zip(parent_live.as_ref().map(|(_, s)| s.clone()));
-        // A resumed run's instruction is the input its resume recorded.
-        let instruction = self
-            .records
-            .store
-            .messages(&self.records.tenant, &a.name, &a.session)
-            .map_err(internal)?
-            .into_iter()
-            .rev()
-            .find(|m| m.run == a.run && m.role == "user")
-            .map(|m| m.content);
         let secrets = self.agents.claimed_secrets(&a, &policy);
         let mut live = Live::of_record(&a, &spec, parent_pair, policy, instruction);
         live.secrets = secrets;
@@ -268,13 +283,7 @@ impl Dispatcher {
             .as_str()
             .filter(|n| *n != self.host.me)
             .map(str::to_owned);
-        // Its budget covers what it and its subtree spent in earlier runs.
-        live.subtree_usd = self
-            .records
-            .store
-            .spend(&self.records.tenant, &a.name)
-            .map(|s| s.subtree.cost_usd)
-            .map_err(internal)?;
+        live.subtree_usd = subtree_usd;
         live.pending = Some(Pending {
             argv,
             cwd,
@@ -324,5 +333,19 @@ impl Dispatcher {
                 }
             }
         }
+    }
+}
+
+/// Why a claimed agent was not hosted.
+enum Unhosted {
+    /// A store call failed: tried again later, nothing ended for it.
+    Store(brood_store::StoreError),
+    /// It cannot run here (its stored policy is not one): ended lost.
+    Refused(ApiError),
+}
+
+impl From<brood_store::StoreError> for Unhosted {
+    fn from(e: brood_store::StoreError) -> Unhosted {
+        Unhosted::Store(e)
     }
 }

@@ -55,6 +55,11 @@ impl Dispatcher {
         self.with_routed(|r| r.tell_other_nodes_of_end(agent));
     }
 
+    /// Ends a failed store call kept from their parent's node, told again.
+    pub(in crate::supervisor) fn tell_ends_again(&mut self) {
+        self.with_routed(|r| r.tell_ends_again());
+    }
+
     /// `Cmd::EndedElsewhere`: a child's artifacts are in its parent's channel here.
     pub(in crate::supervisor) fn on_ended_elsewhere(&mut self, e: EndedElsewhere) {
         self.with_routed(|r| r.on_ended_elsewhere(e));

@@ -293,3 +293,81 @@ fn a_child_s_end_its_node_could_not_post_reaches_the_parent_s_node_later() {
     );
     assert_ne!(during.trim(), "done", "heard while the inbox was locked");
 }
+
+/// The parent's node hears of a child's end (node 1 ran it) while its reads
+/// of the child's channel fail: it hears of it again at its next tick,
+/// and the parent's channel gets the child's result once the reads
+/// succeed. Before, the failed read was taken for "no result": the channel
+/// said `done` with no `result.md`, for good.
+#[test]
+fn a_child_s_end_heard_while_its_channel_cannot_be_read_keeps_its_result() {
+    let two = Two::start();
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "top", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "kid", "parent": "top", "await_ready": true,
+                     "placement": {"labels": {"zone": "z1"}},
+                     "argv": agent(&["--inputs", "1", "--result", "kid's answer"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let channel = two.roots[0].join(format!(
+        "ctx/home/{uid}/agent/top/session/default/context/child/kid"
+    ));
+    // Node 0 stopped: the news of the end waits in the inbox for it.
+    signal(&two.nodes[0], libc::SIGSTOP);
+    let (s, v) = http(
+        &two.sock(1),
+        "POST",
+        "/api/agents/kid/input",
+        Some(&json!({"text": "finish"})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let ended = eventually(Duration::from_secs(30), || {
+        status(&two.url, "kid") == "completed"
+    });
+    assert!(ended, "kid never ended:\n{}", two.log(1));
+    // The channels locked, node 0 back: it takes the news and
+    // its read of the channel fails.
+    let lock = Locked::hold(&two.url, "channels");
+    signal(&two.nodes[0], libc::SIGCONT);
+    let tried = eventually(Duration::from_secs(30), || {
+        two.log(0).contains("a child's end another node told of")
+            || std::fs::read_to_string(channel.join("status")).is_ok_and(|s| s.trim() == "done")
+    });
+    assert!(tried, "node 0 never heard of the end:\n{}", two.log(0));
+    std::thread::sleep(Duration::from_millis(500));
+    let result = channel.join("result.md");
+    let during = std::fs::read_to_string(&result).unwrap_or_default();
+    drop(lock);
+    let mut last = String::new();
+    let kept = eventually(Duration::from_secs(30), || {
+        last = std::fs::read_to_string(&result).unwrap_or_default();
+        last.contains("kid's answer")
+    });
+    assert!(
+        kept,
+        "the parent's channel never got the child's result (result.md {last:?}, status {:?}):\n{}",
+        std::fs::read_to_string(channel.join("status")).unwrap_or_default(),
+        two.log(0)
+    );
+    assert!(
+        !during.contains("kid's answer"),
+        "read while the channels were locked"
+    );
+    assert!(
+        two.log(0)
+            .contains("reading the channel of a child's end another node told of"),
+        "the channel's read failed (the test's fault):\n{}",
+        two.log(0)
+    );
+}

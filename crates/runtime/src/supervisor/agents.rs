@@ -34,6 +34,9 @@ pub(super) struct Agents {
     /// another node, because a store call failed: `(child, parent)`, told
     /// again at the next tick (issue 28: an error is never a fact).
     pub(super) ends_to_tell: Vec<(AgentName, AgentName)>,
+    /// Ends another node told of whose reads here failed: `(told, child)`,
+    /// heard again at the next tick.
+    pub(super) ends_to_hear: Vec<(AgentName, AgentName)>,
 }
 
 impl Agents {

@@ -8,7 +8,7 @@
 //!
 //! It holds no state beyond what the live set tracks of children other
 //! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`,
-//! `ends_to_tell`): the loop
+//! `ends_to_tell`, `ends_to_hear`): the loop
 //! lends it [`Env`], and what belongs to other flows (an input delivered, a
 //! child's end told to its parent, waits answered) it returns as
 //! [`RoutedFollow`]s, in order, which `route::routed` applies.
@@ -286,11 +286,17 @@ impl Env<'_> {
     }
 
     /// The ends a failed store call kept from their parent's node, told
-    /// again; those that fail again wait for the next tick.
+    /// again, and those told here whose reads failed, heard again; those
+    /// that fail again wait for the next tick.
     pub(super) fn tell_ends_again(&mut self) {
         for (child, p) in std::mem::take(&mut self.agents.ends_to_tell) {
             if !self.tell_of_end(&child, &p) {
                 self.agents.ends_to_tell.push((child, p));
+            }
+        }
+        for (told, child) in std::mem::take(&mut self.agents.ends_to_hear) {
+            if !self.hear_end(&told, &child) {
+                self.agents.ends_to_hear.push((told, child));
             }
         }
     }
@@ -339,32 +345,52 @@ impl Env<'_> {
             tracing::warn!(agent = %told, "a child's end named no valid agent");
             return;
         };
-        let a = match self.records.store.agent(&self.records.tenant, &child) {
+        if !self.hear_end(told, &child) {
+            self.agents.ends_to_hear.push((told.clone(), child));
+        }
+    }
+
+    /// [`Self::on_child_end_elsewhere`] for a valid name: whether it is
+    /// done (nothing to tell counts), or a store read failed and it is to
+    /// be tried again. A failed read is neither "no such child" nor "no
+    /// result": the parent would never hear of the end, or hear of it
+    /// without what the child handed back.
+    fn hear_end(&mut self, told: &AgentName, child: &AgentName) -> bool {
+        let a = match self.records.store.agent(&self.records.tenant, child) {
             Ok(Some(a)) if a.status.is_finished() => a,
-            _ => return,
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::warn!(agent = %child, parent = %told, error = %e, "reading a child's end another node told of");
+                return false;
+            }
         };
         // Told once a run, whichever comes first: the news of it or a wait
         // that saw it in the store.
-        if let Some(p) = a.parent.as_ref().filter(|p| *p == told) {
-            if self
+        let to_parent = a.parent.as_ref() == Some(told);
+        if to_parent
+            && self
                 .agents
                 .ends_told
                 .get(&a.name)
                 .is_some_and(|(_, run)| *run == a.run)
-            {
-                return;
-            }
+        {
+            return true;
+        }
+        let channel = match &a.parent {
+            Some(p) => match self.records.store.channel(&self.records.tenant, p, child) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(agent = %child, parent = %told, error = %e, "reading the channel of a child's end another node told of");
+                    return false;
+                }
+            },
+            None => None,
+        };
+        if to_parent {
             self.agents
                 .ends_told
-                .insert(a.name.clone(), (p.clone(), a.run.clone()));
+                .insert(a.name.clone(), (told.clone(), a.run.clone()));
         }
-        let channel = a.parent.as_ref().and_then(|p| {
-            self.records
-                .store
-                .channel(&self.records.tenant, p, &child)
-                .ok()
-                .flatten()
-        });
         let result = channel.as_ref().and_then(|c| c.result.clone());
         let output = match channel {
             Some(c) => brood_store::ChannelOutput {
@@ -408,10 +434,11 @@ impl Env<'_> {
                     placed,
                 })));
             });
-            return;
+            return true;
         }
         let harvest = crate::channel::recorded(output, dir.as_deref(), &blobs);
         self.tell_of_end_elsewhere(told, a, result, harvest);
+        true
     }
 
     /// A child's artifacts are in its parent's channel here (or could not

@@ -3,9 +3,9 @@
 //!
 //! A batch opens each directory it writes in once (`O_PATH`, not following
 //! a symlink) and names every file relative to it (`fstatat`, `openat`,
-//! `renameat`), so the kernel walks a file's path once a batch instead of on
-//! every call, and a write costs one look, the temp file's create, write and
-//! owner, and the rename. The rules are [`super::write_atomic`]'s: a temp
+//! `renameat2`), so the kernel walks a file's path once a batch instead of on
+//! every call, and a new file costs the temp file's create, write and owner,
+//! and the rename (one that exists, a look first). The rules are [`super::write_atomic`]'s: a temp
 //! file beside the file then `rename(2)`, never through a symlink, a file
 //! that already holds the bytes left as it is. The directory descriptors
 //! live for one batch only.
@@ -47,6 +47,12 @@ impl Dir {
     /// already holds them (a new inode would escape a landlock rule made on
     /// the old one, see [`super::write_atomic`]). Errors name `path`, the
     /// file's full path.
+    ///
+    /// Most writes make a file that is not there yet (an agent's control
+    /// files, its session's), so the temp file is first moved in with
+    /// `RENAME_NOREPLACE`, which needs no look before it: only a name that
+    /// exists (`EEXIST`) is looked at, as before, then replaced (issue 27
+    /// item 3: one `fstatat` a new file fewer).
     pub(super) fn replace(
         &self,
         path: &Path,
@@ -58,44 +64,69 @@ impl Dir {
     ) -> io::Result<()> {
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         let cname = cstr(name)?;
-        match self.stat(&cname) {
+        let ctmp = cstr(tmp)?;
+        let unlink_tmp = || {
+            // SAFETY: unlinkat(2) of our own temp file's name.
+            unsafe { libc::unlinkat(self.fd.as_raw_fd(), ctmp.as_ptr(), 0) };
+        };
+        if let Err(e) = self.fill_new(&ctmp, bytes, owner, mode) {
+            unlink_tmp();
+            return Err(named(e));
+        }
+        match self.rename(&ctmp, &cname, libc::RENAME_NOREPLACE) {
+            Ok(()) => return Ok(()),
+            // EINVAL: a filesystem without the flag.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => {}
+            Err(e) => {
+                unlink_tmp();
+                return Err(named(e));
+            }
+        }
+        let keep_old = match self.stat(&cname) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                unlink_tmp();
                 return Err(symlink_refused(path));
             }
-            Ok(st)
-                if st.st_mode & libc::S_IFMT == libc::S_IFREG
+            Ok(st) => {
+                st.st_mode & libc::S_IFMT == libc::S_IFREG
                     && st.st_size == bytes.len() as libc::off_t
                     && st.st_mode & 0o7777 == mode
                     && owner.is_none_or(|o| st.st_uid == o)
-                    && self.holds(&cname, bytes) =>
-            {
-                return Ok(());
+                    && self.holds(&cname, bytes)
             }
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(named(e)),
-        }
-        let ctmp = cstr(tmp)?;
-        let r = self.fill_new(&ctmp, bytes, owner, mode).and_then(|()| {
-            // SAFETY: renameat(2) of two NUL-terminated names in our directory.
-            let rc = unsafe {
-                libc::renameat(
-                    self.fd.as_raw_fd(),
-                    ctmp.as_ptr(),
-                    self.fd.as_raw_fd(),
-                    cname.as_ptr(),
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
+            // Gone meanwhile: the rename below puts it back.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
+            Err(e) => {
+                unlink_tmp();
+                return Err(named(e));
             }
-            Ok(())
-        });
-        if r.is_err() {
-            // SAFETY: unlinkat(2) of our own temp file's name.
-            unsafe { libc::unlinkat(self.fd.as_raw_fd(), ctmp.as_ptr(), 0) };
+        };
+        if keep_old {
+            unlink_tmp();
+            return Ok(());
         }
-        r.map_err(named)
+        self.rename(&ctmp, &cname, 0).map_err(|e| {
+            unlink_tmp();
+            named(e)
+        })
+    }
+
+    /// `renameat2(2)` of `from` to `to`, both in this directory.
+    fn rename(&self, from: &CString, to: &CString, flags: libc::c_uint) -> io::Result<()> {
+        // SAFETY: renameat2(2) of two NUL-terminated names in our directory.
+        let rc = unsafe {
+            libc::renameat2(
+                self.fd.as_raw_fd(),
+                from.as_ptr(),
+                self.fd.as_raw_fd(),
+                to.as_ptr(),
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Appends `bytes` to `name` (made with `mode` and given to `owner` if
@@ -109,25 +140,52 @@ impl Dir {
         mode: u32,
     ) -> io::Result<()> {
         let cname = cstr(name)?;
+        let err = |e: io::Error| match e.raw_os_error() {
+            // O_NOFOLLOW met a symlink.
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symlink; refusing to append through it",
+                    path.display()
+                ),
+            ),
+            _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        };
+        // Nothing to append: the file is only to exist (an agent's
+        // transcript before its first message). Made new when it is not
+        // there, given away without a look at whose it is, nothing written
+        // (issue 27 item 3); one already there is looked at as below.
+        if bytes.is_empty() {
+            match self.open_at(
+                &cname,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                mode,
+            ) {
+                Ok(f) => {
+                    return match owner {
+                        Some(u) => std::os::unix::fs::fchown(&f, Some(u), Some(u)).map_err(err),
+                        None => Ok(()),
+                    };
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
         let mut f = self
             .open_at(
                 &cname,
                 libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_NOFOLLOW,
                 mode,
             )
-            .map_err(|e| match e.raw_os_error() {
-                // O_NOFOLLOW met a symlink.
-                Some(libc::ELOOP) => io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "{} is a symlink; refusing to append through it",
-                        path.display()
-                    ),
-                ),
-                _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
-            })?;
+            .map_err(err)?;
         super::give(&f, owner)
-            .and_then(|()| f.write_all(bytes))
+            .and_then(|()| {
+                if bytes.is_empty() {
+                    Ok(())
+                } else {
+                    f.write_all(bytes)
+                }
+            })
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     }
 

@@ -598,9 +598,17 @@ mod tests {
         p.write(dir.join("pid"), "2\n");
         p.append(dir.join("events"), "a\n");
         p.append(dir.join("events"), "b\n");
+        // Nothing to append: the file is made (a new one), left as it is
+        // (one there), and a symlink is refused as for any append.
+        p.append(dir.join("messages.jsonl"), Vec::new());
+        std::os::unix::fs::symlink(&target, dir.join("latest.md")).unwrap();
+        p.append(dir.join("latest.md"), Vec::new());
         p.flush().await;
+        p.append(dir.join("events"), Vec::new());
+        p.flush().await;
+        assert_eq!(fs::read_to_string(dir.join("messages.jsonl")).unwrap(), "");
         assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
-        for link in ["status", "log"] {
+        for link in ["status", "log", "latest.md"] {
             assert!(
                 fs::symlink_metadata(dir.join(link))
                     .unwrap()
@@ -617,7 +625,15 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["events", "log", "meta.json", "pid", "status"],
+            [
+                "events",
+                "latest.md",
+                "log",
+                "messages.jsonl",
+                "meta.json",
+                "pid",
+                "status"
+            ],
             "no temp file left"
         );
         let ino = fs::metadata(dir.join("meta.json")).unwrap().ino();

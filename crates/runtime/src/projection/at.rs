@@ -48,11 +48,13 @@ impl Dir {
     /// the old one, see [`super::write_atomic`]). Errors name `path`, the
     /// file's full path.
     ///
-    /// Most writes make a file that is not there yet (an agent's control
-    /// files, its session's), so the temp file is first moved in with
-    /// `RENAME_NOREPLACE`, which needs no look before it: only a name that
-    /// exists (`EEXIST`) is looked at, as before, then replaced (issue 27
-    /// item 3: one `fstatat` a new file fewer).
+    /// A file written `fresh` is expected not to be there yet (a new
+    /// agent's control and session files): the temp file is first moved in
+    /// with `RENAME_NOREPLACE`, which needs no look before it, and only a
+    /// name that exists (`EEXIST`) is looked at, as any other write's is
+    /// first (issue 27 item 3: one `fstatat` a new file fewer, and none
+    /// more for a file rewritten, the status a cascade rewrites).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn replace(
         &self,
         path: &Path,
@@ -61,6 +63,7 @@ impl Dir {
         bytes: &[u8],
         owner: Option<u32>,
         mode: u32,
+        fresh: bool,
     ) -> io::Result<()> {
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         let cname = cstr(name)?;
@@ -69,46 +72,62 @@ impl Dir {
             // SAFETY: unlinkat(2) of our own temp file's name.
             unsafe { libc::unlinkat(self.fd.as_raw_fd(), ctmp.as_ptr(), 0) };
         };
+        if !fresh && self.holds_already(path, &cname, bytes, owner, mode)? {
+            return Ok(());
+        }
         if let Err(e) = self.fill_new(&ctmp, bytes, owner, mode) {
             unlink_tmp();
             return Err(named(e));
         }
-        match self.rename(&ctmp, &cname, libc::RENAME_NOREPLACE) {
-            Ok(()) => return Ok(()),
-            // EINVAL: a filesystem without the flag.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => {}
-            Err(e) => {
-                unlink_tmp();
-                return Err(named(e));
+        if fresh {
+            match self.rename(&ctmp, &cname, libc::RENAME_NOREPLACE) {
+                Ok(()) => return Ok(()),
+                // EINVAL: a filesystem without the flag.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => {}
+                Err(e) => {
+                    unlink_tmp();
+                    return Err(named(e));
+                }
             }
-        }
-        let keep_old = match self.stat(&cname) {
-            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                unlink_tmp();
-                return Err(symlink_refused(path));
+            match self.holds_already(path, &cname, bytes, owner, mode) {
+                Ok(false) => {}
+                Ok(true) => {
+                    unlink_tmp();
+                    return Ok(());
+                }
+                Err(e) => {
+                    unlink_tmp();
+                    return Err(e);
+                }
             }
-            Ok(st) => {
-                st.st_mode & libc::S_IFMT == libc::S_IFREG
-                    && st.st_size == bytes.len() as libc::off_t
-                    && st.st_mode & 0o7777 == mode
-                    && owner.is_none_or(|o| st.st_uid == o)
-                    && self.holds(&cname, bytes)
-            }
-            // Gone meanwhile: the rename below puts it back.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
-            Err(e) => {
-                unlink_tmp();
-                return Err(named(e));
-            }
-        };
-        if keep_old {
-            unlink_tmp();
-            return Ok(());
         }
         self.rename(&ctmp, &cname, 0).map_err(|e| {
             unlink_tmp();
             named(e)
         })
+    }
+
+    /// Whether the file `name` already holds `bytes` with `mode` and
+    /// `owner` (so it is left as it is); a symlink there is refused, a name
+    /// not there holds nothing.
+    fn holds_already(
+        &self,
+        path: &Path,
+        cname: &CString,
+        bytes: &[u8],
+        owner: Option<u32>,
+        mode: u32,
+    ) -> io::Result<bool> {
+        match self.stat(cname) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => Err(symlink_refused(path)),
+            Ok(st) => Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG
+                && st.st_size == bytes.len() as libc::off_t
+                && st.st_mode & 0o7777 == mode
+                && owner.is_none_or(|o| st.st_uid == o)
+                && self.holds(cname, bytes)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
     }
 
     /// `renameat2(2)` of `from` to `to`, both in this directory.

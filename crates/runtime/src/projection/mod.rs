@@ -55,8 +55,9 @@ pub fn mode_of(path: &Path) -> u32 {
 }
 
 enum Op {
-    /// A whole file and its mode (0644, or 0755 for a shim).
-    Write(PathBuf, Vec<u8>, u32),
+    /// A whole file and its mode (0644, or 0755 for a shim), and whether
+    /// it is expected to be new ([`Projection::write_new`]).
+    Write(PathBuf, Vec<u8>, u32, bool),
     Append(PathBuf, Vec<u8>),
     /// With a uid: the directory itself is given to it (`artifact/`).
     Mkdirs(PathBuf, Option<u32>),
@@ -101,12 +102,21 @@ impl Projection {
     /// Replaces a whole file (creating its directory).
     pub fn write(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
         let mode = mode_of(&path);
-        let _ = self.tx.send(Op::Write(path, bytes.into(), mode));
+        let _ = self.tx.send(Op::Write(path, bytes.into(), mode, false));
+    }
+
+    /// [`Self::write`] of a file expected not to be there yet (a new
+    /// agent's control and session files): moved in without a look first,
+    /// looked at only if its name exists after all. The same result either
+    /// way; one system call fewer for a new file.
+    pub fn write_new(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
+        let mode = mode_of(&path);
+        let _ = self.tx.send(Op::Write(path, bytes.into(), mode, true));
     }
 
     /// Replaces a whole file with an executable one, mode 0755 (an agent's shim).
     pub fn write_exec(&self, path: PathBuf, bytes: impl Into<Vec<u8>>) {
-        let _ = self.tx.send(Op::Write(path, bytes.into(), 0o755));
+        let _ = self.tx.send(Op::Write(path, bytes.into(), 0o755, false));
     }
 
     /// Appends to a file (creating it and its directory).
@@ -165,7 +175,7 @@ struct Writer {
 
 impl Writer {
     fn apply(&mut self, batch: Vec<Op>) {
-        let mut writes: Vec<(PathBuf, Vec<u8>, u32)> = Vec::new();
+        let mut writes: Vec<(PathBuf, Vec<u8>, u32, bool)> = Vec::new();
         let mut write_at: HashMap<PathBuf, usize> = HashMap::new();
         let mut appends: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         let mut append_at: HashMap<PathBuf, usize> = HashMap::new();
@@ -182,14 +192,15 @@ impl Writer {
                         tracing::warn!(error = %e, "ctx projection mkdir failed");
                     }
                 }
-                Op::Write(p, b, mode) => match write_at.get(&p) {
+                Op::Write(p, b, mode, fresh) => match write_at.get(&p) {
                     Some(&i) => {
                         writes[i].1 = b;
                         writes[i].2 = mode;
+                        writes[i].3 &= fresh;
                     }
                     None => {
                         write_at.insert(p.clone(), writes.len());
-                        writes.push((p, b, mode));
+                        writes.push((p, b, mode, fresh));
                     }
                 },
                 Op::Append(p, b) => match append_at.get(&p) {
@@ -205,12 +216,12 @@ impl Writer {
         }
         // Each directory written in is opened once for the batch (`at`).
         let mut open: HashMap<PathBuf, at::Dir> = HashMap::new();
-        for (p, b, mode) in writes {
+        for (p, b, mode, fresh) in writes {
             self.nonce += 1;
             let tmp = self.temp_name(&p);
             let owner = self.owner;
             let r = self.in_dir(&mut open, &p, |dir, name| {
-                dir.replace(&p, name, &tmp, &b, owner, mode)
+                dir.replace(&p, name, &tmp, &b, owner, mode, fresh)
             });
             if let Err(e) = r {
                 tracing::warn!(error = %e, "ctx projection write failed");
@@ -650,6 +661,37 @@ mod tests {
             fs::metadata(dir.join("meta.json")).unwrap().ino(),
             ino,
             "changed: replaced"
+        );
+        // Written as new: the same rules when the name is there after all
+        // (the same bytes keep their inode, a symlink is refused), and a
+        // new file made.
+        p.write_new(dir.join("meta.json"), "{\"a\":1}");
+        p.write_new(dir.join("status"), "new\n");
+        p.write_new(dir.join("parent"), "top\n");
+        p.flush().await;
+        let ino2 = fs::metadata(dir.join("meta.json")).unwrap().ino();
+        p.write_new(dir.join("meta.json"), "{\"a\":1}");
+        p.flush().await;
+        assert_eq!(fs::metadata(dir.join("meta.json")).unwrap().ino(), ino2);
+        p.write_new(dir.join("meta.json"), "{\"a\":2}");
+        p.flush().await;
+        assert_eq!(
+            fs::read_to_string(dir.join("meta.json")).unwrap(),
+            "{\"a\":2}"
+        );
+        assert!(
+            fs::symlink_metadata(dir.join("status"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(fs::read_to_string(dir.join("parent")).unwrap(), "top\n");
+        assert_eq!(
+            fs::read_dir(&dir).unwrap().count(),
+            8,
+            "no temp file left: {:?}",
+            fs::read_dir(&dir).unwrap().collect::<Vec<_>>()
         );
         // Removed under it (a rebuild, an operator): made again.
         fs::remove_dir_all(d.path().join("agent")).unwrap();

@@ -109,7 +109,7 @@ pub(in crate::supervisor) fn project_admitted(
     records.projection.mkdirs(sdir.join("context"));
     records
         .projection
-        .write(sdir.join("created_at"), format!("{}\n", agent.created_ms));
+        .write_new(sdir.join("created_at"), format!("{}\n", agent.created_ms));
     records
         .projection
         .append(sdir.join("messages.jsonl"), Vec::new());
@@ -120,20 +120,20 @@ pub(in crate::supervisor) fn project_admitted(
     records
         .projection
         .append(sdir.join("latest.md"), Vec::new());
-    records.projection.write(
+    records.projection.write_new(
         sdir.join("cwd"),
         format!("{}\n", spec["cwd"].as_str().unwrap_or("")),
     );
     records
         .projection
-        .write(sdir.join("meta.json"), crate::objects::session_meta(agent));
+        .write_new(sdir.join("meta.json"), crate::objects::session_meta(agent));
     let adir = paths.agent_dir(name);
     for (file, text) in crate::objects::control_files(agent, policy, spec) {
-        records.projection.write(adir.join(file), text);
+        records.projection.write_new(adir.join(file), text);
     }
     records.project_shim(env.host.cfg.bin_dir.as_deref(), name);
     records.projection.append(adir.join("log"), Vec::new());
-    records.projection.write(
+    records.projection.write_new(
         adir.join("meta.json"),
         crate::objects::agent_meta(agent, None),
     );
@@ -141,11 +141,11 @@ pub(in crate::supervisor) fn project_admitted(
         let cdir = paths.channel_dir(p, psess, name);
         records
             .projection
-            .write(cdir.join("agent"), format!("{name}\n"));
+            .write_new(cdir.join("agent"), format!("{name}\n"));
         records
             .projection
-            .write(cdir.join("session"), format!("{}\n", agent.session));
-        records.projection.write(
+            .write_new(cdir.join("session"), format!("{}\n", agent.session));
+        records.projection.write_new(
             cdir.join("handoff.md"),
             spec["task"].as_str().unwrap_or("").to_owned(),
         );

@@ -10,6 +10,10 @@
 //!   could not start it"); it is hosted once the reads succeed.
 //! - A child's end its node could not post to its parent's node reaches
 //!   that node later (it was logged and lost: the parent never heard).
+//! - A child's end heard while the parent's node cannot read the child's
+//!   channel keeps its result (it was told with none).
+//! - A close heard while the agent cannot be read is shown later (the
+//!   node's tree said open for good).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -368,6 +372,94 @@ fn a_child_s_end_heard_while_its_channel_cannot_be_read_keeps_its_result() {
         two.log(0)
             .contains("reading the channel of a child's end another node told of"),
         "the channel's read failed (the test's fault):\n{}",
+        two.log(0)
+    );
+}
+
+/// How many notes wait in the store's inbox, read by a session of the
+/// test's own.
+fn inbox_len(url: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let task = tokio::spawn(conn);
+        let row = c
+            .query_one("SELECT count(*) FROM inbox", &[])
+            .await
+            .unwrap();
+        drop(c);
+        let _ = task.await;
+        row.get::<_, i64>(0)
+    })
+}
+
+/// An agent node 0 ran is closed through node 1; node 0 takes the news while
+/// its read of the agent fails: it reads it again at its next tick, and its
+/// ctx tree shows the close once the read succeeds. Before, the failed read
+/// was taken for "not closed": node 0's tree said open for good.
+#[test]
+fn a_close_heard_while_the_agent_cannot_be_read_is_shown_later() {
+    let two = Two::start();
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "solo", "await_ready": true,
+                     "argv": agent(&["--inputs", "1", "--result", "done"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents/solo/input",
+        Some(&json!({"text": "finish"})),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        eventually(Duration::from_secs(30), || status(&two.url, "solo")
+            == "completed"),
+        "solo never ended:\n{}",
+        two.log(0)
+    );
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let events = two.roots[0].join(format!(
+        "ctx/home/{uid}/agent/solo/session/default/events.jsonl"
+    ));
+    // Node 0 stopped: the news of the close waits in the inbox for it.
+    signal(&two.nodes[0], libc::SIGSTOP);
+    let (s, v) = http(&two.sock(1), "POST", "/api/agents/solo/close", None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(inbox_len(&two.url), 1, "the close posted for node 0");
+    let lock = Locked::hold(&two.url, "agents");
+    signal(&two.nodes[0], libc::SIGCONT);
+    let taken = eventually(Duration::from_secs(30), || inbox_len(&two.url) == 0);
+    assert!(taken, "node 0 never took the news:\n{}", two.log(0));
+    std::thread::sleep(Duration::from_millis(500));
+    let during = std::fs::read_to_string(&events).unwrap_or_default();
+    drop(lock);
+    let mut last = String::new();
+    let shown = eventually(Duration::from_secs(30), || {
+        last = std::fs::read_to_string(&events).unwrap_or_default();
+        last.contains("\"agent.close\"")
+    });
+    assert!(
+        shown,
+        "node 0's tree never showed the close:\n{last}\n{}",
+        two.log(0)
+    );
+    assert!(
+        !during.contains("\"agent.close\""),
+        "shown while the agents were locked"
+    );
+    assert!(
+        two.log(0).contains("reading an agent another node closed"),
+        "the read failed (the test's fault):\n{}",
         two.log(0)
     );
 }

@@ -37,6 +37,13 @@ pub(super) struct Agents {
     /// Ends another node told of whose reads here failed: `(told, child)`,
     /// heard again at the next tick.
     pub(super) ends_to_hear: Vec<(AgentName, AgentName)>,
+    /// Closes made here of agents another node ran, not yet posted to that
+    /// node because a store call failed: `(agent, node)`, posted again at
+    /// the next tick.
+    pub(super) closes_to_tell: Vec<(AgentName, String)>,
+    /// Closes another node told of whose read here failed, shown again at
+    /// the next tick.
+    pub(super) closes_to_show: Vec<AgentName>,
 }
 
 impl Agents {

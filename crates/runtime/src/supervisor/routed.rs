@@ -8,7 +8,7 @@
 //!
 //! It holds no state beyond what the live set tracks of children other
 //! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`,
-//! `ends_to_tell`, `ends_to_hear`): the loop
+//! `ends_to_tell`, `ends_to_hear`, `closes_to_tell`, `closes_to_show`): the loop
 //! lends it [`Env`], and what belongs to other flows (an input delivered, a
 //! child's end told to its parent, waits answered) it returns as
 //! [`RoutedFollow`]s, in order, which `route::routed` applies.
@@ -285,10 +285,11 @@ impl Env<'_> {
         }
     }
 
-    /// The ends a failed store call kept from their parent's node, told
-    /// again, and those told here whose reads failed, heard again; those
-    /// that fail again wait for the next tick.
-    pub(super) fn tell_ends_again(&mut self) {
+    /// What a failed store call kept from being told, told again: ends
+    /// not posted to their parent's node and ends told here whose reads
+    /// failed, closes not posted to their agent's node and closes told here
+    /// whose read failed. What fails again waits for the next tick.
+    pub(super) fn tell_again(&mut self) {
         for (child, p) in std::mem::take(&mut self.agents.ends_to_tell) {
             if !self.tell_of_end(&child, &p) {
                 self.agents.ends_to_tell.push((child, p));
@@ -297,6 +298,16 @@ impl Env<'_> {
         for (told, child) in std::mem::take(&mut self.agents.ends_to_hear) {
             if !self.hear_end(&told, &child) {
                 self.agents.ends_to_hear.push((told, child));
+            }
+        }
+        for (name, host) in std::mem::take(&mut self.agents.closes_to_tell) {
+            if !self.post_close(&name, &host) {
+                self.agents.closes_to_tell.push((name, host));
+            }
+        }
+        for name in std::mem::take(&mut self.agents.closes_to_show) {
+            if !self.show_closed(&name) {
+                self.agents.closes_to_show.push(name);
             }
         }
     }
@@ -496,21 +507,47 @@ impl Env<'_> {
         {
             return;
         }
-        if let Err(e) =
-            self.records
-                .store
-                .post_input(&self.records.tenant, &a.name, host, CLOSED, "", now_ms())
+        if !self.post_close(&a.name, host) {
+            self.agents
+                .closes_to_tell
+                .push((a.name.clone(), host.to_owned()));
+        }
+    }
+
+    /// Posts `name`'s close to `host`'s inbox; whether it went through.
+    fn post_close(&self, name: &AgentName, host: &str) -> bool {
+        match self
+            .records
+            .store
+            .post_input(&self.records.tenant, name, host, CLOSED, "", now_ms())
         {
-            tracing::warn!(agent = %a.name, host, error = %e, "telling an agent's node of its close");
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(agent = %name, host, error = %e, "telling an agent's node of its close");
+                false
+            }
         }
     }
 
     /// An agent this node ran was closed through another node: its `close`
     /// event and its status files here, as the close would have written them.
     fn on_closed_elsewhere(&mut self, name: &AgentName) {
+        if !self.show_closed(name) {
+            self.agents.closes_to_show.push(name.clone());
+        }
+    }
+
+    /// [`Self::on_closed_elsewhere`]: whether it is done (nothing to show
+    /// counts), or the read failed and it is to be tried again (a failed
+    /// read is not "not closed": the tree here would say open for good).
+    fn show_closed(&mut self, name: &AgentName) -> bool {
         let a = match self.records.store.agent(&self.records.tenant, name) {
             Ok(Some(a)) if matches!(a.status, Status::Closed(_)) => a,
-            _ => return,
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::warn!(agent = %name, error = %e, "reading an agent another node closed");
+                return false;
+            }
         };
         let close = ev(
             name,
@@ -522,6 +559,7 @@ impl Env<'_> {
         );
         self.records.project_events(&[close]);
         project_agent(&self.records.projection, &self.host.paths, &a, None);
+        true
     }
 }
 

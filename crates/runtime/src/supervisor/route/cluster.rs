@@ -57,7 +57,7 @@ impl Dispatcher {
         }
         let follows = self.with_cluster(|c, env| c.tick(env));
         self.apply_cluster(follows);
-        self.tell_ends_again();
+        self.tell_again();
         // A parent gone hears of no more ends.
         let live = &self.agents.live;
         self.agents

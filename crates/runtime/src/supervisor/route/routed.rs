@@ -55,9 +55,10 @@ impl Dispatcher {
         self.with_routed(|r| r.tell_other_nodes_of_end(agent));
     }
 
-    /// Ends a failed store call kept from their parent's node, told again.
-    pub(in crate::supervisor) fn tell_ends_again(&mut self) {
-        self.with_routed(|r| r.tell_ends_again());
+    /// What a failed store call kept from being told (ends, closes),
+    /// told again.
+    pub(in crate::supervisor) fn tell_again(&mut self) {
+        self.with_routed(|r| r.tell_again());
     }
 
     /// `Cmd::EndedElsewhere`: a child's artifacts are in its parent's channel here.

@@ -58,8 +58,15 @@ pub(in crate::supervisor) fn note(
         }
         return;
     };
-    let Ok(Some(pa)) = env.records.store.agent(&env.records.tenant, p) else {
-        return;
+    let pa = match env.records.store.agent(&env.records.tenant, p) {
+        Ok(Some(pa)) => pa,
+        Ok(None) => return,
+        // The caller has its refusal; the parent's log misses the event,
+        // which is said here rather than passed over.
+        Err(err) => {
+            tracing::warn!(parent = %p, refused = %e.code, error = %err, "recording a refused creation under its parent: reading the parent failed");
+            return;
+        }
     };
     if host.tracer.on()
         && let Some(t) = crate::trace::Placed::of_agent(&pa)

@@ -14,6 +14,9 @@
 //!   channel keeps its result (it was told with none).
 //! - A close heard while the agent cannot be read is shown later (the
 //!   node's tree said open for good).
+//! - A node declared lost that comes back while it cannot read its agents'
+//!   records lets go of the one that moved once it can (it ran on two
+//!   nodes at once for good).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -135,6 +138,11 @@ struct Two {
 
 impl Two {
     fn start() -> Two {
+        Two::with_expiry("3600")
+    }
+
+    /// [`Two::start`] with the nodes' `--node-expiry` (seconds).
+    fn with_expiry(expiry: &str) -> Two {
         let db = Fresh::new();
         let url = db.url.clone();
         let dir = tempfile::tempdir().unwrap();
@@ -147,7 +155,7 @@ impl Two {
                 &root,
                 &short_locks(&url),
                 &format!("z{i}"),
-                &[common::cluster::NO_REDIS, "--node-expiry", "3600"],
+                &[common::cluster::NO_REDIS, "--node-expiry", expiry],
             ));
             roots.push(root);
         }
@@ -376,6 +384,27 @@ fn a_child_s_end_heard_while_its_channel_cannot_be_read_keeps_its_result() {
     );
 }
 
+/// How many nodes are registered, read by a session of the test's own.
+fn node_count(url: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let task = tokio::spawn(conn);
+        let row = c
+            .query_one("SELECT count(*) FROM nodes", &[])
+            .await
+            .unwrap();
+        drop(c);
+        let _ = task.await;
+        row.get::<_, i64>(0)
+    })
+}
+
 /// How many notes wait in the store's inbox, read by a session of the
 /// test's own.
 fn inbox_len(url: &str) -> i64 {
@@ -462,4 +491,67 @@ fn a_close_heard_while_the_agent_cannot_be_read_is_shown_later() {
         "the read failed (the test's fault):\n{}",
         two.log(0)
     );
+}
+
+/// Node 1 is paused until it is declared lost; its resumable agent moves to
+/// node 0 and runs there. Node 1 comes back while every read of the
+/// agents' records fails: it cannot tell whether its agent moved, so it
+/// keeps it and reads again at its next tick, and lets it go once the read
+/// succeeds. Before, the failed read was taken for "it did not move": its
+/// old process ran on beside the new run for good.
+#[test]
+fn a_node_back_from_the_lost_that_cannot_read_its_agents_lets_the_moved_go_later() {
+    let two = Two::with_expiry("2");
+    // A root runs on the node it is asked through.
+    let (s, v) = http(
+        &two.sock(1),
+        "POST",
+        "/api/agents",
+        Some(
+            &json!({"name": "wanderer", "argv": agent(&["--hang"]), "await_ready": true,
+                     "policy": {"on_restart": "resume"}}),
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
+    let first = state(&two.sock(1), "wanderer");
+    let old_pid = first["pid"].as_i64().expect("a running agent's pid") as i32;
+    let node1 = first["node"].clone();
+    signal(&two.nodes[1], libc::SIGSTOP);
+    let mut last = json!(null);
+    let moved = eventually(Duration::from_secs(60), || {
+        last = state(&two.sock(0), "wanderer");
+        last["status"] == "running" && last["node"] != node1 && last["pid"] != first["pid"]
+    });
+    if !moved {
+        signal(&two.nodes[1], libc::SIGCONT);
+        panic!(
+            "the paused node's agent never moved: {last}\n{}",
+            two.log(0)
+        );
+    }
+    let lock = Locked::hold(&two.url, "agents");
+    signal(&two.nodes[1], libc::SIGCONT);
+    // Back, it finds its record gone, fences itself off (where it reads
+    // its agents' records, which fails) and registers again.
+    let tried = eventually(Duration::from_secs(30), || node_count(&two.url) == 2);
+    std::thread::sleep(Duration::from_secs(1));
+    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let during = alive(old_pid);
+    drop(lock);
+    assert!(tried, "node 1 never registered again:\n{}", two.log(1));
+    let gone = eventually(Duration::from_secs(30), || !alive(old_pid));
+    assert!(
+        gone,
+        "node 1 kept the old process {old_pid} of the agent that moved:\n{}",
+        two.log(1)
+    );
+    assert!(during, "let go while its record could not be read");
+    assert!(
+        two.log(1)
+            .contains("reading a live agent's record after this node was declared lost"),
+        "the read failed (the test's fault):\n{}",
+        two.log(1)
+    );
+    let now = state(&two.sock(0), "wanderer");
+    assert_eq!(now["status"], "running", "the moved run goes on: {now}");
 }

@@ -129,6 +129,8 @@ enum Next {
     Claim,
     /// The claimed agents whose hosting a store call failed, hosted again.
     HostAgain,
+    /// The live agents a fence could not read, read again.
+    Recheck,
 }
 
 /// The node of the cluster this supervisor is: the part that owns it.
@@ -145,6 +147,10 @@ pub(in crate::supervisor) struct Cluster {
     /// from their record read then, and meanwhile not taken for records
     /// without an agent.
     to_host: BTreeSet<AgentName>,
+    /// Live agents whose record could not be read after this node was
+    /// declared lost: whether they moved or ended is not known yet, so
+    /// they run on and are read again at the next tick (`recheck`).
+    unchecked: BTreeSet<AgentName>,
 }
 
 impl Cluster {
@@ -154,6 +160,7 @@ impl Cluster {
             node,
             beat: Beat::default(),
             to_host: BTreeSet::new(),
+            unchecked: BTreeSet::new(),
         }
     }
 
@@ -175,6 +182,7 @@ impl Cluster {
             Next::LetGoOfNode(id) => self.let_go_of_node(&id, env),
             Next::Claim => self.claim(env),
             Next::HostAgain => self.host_again(env),
+            Next::Recheck => self.recheck(env),
         }
     }
 

@@ -36,7 +36,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use brood_core::{AgentName, FailReason, Status, Terminal};
+use brood_core::{FailReason, Status, Terminal};
 use brood_store::{Agent, Node, Placing, Resuming, StoreError, placed_for, placed_on};
 use serde_json::Value;
 
@@ -274,23 +274,25 @@ impl Cluster {
     /// another host) while this node was declared lost: their processes are
     /// to be killed and their entries dropped, and nothing is written, since
     /// the record is the new run's.
-    pub(super) fn let_go_moved(&self, env: &Env) -> Vec<NodeFollow> {
+    pub(super) fn let_go_moved(&mut self, env: &Env) -> Vec<NodeFollow> {
         let me = &self.me;
-        let moved: Vec<AgentName> = env
-            .agents
-            .live
-            .iter()
-            .filter(|(n, l)| {
-                env.store
-                    .agent(env.tenant, n)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|a| {
-                        !a.status.is_finished() && (a.run != l.run || a.supervisor != *me)
-                    })
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
+        let mut moved = Vec::new();
+        for (n, l) in &env.agents.live {
+            match env.store.agent(env.tenant, n) {
+                Ok(Some(a)) => {
+                    if !a.status.is_finished() && (a.run != l.run || a.supervisor != *me) {
+                        moved.push(n.clone());
+                    }
+                }
+                Ok(None) => {}
+                // Not "it did not move": it may run on another node now.
+                // Looked at again at the next tick (`Cluster::recheck`).
+                Err(e) => {
+                    tracing::warn!(agent = %n, error = %e, "reading a live agent's record after this node was declared lost; looking again at the next tick");
+                    self.unchecked.insert(n.clone());
+                }
+            }
+        }
         if moved.is_empty() {
             return Vec::new();
         }

@@ -47,6 +47,9 @@ impl Cluster {
             return Vec::new();
         }
         let mut out = self.heartbeat(env);
+        if !self.unchecked.is_empty() {
+            out.push(then(Next::Recheck));
+        }
         out.extend([
             then(Next::DeclareLostNodes),
             then(Next::HostAgain),
@@ -141,7 +144,7 @@ impl Cluster {
     /// Stops the live agents whose records another node ended (this node was
     /// declared lost), and lets go of those it moved to live nodes: nothing
     /// runs here that the store says is over or runs elsewhere.
-    fn fence_off(&self, env: &Env) -> Vec<NodeFollow> {
+    fn fence_off(&mut self, env: &Env) -> Vec<NodeFollow> {
         // What moved to live nodes (a new run there) is let go of without
         // a record; what ended is stopped as any stop.
         let mut out = self.let_go_moved(env);
@@ -152,20 +155,26 @@ impl Cluster {
     /// [`Cluster::fence_off`]'s second half, once what moved is let go of:
     /// the live agents the store records as ended, stopped from the top of
     /// each of their subtrees.
-    pub(super) fn stop_ended(&self, env: &Env) -> Vec<NodeFollow> {
+    pub(super) fn stop_ended(&mut self, env: &Env) -> Vec<NodeFollow> {
         let live = &env.agents.live;
-        let ended: Vec<AgentName> = live
-            .iter()
-            .filter(|(_, l)| l.stopping.is_none())
-            .map(|(n, _)| n.clone())
-            .filter(|n| {
-                env.store
-                    .agent(env.tenant, n)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|a| a.status.is_finished())
-            })
-            .collect();
+        let mut ended = Vec::new();
+        for (n, l) in live {
+            if l.stopping.is_some() || self.unchecked.contains(n) {
+                continue;
+            }
+            match env.store.agent(env.tenant, n) {
+                Ok(a) => {
+                    if a.is_some_and(|a| a.status.is_finished()) {
+                        ended.push(n.clone());
+                    }
+                }
+                // Not "it did not end": looked at again at the next tick.
+                Err(e) => {
+                    tracing::warn!(agent = %n, error = %e, "reading a live agent's record after this node was declared lost; looking again at the next tick");
+                    self.unchecked.insert(n.clone());
+                }
+            }
+        }
         if ended.is_empty() {
             return Vec::new();
         }
@@ -173,15 +182,36 @@ impl Cluster {
             agents = ended.len(),
             "this node was declared lost; stopping the agents the store records as ended"
         );
-        ended
-            .iter()
-            .filter(|n| {
-                live.get(*n)
-                    .and_then(|l| l.parent.as_ref())
-                    .is_none_or(|p| !ended.contains(p))
-            })
-            .map(|n| NodeFollow::Stop(n.clone(), Terminal::Failed(FailReason::Lost)))
-            .collect()
+        stops_from_the_top(&ended, env)
+    }
+
+    /// The live agents whose record could not be read after this node was
+    /// declared lost ([`Self::let_go_moved`], [`Self::stop_ended`]), read
+    /// again: let go of if they moved, stopped if they ended, kept for the
+    /// next tick if the read fails again. Until then they run on: a failed
+    /// read ends nothing.
+    pub(super) fn recheck(&mut self, env: &Env) -> Vec<NodeFollow> {
+        let mut out = Vec::new();
+        let mut ended = Vec::new();
+        for n in std::mem::take(&mut self.unchecked) {
+            let Some(l) = env.agents.live.get(&n).filter(|l| l.stopping.is_none()) else {
+                continue;
+            };
+            match env.store.agent(env.tenant, &n) {
+                Ok(Some(a)) if a.status.is_finished() => ended.push(n),
+                Ok(Some(a)) if a.run != l.run || a.supervisor != self.me => {
+                    tracing::warn!(agent = %n, "this node was declared lost; letting go of an agent that moved to another node");
+                    out.push(NodeFollow::LetGo(n));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(agent = %n, error = %e, "reading a live agent's record after this node was declared lost; looking again at the next tick");
+                    self.unchecked.insert(n);
+                }
+            }
+        }
+        out.extend(stops_from_the_top(&ended, env));
+        out
     }
 
     /// Every other node whose heartbeat is older than the expiry is declared
@@ -211,4 +241,20 @@ impl Cluster {
             .map(|n| then(Next::DeclareLost(n.id)))
             .collect()
     }
+}
+
+/// Stops of `ended` live agents, one for the top of each subtree among
+/// them (a stop takes its descendants).
+fn stops_from_the_top(ended: &[AgentName], env: &Env) -> Vec<NodeFollow> {
+    ended
+        .iter()
+        .filter(|n| {
+            env.agents
+                .live
+                .get(*n)
+                .and_then(|l| l.parent.as_ref())
+                .is_none_or(|p| !ended.contains(p))
+        })
+        .map(|n| NodeFollow::Stop(n.clone(), Terminal::Failed(FailReason::Lost)))
+        .collect()
 }

@@ -17,6 +17,8 @@
 //! - A node declared lost that comes back while it cannot read its agents'
 //!   records lets go of the one that moved once it can (it ran on two
 //!   nodes at once for good).
+//! - A ready spawn's news heard while the agent cannot be read answers its
+//!   wait once it can (the wait hung until the agent ended).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -104,8 +106,9 @@ fn signal(d: &Daemon, sig: i32) {
     unsafe { libc::kill(d.0.id() as i32, sig) };
 }
 
-/// `name`'s status in the store, read by a session of the test's own (a
-/// node's API may be refused while the test holds a table it reads).
+/// `name`'s status in the store (empty while it has no record), read by a
+/// session of the test's own (a node's API may be refused while the test
+/// holds a table it reads).
 fn status(url: &str, name: &str) -> String {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -117,12 +120,12 @@ fn status(url: &str, name: &str) -> String {
             .unwrap();
         let task = tokio::spawn(conn);
         let row = c
-            .query_one("SELECT status FROM agents WHERE name = $1", &[&name])
+            .query_opt("SELECT status FROM agents WHERE name = $1", &[&name])
             .await
             .unwrap();
         drop(c);
         let _ = task.await;
-        row.get::<_, String>(0)
+        row.map(|r| r.get::<_, String>(0)).unwrap_or_default()
     })
 }
 
@@ -134,6 +137,17 @@ struct Two {
     url: String,
     _dir: tempfile::TempDir,
     _db: Fresh,
+}
+
+/// A node a test stopped (SIGSTOP) and did not resume, because it failed
+/// first, is resumed before it is stopped for good: a stopped process
+/// keeps its SIGTERM pending, and the wait for it would never end.
+impl Drop for Two {
+    fn drop(&mut self) {
+        for d in &self.nodes {
+            signal(d, libc::SIGCONT);
+        }
+    }
 }
 
 impl Two {
@@ -283,7 +297,7 @@ fn a_child_s_end_its_node_could_not_post_reaches_the_parent_s_node_later() {
     });
     assert!(ended, "kid never ended:\n{}", two.log(1));
     let tried = eventually(Duration::from_secs(30), || {
-        two.log(1).contains("telling another node of a child's end")
+        two.log(1).contains("posting a note to another node")
     });
     assert!(
         tried,
@@ -554,4 +568,66 @@ fn a_node_back_from_the_lost_that_cannot_read_its_agents_lets_the_moved_go_later
     );
     let now = state(&two.sock(0), "wanderer");
     assert_eq!(now["status"], "running", "the moved run goes on: {now}");
+}
+
+/// A spawn through node 0 placed on node 1 waits for the agent to be ready
+/// there. Node 1 says so through node 0's inbox; node 0 takes the note
+/// while its read of the agent fails: it keeps the news and answers the
+/// wait once the read succeeds. Before, the note was spent on the failed
+/// read and the wait hung until the agent ended (here: never).
+#[test]
+fn a_ready_spawn_s_news_heard_while_the_agent_cannot_be_read_answers_its_wait() {
+    let two = Two::start();
+    // Node 1 stopped: it claims and starts the agent only when let go.
+    signal(&two.nodes[1], libc::SIGSTOP);
+    let sock0 = two.sock(0);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(
+            &sock0,
+            "POST",
+            "/api/agents",
+            Some(
+                &json!({"name": "far", "argv": agent(&["--hang"]), "await_ready": true,
+                         "placement": {"labels": {"zone": "z1"}}}),
+            ),
+        ));
+    });
+    let admitted = eventually(Duration::from_secs(30), || {
+        status(&two.url, "far") == "queued"
+    });
+    assert!(admitted, "never admitted:\n{}", two.log(0));
+    // The wait is parked on node 0 before node 0 stops.
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&two.nodes[0], libc::SIGSTOP);
+    signal(&two.nodes[1], libc::SIGCONT);
+    let told = eventually(Duration::from_secs(30), || inbox_len(&two.url) == 1);
+    if !told {
+        signal(&two.nodes[0], libc::SIGCONT);
+        panic!(
+            "node 1 never told node 0 the agent is ready:\n{}",
+            two.log(1)
+        );
+    }
+    let lock = Locked::hold(&two.url, "agents");
+    signal(&two.nodes[0], libc::SIGCONT);
+    let taken = eventually(Duration::from_secs(30), || inbox_len(&two.url) == 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let during = rx.try_recv().ok();
+    drop(lock);
+    assert!(taken, "node 0 never took the note:\n{}", two.log(0));
+    assert!(
+        during.is_none(),
+        "answered while the agents were locked: {during:?}"
+    );
+    let answered = rx.recv_timeout(Duration::from_secs(30));
+    let (s, v) = answered
+        .unwrap_or_else(|_| panic!("the ready spawn's wait was never answered:\n{}", two.log(0)));
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(
+        two.log(0).contains("reading an agent placed elsewhere"),
+        "the read failed (the test's fault):\n{}",
+        two.log(0)
+    );
 }

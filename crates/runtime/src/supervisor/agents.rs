@@ -30,6 +30,9 @@ pub(super) struct Agents {
     pub(super) ends_told: HashMap<AgentName, (AgentName, RunId)>,
     /// `--ready` spawns placed on another node, answered when it is ready.
     pub(super) ready_waits: Vec<(AgentName, Reply<brood_api::Agent>)>,
+    /// Such spawns whose node said they are ready, until their wait is
+    /// answered (a read that failed meanwhile does not lose the news).
+    pub(super) ready_heard: HashSet<AgentName>,
     /// Ends of agents here not yet told to their parent (or customer) on
     /// another node, because a store call failed: `(child, parent)`, told
     /// again at the next tick (issue 28: an error is never a fact).
@@ -37,10 +40,6 @@ pub(super) struct Agents {
     /// Ends another node told of whose reads here failed: `(told, child)`,
     /// heard again at the next tick.
     pub(super) ends_to_hear: Vec<(AgentName, AgentName)>,
-    /// Closes made here of agents another node ran, not yet posted to that
-    /// node because a store call failed: `(agent, node)`, posted again at
-    /// the next tick.
-    pub(super) closes_to_tell: Vec<(AgentName, String)>,
     /// Closes another node told of whose read here failed, shown again at
     /// the next tick.
     pub(super) closes_to_show: Vec<AgentName>,

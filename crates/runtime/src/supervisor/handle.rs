@@ -328,6 +328,7 @@ impl Supervisor {
                 paths: paths.clone(),
                 projection: projection.clone(),
                 heard,
+                unsent: Default::default(),
             },
             launcher: Launcher {
                 spawner,

@@ -26,6 +26,17 @@ pub(super) struct Records {
     pub(super) projection: Projection,
     /// The other nodes' news the loop has not looked at yet.
     pub(super) heard: Arc<Heard>,
+    /// Notes for another node's inbox whose post failed ([`Self::post_or_keep`]),
+    /// posted again at each tick ([`Self::post_kept`]).
+    pub(super) unsent: std::sync::Mutex<Vec<Unsent>>,
+}
+
+/// A note for another node's inbox not posted yet: what `post_input` takes.
+pub(super) struct Unsent {
+    agent: AgentName,
+    host: String,
+    sender: &'static str,
+    text: String,
 }
 
 /// The other nodes' news not looked at yet: whether a `Cmd::News` is
@@ -55,6 +66,63 @@ impl Heard {
 }
 
 impl Records {
+    /// Posts a note for `agent` to `host`'s inbox (the news of an end, a
+    /// close, a ready spawn); one whose post fails is kept and posted again
+    /// at the next tick (issue 28: a failed write is not "told"). A note
+    /// posted twice (its acknowledgement lost) is harmless: each is heard
+    /// once by what it concerns.
+    pub(super) fn post_or_keep(
+        &self,
+        agent: &AgentName,
+        host: &str,
+        sender: &'static str,
+        text: &str,
+    ) {
+        let note = Unsent {
+            agent: agent.clone(),
+            host: host.to_owned(),
+            sender,
+            text: text.to_owned(),
+        };
+        if !self.post(&note) {
+            self.unsent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(note);
+        }
+    }
+
+    /// The notes kept by [`Self::post_or_keep`], posted again; those that
+    /// fail again wait for the next tick.
+    pub(super) fn post_kept(&self) {
+        let kept = std::mem::take(
+            &mut *self
+                .unsent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let still: Vec<Unsent> = kept.into_iter().filter(|n| !self.post(n)).collect();
+        if !still.is_empty() {
+            self.unsent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(still);
+        }
+    }
+
+    fn post(&self, n: &Unsent) -> bool {
+        match self
+            .store
+            .post_input(&self.tenant, &n.agent, &n.host, n.sender, &n.text, now_ms())
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(agent = %n.agent, host = %n.host, note = n.sender, error = %e, "posting a note to another node; posting it again at the next tick");
+                false
+            }
+        }
+    }
+
     /// The agent's record, or 404 naming it.
     pub(super) fn agent(&self, name: &AgentName) -> Result<Agent, ApiError> {
         self.store

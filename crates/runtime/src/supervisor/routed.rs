@@ -8,7 +8,7 @@
 //!
 //! It holds no state beyond what the live set tracks of children other
 //! nodes ran (`Agents::fetching`, `ends_told`, `ready_waits`,
-//! `ends_to_tell`, `ends_to_hear`, `closes_to_tell`, `closes_to_show`): the loop
+//! `ends_to_tell`, `ends_to_hear`, `closes_to_show`, `ready_heard`): the loop
 //! lends it [`Env`], and what belongs to other flows (an input delivered, a
 //! child's end told to its parent, waits answered) it returns as
 //! [`RoutedFollow`]s, in order, which `route::routed` applies.
@@ -139,6 +139,11 @@ impl Env<'_> {
         if self.agents.ready_waits.is_empty() {
             return;
         }
+        // The news that one is ready comes once: kept until its wait is
+        // answered, so a read that fails now does not lose it.
+        if let Some(r) = ready.filter(|r| self.agents.ready_waits.iter().any(|(n, _)| n == *r)) {
+            self.agents.ready_heard.insert(r.clone());
+        }
         let mut still = Vec::new();
         for (name, reply) in std::mem::take(&mut self.agents.ready_waits) {
             let a = match self.records.store.agent(&self.records.tenant, &name) {
@@ -154,7 +159,8 @@ impl Env<'_> {
                     continue;
                 }
             };
-            if ready == Some(&name) || a.status.is_finished() {
+            if self.agents.ready_heard.contains(&name) || a.status.is_finished() {
+                self.agents.ready_heard.remove(&name);
                 answer(reply, Ok(agent_view(&self.records.store, &a)));
             } else {
                 still.push((name, reply));
@@ -286,9 +292,10 @@ impl Env<'_> {
     }
 
     /// What a failed store call kept from being told, told again: ends
-    /// not posted to their parent's node and ends told here whose reads
-    /// failed, closes not posted to their agent's node and closes told here
-    /// whose read failed. What fails again waits for the next tick.
+    /// whose parent could not be read and ends told here whose reads
+    /// failed, the notes for other nodes' inboxes whose post failed (ends,
+    /// closes, ready spawns), closes told here whose read failed. What
+    /// fails again waits for the next tick.
     pub(super) fn tell_again(&mut self) {
         for (child, p) in std::mem::take(&mut self.agents.ends_to_tell) {
             if !self.tell_of_end(&child, &p) {
@@ -300,11 +307,7 @@ impl Env<'_> {
                 self.agents.ends_to_hear.push((told, child));
             }
         }
-        for (name, host) in std::mem::take(&mut self.agents.closes_to_tell) {
-            if !self.post_close(&name, &host) {
-                self.agents.closes_to_tell.push((name, host));
-            }
-        }
+        self.records.post_kept();
         for name in std::mem::take(&mut self.agents.closes_to_show) {
             if !self.show_closed(&name) {
                 self.agents.closes_to_show.push(name);
@@ -313,9 +316,10 @@ impl Env<'_> {
     }
 
     /// Posts `child`'s end to `p`'s node when `p` runs, or waits, on
-    /// another node; whether that is done (nothing to tell counts), or a
-    /// store call failed and it is to be tried again. A failed read is not
-    /// "no such parent": the parent would never hear of its child's end.
+    /// another node (a post that fails is kept by the records and posted
+    /// again); whether that is done (nothing to tell counts), or the read
+    /// of `p` failed and it is to be tried again. A failed read is not "no
+    /// such parent": the parent would never hear of its child's end.
     fn tell_of_end(&self, child: &AgentName, p: &AgentName) -> bool {
         let pa = match self.records.store.agent(&self.records.tenant, p) {
             Ok(Some(pa)) => pa,
@@ -329,20 +333,9 @@ impl Env<'_> {
         {
             return true;
         }
-        match self.records.store.post_input(
-            &self.records.tenant,
-            p,
-            &pa.supervisor,
-            CHILD_END,
-            child.as_str(),
-            now_ms(),
-        ) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(agent = %child, parent = %p, error = %e, "telling another node of a child's end");
-                false
-            }
-        }
+        self.records
+            .post_or_keep(p, &pa.supervisor, CHILD_END, child.as_str());
+        true
     }
 
     /// A child another node ran ended: its parent (or customer) here hears
@@ -507,26 +500,7 @@ impl Env<'_> {
         {
             return;
         }
-        if !self.post_close(&a.name, host) {
-            self.agents
-                .closes_to_tell
-                .push((a.name.clone(), host.to_owned()));
-        }
-    }
-
-    /// Posts `name`'s close to `host`'s inbox; whether it went through.
-    fn post_close(&self, name: &AgentName, host: &str) -> bool {
-        match self
-            .records
-            .store
-            .post_input(&self.records.tenant, name, host, CLOSED, "", now_ms())
-        {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(agent = %name, host, error = %e, "telling an agent's node of its close");
-                false
-            }
-        }
+        self.records.post_or_keep(&a.name, host, CLOSED, "");
     }
 
     /// An agent this node ran was closed through another node: its `close`
@@ -571,10 +545,5 @@ pub(super) fn tell_ready(records: &Records, name: &AgentName, node: Option<Strin
     let Some(node) = node else {
         return;
     };
-    if let Err(e) = records
-        .store
-        .post_input(&records.tenant, name, &node, READY, "", now_ms())
-    {
-        tracing::warn!(agent = %name, node, error = %e, "telling another node an agent is ready");
-    }
+    records.post_or_keep(name, &node, READY, "");
 }

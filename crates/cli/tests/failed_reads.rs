@@ -106,10 +106,14 @@ fn signal(d: &Daemon, sig: i32) {
     unsafe { libc::kill(d.0.id() as i32, sig) };
 }
 
-/// `name`'s status in the store (empty while it has no record), read by a
+/// The first column of the first row of `sql` (with `params`), read by a
 /// session of the test's own (a node's API may be refused while the test
-/// holds a table it reads).
-fn status(url: &str, name: &str) -> String {
+/// holds a table it reads); `None` when there is no row.
+fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    url: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Option<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -119,14 +123,26 @@ fn status(url: &str, name: &str) -> String {
             .await
             .unwrap();
         let task = tokio::spawn(conn);
-        let row = c
-            .query_opt("SELECT status FROM agents WHERE name = $1", &[&name])
-            .await
-            .unwrap();
+        let row = c.query_opt(sql, params).await.unwrap();
         drop(c);
         let _ = task.await;
-        row.map(|r| r.get::<_, String>(0)).unwrap_or_default()
+        row.map(|r| r.get::<_, T>(0))
     })
+}
+
+/// `name`'s status in the store (empty while it has no record).
+fn status(url: &str, name: &str) -> String {
+    one(url, "SELECT status FROM agents WHERE name = $1", &[&name]).unwrap_or_default()
+}
+
+/// How many nodes are registered.
+fn node_count(url: &str) -> i64 {
+    one(url, "SELECT count(*) FROM nodes", &[]).unwrap_or_default()
+}
+
+/// How many notes wait in the store's inbox.
+fn inbox_len(url: &str) -> i64 {
+    one(url, "SELECT count(*) FROM inbox", &[]).unwrap_or_default()
 }
 
 /// Two nodes (zones z0 and z1) on one fresh database, neither with Redis,
@@ -200,6 +216,35 @@ impl Two {
     }
 }
 
+/// `top` on node 0 and its child `kid` on node 1 (placed by its zone),
+/// which ends with a result once told; the path of their channel on node
+/// 0's disk.
+fn parent_here_child_there(two: &Two) -> PathBuf {
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "top", "argv": agent(&["--hang"]), "await_ready": true})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = http(
+        &two.sock(0),
+        "POST",
+        "/api/agents",
+        Some(&json!({"name": "kid", "parent": "top", "await_ready": true,
+                     "placement": {"labels": {"zone": "z1"}},
+                     "argv": agent(&["--inputs", "1", "--result", "kid's answer"])})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let kid = state(&two.sock(1), "kid");
+    assert_eq!(kid["status"], "running", "{kid}");
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    two.roots[0].join(format!(
+        "ctx/home/{uid}/agent/top/session/default/context/child/kid"
+    ))
+}
+
 /// An agent placed on node 1 is claimed there while every read of `runs`
 /// fails (the hosting reads an earlier run, the subtree's spend): node 1
 /// keeps it, queued, and hosts it once the reads succeed. Before, the
@@ -260,29 +305,7 @@ fn an_agent_claimed_while_the_store_fails_is_hosted_once_it_answers() {
 #[test]
 fn a_child_s_end_its_node_could_not_post_reaches_the_parent_s_node_later() {
     let two = Two::start();
-    let (s, v) = http(
-        &two.sock(0),
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "top", "argv": agent(&["--hang"]), "await_ready": true})),
-    );
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = http(
-        &two.sock(0),
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "kid", "parent": "top", "await_ready": true,
-                     "placement": {"labels": {"zone": "z1"}},
-                     "argv": agent(&["--inputs", "1", "--result", "kid's answer"])})),
-    );
-    assert_eq!(s, 201, "{v}");
-    let kid = state(&two.sock(1), "kid");
-    assert_eq!(kid["status"], "running", "{kid}");
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    let channel = two.roots[0].join(format!(
-        "ctx/home/{uid}/agent/top/session/default/context/child/kid"
-    ));
+    let channel = parent_here_child_there(&two);
     let lock = Locked::hold(&two.url, "inbox");
     // Told on node 1, which runs it: no inbox on the way in.
     let (s, v) = http(
@@ -328,27 +351,7 @@ fn a_child_s_end_its_node_could_not_post_reaches_the_parent_s_node_later() {
 #[test]
 fn a_child_s_end_heard_while_its_channel_cannot_be_read_keeps_its_result() {
     let two = Two::start();
-    let (s, v) = http(
-        &two.sock(0),
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "top", "argv": agent(&["--hang"]), "await_ready": true})),
-    );
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = http(
-        &two.sock(0),
-        "POST",
-        "/api/agents",
-        Some(&json!({"name": "kid", "parent": "top", "await_ready": true,
-                     "placement": {"labels": {"zone": "z1"}},
-                     "argv": agent(&["--inputs", "1", "--result", "kid's answer"])})),
-    );
-    assert_eq!(s, 201, "{v}");
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    let channel = two.roots[0].join(format!(
-        "ctx/home/{uid}/agent/top/session/default/context/child/kid"
-    ));
+    let channel = parent_here_child_there(&two);
     // Node 0 stopped: the news of the end waits in the inbox for it.
     signal(&two.nodes[0], libc::SIGSTOP);
     let (s, v) = http(
@@ -396,49 +399,6 @@ fn a_child_s_end_heard_while_its_channel_cannot_be_read_keeps_its_result() {
         "the channel's read failed (the test's fault):\n{}",
         two.log(0)
     );
-}
-
-/// How many nodes are registered, read by a session of the test's own.
-fn node_count(url: &str) -> i64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        let task = tokio::spawn(conn);
-        let row = c
-            .query_one("SELECT count(*) FROM nodes", &[])
-            .await
-            .unwrap();
-        drop(c);
-        let _ = task.await;
-        row.get::<_, i64>(0)
-    })
-}
-
-/// How many notes wait in the store's inbox, read by a session of the
-/// test's own.
-fn inbox_len(url: &str) -> i64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        let task = tokio::spawn(conn);
-        let row = c
-            .query_one("SELECT count(*) FROM inbox", &[])
-            .await
-            .unwrap();
-        drop(c);
-        let _ = task.await;
-        row.get::<_, i64>(0)
-    })
 }
 
 /// An agent node 0 ran is closed through node 1; node 0 takes the news while
